@@ -1,0 +1,5 @@
+import sys
+
+from chunkgrpo.cli import main
+
+sys.exit(main())

@@ -1,0 +1,228 @@
+"""Chunk planning: partition the trainable steps 0 … N−2 into consecutive chunks (method.md §5).
+
+Strategies (`--strategy`):
+* ``dynamics`` — curvature-guided (our algorithm for the paper's recipe, App. B.1): the last chunk is
+  the late steps (where an RL-trained model's profile departs from the base; default the second half,
+  `last_fraction`); the early region is cut at the peaks of the profile's second difference
+  (curvature) — the first cut closes the initial high-dynamics chunk; chunks longer than `max_chunk`
+  are split at their strongest interior curvature (or evenly when flat). Options:
+  ``dynamics:max=5,last=0.5,min=2,rel=0.1``.
+* ``uniform:N`` — chunks of N steps (the remainder, if any, is a smaller last chunk).
+* ``sizes:2,3,4,7`` — exactly these sizes (must sum to the trainable steps).
+* ``step`` — every step its own chunk (step-level GRPO); ``whole`` — one chunk (sequence level).
+
+Plans are computed once before training and fixed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from chunkgrpo.errors import UserError
+from chunkgrpo.objectives import check_sizes
+
+STRATEGIES = ("dynamics", "uniform:N", "sizes:A,B,...", "step", "whole")
+
+
+@dataclass
+class ChunkPlan:
+    strategy: str
+    sizes: list[int]
+    rationale: str
+    details: dict = field(default_factory=dict)
+
+    @property
+    def trainable_steps(self) -> int:
+        return sum(self.sizes)
+
+    def ranges(self) -> list[tuple[int, int]]:
+        out, a = [], 0
+        for s in self.sizes:
+            out.append((a, a + s))
+            a += s
+        return out
+
+    def to_dict(self, profile: dict | None = None) -> dict:
+        d = {
+            "strategy": self.strategy,
+            "sizes": self.sizes,
+            "num_steps": self.trainable_steps + 1,
+            "trainable_steps": self.trainable_steps,
+            "chunks": [],
+            "rationale": self.rationale,
+            **self.details,
+        }
+        for k, (a, b) in enumerate(self.ranges()):
+            c = {"index": k, "steps": [a, b - 1], "size": b - a}
+            if profile:
+                sig = profile["sigmas"]
+                c.update(sigma_start=sig[a], sigma_end=sig[b],
+                         mean_l1rel=sum(profile["l1rel"][a:b]) / (b - a))
+            d["chunks"].append(c)
+        return d
+
+
+def _parse_opts(text: str) -> dict[str, str]:
+    opts = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        if "=" not in part:
+            raise UserError(f"dynamics option {part!r} must look like key=value (keys: max, last, min, rel)")
+        k, v = part.split("=", 1)
+        opts[k.strip()] = v.strip()
+    unknown = set(opts) - {"max", "last", "min", "rel"}
+    if unknown:
+        raise UserError(f"unknown dynamics option(s) {sorted(unknown)} (keys: max, last, min, rel)")
+    return opts
+
+
+def plan_chunks(strategy: str, trainable_steps: int, l1rel: list[float] | None = None) -> ChunkPlan:
+    """Plan chunks for `trainable_steps` (= N − 1) steps; `l1rel` (≥ trainable_steps values) for dynamics."""
+    S = int(trainable_steps)
+    if S < 1:
+        raise UserError(f"need at least one trainable step, got {S}")
+    s = strategy.strip()
+    if s == "step":
+        return ChunkPlan(s, [1] * S, "step-level: every trainable step is its own chunk (DanceGRPO/Flow-GRPO)")
+    if s == "whole":
+        return ChunkPlan(s, [S], "sequence-level: one chunk of all trainable steps (GSPO-like)")
+    if m := re.fullmatch(r"uniform:(\d+)", s):
+        n = int(m.group(1))
+        if n < 1:
+            raise UserError(f"uniform chunk size must be >= 1, got {n}")
+        if n > S:
+            raise UserError(f"uniform chunk size {n} exceeds the {S} trainable steps")
+        sizes = [n] * (S // n) + ([S % n] if S % n else [])
+        return ChunkPlan(s, sizes, f"uniform: chunks of {n} steps" + (f", remainder {S % n} last" if S % n else ""))
+    if s.startswith("sizes:"):
+        try:
+            sizes = [int(x) for x in s[len("sizes:"):].split(",") if x.strip()]
+        except ValueError:
+            raise UserError(f"bad sizes list in {s!r} (expected e.g. sizes:2,3,4,7)") from None
+        if any(x < 1 for x in sizes):
+            raise UserError(f"chunk sizes must be >= 1 (empty chunk in {sizes})")
+        if sum(sizes) != S:
+            raise UserError(f"chunk sizes {sizes} sum to {sum(sizes)} but there are {S} trainable steps "
+                            f"(num_steps − 1; the last transition is never trained)")
+        return ChunkPlan(s, check_sizes(sizes, S), f"fixed sizes {sizes}")
+    if s == "dynamics" or s.startswith("dynamics:"):
+        opts = _parse_opts(s[len("dynamics:"):] if ":" in s else "")
+        if l1rel is None:
+            raise UserError("strategy 'dynamics' needs a profile (run `chunkgrpo profile`)")
+        if len(l1rel) < S:
+            raise UserError(f"profile has {len(l1rel)} transitions but {S} trainable steps were requested")
+        try:
+            return plan_dynamics(l1rel[:S], max_chunk=int(opts.get("max", 5)), last_fraction=float(opts.get("last", 0.5)),
+                                 min_chunk=int(opts.get("min", 2)), rel_threshold=float(opts.get("rel", 0.1)))
+        except ValueError as e:
+            raise UserError(f"bad dynamics option in {s!r}: {e}") from None
+    raise UserError(f"unknown chunk strategy {strategy!r} (choose one of: {', '.join(STRATEGIES)})")
+
+
+def _split_evenly(a: int, b: int, max_chunk: int) -> list[int]:
+    n = b - a
+    k = -(-n // max_chunk)
+    base, extra = divmod(n, k)
+    # smaller chunks first: high-noise steps get the finer granularity
+    return [a + sum(base + (1 if j >= k - extra else 0) for j in range(i)) for i in range(1, k)]
+
+
+def plan_dynamics(p: list[float], *, max_chunk: int = 5, last_fraction: float = 0.5, min_chunk: int = 2,
+                  rel_threshold: float = 0.1) -> ChunkPlan:
+    """Curvature-guided chunks over the trainable profile `p` (length S)."""
+    S = len(p)
+    if max_chunk < 1 or min_chunk < 1:
+        raise UserError(f"max/min chunk must be >= 1, got max={max_chunk}, min={min_chunk}")
+    if not 0 < last_fraction < 1:
+        raise UserError(f"last fraction must be in (0, 1), got {last_fraction}")
+    if S == 1:
+        return ChunkPlan("dynamics", [1], "a single trainable step")
+    late_start = min(S - 1, max(1, S - round(S * last_fraction)))
+    # curvature κ_t = |p[t−1] − 2p[t] + p[t+1]|; a cut at t starts a new chunk at step t
+    curv = {t: abs(p[t - 1] - 2 * p[t] + p[t + 1]) for t in range(1, min(late_start, S - 1))}
+    kmax = max(curv.values(), default=0.0)
+    peaks = [t for t, c in curv.items()
+             if kmax > 0 and c >= rel_threshold * kmax
+             and c >= curv.get(t - 1, 0.0) and c > curv.get(t + 1, 0.0)]
+    cuts: list[int] = []
+    for t in sorted(peaks, key=lambda t: -curv[t]):  # strongest curvature first
+        bounds = sorted([0, late_start, *cuts])
+        if all(abs(t - b) >= min_chunk for b in bounds):
+            cuts.append(t)
+    cuts.sort()
+    # split early chunks longer than max_chunk: at their strongest interior curvature, else evenly
+    bounds = [0, *cuts, late_start]
+    split_notes = []
+    changed = True
+    while changed:
+        changed = False
+        for a, b in zip(bounds, bounds[1:]):
+            if b - a > max_chunk:
+                inner = [t for t in range(a + min_chunk, b - min_chunk + 1) if t in curv and curv[t] > 0]
+                if inner:
+                    t = max(inner, key=lambda t: curv[t])
+                    new = [t]
+                    split_notes.append(f"split {a}–{b - 1} at curvature max {t}")
+                else:
+                    new = _split_evenly(a, b, max_chunk)
+                    split_notes.append(f"split {a}–{b - 1} evenly (flat curvature)")
+                bounds = sorted(set(bounds) | set(new))
+                changed = True
+                break
+    bounds.append(S)
+    sizes = [b - a for a, b in zip(bounds, bounds[1:])]
+    first = sizes[0]
+    why = [
+        f"first chunk = steps 0–{first - 1}, the initial steps (L1rel {p[0]:.4g}→{p[first - 1]:.4g}), "
+        "closed at the first curvature cut",
+        "middle cuts at curvature peaks (second difference of L1rel): "
+        + (", ".join(f"step {t} (κ={curv[t]:.3g})" for t in cuts) or "none above threshold"),
+        f"last chunk = steps {late_start}–{S - 1}: the late steps (last_fraction={last_fraction}; "
+        "pre-observation of where a trained model departs from the base, method.md §5)",
+        f"early chunks kept <= {max_chunk} steps" + (f" ({'; '.join(split_notes)})" if split_notes else ""),
+    ]
+    return ChunkPlan("dynamics", check_sizes(sizes, S), "; ".join(why), details={
+        "curvature": {str(t): c for t, c in curv.items()}, "curvature_peaks": sorted(peaks), "cuts": cuts,
+        "late_start": late_start, "options": {"max_chunk": max_chunk, "last_fraction": last_fraction,
+                                              "min_chunk": min_chunk, "rel_threshold": rel_threshold}})
+
+
+def write_plan(plan_dict: dict, out: str | Path) -> Path:
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(out.suffix + ".tmp")
+    tmp.write_text(json.dumps(plan_dict, indent=2))
+    tmp.replace(out)
+    return out
+
+
+def load_plan(path: str | Path, trainable_steps: int | None = None) -> list[int]:
+    """Chunk sizes from a plan JSON, checked against the trainable step count."""
+    path = Path(path)
+    if not path.exists():
+        raise UserError(f"chunk plan {path} does not exist (run `chunkgrpo plan` first)")
+    try:
+        sizes = json.loads(path.read_text())["sizes"]
+    except (json.JSONDecodeError, KeyError, TypeError):
+        raise UserError(f"chunk plan {path} is not a plan JSON with a 'sizes' list") from None
+    if trainable_steps is not None and sum(sizes) != trainable_steps:
+        raise UserError(f"chunk plan {path} has sizes {sizes} (sum {sum(sizes)}) but the run has "
+                        f"{trainable_steps} trainable steps (num_steps − 1)")
+    return check_sizes(sizes, trainable_steps)
+
+
+def plan_from_profile(profile_path: str | Path, strategy: str, out: str | Path, plot: bool = True) -> tuple[dict, Path]:
+    """Load a profile, plan over its N−1 trainable steps, write the plan JSON (+ PNG)."""
+    from chunkgrpo.dynamics import load_profile, plot_profile
+
+    profile = load_profile(profile_path)
+    trainable = len(profile["l1rel"]) - 1
+    plan = plan_chunks(strategy, trainable, profile["l1rel"])
+    d = plan.to_dict(profile)
+    d["profile"] = str(profile_path)
+    path = write_plan(d, out)
+    if plot:
+        plot_profile(profile, Path(out).with_suffix(".png"), plan=d)
+    return d, path

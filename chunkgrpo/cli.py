@@ -1,0 +1,66 @@
+"""`chunkgrpo` command line. Each subcommand is a module in `chunkgrpo/commands/` defining
+`NAME`, `HELP`, `add_arguments(parser)` and `run(args) -> int | None`. Modules import heavy
+dependencies (torch, mlflow, kfp) inside `run`, so `chunkgrpo --help` stays fast.
+
+User errors (`UserError`, missing files) print one line and exit 2; no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import pkgutil
+import sys
+
+from chunkgrpo import __version__
+from chunkgrpo.errors import UserError
+
+
+def _command_modules():
+    import chunkgrpo.commands as pkg
+
+    for info in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda i: i.name):
+        if info.name.startswith("_"):
+            continue
+        mod = importlib.import_module(f"chunkgrpo.commands.{info.name}")
+        if hasattr(mod, "NAME") and hasattr(mod, "run"):
+            yield mod
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="chunkgrpo", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"chunkgrpo {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for mod in _command_modules():
+        p = sub.add_parser(mod.NAME, help=mod.HELP, description=(mod.__doc__ or mod.HELP).strip())
+        mod.add_arguments(p)
+        p.set_defaults(_run=mod.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # e.g. the harmless "requires torchvision" notice
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "_run", None):
+        parser.print_help()
+        return 2
+    try:
+        rc = args._run(args)
+    except UserError as e:
+        print(f"chunkgrpo {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except FileNotFoundError as e:
+        print(f"chunkgrpo {args.command}: error: file not found: {e.filename or e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"chunkgrpo {args.command}: interrupted", file=sys.stderr)
+        return 130
+    return int(rc or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

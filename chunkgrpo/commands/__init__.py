@@ -1,0 +1,1 @@
+"""CLI subcommands, discovered automatically by `chunkgrpo.cli` (one module per command)."""

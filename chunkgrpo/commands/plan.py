@@ -1,0 +1,22 @@
+"""Plan the chunks (consecutive groups of trainable steps) from a dynamics profile.
+
+Example: chunkgrpo plan --profile profile.json --strategy dynamics --out plan.json
+Strategies: dynamics[:max=5,last=0.5,min=2,rel=0.1] | uniform:N | sizes:2,3,4,7 | step | whole
+"""
+
+NAME = "plan"
+HELP = "chunk boundaries from a profile (dynamics | uniform:N | sizes:… | step | whole)"
+
+
+def add_arguments(p):
+    p.add_argument("--profile", required=True, help="profile.json from `chunkgrpo profile`")
+    p.add_argument("--strategy", default="dynamics", help="planning strategy (default: dynamics)")
+    p.add_argument("--out", required=True, help="output plan JSON (a PNG with the chunks is written next to it)")
+
+
+def run(args):
+    from chunkgrpo.chunks import plan_from_profile
+
+    plan, out = plan_from_profile(args.profile, args.strategy, args.out)
+    print(f"plan {plan['strategy']}: sizes {plan['sizes']} over {plan['trainable_steps']} trainable steps -> {out}")
+    print(f"  rationale: {plan['rationale']}")

@@ -1,0 +1,202 @@
+"""Loading a FLUX model and calling it the way the sampling maths needs.
+
+`load_flux(source)` takes a local diffusers folder, an `s3://bucket/prefix` (downloaded through the
+artifact store into a local cache first), or a hub repo id resolved from the local hub cache only
+(`local_files_only=True`; nothing is downloaded at run time). The tiny random-weight FLUX built by
+`chunkgrpo.tiny` and a real FLUX.1-dev folder go through the same code.
+
+`FluxModel` wraps the components: prompt encoding, latent packing, the velocity call (with the
+integer-timestep convention of the shift schedule), x̂0 decoding, and a transformer call counter.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from chunkgrpo.errors import UserError
+
+
+@dataclass
+class PromptEmbeds:
+    """Text conditioning for a batch: T5 sequence (B, T, D), CLIP pooled (B, Dp), txt ids (T, 3)."""
+
+    prompt_embeds: torch.Tensor
+    pooled: torch.Tensor
+    text_ids: torch.Tensor
+
+    def __len__(self) -> int:
+        return self.prompt_embeds.shape[0]
+
+    def index(self, idx) -> "PromptEmbeds":
+        return PromptEmbeds(self.prompt_embeds[idx], self.pooled[idx], self.text_ids)
+
+    def repeat_interleave(self, n: int) -> "PromptEmbeds":
+        return PromptEmbeds(self.prompt_embeds.repeat_interleave(n, 0), self.pooled.repeat_interleave(n, 0), self.text_ids)
+
+    def to(self, device=None, dtype=None) -> "PromptEmbeds":
+        return PromptEmbeds(self.prompt_embeds.to(device=device, dtype=dtype),
+                            self.pooled.to(device=device, dtype=dtype), self.text_ids.to(device=device))
+
+    @staticmethod
+    def cat(items: list["PromptEmbeds"]) -> "PromptEmbeds":
+        return PromptEmbeds(torch.cat([i.prompt_embeds for i in items]), torch.cat([i.pooled for i in items]),
+                            items[0].text_ids)
+
+
+class CallCounter:
+    """Counts transformer forward calls (and samples through them) with and without grad."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.forward = 0
+        self.forward_grad = 0
+        self.samples = 0
+
+    def record(self, batch: int) -> None:
+        self.forward += 1
+        self.samples += batch
+        if torch.is_grad_enabled():
+            self.forward_grad += 1
+
+    def as_dict(self) -> dict:
+        return {"transformer_forward": self.forward, "transformer_forward_with_grad": self.forward_grad,
+                "transformer_samples": self.samples}
+
+
+def resolve_model_source(source: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> str:
+    """A local folder path for `source` (local dir, s3:// URI, or hub id from the local cache)."""
+    s = str(source)
+    if s.startswith("s3://"):
+        from chunkgrpo import store  # lazy: only the S3 path needs minio
+
+        cache = Path(cache_dir or os.environ.get("CHUNKGRPO_CACHE", Path.home() / ".cache" / "chunkgrpo"))
+        return str(store.download_model(s, cache))
+    p = Path(s).expanduser()
+    if p.exists():
+        if not (p / "model_index.json").exists():
+            raise UserError(f"model dir {p} has no model_index.json (expected a diffusers FLUX pipeline folder)")
+        return str(p)
+    if s.startswith((".", "/", "~")) or os.sep in s and s.count("/") != 1:
+        raise UserError(f"model dir {s} does not exist (expected a diffusers FLUX pipeline folder)")
+    try:  # a hub repo id: resolve from the local cache only, never download
+        from huggingface_hub import snapshot_download
+
+        return snapshot_download(s, local_files_only=True)
+    except Exception as e:  # noqa: BLE001 - any failure here means "not available offline"
+        raise UserError(f"model {s!r} is not a local folder and not in the local hub cache ({type(e).__name__}); "
+                        "pass a folder, an s3:// URI, or pre-populate HF_HOME") from None
+
+
+def load_flux(source: str | os.PathLike, *, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
+              with_text_encoders: bool = True, with_vae: bool = True) -> "FluxModel":
+    """Load a FLUX pipeline folder (see `resolve_model_source`) into a `FluxModel`."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import diffusers.utils.logging as dlog
+    import transformers.utils.logging as tlog
+    from diffusers import FluxPipeline
+
+    dlog.disable_progress_bar()
+    tlog.disable_progress_bar()
+    path = resolve_model_source(source)
+    device = torch.device(device)
+    if dtype is None:
+        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    kwargs = {}
+    if not with_text_encoders:
+        kwargs.update(text_encoder=None, text_encoder_2=None)
+    if not with_vae:
+        kwargs["vae"] = None
+    pipe = FluxPipeline.from_pretrained(path, dtype=dtype, **kwargs)
+    pipe.set_progress_bar_config(disable=True)
+    for name in ("transformer", "vae", "text_encoder", "text_encoder_2"):
+        module = getattr(pipe, name, None)
+        if module is not None:
+            module.to(device)
+            module.requires_grad_(False)
+            module.eval()
+    return FluxModel(pipe, device=device, dtype=dtype, source=str(source), path=path)
+
+
+class FluxModel:
+    """The pieces of a FluxPipeline the GRPO engine calls, with a transformer call counter."""
+
+    def __init__(self, pipe, *, device: torch.device, dtype: torch.dtype, source: str = "", path: str = ""):
+        self.pipe = pipe
+        self.transformer = pipe.transformer
+        self.device = device
+        self.dtype = dtype
+        self.source = source
+        self.path = path
+        self.counter = CallCounter()
+        self.vae_scale_factor = getattr(pipe, "vae_scale_factor", 8)
+        self.guidance_embeds = bool(getattr(self.transformer.config, "guidance_embeds", False))
+
+    # ---------------------------------------------------------------- text
+    @torch.no_grad()
+    def encode_prompts(self, prompts: list[str], max_sequence_length: int = 512) -> PromptEmbeds:
+        if self.pipe.text_encoder is None or self.pipe.text_encoder_2 is None:
+            raise RuntimeError("text encoders were not loaded (load_flux(with_text_encoders=True))")
+        embeds, pooled, text_ids = self.pipe.encode_prompt(
+            prompt=list(prompts), prompt_2=None, device=self.device, num_images_per_prompt=1,
+            max_sequence_length=max_sequence_length)
+        return PromptEmbeds(embeds.to(self.dtype), pooled.to(self.dtype), text_ids)
+
+    # ---------------------------------------------------------------- latents
+    def check_resolution(self, height: int, width: int) -> None:
+        m = self.vae_scale_factor * 2
+        if height % m or width % m or height <= 0 or width <= 0:
+            raise UserError(f"resolution {height}x{width} must be a positive multiple of {m} for this model")
+
+    def latent_shape(self, height: int, width: int) -> tuple[int, int]:
+        """Packed latent (tokens, channels) for an image of height × width."""
+        self.check_resolution(height, width)
+        h, w = height // self.vae_scale_factor, width // self.vae_scale_factor
+        return (h // 2) * (w // 2), self.transformer.config.in_channels
+
+    def img_ids(self, height: int, width: int) -> torch.Tensor:
+        h, w = height // self.vae_scale_factor, width // self.vae_scale_factor
+        return self.pipe._prepare_latent_image_ids(1, h // 2, w // 2, self.device, self.dtype)
+
+    def initial_noise(self, batch: int, height: int, width: int, generator: torch.Generator) -> torch.Tensor:
+        L, C = self.latent_shape(height, width)
+        return torch.randn((batch, L, C), generator=generator, dtype=torch.float32).to(self.device)
+
+    # ---------------------------------------------------------------- the velocity call
+    def velocity(self, x: torch.Tensor, timesteps: torch.Tensor, cond: PromptEmbeds, img_ids: torch.Tensor,
+                 *, guidance: float = 3.5, transformer=None) -> torch.Tensor:
+        """v_θ(x, t, c). `timesteps` (B,) in [0, 1000] (already quantized when the recipe does);
+        FLUX receives t/1000. Output in float32."""
+        model = transformer if transformer is not None else self.transformer
+        B = x.shape[0]
+        t = timesteps.to(device=self.device, dtype=self.dtype).expand(B) / 1000.0
+        g = torch.full((B,), guidance, device=self.device, dtype=self.dtype) if self.guidance_embeds else None
+        self.counter.record(B)
+        out = model(hidden_states=x.to(self.dtype), timestep=t, guidance=g, pooled_projections=cond.pooled,
+                    encoder_hidden_states=cond.prompt_embeds, txt_ids=cond.text_ids, img_ids=img_ids,
+                    return_dict=False)[0]
+        return out.float()
+
+    # ---------------------------------------------------------------- decoding
+    @torch.no_grad()
+    def decode(self, x0: torch.Tensor, height: int, width: int):
+        """Packed clean latents → list of PIL images."""
+        vae = self.pipe.vae
+        if vae is None:
+            raise RuntimeError("VAE was not loaded")
+        lat = self.pipe._unpack_latents(x0.to(vae.dtype), height, width, self.vae_scale_factor)
+        lat = lat / vae.config.scaling_factor + vae.config.shift_factor
+        image = vae.decode(lat, return_dict=False)[0]
+        return self.pipe.image_processor.postprocess(image.float(), output_type="pil")
+
+    def drop_text_encoders(self) -> None:
+        """Free the (large) text encoders once prompt embeddings are cached."""
+        self.pipe.text_encoder = None
+        self.pipe.text_encoder_2 = None
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()

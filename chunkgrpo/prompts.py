@@ -1,0 +1,59 @@
+"""Prompt files: `.txt` (one prompt per line, blank lines and `#` comments skipped), `.jsonl` (a
+`prompt` or `text` field per line), `.tsv` (a `Prompt` column, e.g. PartiPrompts), `.parquet` (a
+`prompt`/`text` column)."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+from chunkgrpo.errors import UserError
+
+_FIELDS = ("prompt", "text", "Prompt", "caption")
+
+
+def _pick(row: dict, where: str) -> str:
+    for f in _FIELDS:
+        if f in row and isinstance(row[f], str):
+            return row[f]
+    raise UserError(f"{where}: no prompt field (looked for {', '.join(_FIELDS)}; got {sorted(row)[:6]})")
+
+
+def load_prompts(path: str | Path, limit: int = 0) -> list[str]:
+    """Prompts from a file; raises a clear error for a missing/empty file or an empty prompt line."""
+    path = Path(path)
+    if not path.exists():
+        raise UserError(f"prompt file {path} does not exist")
+    suffix = path.suffix.lower()
+    prompts: list[str] = []
+    if suffix == ".jsonl":
+        for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                prompts.append(_pick(json.loads(line), f"{path}:{i}"))
+            except json.JSONDecodeError as e:
+                raise UserError(f"{path}:{i}: invalid JSON ({e.msg})") from None
+    elif suffix == ".tsv":
+        with path.open(encoding="utf-8", newline="") as fh:
+            for i, row in enumerate(csv.DictReader(fh, delimiter="\t"), 2):
+                prompts.append(_pick(row, f"{path}:{i}"))
+    elif suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        table = pq.read_table(path)
+        col = next((c for c in _FIELDS if c in table.column_names), None)
+        if col is None:
+            raise UserError(f"{path}: no prompt column (looked for {', '.join(_FIELDS)}; got {table.column_names})")
+        prompts = [str(x) for x in table.column(col).to_pylist()]
+    else:
+        prompts = [ln.strip() for ln in path.read_text(encoding="utf-8").splitlines()
+                   if ln.strip() and not ln.lstrip().startswith("#")]
+    prompts = [p.strip() for p in prompts]
+    empty = [i for i, p in enumerate(prompts) if not p]
+    if empty:
+        raise UserError(f"{path}: empty prompt at entry {empty[0]}")
+    if not prompts:
+        raise UserError(f"prompt file {path} contains no prompts")
+    return prompts[:limit] if limit else prompts

@@ -1,0 +1,74 @@
+import json
+import math
+
+import pytest
+
+from chunkgrpo.chunks import load_plan, plan_chunks, plan_from_profile
+from chunkgrpo.errors import UserError
+
+
+def _piecewise(knees, slopes, n=17, start=1.0):
+    """A profile whose slope changes exactly at the given steps (known knees)."""
+    out, v = [], start
+    for t in range(n):
+        seg = sum(t >= k for k in knees)
+        out.append(v)
+        v += slopes[seg]
+    return out
+
+
+def test_exact_sizes_for_sizes_and_uniform():
+    assert plan_chunks("sizes:2,3,4,7", 16).sizes == [2, 3, 4, 7]
+    assert plan_chunks("uniform:4", 16).sizes == [4, 4, 4, 4]
+    assert plan_chunks("uniform:2", 16).sizes == [2] * 8
+    assert plan_chunks("uniform:5", 16).sizes == [5, 5, 5, 1]
+    assert plan_chunks("step", 16).sizes == [1] * 16
+    assert plan_chunks("whole", 16).sizes == [16]
+
+
+def test_dynamics_finds_known_knees():
+    p = _piecewise([2, 5], [-0.1, -0.04, -0.01])
+    plan = plan_chunks("dynamics:last=0.4375", 16, p)
+    assert plan.sizes == [2, 3, 4, 7]  # the paper's plan from a profile with knees at 2 and 5
+    assert "step 2" in plan.rationale and "step 5" in plan.rationale
+    assert plan.details["cuts"] == [2, 5]
+    # default: last chunk is the second half
+    assert plan_chunks("dynamics", 16, p).sizes[-1] == 8
+
+
+def test_dynamics_other_knees_and_max_chunk():
+    p = _piecewise([3, 6], [-0.2, -0.05, -0.02])
+    assert plan_chunks("dynamics", 16, p).sizes == [3, 3, 2, 8]
+    # a smooth decaying profile without interior peaks: early region split, chunks <= max
+    q = [0.2 * math.exp(-0.3 * t) + 0.01 for t in range(17)]
+    sizes = plan_chunks("dynamics:max=3", 16, q).sizes
+    assert sum(sizes) == 16 and all(s <= 3 for s in sizes[:-1]) and sizes[-1] == 8
+
+
+@pytest.mark.parametrize("strategy,match", [
+    ("sizes:2,3,4", "sum to 9"), ("sizes:2,0,14", "empty chunk"), ("magic", "unknown chunk strategy"),
+    ("uniform:0", ">= 1"), ("uniform:20", "exceeds"), ("dynamics:foo=1", "unknown dynamics option"),
+])
+def test_bad_plans_are_clear_errors(strategy, match):
+    with pytest.raises(UserError, match=match):
+        plan_chunks(strategy, 16, [1.0] * 17)
+
+
+def test_dynamics_needs_profile():
+    with pytest.raises(UserError, match="needs a profile"):
+        plan_chunks("dynamics", 16)
+
+
+def test_plan_from_profile_writes_json_and_png(tmp_path):
+    prof = {"sigmas": [1 - i / 16 for i in range(17)], "l1rel": _piecewise([2, 5], [-0.1, -0.04, -0.01], n=16),
+            "samples": 4}
+    pp = tmp_path / "profile.json"
+    pp.write_text(json.dumps(prof))
+    plan, out = plan_from_profile(pp, "sizes:2,3,4,6", tmp_path / "plan.json")
+    d = json.loads(out.read_text())
+    assert d["sizes"] == [2, 3, 4, 6] and d["trainable_steps"] == 15 and len(d["chunks"]) == 4
+    assert d["chunks"][1]["steps"] == [2, 4] and d["chunks"][1]["sigma_start"] == prof["sigmas"][2]
+    assert (tmp_path / "plan.png").stat().st_size > 1000
+    assert load_plan(out, 15) == [2, 3, 4, 6]
+    with pytest.raises(UserError, match="num_steps"):
+        load_plan(out, 16)

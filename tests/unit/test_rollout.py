@@ -1,0 +1,76 @@
+import pytest
+import torch
+
+from chunkgrpo import sde
+from chunkgrpo.errors import UserError
+from chunkgrpo.rollout import SamplingConfig, parse_stochastic, policy_log_probs, rollout_group, sample_trajectory
+from chunkgrpo.schedules import shift_sigmas
+
+TINY = dict(num_steps=6, height=64, width=64, max_sequence_length=16)
+
+
+def test_parse_stochastic_variants():
+    assert parse_stochastic("all", 5).tolist() == [True, True, True, True, False]
+    assert parse_stochastic("none", 5).tolist() == [False] * 5
+    assert parse_stochastic("window:1:3", 5).tolist() == [False, True, True, False, False]
+    assert parse_stochastic("steps:0,3", 5).tolist() == [True, False, False, True, False]
+    with pytest.raises(UserError, match="out of range"):
+        parse_stochastic("steps:4", 5)
+    with pytest.raises(UserError, match="unknown stochastic"):
+        parse_stochastic("half", 5)
+
+
+def test_sample_trajectory_with_analytic_field_records_states_and_logps():
+    sig = shift_sigmas(5)
+    x0 = torch.randn(3, 4, 2)
+    v_const = torch.ones(3, 4, 2)
+    calls = []
+
+    def vf(x, i):
+        calls.append(i)
+        return v_const
+
+    mask = parse_stochastic("window:1:3", 5)
+    tr = sample_trajectory(vf, x0, sig, mask, eta=0.5, rule="flow", generator=torch.Generator().manual_seed(0))
+    assert calls == [0, 1, 2, 3, 4]  # exactly one velocity call per step
+    assert tr.latents.shape == (3, 6, 4, 2)
+    assert torch.isnan(tr.log_probs[:, [0, 3, 4]]).all() and torch.isfinite(tr.log_probs[:, 1:3]).all()
+    # ODE step 0 is exact Euler; the recorded log-prob of step 1 is the density of the recorded transition
+    assert torch.allclose(tr.latents[:, 1], x0 + (sig[1] - sig[0]).float() * v_const)
+    lp = sde.step_log_prob(tr.latents[:, 2], tr.latents[:, 1], v_const, float(sig[1]), float(sig[2]), eta=0.5, rule="flow")
+    assert torch.allclose(lp, tr.log_probs[:, 1])
+    # decoded image = x̂0 of the last step, equal to the final ODE state
+    assert torch.allclose(tr.x0, tr.latents[:, -2] - sig[-2].float() * v_const, atol=1e-6)
+    assert torch.allclose(tr.x0, tr.latents[:, -1], atol=1e-6)
+
+
+def test_group_rollout_on_tiny_flux_one_batch_shared_noise(tiny_model):
+    cfg = SamplingConfig(**TINY)
+    cond = tiny_model.encode_prompts(["a cat", "a red car"], 16)
+    tiny_model.counter.reset()
+    tr = rollout_group(tiny_model, cond, 3, cfg, torch.Generator().manual_seed(0))
+    # one transformer call per step for the whole group batch (not G sequential runs)
+    assert tiny_model.counter.forward == cfg.num_steps
+    assert tiny_model.counter.samples == cfg.num_steps * 6
+    assert torch.equal(tr.latents[0, 0], tr.latents[2, 0]) and not torch.equal(tr.latents[0, 0], tr.latents[3, 0])
+    assert not torch.equal(tr.latents[0, 1], tr.latents[1, 1])  # SDE noise differs within the group
+    assert torch.isfinite(tr.log_probs[:, :-1]).all()
+    # training-layout log-probs of the unchanged policy reproduce the rollout's (fp32, CPU)
+    lp = policy_log_probs(tiny_model, tr, cond.repeat_interleave(3), [0, 2, 4], cfg)
+    assert torch.allclose(lp, tr.log_probs[:, [0, 2, 4]], atol=1e-4)
+    images = tiny_model.decode(tr.x0, 64, 64)
+    assert len(images) == 6 and images[0].size == (64, 64)
+
+
+def test_independent_noise_option(tiny_model):
+    cfg = SamplingConfig(**TINY, same_noise=False)
+    cond = tiny_model.encode_prompts(["a cat"], 16)
+    tr = rollout_group(tiny_model, cond, 2, cfg, torch.Generator().manual_seed(0))
+    assert not torch.equal(tr.latents[0, 0], tr.latents[1, 0])
+
+
+def test_sampling_config_validation():
+    with pytest.raises(UserError, match="num_steps"):
+        SamplingConfig(num_steps=1)
+    with pytest.raises(UserError, match="window"):
+        SamplingConfig(num_steps=4, stochastic="window:2:9")

@@ -1,0 +1,269 @@
+"""Pure logic of the store/registry/local-services layer: no servers."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import pytest
+
+from chunkgrpo.errors import UserError
+from chunkgrpo.local_services import LocalServicesConfig, free_ports, port_in_use
+from chunkgrpo.registry import GateConfig, RegistryConfig, config_hash, gate_decision
+from chunkgrpo.store import (
+    ArtifactStore, ChecksumMismatchError, Manifest, StoreConfig, StoreError, build_manifest, classify_error,
+    make_pointer, parse_s3_uri, read_pointer, s3_uri,
+)
+from chunkgrpo.tracking import NullTracker, flatten, stage_run, start_pipeline_run
+
+SECRET = "s3cr3t-value-never-shown"
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch):
+    for k in ("CHUNKGRPO_S3_ENDPOINT", "CHUNKGRPO_S3_BUCKET", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
+              "AWS_DEFAULT_REGION", "AWS_REGION", "AWS_CA_BUNDLE", "SSL_CERT_FILE", "MLFLOW_TRACKING_URI"):
+        monkeypatch.delenv(k, raising=False)
+
+
+# ------------------------------------------------------------------------------------------ URIs
+
+def test_parse_s3_uri():
+    assert parse_s3_uri("s3://bucket/a/b/c.bin") == ("bucket", "a/b/c.bin")
+    assert parse_s3_uri("s3://bucket") == ("bucket", "")
+    assert parse_s3_uri("s3://bucket/") == ("bucket", "")
+    assert s3_uri("bucket", "/a/b") == "s3://bucket/a/b"
+
+
+@pytest.mark.parametrize("bad", ["bucket/key", "http://x/y", "s3://", "s3:///key", "s3://ab/k", "s3://Bad_Bucket/k"])
+def test_parse_s3_uri_rejects(bad):
+    with pytest.raises(UserError):
+        parse_s3_uri(bad)
+
+
+# ---------------------------------------------------------------------------------------- config
+
+def test_store_config_from_env_and_secret_hidden(monkeypatch):
+    monkeypatch.setenv("CHUNKGRPO_S3_ENDPOINT", "http://127.0.0.1:8333")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDEXAMPLE")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
+    c = StoreConfig()
+    assert (c.host, c.use_tls, c.url) == ("127.0.0.1:8333", False, "http://127.0.0.1:8333")
+    assert (c.bucket, c.region, c.access_key, c.secret_key) == ("chunkgrpo", "us-east-1", "AKIDEXAMPLE", SECRET)
+    assert SECRET not in repr(c)
+    assert "secret_key" not in c.to_dict() and SECRET not in c.to_yaml()
+    assert SECRET not in repr(ArtifactStore(c))
+    # round trip through the dict form re-reads the secret from the environment
+    assert StoreConfig.from_dict(c.to_dict()).secret_key == SECRET
+
+
+def test_store_config_tls_inference():
+    assert StoreConfig(endpoint="https://minio.minio.svc:9000").use_tls
+    assert StoreConfig(endpoint="s3.amazonaws.com").use_tls
+    assert not StoreConfig(endpoint="minio:9000", secure=False).use_tls
+
+
+@pytest.mark.parametrize("kv, words", [
+    ({"endpoint": "ftp://x:1"}, "scheme"),
+    ({"endpoint": "http://x:1/path"}, "path"),
+    ({"part_size_mb": 4}, "5 MiB"),
+    ({"workers": 0}, "workers"),
+    ({"bucket": "No"}, "bucket name"),
+    ({"ca_bundle": "/nonexistent/ca.pem"}, "ca_bundle"),
+])
+def test_store_config_validation(kv, words):
+    with pytest.raises(UserError, match=words):
+        StoreConfig.from_dict(kv)
+
+
+def test_store_without_endpoint_or_credentials_is_a_user_error():
+    with pytest.raises(UserError, match="CHUNKGRPO_S3_ENDPOINT"):
+        ArtifactStore(StoreConfig())
+    with pytest.raises(UserError, match="AWS_ACCESS_KEY_ID"):
+        ArtifactStore(StoreConfig(endpoint="http://127.0.0.1:1"))
+
+
+# -------------------------------------------------------------------------------------- manifest
+
+def test_manifest_build_and_roundtrip(tmp_path):
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "a.bin").write_bytes(b"hello")
+    (tmp_path / "sub" / "b.txt").write_text("world")
+    (tmp_path / "empty").write_bytes(b"")
+    (tmp_path / "MANIFEST.json").write_text("{}")  # an old manifest is never part of the content
+    m = build_manifest(tmp_path, meta={"step": 3})
+    assert sorted(m.files) == ["a.bin", "empty", "sub/b.txt"]
+    assert m.files["a.bin"] == {"sha256": "2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824",
+                                "size": 5}
+    assert m.total_bytes == 10
+    back = Manifest.from_json(m.to_json())
+    assert back.files == m.files and back.meta == {"step": 3} and back.sha256 == m.sha256
+    later = build_manifest(tmp_path)
+    assert later.content_sha256 == m.content_sha256
+
+
+@pytest.mark.parametrize("body", [
+    "not json", json.dumps({"format": "other", "files": {}}),
+    json.dumps({"format": "chunkgrpo.manifest/v1", "files": {"../evil": {"sha256": "x", "size": 1}}}),
+    json.dumps({"format": "chunkgrpo.manifest/v1", "files": {"a": {"size": 1}}}),
+])
+def test_manifest_rejects_bad(body):
+    with pytest.raises(StoreError):
+        Manifest.from_json(body)
+
+
+def test_model_pointer():
+    p = make_pointer("s3://ckpts/run1/step-10", "a" * 64, "lora", "black-forest-labs/FLUX.1-dev", step=10)
+    assert read_pointer(json.dumps(p)) == p
+    with pytest.raises(UserError):
+        make_pointer("s3://ckpts/x", "a" * 64, "adapter", "base")
+    with pytest.raises(UserError):
+        read_pointer({"format": "chunkgrpo.model-pointer/v1", "uri": "s3://ckpts/x"})
+
+
+# -------------------------------------------------------------------------------------- retrying
+
+class _Resp:
+    def __init__(self, status):
+        self.status = status
+
+
+def _s3_error(code, status):
+    from minio.error import S3Error
+
+    return S3Error(_Resp(status), code, "msg", "/r", "req", "host")
+
+
+def test_classify_error():
+    from minio.error import ServerError
+    from urllib3.exceptions import MaxRetryError, ProtocolError
+
+    assert classify_error(_s3_error("SignatureDoesNotMatch", 403)) == "auth"
+    assert classify_error(_s3_error("InvalidAccessKeyId", 403)) == "auth"
+    assert classify_error(_s3_error("SlowDown", 503)) == "transient"
+    assert classify_error(_s3_error("InternalError", 500)) == "transient"
+    assert classify_error(_s3_error("NoSuchKey", 404)) == "missing"
+    assert classify_error(_s3_error("InvalidArgument", 400)) == "other"
+    assert classify_error(ServerError("bad gateway", 502)) == "transient"
+    assert classify_error(MaxRetryError(None, "/x", reason=ConnectionRefusedError())) == "transient"
+    assert classify_error(ProtocolError("reset")) == "transient"
+    assert classify_error(ConnectionResetError()) == "transient"
+    assert classify_error(ValueError("x")) == "other"
+    assert classify_error(ChecksumMismatchError("x")) == "other"
+
+
+def _store(**kw):
+    return ArtifactStore(StoreConfig(endpoint="http://127.0.0.1:1", access_key="AKID", secret_key=SECRET, **kw),
+                         sleep=lambda s: sleeps.append(s))
+
+
+sleeps: list[float] = []
+
+
+def test_retry_backoff_then_success():
+    from minio.error import ServerError
+
+    sleeps.clear()
+    store = _store(retries=5, backoff_s=1.0, max_backoff_s=3.0)
+    calls = iter([ConnectionRefusedError(), _s3_error("SlowDown", 503), ServerError("x", 500), "ok"])
+
+    def fn():
+        v = next(calls)
+        if isinstance(v, BaseException):
+            raise v
+        return v
+
+    assert store._retry("testing", fn) == "ok"
+    assert len(sleeps) == 3
+    for got, base in zip(sleeps, [1.0, 2.0, 3.0]):  # doubling, capped, +-25% jitter
+        assert 0.75 * base <= got <= 1.25 * base
+
+
+def test_retry_gives_up_and_auth_is_not_retried():
+    sleeps.clear()
+    store = _store(retries=3, backoff_s=0.0)
+
+    def refused():
+        raise ConnectionRefusedError("refused")
+
+    with pytest.raises(StoreError, match="after 3 attempts"):
+        store._retry("testing", refused)
+    sleeps.clear()
+
+    def denied():
+        raise _s3_error("SignatureDoesNotMatch", 403)
+
+    with pytest.raises(UserError) as e:
+        store._retry("testing", denied)
+    assert sleeps == []
+    assert "127.0.0.1:1" in str(e.value) and "AKID" in str(e.value) and SECRET not in str(e.value)
+
+
+def test_part_size_grows_for_huge_files():
+    store = _store(part_size_mb=8)
+    assert store._part_size(100) == 8 * 2**20
+    assert store._part_size(200 * 2**30) >= 200 * 2**30 / 10_000  # 200 GiB still fits in 10k parts
+
+
+# ------------------------------------------------------------------------------------------ gate
+
+def test_gate_decision_max_and_min():
+    g = GateConfig()
+    assert g.metric == "eval.hpdv2.hpsv3" and g.direction == "max"
+    assert gate_decision(0.31, None, g).passed
+    assert gate_decision(0.32, 0.31, g).passed
+    assert not gate_decision(0.31, 0.31, g).passed  # a tie does not beat the champion
+    assert not gate_decision(0.30, 0.31, g).passed
+    m = GateConfig(margin=0.05)
+    assert not gate_decision(0.35, 0.31, m).passed and gate_decision(0.37, 0.31, m).passed
+    low = GateConfig(metric="eval.fid", direction="min", margin=1.0)
+    assert gate_decision(10.0, 12.0, low).passed and not gate_decision(11.5, 12.0, low).passed
+    with pytest.raises(UserError, match="--force"):
+        gate_decision(None, 0.3, g)
+
+
+@pytest.mark.parametrize("kv", [{"direction": "up"}, {"margin": -1}, {"metric": " "}])
+def test_gate_config_validation(kv):
+    with pytest.raises(UserError):
+        GateConfig.from_dict(kv)
+
+
+def test_registry_config():
+    cfg = RegistryConfig.load(overrides=["gate.margin=0.01", "gate.direction=min"])
+    assert cfg.gate.margin == 0.01 and cfg.gate.direction == "min"
+    with pytest.raises(UserError):
+        RegistryConfig(previous_alias="champion")
+    assert config_hash({"a": 1, "b": [1, 2]}) == config_hash({"b": [1, 2], "a": 1})
+
+
+# -------------------------------------------------------------------------------------- tracking
+
+def test_flatten_and_null_tracker():
+    assert flatten({"a": {"b": 1, "c": {"d": "x"}}, "e": [1, 2]}) == {"a.b": 1, "a.c.d": "x", "e": [1, 2]}
+    with start_pipeline_run("exp", "run") as run:  # MLFLOW_TRACKING_URI unset -> no-op
+        assert isinstance(run, NullTracker) and not run.enabled
+        run.log_params({"a": 1})
+        with run.stage("train") as st:
+            st.log_metrics({"loss": 1.0}, step=1)
+    with stage_run("evaluate") as st:
+        assert st.run_id is None
+
+
+# -------------------------------------------------------------------------------- local services
+
+def test_local_services_config(monkeypatch, tmp_path):
+    monkeypatch.setenv("CHUNKGRPO_HOME", str(tmp_path))
+    assert LocalServicesConfig().home == str(tmp_path)
+    with pytest.raises(UserError, match="both"):
+        LocalServicesConfig(s3_port=9000, mlflow_port=9000)
+    with pytest.raises(UserError, match="between"):
+        LocalServicesConfig(s3_port=80)
+
+
+def test_port_helpers():
+    ports = free_ports(5)
+    assert len(set(ports)) == 5
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        assert port_in_use(s.getsockname()[1])
