@@ -181,6 +181,7 @@ def chunk_backward(
     clip_high: float,
     scale: float = 1.0,
     strategy: str = "graph",
+    always_backward: bool = False,
 ) -> dict:
     """Backward of one chunk's loss `scale · mean_b ℓ_k(b)` for the chunk made of `steps`.
 
@@ -191,6 +192,9 @@ def chunk_backward(
     * ``"per_step"``: ρ_k from a no-grad pass (skipped on-policy, where ρ_k = 1 exactly), then per
       step backward of `scale·mean_b(κ_k/c_k · logp_t)` with κ_k = −A·ρ_k on the unclipped branch and
       0 otherwise (method.md §5). Exact, and holds one step's graph at a time.
+
+    `always_backward` runs the per-step forwards/backwards even when every κ is 0 (FSDP needs every
+    rank to issue the same collective sequence).
 
     Returns {"loss", "ratio" (B,), "clipped" (B,) bool, "forwards": transformer-call count}.
     """
@@ -217,7 +221,7 @@ def chunk_backward(
     clipped = (-adv * torch.clamp(ratio, 1 - clip_low, 1 + clip_high)) > (-adv * ratio)
     kappa = torch.where(clipped, torch.zeros_like(adv), -adv * ratio)
     loss = clipped_surrogate(ratio, adv, clip_low, clip_high).mean()
-    if torch.any(kappa != 0):
+    if always_backward or torch.any(kappa != 0):
         B = adv.shape[0]
         for t in steps:
             logp_t = logp_fn([t])[:, 0]

@@ -1,0 +1,42 @@
+"""Train with Chunk-GRPO / step-level GRPO (single process, or under torchrun for N ranks).
+
+Examples:
+  chunkgrpo train --config tiny_cpu model=DIR prompts=prompts.txt
+  torchrun --standalone --nproc_per_node=8 -m chunkgrpo.train --config chunk_grpo_flux model=/models/FLUX.1-dev
+  chunkgrpo train --config chunk_grpo_flux --help-config      # every option with its help
+"""
+
+NAME = "train"
+HELP = "GRPO training (presets: chunk_grpo_flux, chunk_grpo_ws_flux, dance_grpo_flux, tiny_cpu)"
+
+
+def add_arguments(p):
+    p.add_argument("--config", help="preset name (chunkgrpo/presets) or YAML file")
+    p.add_argument("--help-config", action="store_true", help="list every option with its default and help")
+    p.add_argument("--dry-run", action="store_true", help="validate config, model dir, prompts and plan, then exit")
+    p.add_argument("overrides", nargs="*", help="key=value overrides (e.g. lr=5e-6 sampling.eta=0.3)")
+
+
+def run(args):
+    import json
+    import logging
+
+    from chunkgrpo.config import describe
+    from chunkgrpo.train.config import TrainConfig
+
+    if args.help_config:
+        print(describe(TrainConfig))
+        return 0
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    cfg = TrainConfig.load(args.config, args.overrides)
+    from chunkgrpo.train.trainer import Trainer, run_training
+
+    if args.dry_run:
+        t = Trainer(cfg)
+        print(json.dumps({"ok": True, "model": t.model_path, "prompts": len(t.prompts), "chunk_sizes": t.sizes}))
+        return 0
+    summary = run_training(cfg)
+    if summary:
+        h = summary["history"]
+        print(f"trained {summary['optimizer_steps']} optimizer steps ({cfg.method}, chunks {summary['chunk_sizes']}); "
+              f"reward {h[0]['reward_mean']:.4f} -> {h[-1]['reward_mean']:.4f}; model -> {summary['final_model']}")

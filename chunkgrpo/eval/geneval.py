@@ -1,0 +1,650 @@
+"""GenEval (Ghosh et al. 2023, djghosh13/geneval @ af4902f): layout, detectors, exact scoring rules, summary.
+
+Pipeline:
+1. `load_metadata()` - the 553 prompts (`evaluation_metadata.jsonl`: tag, prompt, include, exclude).
+2. Generation (part B) follows `generation_plan(...)`: 4 images per prompt written as the official
+   layout `<root>/<index:05d>/metadata.jsonl` (one JSON object) + `<root>/<index:05d>/samples/<k:05d>.png`
+   (the official generator writes `f"{k:05}.png"`; the evaluator accepts any `^\\d+\\.png$`, PNG only).
+3. A `Detector` returns per-class detections (box, score, mask). Backends:
+   - `MMDetDetector`: the official mmdet 2.x Mask2Former Swin-S COCO checkpoint (evaluation image only);
+     results are comparable with published GenEval numbers.
+   - `TransformersMask2FormerDetector`: any transformers Mask2Former instance checkpoint (e.g.
+     facebook/mask2former-swin-small-coco-instance), post-processed like mmdet. A different checkpoint:
+     its results carry `comparable_to_official=False`.
+4. `filter_detections` + `evaluate_detections` apply the official rules (pure functions, numpy only):
+   confidence > 0.3 (> 0.9 for `counting`), sorted by score, at most 16 per class, no NMS (max_overlap 1.0);
+   include clauses AND-ed, exclude clauses OR-ed; `found = detected[class][:count]`; colour by a
+   classifier over the mask composited on #999 grey, cropped to the box; position with margin
+   0.1 x (box sizes); counting is exact through the `exclude {count: n+1}` clause.
+5. `summarize(records)`: per-task mean of `correct` over images; overall = unweighted mean of the 6 tasks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any, Callable, Iterator, Protocol, Sequence, runtime_checkable
+
+import numpy as np
+from PIL import Image, ImageOps
+
+from chunkgrpo.config import Config, option
+from chunkgrpo.errors import UserError
+from chunkgrpo.eval import data_file
+
+TAGS = ("single_object", "two_object", "counting", "colors", "position", "color_attr")
+COLORS = ("red", "orange", "yellow", "green", "blue", "purple", "pink", "brown", "black", "white")
+RELATIONS = ("left of", "right of", "above", "below")
+COLOR_TEMPLATES = ("a photo of a {c} {cls}", "a photo of a {c}-colored {cls}", "a photo of a {c} object")
+N_SAMPLES = 4
+DEFAULT_SEED = 42
+METADATA_FILE = "geneval/evaluation_metadata.jsonl"
+OBJECT_NAMES_FILE = "geneval/object_names.txt"
+OFFICIAL_MMDET_MODEL = "mask2former_swin-s-p4-w7-224_lsj_8x2_50e_coco"
+_SAMPLE_RE = re.compile(r"\d+\.png")
+
+
+# --------------------------------------------------------------------------------------------------
+# metadata
+
+
+def load_metadata(path: str | os.PathLike | None = None) -> list[dict]:
+    """The GenEval prompt metadata (one dict per prompt, file order = prompt index)."""
+    path = data_file(METADATA_FILE, path, what="GenEval metadata (evaluation_metadata.jsonl)")
+    out = []
+    for lineno, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            md = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise UserError(f"{path}:{lineno}: invalid JSON: {e}") from None
+        validate_metadata(md, where=f"{path}:{lineno}")
+        out.append(md)
+    if not out:
+        raise UserError(f"{path}: no prompts")
+    return out
+
+
+def validate_metadata(md: dict, where: str = "metadata") -> None:
+    for key in ("tag", "prompt", "include"):
+        if key not in md:
+            raise UserError(f"{where}: missing {key!r}")
+    if md["tag"] not in TAGS:
+        raise UserError(f"{where}: unknown tag {md['tag']!r} (known: {', '.join(TAGS)})")
+    includes = md["include"]
+    for i, req in enumerate(list(includes) + list(md.get("exclude", []))):
+        if "class" not in req or "count" not in req:
+            raise UserError(f"{where}: clause {req!r} needs 'class' and 'count'")
+        if "color" in req and req["color"] not in COLORS:
+            raise UserError(f"{where}: colour {req['color']!r} is not one of {', '.join(COLORS)}")
+        if "position" in req:
+            rel, target = req["position"]
+            if rel not in RELATIONS:
+                raise UserError(f"{where}: relation {rel!r} is not one of {', '.join(RELATIONS)}")
+            if not (isinstance(target, int) and 0 <= target < min(i, len(includes))):
+                raise UserError(f"{where}: position target {target!r} must index an earlier include clause")
+
+
+def load_object_names(path: str | os.PathLike | None = None) -> list[str]:
+    """The 80 COCO class names in detector label order (natural spellings, e.g. "tv remote")."""
+    path = data_file(OBJECT_NAMES_FILE, path, what="GenEval object_names.txt")
+    names = [ln.strip() for ln in path.read_text().splitlines() if ln.strip()]
+    if len(names) != 80:
+        raise UserError(f"{path}: expected 80 COCO class names, found {len(names)}")
+    return names
+
+
+# --------------------------------------------------------------------------------------------------
+# generation layout
+
+
+@dataclasses.dataclass(frozen=True)
+class GenEvalJob:
+    """One image to generate: prompt `index` (metadata line), sample `k`, its seed and output path."""
+
+    index: int
+    sample: int
+    prompt: str
+    seed: int
+    path: Path
+    tag: str
+
+
+def prompt_dir(root: str | os.PathLike, index: int) -> Path:
+    return Path(root) / f"{index:05d}"
+
+
+def sample_path(root: str | os.PathLike, index: int, k: int) -> Path:
+    return prompt_dir(root, index) / "samples" / f"{k:05d}.png"
+
+
+def sample_seed(index: int, k: int, base_seed: int = DEFAULT_SEED) -> int:
+    """Seed of sample k of prompt `index`: `base_seed + k`, independent of the prompt, mirroring the official
+    generator, which re-seeds with the same seed before every prompt (so sample k of every prompt starts
+    from the same noise). Per-image seeds make the result independent of batching and sharding."""
+    del index
+    return base_seed + k
+
+
+def generation_plan(metadata: Sequence[dict], root: str | os.PathLike, n_samples: int = N_SAMPLES,
+                    base_seed: int = DEFAULT_SEED) -> list[GenEvalJob]:
+    """All images to generate (`len(metadata) * n_samples`, default 553 x 4 = 2,212)."""
+    if n_samples < 1:
+        raise UserError(f"n_samples={n_samples} must be >= 1 (official GenEval: 4)")
+    return [
+        GenEvalJob(i, k, md["prompt"], sample_seed(i, k, base_seed), sample_path(root, i, k), md["tag"])
+        for i, md in enumerate(metadata)
+        for k in range(n_samples)
+    ]
+
+
+def write_layout(metadata: Sequence[dict], root: str | os.PathLike) -> Path:
+    """Create `<root>/<index:05d>/samples/` and each `metadata.jsonl` (json.dump of the prompt's metadata)."""
+    root = Path(root)
+    for i, md in enumerate(metadata):
+        d = prompt_dir(root, i)
+        (d / "samples").mkdir(parents=True, exist_ok=True)
+        with open(d / "metadata.jsonl", "w") as fp:
+            json.dump(md, fp)
+    return root
+
+
+def iter_samples(root: str | os.PathLike) -> Iterator[tuple[Path, dict]]:
+    """(image path, metadata) for every sample, with the official discovery rules: all-digit folder names,
+    a `metadata.jsonl` in each, sample files named `<digits>.png` (other files, JPEGs included, ignored)."""
+    root = Path(root)
+    if not root.is_dir():
+        raise UserError(f"GenEval image folder {str(root)!r} does not exist")
+    for sub in sorted(p for p in root.iterdir() if p.is_dir() and p.name.isdigit()):
+        md_path = sub / "metadata.jsonl"
+        if not md_path.exists():
+            raise UserError(f"{sub}: missing metadata.jsonl (see chunkgrpo.eval.geneval.write_layout)")
+        with open(md_path) as fp:
+            md = json.load(fp)
+        samples = sub / "samples"
+        if not samples.is_dir():
+            continue
+        for img in sorted(samples.iterdir()):
+            if img.is_file() and _SAMPLE_RE.fullmatch(img.name):
+                yield img, md
+
+
+# --------------------------------------------------------------------------------------------------
+# detections and rules
+
+
+@dataclasses.dataclass
+class Detection:
+    """One detected object: box (x1, y1, x2, y2) in pixels, confidence, optional boolean mask (H, W)."""
+
+    box: tuple[float, float, float, float]
+    score: float
+    mask: np.ndarray | None = None
+
+    def as_list(self) -> list[float]:
+        return [float(v) for v in self.box] + [float(self.score)]
+
+
+Detections = dict[str, list[Detection]]
+ColorFn = Callable[[Image.Image | None, list[Detection], str], list[str]]
+"""`color_fn(image, detections, class_name) -> one colour name (of COLORS) per detection`."""
+
+
+@runtime_checkable
+class Detector(Protocol):
+    name: str
+    comparable_to_official: bool
+
+    def detect(self, image: Image.Image | str | os.PathLike) -> Detections:
+        """All detections per class name (any order, unthresholded or thresholded below 0.3)."""
+        ...
+
+
+@dataclasses.dataclass
+class GenEvalRules(Config):
+    """The official evaluator's options (`evaluate_images.py --options`); defaults are the official ones."""
+
+    threshold: float = option(0.3, "confidence threshold (detections kept if score > threshold)")
+    counting_threshold: float = option(0.9, "confidence threshold for the `counting` task")
+    max_objects: int = option(16, "keep at most this many detections per class (most confident first)")
+    max_overlap: float = option(1.0, "NMS IoU threshold; 1.0 = no NMS (official)")
+    position_threshold: float = option(0.1, "position margin as a fraction of the two box sizes")
+    bgcolor: str = option("#999", "background the object mask is composited on for colour classification")
+    crop: bool = option(True, "crop the colour-classification image to the object's box")
+
+    def __post_init__(self) -> None:
+        for name in ("threshold", "counting_threshold"):
+            v = getattr(self, name)
+            if not 0.0 <= v < 1.0:
+                raise UserError(f"geneval {name}={v} must be in [0, 1)")
+        if self.max_objects < 1:
+            raise UserError(f"geneval max_objects={self.max_objects} must be >= 1")
+        if not 0.0 < self.max_overlap <= 1.0:
+            raise UserError(f"geneval max_overlap={self.max_overlap} must be in (0, 1]")
+        if self.position_threshold < 0:
+            raise UserError(f"geneval position_threshold={self.position_threshold} must be >= 0")
+
+    @property
+    def is_official(self) -> bool:
+        return self == GenEvalRules()
+
+
+def compute_iou(box_a: Sequence[float], box_b: Sequence[float]) -> float:
+    """The official IoU (inclusive pixel convention, +1)."""
+    def area(b):
+        return max(b[2] - b[0] + 1, 0) * max(b[3] - b[1] + 1, 0)
+    inter = area([max(box_a[0], box_b[0]), max(box_a[1], box_b[1]), min(box_a[2], box_b[2]), min(box_a[3], box_b[3])])
+    union = area(box_a) + area(box_b) - inter
+    return inter / union if union else 0.0
+
+
+def filter_detections(raw: Detections, tag: str, rules: GenEvalRules | None = None) -> Detections:
+    """Per class: sort by score desc, keep score > threshold (0.9 for counting), at most `max_objects`,
+    optional NMS (off by default). Classes left empty are dropped."""
+    rules = rules or GenEvalRules()
+    thr = rules.counting_threshold if tag == "counting" else rules.threshold
+    out: Detections = {}
+    for cls, dets in raw.items():
+        order = sorted((d for d in dets if d.score > thr), key=lambda d: -d.score)[: rules.max_objects]
+        kept = []
+        while order:
+            best = order.pop(0)
+            kept.append(best)
+            if rules.max_overlap < 1:
+                order = [d for d in order if compute_iou(best.box, d.box) < rules.max_overlap]
+        if kept:
+            out[cls] = kept
+    return out
+
+
+def relative_position(box_a: Sequence[float], box_b: Sequence[float], margin: float = 0.1) -> set[str]:
+    """Relations of A relative to B (image y axis points down): centre offset shrunk by
+    margin x (size_a + size_b) per axis; none if both shrunk offsets are ~0; otherwise the direction
+    of the shrunk offset over the |raw offset| must exceed 0.5 on an axis."""
+    boxes = np.array([list(box_a)[:4], list(box_b)[:4]], dtype=np.float64).reshape(2, 2, 2)
+    center_a, center_b = boxes.mean(axis=-2)
+    dim_a, dim_b = np.abs(np.diff(boxes, axis=-2))[..., 0, :]
+    offset = center_a - center_b
+    revised = np.maximum(np.abs(offset) - margin * (dim_a + dim_b), 0) * np.sign(offset)
+    if np.all(np.abs(revised) < 1e-3):
+        return set()
+    dx, dy = revised / np.linalg.norm(offset)
+    rels = set()
+    if dx < -0.5:
+        rels.add("left of")
+    if dx > 0.5:
+        rels.add("right of")
+    if dy < -0.5:
+        rels.add("above")
+    if dy > 0.5:
+        rels.add("below")
+    return rels
+
+
+def evaluate_detections(detected: Detections, metadata: dict, image: Image.Image | None = None,
+                        color_fn: ColorFn | None = None, rules: GenEvalRules | None = None) -> tuple[bool, str]:
+    """The official `evaluate()`: include clauses AND-ed, exclude clauses OR-ed; returns (correct, reason).
+
+    `detected` must already be filtered (`filter_detections`), most confident first. Colour and position are
+    checked only on the `count` most confident objects of a class; a clause failing its colour check does not
+    become a position target."""
+    rules = rules or GenEvalRules()
+    correct = True
+    reason: list[str] = []
+    matched_groups: list[list[Detection] | None] = []
+    for req in metadata.get("include", []):
+        cls, count = req["class"], int(req["count"])
+        matched = True
+        found = detected.get(cls, [])[:count]
+        if len(found) < count:
+            correct = matched = False
+            reason.append(f"expected {cls}>={count}, found {len(found)}")
+        else:
+            if "color" in req:
+                if color_fn is None:
+                    raise UserError("this prompt has a colour clause: pass a colour classifier (color_fn)")
+                colors = list(color_fn(image, found, cls))
+                if len(colors) != len(found):
+                    raise RuntimeError(f"colour classifier returned {len(colors)} colours for {len(found)} objects")
+                want = req["color"]
+                if colors.count(want) < count:
+                    correct = matched = False
+                    reason.append(
+                        f"expected {want} {cls}>={count}, found {colors.count(want)} {want}; and "
+                        + ", ".join(f"{colors.count(c)} {c}" for c in COLORS if c in colors)
+                    )
+            if "position" in req and matched:
+                expected_rel, target_group = req["position"]
+                if target_group >= len(matched_groups) or matched_groups[target_group] is None:
+                    correct = matched = False
+                    reason.append(f"no target for {cls} to be {expected_rel}")
+                else:
+                    for obj in found:
+                        for target in matched_groups[target_group]:
+                            true_rels = relative_position(obj.box, target.box, rules.position_threshold)
+                            if expected_rel not in true_rels:
+                                correct = matched = False
+                                reason.append(
+                                    f"expected {cls} {expected_rel} target, found {' and '.join(sorted(true_rels))} target"
+                                )
+                                break
+                        if not matched:
+                            break
+        matched_groups.append(found if matched else None)
+    for req in metadata.get("exclude", []):
+        cls, count = req["class"], int(req["count"])
+        if len(detected.get(cls, [])) >= count:
+            correct = False
+            reason.append(f"expected {cls}<{count}, found {len(detected[cls])}")
+    return correct, "\n".join(reason)
+
+
+def score_detections(raw: Detections, metadata: dict, image: Image.Image | None = None,
+                     color_fn: ColorFn | None = None, rules: GenEvalRules | None = None) -> dict:
+    """Filter raw detections and evaluate: a record like the official results.jsonl line (no filename)."""
+    detected = filter_detections(raw, metadata["tag"], rules)
+    correct, reason = evaluate_detections(detected, metadata, image, color_fn, rules)
+    return {
+        "tag": metadata["tag"],
+        "prompt": metadata["prompt"],
+        "correct": bool(correct),
+        "reason": reason,
+        "metadata": json.dumps(metadata),
+        "details": json.dumps({k: [d.as_list() for d in v] for k, v in detected.items()}),
+    }
+
+
+def score_image(image: Image.Image | str | os.PathLike, metadata: dict, detector: Detector,
+                color_fn: ColorFn | None = None, rules: GenEvalRules | None = None) -> dict:
+    """Detect + apply the rules to one image (PIL image or path)."""
+    filename = None
+    if not isinstance(image, Image.Image):
+        filename = str(image)
+        raw = detector.detect(filename)
+        pil = ImageOps.exif_transpose(Image.open(filename))
+    else:
+        raw = detector.detect(image)
+        pil = image
+    record = score_detections(raw, metadata, pil, color_fn, rules)
+    record["filename"] = filename
+    return record
+
+
+def evaluate_folder(root: str | os.PathLike, detector: Detector, color_fn: ColorFn | None = None,
+                    rules: GenEvalRules | None = None, progress: Callable[[int], None] | None = None) -> list[dict]:
+    """Score every sample under `root` (official layout); one record per image."""
+    records = []
+    for i, (path, md) in enumerate(iter_samples(root)):
+        records.append(score_image(path, md, detector, color_fn, rules))
+        if progress:
+            progress(i + 1)
+    if not records:
+        raise UserError(f"no GenEval samples found under {str(root)!r} (<index:05d>/samples/<k>.png)")
+    return records
+
+
+def summarize(records: Sequence[dict], detector: Detector | dict | None = None,
+              rules: GenEvalRules | None = None) -> dict:
+    """Per-task accuracy (mean of `correct` over images), overall = unweighted mean of the task means,
+    plus % correct images / prompts (a prompt is correct if any of its images is). `complete` is False
+    unless all 6 tasks are present; `comparable_to_official` needs the official detector and rules."""
+    if not records:
+        raise UserError("no GenEval records to summarise")
+    rules = rules or GenEvalRules()
+    tasks: dict[str, dict] = {}
+    by_prompt: dict[str, bool] = {}
+    for r in records:
+        t = tasks.setdefault(r["tag"], {"correct": 0, "total": 0})
+        t["correct"] += int(bool(r["correct"]))
+        t["total"] += 1
+        by_prompt[r["metadata"]] = by_prompt.get(r["metadata"], False) or bool(r["correct"])
+    ordered = {tag: tasks[tag] for tag in TAGS if tag in tasks}
+    ordered.update({tag: v for tag, v in tasks.items() if tag not in ordered})
+    for v in ordered.values():
+        v["score"] = v["correct"] / v["total"]
+    if isinstance(detector, dict):
+        det_info = dict(detector)
+    elif detector is not None:
+        det_info = {"name": detector.name, "comparable_to_official": bool(detector.comparable_to_official)}
+        det_info.update(getattr(detector, "info", {}) or {})
+    else:
+        det_info = {"name": "unknown", "comparable_to_official": False}
+    complete = all(tag in tasks for tag in TAGS)
+    return {
+        "benchmark": "geneval",
+        "overall": float(np.mean([v["score"] for v in ordered.values()])),
+        "tasks": ordered,
+        "n_images": len(records),
+        "n_prompts": len(by_prompt),
+        "correct_images": sum(int(bool(r["correct"])) for r in records) / len(records),
+        "correct_prompts": sum(by_prompt.values()) / len(by_prompt),
+        "complete": complete,
+        "detector": det_info,
+        "rules": dataclasses.asdict(rules),
+        "comparable_to_official": bool(det_info.get("comparable_to_official")) and rules.is_official and complete,
+    }
+
+
+# --------------------------------------------------------------------------------------------------
+# colour classification (CLIP zero-shot over the masked object on grey, cropped to its box)
+
+
+def color_crops(image: Image.Image, detections: Sequence[Detection], bgcolor: str = "#999",
+                crop: bool = True) -> list[Image.Image]:
+    """The official ImageCrops: composite the image over a flat `bgcolor` using the object's mask,
+    then crop to the box (PIL rounds float boxes)."""
+    image = image.convert("RGB")
+    blank = image.copy() if bgcolor == "original" else Image.new("RGB", image.size, color=bgcolor)
+    out = []
+    for det in detections:
+        im = image
+        if det.mask is not None:
+            mask = np.asarray(det.mask)
+            if tuple(mask.shape) != (image.size[1], image.size[0]):
+                raise ValueError(f"mask shape {mask.shape} != image size (H, W) {(image.size[1], image.size[0])}")
+            im = Image.composite(image, blank, Image.fromarray(mask.astype(bool)))
+        if crop:
+            im = im.crop(tuple(det.box[:4]))
+        out.append(im)
+    return out
+
+
+class ClipColorClassifier:
+    """Zero-shot colour classifier (the official uses open_clip ViT-L-14 "openai"; the same weights are
+    `openai/clip-vit-large-patch14` in transformers format). Per class a head is built from the 3
+    templates (normalised text embeddings averaged and renormalised, as clip_benchmark does);
+    a crop's colour is the argmax. Usable as `color_fn`."""
+
+    def __init__(self, model_dir: str | os.PathLike, *, device: str = "auto", dtype: str = "float32",
+                 rules: GenEvalRules | None = None, batch_size: int = 16) -> None:
+        from chunkgrpo.eval.scorers import ClipScorer, resolve_weights
+
+        path = resolve_weights(model_dir, what="geneval colour CLIP")
+        self._clip = ClipScorer(path, device=device, dtype=dtype, batch_size=batch_size)
+        # open_clip / torchvision transform rounding, as in the official evaluator
+        self._clip.preprocess = dataclasses.replace(self._clip.preprocess, crop_rounding="round")
+        self.rules = rules or GenEvalRules()
+        self.batch_size = batch_size
+        self._heads: dict[str, Any] = {}
+        self.info = {"color_model": str(model_dir), "color_preprocessing": self._clip.preprocess.describe(),
+                     "color_templates": list(COLOR_TEMPLATES), "bgcolor": self.rules.bgcolor}
+
+    def head(self, class_name: str):
+        import torch
+
+        if class_name not in self._heads:
+            with torch.inference_mode():
+                rows = []
+                for c in COLORS:
+                    emb = self._clip.embed_text([t.format(c=c, cls=class_name) for t in COLOR_TEMPLATES])
+                    mean = emb.mean(0)
+                    rows.append(mean / mean.norm())
+            self._heads[class_name] = torch.stack(rows, dim=1)  # (dim, 10)
+        return self._heads[class_name]
+
+    def __call__(self, image: Image.Image | None, detections: list[Detection], class_name: str) -> list[str]:
+        import torch
+
+        if image is None:
+            raise UserError("colour classification needs the image")
+        crops = color_crops(image, detections, self.rules.bgcolor, self.rules.crop)
+        head = self.head(class_name)
+        out: list[str] = []
+        with torch.inference_mode():
+            for i in range(0, len(crops), self.batch_size):
+                feats = self._clip.embed_images(crops[i : i + self.batch_size])
+                out += [COLORS[j] for j in (100.0 * feats @ head).argmax(1).tolist()]
+        return out
+
+
+# --------------------------------------------------------------------------------------------------
+# detector backends
+
+
+def mask_to_box(mask: np.ndarray) -> tuple[float, float, float, float]:
+    """mmdet's mask2bbox: (first x, first y, last x + 1, last y + 1); zeros for an empty mask."""
+    xs = np.flatnonzero(mask.any(axis=0))
+    ys = np.flatnonzero(mask.any(axis=1))
+    if len(xs) == 0 or len(ys) == 0:
+        return (0.0, 0.0, 0.0, 0.0)
+    return (float(xs[0]), float(ys[0]), float(xs[-1] + 1), float(ys[-1] + 1))
+
+
+def _load_pil(image: Image.Image | str | os.PathLike) -> Image.Image:
+    if isinstance(image, Image.Image):
+        return image.convert("RGB")
+    return ImageOps.exif_transpose(Image.open(image)).convert("RGB")
+
+
+class TransformersMask2FormerDetector:
+    """Mask2Former instance segmentation via `transformers` (no mmdet/mmcv), from a local folder.
+
+    Post-processing follows mmdet's Mask2Former `instance_postprocess`: mask logits resized (bilinear) to the
+    processed input, cropped to the unpadded region, resized (bilinear) to the original image; top-`max_per_image`
+    (query, class) pairs by softmax score; mask = logit > 0; score = class prob x mean mask prob inside the mask;
+    box from the mask. The checkpoint differs from the official one: NOT comparable with published GenEval."""
+
+    name = "transformers-mask2former"
+    comparable_to_official = False
+
+    def __init__(self, model_dir: str | os.PathLike, *, class_names: Sequence[str] | None = None,
+                 device: str = "auto", max_per_image: int = 100, min_score: float = 0.0) -> None:
+        from chunkgrpo.eval.scorers import _offline, resolve_device, resolve_weights
+
+        _offline()
+        import torch
+        from transformers import Mask2FormerForUniversalSegmentation
+
+        try:
+            from transformers import Mask2FormerImageProcessorPil as _Proc
+        except ImportError:  # older transformers
+            from transformers import Mask2FormerImageProcessor as _Proc
+        path = resolve_weights(model_dir, what="geneval transformers Mask2Former")
+        self.device = resolve_device(device)
+        try:
+            self.model = Mask2FormerForUniversalSegmentation.from_pretrained(str(path), local_files_only=True)
+            self.processor = _Proc.from_pretrained(str(path), local_files_only=True)
+        except (OSError, ValueError) as e:
+            raise UserError(f"cannot load a transformers Mask2Former from {str(path)!r}: {e}") from None
+        self.model.eval().requires_grad_(False).to(self.device)
+        self.class_names = list(class_names) if class_names is not None else load_object_names()
+        n_labels = int(self.model.config.num_labels)
+        if n_labels != len(self.class_names):
+            raise UserError(f"{path}: the model has {n_labels} labels but {len(self.class_names)} class names were "
+                            "given; GenEval needs an 80-class COCO instance model (labels in COCO order)")
+        self.max_per_image = max_per_image
+        self.min_score = min_score
+        self.info = {"detector_weights": str(model_dir), "max_per_image": max_per_image}
+        self._torch = torch
+
+    def detect(self, image: Image.Image | str | os.PathLike) -> Detections:
+        torch = self._torch
+        F = torch.nn.functional
+        pil = _load_pil(image)
+        w, h = pil.size
+        inputs = self.processor(images=[pil], return_tensors="pt")
+        pixel_values = inputs["pixel_values"].to(self.device)
+        with torch.inference_mode():
+            out = self.model(pixel_values=pixel_values)
+        cls_logits = out.class_queries_logits[0].float()  # (Q, C+1)
+        mask_logits = out.masks_queries_logits[0].float()  # (Q, h', w')
+        ph, pw = pixel_values.shape[-2:]
+        if "pixel_mask" in inputs:
+            valid = inputs["pixel_mask"][0].bool()
+            vh, vw = int(valid.any(1).sum()), int(valid.any(0).sum())
+        else:
+            vh, vw = ph, pw
+        masks = F.interpolate(mask_logits[None], size=(ph, pw), mode="bilinear", align_corners=False)[0]
+        masks = masks[:, :vh, :vw]
+        masks = F.interpolate(masks[None], size=(h, w), mode="bilinear", align_corners=False)[0]
+        n_classes = cls_logits.shape[-1] - 1
+        scores = cls_logits.softmax(-1)[:, :-1]
+        k = min(self.max_per_image, scores.numel())
+        top_scores, top_idx = scores.flatten().topk(k, sorted=False)
+        labels = (top_idx % n_classes).tolist()
+        queries = torch.div(top_idx, n_classes, rounding_mode="floor")
+        sel = masks[queries]
+        binary = sel > 0
+        mask_scores = (sel.sigmoid() * binary).flatten(1).sum(1) / (binary.flatten(1).sum(1) + 1e-6)
+        det_scores = (top_scores * mask_scores).tolist()
+        binary_np = binary.cpu().numpy()
+        result: Detections = {}
+        for j, (label, score) in enumerate(zip(labels, det_scores)):
+            if score < self.min_score:
+                continue
+            m = binary_np[j]
+            result.setdefault(self.class_names[label], []).append(Detection(mask_to_box(m), float(score), m))
+        return result
+
+
+class MMDetDetector:
+    """The official GenEval detector: mmdet 2.x `init_detector`/`inference_detector` with the Mask2Former
+    Swin-S COCO instance checkpoint. Only in the evaluation image (mmdet 2.x + compiled mmcv-full 1.7.x)."""
+
+    name = "mmdet-mask2former-swin-s"
+    comparable_to_official = True
+
+    def __init__(self, checkpoint: str | os.PathLike, *, config: str | os.PathLike | None = None,
+                 class_names: Sequence[str] | None = None, device: str = "cuda") -> None:
+        from chunkgrpo.eval.scorers import _require, resolve_weights
+
+        mmdet = _require("mmdet", "geneval (mmdet detector)", "mmdet==2.28.2 mmcv-full==1.7.1")
+        apis = _require("mmdet.apis", "geneval (mmdet detector)", "mmdet==2.28.2 mmcv-full==1.7.1")
+        ckpt = resolve_weights(checkpoint, what="geneval mmdet checkpoint")
+        if ckpt.is_dir():
+            ckpt = ckpt / f"{OFFICIAL_MMDET_MODEL}.pth"
+        if not ckpt.is_file():
+            raise UserError(f"geneval mmdet checkpoint {str(ckpt)!r} not found")
+        if config is None:
+            base = Path(mmdet.__file__).parent
+            rel = Path("configs") / "mask2former" / f"{OFFICIAL_MMDET_MODEL}.py"
+            candidates = [base / ".mim" / rel, base.parent / rel]
+            config = next((c for c in candidates if c.exists()), None)
+            if config is None:
+                raise UserError(f"mmdet config {rel} not found (tried {', '.join(map(str, candidates))}); pass config=")
+        self._inference = apis.inference_detector
+        self.model = apis.init_detector(str(config), str(ckpt), device=device)
+        self.class_names = list(class_names) if class_names is not None else load_object_names()
+        self.info = {"detector_weights": str(checkpoint), "detector_config": str(config)}
+
+    def detect(self, image: Image.Image | str | os.PathLike) -> Detections:
+        # the official evaluator passes the file path (mmcv reads it as BGR); arrays must be BGR too
+        arg = str(image) if not isinstance(image, Image.Image) else np.asarray(image.convert("RGB"))[:, :, ::-1].copy()
+        result = self._inference(self.model, arg)
+        bbox = result[0] if isinstance(result, tuple) else result
+        segm = result[1] if isinstance(result, tuple) and len(result) > 1 else None
+        out: Detections = {}
+        for index, cls in enumerate(self.class_names):
+            arr = np.asarray(bbox[index])
+            dets = [
+                Detection(tuple(float(v) for v in arr[j, :4]), float(arr[j, 4]),
+                          None if segm is None else np.asarray(segm[index][j]))
+                for j in range(arr.shape[0])
+            ]
+            if dets:
+                out[cls] = dets
+        return out

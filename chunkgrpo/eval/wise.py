@@ -1,0 +1,469 @@
+"""WISE (Niu et al. 2025, PKU-YuanGroup/WISE, legacy protocol): world-knowledge T2I benchmark with a VLM judge.
+
+- Prompts are NOT redistributable (no licence): `load_prompts(path)` reads the user's copy of the official
+  release - a folder with `cultural_common_sense[_rewrite].json`, `spatio-temporal_reasoning[_rewrite].json`,
+  `natural_science[_rewrite].json`, or one such JSON file. The rewritten variant (`*_rewrite.json`, the
+  explicit prompts of the paper's Table 2) is the default; `variant="original"` uses the knowledge prompts.
+  Either way the judge sees the (rewritten) Prompt plus the original Explanation, as in the paper.
+- Images: one per prompt, `<image_dir>/<prompt_id>.png` (`image_path`).
+- Judge: any OpenAI-compatible `/v1/chat/completions` endpoint (GPT-4o-2024-05-13 for the paper's numbers, or a
+  vLLM-served open VLM - different judge, numbers not comparable). The rubric and system prompt are the
+  official `gpt_eval.py` text; temperature 0, image sent as a base64 PNG data URL. The API key is read from
+  an environment variable (`JudgeConfig.api_key_env`) and never logged or stored.
+- Three 0-2 scores (Consistency, Realism, Aesthetic Quality) parsed with the official regex (+ bare
+  three-line fallback, `<think>` blocks stripped). HTTP/network errors and unparsable answers are retried
+  with exponential backoff; items still failing are counted and listed in the result (`failed`), never
+  silently dropped, and excluded from the means (`failed_policy="exclude"`) or scored 0 (`"zero"`).
+- WiScore = (0.7 C + 0.2 R + 0.1 A) / 2 in [0, 1]; category score = mean WiScore over its prompt-id
+  range; overall = 0.4 Culture + 0.167 Time + 0.133 Space + 0.1 Biology + 0.1 Physics + 0.1 Chemistry
+  (the official weights = category sizes / 1000) when all six categories are present, else the mean over
+  the evaluated prompts (flagged `complete: false`).
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import io
+import json
+import os
+import random
+import re
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from PIL import Image
+
+from chunkgrpo.config import Config, option
+from chunkgrpo.errors import UserError
+
+WISE_DIR_ENV = "CHUNKGRPO_WISE_DIR"
+FILES = ("cultural_common_sense", "spatio-temporal_reasoning", "natural_science")
+VARIANTS = ("rewrite", "original")
+# (category, first id, last id, official overall weight)
+CATEGORIES = (
+    ("culture", 1, 400, 0.4),
+    ("time", 401, 567, 0.167),
+    ("space", 568, 700, 0.133),
+    ("biology", 701, 800, 0.1),
+    ("physics", 801, 900, 0.1),
+    ("chemistry", 901, 1000, 0.1),
+)
+SCORE_KEYS = ("consistency", "realism", "aesthetic_quality")
+WEIGHTS = {"consistency": 0.7, "realism": 0.2, "aesthetic_quality": 0.1}
+
+SYSTEM_PROMPT = (
+    "You are a professional Vincennes image quality audit expert, please evaluate the image quality strictly "
+    "according to the protocol."
+)
+# Verbatim from WISE_legacy/gpt_eval.py (build_evaluation_messages); {prompt} / {explanation} substituted.
+RUBRIC = """Please evaluate strictly and return ONLY the three scores as requested.
+
+# Text-to-Image Quality Evaluation Protocol
+
+## System Instruction
+You are an AI quality auditor for text-to-image generation. Apply these rules with ABSOLUTE RUTHLESSNESS. Only images meeting the HIGHEST standards should receive top scores.
+
+**Input Parameters**  
+- PROMPT: [User's original prompt to]  
+- EXPLANATION: [Further explanation of the original prompt] 
+---
+
+## Scoring Criteria
+
+**Consistency (0-2):**  How accurately and completely the image reflects the PROMPT.
+* **0 (Rejected):**  Fails to capture key elements of the prompt, or contradicts the prompt.
+* **1 (Conditional):** Partially captures the prompt. Some elements are present, but not all, or not accurately.  Noticeable deviations from the prompt's intent.
+* **2 (Exemplary):**  Perfectly and completely aligns with the PROMPT.  Every single element and nuance of the prompt is flawlessly represented in the image. The image is an ideal, unambiguous visual realization of the given prompt.
+
+**Realism (0-2):**  How realistically the image is rendered.
+* **0 (Rejected):**  Physically implausible and clearly artificial. Breaks fundamental laws of physics or visual realism.
+* **1 (Conditional):** Contains minor inconsistencies or unrealistic elements.  While somewhat believable, noticeable flaws detract from realism.
+* **2 (Exemplary):**  Achieves photorealistic quality, indistinguishable from a real photograph.  Flawless adherence to physical laws, accurate material representation, and coherent spatial relationships. No visual cues betraying AI generation.
+
+**Aesthetic Quality (0-2):**  The overall artistic appeal and visual quality of the image.
+* **0 (Rejected):**  Poor aesthetic composition, visually unappealing, and lacks artistic merit.
+* **1 (Conditional):**  Demonstrates basic visual appeal, acceptable composition, and color harmony, but lacks distinction or artistic flair.
+* **2 (Exemplary):**  Possesses exceptional aesthetic quality, comparable to a masterpiece.  Strikingly beautiful, with perfect composition, a harmonious color palette, and a captivating artistic style. Demonstrates a high degree of artistic vision and execution.
+
+---
+
+## Output Format
+
+**Do not include any other text, explanations, or labels.** You must return only three lines of text, each containing a metric and the corresponding score, for example:
+
+**Example Output:**
+Consistency: 2
+Realism: 1
+Aesthetic Quality: 0
+
+---
+
+**IMPORTANT Enforcement:**
+
+Be EXTREMELY strict in your evaluation. A score of '2' should be exceedingly rare and reserved only for images that truly excel and meet the highest possible standards in each metric. If there is any doubt, downgrade the score.
+
+For **Consistency**, a score of '2' requires complete and flawless adherence to every aspect of the prompt, leaving no room for misinterpretation or omission.
+
+For **Realism**, a score of '2' means the image is virtually indistinguishable from a real photograph in terms of detail, lighting, physics, and material properties.
+
+For **Aesthetic Quality**, a score of '2' demands exceptional artistic merit, not just pleasant visuals.
+
+--- 
+Here are the Prompt and EXPLANATION for this evaluation:
+PROMPT: "{prompt}"
+EXPLANATION: "{explanation}"
+Please strictly adhere to the scoring criteria and follow the template format when providing your results."""
+
+_SCORE_RE = re.compile(r"\*{0,2}(Consistency|Realism|Aesthetic Quality)\*{0,2}\s*[:：]?\s*(\d)", re.IGNORECASE)
+_THINK_RE = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE)
+
+
+# --------------------------------------------------------------------------------------------------
+# prompts
+
+
+@dataclasses.dataclass(frozen=True)
+class WisePrompt:
+    prompt_id: int
+    prompt: str
+    explanation: str
+    category: str  # one of CATEGORIES' names, derived from prompt_id
+    subcategory: str = ""
+
+
+def category_of(prompt_id: int) -> str:
+    for name, lo, hi, _ in CATEGORIES:
+        if lo <= prompt_id <= hi:
+            return name
+    raise UserError(f"WISE prompt_id {prompt_id} is outside 1-1000")
+
+
+def expected_files(variant: str = "rewrite") -> list[str]:
+    suffix = "_rewrite" if variant == "rewrite" else ""
+    return [f"{f}{suffix}.json" for f in FILES]
+
+
+def load_prompts(path: str | os.PathLike | None = None, variant: str = "rewrite",
+                 allow_partial: bool = False) -> list[WisePrompt]:
+    """WISE prompts from the user's copy (a folder with the three official JSON files, or one JSON file).
+
+    `path` defaults to `$CHUNKGRPO_WISE_DIR`. A folder must hold all three files of the variant unless
+    `allow_partial`. Returns prompts sorted by prompt_id."""
+    if variant not in VARIANTS:
+        raise UserError(f"WISE variant {variant!r} is not one of {', '.join(VARIANTS)}")
+    files = expected_files(variant)
+    if path is None:
+        path = os.environ.get(WISE_DIR_ENV)
+        if not path:
+            raise UserError(
+                "WISE prompts are not redistributable: download the official release (github.com/PKU-YuanGroup/WISE, "
+                f"WISE_legacy/data/) and pass its folder (or set ${WISE_DIR_ENV}); expected files: {', '.join(files)}"
+            )
+    p = Path(path).expanduser()
+    if p.is_file():
+        paths = [p]
+    elif p.is_dir():
+        paths = [p / f for f in files if (p / f).exists()]
+        missing = [f for f in files if not (p / f).exists()]
+        if missing and (not allow_partial or not paths):
+            other = [f for f in expected_files("original" if variant == "rewrite" else "rewrite") if (p / f).exists()]
+            hint = f" (found the {'original' if variant == 'rewrite' else 'rewrite'} variant: pass variant=...)" \
+                if other else ""
+            raise UserError(f"WISE folder {str(p)!r} lacks {', '.join(missing)} for variant {variant!r}{hint}; "
+                            f"expected {', '.join(files)}")
+    else:
+        raise UserError(f"WISE prompt path {str(p)!r} does not exist; expected a folder with {', '.join(files)}")
+    out: dict[int, WisePrompt] = {}
+    for f in paths:
+        try:
+            data = json.loads(f.read_text())
+        except json.JSONDecodeError as e:
+            raise UserError(f"{f}: invalid JSON: {e}") from None
+        if not isinstance(data, list):
+            raise UserError(f"{f}: expected a JSON list of prompt objects")
+        for item in data:
+            try:
+                pid = int(item["prompt_id"])
+                wp = WisePrompt(pid, str(item["Prompt"]), str(item.get("Explanation", "")), category_of(pid),
+                                str(item.get("Subcategory", "")))
+            except (KeyError, TypeError, ValueError) as e:
+                raise UserError(f"{f}: prompt entry {item!r:.120} lacks prompt_id/Prompt ({e})") from None
+            if pid in out:
+                raise UserError(f"{f}: duplicate prompt_id {pid}")
+            out[pid] = wp
+    return [out[k] for k in sorted(out)]
+
+
+def image_path(image_dir: str | os.PathLike, prompt_id: int) -> Path:
+    """The official naming: `<image_dir>/<prompt_id>.png`."""
+    return Path(image_dir) / f"{prompt_id}.png"
+
+
+# --------------------------------------------------------------------------------------------------
+# parsing and scores
+
+
+def parse_scores(text: str | None) -> dict[str, int] | None:
+    """The three 0-2 scores from a judge answer, or None when any is missing or out of range."""
+    if not text:
+        return None
+    text = _THINK_RE.sub("", text)
+    found: dict[str, int] = {}
+    for key, value in _SCORE_RE.findall(text):
+        k = key.lower().replace(" ", "_")
+        found.setdefault(k, int(value))
+    if len(found) < 3:
+        lines = [ln.strip().strip("*").strip() for ln in text.strip().splitlines() if ln.strip()]
+        if len(lines) == 3 and all(re.fullmatch(r"[0-2]", ln) for ln in lines):
+            found = dict(zip(SCORE_KEYS, (int(ln) for ln in lines)))
+    if any(k not in found for k in SCORE_KEYS) or any(not 0 <= found[k] <= 2 for k in SCORE_KEYS):
+        return None
+    return {k: found[k] for k in SCORE_KEYS}
+
+
+def wiscore(consistency: float, realism: float, aesthetic_quality: float) -> float:
+    """WiScore = (0.7 C + 0.2 R + 0.1 A) / 2, in [0, 1] for 0-2 inputs."""
+    return (0.7 * consistency + 0.2 * realism + 0.1 * aesthetic_quality) / 2
+
+
+# --------------------------------------------------------------------------------------------------
+# judge client
+
+
+@dataclasses.dataclass
+class JudgeConfig(Config):
+    """The WISE judge: an OpenAI-compatible chat-completions endpoint."""
+
+    base_url: str = option("https://api.openai.com/v1",
+                           "endpoint base URL, up to /v1 (e.g. http://vllm:8000/v1); /chat/completions is appended")
+    model: str = option("gpt-4o-2024-05-13", "judge model name (the paper used gpt-4o-2024-05-13)")
+    api_key_env: str = option("OPENAI_API_KEY", "environment variable holding the API key (empty/unset: no auth header)")
+    temperature: float = option(0.0, "sampling temperature (official: 0.0)")
+    max_tokens: int = option(2000, "max tokens of the answer (official: 2000)")
+    max_attempts: int = option(3, "attempts per image (HTTP errors and unparsable answers are retried)")
+    backoff_s: float = option(2.0, "first retry delay in seconds; doubles each attempt (with jitter)")
+    max_backoff_s: float = option(60.0, "cap on a single retry delay")
+    timeout_s: float = option(120.0, "HTTP timeout per request")
+    workers: int = option(4, "parallel requests")
+    failed_policy: str = option("exclude", "failed items: 'exclude' from the means, or score them 'zero'")
+    extra_body: dict = option({}, "extra JSON fields for the request, e.g. {chat_template_kwargs: {enable_thinking: false}}")
+
+    def __post_init__(self) -> None:
+        if not self.base_url.startswith(("http://", "https://")):
+            raise UserError(f"judge base_url={self.base_url!r} must start with http:// or https://")
+        if self.max_attempts < 1:
+            raise UserError(f"judge max_attempts={self.max_attempts} must be >= 1")
+        if self.workers < 1:
+            raise UserError(f"judge workers={self.workers} must be >= 1")
+        if self.backoff_s < 0 or self.max_backoff_s < 0:
+            raise UserError("judge backoff_s / max_backoff_s must be >= 0")
+        if self.failed_policy not in ("exclude", "zero"):
+            raise UserError(f"judge failed_policy={self.failed_policy!r} must be 'exclude' or 'zero'")
+        if not self.model:
+            raise UserError("judge model must be set")
+
+
+@dataclasses.dataclass
+class JudgeResult:
+    scores: dict[str, int] | None
+    answer: str | None
+    attempts: int
+    error: str | None = None
+
+
+class _RetryableError(Exception):
+    pass
+
+
+class _ItemError(Exception):
+    """A non-retryable failure of one request (e.g. HTTP 400 for this image): the item is failed."""
+
+
+def encode_png(image: Image.Image | str | os.PathLike) -> str:
+    """Base64 PNG (the official sends the PNG file bytes; in-memory images are PNG-encoded)."""
+    if isinstance(image, Image.Image):
+        buf = io.BytesIO()
+        image.save(buf, format="PNG")
+        data = buf.getvalue()
+    else:
+        data = Path(image).read_bytes()
+    return base64.b64encode(data).decode("ascii")
+
+
+def build_messages(prompt: str, explanation: str, image_b64: str) -> list[dict]:
+    return [
+        {"role": "system", "content": [{"type": "text", "text": SYSTEM_PROMPT}]},
+        {"role": "user", "content": [
+            {"type": "text", "text": RUBRIC.format(prompt=prompt, explanation=explanation)},
+            {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{image_b64}"}},
+        ]},
+    ]
+
+
+class JudgeClient:
+    """Minimal chat-completions client (requests). `judge(...)` never raises for judge failures: it
+    returns a `JudgeResult` with `scores=None` and the last error/answer after `max_attempts`."""
+
+    def __init__(self, config: JudgeConfig | None = None, *, sleep: Callable[[float], None] = time.sleep) -> None:
+        import requests
+
+        self.config = config or JudgeConfig()
+        self._requests = requests
+        self._session = requests.Session()
+        self._sleep = sleep
+        self._url = self.config.base_url.rstrip("/") + "/chat/completions"
+
+    def __repr__(self) -> str:  # never show the key
+        return f"JudgeClient(url={self._url!r}, model={self.config.model!r})"
+
+    def _headers(self) -> dict[str, str]:
+        headers = {"Content-Type": "application/json"}
+        key = os.environ.get(self.config.api_key_env, "") if self.config.api_key_env else ""
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
+        return headers
+
+    def complete(self, messages: list[dict]) -> str:
+        """One request. Raises _RetryableError for transient failures (network, 408/409/425/429/5xx, malformed
+        JSON), _ItemError for other 4xx (this item fails), UserError for 401/403/404 (configuration)."""
+        c = self.config
+        body = {"model": c.model, "messages": messages, "temperature": c.temperature, "max_tokens": c.max_tokens,
+                **c.extra_body}
+        try:
+            resp = self._session.post(self._url, json=body, headers=self._headers(), timeout=c.timeout_s)
+        except self._requests.RequestException as e:
+            raise _RetryableError(f"{type(e).__name__}: {e}") from None
+        if resp.status_code in (408, 409, 425, 429) or resp.status_code >= 500:
+            raise _RetryableError(f"HTTP {resp.status_code}: {resp.text[:200]}")
+        if resp.status_code in (401, 403, 404):  # wrong key / model / URL: stop the whole run
+            raise UserError(f"judge endpoint {self._url} answered HTTP {resp.status_code} (check base_url, model "
+                            f"and ${self.config.api_key_env}): {resp.text[:300]}")
+        if resp.status_code >= 400:
+            raise _ItemError(f"HTTP {resp.status_code}: {resp.text[:200]}")
+        try:
+            return resp.json()["choices"][0]["message"]["content"] or ""
+        except (ValueError, KeyError, IndexError, TypeError) as e:
+            raise _RetryableError(f"malformed response ({type(e).__name__}): {resp.text[:200]}") from None
+
+    def _delay(self, attempt: int) -> float:
+        c = self.config
+        return min(c.max_backoff_s, c.backoff_s * (2 ** (attempt - 1))) * (0.5 + random.random() / 2)
+
+    def judge(self, image: Image.Image | str | os.PathLike, prompt: str, explanation: str) -> JudgeResult:
+        messages = build_messages(prompt, explanation, encode_png(image))
+        answer: str | None = None
+        error: str | None = None
+        for attempt in range(1, self.config.max_attempts + 1):
+            try:
+                answer = self.complete(messages)
+                scores = parse_scores(answer)
+                if scores is not None:
+                    return JudgeResult(scores, answer, attempt)
+                error = "unparsable answer"
+            except _RetryableError as e:
+                error = str(e)
+            except _ItemError as e:
+                return JudgeResult(None, None, attempt, str(e))
+            if attempt < self.config.max_attempts:
+                self._sleep(self._delay(attempt))
+        return JudgeResult(None, answer, self.config.max_attempts, error)
+
+
+# --------------------------------------------------------------------------------------------------
+# evaluation and aggregation
+
+
+def evaluate(prompts: Sequence[WisePrompt], image_dir: str | os.PathLike, judge: JudgeClient | JudgeConfig | None = None,
+             *, variant: str = "rewrite", progress: Callable[[int], None] | None = None) -> dict:
+    """Judge `<image_dir>/<prompt_id>.png` for every prompt and aggregate (see `aggregate`).
+    Missing images are reported in `missing` (and not judged)."""
+    client = judge if isinstance(judge, JudgeClient) else JudgeClient(judge)
+    todo, missing = [], []
+    for p in prompts:
+        path = image_path(image_dir, p.prompt_id)
+        (todo if path.exists() else missing).append((p, path))
+    if not todo:
+        raise UserError(f"no WISE images found in {str(image_dir)!r} (expected <prompt_id>.png)")
+
+    def run(item):
+        p, path = item
+        return p, path, client.judge(path, p.prompt, p.explanation)
+
+    records = []
+    with ThreadPoolExecutor(max_workers=client.config.workers) as pool:
+        for i, (p, path, res) in enumerate(pool.map(run, todo)):
+            rec = {"prompt_id": p.prompt_id, "category": p.category, "subcategory": p.subcategory,
+                   "prompt": p.prompt, "image": str(path), "answer": res.answer, "attempts": res.attempts}
+            if res.scores is not None:
+                rec.update(res.scores)
+                rec["wiscore"] = wiscore(**res.scores)
+            else:
+                rec["error"] = res.error
+            records.append(rec)
+            if progress:
+                progress(i + 1)
+    result = aggregate(records, failed_policy=client.config.failed_policy)
+    result.update({
+        "judge": {"model": client.config.model, "base_url": client.config.base_url,
+                  "temperature": client.config.temperature, "max_attempts": client.config.max_attempts},
+        "variant": variant,
+        "missing": [p.prompt_id for p, _ in missing],
+    })
+    return result
+
+
+def aggregate(records: Sequence[dict], failed_policy: str = "exclude") -> dict:
+    """Per-category mean WiScore (and mean sub-scores), overall, failures.
+
+    A record is scored when it has `wiscore` (else it is failed). Failed items are listed in `failed`
+    (prompt_id + error) and `n_failed`; with `failed_policy="zero"` they count as WiScore 0."""
+    if failed_policy not in ("exclude", "zero"):
+        raise UserError(f"failed_policy={failed_policy!r} must be 'exclude' or 'zero'")
+    cats: dict[str, dict[str, Any]] = {}
+    failed = []
+    for r in sorted(records, key=lambda r: r["prompt_id"]):
+        cat = r.get("category") or category_of(int(r["prompt_id"]))
+        c = cats.setdefault(cat, {"wiscores": [], "consistency": [], "realism": [], "aesthetic_quality": [],
+                                  "n_failed": 0})
+        if "wiscore" in r and r["wiscore"] is not None:
+            c["wiscores"].append(float(r["wiscore"]))
+            for k in SCORE_KEYS:
+                c[k].append(float(r[k]))
+        else:
+            c["n_failed"] += 1
+            failed.append({"prompt_id": r["prompt_id"], "error": r.get("error"), "answer": r.get("answer")})
+            if failed_policy == "zero":
+                c["wiscores"].append(0.0)
+
+    def mean(xs):
+        return sum(xs) / len(xs) if xs else None
+
+    categories = {}
+    for name, _, _, _ in CATEGORIES:
+        if name in cats:
+            c = cats[name]
+            categories[name] = {"wiscore": mean(c["wiscores"]), "n": len(c["wiscores"]), "n_failed": c["n_failed"],
+                                **{f"mean_{k}": mean(c[k]) for k in SCORE_KEYS}}
+    all_scores = [s for c in cats.values() for s in c["wiscores"]]
+    complete = all(n in categories and categories[n]["wiscore"] is not None for n, *_ in CATEGORIES)
+    if complete:
+        overall = sum(w * categories[n]["wiscore"] for n, _, _, w in CATEGORIES)
+        overall_rule = "official weights 0.4/0.167/0.133/0.1/0.1/0.1"
+    else:
+        overall = mean(all_scores)
+        overall_rule = "mean over evaluated prompts (not all 6 categories present)"
+    return {
+        "benchmark": "wise",
+        "overall": overall,
+        "overall_rule": overall_rule,
+        "complete": complete,
+        "categories": categories,
+        "n_scored": sum(1 for r in records if r.get("wiscore") is not None),
+        "n_failed": len(failed),
+        "failed": failed,
+        "failed_policy": failed_policy,
+        "records": list(records),
+    }

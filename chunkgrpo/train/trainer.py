@@ -1,0 +1,518 @@
+"""The GRPO training engine: one rollout per iteration, policy updates on chunks (or steps).
+
+Read top to bottom:
+  Trainer.__init__   validate everything that can be checked before any GPU time is spent
+  Trainer.setup      process group, model (+LoRA / full), FSDP or replicated, optimizer, caches, resume
+  Trainer.train      iterations until `max_steps` optimizer steps; checkpoints; NaN guard
+  Trainer.iteration  rollout → rewards → advantages → unit selection → accumulate → optimizer steps
+
+Per iteration and rank: P prompts × G samples are rolled out as ONE batch (N transformer calls);
+each sample trains `timestep_fraction` of its units (chunks; steps for `dance`); an optimizer step
+happens every `grad_accum` samples, so later samples of a rollout are slightly off-policy. Until the
+first optimizer step of an iteration the policy IS the rollout policy, so the ratio is computed as
+exactly 1 (`logp − logp.detach()`) and no old log-prob or extra forward is needed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+
+from chunkgrpo import objectives as obj
+from chunkgrpo.advantages import aggregate_advantages
+from chunkgrpo.chunks import load_plan, plan_chunks
+from chunkgrpo.errors import UserError
+from chunkgrpo.rollout import policy_log_probs, rollout_group
+from chunkgrpo.train import checkpoint as ckpt
+from chunkgrpo.train import dist as D
+from chunkgrpo.train.config import TrainConfig
+from chunkgrpo.train.rewards import compute_rewards, get_reward
+
+log = logging.getLogger(__name__)
+
+
+class NonFiniteLossError(RuntimeError):
+    """Raised when the loss or gradient becomes NaN/inf; the last good checkpoint is kept intact."""
+
+
+def config_hash(cfg: TrainConfig) -> str:
+    return hashlib.sha256(json.dumps(cfg.to_dict(), sort_keys=True).encode()).hexdigest()[:12]
+
+
+def resolve_chunk_sizes(cfg: TrainConfig) -> list[int]:
+    """The chunk sizes for the run (all 1 for step-level `dance`), checked against num_steps − 1."""
+    S = cfg.trainable_steps
+    if cfg.method == "dance":
+        return [1] * S
+    spec = cfg.chunks.strip()
+    if spec.endswith(".json"):
+        return load_plan(spec, S)
+    if spec.startswith("dynamics"):
+        raise UserError("chunks=dynamics needs a profile: run `chunkgrpo profile` + `chunkgrpo plan` and pass plan.json")
+    return plan_chunks(spec, S).sizes
+
+
+class Trainer:
+    def __init__(self, cfg: TrainConfig):
+        self.cfg = cfg
+        # ---- checks that need no model (fail before any GPU time) ----
+        from chunkgrpo.flux import resolve_model_source
+        from chunkgrpo.prompts import load_prompts
+
+        if not cfg.model:
+            raise UserError("train needs a model (model=DIR)")
+        if not cfg.prompts:
+            raise UserError("train needs a prompt file (prompts=FILE)")
+        self.model_path = resolve_model_source(cfg.model)
+        self.prompts = load_prompts(cfg.prompts)
+        self.sizes = resolve_chunk_sizes(cfg)
+        self.ranges = obj.chunk_ranges(self.sizes)
+        self.reward_weights = {r.name: r.weight for r in cfg.rewards}
+        if len(self.reward_weights) != len(cfg.rewards):
+            raise UserError(f"duplicate reward names in {[r.name for r in cfg.rewards]}")
+        if cfg.method in ("tempflow", "granular"):
+            from chunkgrpo.train import branching  # noqa: F401 - validates availability early
+        self.out = Path(cfg.output_dir)
+        self.iteration_idx = 0
+        self.opt_step = 0
+        self.history: list[dict] = []
+
+    # ------------------------------------------------------------------ setup
+    def setup(self) -> None:
+        cfg = self.cfg
+        self.info = D.setup(cfg.device)
+        dev = self.info.device
+        self.bf16 = cfg.mixed_precision == "bf16" or (cfg.mixed_precision == "auto" and dev.type == "cuda")
+        self.reward_fns = {r.name: get_reward(r.name, r.options, device=str(dev)) for r in cfg.rewards}
+        from chunkgrpo.flux import load_flux
+
+        base_dtype = torch.bfloat16 if (self.bf16 and cfg.lora.enabled) else torch.float32
+        self.model = load_flux(self.model_path, device=dev, dtype=base_dtype)
+        self.model.source = cfg.model
+        tr = self.model.transformer
+        torch.manual_seed(cfg.seed)  # identical LoRA init on every rank
+        if cfg.lora.enabled:
+            from peft import LoraConfig
+
+            tr.add_adapter(LoraConfig(r=cfg.lora.rank, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
+                                      target_modules=list(cfg.lora.targets), init_lora_weights=True))
+            for n, p in tr.named_parameters():
+                p.requires_grad_("lora_" in n)
+        else:
+            tr.requires_grad_(True)
+        for p in tr.parameters():
+            if p.requires_grad and p.dtype != torch.float32:
+                p.data = p.data.float()  # fp32 master weights for everything trained
+        if not any(p.requires_grad for p in tr.parameters()):
+            raise UserError(f"no trainable parameters: lora.targets {cfg.lora.targets} match no module of the transformer")
+        if cfg.gradient_checkpointing:
+            tr.enable_gradient_checkpointing()
+        if cfg.distributed == "fsdp" and self.info.enabled:
+            D.shard_fsdp(tr, mixed_bf16=self.bf16)
+        else:
+            D.broadcast_params(tr)
+        self.trainable = [p for p in tr.parameters() if p.requires_grad]
+        self.trainable_names = [n for n, p in tr.named_parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(self.trainable, lr=cfg.lr, betas=tuple(cfg.betas),
+                                           weight_decay=cfg.weight_decay)
+        warm = max(0, cfg.warmup_steps)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0)
+        # ---- data + text-embedding cache (encoders run once; freed afterwards) ----
+        from chunkgrpo.train.data import EmbeddingCache, PromptStream
+
+        self.stream = PromptStream(self.prompts, cfg.prompts_per_rank, self.info.world, cfg.seed)
+        self.steps_per_iteration = self._steps_per_iteration()
+        self.num_iterations = math.ceil(cfg.max_steps / self.steps_per_iteration)
+        cache_dir = Path(cfg.embed_cache_dir or self.out / "embeds") / f"rank{self.info.rank}"
+        self.embeds = EmbeddingCache(self.model, cache_dir, cfg.sampling.max_sequence_length)
+        needed = self.stream.all_for(self.info.rank, range(self.num_iterations))
+        t0 = time.perf_counter()
+        encoded = self.embeds.precompute(needed)
+        self.embeds.get(needed)  # into memory
+        self.model.drop_text_encoders()
+        log.info("rank %d: %d prompt embeddings (%d encoded) in %.1fs", self.info.rank, len(needed), encoded,
+                 time.perf_counter() - t0)
+        self.ckpt_root = self.out / "checkpoints"
+        if self.info.is_main:
+            self.ckpt_root.mkdir(parents=True, exist_ok=True)
+        D.barrier()
+        if cfg.checkpoint.resume:
+            self._resume()
+
+    def _steps_per_iteration(self) -> int:
+        if self.cfg.method in ("tempflow", "granular"):
+            from chunkgrpo.train.branching import steps_per_iteration
+
+            return steps_per_iteration(self.cfg)
+        return self.cfg.samples_per_rank // self.cfg.grad_accum
+
+    # ------------------------------------------------------------------ resume / save
+    def _resume(self) -> None:
+        cfg = self.cfg
+        if cfg.checkpoint.s3_prefix and self.info.local_rank == 0:
+            ckpt.fetch_latest_from_s3(cfg.checkpoint.s3_prefix, self.ckpt_root)
+        D.barrier()
+        done = ckpt.complete_checkpoints(self.ckpt_root)
+        if not done:
+            return
+        path = done[-1]
+        state = ckpt.load_trainer_state(path)
+        if state.get("config_hash") != config_hash(cfg):
+            log.warning("resuming from %s written with a different config (hash %s, now %s)", path,
+                        state.get("config_hash"), config_hash(cfg))
+        from safetensors.torch import load_file
+
+        weights = load_file(str(path / "trainable.safetensors"))
+        missing = [n for n in self.trainable_names if n not in weights]
+        if missing:
+            raise UserError(f"checkpoint {path} lacks trainable parameters {missing[:3]} (LoRA/full mismatch?)")
+        self._load_trainable(weights)
+        optim_state = torch.load(path / "optimizer.pt", map_location="cpu", weights_only=False)
+        self._load_optimizer(optim_state)
+        self.scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=False))
+        rng_file = path / "rng" / f"rank{self.info.rank}.pt"
+        if rng_file.exists():
+            ckpt.set_rng_state(torch.load(rng_file, weights_only=False))
+        self.iteration_idx = int(state["iteration"])
+        self.opt_step = int(state["optimizer_step"])
+        self.history = state.get("history", [])
+        if self.info.is_main:
+            log.info("resumed from %s (iteration %d, optimizer step %d)", path, self.iteration_idx, self.opt_step)
+
+    def _is_fsdp(self) -> bool:
+        return self.cfg.distributed == "fsdp" and self.info.enabled
+
+    def _trainable_state(self) -> dict[str, torch.Tensor]:
+        tr = self.model.transformer
+        if self._is_fsdp():
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+            full = get_model_state_dict(tr, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+            return {n: full[n].float().contiguous() for n in self.trainable_names}
+        named = dict(tr.named_parameters())
+        return {n: named[n].detach().float().cpu().contiguous() for n in self.trainable_names}
+
+    def _load_trainable(self, weights: dict[str, torch.Tensor]) -> None:
+        tr = self.model.transformer
+        if self._is_fsdp():
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+            set_model_state_dict(tr, {n: weights[n] for n in self.trainable_names},
+                                 options=StateDictOptions(full_state_dict=True, strict=False))
+            return
+        named = dict(tr.named_parameters())
+        with torch.no_grad():
+            for n in self.trainable_names:
+                named[n].copy_(weights[n].to(named[n].device, named[n].dtype))
+
+    def _optimizer_state(self) -> dict:
+        if self._is_fsdp():
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+            return get_optimizer_state_dict(self.model.transformer, self.optimizer,
+                                            options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return self.optimizer.state_dict()
+
+    def _load_optimizer(self, state: dict) -> None:
+        if self._is_fsdp():
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+            set_optimizer_state_dict(self.model.transformer, self.optimizer, state,
+                                     options=StateDictOptions(full_state_dict=True))
+            return
+        self.optimizer.load_state_dict(state)
+
+    def save_checkpoint(self) -> Path | None:
+        """All ranks call this (FSDP gathers are collective); rank 0 writes; manifest last."""
+        from safetensors.torch import save_file
+
+        weights = self._trainable_state()
+        optim = self._optimizer_state()
+        staging = ckpt.stage_dir(self.ckpt_root, self.opt_step) if self.info.is_main else None
+        D.barrier()
+        staging = staging or self.ckpt_root / f".staging-step-{self.opt_step:06d}"
+        torch.save(ckpt.rng_state(), staging / "rng" / f"rank{self.info.rank}.pt")
+        final = None
+        if self.info.is_main:
+            save_file(weights, str(staging / "trainable.safetensors"))
+            torch.save(optim, staging / "optimizer.pt")
+            torch.save(self.scheduler.state_dict(), staging / "scheduler.pt")
+            state = {"iteration": self.iteration_idx, "optimizer_step": self.opt_step,
+                     "config_hash": config_hash(self.cfg), "history": self.history,
+                     "world_size": self.info.world, "chunk_sizes": self.sizes}
+            (staging / "trainer_state.json").write_text(json.dumps(state, indent=1))
+        D.barrier()  # every rank's RNG file is in place
+        if self.info.is_main:
+            final = ckpt.finalize(staging, self.ckpt_root, self.opt_step, {"kind": "checkpoint", "step": self.opt_step},
+                                  self.cfg.checkpoint.keep)
+            if self.cfg.checkpoint.s3_prefix:
+                uri = ckpt.upload(final, self.cfg.checkpoint.s3_prefix)
+                log.info("checkpoint step %d → %s", self.opt_step, uri)
+        D.barrier()
+        return final
+
+    # ------------------------------------------------------------------ one iteration
+    def _generator(self, iteration: int) -> torch.Generator:
+        return torch.Generator().manual_seed(self.cfg.seed * 7919 + iteration * 104729 + self.info.rank * 15485863)
+
+    def _autocast(self):
+        if self.bf16 and self.info.device.type == "cuda":
+            return torch.autocast("cuda", dtype=torch.bfloat16)
+        return nullcontext()
+
+    def _optimizer_step(self) -> dict:
+        cfg = self.cfg
+        if not self._is_fsdp():
+            D.all_reduce_grads(self.trainable)
+        grads = [p.grad for p in self.trainable if p.grad is not None]
+        if cfg.max_grad_norm > 0:
+            gn = torch.nn.utils.clip_grad_norm_(self.trainable, cfg.max_grad_norm)
+        else:
+            gn = torch.norm(torch.stack([g.detach().float().norm() for g in grads])) if grads else torch.zeros(())
+        gn = float(gn.full_tensor() if hasattr(gn, "full_tensor") else gn)
+        if not math.isfinite(gn):
+            raise NonFiniteLossError(f"non-finite gradient norm at optimizer step {self.opt_step + 1}")
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.opt_step += 1
+        return {"grad_norm": gn}
+
+    def iteration(self) -> dict:
+        if self.cfg.method in ("tempflow", "granular"):
+            from chunkgrpo.train.branching import branching_iteration
+
+            return branching_iteration(self)
+        cfg, model, it = self.cfg, self.model, self.iteration_idx
+        tr = model.transformer
+        timing = {"rollout": 0.0, "reward": 0.0, "policy": 0.0}
+        model.counter.reset()
+        gen = self._generator(it)
+        prompts = self.stream.batch(it, self.info.rank)
+        cond = self.embeds.get(prompts)
+        G, B = cfg.group_size, cfg.samples_per_rank
+        # ---- rollout: P·G samples in one batch ----
+        t0 = time.perf_counter()
+        tr.eval()
+        with torch.no_grad(), self._autocast():
+            traj = rollout_group(model, cond, G, cfg.sampling, gen)
+        rollout_calls = model.counter.as_dict()
+        if not torch.isfinite(traj.log_probs[:, : cfg.trainable_steps]).all():
+            raise NonFiniteLossError(f"non-finite rollout log-probs at iteration {it}")
+        timing["rollout"] = time.perf_counter() - t0
+        # ---- rewards and advantages ----
+        t0 = time.perf_counter()
+        images = model.decode(traj.x0, cfg.sampling.height, cfg.sampling.width)
+        sample_prompts = [p for p in prompts for _ in range(G)]
+        rewards = compute_rewards(self.reward_fns, images, sample_prompts)
+        adv = aggregate_advantages(rewards, self.reward_weights, G, clip=cfg.adv_clip).to(self.info.device)
+        timing["reward"] = time.perf_counter() - t0
+        # ---- which units each sample trains ----
+        t0 = time.perf_counter()
+        K = len(self.sizes)
+        weights = obj.chunk_sampling_weights(traj.latents, self.sizes, cfg.chunk_weighting) if cfg.method == "chunk+ws" else None
+        unit_mask = obj.select_units(B, K, cfg.timestep_fraction, generator=gen, weights=weights)
+        order = torch.randperm(B, generator=gen).tolist()
+        cond_rep = cond.repeat_interleave(G)
+        tr.train()
+        fsdp = self._is_fsdp()
+        stats = {"loss": [], "ratio": [], "clipped": [], "kl": [], "grad_norm": []}
+        stepped = False
+        old_recomputed: dict[tuple[int, int], torch.Tensor] = {}
+        for n, b in enumerate(order):
+            units = unit_mask[b].nonzero().flatten().tolist()
+            scale = 1.0 / (cfg.grad_accum * len(units))
+            for k in units:
+                a, e = self.ranges[k]
+                steps = list(range(a, e))
+                if not stepped:
+                    old = None  # θ = θ_old exactly: ratio 1, gradient flows
+                elif cfg.recompute_old_logp:
+                    old = old_recomputed[(b, k)]
+                else:
+                    old = traj.log_probs[b:b + 1, a:e].to(self.info.device)
+
+                def logp_fn(st, b=b):
+                    with self._autocast():
+                        return policy_log_probs(model, traj, cond_rep, st, cfg.sampling, samples=[b])
+
+                out = obj.chunk_backward(logp_fn, steps, old, adv[b:b + 1], clip_low=cfg.clip_low,
+                                         clip_high=cfg.clip_high, scale=scale, strategy=cfg.chunk_backward,
+                                         always_backward=fsdp)
+                loss = float(out["loss"])
+                if not math.isfinite(loss):
+                    raise NonFiniteLossError(f"non-finite loss at iteration {it}, sample {b}, chunk {k}")
+                stats["loss"].append(loss)
+                stats["ratio"].append(float(out["ratio"][0]))
+                stats["clipped"].append(float(out["clipped"][0]))
+                lr_ = math.log(float(out["ratio"][0]))
+                stats["kl"].append(math.exp(-lr_) - 1 + lr_)  # k3 on the unit's log-ratio
+                if cfg.kl_coef and old is not None:
+                    with self._autocast():
+                        lp = policy_log_probs(model, traj, cond_rep, steps, cfg.sampling, samples=[b])
+                    (cfg.kl_coef * scale * obj.kl_k3(lp.mean(1), old.mean(1)).sum()).backward()
+            if (n + 1) % cfg.grad_accum == 0:
+                if cfg.recompute_old_logp and not stepped:
+                    old_recomputed = self._recompute_old(traj, cond_rep, order[n + 1:], unit_mask)
+                stats["grad_norm"].append(self._optimizer_step()["grad_norm"])
+                stepped = True
+        timing["policy"] = time.perf_counter() - t0
+        calls = model.counter.as_dict()
+        trained_pairs = int(sum(self.sizes[k] for b in range(B) for k in unit_mask[b].nonzero().flatten().tolist()))
+        metrics = {
+            "reward_mean": float(torch.stack(list(rewards.values())).mean()) if len(rewards) == 1 else
+            float(sum(self.reward_weights[k] * v.mean() for k, v in rewards.items())),
+            "reward_std": float(next(iter(rewards.values())).std()),
+            **{f"reward/{k}": float(v.mean()) for k, v in rewards.items()},
+            "loss": sum(stats["loss"]) / len(stats["loss"]),
+            "clip_frac": sum(stats["clipped"]) / len(stats["clipped"]),
+            "ratio_mean": sum(stats["ratio"]) / len(stats["ratio"]),
+            "ratio_min": min(stats["ratio"]), "ratio_max": max(stats["ratio"]),
+            "kl_k3": sum(stats["kl"]) / len(stats["kl"]),
+            "grad_norm": max(stats["grad_norm"]) if stats["grad_norm"] else 0.0,
+            "adv_abs_mean": float(adv.abs().mean()),
+            "transformer_forward": calls["transformer_forward"],
+            "transformer_forward_with_grad": calls["transformer_forward_with_grad"],
+            "transformer_samples": calls["transformer_samples"],
+            "rollout_samples": rollout_calls["transformer_samples"],
+            # the algorithm's minimum: one rollout pass + one forward/backward per trained (sample, step)
+            "min_transformer_samples": rollout_calls["transformer_samples"] + trained_pairs,
+            **{f"time/{k}": v for k, v in timing.items()},
+        }
+        self._last_images = images
+        self._last_prompts = sample_prompts
+        return metrics
+
+    def _recompute_old(self, traj, cond_rep, samples: list[int], unit_mask) -> dict:
+        """Old log-probs of the not-yet-trained units under θ_old, in the training layout (no grad)."""
+        out = {}
+        with torch.no_grad():
+            for b in samples:
+                for k in unit_mask[b].nonzero().flatten().tolist():
+                    a, e = self.ranges[k]
+                    with self._autocast():
+                        out[(b, k)] = policy_log_probs(self.model, traj, cond_rep, list(range(a, e)), self.cfg.sampling,
+                                                       samples=[b]).float()
+        return out
+
+    # ------------------------------------------------------------------ the loop
+    def train(self) -> dict:
+        from tqdm import tqdm
+
+        from chunkgrpo import tracking
+
+        cfg, info = self.cfg, self.info
+        tracker_cm = (tracking.stage_run("train", parent_run_id=cfg.tracking.parent_run_id or None,
+                                         experiment=cfg.tracking.experiment,
+                                         params=tracking.flatten(cfg.to_dict()),
+                                         tags={"chunkgrpo.method": cfg.method, "chunkgrpo.config_hash": config_hash(cfg)})
+                      if info.is_main else nullcontext(tracking.NullTracker()))
+        summary: dict = {}
+        with tracker_cm as tracker:
+            if info.is_main:
+                tracker.log_dict({"sizes": self.sizes, "ranges": self.ranges, "method": cfg.method}, "chunk_plan.json")
+            bar = tqdm(total=cfg.max_steps, initial=self.opt_step, desc=f"train {cfg.method}",
+                       disable=not (info.is_main and cfg.progress))
+            while self.opt_step < cfg.max_steps:
+                t_it = time.perf_counter()
+                try:
+                    m = self.iteration()
+                except NonFiniteLossError:
+                    log.error("stopping: non-finite loss; the last complete checkpoint in %s is intact", self.ckpt_root)
+                    raise
+                self.iteration_idx += 1
+                m["time/iteration"] = time.perf_counter() - t_it
+                m["time/other"] = m["time/iteration"] - sum(m[f"time/{k}"] for k in ("rollout", "reward", "policy"))
+                m = D.all_reduce_mean(m, info.device)
+                m["optimizer_step"] = self.opt_step
+                self.history.append({k: m[k] for k in ("optimizer_step", "reward_mean", "loss", "grad_norm")})
+                if info.is_main:
+                    tracker.log_metrics({k.replace("/", "_"): v for k, v in m.items()}, step=self.opt_step)
+                    if cfg.tracking.image_every and (self.iteration_idx - 1) % cfg.tracking.image_every == 0:
+                        self._log_grid(tracker)
+                    bar.update(self.opt_step - bar.n)
+                    bar.set_postfix(reward=f"{m['reward_mean']:.4f}", loss=f"{m['loss']:.2e}")
+                every = cfg.checkpoint.every
+                crossed = every and (self.opt_step // every) > ((self.opt_step - self.steps_per_iteration) // every)
+                if crossed or self.opt_step >= cfg.max_steps:
+                    self.save_checkpoint()
+            bar.close()
+            final = self.export(self.out / "final")
+            if info.is_main:
+                summary = {"optimizer_steps": self.opt_step, "iterations": self.iteration_idx,
+                           "final_model": str(final), "history": self.history, "chunk_sizes": self.sizes,
+                           "config_hash": config_hash(cfg)}
+                (self.out / "train_summary.json").write_text(json.dumps(summary, indent=1))
+                tracker.log_dict(summary, "train_summary.json")
+                if tracker.artifact_uri:
+                    summary["mlflow_run_id"] = getattr(tracker, "run_id", None)
+        return summary
+
+    def _log_grid(self, tracker) -> None:
+        from chunkgrpo.images import image_grid
+
+        grid = image_grid(self._last_images[: self.cfg.group_size], cols=min(self.cfg.group_size, 6))
+        path = self.out / "samples" / f"iter-{self.iteration_idx:05d}.png"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        grid.save(path)
+        tracker.log_artifact(path, "samples")
+
+    # ------------------------------------------------------------------ export
+    def export(self, out: Path) -> Path:
+        """The final model: a diffusers LoRA folder (or a full transformer) + `chunkgrpo_model.json`."""
+        weights = self._trainable_state()
+        if not self.info.is_main:
+            D.barrier()
+            return out
+        staging = out.with_name(out.name + ".partial")
+        if staging.exists():
+            import shutil
+
+            shutil.rmtree(staging)
+        staging.mkdir(parents=True)
+        if self.cfg.lora.enabled:
+            from diffusers import FluxPipeline
+            from peft.utils import get_peft_model_state_dict
+
+            lora_sd = get_peft_model_state_dict(self.model.transformer, state_dict=weights)
+            FluxPipeline.save_lora_weights(staging, transformer_lora_layers=lora_sd)
+            kind = "lora"
+        else:
+            from safetensors.torch import save_file
+
+            (staging / "transformer").mkdir()
+            self.model.transformer.save_config(staging / "transformer")
+            save_file(weights, str(staging / "transformer" / "diffusion_pytorch_model.safetensors"))
+            kind = "full"
+        meta = {"kind": kind, "base_model": self.cfg.model, "method": self.cfg.method, "chunk_sizes": self.sizes,
+                "optimizer_steps": self.opt_step, "config_hash": config_hash(self.cfg),
+                "lora": self.cfg.lora.to_dict() if kind == "lora" else None, "sampling": self.cfg.sampling.to_dict()}
+        (staging / "chunkgrpo_model.json").write_text(json.dumps(meta, indent=1))
+        ckpt.write_manifest(staging, {"kind": kind})
+        if out.exists():
+            import shutil
+
+            shutil.rmtree(out)
+        staging.rename(out)
+        D.barrier()
+        return out
+
+    def close(self) -> None:
+        D.teardown()
+
+
+def run_training(cfg: TrainConfig) -> dict:
+    trainer = Trainer(cfg)
+    trainer.setup()
+    try:
+        return trainer.train()
+    finally:
+        trainer.close()
