@@ -18,12 +18,24 @@ from chunkgrpo.errors import UserError
 
 
 def _command_modules():
+    """Built-in commands, then plugin commands registered under the `chunkgrpo.commands` entry-point
+    group (e.g. `chunkgrpo pipeline` lives in the top-level `pipeline` package, so that nothing in
+    `chunkgrpo/` imports kfp)."""
     import chunkgrpo.commands as pkg
+    from importlib.metadata import entry_points
 
     for info in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda i: i.name):
         if info.name.startswith("_"):
             continue
         mod = importlib.import_module(f"chunkgrpo.commands.{info.name}")
+        if hasattr(mod, "NAME") and hasattr(mod, "run"):
+            yield mod
+    for ep in sorted(entry_points(group="chunkgrpo.commands"), key=lambda e: e.name):
+        try:
+            mod = ep.load()
+        except ImportError as e:  # the plugin's extra is not installed
+            print(f"chunkgrpo: command {ep.name!r} unavailable ({e})", file=sys.stderr)
+            continue
         if hasattr(mod, "NAME") and hasattr(mod, "run"):
             yield mod
 

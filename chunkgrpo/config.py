@@ -119,13 +119,29 @@ def parse_override(text: str) -> tuple[str, Any]:
 
 
 def _set_dotted(d: dict, key: str, value: Any) -> None:
+    """Set `a.b.c` in nested dicts; a numeric part indexes a list (`rewards.0.weight`)."""
     parts = key.split(".")
-    for p in parts[:-1]:
-        nxt = d.setdefault(p, {})
-        if not isinstance(nxt, dict):
-            raise UserError(f"override {key}: {p!r} is not a section")
-        d = nxt
-    d[parts[-1]] = value
+    node: Any = d
+    for i, p in enumerate(parts):
+        last = i == len(parts) - 1
+        if isinstance(node, list):
+            if not p.isdigit() or int(p) >= len(node):
+                raise UserError(f"override {key}: {p!r} is not an index of a {len(node)}-item list")
+            if last:
+                node[int(p)] = value
+                return
+            if not isinstance(node[int(p)], (dict, list)):
+                node[int(p)] = {}
+            node = node[int(p)]
+        elif isinstance(node, dict):
+            if last:
+                node[p] = value
+                return
+            if not isinstance(node.get(p), (dict, list)):
+                node[p] = {}
+            node = node[p]
+        else:
+            raise UserError(f"override {key}: {parts[i - 1]!r} is not a section")
 
 
 @dataclasses.dataclass

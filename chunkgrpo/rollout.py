@@ -24,7 +24,7 @@ from chunkgrpo.errors import UserError
 class SamplingConfig(Config):
     """How trajectories are sampled (shared by profiling, training and evaluation)."""
 
-    num_steps: int = option(16, "sampling steps N (σ has N+1 points; N−1 transitions are trainable)")
+    num_steps: int = option(17, "sampling steps N (σ has N+1 points; N−1 transitions are trainable)")
     schedule: Literal["shift", "dynamic"] = option("shift", "σ schedule: 'shift' (DanceGRPO/Chunk-GRPO) or 'dynamic' (FLUX default)")
     shift: float = option(3.0, "shift s of the shift schedule")
     quantize_timesteps: bool = option(True, "give the transformer int(σ·1000) (shift recipes) instead of σ·1000")

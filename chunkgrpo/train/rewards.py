@@ -3,7 +3,7 @@
 Built in (deterministic, programmatic): `brightness` (mean luminance, or closeness to `target`),
 `color` (closeness of the mean colour to `rgb=R,G,B`), `contrast` (pixel std). Any other name is
 looked up among the evaluation scorers (`chunkgrpo.eval.scorers.get_scorer`: clip, pickscore,
-hpsv2.1, hpsv3, imagereward), whose weights come from a local dir / S3 (`options.model`).
+hpsv2.1, hpsv3, imagereward), whose weights come from a local dir / S3 (`options.weights`).
 """
 
 from __future__ import annotations
@@ -68,12 +68,10 @@ def get_reward(name: str, options: dict | None = None, device: str = "cpu") -> R
             return REWARDS[name](**options)
         except TypeError as e:
             raise UserError(f"reward {name!r}: bad options {options} ({e})") from None
-    try:
-        from chunkgrpo.eval.scorers import SCORERS, get_scorer
-    except ImportError:  # pragma: no cover - the eval module ships with the package
-        SCORERS, get_scorer = {}, None
-    if get_scorer is None or name not in SCORERS:
-        known = sorted(REWARDS) + sorted(SCORERS)
+    from chunkgrpo.eval.scorers import SCORER_NAMES, get_scorer
+
+    if name not in SCORER_NAMES:
+        known = sorted(REWARDS) + list(SCORER_NAMES)
         raise UserError(f"unknown reward {name!r} (known: {', '.join(known)})")
     scorer = get_scorer(name, device=device, **options)
     return lambda images, prompts: scorer.score(list(images), list(prompts)).float().cpu()

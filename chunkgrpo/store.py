@@ -1,0 +1,773 @@
+"""S3 artifact store on the `minio` SDK: files, atomic folder artifacts, checksums, retries.
+
+Works with MinIO, SeaweedFS (`chunkgrpo local up`) and any S3. Endpoint, TLS, region, bucket and
+credentials come from `StoreConfig`, whose defaults are read from the environment (Kubernetes
+Secrets mounted as env vars in the cluster):
+
+    CHUNKGRPO_S3_ENDPOINT   http://127.0.0.1:8333 | https://minio.minio.svc:9000 | s3.amazonaws.com
+    CHUNKGRPO_S3_BUCKET     default bucket (default "chunkgrpo")
+    AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_DEFAULT_REGION (or AWS_REGION)
+    AWS_CA_BUNDLE / SSL_CERT_FILE   CA bundle for a private TLS endpoint
+
+Folder artifacts are atomic for readers: every file is uploaded first and `MANIFEST.json` (relative
+path -> sha256 + size) is written LAST. Readers (`get_folder`, `is_complete`, `latest_complete`) only
+trust a folder that has a manifest, and `get_folder` verifies every checksum. An interrupted upload
+therefore leaves a folder that is never read as complete.
+
+Transient errors (connection refused/reset, timeouts, HTTP 5xx, SlowDown) are retried with
+exponential backoff; authentication errors are not retried and become a `UserError` that names
+the endpoint and access key id (never the secret).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import hashlib
+import json
+import logging
+import math
+import os
+import random
+import re
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import urlsplit
+
+from chunkgrpo.config import Config, option
+from chunkgrpo.errors import UserError
+
+log = logging.getLogger(__name__)
+
+MANIFEST_NAME = "MANIFEST.json"
+MANIFEST_FORMAT = "chunkgrpo.manifest/v1"
+POINTER_FORMAT = "chunkgrpo.model-pointer/v1"
+MiB = 1024 * 1024
+_MIN_PART = 5 * MiB
+_MAX_PARTS = 10_000
+_CHUNK = 1 * MiB
+
+AUTH_ERROR_CODES = frozenset({
+    "InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "InvalidToken",
+    "ExpiredToken", "InvalidSecurity", "AuthorizationHeaderMalformed", "AccountProblem",
+})
+TRANSIENT_ERROR_CODES = frozenset({
+    "SlowDown", "SlowDownRead", "SlowDownWrite", "InternalError", "ServiceUnavailable",
+    "RequestTimeout", "OperationAborted", "Throttling", "ThrottlingException", "RequestLimitExceeded",
+    "TooManyRequests", "ServerBusy",
+})
+
+T = TypeVar("T")
+
+
+class StoreError(RuntimeError):
+    """An S3 operation failed for a reason that is not the user's input (after retries)."""
+
+
+class IncompleteArtifactError(UserError):
+    """A folder artifact has no manifest (upload interrupted or still running)."""
+
+
+class ChecksumMismatchError(StoreError):
+    """Downloaded bytes do not match the recorded sha256/size."""
+
+
+# ------------------------------------------------------------------------------------------ URIs
+
+
+def parse_s3_uri(uri: str) -> tuple[str, str]:
+    """`s3://bucket/some/key` -> ("bucket", "some/key"). The key may be empty (`s3://bucket`)."""
+    if not isinstance(uri, str) or not uri.startswith("s3://"):
+        raise UserError(f"{uri!r} is not an S3 URI (expected s3://bucket/key)")
+    rest = uri[len("s3://"):]
+    bucket, _, key = rest.partition("/")
+    if not bucket:
+        raise UserError(f"{uri!r} has no bucket (expected s3://bucket/key)")
+    _check_bucket_name(bucket)
+    return bucket, key
+
+
+def s3_uri(bucket: str, key: str = "") -> str:
+    """("bucket", "a/b") -> "s3://bucket/a/b"."""
+    return f"s3://{bucket}/{key.lstrip('/')}"
+
+
+def _check_bucket_name(bucket: str) -> None:
+    if not re.fullmatch(r"[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]", bucket or ""):
+        raise UserError(
+            f"invalid bucket name {bucket!r}: use 3-63 lowercase letters, digits, '-' or '.', "
+            "starting and ending with a letter or digit")
+
+
+def _folder_prefix(prefix: str) -> str:
+    prefix = prefix.strip("/")
+    return f"{prefix}/" if prefix else ""
+
+
+# ---------------------------------------------------------------------------------------- config
+
+
+@dataclasses.dataclass
+class StoreConfig(Config):
+    """Where artifacts live. Empty values are filled from the environment (see module doc)."""
+
+    endpoint: str = option("", "S3 endpoint: http(s)://host:port or host[:port]; default $CHUNKGRPO_S3_ENDPOINT")
+    bucket: str = option("", "default bucket for relative keys; default $CHUNKGRPO_S3_BUCKET or 'chunkgrpo'")
+    region: str = option("", "S3 region; default $AWS_DEFAULT_REGION / $AWS_REGION or 'us-east-1'")
+    secure: bool | None = option(None, "use TLS; null = from the endpoint scheme (no scheme -> TLS on)")
+    verify_tls: bool = option(True, "verify the server certificate (turn off only for self-signed test setups)")
+    ca_bundle: str = option("", "CA bundle file for a private TLS endpoint; default $AWS_CA_BUNDLE / $SSL_CERT_FILE")
+    access_key: str = option("", "access key id; default $AWS_ACCESS_KEY_ID (not secret, shown in errors)")
+    # The secret never appears in repr() or to_dict(); in the cluster it comes from a Secret as env.
+    secret_key: str = dataclasses.field(
+        default="", repr=False,
+        metadata={"help": "secret key; default $AWS_SECRET_ACCESS_KEY. Never logged or serialised"})
+    part_size_mb: int = option(64, "multipart part size in MiB (>= 5); raised automatically for files > 10000 parts")
+    parallel_parts: int = option(2, "parts uploaded in parallel per file")
+    workers: int = option(4, "files transferred in parallel by put_folder/get_folder")
+    retries: int = option(6, "attempts per operation on transient errors (connection refused/reset, 5xx, SlowDown)")
+    backoff_s: float = option(0.5, "first retry delay in seconds; doubles per attempt (with jitter)")
+    max_backoff_s: float = option(8.0, "cap on a single retry delay in seconds")
+    connect_timeout_s: float = option(10.0, "TCP connect timeout in seconds")
+    read_timeout_s: float = option(300.0, "socket read timeout in seconds")
+
+    def __post_init__(self) -> None:
+        env = os.environ
+        self.endpoint = (self.endpoint or env.get("CHUNKGRPO_S3_ENDPOINT", "")).strip()
+        self.bucket = self.bucket or env.get("CHUNKGRPO_S3_BUCKET", "") or "chunkgrpo"
+        self.region = self.region or env.get("AWS_DEFAULT_REGION") or env.get("AWS_REGION") or "us-east-1"
+        self.ca_bundle = self.ca_bundle or env.get("AWS_CA_BUNDLE", "") or env.get("SSL_CERT_FILE", "")
+        self.access_key = self.access_key or env.get("AWS_ACCESS_KEY_ID", "")
+        self.secret_key = self.secret_key or env.get("AWS_SECRET_ACCESS_KEY", "")
+        _check_bucket_name(self.bucket)
+        if self.endpoint:
+            _ = self.host  # validates the endpoint form
+        if self.part_size_mb < 5:
+            raise UserError(f"store.part_size_mb={self.part_size_mb} is below the S3 minimum of 5 MiB")
+        if self.part_size_mb > 5 * 1024:
+            raise UserError(f"store.part_size_mb={self.part_size_mb} is above the S3 maximum of 5120 MiB")
+        for name in ("parallel_parts", "workers", "retries"):
+            if getattr(self, name) < 1:
+                raise UserError(f"store.{name}={getattr(self, name)} must be >= 1")
+        if self.backoff_s < 0 or self.max_backoff_s < 0:
+            raise UserError("store.backoff_s and store.max_backoff_s must be >= 0")
+        if self.ca_bundle and not Path(self.ca_bundle).is_file():
+            raise UserError(f"store.ca_bundle={self.ca_bundle!r} does not exist")
+
+    @property
+    def host(self) -> str:
+        """`host:port` without scheme, as the minio client wants it."""
+        ep = self.endpoint
+        if "://" in ep:
+            parts = urlsplit(ep)
+            if parts.scheme not in ("http", "https"):
+                raise UserError(f"store.endpoint={ep!r}: scheme must be http or https")
+            if parts.path not in ("", "/"):
+                raise UserError(f"store.endpoint={ep!r}: must not contain a path (use host[:port])")
+            ep = parts.netloc
+        if not ep or "/" in ep:
+            raise UserError(f"store.endpoint={self.endpoint!r} is not host[:port] or http(s)://host[:port]")
+        return ep
+
+    @property
+    def use_tls(self) -> bool:
+        if self.secure is not None:
+            return self.secure
+        return not self.endpoint.startswith("http://")
+
+    @property
+    def url(self) -> str:
+        """The endpoint as a URL (`http://127.0.0.1:8333`)."""
+        return f"{'https' if self.use_tls else 'http'}://{self.host}"
+
+    def to_dict(self) -> dict:
+        """Serialisable form without the secret (it is re-read from the environment on load)."""
+        d = super().to_dict()
+        d.pop("secret_key", None)
+        return d
+
+
+# -------------------------------------------------------------------------------------- manifest
+
+
+@dataclasses.dataclass
+class Manifest:
+    """What a complete folder artifact contains: relative path -> {sha256, size}."""
+
+    files: dict[str, dict[str, Any]]
+    created: str = ""
+    meta: dict[str, Any] = dataclasses.field(default_factory=dict)
+    format: str = MANIFEST_FORMAT
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(int(f["size"]) for f in self.files.values())
+
+    def to_json(self) -> bytes:
+        body = {"format": self.format, "created": self.created, "total_bytes": self.total_bytes,
+                "files": {k: self.files[k] for k in sorted(self.files)}, "meta": self.meta}
+        return (json.dumps(body, indent=1, sort_keys=False) + "\n").encode()
+
+    @property
+    def sha256(self) -> str:
+        """Digest of the serialised manifest: identifies the folder content as a whole."""
+        return hashlib.sha256(self.to_json()).hexdigest()
+
+    @property
+    def content_sha256(self) -> str:
+        """Digest of the file list only (path, sha256, size): equal for equal content, any time."""
+        body = json.dumps({k: [self.files[k]["sha256"], int(self.files[k]["size"])] for k in sorted(self.files)})
+        return hashlib.sha256(body.encode()).hexdigest()
+
+    @classmethod
+    def from_json(cls, data: bytes | str, where: str = "manifest") -> "Manifest":
+        try:
+            body = json.loads(data)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise StoreError(f"{where}: not valid JSON ({e})") from None
+        if not isinstance(body, dict) or body.get("format") != MANIFEST_FORMAT or not isinstance(
+                body.get("files"), dict):
+            raise StoreError(f"{where}: not a {MANIFEST_FORMAT} manifest")
+        for rel, entry in body["files"].items():
+            _check_rel_path(rel, where)
+            if not isinstance(entry, dict) or "sha256" not in entry or "size" not in entry:
+                raise StoreError(f"{where}: entry {rel!r} lacks sha256/size")
+        return cls(files=body["files"], created=body.get("created", ""), meta=body.get("meta") or {})
+
+
+def _check_rel_path(rel: str, where: str = "manifest") -> None:
+    p = Path(rel)
+    if p.is_absolute() or ".." in p.parts or rel.startswith("/") or not rel:
+        raise StoreError(f"{where}: unsafe path {rel!r}")
+
+
+def file_sha256(path: str | Path, chunk: int = _CHUNK) -> str:
+    """Hex sha256 of a local file, streamed."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _iter_files(local_dir: Path) -> Iterator[tuple[str, Path]]:
+    for p in sorted(local_dir.rglob("*")):
+        if p.is_file():
+            rel = p.relative_to(local_dir).as_posix()
+            if rel == MANIFEST_NAME:
+                continue  # a downloaded folder re-uploaded: the manifest is regenerated
+            yield rel, p
+
+
+def build_manifest(local_dir: str | Path, meta: dict | None = None) -> Manifest:
+    """Hash every file under `local_dir` (symlinks followed, MANIFEST.json itself skipped)."""
+    local_dir = Path(local_dir)
+    if not local_dir.is_dir():
+        raise UserError(f"{local_dir} is not a directory")
+    files = {rel: {"sha256": file_sha256(p), "size": p.stat().st_size} for rel, p in _iter_files(local_dir)}
+    return Manifest(files=files, created=_now(), meta=dict(meta or {}))
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+# -------------------------------------------------------------------------------- model pointer
+
+
+def make_pointer(uri: str, manifest_sha256: str, kind: str, base_model: str, **extra: Any) -> dict:
+    """A "model pointer": where a checkpoint folder lives and what it is, as small JSON."""
+    parse_s3_uri(uri)
+    if kind not in ("lora", "full"):
+        raise UserError(f"model kind {kind!r} must be 'lora' or 'full'")
+    if not re.fullmatch(r"[0-9a-f]{64}", manifest_sha256 or ""):
+        raise UserError(f"manifest_sha256 {manifest_sha256!r} is not a hex sha256")
+    return {"format": POINTER_FORMAT, "uri": uri, "manifest_sha256": manifest_sha256, "kind": kind,
+            "base_model": base_model, **extra}
+
+
+def read_pointer(data: str | bytes | dict) -> dict:
+    """Validate a model pointer (JSON text or dict) and return it as a dict."""
+    body = json.loads(data) if isinstance(data, (str, bytes)) else dict(data)
+    if body.get("format") != POINTER_FORMAT:
+        raise UserError(f"not a {POINTER_FORMAT} model pointer: {str(body)[:200]}")
+    missing = [k for k in ("uri", "manifest_sha256", "kind", "base_model") if k not in body]
+    if missing:
+        raise UserError(f"model pointer lacks {', '.join(missing)}")
+    make_pointer(body["uri"], body["manifest_sha256"], body["kind"], body["base_model"])
+    return body
+
+
+# ------------------------------------------------------------------------------------ retrying
+
+
+def classify_error(exc: BaseException) -> str:
+    """'auth' | 'transient' | 'missing' | 'other' for an exception raised by the minio client."""
+    from minio.error import InvalidResponseError, S3Error, ServerError
+    from urllib3.exceptions import HTTPError as Urllib3Error
+
+    if isinstance(exc, S3Error):
+        if exc.code in AUTH_ERROR_CODES:
+            return "auth"
+        if exc.code in ("NoSuchKey", "NoSuchBucket", "NoSuchUpload"):
+            return "missing"
+        status = getattr(getattr(exc, "response", None), "status", 0) or 0
+        if exc.code in TRANSIENT_ERROR_CODES or status >= 500 or status == 429:
+            return "transient"
+        return "other"
+    if isinstance(exc, ServerError):
+        return "transient" if exc.status_code >= 500 or exc.status_code == 429 else "other"
+    if isinstance(exc, InvalidResponseError):
+        code = getattr(exc, "_code", 0) or 0
+        if code in (401, 403):
+            return "auth"
+        return "transient" if code >= 500 or code == 429 else "other"
+    if isinstance(exc, (Urllib3Error, ConnectionError, TimeoutError)):
+        return "transient"
+    return "other"
+
+
+class _HashingReader:
+    """File wrapper that hashes what minio reads, so a file changed mid-upload is detected."""
+
+    def __init__(self, f):
+        self._f = f
+        self.sha = hashlib.sha256()
+
+    def read(self, n: int = -1) -> bytes:
+        data = self._f.read(n)
+        self.sha.update(data)
+        return data
+
+
+@dataclasses.dataclass
+class ObjectEntry:
+    key: str
+    size: int
+    last_modified: _dt.datetime | None
+    is_dir: bool = False
+
+
+# --------------------------------------------------------------------------------------- store
+
+
+class ArtifactStore:
+    """S3 artifact store. Keys are relative to `config.bucket`; `s3://bucket/key` URIs are also accepted."""
+
+    def __init__(self, config: StoreConfig | None = None, *, sleep: Callable[[float], None] = time.sleep):
+        self.config = config or StoreConfig()
+        if not self.config.endpoint:
+            raise UserError(
+                "no S3 endpoint configured: set CHUNKGRPO_S3_ENDPOINT (or store.endpoint); for a local one run "
+                "`chunkgrpo local up` and `eval \"$(chunkgrpo local env)\"`")
+        if not self.config.access_key or not self.config.secret_key:
+            raise UserError(
+                f"no S3 credentials for {self.config.url}: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
+                "(in the cluster: from a Kubernetes Secret)")
+        self._sleep = sleep
+        self._client = self._make_client()
+
+    def __repr__(self) -> str:
+        return f"ArtifactStore({self.config.url}, bucket={self.config.bucket!r}, access_key={self.config.access_key!r})"
+
+    @property
+    def bucket(self) -> str:
+        return self.config.bucket
+
+    def _make_client(self):
+        import certifi
+        import urllib3
+        from minio import Minio
+
+        c = self.config
+        http = urllib3.PoolManager(
+            timeout=urllib3.Timeout(connect=c.connect_timeout_s, read=c.read_timeout_s),
+            maxsize=max(10, c.workers * c.parallel_parts + 2),
+            cert_reqs="CERT_REQUIRED" if c.verify_tls else "CERT_NONE",
+            ca_certs=c.ca_bundle or certifi.where(),
+            # One quick low-level retry per request (covers a reset on a single part); the
+            # operation-level loop in `_retry` does the long exponential backoff.
+            retries=urllib3.Retry(total=1, connect=1, read=1, status=0, backoff_factor=0.2,
+                                  allowed_methods=None, raise_on_status=False),
+        )
+        return Minio(c.host, access_key=c.access_key, secret_key=c.secret_key, secure=c.use_tls,
+                     region=c.region, http_client=http, cert_check=c.verify_tls)
+
+    # -------------------------------------------------------------------------------- helpers
+
+    def _loc(self, key_or_uri: str) -> tuple[str, str]:
+        if key_or_uri.startswith("s3://"):
+            return parse_s3_uri(key_or_uri)
+        return self.bucket, key_or_uri.lstrip("/")
+
+    def uri(self, key: str) -> str:
+        """`s3://bucket/key` for a key relative to the default bucket (URIs pass through)."""
+        bucket, key = self._loc(key)
+        return s3_uri(bucket, key)
+
+    def _retry(self, what: str, fn: Callable[[], T]) -> T:
+        """Run `fn`, retrying transient errors with exponential backoff + jitter."""
+        c = self.config
+        for attempt in range(1, c.retries + 1):
+            try:
+                return fn()
+            except Exception as exc:  # noqa: BLE001 - classified below
+                kind = classify_error(exc)
+                if kind == "auth":
+                    raise UserError(
+                        f"S3 authentication failed at {c.url} for access key id {c.access_key!r} while {what}: "
+                        f"{getattr(exc, 'code', '') or type(exc).__name__} — check AWS_ACCESS_KEY_ID/"
+                        "AWS_SECRET_ACCESS_KEY (the Kubernetes Secret) and the bucket policy") from None
+                if kind == "missing" and getattr(exc, "code", "") == "NoSuchBucket":
+                    raise UserError(
+                        f"bucket {getattr(exc, 'bucket_name', None) or self.bucket!r} does not exist at {c.url} "
+                        "(create it: ArtifactStore.ensure_bucket(), or `chunkgrpo local up` locally)") from None
+                if kind != "transient":
+                    raise
+                if attempt == c.retries:
+                    raise StoreError(
+                        f"S3 at {c.url} still failing after {c.retries} attempts while {what}: "
+                        f"{_short(exc)}") from exc
+                delay = min(c.max_backoff_s, c.backoff_s * 2 ** (attempt - 1)) * (0.75 + 0.5 * random.random())
+                log.warning("S3 %s failed (%s); retry %d/%d in %.1fs", what, _short(exc), attempt,
+                            c.retries - 1, delay)
+                self._sleep(delay)
+        raise AssertionError("unreachable")
+
+    # ------------------------------------------------------------------------------- buckets
+
+    def ensure_bucket(self, bucket: str | None = None) -> None:
+        """Create the bucket if it does not exist (idempotent, safe against a concurrent create)."""
+        from minio.error import S3Error
+
+        bucket = bucket or self.bucket
+        _check_bucket_name(bucket)
+
+        def go() -> None:
+            if self._client.bucket_exists(bucket):
+                return
+            try:
+                self._client.make_bucket(bucket, location=self.config.region)
+                log.info("created bucket s3://%s at %s", bucket, self.config.url)
+            except S3Error as e:
+                if e.code not in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
+                    raise
+
+        self._retry(f"ensuring bucket {bucket!r}", go)
+
+    # -------------------------------------------------------------------------------- objects
+
+    def _part_size(self, size: int) -> int:
+        part = self.config.part_size_mb * MiB
+        need = math.ceil(size / _MAX_PARTS) if size > 0 else 0
+        if need > part:
+            part = math.ceil(need / MiB) * MiB
+        return max(part, _MIN_PART)
+
+    def put_file(self, local_path: str | Path, key: str, *, sha256: str | None = None,
+                 content_type: str = "application/octet-stream", metadata: dict[str, str] | None = None) -> dict:
+        """Stream one file up (multipart above part_size). Stores its sha256 as object metadata.
+
+        Returns {"uri", "key", "size", "sha256", "etag"}.
+        """
+        local_path = Path(local_path)
+        if not local_path.is_file():
+            raise UserError(f"cannot upload {local_path}: not a file")
+        bucket, key = self._loc(key)
+        if not key or key.endswith("/"):
+            raise UserError(f"object key {key!r} must name a file, not a folder")
+        size = local_path.stat().st_size
+        digest = sha256 or file_sha256(local_path)
+        meta = {"sha256": digest, **(metadata or {})}
+
+        def go():
+            with open(local_path, "rb") as f:
+                reader = _HashingReader(f)
+                res = self._client.put_object(
+                    bucket, key, reader, size, content_type=content_type, metadata=meta,
+                    part_size=self._part_size(size), num_parallel_uploads=self.config.parallel_parts)
+            if reader.sha.hexdigest() != digest:
+                raise ChecksumMismatchError(f"{local_path} changed while it was being uploaded to {s3_uri(bucket, key)}")
+            return res
+
+        res = self._retry(f"uploading {s3_uri(bucket, key)}", go)
+        log.debug("put %s (%d bytes)", s3_uri(bucket, key), size)
+        return {"uri": s3_uri(bucket, key), "key": key, "size": size, "sha256": digest, "etag": res.etag}
+
+    def put_bytes(self, data: bytes, key: str, content_type: str = "application/octet-stream") -> dict:
+        """Upload a small in-memory object (JSON, pointers)."""
+        import io
+
+        bucket, key = self._loc(key)
+        digest = hashlib.sha256(data).hexdigest()
+        self._retry(f"uploading {s3_uri(bucket, key)}", lambda: self._client.put_object(
+            bucket, key, io.BytesIO(data), len(data), content_type=content_type, metadata={"sha256": digest}))
+        return {"uri": s3_uri(bucket, key), "key": key, "size": len(data), "sha256": digest}
+
+    def put_json(self, obj: Any, key: str) -> dict:
+        return self.put_bytes((json.dumps(obj, indent=1, sort_keys=True) + "\n").encode(), key,
+                              content_type="application/json")
+
+    def get_bytes(self, key: str) -> bytes:
+        """Download a small object into memory. Missing -> FileNotFoundError."""
+        bucket, key = self._loc(key)
+
+        def go() -> bytes:
+            resp = self._client.get_object(bucket, key)
+            try:
+                return resp.read()
+            finally:
+                resp.close()
+                resp.release_conn()
+
+        return self._missing_as_fnf(s3_uri(bucket, key), lambda: self._retry(f"reading {s3_uri(bucket, key)}", go))
+
+    def get_json(self, key: str) -> Any:
+        return json.loads(self.get_bytes(key))
+
+    def _missing_as_fnf(self, uri: str, fn: Callable[[], T]) -> T:
+        from minio.error import S3Error
+
+        try:
+            return fn()
+        except S3Error as e:
+            if e.code in ("NoSuchKey", "NoSuchBucket"):
+                raise FileNotFoundError(2, f"no such object ({e.code})", uri) from None
+            raise
+
+    def stat(self, key: str) -> dict | None:
+        """{"size", "etag", "last_modified", "sha256"} of an object, or None if it does not exist."""
+        from minio.error import S3Error
+
+        bucket, key = self._loc(key)
+
+        def go():
+            try:
+                return self._client.stat_object(bucket, key)
+            except S3Error as e:
+                if e.code in ("NoSuchKey", "NoSuchBucket", "NoSuchObject"):
+                    return None
+                raise
+
+        st = self._retry(f"stat {s3_uri(bucket, key)}", go)
+        if st is None:
+            return None
+        meta = {k.lower(): v for k, v in (st.metadata or {}).items()}
+        return {"size": st.size, "etag": st.etag, "last_modified": st.last_modified,
+                "sha256": meta.get("x-amz-meta-sha256")}
+
+    def exists(self, key: str) -> bool:
+        return self.stat(key) is not None
+
+    def get_file(self, key: str, local_path: str | Path, *, sha256: str | None = None,
+                 size: int | None = None, verify: bool = True) -> Path:
+        """Stream one object to `local_path` (written to a temp name, renamed when verified).
+
+        A transient failure mid-download resumes at the byte offset reached. The sha256 is checked
+        against `sha256` if given, else against the object's `sha256` metadata when present.
+        """
+        bucket, key = self._loc(key)
+        uri = s3_uri(bucket, key)
+        local_path = Path(local_path)
+        local_path.parent.mkdir(parents=True, exist_ok=True)
+        if verify and sha256 is None:
+            st = self.stat(s3_uri(bucket, key))
+            if st is None:
+                raise FileNotFoundError(2, "no such object", uri)
+            sha256 = st["sha256"]
+        fd, tmp = tempfile.mkstemp(prefix=f".{local_path.name}.", suffix=".part", dir=local_path.parent)
+        h = hashlib.sha256()
+        written = 0
+        try:
+            with os.fdopen(fd, "wb") as out:
+                def go() -> None:
+                    nonlocal written
+                    resp = self._client.get_object(bucket, key, offset=written)
+                    try:
+                        for block in resp.stream(_CHUNK):
+                            out.write(block)
+                            h.update(block)
+                            written += len(block)
+                    finally:
+                        resp.close()
+                        resp.release_conn()
+
+                self._missing_as_fnf(uri, lambda: self._retry(f"downloading {uri}", go))
+            if size is not None and written != size:
+                raise ChecksumMismatchError(f"{uri}: got {written} bytes, expected {size}")
+            if verify and sha256 and h.hexdigest() != sha256:
+                raise ChecksumMismatchError(f"{uri}: sha256 {h.hexdigest()} != recorded {sha256}")
+            os.replace(tmp, local_path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return local_path
+
+    def delete(self, key: str) -> None:
+        bucket, key = self._loc(key)
+        self._retry(f"deleting {s3_uri(bucket, key)}", lambda: self._client.remove_object(bucket, key))
+
+    def delete_prefix(self, prefix: str) -> int:
+        """Delete every object under a prefix (manifest first, so the folder stops being complete)."""
+        from minio.deleteobjects import DeleteObject
+
+        bucket, key = self._loc(prefix)
+        entries = [e.key for e in self.list(s3_uri(bucket, key))]
+        manifests = [k for k in entries if k.endswith("/" + MANIFEST_NAME) or k == MANIFEST_NAME]
+        for k in manifests:
+            self._retry(f"deleting {s3_uri(bucket, k)}", lambda k=k: self._client.remove_object(bucket, k))
+        rest = [k for k in entries if k not in manifests]
+
+        def go() -> None:
+            errors = list(self._client.remove_objects(bucket, (DeleteObject(k) for k in rest)))
+            if errors:
+                raise StoreError(f"could not delete {len(errors)} objects under {s3_uri(bucket, key)}: {errors[0]}")
+
+        if rest:
+            self._retry(f"deleting under {s3_uri(bucket, key)}", go)
+        return len(entries)
+
+    # -------------------------------------------------------------------------------- listing
+
+    def list(self, prefix: str = "", recursive: bool = True) -> list[ObjectEntry]:
+        """Objects under `prefix` (keys relative to the bucket), sorted by key.
+
+        With recursive=False, direct children only; sub-folders come back with is_dir=True.
+        """
+        bucket, key = self._loc(prefix)
+
+        def go() -> list[ObjectEntry]:
+            return [ObjectEntry(o.object_name, o.size or 0, o.last_modified, bool(o.is_dir))
+                    for o in self._client.list_objects(bucket, prefix=key or None, recursive=recursive)]
+
+        return sorted(self._retry(f"listing {s3_uri(bucket, key)}", go), key=lambda e: e.key)
+
+    def list_complete(self, prefix: str) -> list[str]:
+        """Folder prefixes directly under `prefix` that have a manifest, in natural name order."""
+        bucket, base = self._loc(prefix)
+        base = _folder_prefix(base)
+        found = []
+        for e in self.list(s3_uri(bucket, base)):
+            rest = e.key[len(base):]
+            parts = rest.split("/")
+            if len(parts) == 2 and parts[1] == MANIFEST_NAME:
+                found.append(s3_uri(bucket, base + parts[0]))
+        return sorted(found, key=_natural_key)
+
+    def latest_complete(self, prefix: str) -> str | None:
+        """`s3://` URI of the last complete folder under `prefix` (natural name order: step-9 < step-10).
+
+        Folders without a manifest (interrupted uploads, uploads in progress) are ignored.
+        """
+        done = self.list_complete(prefix)
+        return done[-1] if done else None
+
+    def presigned_get(self, key: str, expires: _dt.timedelta = _dt.timedelta(days=7)) -> str:
+        """A time-limited GET URL for a report/browser (max 7 days for SigV4)."""
+        bucket, key = self._loc(key)
+        return self._retry(f"presigning {s3_uri(bucket, key)}",
+                           lambda: self._client.presigned_get_object(bucket, key, expires=expires))
+
+    # --------------------------------------------------------------------------------- folders
+
+    def read_manifest(self, prefix: str) -> Manifest | None:
+        """The folder's manifest, or None if the folder is incomplete/missing."""
+        bucket, key = self._loc(prefix)
+        mkey = _folder_prefix(key) + MANIFEST_NAME
+        try:
+            data = self.get_bytes(s3_uri(bucket, mkey))
+        except FileNotFoundError:
+            return None
+        return Manifest.from_json(data, where=s3_uri(bucket, mkey))
+
+    def is_complete(self, prefix: str) -> bool:
+        """True only if the folder has a manifest (written last by put_folder)."""
+        bucket, key = self._loc(prefix)
+        return self.exists(s3_uri(bucket, _folder_prefix(key) + MANIFEST_NAME))
+
+    def put_folder(self, local_dir: str | Path, prefix: str, *, meta: dict | None = None,
+                   overwrite: bool = True, progress: Callable[[str, int], None] | None = None) -> Manifest:
+        """Upload a folder atomically: files first (in parallel), `MANIFEST.json` last.
+
+        If the prefix already holds a complete folder, its manifest is removed first (so readers
+        never mix old and new files) unless overwrite=False, which raises instead. Objects under the
+        prefix that are not part of the new folder are deleted before the manifest is written.
+        """
+        local_dir = Path(local_dir)
+        bucket, key = self._loc(prefix)
+        base = _folder_prefix(key)
+        if not base:
+            raise UserError("put_folder needs a non-empty prefix (not the bucket root)")
+        uri = s3_uri(bucket, base.rstrip("/"))
+        t0 = time.perf_counter()
+        manifest = build_manifest(local_dir, meta)
+        if self.is_complete(uri):
+            if not overwrite:
+                raise UserError(f"{uri} already holds a complete folder artifact (pass overwrite=True to replace it)")
+            log.info("replacing complete folder %s", uri)
+            self.delete(s3_uri(bucket, base + MANIFEST_NAME))
+
+        def one(item: tuple[str, dict]) -> None:
+            rel, entry = item
+            self.put_file(local_dir / rel, s3_uri(bucket, base + rel), sha256=entry["sha256"])
+            if progress:
+                progress(rel, int(entry["size"]))
+
+        with ThreadPoolExecutor(max_workers=self.config.workers) as pool:
+            for _ in pool.map(one, sorted(manifest.files.items())):
+                pass  # re-raises the first failure; the manifest is then never written
+        stale = [e.key for e in self.list(s3_uri(bucket, base))
+                 if e.key[len(base):] not in manifest.files and e.key != base + MANIFEST_NAME]
+        for k in stale:
+            self.delete(s3_uri(bucket, k))
+        self.put_bytes(manifest.to_json(), s3_uri(bucket, base + MANIFEST_NAME), content_type="application/json")
+        dt = time.perf_counter() - t0
+        log.info("uploaded %s: %d files, %.1f MB in %.1fs (%.0f MB/s)", uri, len(manifest.files),
+                 manifest.total_bytes / 1e6, dt, manifest.total_bytes / 1e6 / max(dt, 1e-9))
+        return manifest
+
+    def get_folder(self, prefix: str, local_dir: str | Path) -> Manifest:
+        """Download a complete folder and verify every file's size and sha256.
+
+        Raises IncompleteArtifactError if the folder has no manifest (interrupted upload).
+        Files not listed in the manifest are ignored. The manifest is written to local_dir too.
+        """
+        bucket, key = self._loc(prefix)
+        base = _folder_prefix(key)
+        uri = s3_uri(bucket, base.rstrip("/"))
+        manifest = self.read_manifest(uri)
+        if manifest is None:
+            n = len(self.list(s3_uri(bucket, base))) if base else 0
+            detail = (f"it holds {n} objects but no {MANIFEST_NAME}: the upload was interrupted or is still running"
+                      if n else "nothing is stored there")
+            raise IncompleteArtifactError(f"{uri} is not a complete folder artifact ({detail})")
+        local_dir = Path(local_dir)
+        local_dir.mkdir(parents=True, exist_ok=True)
+        t0 = time.perf_counter()
+
+        def one(item: tuple[str, dict]) -> None:
+            rel, entry = item
+            self.get_file(s3_uri(bucket, base + rel), local_dir / rel, sha256=entry["sha256"],
+                          size=int(entry["size"]))
+
+        with ThreadPoolExecutor(max_workers=self.config.workers) as pool:
+            for _ in pool.map(one, sorted(manifest.files.items())):
+                pass
+        (local_dir / MANIFEST_NAME).write_bytes(manifest.to_json())
+        dt = time.perf_counter() - t0
+        log.info("downloaded %s: %d files, %.1f MB in %.1fs", uri, len(manifest.files),
+                 manifest.total_bytes / 1e6, dt)
+        return manifest
+
+
+def _natural_key(s: str) -> list:
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", s)]
+
+
+def _short(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}"
+    return text if len(text) < 300 else text[:297] + "..."

@@ -1,0 +1,120 @@
+"""`chunkgrpo local up|status|env|down` with real processes on free ports in a tmp state dir."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import stat
+import time
+import urllib.request
+
+import psutil
+import pytest
+
+from chunkgrpo.cli import main
+from chunkgrpo.errors import UserError
+from chunkgrpo.local_services import LocalServices, LocalServicesConfig, free_ports
+
+pytestmark = pytest.mark.integration
+
+
+def _gone(pids: list[int]) -> bool:
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                return False
+        except psutil.NoSuchProcess:
+            continue
+    return True
+
+
+def _tree(pid: int) -> list[int]:
+    p = psutil.Process(pid)
+    return [pid] + [c.pid for c in p.children(recursive=True)]
+
+
+def test_up_health_down_leaves_no_process(tmp_path, capsys):
+    s3_port, mlflow_port = free_ports(2)
+    home = tmp_path / "home"
+    args = ["--home", str(home), "--s3-port", str(s3_port), "--mlflow-port", str(mlflow_port)]
+    t0 = time.perf_counter()
+    assert main(["local", "up", *args]) == 0
+    up_s = time.perf_counter() - t0
+    try:
+        state = json.loads((home / "state.json").read_text())["services"]
+        pids = _tree(state["s3"]["pid"]) + _tree(state["mlflow"]["pid"])
+        # health, from the outside
+        with urllib.request.urlopen(f"http://127.0.0.1:{mlflow_port}/health", timeout=5) as r:
+            assert r.status == 200
+        with socket.create_connection(("127.0.0.1", s3_port), timeout=5):
+            pass
+        # secrets stay private; nothing listens beyond 127.0.0.1
+        for f in ("credentials.json", "s3.json"):
+            assert stat.S_IMODE((home / f).stat().st_mode) == 0o600
+        assert stat.S_IMODE(home.stat().st_mode) == 0o700
+        for pid in pids:
+            for c in psutil.Process(pid).net_connections(kind="inet"):
+                if c.status == psutil.CONN_LISTEN:
+                    assert c.laddr.ip == "127.0.0.1", (pid, c.laddr)
+        # a second `up` reuses the running services
+        t1 = time.perf_counter()
+        assert main(["local", "up", *args]) == 0
+        assert time.perf_counter() - t1 < 2
+        assert json.loads((home / "state.json").read_text())["services"]["s3"]["pid"] == state["s3"]["pid"]
+        assert main(["local", "status", *args]) == 0
+        capsys.readouterr()
+        assert main(["local", "env", *args]) == 0
+        env_out = capsys.readouterr().out
+        assert f"export MLFLOW_TRACKING_URI=http://127.0.0.1:{mlflow_port}" in env_out
+        assert f"export CHUNKGRPO_S3_ENDPOINT=http://127.0.0.1:{s3_port}" in env_out
+    finally:
+        t2 = time.perf_counter()
+        assert main(["local", "down", *args]) == 0
+        down_s = time.perf_counter() - t2
+    assert _gone(pids), [p for p in pids if psutil.pid_exists(p)]
+    assert not (home / "state.json").exists()
+    assert main(["local", "status", *args]) == 1
+    assert "stopped" in capsys.readouterr().out
+    print(f"\nlocal up {up_s:.1f}s (S3 + MLflow), down {down_s:.1f}s, {len(pids)} processes")
+
+
+def test_crashed_service_is_reported_and_restarted(tmp_path, caplog):
+    (s3_port,) = free_ports(1)
+    svc = LocalServices(LocalServicesConfig(home=str(tmp_path), s3_port=s3_port, mlflow=False))
+    try:
+        first = svc.up()["s3"].pid
+        os.kill(first, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while svc.status()["s3"].state != "crashed" and time.monotonic() < deadline:
+            time.sleep(0.1)
+        st = svc.status()["s3"]
+        assert st.state == "crashed" and "weed.log" in st.detail
+        assert main(["local", "status", "--home", str(tmp_path), "--s3-port", str(s3_port), "--no-mlflow"]) == 1
+        again = svc.up()["s3"]
+        assert again.state == "running" and again.pid != first
+        assert any("crashed" in r.getMessage() for r in caplog.records)
+    finally:
+        svc.down()
+    assert svc.status()["s3"].state == "stopped"
+
+
+def test_port_in_use_gives_a_clear_message(tmp_path):
+    with socket.socket() as blocker:
+        blocker.bind(("127.0.0.1", 0))
+        blocker.listen()
+        busy = blocker.getsockname()[1]
+        svc = LocalServices(LocalServicesConfig(home=str(tmp_path), s3_port=busy, mlflow=False))
+        with pytest.raises(UserError, match=f"port {busy} \\(S3\\).*already in use.*--s3-port"):
+            svc.up()
+        assert svc.status()["s3"].state == "stopped"
+        # through the CLI: one line, exit 2
+        assert main(["local", "up", "--home", str(tmp_path), "--s3-port", str(busy), "--no-mlflow"]) == 2
+        # a busy MLflow port is found before anything starts (no S3 left running)
+        (s3_port,) = free_ports(1)
+        svc = LocalServices(LocalServicesConfig(home=str(tmp_path), s3_port=s3_port, mlflow_port=busy))
+        with pytest.raises(UserError, match=f"port {busy} \\(MLflow\\).*--mlflow-port"):
+            svc.up()
+        assert all(st.state == "stopped" for st in svc.status().values())
+    assert not (tmp_path / "state.json").exists()

@@ -1,0 +1,221 @@
+"""Registry + promotion + tracking against the real MLflow server (session `services` fixture)."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import pytest
+
+from chunkgrpo.cli import main
+from chunkgrpo.errors import UserError
+from chunkgrpo.registry import (
+    MODEL_INFO, GateConfig, load_registered_model, promote, register_model, rollback,
+)
+from chunkgrpo.store import ArtifactStore
+
+pytestmark = pytest.mark.integration
+METRIC = "eval.hpdv2.hpsv3"
+
+
+def _client():
+    from mlflow import MlflowClient
+
+    return MlflowClient()
+
+
+def _aliases(name: str) -> dict[str, str]:
+    return {k: str(v) for k, v in _client().get_registered_model(name).aliases.items()}
+
+
+def _tags(name: str, version: str) -> dict[str, str]:
+    return _client().get_model_version(name, version).tags
+
+
+def _fake_lora(root, seed: int):
+    root.mkdir(parents=True)
+    (root / "pytorch_lora_weights.safetensors").write_bytes(bytes([seed % 256]) * 4096)
+    (root / "adapter_config.json").write_text(json.dumps({"r": 4, "seed": seed}))
+    return root
+
+
+def _register(name, tmp_path, seed: int, score: float, **kw):
+    return register_model(name, _fake_lora(tmp_path / f"lora-{seed}", seed), kind="lora", base_model="tiny-flux",
+                          metrics={"eval": {"hpdv2": {"hpsv3": score}}, "eval.clip": 0.2}, git="abc123",
+                          cfg_hash="cfg0001", plan={"boundaries": [0, 4, 8, 16], "seed": seed}, **kw)
+
+
+def test_register_promote_gate_rollback(services_env, tmp_path):
+    name = f"flux-{uuid.uuid4().hex[:6]}"
+    store = ArtifactStore(services_env.store_config)
+    ckpt = store.uri(f"ckpts/{name}/step-100")
+    store.put_folder(_fake_lora(tmp_path / "ckpt", 1), ckpt)
+
+    v1 = _register(name, tmp_path, 1, 0.30, checkpoint_uri=ckpt)
+    t = _tags(name, v1.version)
+    assert t["git_sha"] == "abc123" and t["config_hash"] == "cfg0001" and t["kind"] == "lora"
+    assert t["base_model"] == "tiny-flux" and t["checkpoint_uri"] == ckpt
+    assert float(t[f"metric.{METRIC}"]) == 0.30 and float(t["metric.eval.clip"]) == 0.2
+    assert json.loads(t["chunk_plan"])["boundaries"] == [0, 4, 8, 16]
+    assert _aliases(name) == {"challenger": v1.version}
+    # re-registering the same content is idempotent (a retried pipeline step)
+    assert _register(name, tmp_path / "again", 1, 0.30, checkpoint_uri=ckpt).version == v1.version
+
+    # loadable: the registered folder is the adapter + chunkgrpo_model.json, checksums verified
+    m = load_registered_model(f"models:/{name}/{v1.version}", tmp_path / "dl")
+    assert m.kind == "lora" and m.base_model == "tiny-flux" and m.info["checkpoint_uri"] == ckpt
+    assert (m.weights_dir / "pytorch_lora_weights.safetensors").read_bytes() == bytes([1]) * 4096
+    assert m.info["manifest_sha256"] == store.read_manifest(ckpt).sha256
+
+    # no champion yet -> gate passes
+    r = promote(name, v1.version, who="tester", why="first")
+    assert r.action == "promoted" and _aliases(name)["champion"] == v1.version
+    # better -> champion, old one -> previous
+    v2 = _register(name, tmp_path, 2, 0.35)
+    r = promote(name, v2.version, who="tester")
+    assert r.action == "promoted" and r.previous == v1.version
+    assert _aliases(name) == {"champion": v2.version, "previous": v1.version, "challenger": v2.version}
+    t2 = _tags(name, v2.version)
+    assert t2["promotion.by"] == "tester" and t2["promotion.status"] == "champion" and t2["promotion.forced"] == "false"
+    assert json.loads(t2["promotion.gate"])["champion"] == 0.30
+    assert _tags(name, v1.version)["promotion.status"] == "previous"
+    # idempotent re-run
+    assert promote(name, v2.version).action == "noop"
+    assert _aliases(name)["champion"] == v2.version
+
+    # worse -> rejected, no alias change (also when re-run)
+    v3 = _register(name, tmp_path, 3, 0.33)
+    before = _aliases(name)
+    for _ in range(2):
+        r = promote(name, v3.version, who="tester")
+        assert r.action == "rejected" and _aliases(name) == before
+    assert _tags(name, v3.version)["promotion.status"] == "rejected"
+    # better but within the margin -> rejected
+    v4 = _register(name, tmp_path, 4, 0.36)
+    assert promote(name, v4.version, GateConfig(margin=0.05)).action == "rejected"
+    assert _aliases(name)["champion"] == v2.version
+    # lower-is-better gate on another metric
+    assert promote(name, v3.version, GateConfig(metric="eval.clip", direction="min")).action == "rejected"
+
+    # --force is applied and recorded
+    r = promote(name, v3.version, force=True, who="oncall", why="hotfix")
+    assert r.action == "forced"
+    assert _aliases(name)["champion"] == v3.version and _aliases(name)["previous"] == v2.version
+    t3 = _tags(name, v3.version)
+    assert t3["promotion.forced"] == "true" and t3["promotion.by"] == "oncall" and t3["promotion.why"] == "hotfix"
+
+    # rollback restores the previous champion
+    r = rollback(name, who="oncall", why="bad samples")
+    assert r.action == "rolled_back" and r.version == v2.version
+    assert _aliases(name)["champion"] == v2.version and "previous" not in _aliases(name)
+    assert _tags(name, v3.version)["promotion.status"] == "rolled_back"
+    with pytest.raises(UserError, match="nothing to roll back"):
+        rollback(name)
+    log = json.loads(_client().get_registered_model(name).tags["promotion.log"])
+    assert [e["action"] for e in log] == ["promoted", "promoted", "rejected", "rejected", "rejected", "rejected",
+                                         "forced", "rollback"]
+    with pytest.raises(UserError, match="no version"):
+        promote(name, "999")
+
+
+def test_cli_register_promote_and_external_weights(services_env, tmp_path, capsys):
+    name = f"flux-cli-{uuid.uuid4().hex[:6]}"
+    store = ArtifactStore(services_env.store_config)
+    # a "full" model whose weights stay in S3: only a pointer goes into MLflow
+    full = tmp_path / "full"
+    (full / "transformer").mkdir(parents=True)
+    (full / "transformer" / "diffusion_pytorch_model.safetensors").write_bytes(b"w" * 10000)
+    (full / "transformer" / "config.json").write_text("{}")
+    ckpt = store.uri(f"ckpts/{name}/step-5")
+    store.put_folder(full, ckpt)
+    (tmp_path / "metrics.json").write_text(json.dumps({"eval": {"hpdv2": {"hpsv3": 0.4}}}))
+    (tmp_path / "plan.json").write_text(json.dumps({"boundaries": [0, 10, 28]}))
+    assert main(["register", "--model-dir", ckpt, "--name", name, "--base-model", "tiny-flux", "--kind", "full",
+                 "--metrics", str(tmp_path / "metrics.json"), "--plan", str(tmp_path / "plan.json"),
+                 "--external-weights"]) == 0
+    assert f"{name} version 1" in capsys.readouterr().out
+    m = load_registered_model(f"models:/{name}/1", tmp_path / "dl")
+    assert m.info["weights"] == "external" and m.kind == "full"
+    assert not (m.path / "transformer").exists()
+    assert (m.weights_dir / "transformer" / "diffusion_pytorch_model.safetensors").read_bytes() == b"w" * 10000
+
+    assert main(["promote", "--model", name, "--version", "1", "--why", "first"]) == 0
+    assert "promoted" in capsys.readouterr().out
+    assert _aliases(name)["champion"] == "1"
+    assert main(["promote", "--model", name, "--rollback"]) == 2  # no previous: one-line error
+    assert "nothing to roll back" in capsys.readouterr().err
+    assert main(["register", "--model-dir", str(tmp_path / "missing"), "--name", name, "--base-model", "x"]) == 2
+
+
+def test_register_refuses_incomplete_checkpoint(services_env, tmp_path):
+    store = ArtifactStore(services_env.store_config)
+    store.put_file(_fake_lora(tmp_path / "l", 9) / "adapter_config.json", "ckpts/incomplete/step-1/adapter_config.json")
+    with pytest.raises(UserError, match="not a complete folder"):
+        register_model("flux-x", None, kind="full", base_model="b", checkpoint_uri=store.uri("ckpts/incomplete/step-1"))
+
+
+def test_tracking_parent_and_stage_runs(services_env, tmp_path):
+    from chunkgrpo.tracking import stage_run, start_pipeline_run
+
+    exp = f"exp-{uuid.uuid4().hex[:6]}"
+    (tmp_path / "report.html").write_text("<html></html>")
+    with start_pipeline_run(exp, "pipeline-1", tags={"git_sha": "abc"}, params={"train": {"lr": 1e-4}}) as run:
+        assert run.enabled
+        with run.stage("train", params={"steps": 10}) as st:
+            st.log_metrics({"loss": 0.5, "reward": {"mean": 0.1}}, step=3)
+        with stage_run("evaluate", parent_run_id=run.run_id) as ev:   # as a separate KFP step would
+            ev.log_artifact(tmp_path / "report.html", "report")
+    c = _client()
+    parent = c.get_run(run.run_id)
+    assert parent.data.params == {"train.lr": "0.0001"} and parent.info.status == "FINISHED"
+    children = c.search_runs([parent.info.experiment_id], f"tags.mlflow.parentRunId = '{run.run_id}'")
+    assert sorted(r.info.run_name for r in children) == ["evaluate", "train"]
+    train = next(r for r in children if r.info.run_name == "train")
+    assert train.data.metrics == {"loss": 0.5, "reward.mean": 0.1} and train.data.params == {"steps": "10"}
+    ev_run = next(r for r in children if r.info.run_name == "evaluate")
+    assert [a.path for a in c.list_artifacts(ev_run.info.run_id, "report")] == ["report/report.html"]
+    with pytest.raises(RuntimeError):
+        with start_pipeline_run(exp, "failing") as failing:
+            raise RuntimeError("boom")
+    assert c.get_run(failing.run_id).info.status == "FAILED"
+
+
+def test_registered_lora_loads_into_a_diffusers_pipeline(services_env, tmp_path, tiny_model_dir):
+    """End to end: a real LoRA on the tiny FLUX model -> registry -> FluxPipeline with the adapter."""
+    import torch
+    from diffusers import FluxPipeline
+    from peft import LoraConfig
+    from peft.utils import get_peft_model_state_dict
+
+    from chunkgrpo.registry import load_pipeline
+
+    pipe = FluxPipeline.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
+    pipe.transformer.add_adapter(LoraConfig(r=4, target_modules=["to_q", "to_k", "to_v", "to_out.0"],
+                                            init_lora_weights=False))
+    lora = tmp_path / "lora"
+    FluxPipeline.save_lora_weights(lora, transformer_lora_layers=get_peft_model_state_dict(pipe.transformer))
+    name = f"flux-lora-{uuid.uuid4().hex[:6]}"
+    rv = register_model(name, lora, kind="lora", base_model=str(tiny_model_dir), metrics={METRIC: 0.1})
+    promote(name, rv.version)
+    loaded = load_pipeline(f"models:/{name}@champion")
+    assert (load_registered_model(f"models:/{name}@champion", tmp_path / "m").path / MODEL_INFO).exists()
+    want = get_peft_model_state_dict(pipe.transformer)
+    (adapter,) = loaded.transformer.peft_config  # diffusers names it default_0
+    got = get_peft_model_state_dict(loaded.transformer, adapter_name=adapter)
+    assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)
+    img = loaded("a cat", height=64, width=64, num_inference_steps=2, guidance_scale=0.0,
+                 max_sequence_length=32).images[0]
+    assert img.size == (64, 64)
+
+
+def test_register_into_a_pipeline_stage_run(services_env, tmp_path):
+    from chunkgrpo.tracking import start_pipeline_run
+
+    name = f"flux-stage-{uuid.uuid4().hex[:6]}"
+    with start_pipeline_run(f"exp-{uuid.uuid4().hex[:6]}", "pipeline") as run:
+        with run.stage("register") as st:
+            a = _register(name, tmp_path, 11, 0.2, run_id=st.run_id)
+            b = _register(name, tmp_path, 12, 0.3, run_id=st.run_id)
+    assert (a.run_id, b.run_id) == (st.run_id, st.run_id) and a.source != b.source
+    assert load_registered_model(a.uri, tmp_path / "a").info["plan"]["seed"] == 11
+    assert load_registered_model(b.uri, tmp_path / "b").info["plan"]["seed"] == 12

@@ -1,0 +1,137 @@
+"""Single-process trainer behaviour on the tiny FLUX (CPU)."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from chunkgrpo.errors import UserError
+from chunkgrpo.train import checkpoint as ckpt
+from chunkgrpo.train.config import TrainConfig
+from chunkgrpo.train.rewards import REWARDS, compute_rewards
+from chunkgrpo.train.trainer import NonFiniteLossError, Trainer, run_training
+
+
+@pytest.fixture(scope="module")
+def prompts_file(tmp_path_factory):
+    p = tmp_path_factory.mktemp("data") / "prompts.txt"
+    p.write_text("a cat on a chair\na red car\nthree apples\na bowl of fruit\n")
+    return p
+
+
+def _cfg(tiny_model_dir, prompts_file, out, *over):
+    return TrainConfig.load("tiny_cpu", [f"model={tiny_model_dir}", f"prompts={prompts_file}", f"output_dir={out}",
+                                         "progress=false", *over])
+
+
+@pytest.mark.parametrize("method,extra", [("chunk", []), ("dance", ["timestep_fraction=0.34"]),
+                                          ("chunk+ws", ["chunk_backward=graph"])])
+def test_training_changes_lora_and_wastes_no_transformer_calls(tiny_model_dir, prompts_file, tmp_path, method, extra):
+    cfg = _cfg(tiny_model_dir, prompts_file, tmp_path, f"method={method}", "max_steps=2", "checkpoint.every=1", *extra)
+    t = Trainer(cfg)
+    t.setup()
+    before = {n: p.detach().clone() for n, p in t.model.transformer.named_parameters() if p.requires_grad}
+    m = t.iteration()  # 8 samples, grad_accum 8 → one optimizer step, every unit on-policy
+    t.iteration_idx += 1
+    after = dict(t.model.transformer.named_parameters())
+    assert any(not torch.equal(before[n], after[n]) for n in before if "lora_B" in n)
+    assert all(torch.equal(before[n], after[n].detach()) for n in before if "lora_A" not in n and "lora_B" not in n)
+    # rollout = N calls for the whole group; training = exactly one forward(+backward) per trained (sample, step)
+    assert m["rollout_samples"] == cfg.sampling.num_steps * cfg.samples_per_rank
+    assert m["transformer_samples"] == m["min_transformer_samples"]
+    assert m["ratio_mean"] == 1.0 and m["clip_frac"] == 0.0  # on-policy exactness
+    assert torch.isfinite(torch.tensor(m["loss"]))
+    t.close()
+
+
+def test_full_run_checkpoints_and_exports_loadable_lora(tiny_model_dir, prompts_file, tmp_path):
+    cfg = _cfg(tiny_model_dir, prompts_file, tmp_path, "max_steps=3", "checkpoint.every=1", "checkpoint.keep=2")
+    summary = run_training(cfg)
+    assert summary["optimizer_steps"] == 3 and len(summary["history"]) == 3
+    done = ckpt.complete_checkpoints(tmp_path / "checkpoints")
+    assert [p.name for p in done] == ["step-000002", "step-000003"]  # keep=2 pruned step 1
+    state = json.loads((done[-1] / "trainer_state.json").read_text())
+    assert state["iteration"] == 3 and state["optimizer_step"] == 3
+    final = tmp_path / "final"
+    meta = json.loads((final / "chunkgrpo_model.json").read_text())
+    assert meta["kind"] == "lora" and meta["chunk_sizes"] == [2, 2, 3]
+    from diffusers import FluxPipeline
+
+    pipe = FluxPipeline.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    pipe.load_lora_weights(final)
+    sd = load_file(str(final / "pytorch_lora_weights.safetensors"))
+    assert any(v.abs().sum() > 0 for k, v in sd.items() if "lora_B" in k)
+    assert (tmp_path / "samples").exists()  # image grids every N iterations
+
+
+def test_nan_loss_stops_run_and_keeps_last_good_checkpoint(tiny_model_dir, prompts_file, tmp_path, monkeypatch):
+    calls = {"n": 0}
+
+    def flaky(**_):
+        def fn(images, prompts):
+            calls["n"] += 1
+            r = torch.rand(len(images))
+            if calls["n"] == 3:
+                r[1] = float("nan")
+            return r
+        return fn
+
+    monkeypatch.setitem(REWARDS, "flaky", flaky)
+    cfg = _cfg(tiny_model_dir, prompts_file, tmp_path, "max_steps=5", "checkpoint.every=1", "checkpoint.keep=5",
+               "rewards=[{name: flaky, weight: 1.0}]")
+    with pytest.raises(ValueError, match=r"reward 'flaky' is non-finite for samples \[1\]"):
+        run_training(cfg)
+    done = ckpt.complete_checkpoints(tmp_path / "checkpoints")
+    assert [p.name for p in done] == ["step-000001", "step-000002"]
+    assert not list((tmp_path / "checkpoints").glob(".staging*"))
+    assert not (tmp_path / "final").exists()
+
+
+def test_non_finite_loss_guard(tiny_model_dir, prompts_file, tmp_path, monkeypatch):
+    cfg = _cfg(tiny_model_dir, prompts_file, tmp_path, "max_steps=2", "checkpoint.every=1")
+    t = Trainer(cfg)
+    t.setup()
+    import chunkgrpo.train.trainer as tm
+
+    monkeypatch.setattr(tm.obj, "chunk_backward", lambda *a, **k: {"loss": torch.tensor(float("nan")),
+                                                                    "ratio": torch.ones(1), "clipped": torch.zeros(1)})
+    with pytest.raises(NonFiniteLossError, match="non-finite loss"):
+        t.iteration()
+    t.close()
+
+
+@pytest.mark.parametrize("over,match", [
+    (["model=/no/such/model"], "does not exist"),
+    (["chunks=sizes:2,2,2"], "sum to 6 but there are 7 trainable steps"),
+    (["group_size=1"], "group_size must be >= 2"),
+    (["grad_accum=3"], "must divide"),
+    (["rewards=[{name: nope}]"], "unknown reward .nope."),
+])
+def test_bad_input_fails_before_training(tiny_model_dir, prompts_file, tmp_path, over, match):
+    with pytest.raises(UserError, match=match):
+        cfg = _cfg(tiny_model_dir, prompts_file, tmp_path, *over)
+        t = Trainer(cfg)
+        t.setup()  # the unknown-reward case fails here, before any rollout
+    assert not (tmp_path / "checkpoints").exists() or not any((tmp_path / "checkpoints").iterdir())
+
+
+def test_empty_prompt_file(tiny_model_dir, tmp_path):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n\n")
+    with pytest.raises(UserError, match="contains no prompts"):
+        Trainer(TrainConfig.load("tiny_cpu", [f"model={tiny_model_dir}", f"prompts={empty}"]))
+
+
+def test_non_finite_rewards_named():
+    with pytest.raises(ValueError, match=r"non-finite for samples \[0\]"):
+        compute_rewards({"b": lambda im, p: torch.tensor([float("inf"), 1.0])}, [None, None], ["a", "b"])
+
+
+def test_presets_load_and_match_paper_recipes():
+    c = TrainConfig.load("chunk_grpo_flux")
+    assert (c.sampling.num_steps, c.sampling.eta, c.sampling.rule, c.group_size, c.grad_accum) == (17, 0.7, "flow", 12, 12)
+    assert (c.clip_low, c.clip_high, c.lr, c.max_grad_norm, c.max_steps, c.timestep_fraction) == (5e-5, 5e-5, 1e-5, 0.01, 151, 0.5)
+    assert TrainConfig.load("chunk_grpo_ws_flux").method == "chunk+ws"
+    d = TrainConfig.load("dance_grpo_flux")
+    assert (d.method, d.sampling.rule, d.sampling.eta, d.sampling.num_steps, d.timestep_fraction) == ("dance", "dance", 0.3, 16, 0.6)
