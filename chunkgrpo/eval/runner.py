@@ -1,0 +1,731 @@
+"""The evaluate stage: hybrid-inference generation on HPDv2 / GenEval / WISE, scoring, metrics.json,
+an HTML report, MLflow logging and (optionally) upload of everything to S3.
+
+    cfg = EvalConfig.load("eval_hpdv2", ["model=s3://chunkgrpo/runs/r1/final", "output_dir=/tmp/eval"])
+    result = run_evaluation(cfg)          # the dict that is also written to <output_dir>/metrics.json
+
+Phases (each model = a label: "trained" = hybrid inference, "base" = the base model alone, same seeds):
+1. generation: one base pipeline in memory (+ the LoRA adapter toggled per step, see `hybrid`), all
+   benchmarks' images batched together, prompts encoded once per batch for both labels. Images are
+   files under `<output_dir>/<benchmark>/<label>/` in each benchmark's official layout; with
+   `resume=true` existing images made with the same generation settings (`generation.json`) are kept.
+2. scoring (skipped with `generate_only=true`, e.g. when generation and scoring run in different
+   images): scorers from `chunkgrpo.train.rewards.REWARDS` (programmatic) or `chunkgrpo.eval.scorers`;
+   GenEval detector + colour classifier; WISE judge.
+3. outputs: `metrics.json`, `report.html` (self-contained), `grids/*.png`, per-image `scores.jsonl`;
+   MLflow stage run "evaluate" (metrics `hpdv2.hpsv3.trained`, …; report, metrics and grids as artifacts);
+   `output_uri=s3://…` uploads the whole folder as a folder artifact (manifest last).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import hashlib
+import json
+import logging
+import math
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from chunkgrpo.config import Config, option
+from chunkgrpo.errors import UserError
+from chunkgrpo.eval.wise import JudgeConfig
+
+log = logging.getLogger(__name__)
+
+METRICS_FORMAT = "chunkgrpo.eval-metrics/v1"
+BENCHMARKS = ("hpdv2", "geneval", "wise")
+LABELS = ("trained", "base")
+MODE_OF = {"trained": "hybrid", "base": "base"}
+# the paper's evaluation protocol (method.md §5; MixGRPO hybrid inference)
+PAPER_SAMPLING = {"steps": 50, "trained_steps": 30, "height": 1024, "width": 1024, "guidance": 3.5,
+                  "schedule": "dynamic"}
+OFFICIAL_SCORERS = ("hpsv3", "imagereward", "hpsv2.1", "hpsv2", "pickscore", "clip")
+OFFICIAL_WISE_JUDGE = "gpt-4o-2024-05-13"
+
+
+@dataclasses.dataclass
+class EvalConfig(Config):
+    """The evaluate stage (`chunkgrpo evaluate --config eval_hpdv2 model=…`)."""
+
+    model: str = option("", "trained model: the trainer's final/ folder (or its output_dir), an s3:// folder "
+                            "artifact, or a model-pointer .json; empty = evaluate the base model alone")
+    base_model: str = option("", "base FLUX pipeline (folder, s3://, or a hub id in the local cache); default: "
+                                 "base_model recorded in the trained model's chunkgrpo_model.json")
+    benchmarks: list[str] = option(["hpdv2"], "benchmarks to run: hpdv2 | geneval | wise")
+    scorers: list[str] = option(["hpsv3", "imagereward"],
+                                "HPDv2 scorers: programmatic rewards (brightness, color, contrast) or eval scorers "
+                                "(hpsv3, imagereward, hpsv2.1, pickscore, clip)")
+    scorer_weights: dict[str, str] = option({}, "weights per scorer: {name: local dir/file or s3:// prefix}")
+    scorer_options: dict[str, dict] = option({}, "extra options per scorer, e.g. {pickscore: {processor: DIR}, "
+                                                 "hpsv3: {processor: QWEN2VL_DIR}, brightness: {target: 0.5}}")
+    scorer_device: str = option("auto", "device for scorers: auto | cpu | cuda | cuda:N")
+    num_prompts: int = option(0, "use only the first N prompts of each benchmark (0 = all)")
+    steps: int = option(50, "sampling steps N")
+    trained_steps: int = option(30, "steps 0..K-1 with the trained model, the rest with the base model "
+                                    "(K = steps: trained model alone)")
+    schedule: Literal["dynamic", "shift"] = option("dynamic", "σ schedule: dynamic (diffusers FLUX pipeline) | shift")
+    shift: float = option(3.0, "shift of the 'shift' schedule")
+    height: int = option(1024, "image height")
+    width: int = option(1024, "image width")
+    guidance: float = option(3.5, "FLUX-dev guidance value")
+    max_sequence_length: int = option(512, "T5 tokens per prompt")
+    batch_size: int = option(4, "images per transformer batch")
+    seed: int = option(42, "base seed: HPDv2 image i uses seed+i, GenEval sample k seed+k, WISE prompt id p seed+p")
+    compare_base: bool = option(True, "also generate/score the base model with the same prompts and seeds")
+    output_dir: str = option("eval", "local folder for images, metrics.json and report.html")
+    output_uri: str = option("", "s3://bucket/prefix to upload output_dir to (folder artifact); empty = no upload")
+    resume: bool = option(True, "keep images already in output_dir when they were made with the same settings")
+    generate_only: bool = option(False, "only generate images (score later / elsewhere)")
+    device: str = option("auto", "generation device: auto | cpu | cuda | cuda:N")
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = option("auto", "model dtype (auto: bf16 on GPU)")
+    offload: bool = option(False, "full fine-tunes: keep the inactive transformer on the CPU (two copies otherwise)")
+    cache_dir: str = option("", "where s3:// models/weights are cached (default $CHUNKGRPO_CACHE or ~/.cache/chunkgrpo)")
+    hpdv2_prompts: str = option("", "HPDv2 prompt file (default: the 400 official test prompts)")
+    geneval_metadata: str = option("", "GenEval evaluation_metadata.jsonl (default: the official 553 prompts)")
+    geneval_samples: int = option(4, "GenEval images per prompt (official: 4)")
+    geneval_detector: Literal["mmdet", "transformers"] = option(
+        "mmdet", "GenEval detector: mmdet (official Mask2Former, eval image) | transformers (not comparable)")
+    geneval_detector_weights: str = option("", "detector checkpoint (mmdet .pth or its folder; transformers folder)")
+    geneval_detector_config: str = option("", "mmdet config .py (default: the one shipped with mmdet)")
+    geneval_color_model: str = option("", "CLIP ViT-L/14 folder for the colour classifier (transformers format)")
+    wise_prompts: str = option("", "WISE prompt folder or JSON file (default $CHUNKGRPO_WISE_DIR)")
+    wise_variant: Literal["rewrite", "original"] = option("rewrite", "WISE prompt variant")
+    wise_judge: JudgeConfig = option(factory=JudgeConfig, help="WISE judge endpoint (OpenAI-compatible)")
+    report_max_prompts: int = option(48, "prompts shown with images per benchmark in report.html")
+    report_thumb_size: int = option(256, "thumbnail size (px, longest side) embedded in report.html")
+    experiment: str = option("chunkgrpo", "MLflow experiment when there is no parent run")
+    parent_run_id: str = option("", "MLflow parent run id (default $CHUNKGRPO_MLFLOW_PARENT_RUN_ID)")
+
+    def __post_init__(self) -> None:
+        unknown = [b for b in self.benchmarks if b not in BENCHMARKS]
+        if unknown or not self.benchmarks:
+            raise UserError(f"benchmarks={self.benchmarks} must be a non-empty subset of {list(BENCHMARKS)}")
+        self.benchmarks = list(dict.fromkeys(self.benchmarks))
+        if "hpdv2" in self.benchmarks and not self.scorers and not self.generate_only:
+            raise UserError("scorers is empty: name at least one HPDv2 scorer (e.g. hpsv3, imagereward)")
+        from chunkgrpo.eval.scorers import canonical_name
+
+        try:
+            from chunkgrpo.train.rewards import REWARDS
+        except ImportError:  # a light (torch-less) environment validating a config: checked again at run time
+            REWARDS = {"brightness": None, "color": None, "contrast": None}
+        for name in self.scorers:
+            if name not in REWARDS:
+                try:
+                    canonical_name(name)
+                except UserError as e:
+                    raise UserError(f"{e}; programmatic rewards: {', '.join(sorted(REWARDS))}") from None
+        for key, what in (("num_prompts", 0), ("batch_size", 1), ("geneval_samples", 1),
+                          ("report_max_prompts", 0), ("report_thumb_size", 16)):
+            if getattr(self, key) < what:
+                raise UserError(f"{key}={getattr(self, key)} must be >= {what}")
+        if self.output_uri and not self.output_uri.startswith("s3://"):
+            raise UserError(f"output_uri={self.output_uri!r} must be an s3://bucket/prefix URI (or empty)")
+        if not self.output_dir:
+            raise UserError("output_dir must be set")
+        if not self.model and not self.base_model:
+            raise UserError("set model (a trained model) and/or base_model (to evaluate the base model alone)")
+        if not self.model and not self.compare_base:
+            raise UserError("compare_base=false with no model leaves nothing to evaluate")
+        self.hybrid()  # validates steps / trained_steps / resolution
+
+    def hybrid(self):
+        from chunkgrpo.eval.hybrid import HybridConfig
+
+        return HybridConfig(num_steps=self.steps, trained_steps=self.trained_steps, schedule=self.schedule,
+                            shift=self.shift, height=self.height, width=self.width, guidance=self.guidance,
+                            max_sequence_length=self.max_sequence_length)
+
+    def labels(self) -> list[str]:
+        out = ["trained"] if self.model else []
+        if self.compare_base or not self.model:
+            out.append("base")
+        return out
+
+
+# --------------------------------------------------------------------------------------------------
+# jobs
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """One image to generate per label: `<output_dir>/<benchmark>/<label>/<rel>`."""
+
+    benchmark: str
+    key: str       # prompt index / "index:k" / WISE prompt id
+    prompt: str
+    seed: int
+    rel: str
+    group: str = ""  # GenEval tag / WISE category
+
+
+def plan_jobs(cfg: EvalConfig, out: Path) -> tuple[list[Job], dict]:
+    """All images for all benchmarks, plus per-benchmark context (prompt sources, metadata)."""
+    jobs: list[Job] = []
+    ctx: dict[str, dict] = {}
+    limit = cfg.num_prompts or None
+    if "hpdv2" in cfg.benchmarks:
+        from chunkgrpo.eval import hpdv2
+
+        path = cfg.hpdv2_prompts or None
+        prompts = hpdv2.load_prompts(path)[:limit]
+        official = hpdv2.is_official(path)
+        for item in hpdv2.plan(prompts, cfg.seed):
+            jobs.append(Job("hpdv2", str(item.index), item.prompt, item.seed, item.filename))
+        ctx["hpdv2"] = {"prompts_file": str(path or hpdv2.PROMPTS_FILE), "official_prompts": official,
+                        "n_prompts": len(prompts), "n_expected": hpdv2.N_PROMPTS,
+                        "seeds": f"seed + index (seed={cfg.seed})"}
+    if "geneval" in cfg.benchmarks:
+        from chunkgrpo.eval import geneval
+
+        metadata = geneval.load_metadata(cfg.geneval_metadata or None)
+        n_all = len(metadata)
+        metadata = metadata[:limit]
+        for j in geneval.generation_plan(metadata, "", cfg.geneval_samples, cfg.seed):
+            jobs.append(Job("geneval", f"{j.index}:{j.sample}", j.prompt, j.seed, str(j.path), j.tag))
+        ctx["geneval"] = {"metadata": metadata, "n_prompts": len(metadata), "n_all": n_all,
+                          "samples_per_prompt": cfg.geneval_samples,
+                          "metadata_file": cfg.geneval_metadata or geneval.METADATA_FILE,
+                          "seeds": f"seed + k for sample k (seed={cfg.seed}), as the official generator"}
+    if "wise" in cfg.benchmarks:
+        from chunkgrpo.eval import wise
+
+        prompts = wise.load_prompts(cfg.wise_prompts or None, cfg.wise_variant, allow_partial=True)[:limit]
+        for p in prompts:
+            jobs.append(Job("wise", str(p.prompt_id), p.prompt, cfg.seed + p.prompt_id,
+                            wise.image_path("", p.prompt_id).name, p.category))
+        ctx["wise"] = {"prompts": prompts, "n_prompts": len(prompts), "variant": cfg.wise_variant,
+                       "seeds": f"seed + prompt_id (seed={cfg.seed})"}
+    return jobs, ctx
+
+
+def _fingerprint(cfg: EvalConfig, trained, base_model: str) -> dict:
+    """What the images depend on: a different fingerprint means the images in output_dir are stale."""
+    weights = None
+    if trained is not None:
+        h = hashlib.sha256()
+        for f in sorted(p for p in trained.path.rglob("*") if p.is_file() and not p.name.startswith(".")):
+            st = f.stat()
+            h.update(f"{f.relative_to(trained.path)}:{st.st_size}:{st.st_mtime_ns}\n".encode())
+        weights = h.hexdigest()[:16]
+    return {"model": cfg.model, "trained_files": weights, "base_model": base_model,
+            "sampling": cfg.hybrid().to_dict(), "seed": cfg.seed, "dtype": cfg.dtype}
+
+
+# --------------------------------------------------------------------------------------------------
+# scorers
+
+
+class _ProgrammaticScorer:
+    def __init__(self, name: str, options: dict) -> None:
+        from chunkgrpo.train.rewards import REWARDS, get_reward
+
+        self.name = name
+        self.fn = get_reward(name, options)
+        doc = (REWARDS[name].__doc__ or "").strip().splitlines()
+        self.info = {"name": name, "backend": "chunkgrpo.train.rewards (programmatic)", "options": dict(options),
+                     "preprocessing": "RGB pixels / 255", "scale": doc[0] if doc else "",
+                     "higher_is_better": True}
+
+    def score(self, images, prompts):
+        return self.fn(list(images), list(prompts))
+
+
+def build_scorers(cfg: EvalConfig) -> dict[str, Any]:
+    """name → object with `score(images, prompts)` and `info`."""
+    from chunkgrpo.train.rewards import REWARDS
+
+    out: dict[str, Any] = {}
+    for name in cfg.scorers:
+        opts = dict(cfg.scorer_options.get(name) or {})
+        if name in REWARDS:
+            out[name] = _ProgrammaticScorer(name, opts)
+            continue
+        from chunkgrpo.eval.scorers import canonical_name, get_scorer
+
+        canon = canonical_name(name)
+        weights = cfg.scorer_weights.get(name) or cfg.scorer_weights.get(canon) or opts.pop("weights", None)
+        if not weights:
+            raise UserError(f"scorer {canon!r} needs weights: set scorer_weights.{canon}=DIR (or an s3:// prefix)")
+        opts.setdefault("device", cfg.scorer_device)
+        if cfg.cache_dir:
+            opts.setdefault("cache_dir", cfg.cache_dir)
+        out[canon] = get_scorer(canon, weights=weights, **opts)
+    return out
+
+
+def preflight(cfg: EvalConfig, *, scorers: dict | None = None, detector=None) -> None:
+    """Fail before hours of generation: scorer weights set (local paths exist), scorer packages importable,
+    GenEval detector weights set. Models are not loaded here."""
+    if cfg.generate_only:
+        return
+    if "hpdv2" in cfg.benchmarks and scorers is None:
+        from chunkgrpo.eval.scorers import _require, canonical_name, resolve_weights
+        from chunkgrpo.train.rewards import REWARDS
+
+        packages = {"hpsv3": ("hpsv3", "hpsv3"), "imagereward": ("ImageReward", "image-reward"),
+                    "hpsv2.1": ("hpsv2", "hpsv2"), "hpsv2": ("hpsv2", "hpsv2")}
+        for name in cfg.scorers:
+            if name in REWARDS:
+                continue
+            canon = canonical_name(name)
+            weights = (cfg.scorer_weights.get(name) or cfg.scorer_weights.get(canon)
+                       or (cfg.scorer_options.get(name) or {}).get("weights"))
+            if not weights:
+                raise UserError(f"scorer {canon!r} needs weights: set scorer_weights.{canon}=DIR (or an s3:// prefix)")
+            if not str(weights).startswith("s3://"):
+                resolve_weights(weights, what=canon)
+            if canon in packages:
+                _require(packages[canon][0], canon, packages[canon][1])
+    if "geneval" in cfg.benchmarks and detector is None and not cfg.geneval_detector_weights:
+        raise UserError("geneval needs detector weights: set geneval_detector_weights=PATH "
+                        "(or generate_only=true to score later)")
+
+
+def _scorer_info(scorer) -> dict:
+    info = dict(scorer.info)
+    info["comparable_to_official"] = scorer.__class__ is not _ProgrammaticScorer and info.get("name") in OFFICIAL_SCORERS
+    return info
+
+
+# --------------------------------------------------------------------------------------------------
+# the stage
+
+
+def _job_hash(j: Job) -> str:
+    return hashlib.sha256(f"{j.prompt}\n{j.seed}".encode()).hexdigest()[:16]
+
+
+def _prepare_resume(cfg: EvalConfig, out: Path, jobs: list[Job], settings: dict) -> None:
+    """Delete images that must not be reused, then record what the kept/new images are.
+
+    `generation.json` holds the generation settings and, per image, a hash of its prompt and seed. With
+    other settings (or resume=false) every image is regenerated; otherwise only images whose prompt/seed
+    changed (e.g. another prompt file) are."""
+    path = out / "generation.json"
+    old = json.loads(path.read_text()) if path.exists() else None
+    wipe = old is not None and (old.get("settings") != settings or not cfg.resume)
+    if old is not None and old.get("settings") != settings:
+        log.warning("%s holds images made with other generation settings: regenerating them", out)
+    recorded = {} if (old is None or wipe) else dict(old.get("images") or {})
+    for bench in BENCHMARKS:
+        for lb in LABELS:
+            d = out / bench / lb
+            if not d.exists():
+                continue
+            for f in d.rglob("*.png"):
+                key = f"{bench}/{f.relative_to(d)}"
+                if wipe or key not in recorded:
+                    f.unlink()
+    images = {}
+    for j in jobs:
+        key, h = f"{j.benchmark}/{j.rel}", _job_hash(j)
+        if recorded.get(key) not in (None, h):
+            for lb in LABELS:
+                (out / j.benchmark / lb / j.rel).unlink(missing_ok=True)
+        images[key] = h
+    keep = {k: v for k, v in recorded.items() if k not in images}
+    path.write_text(json.dumps({"settings": settings, "images": {**keep, **images}}, indent=1))
+
+
+def _torch_dtype(name: str, device: str):
+    import torch
+
+    if name == "auto":
+        return torch.bfloat16 if str(device).startswith("cuda") else torch.float32
+    return {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[name]
+
+
+def _resolve_device(name: str) -> str:
+    import torch
+
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return name
+
+
+def _generate(cfg: EvalConfig, out: Path, jobs: list[Job], labels: list[str], trained, base_model: str) -> dict:
+    """Generate every missing image; returns timing/counters."""
+    missing: dict[tuple[str, ...], list[Job]] = {}
+    for j in jobs:
+        need = tuple(lb for lb in labels if not (out / j.benchmark / lb / j.rel).exists())
+        if need:
+            missing.setdefault(need, []).append(j)
+    n_missing = sum(len(v) * len(k) for k, v in missing.items())
+    stats = {"images_generated": n_missing, "images_reused": len(jobs) * len(labels) - n_missing,
+             "generation_s": 0.0}
+    if not missing:
+        return stats
+    import torch
+
+    from chunkgrpo.eval.hybrid import HybridSampler
+
+    t0 = time.perf_counter()
+    device = _resolve_device(cfg.device)
+    sampler = HybridSampler.load(base_model, trained if "trained" in labels else None, device=device,
+                                 dtype=_torch_dtype(cfg.dtype, device), offload=cfg.offload,
+                                 cache_dir=cfg.cache_dir or None)
+    hcfg = cfg.hybrid()
+    done = 0
+    total = n_missing
+    try:
+        for need, group in missing.items():
+            modes = [MODE_OF[lb] for lb in need]
+            label_of = {MODE_OF[lb]: lb for lb in need}
+
+            def save(mode, idx, images, group=group):
+                nonlocal done
+                for i, im in zip(idx, images):
+                    j = group[i]
+                    path = out / j.benchmark / label_of[mode] / j.rel
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    im.save(path)
+                done += len(images)
+                log.info("generated %d/%d images", done, total)
+
+            sampler.generate_modes([j.prompt for j in group], [j.seed for j in group], hcfg, modes,
+                                   batch_size=cfg.batch_size, on_batch=save)
+        stats["transformer_calls"] = dict(sampler.calls)
+        stats["adapter_switches"] = sampler.switches
+        stats["n_transformers"] = len(sampler.transformers())
+        if torch.cuda.is_available() and device.startswith("cuda"):
+            stats["cuda_max_allocated_gb"] = round(torch.cuda.max_memory_allocated() / 2**30, 3)
+    finally:
+        del sampler
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    stats["generation_s"] = round(time.perf_counter() - t0, 3)
+    return stats
+
+
+def _load_images(paths: Sequence[Path]):
+    from PIL import Image
+
+    out = []
+    for p in paths:
+        with Image.open(p) as im:
+            out.append(im.convert("RGB"))
+    return out
+
+
+def _score_hpdv2(cfg: EvalConfig, out: Path, jobs: list[Job], labels: list[str], scorers: dict, ctx: dict) -> dict:
+    from chunkgrpo.eval import hpdv2
+
+    jobs = [j for j in jobs if j.benchmark == "hpdv2"]
+    infos = {n: _scorer_info(s) for n, s in scorers.items()}
+    n_expected = hpdv2.N_PROMPTS
+    results, per_image = {}, {lb: {} for lb in labels}
+    step = max(cfg.batch_size, 16)
+    for lb in labels:
+        scores: dict[str, list[float]] = {n: [] for n in scorers}
+        for start in range(0, len(jobs), step):
+            chunk = jobs[start:start + step]
+            images = _load_images([out / "hpdv2" / lb / j.rel for j in chunk])
+            part = hpdv2.score_images(images, [j.prompt for j in chunk], scorers)
+            for n, vals in part.items():
+                scores[n] += vals
+        results[lb] = hpdv2.aggregate(scores, infos, n_expected=n_expected)
+        per_image[lb] = scores
+    with open(out / "hpdv2" / "scores.jsonl", "w") as fp:
+        for i, j in enumerate(jobs):
+            fp.write(json.dumps({"index": int(j.key), "prompt": j.prompt, "seed": j.seed, "file": j.rel,
+                                 **{lb: {n: per_image[lb][n][i] for n in scorers} for lb in labels}}) + "\n")
+    return {"results": results, "per_image": per_image, "scorers": infos}
+
+
+def _score_geneval(cfg: EvalConfig, out: Path, labels: list[str], detector, color_fn) -> dict:
+    from chunkgrpo.eval import geneval
+
+    if detector is None:
+        if not cfg.geneval_detector_weights:
+            raise UserError("geneval needs detector weights: set geneval_detector_weights=PATH "
+                            "(or generate_only=true to score later)")
+        if cfg.geneval_detector == "mmdet":
+            detector = geneval.MMDetDetector(cfg.geneval_detector_weights, config=cfg.geneval_detector_config or None,
+                                             device=_resolve_device(cfg.scorer_device))
+        else:
+            detector = geneval.TransformersMask2FormerDetector(cfg.geneval_detector_weights,
+                                                               device=cfg.scorer_device)
+    if color_fn is None and cfg.geneval_color_model:
+        color_fn = geneval.ClipColorClassifier(cfg.geneval_color_model, device=cfg.scorer_device)
+    results, records = {}, {}
+    for lb in labels:
+        root = out / "geneval" / lb
+        recs = geneval.evaluate_folder(root, detector, color_fn)
+        for r in recs:
+            try:
+                r["filename"] = str(Path(r["filename"]).relative_to(out))
+            except (TypeError, ValueError):
+                pass
+        with open(root / "results.jsonl", "w") as fp:
+            for r in recs:
+                fp.write(json.dumps(r) + "\n")
+        results[lb] = geneval.summarize(recs, detector)
+        records[lb] = recs
+    return {"results": results, "records": records}
+
+
+def _score_wise(cfg: EvalConfig, out: Path, labels: list[str], ctx: dict, judge) -> dict:
+    from chunkgrpo.eval import wise
+
+    client = judge if judge is not None else wise.JudgeClient(cfg.wise_judge)
+    results = {}
+    for lb in labels:
+        res = wise.evaluate(ctx["prompts"], out / "wise" / lb, client, variant=cfg.wise_variant)
+        for r in res.get("records", []):
+            try:
+                r["image"] = str(Path(r["image"]).relative_to(out))
+            except ValueError:
+                pass
+        with open(out / "wise" / lb / "results.jsonl", "w") as fp:
+            for r in res.get("records", []):
+                fp.write(json.dumps(r) + "\n")
+        results[lb] = res
+    return {"results": results}
+
+
+def _comparability(cfg: EvalConfig, bench: str, ctx: dict, results: dict) -> tuple[bool, list[str]]:
+    """Is this benchmark's number comparable with published ones? Returns (flag, reasons it is not)."""
+    notes = []
+    sampling = {"steps": cfg.steps, "trained_steps": cfg.trained_steps, "height": cfg.height, "width": cfg.width,
+                "guidance": cfg.guidance, "schedule": cfg.schedule}
+    for k, v in PAPER_SAMPLING.items():
+        if sampling[k] != v and not (k == "trained_steps" and not cfg.model):
+            notes.append(f"{k}={sampling[k]} (paper: {v})")
+    if bench == "hpdv2":
+        if not ctx["official_prompts"]:
+            notes.append("prompt file is not the official 400 HPDv2 test prompts")
+        if ctx["n_prompts"] != ctx["n_expected"]:
+            notes.append(f"{ctx['n_prompts']} of {ctx['n_expected']} prompts")
+        for lb, r in results.items():
+            for name, s in r["scorers"].items():
+                if not (s.get("info") or {}).get("comparable_to_official"):
+                    notes.append(f"scorer {name} is not a published metric")
+            break
+    elif bench == "geneval":
+        if ctx["n_prompts"] != ctx["n_all"] or ctx["n_all"] != 553:
+            notes.append(f"{ctx['n_prompts']} of 553 prompts")
+        if cfg.geneval_samples != 4:
+            notes.append(f"{cfg.geneval_samples} samples per prompt (official: 4)")
+        for r in results.values():
+            if not r.get("comparable_to_official"):
+                notes.append("detector/rules/tasks differ from the official evaluator "
+                             f"(detector {r.get('detector', {}).get('name')}, complete={r.get('complete')})")
+            break
+    elif bench == "wise":
+        for r in results.values():
+            if not r.get("complete"):
+                notes.append("not all 6 WISE categories evaluated")
+            if (r.get("judge") or {}).get("model") != OFFICIAL_WISE_JUDGE:
+                notes.append(f"judge {(r.get('judge') or {}).get('model')} (paper: {OFFICIAL_WISE_JUDGE})")
+            break
+    return not notes, sorted(set(notes), key=notes.index)
+
+
+def _finite(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def flat_metrics(benchmarks: dict) -> dict[str, float]:
+    """`<benchmark>.<metric>.<label>` (+ `.delta` = trained − base) for MLflow."""
+    out: dict[str, float] = {}
+    for bench, b in benchmarks.items():
+        res = b.get("results") or {}
+        for lb, r in res.items():
+            if bench == "hpdv2":
+                for name, s in r["scorers"].items():
+                    out[f"hpdv2.{name}.{lb}"] = s["mean"]
+            elif bench == "geneval":
+                out[f"geneval.overall.{lb}"] = r["overall"]
+                for tag, t in r["tasks"].items():
+                    out[f"geneval.{tag}.{lb}"] = t["score"]
+            elif bench == "wise":
+                if r.get("overall") is not None:
+                    out[f"wise.overall.{lb}"] = r["overall"]
+                for cat, c in (r.get("categories") or {}).items():
+                    if c.get("wiscore") is not None:
+                        out[f"wise.{cat}.{lb}"] = c["wiscore"]
+    for key in list(out):
+        if key.endswith(".trained"):
+            stem = key[: -len(".trained")]
+            if f"{stem}.base" in out and _finite(out[key]) and _finite(out[f"{stem}.base"]):
+                out[f"{stem}.delta"] = out[key] - out[f"{stem}.base"]
+    return {k: float(v) for k, v in out.items() if _finite(v)}
+
+
+def _grids(out: Path, jobs: list[Job], labels: list[str], n: int = 16) -> list[Path]:
+    from chunkgrpo.images import image_grid
+
+    paths = []
+    (out / "grids").mkdir(exist_ok=True)
+    for bench in dict.fromkeys(j.benchmark for j in jobs):
+        bj = [j for j in jobs if j.benchmark == bench][:n]
+        for lb in labels:
+            files = [out / bench / lb / j.rel for j in bj if (out / bench / lb / j.rel).exists()]
+            if not files:
+                continue
+            ims = _load_images(files)
+            size = min(256, ims[0].size[0])
+            grid = image_grid([im.resize((size, size)) for im in ims], cols=4, labels=[j.key for j in bj])
+            p = out / "grids" / f"{bench}_{lb}.png"
+            grid.save(p)
+            paths.append(p)
+    return paths
+
+
+def _json_default(o):
+    if isinstance(o, Path):
+        return str(o)
+    if dataclasses.is_dataclass(o):
+        return dataclasses.asdict(o)
+    return str(o)
+
+
+def run_evaluation(cfg: EvalConfig, *, detector=None, color_fn: Callable | None = None, judge=None,
+                   scorers: dict | None = None) -> dict:
+    """Run the evaluate stage; returns the metrics dict (also written to `<output_dir>/metrics.json`).
+
+    `detector` / `color_fn` (GenEval), `judge` (a `wise.JudgeClient`) and `scorers` ({name: obj with
+    score()/info}) override what the config would build (tests, notebooks)."""
+    from chunkgrpo import tracking
+
+    t_start = time.perf_counter()
+    out = Path(cfg.output_dir).expanduser()
+    out.mkdir(parents=True, exist_ok=True)
+    labels = cfg.labels()
+    trained = None
+    if cfg.model:
+        from chunkgrpo.eval.hybrid import load_trained
+
+        trained = load_trained(cfg.model, cache_dir=cfg.cache_dir or None)
+    base_model = cfg.base_model or (trained.base_model if trained else "")
+    if not base_model:
+        raise UserError(f"the trained model {cfg.model!r} does not record its base model; set base_model=…")
+    if trained and cfg.base_model and trained.base_model and cfg.base_model != trained.base_model:
+        log.warning("base_model=%s differs from the one the model was trained on (%s)", cfg.base_model,
+                    trained.base_model)
+    preflight(cfg, scorers=scorers, detector=detector)
+    jobs, ctx = plan_jobs(cfg, out)
+    if "geneval" in ctx:
+        from chunkgrpo.eval import geneval
+
+        for lb in labels:
+            geneval.write_layout(ctx["geneval"]["metadata"], out / "geneval" / lb)
+
+    _prepare_resume(cfg, out, jobs, _fingerprint(cfg, trained, base_model))
+
+    params = tracking.flatten({k: v for k, v in cfg.to_dict().items()})
+    tags = {"chunkgrpo.model": cfg.model or "(base only)", "chunkgrpo.base_model": base_model}
+    with tracking.stage_run("evaluate", parent_run_id=cfg.parent_run_id or None, experiment=cfg.experiment,
+                            params=params, tags=tags) as tracker:
+        gen_stats = _generate(cfg, out, jobs, labels, trained, base_model)
+        log.info("generation: %s", gen_stats)
+        benchmarks: dict[str, dict] = {}
+        scorer_infos: dict[str, dict] = {}
+        per_image: dict[str, Any] = {}
+        t_score = time.perf_counter()
+        for bench in cfg.benchmarks:
+            c = ctx[bench]
+            entry: dict[str, Any] = {k: v for k, v in c.items() if k not in ("metadata", "prompts")}
+            entry["images"] = {lb: f"{bench}/{lb}" for lb in labels}
+            if not cfg.generate_only:
+                if bench == "hpdv2":
+                    if scorers is None:
+                        scorers = build_scorers(cfg)
+                    r = _score_hpdv2(cfg, out, jobs, labels, scorers, c)
+                    scorer_infos.update(r["scorers"])
+                    per_image["hpdv2"] = r["per_image"]
+                elif bench == "geneval":
+                    r = _score_geneval(cfg, out, labels, detector, color_fn)
+                    per_image["geneval"] = r["records"]
+                else:
+                    r = _score_wise(cfg, out, labels, c, judge)
+                    per_image["wise"] = {lb: v.get("records", []) for lb, v in r["results"].items()}
+                    for v in r["results"].values():
+                        v.pop("records", None)
+                entry["results"] = r["results"]
+                ok, notes = _comparability(cfg, bench, c, r["results"])
+                entry["comparable_to_official"] = ok
+                entry["comparable_notes"] = notes
+            else:
+                entry["results"] = {}
+                entry["comparable_to_official"] = False
+                entry["comparable_notes"] = ["generate_only: not scored"]
+            benchmarks[bench] = entry
+        metrics = flat_metrics(benchmarks)
+        result: dict[str, Any] = {
+            "format": METRICS_FORMAT,
+            "labels": labels,
+            "models": {
+                **({"trained": {**trained.describe(), "inference": f"hybrid: steps 0-{cfg.trained_steps - 1} trained, "
+                                f"{cfg.trained_steps}-{cfg.steps - 1} base"}} if trained and "trained" in labels else {}),
+                **({"base": {"source": base_model}} if "base" in labels else {}),
+            },
+            "base_model": base_model,
+            "sampling": cfg.hybrid().to_dict(),
+            "seed": cfg.seed,
+            "benchmarks": benchmarks,
+            "scorers": scorer_infos,
+            "metrics": metrics,
+            "generation": gen_stats,
+            "timing": {"generation_s": gen_stats.get("generation_s", 0.0),
+                       "scoring_s": round(time.perf_counter() - t_score, 3)},
+            "report": "report.html",
+            "output_dir": str(out),
+            "output_uri": cfg.output_uri or None,
+            "mlflow_run_id": tracker.run_id,
+            "config": cfg.to_dict(),
+        }
+        grids = _grids(out, jobs, labels)
+        from chunkgrpo.eval.report import write_report
+
+        report_jobs = {b: [j for j in jobs if j.benchmark == b] for b in cfg.benchmarks}
+        write_report(out / "report.html", result, out, report_jobs, per_image,
+                     max_prompts=cfg.report_max_prompts, thumb=cfg.report_thumb_size)
+        result["timing"]["total_s"] = round(time.perf_counter() - t_start, 3)
+        (out / "metrics.json").write_text(json.dumps(result, indent=1, default=_json_default))
+        if metrics:
+            tracker.log_metrics(metrics)
+        tracker.log_artifact(out / "metrics.json")
+        tracker.log_artifact(out / "report.html")
+        for g in grids:
+            tracker.log_artifact(g, "grids")
+    if cfg.output_uri:
+        from chunkgrpo.store import ArtifactStore
+
+        ArtifactStore().put_folder(out, cfg.output_uri, meta={"kind": "eval", "model": cfg.model or base_model})
+        log.info("uploaded %s to %s", out, cfg.output_uri)
+    return result
+
+
+def summary_lines(result: dict) -> list[str]:
+    """Human-readable one-liners for the CLI."""
+    lines = []
+    for bench, b in result["benchmarks"].items():
+        res = b.get("results") or {}
+        if bench == "hpdv2":
+            for lb, r in res.items():
+                vals = ", ".join(f"{n} {s['mean']:.4f}±{s['stderr']:.4f}" for n, s in r["scorers"].items())
+                lines.append(f"hpdv2 [{lb}] n={r['n_images']}: {vals}")
+        elif bench == "geneval":
+            for lb, r in res.items():
+                lines.append(f"geneval [{lb}] overall {r['overall']:.4f} over {r['n_images']} images")
+        elif bench == "wise":
+            for lb, r in res.items():
+                ov = r.get("overall")
+                lines.append(f"wise [{lb}] overall {ov if ov is None else round(ov, 4)} "
+                             f"({r['n_scored']} scored, {r['n_failed']} failed)")
+        if not res:
+            lines.append(f"{bench}: images generated (not scored)")
+        if res and not b.get("comparable_to_official"):
+            lines.append(f"  {bench}: not comparable to published numbers: {'; '.join(b.get('comparable_notes', []))}")
+    return lines
+
+
+__all__ = ["EvalConfig", "run_evaluation", "build_scorers", "flat_metrics", "plan_jobs", "summary_lines",
+           "BENCHMARKS", "LABELS", "METRICS_FORMAT"]
