@@ -96,6 +96,7 @@ class Trajectory:
     sigmas: torch.Tensor
     timesteps: torch.Tensor
     x0: torch.Tensor
+    velocities: torch.Tensor | None = None  # (B, N, L, C) when sampled with keep_velocities=True
 
     @property
     def num_steps(self) -> int:
@@ -115,8 +116,10 @@ def sample_trajectory(
     rule: str,
     generator: torch.Generator | None = None,
     timesteps: torch.Tensor | None = None,
+    keep_velocities: bool = False,
 ) -> Trajectory:
-    """Integrate from x_init along `sigmas`, SDE on stochastic steps, ODE elsewhere (no grad)."""
+    """Integrate from x_init along `sigmas`, SDE on stochastic steps, ODE elsewhere (no grad).
+    `keep_velocities` stores every step's velocity (branching methods reuse them)."""
     N = sigmas.numel() - 1
     if stochastic.numel() != N:
         raise ValueError(f"stochastic mask has {stochastic.numel()} entries for {N} steps")
@@ -126,10 +129,13 @@ def sample_trajectory(
     x = x_init.float()
     latents[:, 0] = x
     x0 = x
+    vels = torch.empty((B, N, *x_init.shape[1:]), dtype=torch.float32, device=x_init.device) if keep_velocities else None
     with torch.no_grad():
         for i in range(N):
             s, sn = float(sigmas[i]), float(sigmas[i + 1])
             v = velocity_fn(x, i)
+            if vels is not None:
+                vels[:, i] = v
             if i == N - 1:
                 x0 = x - s * v  # x̂0 of the last step; the last transition is deterministic
             if bool(stochastic[i]) and i < N - 1:
@@ -140,7 +146,7 @@ def sample_trajectory(
                 x = sde.ode_step(x, v, s, sn)
             latents[:, i + 1] = x
     ts = timesteps if timesteps is not None else sigmas * 1000.0
-    return Trajectory(latents, log_probs, stochastic.clone(), sigmas.clone(), ts.clone(), x0)
+    return Trajectory(latents, log_probs, stochastic.clone(), sigmas.clone(), ts.clone(), x0, vels)
 
 
 def initial_latents(model, num_prompts: int, group_size: int, cfg: SamplingConfig, generator: torch.Generator):

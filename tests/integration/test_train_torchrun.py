@@ -97,7 +97,7 @@ def test_sigkill_mid_training_then_resume_matches_uninterrupted(tiny_model_dir, 
 def test_learning_sanity_programmatic_reward_rises(tmp_path):
     """A short run with the brightness reward beats the base model by a clear margin (ODE samples)."""
     root = Path(__file__).resolve().parents[2]
-    r = subprocess.run([sys.executable, str(root / "benchmarks" / "learning_sanity.py"), "max_steps=40"],
+    r = subprocess.run([sys.executable, str(root / "benchmarks" / "learning_sanity.py"), "max_steps=60"],
                        capture_output=True, text=True, env=_env(), timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads(r.stdout[r.stdout.index("{"):])
