@@ -73,7 +73,8 @@ def get_reward(name: str, options: dict | None = None, device: str = "cpu") -> R
     if name not in SCORER_NAMES:
         known = sorted(REWARDS) + list(SCORER_NAMES)
         raise UserError(f"unknown reward {name!r} (known: {', '.join(known)})")
-    scorer = get_scorer(name, device=device, **options)
+    options.setdefault("device", device)
+    scorer = get_scorer(name, **options)
     return lambda images, prompts: scorer.score(list(images), list(prompts)).float().cpu()
 
 
