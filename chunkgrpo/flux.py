@@ -73,20 +73,9 @@ def resolve_model_source(source: str | os.PathLike, cache_dir: str | os.PathLike
     """A local folder path for `source` (local dir, s3:// URI, or hub id from the local cache)."""
     s = str(source)
     if s.startswith("s3://"):
-        import hashlib
+        from chunkgrpo.store import cached_folder  # lazy: only the S3 path needs minio
 
-        from chunkgrpo.store import ArtifactStore  # lazy: only the S3 path needs minio
-
-        cache = Path(cache_dir or os.environ.get("CHUNKGRPO_CACHE", Path.home() / ".cache" / "chunkgrpo"))
-        target = cache / "models" / hashlib.sha256(s.encode()).hexdigest()[:16]
-        st = ArtifactStore()
-        manifest = st.read_manifest(s)
-        if manifest is None:
-            raise UserError(f"{s} is not a complete model folder in S3 (no manifest); upload it with put_folder")
-        stamp = target / ".manifest-sha256"
-        if not (stamp.exists() and stamp.read_text() == manifest.sha256):
-            st.get_folder(s, target)  # verifies every file's sha256
-            stamp.write_text(manifest.sha256)
+        target = cached_folder(s, "models", cache_dir)
         return resolve_model_source(target)
     p = Path(s).expanduser()
     if p.exists():

@@ -20,9 +20,29 @@ def _pick(row: dict, where: str) -> str:
     raise UserError(f"{where}: no prompt field (looked for {', '.join(_FIELDS)}; got {sorted(row)[:6]})")
 
 
+def _fetch(uri: str) -> Path:
+    """Download an s3:// prompt file into the cache (re-downloaded when its size/etag changes)."""
+    import hashlib
+    import os
+
+    from chunkgrpo.store import ArtifactStore
+
+    st = ArtifactStore()
+    meta = st.stat(uri)
+    if meta is None:
+        raise UserError(f"prompt file {uri} does not exist")
+    cache = Path(os.environ.get("CHUNKGRPO_CACHE", Path.home() / ".cache" / "chunkgrpo")) / "prompts"
+    key = hashlib.sha256(f"{uri}\0{meta.get('etag')}\0{meta.get('size')}".encode()).hexdigest()[:16]
+    local = cache / key / uri.rstrip("/").rsplit("/", 1)[-1]
+    if not local.exists():
+        st.get_file(uri, local)
+    return local
+
+
 def load_prompts(path: str | Path, limit: int = 0) -> list[str]:
-    """Prompts from a file; raises a clear error for a missing/empty file or an empty prompt line."""
-    path = Path(path)
+    """Prompts from a local file or an s3:// object; raises a clear error for a missing/empty file or
+    an empty prompt line."""
+    path = _fetch(str(path)) if str(path).startswith("s3://") else Path(path)
     if not path.exists():
         raise UserError(f"prompt file {path} does not exist")
     suffix = path.suffix.lower()

@@ -8,7 +8,7 @@ uri>/model)` (MLflow 3's `register_model("runs:/.../model")` refuses plain folde
   `FluxPipeline.load_lora_weights(folder)`) or a full transformer (`FluxTransformer2DModel.from_pretrained`);
   for large full checkpoints the weights can stay in S3 (`include_weights=False`), and only a pointer
   is logged;
-* `chunkgrpo_model.json`: kind (lora/full), base model reference, S3 checkpoint URI, manifest digest,
+* `chunkgrpo_registration.json`: kind (lora/full), base model reference, S3 checkpoint URI, manifest digest,
   eval metrics, chunk plan, git sha, config hash.
 
 `load_registered_model("models:/name@champion")` downloads it (and the external S3 weights, checksum
@@ -46,7 +46,7 @@ from chunkgrpo.store import Manifest, build_manifest
 
 log = logging.getLogger(__name__)
 
-MODEL_INFO = "chunkgrpo_model.json"
+MODEL_INFO = "chunkgrpo_registration.json"  # beside the trainer's chunkgrpo_model.json, never over it
 MODEL_INFO_FORMAT = "chunkgrpo.registered-model/v1"
 METRIC_TAG = "metric."
 _MAX_TAG = 5000
@@ -501,7 +501,7 @@ def rollback(name: str, *, who: str | None = None, why: str = "", config: Regist
 class LoadedModel:
     path: Path          # downloaded registry folder
     weights_dir: Path   # diffusers-loadable weights (== path for inline weights)
-    info: dict          # chunkgrpo_model.json
+    info: dict          # chunkgrpo_registration.json
 
     @property
     def kind(self) -> str:

@@ -771,3 +771,23 @@ def _natural_key(s: str) -> list:
 def _short(exc: BaseException) -> str:
     text = f"{type(exc).__name__}: {exc}"
     return text if len(text) < 300 else text[:297] + "..."
+
+
+def cached_folder(uri: str, kind: str = "artifacts", cache_dir: str | Path | None = None) -> Path:
+    """Download a complete S3 folder artifact into a local cache once (checksums verified) and return
+    the local path. The cache entry is reused while its recorded manifest hash matches the remote one.
+    Cache root: `cache_dir`, else $CHUNKGRPO_CACHE, else ~/.cache/chunkgrpo."""
+    import hashlib
+    import os
+
+    cache = Path(cache_dir or os.environ.get("CHUNKGRPO_CACHE", Path.home() / ".cache" / "chunkgrpo"))
+    target = cache / kind / hashlib.sha256(uri.encode()).hexdigest()[:16]
+    store = ArtifactStore()
+    manifest = store.read_manifest(uri)
+    if manifest is None:
+        raise IncompleteArtifactError(f"{uri} is not a complete folder in S3 (no {MANIFEST_NAME}); was the upload finished?")
+    stamp = target / ".manifest-sha256"
+    if not (stamp.exists() and stamp.read_text() == manifest.sha256):
+        store.get_folder(uri, target)  # verifies every file's sha256
+        stamp.write_text(manifest.sha256)
+    return target

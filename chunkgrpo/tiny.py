@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from chunkgrpo.bpe import bytes_to_unicode
 from chunkgrpo.errors import UserError
 
 # A small, fixed corpus so the tokenizers cover ordinary prompt words deterministically.
@@ -44,24 +45,11 @@ SIZES = {
 }
 
 
-def _bytes_to_unicode() -> dict[int, str]:
-    """GPT-2 / CLIP byte → printable unicode map (public algorithm)."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return dict(zip(bs, [chr(c) for c in cs]))
-
-
 def build_clip_tokenizer(out_dir: Path, corpus: list[str] = _CORPUS, max_merges: int = 200):
     """A byte-level BPE CLIPTokenizer learned from `corpus` (simple greedy pair merges)."""
     from transformers import CLIPTokenizer
 
-    chars = list(_bytes_to_unicode().values())
+    chars = list(bytes_to_unicode().values())
     vocab_list = chars + [c + "</w>" for c in chars]
     words = [list(w[:-1]) + [w[-1] + "</w>"] for line in corpus for w in line.lower().split()]
     merges: list[tuple[str, str]] = []

@@ -137,21 +137,9 @@ class TrainedModel:
 
 
 def _download(uri: str, cache_dir: str | os.PathLike | None) -> Path:
-    import hashlib
+    from chunkgrpo.store import cached_folder
 
-    from chunkgrpo.store import ArtifactStore
-
-    cache = Path(cache_dir or os.environ.get("CHUNKGRPO_CACHE", Path.home() / ".cache" / "chunkgrpo"))
-    target = cache / "trained" / hashlib.sha256(uri.encode()).hexdigest()[:16]
-    store = ArtifactStore()
-    manifest = store.read_manifest(uri)
-    if manifest is None:
-        raise UserError(f"{uri} is not a complete model folder in S3 (no MANIFEST.json); was the upload finished?")
-    stamp = target / ".manifest-sha256"
-    if not (stamp.exists() and stamp.read_text() == manifest.sha256):
-        store.get_folder(uri, target)  # verifies every checksum
-        stamp.write_text(manifest.sha256)
-    return target
+    return cached_folder(uri, "trained", cache_dir)
 
 
 def load_trained(source: str | os.PathLike, *, cache_dir: str | os.PathLike | None = None) -> TrainedModel:

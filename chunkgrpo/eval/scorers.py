@@ -651,18 +651,7 @@ def get_scorer(name: str, *, fetch: Fetch | None = None, **cfg: Any) -> Scorer:
 # --------------------------------------------------------------------------------------------------
 # tiny random-weight CLIP for tests
 
-
-def bytes_to_unicode() -> dict[int, str]:
-    """GPT-2/CLIP byte -> printable unicode map (256 entries)."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return dict(zip(bs, (chr(c) for c in cs)))
+from chunkgrpo.bpe import bytes_to_unicode  # noqa: E402
 
 
 def build_clip_bpe(words: Sequence[str] = ("a", "photo", "of", "the", "cat", "dog", "red", "blue")) -> tuple[dict, list]:

@@ -61,7 +61,7 @@ def test_register_promote_gate_rollback(services_env, tmp_path):
     # re-registering the same content is idempotent (a retried pipeline step)
     assert _register(name, tmp_path / "again", 1, 0.30, checkpoint_uri=ckpt).version == v1.version
 
-    # loadable: the registered folder is the adapter + chunkgrpo_model.json, checksums verified
+    # loadable: the registered folder is the adapter + chunkgrpo_registration.json, checksums verified
     m = load_registered_model(f"models:/{name}/{v1.version}", tmp_path / "dl")
     assert m.kind == "lora" and m.base_model == "tiny-flux" and m.info["checkpoint_uri"] == ckpt
     assert (m.weights_dir / "pytorch_lora_weights.safetensors").read_bytes() == bytes([1]) * 4096
@@ -219,3 +219,16 @@ def test_register_into_a_pipeline_stage_run(services_env, tmp_path):
     assert (a.run_id, b.run_id) == (st.run_id, st.run_id) and a.source != b.source
     assert load_registered_model(a.uri, tmp_path / "a").info["plan"]["seed"] == 11
     assert load_registered_model(b.uri, tmp_path / "b").info["plan"]["seed"] == 12
+
+
+def test_trainer_output_with_its_model_json_registers_and_loads(services_env, tmp_path):
+    """A trainer `final/` folder carries its own chunkgrpo_model.json; registering must keep it intact
+    and loading must verify every file (regression: the registry used to overwrite it)."""
+    name = f"flux-{uuid.uuid4().hex[:6]}"
+    final = _fake_lora(tmp_path / "final", 7)
+    trainer_meta = {"kind": "lora", "base_model": "tiny-flux", "method": "chunk", "chunk_sizes": [2, 2, 3]}
+    (final / "chunkgrpo_model.json").write_text(json.dumps(trainer_meta))
+    v = register_model(name, final, kind="lora", base_model="tiny-flux", metrics={METRIC: 0.1})
+    m = load_registered_model(f"models:/{name}/{v.version}", tmp_path / "dl")
+    assert json.loads((m.path / "chunkgrpo_model.json").read_text()) == trainer_meta
+    assert (m.path / MODEL_INFO).exists() and MODEL_INFO != "chunkgrpo_model.json"

@@ -1,0 +1,23 @@
+"""Kubeflow Pipelines v2 lightweight components, one per stage, thin wrappers over `chunkgrpo.*`.
+
+Each runs on the project's own image (`components.images`, tag = package version) with
+`install_kfp_package=False`; the function body imports `chunkgrpo` and calls the library. Large
+outputs (checkpoints, image sets) go to S3 through `chunkgrpo.store.ArtifactStore`; the KFP
+artifacts are small pointers, `Metrics`, `HTML` and `Markdown` (rendered by the KFP UI).
+
+    components/<stage>/component.py   the component      components/<stage>/README.md   what it does
+    components/k8s.py                 GPU pool placement, /dev/shm, credentials as env (kfp-kubernetes)
+    components/images.py              image references
+"""
+
+from components.evaluate.component import check_regression, evaluate
+from components.launch_trainjob.component import launch_trainjob
+from components.plan.component import plan
+from components.profile.component import profile
+from components.promote.component import check_gate, promote
+from components.register.component import register
+from components.tracking.component import close_run, open_run
+from components.train.component import train
+
+__all__ = ["open_run", "close_run", "profile", "plan", "train", "launch_trainjob", "evaluate", "check_regression",
+           "register", "check_gate", "promote"]

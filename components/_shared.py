@@ -1,0 +1,39 @@
+"""Helpers embedded into lightweight components with `@dsl.component(additional_funcs=[...])`.
+
+Component functions are serialised as source into the pipeline IR, so anything they call must be
+importable in the image (chunkgrpo.*) or be embedded like these. Keep them tiny and self-contained
+(imports inside the body).
+"""
+
+
+def local_file(path: str) -> str:
+    """A local path for `path`; an `s3://` object is downloaded (checksum-verified) to a temp dir."""
+    if not path.startswith("s3://"):
+        return path
+    import os
+    import tempfile
+
+    from chunkgrpo.store import ArtifactStore
+
+    dst = os.path.join(tempfile.mkdtemp(prefix="chunkgrpo-input-"), path.rstrip("/").rsplit("/", 1)[-1])
+    ArtifactStore().get_file(path, dst)
+    return dst
+
+
+def stage_env(parent_run_id: str) -> None:
+    """Logging to stdout (the KFP UI shows it) and the MLflow parent run for library stage runs."""
+    import logging
+    import os
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    if parent_run_id:
+        os.environ["CHUNKGRPO_MLFLOW_PARENT_RUN_ID"] = parent_run_id
+
+
+def run_prefix(artifact_root: str, run_id: str, stage: str) -> str:
+    """`<artifact_root>/<run id>/<stage>`: where a stage's large outputs go in S3."""
+    if not artifact_root.startswith("s3://"):
+        raise ValueError(f"artifact_root={artifact_root!r} must be an s3://bucket/prefix URI")
+    return f"{artifact_root.rstrip('/')}/{run_id}/{stage}"

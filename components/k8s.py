@@ -1,0 +1,98 @@
+"""Kubernetes settings for pipeline tasks (kfp-kubernetes): GPU pool placement, a memory-backed
+`/dev/shm`, and credentials/endpoints as env from the Secret/ConfigMap that manifests/base/pipeline
+creates in the pipeline namespace. All of this is compiled into the IR's platform spec; `kfp.local`
+ignores it (with a warning) and the local run gets the same variables from the process env.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from kfp import kubernetes
+
+GPU = "nvidia.com/gpu"
+GPU_TAINT = {"key": GPU, "operator": "Exists", "effect": "NoSchedule"}
+
+# manifests/base/pipeline: Secret chunkgrpo-s3 and ConfigMap chunkgrpo-env (chunkgrpo.env).
+S3_SECRET = "chunkgrpo-s3"
+S3_SECRET_KEYS = {"AWS_ACCESS_KEY_ID": "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY": "AWS_SECRET_ACCESS_KEY"}
+MLFLOW_SECRET = "chunkgrpo-mlflow"  # optional: only for an MLflow behind basic auth
+MLFLOW_SECRET_KEYS = {"MLFLOW_TRACKING_USERNAME": "MLFLOW_TRACKING_USERNAME",
+                      "MLFLOW_TRACKING_PASSWORD": "MLFLOW_TRACKING_PASSWORD"}
+ENV_CONFIG_MAP = "chunkgrpo-env"
+ENV_CONFIG_KEYS = ("CHUNKGRPO_S3_ENDPOINT", "AWS_DEFAULT_REGION", "MLFLOW_TRACKING_URI", "MLFLOW_S3_ENDPOINT_URL",
+                   "MLFLOW_DISABLE_TELEMETRY", "PYTHONUNBUFFERED")
+
+
+@dataclasses.dataclass(frozen=True)
+class Pool:
+    """Where GPU steps run: GFD product label, taint toleration, /dev/shm and host sizing per GPU."""
+
+    name: str
+    product: str = ""                      # nvidia.com/gpu.product ('' = no node selector)
+    accelerator: str = GPU                 # resource name ('' = CPU only)
+    tolerations: tuple = (GPU_TAINT,)
+    shm_size: str = "64Gi"
+    cpu_per_gpu: int = 12
+    memory_per_gpu_gi: int = 120
+
+    @property
+    def node_selector(self) -> dict[str, str]:
+        return {"nvidia.com/gpu.product": self.product} if self.product else {}
+
+
+POOLS = {
+    "h100": Pool("h100", product="NVIDIA-H100-80GB-HBM3"),
+    "h800": Pool("h800", product="NVIDIA-H800"),
+    "cpu": Pool("cpu", accelerator="", tolerations=(), shm_size="2Gi"),
+}
+
+
+def with_shm(task, size: str = "64Gi"):
+    """Memory-backed emptyDir on /dev/shm (the default 64 MiB breaks NCCL and DataLoader workers)."""
+    kubernetes.empty_dir_mount(task, volume_name="dshm", mount_path="/dev/shm", medium="Memory", size_limit=size)
+    return task
+
+
+def on_pool(task, pool: Pool, gpus, *, gpus_static: int | None = None):
+    """GPU request + node selector + toleration + /dev/shm + CPU/memory for a GPU step.
+
+    `gpus` may be a pipeline parameter (the accelerator count is then resolved per run);
+    `gpus_static` sizes CPU/memory requests at compile time (default: 8, a full HGX node).
+    """
+    if pool.accelerator:
+        task.set_accelerator_type(pool.accelerator).set_accelerator_limit(gpus)
+        n = gpus_static or (gpus if isinstance(gpus, int) else 8)
+        task.set_cpu_request(str(pool.cpu_per_gpu * n)).set_memory_request(f"{pool.memory_per_gpu_gi * n}G")
+        task.set_memory_limit(f"{pool.memory_per_gpu_gi * n + 64}G")
+    else:
+        task.set_cpu_request("2").set_memory_request("8G").set_memory_limit("16G")
+    for key, value in pool.node_selector.items():
+        kubernetes.add_node_selector(task, label_key=key, label_value=value)
+    for t in pool.tolerations:
+        kubernetes.add_toleration(task, key=t["key"], operator=t["operator"], effect=t["effect"])
+    with_shm(task, pool.shm_size)
+    return task
+
+
+def small(task, memory: str = "4G"):
+    """A CPU-only control step (register, promote, gate, launcher)."""
+    return task.set_cpu_request("500m").set_memory_request(memory).set_memory_limit(memory)
+
+
+def with_credentials(task):
+    """S3 keys from Secret chunkgrpo-s3, optional MLflow basic auth, endpoints from ConfigMap chunkgrpo-env."""
+    kubernetes.use_secret_as_env(task, secret_name=S3_SECRET, secret_key_to_env=S3_SECRET_KEYS)
+    kubernetes.use_secret_as_env(task, secret_name=MLFLOW_SECRET, secret_key_to_env=MLFLOW_SECRET_KEYS, optional=True)
+    kubernetes.use_config_map_as_env(task, config_map_name=ENV_CONFIG_MAP,
+                                     config_map_key_to_env={k: k for k in ENV_CONFIG_KEYS})
+    return task
+
+
+def configure(task, *, display_name: str, cache: bool, retries: int, backoff: str = "60s"):
+    """Caching and retries are set explicitly on every task (see pipeline/README.md for why)."""
+    task.set_display_name(display_name)
+    task.set_caching_options(enable_caching=cache)
+    if retries:
+        task.set_retry(num_retries=retries, backoff_duration=backoff, backoff_factor=2.0, backoff_max_duration="3600s")
+    return with_credentials(task)

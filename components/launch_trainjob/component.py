@@ -1,0 +1,86 @@
+"""Multi-node training: create (or re-attach to) a Kubeflow Trainer TrainJob / PyTorchJob and wait."""
+
+from kfp import dsl
+from kfp.dsl import Metrics, Model, Output
+
+from components._shared import run_prefix, stage_env
+from components.images import LAUNCHER_IMAGE
+
+
+@dsl.component(base_image=LAUNCHER_IMAGE, install_kfp_package=False, additional_funcs=[run_prefix, stage_env])
+def launch_trainjob(kind: str, namespace: str, image: str, num_nodes: int, nproc_per_node: int, gpus_per_node: int,
+                    node_selector: dict, tolerations: list, shm_size: str, model: str, prompts: str, preset: str,
+                    method: str, chunks: str, max_steps: int, overrides: list, artifact_root: str, run_id: str,
+                    experiment: str, parent_run_id: str, timeout_hours: float,
+                    trained_model: Output[Model], metrics: Output[Metrics]):
+    """Run `torchrun -m chunkgrpo.train` on `num_nodes` nodes as a TrainJob (Trainer v2) or PyTorchJob (v1).
+
+    The job is named from the KFP run id, so a retried step re-attaches to it instead of starting a
+    second one; cancelling the run (SIGTERM) deletes it. Status changes are printed; a failed job
+    fails the step with the job's reason.
+
+    Args:
+        kind: TrainJob (Kubeflow Trainer v2, runtime chunkgrpo-torch) | PyTorchJob (Training Operator v1).
+        namespace: namespace for the job ('' = this pod's namespace).
+        image: training image (the runtime image).
+        num_nodes: nodes.
+        nproc_per_node: torchrun processes per node.
+        gpus_per_node: GPUs requested per node (0 = CPU).
+        node_selector: node labels for the training pods (e.g. nvidia.com/gpu.product).
+        tolerations: tolerations for the training pods.
+        shm_size: size of the memory-backed /dev/shm ('' = the runtime's).
+        model: base model (s3:// folder artifact or hub id cached in the image/PVC).
+        prompts: prompt file: must be readable in the training pods (an s3:// object is downloaded first).
+        preset: training preset.
+        method: chunk | chunk+ws | dance | tempflow | granular.
+        chunks: chunk plan (`sizes:...` from the plan step).
+        max_steps: optimizer steps.
+        overrides: extra training overrides (key=value).
+        artifact_root: s3:// prefix; the model goes to <root>/<run_id>/train/final.
+        run_id: KFP run id (job name and label).
+        experiment: MLflow experiment.
+        parent_run_id: MLflow parent run id.
+        timeout_hours: fail (and delete the job) after this long.
+    """
+    import json
+    from pathlib import Path
+
+    stage_env(parent_run_id)
+    from chunkgrpo.k8s import trainjob as tj
+    from chunkgrpo.store import ArtifactStore, make_pointer
+
+    prefix = run_prefix(artifact_root, run_id, "train")
+    ns = namespace or tj.current_namespace("kubeflow")
+    prompts_path = "/tmp/inputs/prompts" + (Path(prompts).suffix or ".txt") if prompts.startswith("s3://") else prompts
+    spec = tj.JobSpec(
+        name=tj.job_name(run_id, "train"), namespace=ns, image=image, num_nodes=num_nodes,
+        nproc_per_node=nproc_per_node, gpus_per_node=gpus_per_node, node_selector=dict(node_selector),
+        tolerations=list(tolerations), shm_size=shm_size, run_id=run_id, upload_final_to=f"{prefix}/final",
+        fetch={prompts_path: prompts} if prompts.startswith("s3://") else {},
+        active_deadline_seconds=int(timeout_hours * 3600) or None,
+        secret_env={"AWS_ACCESS_KEY_ID": ("chunkgrpo-s3", "AWS_ACCESS_KEY_ID"),
+                    "AWS_SECRET_ACCESS_KEY": ("chunkgrpo-s3", "AWS_SECRET_ACCESS_KEY")},
+        env={"CHUNKGRPO_MLFLOW_PARENT_RUN_ID": parent_run_id},
+        train_args=["--config", preset, *overrides, f"model={model}", f"prompts={prompts_path}", f"method={method}",
+                    f"chunks={chunks}", f"max_steps={max_steps}", "progress=false",
+                    f"checkpoint.s3_prefix={prefix}/checkpoints", f"tracking.experiment={experiment}",
+                    f"tracking.parent_run_id={parent_run_id}", f"tracking.run_name=train-{run_id[:8]}"])
+    api = tj.load_api()
+    template = tj.read_template(api, ns) if kind == "PyTorchJob" else None
+    obj = tj.build_job(kind, spec, template)
+    tj.launch(api, obj, timeout_s=timeout_hours * 3600, poll_s=20, on_status=lambda line: print(line, flush=True))
+
+    store = ArtifactStore()
+    manifest = store.read_manifest(f"{prefix}/final")
+    if manifest is None:
+        raise RuntimeError(f"{kind} {spec.name} succeeded but {prefix}/final holds no complete model")
+    summary = json.loads(store.get_bytes(f"{prefix}/final.train_summary.json"))
+    info = json.loads(store.get_bytes(f"{prefix}/final/chunkgrpo_model.json"))
+    pointer = make_pointer(f"{prefix}/final", manifest.sha256, info["kind"], base_model=model, method=method,
+                           chunk_sizes=summary["chunk_sizes"], optimizer_steps=summary["optimizer_steps"],
+                           config_hash=summary["config_hash"], kfp_run_id=run_id, job=f"{kind}/{ns}/{spec.name}")
+    Path(trained_model.path).write_text(json.dumps(pointer, indent=1))
+    trained_model.metadata.update({k: v for k, v in pointer.items() if isinstance(v, (str, int, float))})
+    metrics.log_metric("optimizer_steps", float(summary["optimizer_steps"]))
+    metrics.log_metric("reward_mean.last", float(summary["history"][-1]["reward_mean"]))
+    print(f"model -> {prefix}/final (manifest sha256 {manifest.sha256[:12]})")

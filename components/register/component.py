@@ -1,0 +1,52 @@
+"""Register the trained model (with its eval metrics and chunk plan) as an MLflow model version."""
+
+from kfp import dsl
+from kfp.dsl import Artifact, Input, Model, Output
+
+from components._shared import stage_env
+from components.images import RUNTIME_IMAGE
+
+
+@dsl.component(base_image=RUNTIME_IMAGE, install_kfp_package=False, additional_funcs=[stage_env])
+def register(model_name: str, experiment: str, run_id: str, parent_run_id: str, model: Input[Model],
+             eval_results: Input[Artifact], plan_json: Input[Artifact], registered: Output[Artifact]) -> str:
+    """Register the model pointed to by `model` as a new version (alias `challenger`).
+
+    Args:
+        model_name: registered model name.
+        experiment: MLflow experiment of the registration run.
+        run_id: KFP run id (version tag kfp.run_id).
+        parent_run_id: MLflow parent run id; the registration run nests under it.
+        model: model pointer from train / launch_trainjob (weights in S3).
+        eval_results: metrics.json from evaluate; `<bench>.<metric>.trained` -> version tag `metric.eval.<bench>.<metric>`.
+        plan_json: chunk plan (version tag chunk_plan).
+
+    Returns:
+        The model version (an existing one when the same weights were registered before).
+    """
+    import json
+    import tempfile
+    from pathlib import Path
+
+    stage_env(parent_run_id)
+    from chunkgrpo.registry import register_model
+    from chunkgrpo.store import ArtifactStore, read_pointer
+
+    pointer = read_pointer(Path(model.path).read_text())
+    flat = json.loads(Path(eval_results.path).read_text())["metrics"]
+    metrics = {"eval": {(k[: -len(".trained")] if k.endswith(".trained") else k): v for k, v in flat.items()}}
+    plan = json.loads(Path(plan_json.path).read_text()) if Path(plan_json.path).exists() else None
+    with tempfile.TemporaryDirectory(prefix="chunkgrpo-register-") as tmp:
+        manifest = ArtifactStore().get_folder(pointer["uri"], tmp)
+        if manifest.sha256 != pointer["manifest_sha256"]:
+            raise RuntimeError(f"{pointer['uri']} changed after training (manifest digest mismatch)")
+        rv = register_model(model_name, tmp, kind=pointer["kind"], base_model=pointer["base_model"],
+                            checkpoint_uri=pointer["uri"], metrics=metrics, plan=plan,
+                            cfg_hash=pointer.get("config_hash", ""), experiment=experiment,
+                            tags={"kfp.run_id": run_id, "method": pointer.get("method", "")})
+    info = {"name": rv.name, "version": rv.version, "uri": rv.uri, "source": rv.source,
+            "run_id": rv.run_id or "", "reused": rv.reused, "checkpoint_uri": pointer["uri"]}
+    Path(registered.path).write_text(json.dumps(info, indent=1))
+    registered.metadata.update(info)
+    print(f"registered {rv.uri}{' (existing version, same weights)' if rv.reused else ''} from {pointer['uri']}")
+    return rv.version

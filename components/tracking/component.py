@@ -1,0 +1,71 @@
+"""MLflow parent run of a pipeline run: `open_run` (first step) and `close_run` (exit handler)."""
+
+from kfp import dsl
+
+from components._shared import stage_env
+from components.images import RUNTIME_IMAGE
+
+
+@dsl.component(base_image=RUNTIME_IMAGE, install_kfp_package=False, additional_funcs=[stage_env])
+def open_run(experiment: str, run_name: str, kfp_run_id: str, pipeline: str) -> str:
+    """Create the MLflow parent run of this pipeline run, or find it again on a retry.
+
+    Args:
+        experiment: MLflow experiment name.
+        run_name: MLflow run name (the KFP run name).
+        kfp_run_id: KFP run id; stored as tag `kfp.run_id`, which makes the step idempotent.
+        pipeline: pipeline name, stored as tag `kfp.pipeline`.
+
+    Returns:
+        The MLflow run id ('' when MLFLOW_TRACKING_URI is not set: tracking off).
+    """
+    import os
+
+    stage_env("")
+    if not os.environ.get("MLFLOW_TRACKING_URI"):
+        print("MLFLOW_TRACKING_URI is not set: MLflow tracking is off for this run")
+        return ""
+    from mlflow import MlflowClient
+
+    client = MlflowClient()
+    exp = client.get_experiment_by_name(experiment)
+    exp_id = exp.experiment_id if exp else client.create_experiment(experiment)
+    found = client.search_runs([exp_id], filter_string=f"tags.`kfp.run_id` = '{kfp_run_id}'", max_results=1)
+    if found:
+        print(f"MLflow parent run {found[0].info.run_id} (existing, retry)")
+        return found[0].info.run_id
+    run = client.create_run(exp_id, run_name=run_name, tags={
+        "chunkgrpo.kind": "pipeline", "kfp.run_id": kfp_run_id, "kfp.pipeline": pipeline})
+    print(f"MLflow parent run {run.info.run_id} in experiment {experiment!r} at {os.environ['MLFLOW_TRACKING_URI']}")
+    return run.info.run_id
+
+
+@dsl.component(base_image=RUNTIME_IMAGE, install_kfp_package=False)
+def close_run(experiment: str, kfp_run_id: str, status: dsl.PipelineTaskFinalStatus):
+    """Exit handler: set the parent run's final MLflow status from the KFP run's state.
+
+    Args:
+        experiment: MLflow experiment name.
+        kfp_run_id: KFP run id (tag `kfp.run_id` of the parent run).
+    """
+    import os
+
+    if not os.environ.get("MLFLOW_TRACKING_URI"):
+        return
+    from mlflow import MlflowClient
+
+    client = MlflowClient()
+    exp = client.get_experiment_by_name(experiment)
+    runs = client.search_runs([exp.experiment_id], filter_string=f"tags.`kfp.run_id` = '{kfp_run_id}'",
+                              max_results=1) if exp else []
+    if not runs:
+        print(f"no MLflow parent run tagged kfp.run_id={kfp_run_id}")
+        return
+    state = {"SUCCEEDED": "FINISHED", "FAILED": "FAILED", "CANCELED": "KILLED", "CANCELLED": "KILLED"}.get(
+        str(status.state).upper(), "FINISHED")
+    run_id = runs[0].info.run_id
+    client.set_tag(run_id, "kfp.state", str(status.state))
+    if status.error_message:
+        client.set_tag(run_id, "kfp.error", str(status.error_message)[:4000])
+    client.set_terminated(run_id, status=state)
+    print(f"MLflow parent run {run_id}: {state}")

@@ -1,0 +1,72 @@
+"""Single-node training inside the KFP task: `torchrun --standalone`, final model -> S3, pointer artifact."""
+
+from kfp import dsl
+from kfp.dsl import Metrics, Model, Output
+
+from components._shared import local_file, run_prefix, stage_env
+from components.images import RUNTIME_IMAGE
+
+
+@dsl.component(base_image=RUNTIME_IMAGE, install_kfp_package=False,
+               additional_funcs=[local_file, run_prefix, stage_env])
+def train(model: str, prompts: str, preset: str, method: str, chunks: str, max_steps: int, nproc_per_node: int,
+          overrides: list, artifact_root: str, run_id: str, experiment: str, parent_run_id: str,
+          trained_model: Output[Model], metrics: Output[Metrics]):
+    """GRPO fine-tuning with `torchrun --standalone --nproc_per_node=N -m chunkgrpo.train`.
+
+    Args:
+        model: base model (diffusers folder, s3:// folder artifact or cached hub id).
+        prompts: training prompt file (local path or s3:// object).
+        preset: training preset (chunk_grpo_flux, chunk_grpo_ws_flux, dance_grpo_flux, tiny_cpu, or a YAML path).
+        method: chunk | chunk+ws | dance | tempflow | granular.
+        chunks: chunk plan (`sizes:...` from the plan step, or any strategy string).
+        max_steps: optimizer steps.
+        nproc_per_node: torchrun processes (= GPUs of the task).
+        overrides: extra training overrides (key=value).
+        artifact_root: s3:// prefix for large outputs; the model goes to <root>/<run_id>/train/final.
+        run_id: KFP run id.
+        experiment: MLflow experiment.
+        parent_run_id: MLflow parent run id ('' = none).
+    """
+    import json
+    import shlex
+    import subprocess
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    stage_env(parent_run_id)
+    from chunkgrpo.store import ArtifactStore, make_pointer
+
+    prefix = run_prefix(artifact_root, run_id, "train")
+    out = Path(tempfile.mkdtemp(prefix="chunkgrpo-train-")) / "out"
+    args = [*overrides, f"model={model}", f"prompts={local_file(prompts)}", f"method={method}", f"chunks={chunks}",
+            f"max_steps={max_steps}", f"output_dir={out}", "progress=false",
+            f"checkpoint.s3_prefix={prefix}/checkpoints",  # a retried task resumes from here
+            f"tracking.experiment={experiment}", f"tracking.parent_run_id={parent_run_id}",
+            f"tracking.run_name=train-{run_id[:8]}"]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc_per_node}",
+           "-m", "chunkgrpo.train", "--config", preset, *args]
+    print("+ torchrun " + shlex.join(cmd[3:]), flush=True)
+    rc = subprocess.run(cmd).returncode  # inherits stdout/stderr: streamed into the task log
+    if rc != 0:
+        raise RuntimeError(f"torchrun exited with status {rc} (see the rank logs above)")
+
+    summary = json.loads((out / "train_summary.json").read_text())
+    info = json.loads((out / "final" / "chunkgrpo_model.json").read_text())
+    uri = f"{prefix}/final"
+    store = ArtifactStore()
+    manifest = store.put_folder(out / "final", uri, meta={"kind": "model", "run_id": run_id})
+    store.put_file(out / "train_summary.json", f"{prefix}/train_summary.json")
+    pointer = make_pointer(uri, manifest.sha256, info["kind"], base_model=model, method=method,
+                           chunk_sizes=summary["chunk_sizes"], optimizer_steps=summary["optimizer_steps"],
+                           config_hash=summary["config_hash"], mlflow_run_id=summary.get("mlflow_run_id") or "",
+                           kfp_run_id=run_id)
+    Path(trained_model.path).write_text(json.dumps(pointer, indent=1))
+    trained_model.metadata.update({k: v for k, v in pointer.items() if isinstance(v, (str, int, float))})
+    hist = summary["history"]
+    metrics.log_metric("optimizer_steps", float(summary["optimizer_steps"]))
+    metrics.log_metric("reward_mean.first", float(hist[0]["reward_mean"]))
+    metrics.log_metric("reward_mean.last", float(hist[-1]["reward_mean"]))
+    metrics.log_metric("loss.last", float(hist[-1]["loss"]))
+    print(f"model -> {uri} (manifest sha256 {manifest.sha256[:12]}, {manifest.total_bytes / 1e6:.1f} MB)")

@@ -1,0 +1,75 @@
+"""Nightly benchmark: evaluate the registry champion (hybrid inference) and the base model on the
+benchmark suites with fixed seeds, log to MLflow, flag a regression against the champion's own
+registered score. Scheduled by `chunkgrpo pipeline schedule` (default 02:00 UTC).
+
+Caching is off on every step (a benchmark that is served from cache measures nothing).
+"""
+
+from kfp import dsl
+
+from components import check_regression, evaluate
+from components.k8s import POOLS, configure, on_pool, small
+from pipeline.train_and_evaluate import DIRECTIONS, _exit_handler
+
+NAME = "chunkgrpo-nightly-benchmark"
+LITERALS = {"regression_direction": DIRECTIONS}
+
+
+def make_nightly_benchmark(pool: str = "h100"):
+    if pool not in POOLS:
+        raise ValueError(f"pool={pool!r} must be one of {sorted(POOLS)}")
+    gpu_pool = POOLS[pool]
+
+    def nightly_benchmark(
+        model_name: str = "chunkgrpo-flux",
+        alias: str = "champion",
+        base_model: str = "",
+        eval_preset: str = "eval_hpdv2",
+        eval_benchmarks: list = ["hpdv2", "geneval", "wise"],  # noqa: B006 - KFP parameter default
+        eval_num_prompts: int = 0,
+        eval_overrides: list = [],  # noqa: B006
+        regression_metric: str = "hpdv2.hpsv3",
+        regression_direction: str = "max",
+        tolerance: float = 0.005,
+        fail_on_regression: bool = False,
+        experiment: str = "chunkgrpo-nightly",
+        artifact_root: str = "s3://chunkgrpo-checkpoints/nightly",
+    ):
+        from components.tracking.component import open_run
+
+        with dsl.ExitHandler(_exit_handler(experiment), name="nightly"):
+            opened = open_run(experiment=experiment, run_name=dsl.PIPELINE_JOB_NAME_PLACEHOLDER,
+                              kfp_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, pipeline=NAME)
+            configure(small(opened), display_name="mlflow run", cache=False, retries=3, backoff="10s")
+            ev = evaluate(preset=eval_preset, overrides=eval_overrides, benchmarks=eval_benchmarks,
+                          num_prompts=eval_num_prompts, base_model=base_model, registered_model=model_name,
+                          alias=alias, artifact_root=artifact_root, run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
+                          stage="benchmark", experiment=experiment, parent_run_id=opened.output)
+            configure(on_pool(ev, gpu_pool, 1), display_name="benchmark champion vs base", cache=False, retries=1)
+            reg = check_regression(results=ev.outputs["results"], model_name=model_name, alias=alias,
+                                   metric=regression_metric, direction=regression_direction, tolerance=tolerance,
+                                   fail_on_regression=fail_on_regression, parent_run_id=opened.output)
+            configure(small(reg), display_name="regression check", cache=False, retries=2)
+
+    nightly_benchmark.__doc__ = """Benchmark the champion against the base model and flag regressions.
+
+    Args:
+        model_name: Registered model name in MLflow.
+        alias: Alias of the version to benchmark (champion).
+        base_model: Base FLUX model ('' = the one the champion was trained from).
+        eval_preset: Evaluation preset (eval_hpdv2, eval_tiny) or a YAML path in the image.
+        eval_benchmarks: Benchmark suites as a JSON list (hpdv2, geneval, wise); [] = the preset's.
+        eval_num_prompts: Only the first N prompts per benchmark (0 = the preset's setting, i.e. all).
+        eval_overrides: Extra evaluation overrides as a JSON list of "key=value" strings.
+        regression_metric: Metric compared with the champion's registered score, e.g. hpdv2.hpsv3.
+        regression_direction: max = higher is better, min = lower is better.
+        tolerance: Allowed drop (absolute) before it counts as a regression.
+        fail_on_regression: Also fail the run on a regression (it is always flagged in MLflow and the UI).
+        experiment: MLflow experiment of the nightly runs.
+        artifact_root: s3:// prefix for the benchmark images and reports (<root>/<run id>/benchmark).
+    """
+    return dsl.pipeline(name=NAME, description="Nightly: champion vs base model on HPDv2/GenEval/WISE; "
+                        "logs to MLflow and flags regressions.")(nightly_benchmark)
+
+
+nightly_benchmark = make_nightly_benchmark()

@@ -1,0 +1,235 @@
+"""Compiled IR of both pipelines: accelerator resources, node selector, tolerations, /dev/shm,
+secret env, caching and retry settings, UI parameter defaults/descriptions/dropdown choices; and
+the CLI helpers (cron, parameters, upload/schedule against a fake kfp.Client)."""
+
+import argparse
+import datetime as dt
+
+import pytest
+import yaml
+
+from pipeline.compile import compile_pipeline
+
+GPU_STEPS = {"train", "profile", "evaluate"}
+
+
+def load(path):
+    spec, platform = yaml.safe_load_all(path.read_text())
+    return spec, platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+
+
+def tasks(spec) -> dict:
+    """All tasks of the DAG, including those inside ExitHandler / If sub-DAGs: {task name: task spec}."""
+    out = {}
+    for comp in [spec["root"], *spec["components"].values()]:
+        out.update((comp.get("dag") or {}).get("tasks") or {})
+    return out
+
+
+@pytest.fixture(scope="module")
+def tae(tmp_path_factory):
+    return load(compile_pipeline("train_and_evaluate", tmp_path_factory.mktemp("c") / "tae.yaml", pool="h100"))
+
+
+@pytest.fixture(scope="module")
+def nightly(tmp_path_factory):
+    return load(compile_pipeline("nightly_benchmark", tmp_path_factory.mktemp("c") / "nb.yaml", pool="h800"))
+
+
+def test_train_step_gpu_placement(tae):
+    spec, ex = tae
+    res = spec["deploymentSpec"]["executors"]["exec-train"]["container"]["resources"]
+    assert res["accelerator"]["resourceType"] == "nvidia.com/gpu"
+    assert "nproc_per_node" in res["accelerator"]["resourceCount"]  # GPUs follow the run parameter
+    assert res["resourceCpuRequest"] and res["resourceMemoryLimit"]
+    train = ex["exec-train"]
+    assert train["nodeSelector"]["labels"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in train["tolerations"]
+    assert {"medium": "Memory", "mountPath": "/dev/shm", "sizeLimit": "64Gi", "volumeName": "dshm"} in \
+        train["emptyDirMounts"]
+
+
+def test_every_step_gets_credentials_from_secrets(tae):
+    spec, ex = tae
+    for name, e in ex.items():
+        s3 = next(s for s in e["secretAsEnv"] if s["secretName"] == "chunkgrpo-s3")
+        assert {k["envVar"] for k in s3["keyToEnv"]} == {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"}, name
+        assert any(s["secretName"] == "chunkgrpo-mlflow" and s["optional"] for s in e["secretAsEnv"])
+        cm = e["configMapAsEnv"][0]
+        assert cm["configMapName"] == "chunkgrpo-env"
+        assert {"CHUNKGRPO_S3_ENDPOINT", "MLFLOW_TRACKING_URI"} <= {k["envVar"] for k in cm["keyToEnv"]}
+    # literal secrets never end up in the IR
+    text = yaml.safe_dump(spec)
+    assert "AWS_SECRET_ACCESS_KEY=" not in text and "minioadmin" not in text
+
+
+def test_caching_and_retries_are_deliberate(tae):
+    spec, _ = tae
+    t = tasks(spec)
+    cached = {n for n, s in t.items() if s.get("cachingOptions", {}).get("enableCache")}
+    assert cached == {"profile", "plan"}
+    for name in ("train", "evaluate", "register", "check-gate", "promote", "open-run", "close-run"):
+        assert not t[name].get("cachingOptions", {}).get("enableCache"), name
+    retries = {n: s.get("retryPolicy", {}).get("maxRetryCount", 0) for n, s in t.items()}
+    assert retries["train"] == 1 and retries["register"] == 2 and retries["promote"] == 2 and retries["open-run"] == 3
+    assert t["train"]["retryPolicy"]["backoffDuration"] == "120s"
+
+
+def test_images_are_pinned_to_the_package_version(tae):
+    from chunkgrpo import __version__
+
+    spec, _ = tae
+    images = {e["container"]["image"] for e in spec["deploymentSpec"]["executors"].values()}
+    assert images == {f"ghcr.io/chunkgrpo/chunkgrpo-runtime:{__version__}", f"ghcr.io/chunkgrpo/chunkgrpo-eval:{__version__}"}
+    for e in spec["deploymentSpec"]["executors"].values():  # install_kfp_package=False: no pip at run time
+        assert "pip install" not in " ".join(e["container"]["command"])
+
+
+def test_dag_shape_promote_under_gate_and_exit_handler(tae):
+    spec, _ = tae
+    t = tasks(spec)
+    assert {"open-run", "profile", "plan", "train", "evaluate", "register", "check-gate", "promote", "close-run"} <= set(t)
+    cond = next(s for s in t.values() if s.get("triggerPolicy", {}).get("condition"))
+    assert "check-gate" in cond["triggerPolicy"]["condition"] and cond["taskInfo"]["name"] == "gate-passed"
+    assert t["close-run"]["triggerPolicy"]["strategy"] == "ALL_UPSTREAM_TASKS_COMPLETED"  # the exit handler
+
+
+def test_ui_form_defaults_descriptions_and_choices(tae, nightly):
+    params = tae[0]["root"]["inputDefinitions"]["parameters"]
+    for name, p in params.items():
+        assert p.get("description"), f"{name} has no description"
+        assert "defaultValue" in p, f"{name} has no default"
+    assert params["method"]["literals"] == ["chunk", "chunk+ws", "dance", "tempflow", "granular"]
+    assert params["method"]["defaultValue"] == "chunk"
+    assert params["gate_direction"]["literals"] == ["max", "min"]
+    assert params["train_overrides"]["parameterType"] == "LIST"
+    nparams = nightly[0]["root"]["inputDefinitions"]["parameters"]
+    assert all(p.get("description") and "defaultValue" in p for p in nparams.values())
+    assert nparams["regression_direction"]["literals"] == ["max", "min"]
+
+
+def test_nightly_has_no_cache_and_gpu_eval(nightly):
+    spec, ex = nightly
+    t = tasks(spec)
+    assert not any(s.get("cachingOptions", {}).get("enableCache") for s in t.values())
+    assert ex["exec-evaluate"]["nodeSelector"]["labels"] == {"nvidia.com/gpu.product": "NVIDIA-H800"}
+    res = spec["deploymentSpec"]["executors"]["exec-evaluate"]["container"]["resources"]
+    assert res["accelerator"]["resourceType"] == "nvidia.com/gpu" and res["accelerator"]["resourceCount"] == "1"
+
+
+@pytest.mark.parametrize("trainer,kind", [("trainjob", "TrainJob"), ("pytorchjob", "PyTorchJob")])
+def test_multinode_variant_uses_the_launcher(tmp_path, trainer, kind):
+    spec, ex = load(compile_pipeline("train_and_evaluate", tmp_path / "p.yaml", trainer=trainer))
+    t = tasks(spec)
+    assert "launch-trainjob" in t and "train" not in t
+    assert spec["root"]["inputDefinitions"]["parameters"]["job_kind"]["defaultValue"] == kind
+    launcher = spec["deploymentSpec"]["executors"]["exec-launch-trainjob"]["container"]
+    assert launcher["image"].startswith("ghcr.io/chunkgrpo/chunkgrpo-launcher:")
+    assert "accelerator" not in launcher.get("resources", {})  # the launcher pod itself holds no GPU
+    args = t["launch-trainjob"]["inputs"]["parameters"]
+    assert args["node_selector"]["runtimeValue"]["constant"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+    assert t["launch-trainjob"]["retryPolicy"]["maxRetryCount"] == 2  # safe: the job name is deterministic
+
+
+def test_images_follow_registry_override(tmp_path, monkeypatch):
+    from components import images
+
+    monkeypatch.setenv(images.REGISTRY_ENV, "registry.example.com/ml/")
+    monkeypatch.setenv(images.TAG_ENV, "0.1.0-rc1")
+    assert images.image("runtime") == "registry.example.com/ml/chunkgrpo-runtime:0.1.0-rc1"
+
+
+# ----------------------------------------------------------------------------------------- CLI
+
+
+def test_cron_helpers():
+    from chunkgrpo.errors import UserError
+    from pipeline.cli import DEFAULT_CRON, convert_cron, validate_cron
+
+    assert DEFAULT_CRON == "0 0 2 * * *"
+    with pytest.raises(UserError, match="6"):
+        validate_cron("0 2 * * *")
+    winter, summer = dt.datetime(2026, 1, 15, tzinfo=dt.timezone.utc), dt.datetime(2026, 7, 15, tzinfo=dt.timezone.utc)
+    assert convert_cron("0 0 2 * * *", "Europe/Berlin", "UTC", winter) == "0 0 1 * * *"
+    assert convert_cron("0 0 2 * * *", "Europe/Berlin", "UTC", summer) == "0 0 0 * * *"
+    assert convert_cron("0 30 1 * * *", "Europe/Berlin", "UTC", summer) == "0 30 23 * * *"
+    with pytest.raises(UserError):
+        convert_cron("0 30 1 * * 1-5", "Europe/Berlin", "UTC", summer)  # would change the weekday
+    assert convert_cron("0 0 2 * * *", "UTC", "UTC") == "0 0 2 * * *"
+
+
+def test_params_are_yaml_typed():
+    from pipeline.cli import parse_params
+
+    assert parse_params(["max_steps=10", 'train_overrides=["lr=1e-5"]', "method=chunk+ws", "x="]) == \
+        {"max_steps": 10, "train_overrides": ["lr=1e-5"], "method": "chunk+ws", "x": ""}
+
+
+class FakeClient:
+    """kfp.Client stand-in recording calls (no KFP API server here)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def get_pipeline_id(self, name):
+        self.calls.append(("get_pipeline_id", name))
+        return None
+
+    def upload_pipeline(self, path, pipeline_name, description=""):
+        self.calls.append(("upload_pipeline", pipeline_name))
+        return argparse.Namespace(pipeline_id="pid-1")
+
+    def upload_pipeline_version(self, path, pipeline_version_name, pipeline_id, description=""):
+        self.calls.append(("upload_pipeline_version", pipeline_version_name, pipeline_id, yaml.safe_load_all(open(path)).__next__()["pipelineInfo"]["name"]))
+        return argparse.Namespace(pipeline_version_id="vid-1")
+
+    def create_experiment(self, name, namespace=None):
+        return argparse.Namespace(experiment_id="eid-1")
+
+    def list_recurring_runs(self, experiment_id, page_size):
+        return argparse.Namespace(recurring_runs=[argparse.Namespace(display_name="chunkgrpo-nightly-benchmark-nightly",
+                                                                     recurring_run_id="old")])
+
+    def delete_recurring_run(self, rid):
+        self.calls.append(("delete_recurring_run", rid))
+
+    def create_recurring_run(self, **kw):
+        self.calls.append(("create_recurring_run", kw))
+        return argparse.Namespace(recurring_run_id="rr-1")
+
+
+def test_schedule_creates_a_pinned_nightly_recurring_run(monkeypatch, capsys):
+    import pipeline.cli as cli
+    from chunkgrpo.cli import main
+
+    fake = FakeClient()
+    monkeypatch.setattr(cli, "_kfp_client", lambda args: fake)
+    assert main(["pipeline", "schedule", "--version", "v-test", "--timezone", "UTC", "-p", "tolerance=0.01"]) == 0
+    kinds = [c[0] for c in fake.calls]
+    assert kinds == ["get_pipeline_id", "upload_pipeline", "upload_pipeline_version", "delete_recurring_run",
+                     "create_recurring_run"]
+    assert fake.calls[2][1:] == ("v-test", "pid-1", "chunkgrpo-nightly-benchmark")
+    kw = fake.calls[-1][1]
+    assert kw["cron_expression"] == "0 0 2 * * *" and kw["pipeline_id"] == "pid-1" and kw["version_id"] == "vid-1"
+    assert kw["no_catchup"] is True and kw["max_concurrency"] == 1 and kw["enable_caching"] is False
+    assert kw["params"] == {"tolerance": 0.01} and kw["service_account"] == "chunkgrpo-launcher"
+    assert "rr-1" in capsys.readouterr().out
+
+
+def test_upload_creates_versions_of_both_pipelines(monkeypatch):
+    import pipeline.cli as cli
+    from chunkgrpo.cli import main
+
+    fake = FakeClient()
+    monkeypatch.setattr(cli, "_kfp_client", lambda args: fake)
+    assert main(["pipeline", "upload", "--version", "v1"]) == 0
+    uploaded = [c for c in fake.calls if c[0] == "upload_pipeline_version"]
+    assert [c[3] for c in uploaded] == ["chunkgrpo-train-and-evaluate", "chunkgrpo-nightly-benchmark"]
+
+
+def test_compile_cli(tmp_path, capsys):
+    from chunkgrpo.cli import main
+
+    assert main(["pipeline", "compile", "--out", str(tmp_path), "--pool", "h800"]) == 0
+    assert (tmp_path / "train_and_evaluate.yaml").exists() and (tmp_path / "nightly_benchmark.yaml").exists()
+    assert "chunkgrpo-runtime:" in capsys.readouterr().out
