@@ -31,9 +31,9 @@ three yellow balloons in a clear sky
 
 # Parameters of `train_and_evaluate` for the tiny CPU model (everything else keeps its default).
 TINY_TRAIN = {
-    "preset": "tiny_cpu", "method": "chunk", "max_steps": 2, "nproc_per_node": 2,
+    "preset": "tiny_cpu", "method": "chunk", "max_steps": 30, "nproc_per_node": 2,
     "chunk_strategy": "dynamics", "profile_prompts": 4, "profile_seeds": 1, "device": "cpu",
-    "eval_preset": "eval_tiny", "eval_num_prompts": 4, "model_name": "chunkgrpo-tiny",
+    "eval_preset": "eval_tiny", "eval_num_prompts": 8, "model_name": "chunkgrpo-tiny",
     "gate_metric": "eval.hpdv2.brightness", "gate_direction": "max", "gate_margin": 0.0,
     "experiment": "chunkgrpo-local", "artifact_root": "s3://chunkgrpo/pipeline-runs",
 }

@@ -35,13 +35,17 @@ def test_train_and_evaluate_end_to_end(trained, services, model_name):
     sizes = t["plan"]["parameters"]["Output"]
     pointer = read_pointer(open(t["train"]["artifacts"]["trained_model"]["uri"]).read())
     assert sizes == "sizes:" + ",".join(map(str, pointer["chunk_sizes"]))
-    assert pointer["optimizer_steps"] == 2
+    from pipeline.local import TINY_TRAIN
+
+    assert pointer["optimizer_steps"] == TINY_TRAIN["max_steps"]
     # the model is in S3 as a complete folder artifact with the pointer's digest
     store = ArtifactStore(services.store_config)
     assert store.read_manifest(pointer["uri"]).sha256 == pointer["manifest_sha256"]
     # evaluation: metrics artifact, HTML report, images uploaded
     ev = t["evaluate"]["artifacts"]
-    assert "hpdv2.brightness.trained" in ev["metrics"]["metadata"]
+    m = ev["metrics"]["metadata"]
+    # the demo trains long enough for the trained model to beat the base on its reward
+    assert m["hpdv2.brightness.trained"] > m["hpdv2.brightness.base"] + 0.004, m
     assert open(ev["report"]["uri"]).read().lstrip().lower().startswith("<!doctype html")
     assert store.read_manifest(ev["results"]["metadata"]["output_uri"]) is not None
     # registry: the version exists, carries the eval metric, and the gate/promote decision is applied
