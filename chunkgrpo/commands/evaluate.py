@@ -15,25 +15,21 @@ HELP = "hybrid-inference evaluation: HPDv2 / GenEval / WISE, metrics.json + repo
 
 
 def add_arguments(p):
-    p.add_argument("--config", help="preset name (chunkgrpo/presets) or YAML file")
-    p.add_argument("--help-config", action="store_true", help="list every option with its default and help")
+    from chunkgrpo.cli import add_config_arguments
+
+    add_config_arguments(p, "num_prompts=8 trained_steps=30")
     p.add_argument("--json", action="store_true", help="print the full metrics dict as JSON instead of a summary")
-    p.add_argument("overrides", nargs="*", help="key=value overrides (e.g. num_prompts=8 trained_steps=30)")
 
 
 def run(args):
     import json
-    import logging
 
-    from chunkgrpo.config import describe
-    from chunkgrpo.eval.runner import EvalConfig
+    from chunkgrpo.cli import load_stage_config
+    from chunkgrpo.eval.runner import EvalConfig, run_evaluation, summary_lines
 
-    if args.help_config:
-        print(describe(EvalConfig))
+    cfg = load_stage_config(EvalConfig, args)
+    if cfg is None:
         return 0
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    cfg = EvalConfig.load(args.config, args.overrides)
-    from chunkgrpo.eval.runner import run_evaluation, summary_lines
 
     result = run_evaluation(cfg)
     if args.json:

@@ -11,25 +11,22 @@ HELP = "GRPO training (presets: chunk_grpo_flux, chunk_grpo_ws_flux, dance_grpo_
 
 
 def add_arguments(p):
-    p.add_argument("--config", help="preset name (chunkgrpo/presets) or YAML file")
-    p.add_argument("--help-config", action="store_true", help="list every option with its default and help")
+    from chunkgrpo.cli import add_config_arguments
+
+    add_config_arguments(p, "lr=5e-6 sampling.eta=0.3")
     p.add_argument("--dry-run", action="store_true", help="validate config, model dir, prompts and plan, then exit")
-    p.add_argument("overrides", nargs="*", help="key=value overrides (e.g. lr=5e-6 sampling.eta=0.3)")
 
 
 def run(args):
     import json
-    import logging
 
-    from chunkgrpo.config import describe
+    from chunkgrpo.cli import load_stage_config
     from chunkgrpo.train.config import TrainConfig
-
-    if args.help_config:
-        print(describe(TrainConfig))
-        return 0
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    cfg = TrainConfig.load(args.config, args.overrides)
     from chunkgrpo.train.trainer import Trainer, run_training
+
+    cfg = load_stage_config(TrainConfig, args)
+    if cfg is None:
+        return 0
 
     if args.dry_run:
         t = Trainer(cfg)
