@@ -272,8 +272,9 @@ class Trainer:
         return torch.Generator().manual_seed(self.cfg.seed * 7919 + iteration * 104729 + self.info.rank * 15485863)
 
     def _autocast(self):
-        if self.bf16 and self.info.device.type == "cuda":
-            return torch.autocast("cuda", dtype=torch.bfloat16)
+        """bf16 autocast (GPU by default; on CPU with mixed_precision=bf16, which exercises the same path)."""
+        if self.bf16:
+            return torch.autocast(self.info.device.type, dtype=torch.bfloat16)
         return nullcontext()
 
     def _optimizer_step(self) -> dict:
