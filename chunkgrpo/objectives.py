@@ -72,11 +72,14 @@ def clipped_surrogate(ratio: torch.Tensor, adv: torch.Tensor, clip_low: float, c
     return torch.maximum(unclipped, clipped)
 
 
+def clipped_mask(ratio: torch.Tensor, adv: torch.Tensor, clip_low: float, clip_high: float) -> torch.Tensor:
+    """True where the clipped branch is strictly larger, i.e. the unit's gradient is zeroed by the clip."""
+    return (-adv * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)) > (-adv * ratio)
+
+
 def clip_fraction(ratio: torch.Tensor, adv: torch.Tensor, clip_low: float, clip_high: float) -> torch.Tensor:
-    """Fraction of units whose gradient is zeroed by the clip (the clipped branch is strictly larger)."""
-    unclipped = -adv * ratio
-    clipped = -adv * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
-    return (clipped > unclipped).float().mean()
+    """Fraction of units whose gradient is zeroed by the clip."""
+    return clipped_mask(ratio, adv, clip_low, clip_high).float().mean()
 
 
 def kl_k3(logp_new: torch.Tensor, logp_old: torch.Tensor) -> torch.Tensor:
@@ -182,6 +185,7 @@ def chunk_backward(
     scale: float = 1.0,
     strategy: str = "graph",
     always_backward: bool = False,
+    kl_coef: float = 0.0,
 ) -> dict:
     """Backward of one chunk's loss `scale · mean_b ℓ_k(b)` for the chunk made of `steps`.
 
@@ -196,30 +200,39 @@ def chunk_backward(
     `always_backward` runs the per-step forwards/backwards even when every κ is 0 (FSDP needs every
     rank to issue the same collective sequence).
 
+    `kl_coef` adds `kl_coef · k3(mean_t logp_t, mean_t logp_old,t)` to the backward (off-policy only;
+    on-policy it is 0 with zero gradient). Per step its gradient is `kl_coef·(1 − e^{−m_k})/c_k` with m_k
+    the chunk log-ratio, so it rides on the same per-step backward. The returned "loss" is the surrogate.
+
     Returns {"loss", "ratio" (B,), "clipped" (B,) bool, "forwards": transformer-call count}.
     """
     c = len(steps)
     adv = advantages.detach().view(-1)
+    use_kl = bool(kl_coef) and logp_old is not None
     if strategy == "graph":
         logp = logp_fn(list(steps))
         lr = log_ratio(logp, logp_old).mean(dim=1)
         ratio = torch.exp(lr)
         loss = clipped_surrogate(ratio, adv, clip_low, clip_high).mean()
-        (loss * scale).backward()
-        clipped = (-adv * torch.clamp(ratio, 1 - clip_low, 1 + clip_high)) > (-adv * ratio)
-        return {"loss": loss.detach(), "ratio": ratio.detach(), "clipped": clipped.detach(), "forwards": 1}
+        total = loss + kl_coef * kl_k3(logp.mean(dim=1), logp_old.mean(dim=1)).mean() if use_kl else loss
+        (total * scale).backward()
+        clipped = clipped_mask(ratio.detach(), adv, clip_low, clip_high)
+        return {"loss": loss.detach(), "ratio": ratio.detach(), "clipped": clipped, "forwards": 1}
     if strategy != "per_step":
         raise UserError(f"unknown chunk backward strategy {strategy!r} (choose 'graph' or 'per_step')")
     forwards = 0
     if logp_old is None:
-        ratio = torch.ones_like(adv)
+        lr = torch.zeros_like(adv)
     else:
         with torch.no_grad():
             lp = logp_fn(list(steps))
             forwards += 1
-        ratio = torch.exp((lp.float() - logp_old.float()).mean(dim=1))
-    clipped = (-adv * torch.clamp(ratio, 1 - clip_low, 1 + clip_high)) > (-adv * ratio)
+        lr = (lp.float() - logp_old.float()).mean(dim=1)
+    ratio = torch.exp(lr)
+    clipped = clipped_mask(ratio, adv, clip_low, clip_high)
     kappa = torch.where(clipped, torch.zeros_like(adv), -adv * ratio)
+    if use_kl:
+        kappa = kappa + kl_coef * (1.0 - torch.exp(-lr))  # ∂k3/∂m_k
     loss = clipped_surrogate(ratio, adv, clip_low, clip_high).mean()
     if always_backward or torch.any(kappa != 0):
         B = adv.shape[0]
@@ -228,4 +241,4 @@ def chunk_backward(
             forwards += 1
             # ∂ℓ_k/∂logp_t = κ_k / c_k  (method.md §5)
             ((kappa / c) * logp_t).sum().mul(scale / B).backward()
-    return {"loss": loss.detach(), "ratio": ratio.detach(), "clipped": clipped.detach(), "forwards": forwards}
+    return {"loss": loss.detach(), "ratio": ratio.detach(), "clipped": clipped, "forwards": forwards}

@@ -355,7 +355,7 @@ class Trainer:
 
                 out = obj.chunk_backward(logp_fn, steps, old, adv[b:b + 1], clip_low=cfg.clip_low,
                                          clip_high=cfg.clip_high, scale=scale, strategy=cfg.chunk_backward,
-                                         always_backward=fsdp)
+                                         always_backward=fsdp, kl_coef=cfg.kl_coef)
                 loss = float(out["loss"])
                 if not math.isfinite(loss):
                     raise NonFiniteLossError(f"non-finite loss at iteration {it}, sample {b}, chunk {k}")
@@ -364,10 +364,6 @@ class Trainer:
                 stats["clipped"].append(float(out["clipped"][0]))
                 lr_ = math.log(float(out["ratio"][0]))
                 stats["kl"].append(math.exp(-lr_) - 1 + lr_)  # k3 on the unit's log-ratio
-                if cfg.kl_coef and old is not None:
-                    with self._autocast():
-                        lp = policy_log_probs(model, traj, cond_rep, steps, cfg.sampling, samples=[b])
-                    (cfg.kl_coef * scale * obj.kl_k3(lp.mean(1), old.mean(1)).sum()).backward()
             if (n + 1) % cfg.grad_accum == 0:
                 if cfg.recompute_old_logp and not stepped:
                     old_recomputed = self._recompute_old(traj, cond_rep, order[n + 1:], unit_mask)

@@ -86,8 +86,8 @@ def test_kl_k3_is_nonnegative_and_zero_on_policy():
     assert torch.allclose(obj.kl_k3(old, old), torch.zeros_like(old))
 
 
-@pytest.mark.parametrize("off_policy", [False, True])
-def test_both_chunk_backward_strategies_give_equal_gradients(off_policy):
+@pytest.mark.parametrize("off_policy,kl_coef", [(False, 0.0), (True, 0.0), (True, 0.3)])
+def test_both_chunk_backward_strategies_give_equal_gradients(off_policy, kl_coef):
     torch.manual_seed(0)
     B, S = 3, 5
     w = torch.nn.Parameter(torch.randn(S, 4))
@@ -100,13 +100,22 @@ def test_both_chunk_backward_strategies_give_equal_gradients(off_policy):
     with torch.no_grad():
         old = logp_fn(steps) + (0.05 * torch.randn(B, 3) if off_policy else 0.0)
     adv = torch.tensor([1.0, -0.5, 2.0])
-    kw = dict(clip_low=0.02, clip_high=0.02, scale=0.5)
+    kw = dict(clip_low=0.02, clip_high=0.02, scale=0.5, kl_coef=kl_coef)
     grads = {}
     for strategy in ("graph", "per_step"):
         w.grad = None
         out = obj.chunk_backward(logp_fn, steps, old if off_policy else None, adv, strategy=strategy, **kw)
         grads[strategy] = w.grad.clone()
         grads[strategy + "_loss"] = out["loss"]
+    # reference: autograd of scale · mean_b [ℓ_k + kl_coef · k3(chunk mean logp, chunk mean old)]
+    w.grad = None
+    lp = logp_fn(steps)
+    ratio = torch.exp(obj.log_ratio(lp, old if off_policy else None).mean(1))
+    ref = obj.clipped_surrogate(ratio, adv, 0.02, 0.02).mean()
+    if kl_coef:
+        ref = ref + kl_coef * obj.kl_k3(lp.mean(1), old.mean(1)).mean()
+    (0.5 * ref).backward()
+    assert torch.allclose(grads["graph"], w.grad, atol=1e-6)
     assert torch.allclose(grads["graph"], grads["per_step"], atol=1e-6)
     assert torch.allclose(grads["graph_loss"], grads["per_step_loss"], atol=1e-6)
     assert grads["graph"].abs().sum() > 0

@@ -156,3 +156,17 @@ def test_branching_methods_train_on_policy_without_wasted_calls(tiny_model_dir, 
     assert completion_indices(3, 8, 2) == [4, 6, 8] and completion_indices(4, 8, 2) == [5, 7, 8]
     w = noise_weights(cfg, [0, 1, 2], cfg.sampling.sigmas())
     assert abs(sum(w.values()) / 3 - 1.0) < 1e-9  # TempFlow weights average 1
+
+
+def test_kl_term_costs_no_extra_transformer_calls(tiny_model_dir, prompts_file, tmp_path):
+    """Off-policy units (after the first optimizer step of a rollout) with a KL term: the KL rides on
+    the unit's own forward, so graph mode still makes exactly the minimum number of calls."""
+    cfg = _cfg(tiny_model_dir, prompts_file, tmp_path, "max_steps=2", "grad_accum=4", "kl_coef=0.1",
+               "chunk_backward=graph")
+    t = Trainer(cfg)
+    t.setup()
+    m = t.iteration()
+    assert t.opt_step == 2  # 8 samples, accum 4: the second half is off-policy
+    assert m["transformer_samples"] == m["min_transformer_samples"]
+    assert m["ratio_mean"] != 1.0 and m["kl_k3"] > 0
+    t.close()
