@@ -22,7 +22,7 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 import torch  # noqa: E402
 
 from chunkgrpo.flux import load_flux  # noqa: E402
-from chunkgrpo.rollout import sample_trajectory  # noqa: E402
+from chunkgrpo.rollout import rollout_group  # noqa: E402
 from chunkgrpo.tiny import build_tiny_flux  # noqa: E402
 from chunkgrpo.train.config import TrainConfig  # noqa: E402
 from chunkgrpo.train.rewards import get_reward  # noqa: E402
@@ -36,15 +36,10 @@ def ode_reward(model, cfg: TrainConfig, prompts: list[str], seeds: int = 4) -> f
     s = cfg.sampling
     fn = get_reward(cfg.rewards[0].name, cfg.rewards[0].options)
     cond = model.encode_prompts(prompts, s.max_sequence_length)
-    L, _ = model.latent_shape(s.height, s.width)
-    sig = s.sigmas(L)
-    ts = s.timesteps(sig)
-    ids = model.img_ids(s.height, s.width)
+    ode = s.replace(stochastic="none")
     vals = []
     for seed in range(seeds):
-        x = model.initial_noise(len(prompts), s.height, s.width, torch.Generator().manual_seed(10_000 + seed))
-        tr = sample_trajectory(lambda x, i: model.velocity(x, ts[i].reshape(1), cond, ids, guidance=s.guidance), x, sig,
-                               torch.zeros(s.num_steps, dtype=torch.bool), eta=0.0, rule=s.rule, timesteps=ts)
+        tr = rollout_group(model, cond, 1, ode, torch.Generator().manual_seed(10_000 + seed))
         vals.append(fn(model.decode(tr.x0, s.height, s.width), prompts))
     return float(torch.cat(vals).mean())
 

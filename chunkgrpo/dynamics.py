@@ -17,7 +17,7 @@ from tqdm import tqdm
 from chunkgrpo.config import Config, option
 from chunkgrpo.errors import UserError
 from chunkgrpo.objectives import l1rel
-from chunkgrpo.rollout import SamplingConfig, sample_trajectory
+from chunkgrpo.rollout import SamplingConfig, rollout_group
 
 
 @dataclass
@@ -43,11 +43,6 @@ class ProfileConfig(Config):
             raise UserError(f"num_prompts must be >= 0, got {self.num_prompts}")
 
 
-def profile_trajectories(latents: torch.Tensor) -> torch.Tensor:
-    """Per-transition L1rel averaged over the batch: latents (B, N+1, ...) → (N,)."""
-    return l1rel(latents).mean(dim=0)
-
-
 def profile_model(model, prompts: list[str], cfg: ProfileConfig, progress: bool = True) -> dict:
     """Run ODE trajectories for prompts × seeds and return the profile dict (JSON-ready)."""
     if not prompts:
@@ -59,19 +54,12 @@ def profile_model(model, prompts: list[str], cfg: ProfileConfig, progress: bool 
     L, _ = model.latent_shape(s.height, s.width)
     sigmas = s.sigmas(image_seq_len=L)
     timesteps = s.timesteps(sigmas)
-    img_ids = model.img_ids(s.height, s.width)
-    ode = torch.zeros(s.num_steps, dtype=torch.bool)
+    ode = s.replace(stochastic="none")  # profiling always integrates the ODE
     per_run = []
     bar = tqdm(total=cfg.seeds * len(cond_all), desc="profile", disable=not progress)
     for seed in range(cfg.seeds):
         for bi, cond in enumerate(cond_all):
-            gen = torch.Generator().manual_seed(1000 * seed + bi)
-            x_init = model.initial_noise(len(cond), s.height, s.width, gen)
-
-            def velocity_fn(x, i, cond=cond):
-                return model.velocity(x, timesteps[i].reshape(1), cond, img_ids, guidance=s.guidance)
-
-            traj = sample_trajectory(velocity_fn, x_init, sigmas, ode, eta=0.0, rule=s.rule, timesteps=timesteps)
+            traj = rollout_group(model, cond, 1, ode, torch.Generator().manual_seed(1000 * seed + bi))
             per_run.append(l1rel(traj.latents).cpu())
             bar.update(1)
     bar.close()

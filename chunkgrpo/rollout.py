@@ -186,8 +186,8 @@ def policy_log_probs(model, traj: Trajectory, cond_rep, steps: list[int], cfg: S
     idx = torch.arange(traj.latents.shape[0]) if samples is None else torch.as_tensor(samples)
     b, k = idx.numel(), len(steps)
     st = torch.as_tensor(steps)
-    x = traj.latents[idx][:, st]            # (b, k, L, C)
-    x_next = traj.latents[idx][:, st + 1]
+    lat = traj.latents[idx]                 # (b, N+1, L, C)
+    x, x_next = lat[:, st], lat[:, st + 1]  # (b, k, L, C) each
     flat = x.flatten(0, 1)
     sig = traj.sigmas[st].float().repeat(b)
     sig_next = traj.sigmas[st + 1].float().repeat(b)

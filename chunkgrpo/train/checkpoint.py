@@ -66,9 +66,13 @@ def write_manifest(path: Path, meta: dict) -> None:
     tmp.replace(path / MANIFEST)
 
 
+def staging_path(root: Path, step: int) -> Path:
+    return root / f".staging-step-{step:06d}"
+
+
 def stage_dir(root: Path, step: int) -> Path:
     """A fresh staging folder for step `step` (a crashed earlier attempt is discarded)."""
-    staging = root / f".staging-step-{step:06d}"
+    staging = staging_path(root, step)
     if staging.exists():
         shutil.rmtree(staging)
     (staging / "rng").mkdir(parents=True)

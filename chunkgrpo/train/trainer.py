@@ -244,9 +244,10 @@ class Trainer:
 
         weights = self._trainable_state()
         optim = self._optimizer_state()
-        staging = ckpt.stage_dir(self.ckpt_root, self.opt_step) if self.info.is_main else None
-        D.barrier()
-        staging = staging or self.ckpt_root / f".staging-step-{self.opt_step:06d}"
+        if self.info.is_main:
+            ckpt.stage_dir(self.ckpt_root, self.opt_step)
+        D.barrier()  # rank 0 has created a fresh staging folder
+        staging = ckpt.staging_path(self.ckpt_root, self.opt_step)
         torch.save(ckpt.rng_state(), staging / "rng" / f"rank{self.info.rank}.pt")
         final = None
         if self.info.is_main:
