@@ -27,6 +27,7 @@ from chunkgrpo import sde
 from chunkgrpo.advantages import aggregate_advantages
 from chunkgrpo.errors import UserError
 from chunkgrpo.rollout import sample_trajectory
+from chunkgrpo.train.context import IterationContext, IterationResult, NonFiniteLossError
 from chunkgrpo.train.rewards import compute_rewards
 
 
@@ -58,16 +59,15 @@ def noise_weights(cfg, steps: list[int], sigmas: torch.Tensor) -> dict[int, floa
     return {k: c * v for k, v in std.items()}
 
 
-def branching_iteration(t) -> dict:
-    """One iteration of TempFlow-/Granular-GRPO for trainer `t` (a `Trainer`)."""
-    cfg, model = t.cfg, t.model
+def iteration(ctx: IterationContext) -> IterationResult:
+    """One iteration of TempFlow-/Granular-GRPO."""
+    cfg, model = ctx.cfg, ctx.model
     s = cfg.sampling
-    it = t.iteration_idx
-    gen = t._generator(it)
+    it = ctx.iteration
+    gen = ctx.generator
     model.counter.reset()
     timing = {"rollout": 0.0, "reward": 0.0, "policy": 0.0}
-    prompts = t.stream.batch(it, t.info.rank)
-    cond = t.embeds.get(prompts)
+    prompts, cond = ctx.prompts, ctx.cond
     P, G = len(prompts), cfg.group_size
     L, _ = model.latent_shape(s.height, s.width)
     sigmas = s.sigmas(L)
@@ -80,7 +80,7 @@ def branching_iteration(t) -> dict:
     tr = model.transformer
 
     def vel(x, t_idx, c):
-        with t._autocast():
+        with ctx.autocast():
             return model.velocity(x, ts[t_idx].reshape(1), c, img_ids, guidance=s.guidance)
 
     # ---- the deterministic anchor trajectory (shared noise per anchor) ----
@@ -115,37 +115,35 @@ def branching_iteration(t) -> dict:
         adv = torch.zeros(P * G)
         for lam, x0 in finals.items():
             images = model.decode(x0, s.height, s.width)
-            rewards = compute_rewards(t.reward_fns, images, sample_prompts)
-            adv = adv + aggregate_advantages(rewards, t.reward_weights, G, clip=cfg.adv_clip)
+            rewards = compute_rewards(ctx.reward_fns, images, sample_prompts)
+            adv = adv + aggregate_advantages(rewards, ctx.reward_weights, G, clip=cfg.adv_clip)
             if lam == grans[0]:
                 for name, r in rewards.items():
                     reward_sums.setdefault(name, []).append(float(r.mean()))
-                total = sum(t.reward_weights[n] * r for n, r in rewards.items())
+                total = sum(ctx.reward_weights[n] * r for n, r in rewards.items())
                 stats["reward"].append(float(total.mean()))
                 stats["reward_std"].append(float(total.std()))
-                t._last_images, t._last_prompts = images, sample_prompts
-        adv = adv.to(t.info.device)
+                last = (images, sample_prompts)
+        adv = adv.to(ctx.device)
         timing["reward"] += time.perf_counter() - t0
         # ---- policy update on step k: one forward at x_k serves the whole group ----
         t0 = time.perf_counter()
         tr.train()
-        with t._autocast():
+        with ctx.autocast():
             v = model.velocity(x_k, ts[k].reshape(1), cond, img_ids, guidance=s.guidance)
         logp = sde.step_log_prob(x_next, xk_rep, v.repeat_interleave(G, 0), float(sigmas[k]), float(sigmas[k + 1]),
                                  eta=s.eta, rule=s.rule).view(-1, 1)
         loss = weights[k] * obj.step_policy_loss(logp, None, adv, clip_low=cfg.clip_low, clip_high=cfg.clip_high)
         if not torch.isfinite(loss):
-            from chunkgrpo.train.trainer import NonFiniteLossError
-
             raise NonFiniteLossError(f"non-finite loss at iteration {it}, branching step {k}")
         loss.backward()
         stats["loss"].append(float(loss.detach()))
-        stats["grad_norm"].append(t._optimizer_step()["grad_norm"])
+        stats["grad_norm"].append(ctx.optimizer_step()["grad_norm"])
         stats["min_samples"] += sum(P * G * (len(completion_indices(k, s.num_steps, lam)) - 1) for lam in grans) + P
         timing["policy"] += time.perf_counter() - t0
     calls = model.counter.as_dict()
     n = len(steps)
-    return {
+    metrics = {
         "reward_mean": sum(stats["reward"]) / n, "reward_std": sum(stats["reward_std"]) / n,
         **{f"reward/{k}": sum(v) / len(v) for k, v in reward_sums.items()},
         "loss": sum(stats["loss"]) / n, "clip_frac": 0.0, "ratio_mean": 1.0, "ratio_min": 1.0, "ratio_max": 1.0,
@@ -158,3 +156,4 @@ def branching_iteration(t) -> dict:
         "min_transformer_samples": P * s.num_steps + stats["min_samples"],
         **{f"time/{k}": v for k, v in timing.items()},
     }
+    return IterationResult(metrics, *last)

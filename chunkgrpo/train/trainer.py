@@ -4,13 +4,9 @@ Read top to bottom:
   Trainer.__init__   validate everything that can be checked before any GPU time is spent
   Trainer.setup      process group, model (+LoRA / full), FSDP or replicated, optimizer, caches, resume
   Trainer.train      iterations until `max_steps` optimizer steps; checkpoints; NaN guard
-  Trainer.iteration  rollout → rewards → advantages → unit selection → accumulate → optimizer steps
-
-Per iteration and rank: P prompts × G samples are rolled out as ONE batch (N transformer calls);
-each sample trains `timestep_fraction` of its units (chunks; steps for `dance`); an optimizer step
-happens every `grad_accum` samples, so later samples of a rollout are slightly off-policy. Until the
-first optimizer step of an iteration the policy IS the rollout policy, so the ratio is computed as
-exactly 1 (`logp − logp.detach()`) and no old log-prob or extra forward is needed.
+  Trainer.iteration  builds this rank's `IterationContext` and runs the method's iteration
+                     (`chunkgrpo.train.methods`: grpo.iteration for chunk/chunk+ws/dance,
+                     branching.iteration for tempflow/granular)
 """
 
 from __future__ import annotations
@@ -26,20 +22,18 @@ from pathlib import Path
 import torch
 
 from chunkgrpo import objectives as obj
-from chunkgrpo.advantages import aggregate_advantages
 from chunkgrpo.chunks import load_plan, plan_chunks
 from chunkgrpo.errors import UserError
-from chunkgrpo.rollout import policy_log_probs, rollout_group
 from chunkgrpo.train import checkpoint as ckpt
 from chunkgrpo.train import dist as D
 from chunkgrpo.train.config import TrainConfig
-from chunkgrpo.train.rewards import compute_rewards, get_reward
+from chunkgrpo.train.context import IterationContext, NonFiniteLossError
+from chunkgrpo.train.methods import get_method
+from chunkgrpo.train.rewards import get_reward
+
+__all__ = ["NonFiniteLossError", "Trainer", "config_hash", "resolve_chunk_sizes", "run_training"]
 
 log = logging.getLogger(__name__)
-
-
-class NonFiniteLossError(RuntimeError):
-    """Raised when the loss or gradient becomes NaN/inf; the last good checkpoint is kept intact."""
 
 
 def config_hash(cfg: TrainConfig) -> str:
@@ -77,8 +71,7 @@ class Trainer:
         self.reward_weights = {r.name: r.weight for r in cfg.rewards}
         if len(self.reward_weights) != len(cfg.rewards):
             raise UserError(f"duplicate reward names in {[r.name for r in cfg.rewards]}")
-        if cfg.method in ("tempflow", "granular"):
-            from chunkgrpo.train import branching  # noqa: F401 - validates availability early
+        self.method = get_method(cfg.method)
         self.out = Path(cfg.output_dir)
         self.iteration_idx = 0
         self.opt_step = 0
@@ -134,7 +127,7 @@ class Trainer:
         from chunkgrpo.train.data import EmbeddingCache, PromptStream
 
         self.stream = PromptStream(self.prompts, cfg.prompts_per_rank, self.info.world, cfg.seed)
-        self.steps_per_iteration = self._steps_per_iteration()
+        self.steps_per_iteration = self.method.steps_per_iteration(cfg)
         self.num_iterations = math.ceil(cfg.max_steps / self.steps_per_iteration)
         cache_dir = Path(cfg.embed_cache_dir or self.out / "embeds") / f"rank{self.info.rank}"
         self.embeds = EmbeddingCache(self.model, cache_dir, cfg.sampling.max_sequence_length)
@@ -151,13 +144,6 @@ class Trainer:
         D.barrier()
         if cfg.checkpoint.resume:
             self._resume()
-
-    def _steps_per_iteration(self) -> int:
-        if self.cfg.method in ("tempflow", "granular"):
-            from chunkgrpo.train.branching import steps_per_iteration
-
-            return steps_per_iteration(self.cfg)
-        return self.cfg.samples_per_rank // self.cfg.grad_accum
 
     # ------------------------------------------------------------------ resume / save
     def _resume(self) -> None:
@@ -296,118 +282,20 @@ class Trainer:
         self.opt_step += 1
         return {"grad_norm": gn}
 
+    def context(self) -> IterationContext:
+        """This rank's view of the current iteration, handed to the method."""
+        prompts = self.stream.batch(self.iteration_idx, self.info.rank)
+        return IterationContext(
+            cfg=self.cfg, model=self.model, prompts=prompts, cond=self.embeds.get(prompts),
+            reward_fns=self.reward_fns, reward_weights=self.reward_weights, sizes=self.sizes, ranges=self.ranges,
+            device=self.info.device, iteration=self.iteration_idx, generator=self._generator(self.iteration_idx),
+            autocast=self._autocast, optimizer_step=self._optimizer_step, fsdp=self._is_fsdp())
+
     def iteration(self) -> dict:
-        if self.cfg.method in ("tempflow", "granular"):
-            from chunkgrpo.train.branching import branching_iteration
-
-            return branching_iteration(self)
-        cfg, model, it = self.cfg, self.model, self.iteration_idx
-        tr = model.transformer
-        timing = {"rollout": 0.0, "reward": 0.0, "policy": 0.0}
-        model.counter.reset()
-        gen = self._generator(it)
-        prompts = self.stream.batch(it, self.info.rank)
-        cond = self.embeds.get(prompts)
-        G, B = cfg.group_size, cfg.samples_per_rank
-        # ---- rollout: P·G samples in one batch ----
-        t0 = time.perf_counter()
-        tr.eval()
-        with torch.no_grad(), self._autocast():
-            traj = rollout_group(model, cond, G, cfg.sampling, gen)
-        rollout_calls = model.counter.as_dict()
-        if not torch.isfinite(traj.log_probs[:, : cfg.trainable_steps]).all():
-            raise NonFiniteLossError(f"non-finite rollout log-probs at iteration {it}")
-        timing["rollout"] = time.perf_counter() - t0
-        # ---- rewards and advantages ----
-        t0 = time.perf_counter()
-        images = model.decode(traj.x0, cfg.sampling.height, cfg.sampling.width)
-        sample_prompts = [p for p in prompts for _ in range(G)]
-        rewards = compute_rewards(self.reward_fns, images, sample_prompts)
-        adv = aggregate_advantages(rewards, self.reward_weights, G, clip=cfg.adv_clip).to(self.info.device)
-        timing["reward"] = time.perf_counter() - t0
-        # ---- which units each sample trains ----
-        t0 = time.perf_counter()
-        K = len(self.sizes)
-        weights = obj.chunk_sampling_weights(traj.latents, self.sizes, cfg.chunk_weighting) if cfg.method == "chunk+ws" else None
-        unit_mask = obj.select_units(B, K, cfg.timestep_fraction, generator=gen, weights=weights)
-        order = torch.randperm(B, generator=gen).tolist()
-        cond_rep = cond.repeat_interleave(G)
-        tr.train()
-        fsdp = self._is_fsdp()
-        stats = {"loss": [], "ratio": [], "clipped": [], "kl": [], "grad_norm": []}
-        stepped = False
-        old_recomputed: dict[tuple[int, int], torch.Tensor] = {}
-        for n, b in enumerate(order):
-            units = unit_mask[b].nonzero().flatten().tolist()
-            scale = 1.0 / (cfg.grad_accum * len(units))
-            for k in units:
-                a, e = self.ranges[k]
-                steps = list(range(a, e))
-                if not stepped:
-                    old = None  # θ = θ_old exactly: ratio 1, gradient flows
-                elif cfg.recompute_old_logp:
-                    old = old_recomputed[(b, k)]
-                else:
-                    old = traj.log_probs[b:b + 1, a:e].to(self.info.device)
-
-                def logp_fn(st, b=b):
-                    with self._autocast():
-                        return policy_log_probs(model, traj, cond_rep, st, cfg.sampling, samples=[b])
-
-                out = obj.chunk_backward(logp_fn, steps, old, adv[b:b + 1], clip_low=cfg.clip_low,
-                                         clip_high=cfg.clip_high, scale=scale, strategy=cfg.chunk_backward,
-                                         always_backward=fsdp, kl_coef=cfg.kl_coef)
-                loss = float(out["loss"])
-                if not math.isfinite(loss):
-                    raise NonFiniteLossError(f"non-finite loss at iteration {it}, sample {b}, chunk {k}")
-                stats["loss"].append(loss)
-                stats["ratio"].append(float(out["ratio"][0]))
-                stats["clipped"].append(float(out["clipped"][0]))
-                lr_ = math.log(float(out["ratio"][0]))
-                stats["kl"].append(math.exp(-lr_) - 1 + lr_)  # k3 on the unit's log-ratio
-            if (n + 1) % cfg.grad_accum == 0:
-                if cfg.recompute_old_logp and not stepped:
-                    old_recomputed = self._recompute_old(traj, cond_rep, order[n + 1:], unit_mask)
-                stats["grad_norm"].append(self._optimizer_step()["grad_norm"])
-                stepped = True
-        timing["policy"] = time.perf_counter() - t0
-        calls = model.counter.as_dict()
-        trained_pairs = int(sum(self.sizes[k] for b in range(B) for k in unit_mask[b].nonzero().flatten().tolist()))
-        metrics = {
-            "reward_mean": float(torch.stack(list(rewards.values())).mean()) if len(rewards) == 1 else
-            float(sum(self.reward_weights[k] * v.mean() for k, v in rewards.items())),
-            "reward_std": float(next(iter(rewards.values())).std()),
-            **{f"reward/{k}": float(v.mean()) for k, v in rewards.items()},
-            "loss": sum(stats["loss"]) / len(stats["loss"]),
-            "clip_frac": sum(stats["clipped"]) / len(stats["clipped"]),
-            "ratio_mean": sum(stats["ratio"]) / len(stats["ratio"]),
-            "ratio_min": min(stats["ratio"]), "ratio_max": max(stats["ratio"]),
-            "kl_k3": sum(stats["kl"]) / len(stats["kl"]),
-            "grad_norm": max(stats["grad_norm"]) if stats["grad_norm"] else 0.0,
-            "adv_abs_mean": float(adv.abs().mean()),
-            "transformer_forward": calls["transformer_forward"],
-            "transformer_forward_with_grad": calls["transformer_forward_with_grad"],
-            "transformer_samples": calls["transformer_samples"],
-            "rollout_samples": rollout_calls["transformer_samples"],
-            # the algorithm's minimum: one rollout pass + one forward/backward per trained (sample, step)
-            "min_transformer_samples": rollout_calls["transformer_samples"] + trained_pairs,
-            **{f"time/{k}": v for k, v in timing.items()},
-        }
-        self._last_images = images
-        self._last_prompts = sample_prompts
-        return metrics
-
-    def _recompute_old(self, traj, cond_rep, samples: list[int], unit_mask) -> dict:
-        """Old log-probs of the not-yet-trained units under θ_old, in the training layout (no grad)."""
-        out = {}
-        with torch.no_grad():
-            for b in samples:
-                for k in unit_mask[b].nonzero().flatten().tolist():
-                    a, e = self.ranges[k]
-                    with self._autocast():
-                        out[(b, k)] = policy_log_probs(self.model, traj, cond_rep, list(range(a, e)), self.cfg.sampling,
-                                                       samples=[b]).float()
-        return out
+        """One iteration of the configured method; returns its metrics (this rank's)."""
+        result = self.method.iteration(self.context())
+        self._last_images, self._last_prompts = result.images, result.prompts
+        return result.metrics
 
     # ------------------------------------------------------------------ the loop
     def train(self) -> dict:
