@@ -41,14 +41,16 @@ td.pos{background:#eef8f0}td.neg{background:#fdeeee}td.neutral{background:#f6f6f
 .warn ul{margin:4px 0 0 0}
 table.pairs td{text-align:center}table.pairs td.prompt{text-align:left;max-width:320px}
 table.pairs img{display:block;margin:0 auto 4px auto;border:1px solid #ccc}
-.thumbs{white-space:nowrap}.thumbs .s{display:inline-block;vertical-align:top;margin:1px;max-width:180px;
-white-space:normal;font-size:11px}
+.thumbs{white-space:normal}.thumbs .s{display:inline-block;vertical-align:top;margin:2px;font-size:11px;
+overflow-wrap:anywhere}
 .reason{color:#b00020;font-size:11px;text-align:left}
 .badge{display:inline-block;padding:0 4px;border-radius:3px;font-size:11px}
 .badge.t{background:#e8f5e9;color:#0a7d28}.badge.f{background:#fdecea;color:#b00020}
 .plots{display:flex;flex-wrap:wrap;gap:16px;align-items:flex-start}
 .plot{border:1px solid #eee;padding:6px}
 details{font-size:11px;text-align:left;max-width:300px}details pre{white-space:pre-wrap;margin:2px 0}
+pre.answer{font-size:11px;text-align:left;white-space:pre-wrap;background:#f7f7f7;margin:2px 0;padding:2px 4px;
+max-width:300px}
 code{font-size:12px}
 """
 
@@ -90,8 +92,11 @@ def _sig(cell: Mapping | None) -> int:
 
 def delta_cell(cell: Mapping | None, digits: int = 4) -> str:
     """A table cell with the delta and its CI: green / red only when the CI excludes 0, neutral otherwise."""
-    if not cell or not _finite(cell.get("delta"), cell.get("ci_low"), cell.get("ci_high")):
+    if not cell or not _finite(cell.get("delta")):
         return "<td class=num>–</td>"
+    if not _finite(cell.get("ci_low"), cell.get("ci_high")):
+        return (f"<td class='num neutral' title='{_e(cell.get('note') or 'no interval')}'>{cell['delta']:+.{digits}f}"
+                f"<br><span class=ci>{_e(cell.get('note') or 'no interval')}</span></td>")
     sig = _sig(cell)
     level = round(100 * float(cell.get("level", 0.95)))
     return (f"<td class='num {SIG_CLASS[sig]}' title='{_e(SIG_WORD[sig])}'>{cell['delta']:+.{digits}f}"
@@ -101,6 +106,8 @@ def delta_cell(cell: Mapping | None, digits: int = 4) -> str:
 def win_cell(cell: Mapping | None) -> str:
     if not cell or not _finite(cell.get("win_rate")):
         return "<td class=num>–</td>"
+    if not _finite(cell.get("win_ci_low"), cell.get("win_ci_high")):
+        return f"<td class=num>{cell['win_rate']:.0%}<br><span class=ci>ties {cell.get('tie_rate', 0):.0%}</span></td>"
     return (f"<td class=num>{cell['win_rate']:.0%}<br><span class=ci>[{cell['win_ci_low']:.0%}, "
             f"{cell['win_ci_high']:.0%}] · ties {cell.get('tie_rate', 0):.0%}</span></td>")
 
@@ -155,13 +162,13 @@ def _nice(x: float) -> str:
 
 
 def svg_delta_bars(rows: Sequence[tuple[str, Mapping]], *, title: str = "", shared_axis: bool = True,
-                   width: int = 560) -> str:
+                   width: int = 720) -> str:
     """Horizontal bars of trained − base per row with CI whiskers (inline SVG). Grey when the CI
     contains 0. `shared_axis=False` gives every row its own symmetric axis (metrics on different scales)."""
     rows = [(n, c) for n, c in rows if c and _finite(c.get("delta"), c.get("ci_low"), c.get("ci_high"))]
     if not rows:
         return ""
-    lw, rw, rh, top = 150, 150, 26, 22
+    lw, rw, rh, top = 130, 270, 26, 22
     pw = width - lw - rw
     height = top + rh * len(rows) + 18
 
@@ -196,9 +203,9 @@ def svg_delta_bars(rows: Sequence[tuple[str, Mapping]], *, title: str = "", shar
         parts.append(f"<line x1='{lo:.1f}' y1='{ym}' x2='{hi:.1f}' y2='{ym}' stroke='{col}' stroke-width='1.5'/>"
                      f"<line x1='{lo:.1f}' y1='{ym - 5}' x2='{lo:.1f}' y2='{ym + 5}' stroke='{col}' stroke-width='1.5'/>"
                      f"<line x1='{hi:.1f}' y1='{ym - 5}' x2='{hi:.1f}' y2='{ym + 5}' stroke='{col}' stroke-width='1.5'/>")
-        note = f"{d:+.4g} [{c['ci_low']:+.3g}, {c['ci_high']:+.3g}]"
+        note = f"{d:+.3g} [{c['ci_low']:+.2g}, {c['ci_high']:+.2g}]"
         if not shared_axis:
-            note += f" (axis ±{ext:.3g})"
+            note += f" (axis ±{ext:.2g})"
         parts.append(f"<text x='{lw + pw + 6}' y='{y + 15}' fill='{col}'>{_e(note)}</text>")
     parts.append("</svg>")
     return "<div class=plot>" + "".join(parts) + "</div>"
@@ -223,7 +230,7 @@ def svg_histogram(series: Mapping[str, Sequence[float]], *, title: str = "", bin
         edges = np.asarray(bins, dtype=float)
     counts = {lb: np.histogram(v, bins=edges)[0] for lb, v in data.items()}
     cmax = max(int(c.max()) for c in counts.values()) or 1
-    left, bottom, top = 34, 20, 20
+    left, bottom, top = 34, 20, 34
     pw, ph = width - left - 10, height - top - bottom
     nb = len(edges) - 1
     bw = pw / nb
@@ -238,8 +245,8 @@ def svg_histogram(series: Mapping[str, Sequence[float]], *, title: str = "", bin
             x = left + k * bw  # overlaid, translucent
             parts.append(f"<rect x='{x:.1f}' y='{top + ph - h:.1f}' width='{max(bw - 1, 1):.1f}' height='{h:.1f}' "
                          f"fill='{col}' fill-opacity='0.45' stroke='{col}'/>")
-        parts.append(f"<rect x='{width - 150 + 70 * j}' y='4' width='9' height='9' fill='{col}' fill-opacity='0.6'/>"
-                     f"<text x='{width - 138 + 70 * j}' y='12'>{_e(lb)} (n={int(c.sum())})</text>")
+        parts.append(f"<rect x='{left + 110 * j}' y='18' width='9' height='9' fill='{col}' fill-opacity='0.6'/>"
+                     f"<text x='{left + 12 + 110 * j}' y='26'>{_e(lb)} (n={int(c.sum())})</text>")
     parts.append(f"<line x1='{left}' y1='{top + ph}' x2='{left + pw}' y2='{top + ph}' stroke='#444'/>"
                  f"<text x='{left}' y='{height - 5}' fill='#666'>{edges[0]:.3g}</text>"
                  f"<text x='{left + pw}' y='{height - 5}' fill='#666' text-anchor='end'>{edges[-1]:.3g}</text>"
@@ -475,7 +482,8 @@ def _geneval(result: Mapping, b: Mapping, out: Path, jobs: Sequence, records: Ma
                     n_ok += bool(c)
                     badge = "" if c is None else f"<span class='badge {'t' if c else 'f'}'>{'✓' if c else '✗'}</span>"
                     reason = "" if not r or c else f"<div class=reason>{_e(r.get('reason') or '')}</div>"
-                    ims.append(f"<span class=s>{_img(out / rel, small, j.prompt, _boxes(r))}{badge}{reason}</span>")
+                    ims.append(f"<span class=s style='width:{small + 8}px'>{_img(out / rel, small, j.prompt, _boxes(r))}"
+                               f"{badge}{reason}</span>")
                 acc[lb] = n_ok
                 cells += f"<td class=thumbs>{''.join(ims)}</td>"
             change = (f"<br><span class=muted>correct: base {acc['base']}/{len(js)} → trained {acc['trained']}/{len(js)}"
@@ -561,8 +569,12 @@ def _wise(result: Mapping, b: Mapping, out: Path, jobs: Sequence, records: Mappi
         else:
             score = f"<div class=reason>{_e(r.get('error') or 'failed')}</div>"
         answer = r.get("answer")
-        ans = (f"<details><summary>judge answer</summary><pre>{_e(answer)}</pre></details>" if answer
-               else "")
+        ans = ""
+        if answer:
+            short = answer if len(answer) <= 240 else answer[:240] + " …"
+            ans = f"<pre class=answer title='judge answer'>{_e(short)}</pre>"
+            if len(answer) > 240:
+                ans += f"<details><summary>full judge answer</summary><pre>{_e(answer)}</pre></details>"
         return f"<td>{_img(out / 'wise' / lb / j.rel, thumb, j.prompt)}{score}{ans}</td>"
 
     def render(ks):

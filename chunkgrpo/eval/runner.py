@@ -766,8 +766,7 @@ def compute_statistics(bench: str, per_image: Any, results: dict, *, samples: in
         cats = [e["category"] for e in pairs.values()]
         t = [nan if e["trained"] is None else e["trained"] for e in pairs.values()]
         b = [nan if e["base"] is None else e["base"] for e in pairs.values()]
-        present = set(cats)
-        if all(name in present for name, *_ in CATEGORIES):  # official weights, as wise.aggregate
+        if all(r.get("complete") for r in results.values()):  # official weights, as wise.aggregate
             cells["overall"] = stats.cell(t, b, strata=cats, strata_weights={n: w for n, _, _, w in CATEGORIES}, **kw)
         else:  # mean over the evaluated prompts
             cells["overall"] = stats.cell(t, b, **kw)
@@ -988,8 +987,9 @@ def summary_lines(result: dict) -> list[str]:
             if c.get("delta") is None:
                 continue
             verdict = {1: "trained better", -1: "trained worse", 0: "no significant difference"}[c["significance"]]
-            lines.append(f"  {bench}.{metric}: trained − base {c['delta']:+.4f} "
-                         f"[{round(100 * c['level'])}% CI {c['ci_low']:+.4f}, {c['ci_high']:+.4f}] "
+            ci = (f"{round(100 * c['level'])}% CI {c['ci_low']:+.4f}, {c['ci_high']:+.4f}" if c.get("ci_low") is not None
+                  else c.get("note", "no interval"))
+            lines.append(f"  {bench}.{metric}: trained − base {c['delta']:+.4f} [{ci}] "
                          f"win rate {c['win_rate']:.0%} (n={c['n']}): {verdict}")
         if not res:
             lines.append(f"{bench}: images generated (not scored)")

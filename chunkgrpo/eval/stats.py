@@ -9,6 +9,7 @@ WISE per category and overall) `paired_bootstrap` reports
   recompute the delta, take the (1−level)/2 and (1+level)/2 quantiles,
 * the win rate = share of prompts where trained beats base (strictly), with its bootstrap CI, plus the
   tie and loss rates, and `n` (pairs used) / `n_dropped` (pairs with a missing or non-finite side).
+  With fewer than `MIN_PAIRS` pairs the intervals are None and the delta counts as not significant.
 
 Stratified cells (GenEval overall = unweighted mean of the 6 task means; WISE overall = official
 category weights) resample within each stratum, so every bootstrap replicate keeps the design's
@@ -32,6 +33,7 @@ from chunkgrpo.errors import UserError
 DEFAULT_SAMPLES = 2000
 DEFAULT_LEVEL = 0.95
 DEFAULT_SEED = 0
+MIN_PAIRS = 5  # fewer pairs: no interval (a bootstrap of 1-4 pairs is degenerate, e.g. [x, x] for one pair)
 _CHUNK = 256  # bootstrap replicates per vectorised block (bounds memory: _CHUNK x n indices)
 
 
@@ -59,12 +61,13 @@ def paired_bootstrap(trained: Sequence[float], base: Sequence[float], *,
                      strata: Sequence[Hashable] | None = None,
                      strata_weights: Mapping[Hashable, float] | None = None,
                      samples: int = DEFAULT_SAMPLES, level: float = DEFAULT_LEVEL,
-                     seed: int = DEFAULT_SEED) -> dict[str, Any]:
+                     seed: int = DEFAULT_SEED, min_pairs: int = MIN_PAIRS) -> dict[str, Any]:
     """Bootstrap CI of trained − base and the win rate over aligned per-prompt pairs.
 
     `strata` (one label per pair) makes the statistic a weighted mean of per-stratum means
     (`strata_weights`, default equal weights, renormalised over the strata present) with resampling
-    inside each stratum. Pairs with a non-finite side are dropped and counted in `n_dropped`."""
+    inside each stratum. Pairs with a non-finite side are dropped and counted in `n_dropped`. Below
+    `min_pairs` pairs only the point estimates are returned (intervals None, significance 0)."""
     if samples < 100:
         raise UserError(f"bootstrap samples={samples} must be >= 100")
     if not 0.5 <= level < 1:
@@ -100,6 +103,12 @@ def paired_bootstrap(trained: Sequence[float], base: Sequence[float], *,
     def stat(x: np.ndarray) -> float:
         return float(sum(wg * x[m].mean() for wg, m in zip(w, members)))
 
+    out.update({"mean_trained": stat(t), "mean_base": stat(b), "delta": stat(d), "win_rate": float(win.mean()),
+                "tie_rate": float((t == b).mean()), "loss_rate": float((t < b).mean())})
+    if n < min_pairs:
+        out.update({"ci_low": None, "ci_high": None, "win_ci_low": None, "win_ci_high": None, "significance": 0,
+                    "note": f"{n} pairs (< {min_pairs}): no interval"})
+        return out
     rng = np.random.default_rng(seed)
     boot_d = np.zeros(samples)
     boot_w = np.zeros(samples)
@@ -114,13 +123,8 @@ def paired_bootstrap(trained: Sequence[float], base: Sequence[float], *,
     q = [(1 - level) / 2, (1 + level) / 2]
     lo, hi = (float(v) for v in np.quantile(boot_d, q))
     wlo, whi = (float(v) for v in np.quantile(boot_w, q))
-    out.update({
-        "mean_trained": stat(t), "mean_base": stat(b), "delta": stat(d),
-        "ci_low": lo, "ci_high": hi,
-        "win_rate": float(win.mean()), "win_ci_low": wlo, "win_ci_high": whi,
-        "tie_rate": float((t == b).mean()), "loss_rate": float((t < b).mean()),
-        "significance": significance(lo, hi),
-    })
+    out.update({"ci_low": lo, "ci_high": hi, "win_ci_low": wlo, "win_ci_high": whi,
+                "significance": significance(lo, hi)})
     if strata is not None:
         out["strata"] = {str(g): {"n": int(m.size), "weight": float(wg)} for g, m in zip(groups, members)}
     return out
@@ -133,4 +137,5 @@ def cell(trained: Sequence[float], base: Sequence[float], **kw: Any) -> dict[str
     return res
 
 
-__all__ = ["paired_bootstrap", "cell", "significance", "DEFAULT_SAMPLES", "DEFAULT_LEVEL", "DEFAULT_SEED"]
+__all__ = ["paired_bootstrap", "cell", "significance", "DEFAULT_SAMPLES", "DEFAULT_LEVEL", "DEFAULT_SEED",
+           "MIN_PAIRS"]

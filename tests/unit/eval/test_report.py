@@ -29,6 +29,8 @@ def test_delta_cell_is_neutral_when_the_ci_contains_zero():
     assert "class='num neg'" in R.delta_cell(cell(-0.05, -0.11, -0.01))
     assert "class='num neutral'" in R.delta_cell(cell(0.05, 0.0, 0.11))  # touching 0 is not significant
     assert R.delta_cell(None) == "<td class=num>–</td>"
+    few = R.delta_cell({"delta": 0.7, "ci_low": None, "ci_high": None, "note": "1 pairs (< 5): no interval"})
+    assert "class='num neutral'" in few and "+0.7000" in few and "no interval" in few
 
 
 def test_ci_bars_colour_by_significance():
@@ -142,7 +144,7 @@ def test_report_renders_everything_self_contained(report_inputs):
     assert "correct: base 0/2 → trained 2/2" in ge
     # WISE: sub-scores and the judge's answer (escaped)
     ws = html.split("id='wise'")[1]
-    assert "C 2 R 1 A 1" in ws and "judge answer" in ws and "&lt;b&gt;bold&lt;/b&gt;" in ws
+    assert "C 2 R 1 A 1" in ws and "<pre class=answer" in ws and "&lt;b&gt;bold&lt;/b&gt;" in ws
     assert "ΔWiScore +0.700" in ws and "ΔWiScore -0.700" in ws
 
 

@@ -103,3 +103,12 @@ def test_bad_input():
         stats.paired_bootstrap([1], [1], samples=10)
     with pytest.raises(UserError, match="level"):
         stats.paired_bootstrap([1], [1], level=1.5)
+
+
+def test_too_few_pairs_give_no_interval():
+    """One pair would give the degenerate 'interval' [x, x] and call anything significant."""
+    c = stats.paired_bootstrap([0.9], [0.2], samples=200)
+    assert c["delta"] == pytest.approx(0.7) and c["ci_low"] is None and c["significance"] == 0
+    assert "no interval" in c["note"]
+    c = stats.paired_bootstrap([1, 2, 3, 4, 5], [0, 1, 2, 3, 4], samples=200)
+    assert c["ci_low"] == c["ci_high"] == 1.0 and c["significance"] == 1  # 5 identical differences
