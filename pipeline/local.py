@@ -201,7 +201,7 @@ def summary_lines(r: LocalRun) -> list[str]:
         lines.append(f"    report (HTML)  {_rel(art('evaluate', 'report')['uri'])}")
         met = art("evaluate", "metrics")["metadata"]
         lines.append("    metrics        " + ", ".join(f"{k}={v:.4g}" for k, v in sorted(met.items())
-                                                       if not k.endswith(".delta")))
+                                                       if k.rsplit(".", 1)[-1] in ("trained", "base")))
     if "register" in t:
         reg = art("register", "registered")["metadata"]
         lines.append(f"  registered       {reg.get('uri', '?')}{' (existing version, same weights)' if reg.get('reused') else ''}"
