@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import importlib
 import re
-import shutil
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
 
 import pytest
+
+from tests.repo_copy import export_repo
 
 ROOT = Path(__file__).resolve().parents[1]
 SCANNED = ["chunkgrpo", "components", "pipeline", "images", "docs", "tests", "benchmarks", "scripts", ".ci",
@@ -113,22 +114,9 @@ def test_images_install_the_package_with_its_data():
             assert ".." not in src and "shared" not in src, f"{d}: COPY {src}"
 
 
-def _git_tree(tmp: Path) -> Path:
-    """The committed repository (HEAD plus uncommitted tracked changes) exported to `tmp`, as a clone
-    would see it, with nothing beside it."""
-    if shutil.which("git") is None or not (ROOT / ".git").exists():
-        pytest.skip("not a git checkout: cannot export the repository")
-    rev = subprocess.run(["git", "stash", "create"], cwd=ROOT, capture_output=True, text=True).stdout.strip() or "HEAD"
-    tar = subprocess.run(["git", "archive", "--format=tar", rev], cwd=ROOT, capture_output=True, check=True).stdout
-    out = tmp / "repo"
-    out.mkdir()
-    subprocess.run(["tar", "-x", "-C", str(out)], input=tar, check=True)
-    return out
-
-
 @pytest.mark.integration
 def test_wheel_contains_the_data_and_licences(tmp_path):
-    src = _git_tree(tmp_path)
+    src = export_repo(tmp_path)
     r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
                         "-w", str(tmp_path / "dist"), str(src)], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
