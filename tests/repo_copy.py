@@ -28,6 +28,11 @@ def export_repo(dest: Path) -> Path:
     return out
 
 
+def _head(path: Path) -> bytes:
+    with open(path, "rb") as f:
+        return f.read(2)
+
+
 def overlay_venv(clone: Path) -> Path:
     """`clone/.venv` as `scripts/setup.sh` leaves it, built cheaply: a fresh venv that sees this
     environment's site-packages (torch, diffusers, kfp, ...) and has the CLONE's chunkgrpo installed into
@@ -41,6 +46,12 @@ def overlay_venv(clone: Path) -> Path:
     # appended after the clone venv's own site-packages: its chunkgrpo wins; this env's .pth files (our own
     # editable chunkgrpo) are not processed
     (site / "zz-host-packages.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    # native executables that pip wheels put next to the interpreter (SeaweedFS `weed`, ...); Python console
+    # scripts are not linked, they would run this environment's interpreter
+    for exe in Path(sys.executable).parent.iterdir():
+        target = venv / "bin" / exe.name
+        if exe.is_file() and not target.exists() and _head(exe) != b"#!":
+            target.symlink_to(exe.resolve())
     r = subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--no-index",
                         "--ignore-installed", "--disable-pip-version-check", str(clone)],
                        capture_output=True, text=True, timeout=600)
