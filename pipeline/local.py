@@ -196,6 +196,23 @@ class _ConsoleLog(io.TextIOBase):
         self._console.flush()
 
 
+_PARAM_TYPES = {"Integer": (int,), "Float": (int, float), "Boolean": (bool,), "String": (str,), "List": (list,),
+                "Dict": (dict,), "Struct": (dict,)}
+
+
+def check_params(func, params: dict) -> None:
+    """Parameter names and value types against the pipeline's inputs (UserError naming the bad one)."""
+    from chunkgrpo.errors import UserError
+
+    inputs = func.component_spec.inputs or {}
+    for name, value in params.items():
+        if name not in inputs:
+            raise UserError(f"unknown pipeline parameter {name!r}; parameters: {', '.join(sorted(inputs))}")
+        kinds = _PARAM_TYPES.get(inputs[name].type)
+        if kinds and (not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds)):
+            raise UserError(f"-p {name}={value!r}: expected {inputs[name].type.lower()}, got {type(value).__name__}")
+
+
 def without_retries(func) -> int:
     """Clear the retry policy of every task of a kfp pipeline function (in place); returns how many had one."""
     spec = func.pipeline_spec
@@ -219,6 +236,9 @@ def run_local(pipeline: str = "train_and_evaluate", params: dict | None = None, 
     from chunkgrpo.local_services import LocalServices, LocalServicesConfig
     from pipeline.compile import check_literal, pipeline_func
 
+    func, literals = pipeline_func(pipeline, pool="cpu", trainer="torchrun")
+    without_retries(func)
+    check_params(func, params or {})  # before any server starts: a bad -p fails at once, in one line
     home = Path(home).resolve()
     home.mkdir(parents=True, exist_ok=True)
     svc, started = None, False
@@ -232,8 +252,6 @@ def run_local(pipeline: str = "train_and_evaluate", params: dict | None = None, 
         os.environ.update(services_env)
         os.environ.setdefault("CHUNKGRPO_CACHE", str(home / "cache"))
         os.environ["MLFLOW_DISABLE_TELEMETRY"] = "true"
-        func, literals = pipeline_func(pipeline, pool="cpu", trainer="torchrun")
-        without_retries(func)
         if pipeline == "train_and_evaluate":
             model, prompts = prepare_inputs(home)
             full = {**TINY_TRAIN, "model": str(model), "prompts": str(prompts), **(params or {})}

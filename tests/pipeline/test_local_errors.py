@@ -163,3 +163,16 @@ def test_missing_prompts_file_fails_the_first_task_that_reads_it(services, tmp_p
     f = e.value
     assert f.task == "profile" and f.user_error and "no-such-prompts.txt" in f.reason and "does not exist" in f.reason
     assert f.log_path.exists() and f.log_path.parent == tmp_path / "logs"
+
+
+def test_bad_parameter_names_and_types_fail_before_anything_starts(tmp_path):
+    from chunkgrpo.errors import UserError
+    from pipeline.local import run_local
+
+    for params, match in (({"max_stepz": 3}, "unknown pipeline parameter 'max_stepz'"),
+                          ({"max_steps": "abc"}, r"-p max_steps='abc': expected integer, got str"),
+                          ({"max_steps": True}, "expected integer, got bool"),
+                          ({"gate_margin": "x"}, "expected float")):
+        with pytest.raises(UserError, match=match):
+            run_local("train_and_evaluate", params, home=tmp_path / "h", s3_port=1, mlflow_port=1)
+    assert not (tmp_path / "h").exists()  # no services, no model, no folders
