@@ -239,6 +239,13 @@ def run_local(pipeline: str = "train_and_evaluate", params: dict | None = None, 
     func, literals = pipeline_func(pipeline, pool="cpu", trainer="torchrun")
     without_retries(func)
     check_params(func, params or {})  # before any server starts: a bad -p fails at once, in one line
+    for k, v in (params or {}).items():
+        try:
+            check_literal(k, v, literals)
+        except ValueError as e:
+            from chunkgrpo.errors import UserError
+
+            raise UserError(f"-p {e}") from None
     home = Path(home).resolve()
     home.mkdir(parents=True, exist_ok=True)
     svc, started = None, False

@@ -172,7 +172,8 @@ def test_bad_parameter_names_and_types_fail_before_anything_starts(tmp_path):
     for params, match in (({"max_stepz": 3}, "unknown pipeline parameter 'max_stepz'"),
                           ({"max_steps": "abc"}, r"-p max_steps='abc': expected integer, got str"),
                           ({"max_steps": True}, "expected integer, got bool"),
-                          ({"gate_margin": "x"}, "expected float")):
+                          ({"gate_margin": "x"}, "expected float"),
+                          ({"method": "ppo"}, r"-p method='ppo' is not one of \['chunk'")):
         with pytest.raises(UserError, match=match):
             run_local("train_and_evaluate", params, home=tmp_path / "h", s3_port=1, mlflow_port=1)
     assert not (tmp_path / "h").exists()  # no services, no model, no folders
