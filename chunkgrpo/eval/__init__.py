@@ -51,6 +51,27 @@ def fetch_s3_file(uri: str, what: str = "data file") -> Path:
     return local
 
 
+def fetch_s3_files(uri: str, names: list[str] | tuple[str, ...], what: str = "data folder") -> Path:
+    """A local folder holding the objects `<uri>/<name>` that exist (e.g. a user's WISE prompt folder in S3);
+    a URI naming one object (ending in one of `names`' suffixes) is fetched alone into a folder of its own."""
+    from chunkgrpo.store import ArtifactStore
+
+    uri = uri.rstrip("/")
+    if any(uri.endswith(Path(n).suffix) for n in names):
+        return fetch_s3_file(uri, what)
+    store = ArtifactStore()
+    found = [fetch_s3_file(f"{uri}/{n}", what) for n in names if store.stat(f"{uri}/{n}") is not None]
+    if not found:
+        raise UserError(f"{what} {uri} holds none of {', '.join(names)}")
+    folder = found[0].parent.parent / ("folder-" + hashlib.sha256("\0".join(map(str, found)).encode()).hexdigest()[:16])
+    folder.mkdir(parents=True, exist_ok=True)
+    for f in found:
+        link = folder / f.name
+        if not link.exists():
+            link.symlink_to(f)
+    return folder
+
+
 def data_file(relative: str, explicit: str | os.PathLike | None = None, what: str = "data file") -> Path:
     """Resolve a benchmark file: `explicit` if given (a local path that must exist, or an `s3://` URI that
     is downloaded), else `$CHUNKGRPO_DATA_DIR/<relative>`, else the package's copy `chunkgrpo/data/<relative>`."""

@@ -92,3 +92,25 @@ def test_explicit_s3_uri_is_downloaded_and_used(services_env, tmp_path, monkeypa
     assert hpdv2.load_prompts(uri) == ["a green cone"]
     with pytest.raises(UserError, match="does not exist"):
         hpdv2.load_prompts(store.uri("data-test/missing.txt"))
+
+
+@pytest.mark.integration
+def test_wise_prompts_from_an_s3_folder_or_file(services_env, tmp_path, monkeypatch):
+    import json
+
+    from chunkgrpo.eval import wise
+    from chunkgrpo.store import ArtifactStore
+
+    monkeypatch.setenv("CHUNKGRPO_CACHE", str(tmp_path / "cache"))
+    store = ArtifactStore(services_env.store_config)
+    store.ensure_bucket()
+    item = [{"prompt_id": 901, "Prompt": "Rusty iron nail.", "Explanation": "oxidation"}]
+    store.put_bytes(json.dumps(item).encode(), store.uri("wise-test/natural_science_rewrite.json"))
+    folder = store.uri("wise-test")
+    got = wise.load_prompts(folder, allow_partial=True)
+    assert [(p.prompt_id, p.category) for p in got] == [(901, "chemistry")]
+    assert [p.prompt_id for p in wise.load_prompts(folder + "/natural_science_rewrite.json")] == [901]
+    with pytest.raises(UserError, match="lacks"):
+        wise.load_prompts(folder)  # two of the three files missing
+    with pytest.raises(UserError, match="holds none of"):
+        wise.load_prompts(store.uri("wise-empty"))
