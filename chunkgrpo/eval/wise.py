@@ -161,7 +161,8 @@ def expected_files(variant: str = "rewrite") -> list[str]:
 
 def load_prompts(path: str | os.PathLike | None = None, variant: str = "rewrite",
                  allow_partial: bool = False) -> list[WisePrompt]:
-    """WISE prompts from the user's copy (a folder with the three official JSON files, or one JSON file).
+    """WISE prompts from the user's copy (a folder with the three official JSON files, or one JSON file;
+    local or `s3://`).
 
     `path` defaults to `$CHUNKGRPO_WISE_DIR`. A folder must hold all three files of the variant unless
     `allow_partial`. Returns prompts sorted by prompt_id."""
@@ -175,6 +176,10 @@ def load_prompts(path: str | os.PathLike | None = None, variant: str = "rewrite"
                 "WISE prompts are not redistributable: download the official release (github.com/PKU-YuanGroup/WISE, "
                 f"WISE_legacy/data/) and pass its folder (or set ${WISE_DIR_ENV}); expected files: {', '.join(files)}"
             )
+    if str(path).startswith("s3://"):  # the user's copy in S3: the variant's files that exist there
+        from chunkgrpo.eval import fetch_s3_files
+
+        path = fetch_s3_files(str(path), files, what="WISE prompts")
     p = Path(path).expanduser()
     if p.is_file():
         paths = [p]
