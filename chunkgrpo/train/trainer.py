@@ -3,7 +3,8 @@
 Read top to bottom:
   Trainer.__init__   validate everything that can be checked before any GPU time is spent
   Trainer.setup      process group, model (+LoRA / full), FSDP or replicated, optimizer, caches, resume
-  Trainer.train      iterations until `max_steps` optimizer steps; checkpoints; NaN guard
+  Trainer.train      iterations until `max_iterations` rollouts or `max_steps` optimizer steps (exactly one
+                     is set); checkpoints; NaN guard
   Trainer.iteration  builds this rank's `IterationContext` and runs the method's iteration
                      (`chunkgrpo.train.methods`: grpo.iteration for chunk/chunk+ws/dance,
                      branching.iteration for tempflow/granular)
@@ -22,6 +23,7 @@ from pathlib import Path
 import torch
 
 from chunkgrpo import objectives as obj
+from chunkgrpo.advantages import resolve_weights
 from chunkgrpo.chunks import load_plan, plan_chunks
 from chunkgrpo.errors import UserError
 from chunkgrpo.train import checkpoint as ckpt
@@ -53,6 +55,18 @@ def resolve_chunk_sizes(cfg: TrainConfig) -> list[int]:
     return plan_chunks(spec, S).sizes
 
 
+def check_trained_units(cfg: TrainConfig, sizes: list[int]) -> None:
+    """Chunk/step methods train int(K·timestep_fraction) units per sample (the references' count); a plan
+    where that is 0 (e.g. `whole` with fraction 0.5: GCPO trains nothing) is rejected, not silently raised to 1."""
+    if cfg.method not in ("chunk", "chunk+ws", "dance"):
+        return
+    K = len(sizes)
+    if int(K * cfg.timestep_fraction) < 1:
+        raise UserError(f"timestep_fraction={cfg.timestep_fraction} of {K} chunk(s) (sizes {sizes}) trains "
+                        f"int({K}×{cfg.timestep_fraction}) = 0 units per sample; raise timestep_fraction to "
+                        f">= {1 / K:g} (e.g. 1.0 for 'whole') or plan more chunks")
+
+
 class Trainer:
     def __init__(self, cfg: TrainConfig):
         self.cfg = cfg
@@ -68,9 +82,11 @@ class Trainer:
         self.prompts = load_prompts(cfg.prompts)
         self.sizes = resolve_chunk_sizes(cfg)
         self.ranges = obj.chunk_ranges(self.sizes)
-        self.reward_weights = {r.name: r.weight for r in cfg.rewards}
+        self.reward_weights = resolve_weights({r.name: r.weight for r in cfg.rewards},
+                                              cfg.reward_weighting == "normalized")
         if len(self.reward_weights) != len(cfg.rewards):
             raise UserError(f"duplicate reward names in {[r.name for r in cfg.rewards]}")
+        check_trained_units(cfg, self.sizes)
         self.method = get_method(cfg.method)
         self.out = Path(cfg.output_dir)
         self.iteration_idx = 0
@@ -128,7 +144,7 @@ class Trainer:
 
         self.stream = PromptStream(self.prompts, cfg.prompts_per_rank, self.info.world, cfg.seed)
         self.steps_per_iteration = self.method.steps_per_iteration(cfg)
-        self.num_iterations = math.ceil(cfg.max_steps / self.steps_per_iteration)
+        self.num_iterations = cfg.max_iterations or math.ceil(cfg.max_steps / self.steps_per_iteration)
         cache_dir = Path(cfg.embed_cache_dir or self.out / "embeds") / f"rank{self.info.rank}"
         self.embeds = EmbeddingCache(self.model, cache_dir, cfg.sampling.max_sequence_length)
         needed = self.stream.all_for(self.info.rank, range(self.num_iterations))
@@ -298,6 +314,18 @@ class Trainer:
         return result.metrics
 
     # ------------------------------------------------------------------ the loop
+    def done(self) -> bool:
+        """Training length in the configured unit: rollouts (max_iterations) or optimizer steps (max_steps)."""
+        if self.cfg.max_iterations:
+            return self.iteration_idx >= self.cfg.max_iterations
+        return self.opt_step >= self.cfg.max_steps
+
+    def _progress(self) -> tuple[int, int, str]:
+        """(total, done, unit) for the progress bar."""
+        if self.cfg.max_iterations:
+            return self.cfg.max_iterations, self.iteration_idx, "rollout"
+        return self.cfg.max_steps, self.opt_step, "step"
+
     def train(self) -> dict:
         from tqdm import tqdm
 
@@ -313,9 +341,10 @@ class Trainer:
         with tracker_cm as tracker:
             if info.is_main:
                 tracker.log_dict({"sizes": self.sizes, "ranges": self.ranges, "method": cfg.method}, "chunk_plan.json")
-            bar = tqdm(total=cfg.max_steps, initial=self.opt_step, desc=f"train {cfg.method}",
+            total, initial, unit = self._progress()
+            bar = tqdm(total=total, initial=initial, desc=f"train {cfg.method}", unit=unit,
                        disable=not (info.is_main and cfg.progress))
-            while self.opt_step < cfg.max_steps:
+            while not self.done():
                 t_it = time.perf_counter()
                 try:
                     m = self.iteration()
@@ -332,11 +361,11 @@ class Trainer:
                     tracker.log_metrics({k.replace("/", "_"): v for k, v in m.items()}, step=self.opt_step)
                     if cfg.tracking.image_every and (self.iteration_idx - 1) % cfg.tracking.image_every == 0:
                         self._log_grid(tracker)
-                    bar.update(self.opt_step - bar.n)
+                    bar.update(self._progress()[1] - bar.n)
                     bar.set_postfix(reward=f"{m['reward_mean']:.4f}", loss=f"{m['loss']:.2e}")
                 every = cfg.checkpoint.every
                 crossed = every and (self.opt_step // every) > ((self.opt_step - self.steps_per_iteration) // every)
-                if crossed or self.opt_step >= cfg.max_steps:
+                if crossed or self.done():
                     self.save_checkpoint()
             bar.close()
             self._write_rank_state()
