@@ -11,9 +11,8 @@ from typing import Literal
 
 from chunkgrpo.config import Config, option
 from chunkgrpo.errors import UserError
+from chunkgrpo.recipes import METHODS  # noqa: F401 - the method names, one source
 from chunkgrpo.rollout import SamplingConfig
-
-METHODS = ("chunk", "chunk+ws", "dance", "tempflow", "granular")
 
 
 @dataclass

@@ -43,9 +43,10 @@ def config_hash(cfg: TrainConfig) -> str:
 
 
 def resolve_chunk_sizes(cfg: TrainConfig) -> list[int]:
-    """The chunk sizes for the run (all 1 for step-level `dance`), checked against num_steps − 1."""
+    """The chunk sizes for the run (all 1 for step-level `dance`; the branching methods train single steps
+    and ignore `chunks`), checked against num_steps − 1."""
     S = cfg.trainable_steps
-    if cfg.method == "dance":
+    if cfg.method in ("dance", "tempflow", "granular"):
         return [1] * S
     spec = cfg.chunks.strip()
     if spec.endswith(".json"):

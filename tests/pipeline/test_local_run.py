@@ -37,7 +37,7 @@ def test_train_and_evaluate_end_to_end(trained, services, model_name):
     assert sizes == "sizes:" + ",".join(map(str, pointer["chunk_sizes"]))
     from pipeline.local import TINY_TRAIN
 
-    assert pointer["optimizer_steps"] == TINY_TRAIN["max_steps"]
+    assert pointer["optimizer_steps"] == TINY_TRAIN["max_iterations"]  # tiny_cpu: one optimizer step per rollout
     # the model is in S3 as a complete folder artifact with the pointer's digest
     store = ArtifactStore(services.store_config)
     assert store.read_manifest(pointer["uri"]).sha256 == pointer["manifest_sha256"]
