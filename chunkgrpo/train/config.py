@@ -63,6 +63,21 @@ class TrackingConfig(Config):
 
 
 @dataclass
+class EmaConfig(Config):
+    """EMA of the trainable weights; the exported model is the EMA (DanceGRPO, Flow-GRPO / TempFlow)."""
+
+    decay: float = option(0.0, "EMA decay d (0 = off; DanceGRPO 0.995, TempFlow 0.9)")
+    every: int = option(1, "update every N iterations (rollouts)")
+    warmup: bool = option(False, "decay min(d, (1+n)/(10+n)) for the n-th update (Flow-GRPO / TempFlow)")
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.decay < 1:
+            raise UserError(f"ema.decay must be in [0, 1), got {self.decay}")
+        if self.every < 1:
+            raise UserError(f"ema.every must be >= 1, got {self.every}")
+
+
+@dataclass
 class TrainConfig(Config):
     """The training stage."""
 
@@ -112,6 +127,7 @@ class TrainConfig(Config):
         "given", "multi-reward weights as given (DanceGRPO, G2RPO) or normalised to sum 1 (MixGRPO)")
     rewards: list[RewardSpec] = option(factory=lambda: [RewardSpec()], help="training rewards (weighted advantage aggregation)")
     lora: LoraConfig = option(factory=LoraConfig, help="LoRA settings")
+    ema: EmaConfig = option(factory=EmaConfig, help="EMA of the trainable weights (exported model = EMA)")
     distributed: Literal["ddp", "fsdp"] = option("ddp", "ddp (replicated, all-reduced grads) or fsdp (full shard, block-wrapped)")
     mixed_precision: Literal["auto", "fp32", "bf16"] = option("auto", "auto = bf16 autocast on GPU, fp32 on CPU (master weights fp32)")
     gradient_checkpointing: bool = option(True, "activation checkpointing in the transformer blocks")

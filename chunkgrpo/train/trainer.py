@@ -137,6 +137,9 @@ class Trainer:
         self.trainable_names = [n for n, p in tr.named_parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.trainable, lr=cfg.lr, betas=tuple(cfg.betas),
                                            weight_decay=cfg.weight_decay)
+        from chunkgrpo.train.ema import Ema
+
+        self.ema = Ema(self.trainable, cfg.ema.decay, cfg.ema.every, cfg.ema.warmup) if cfg.ema.decay > 0 else None
         warm = max(0, cfg.warmup_steps)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0)
@@ -186,6 +189,8 @@ class Trainer:
         optim_state = torch.load(path / "optimizer.pt", map_location="cpu", weights_only=False)
         self._load_optimizer(optim_state)
         self.scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=False))
+        if self.ema is not None and (path / "ema.safetensors").exists():
+            self._load_ema(load_file(str(path / "ema.safetensors")), int(state.get("ema_updates", 0)))
         rng_file = path / "rng" / f"rank{self.info.rank}.pt"
         if rng_file.exists():
             ckpt.set_rng_state(torch.load(rng_file, weights_only=False))
@@ -194,6 +199,15 @@ class Trainer:
         self.history = state.get("history", [])
         if self.info.is_main:
             log.info("resumed from %s (iteration %d, optimizer step %d)", path, self.iteration_idx, self.opt_step)
+
+    def _load_ema(self, weights: dict[str, torch.Tensor], updates: int) -> None:
+        """Checkpoint EMA → shadow: load it into the parameters, capture, put the trained weights back."""
+        trained = {n: w for n, w in zip(self.trainable_names, (p.detach().clone() for p in self.trainable))}
+        self._load_trainable(weights)
+        self.ema.capture(updates)
+        with torch.no_grad():
+            for n, p in zip(self.trainable_names, self.trainable):
+                p.copy_(trained[n])
 
     def _is_fsdp(self) -> bool:
         return self.cfg.distributed == "fsdp" and self.info.enabled
@@ -245,6 +259,10 @@ class Trainer:
         """All ranks call this (FSDP gathers are collective); rank 0 writes; manifest last."""
         from safetensors.torch import save_file
 
+        ema_weights = None
+        if self.ema is not None:  # clone: without FSDP the state dict aliases the live parameters
+            with self.ema.swapped():
+                ema_weights = {k: v.clone() for k, v in self._trainable_state().items()}
         weights = self._trainable_state()
         optim = self._optimizer_state()
         if self.info.is_main:
@@ -255,11 +273,14 @@ class Trainer:
         final = None
         if self.info.is_main:
             save_file(weights, str(staging / "trainable.safetensors"))
+            if ema_weights is not None:
+                save_file(ema_weights, str(staging / "ema.safetensors"))
             torch.save(optim, staging / "optimizer.pt")
             torch.save(self.scheduler.state_dict(), staging / "scheduler.pt")
             state = {"iteration": self.iteration_idx, "optimizer_step": self.opt_step,
                      "config_hash": config_hash(self.cfg), "history": self.history,
-                     "world_size": self.info.world, "chunk_sizes": self.sizes}
+                     "world_size": self.info.world, "chunk_sizes": self.sizes,
+                     "ema_updates": self.ema.updates if self.ema is not None else 0}
             (staging / "trainer_state.json").write_text(json.dumps(state, indent=1))
         D.barrier()  # every rank's RNG file is in place
         if self.info.is_main:
@@ -353,6 +374,8 @@ class Trainer:
                     log.error("stopping: non-finite loss; the last complete checkpoint in %s is intact", self.ckpt_root)
                     raise
                 self.iteration_idx += 1
+                if self.ema is not None:
+                    self.ema.after_iteration(self.iteration_idx)
                 m["time/iteration"] = time.perf_counter() - t_it
                 m["time/other"] = m["time/iteration"] - sum(m[f"time/{k}"] for k in ("rollout", "reward", "policy"))
                 m = D.all_reduce_mean(m, info.device)
@@ -408,8 +431,13 @@ class Trainer:
 
     # ------------------------------------------------------------------ export
     def export(self, out: Path) -> Path:
-        """The final model: a diffusers LoRA folder (or a full transformer) + `chunkgrpo_model.json`."""
-        weights = self._trainable_state()
+        """The final model: a diffusers LoRA folder (or a full transformer) + `chunkgrpo_model.json`;
+        the EMA weights when `ema.decay` > 0 (what the references evaluate)."""
+        if self.ema is not None:  # clone: without FSDP the state dict aliases the live parameters
+            with self.ema.swapped():
+                weights = {k: v.clone() for k, v in self._trainable_state().items()}
+        else:
+            weights = self._trainable_state()
         if not self.info.is_main:
             D.barrier()
             return out
@@ -437,7 +465,8 @@ class Trainer:
             kind = "full"
         meta = {"kind": kind, "base_model": self.cfg.model, "method": self.cfg.method, "chunk_sizes": self.sizes,
                 "optimizer_steps": self.opt_step, "config_hash": config_hash(self.cfg),
-                "lora": self.cfg.lora.to_dict() if kind == "lora" else None, "sampling": self.cfg.sampling.to_dict()}
+                "lora": self.cfg.lora.to_dict() if kind == "lora" else None, "sampling": self.cfg.sampling.to_dict(),
+                "ema": {**self.cfg.ema.to_dict(), "updates": self.ema.updates} if self.ema is not None else None}
         (staging / "chunkgrpo_model.json").write_text(json.dumps(meta, indent=1))
         ckpt.write_manifest(staging, {"kind": kind})
         if out.exists():

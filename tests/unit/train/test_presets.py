@@ -62,6 +62,8 @@ def test_dance_preset_is_dancegrpos_own_script():
         (0.6, 1e-4, 1e-4, 1e-5, 0.01, 12)
     assert int(d.trainable_steps * d.timestep_fraction) == 9  # "ignore_last": 9 of 15 steps
     assert (d.max_iterations, d.rewards[0].name) == (300, "hpsv2.1")
+    assert (d.ema.decay, d.ema.every, d.ema.warmup) == (0.995, 1, False)  # --use_ema --ema_decay 0.995
+    assert TrainConfig.load("chunk_grpo_flux").ema.decay == 0 == TrainConfig.load("step_grpo_flux").ema.decay
 
 
 def test_branching_presets_follow_the_released_code():
@@ -72,6 +74,7 @@ def test_branching_presets_follow_the_released_code():
     assert (t.kl_ref_coef, t.adv_std, t.adv_eps, t.noise_weight_c, t.clip_low) == (0.004, "population", 1e-4, 1.73, 1e-4)
     assert (t.lora.enabled, t.lora.rank, t.lora.alpha, t.sampling.height, t.sampling.max_sequence_length) == \
         (True, 32, 64.0, 1024, 128)
+    assert (t.ema.decay, t.ema.every, t.ema.warmup) == (0.9, 8, True)
     g = TrainConfig.load("granular_grpo_flux")
     assert (g.method, g.sampling.num_steps, g.sampling.eta, g.sampling.rule, g.group_size) == ("granular", 16, 0.7,
                                                                                              "flow", 12)
