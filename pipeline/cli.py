@@ -7,7 +7,7 @@
     chunkgrpo pipeline schedule --host URL [--cron '0 0 2 * * *'] [--timezone Europe/Berlin]
 
 `--host` defaults to $KFP_HOST; a bearer token is taken from $KFP_TOKEN if set. Parameters are
-`-p name=value`, the value parsed as YAML (`-p max_steps=10 -p train_overrides='["lr=1e-5"]'`).
+`-p name=value`, the value parsed as YAML (`-p max_iterations=10 -p train_overrides='["lr=1e-5"]'`).
 Images: `--registry`/`--tag` (or $CHUNKGRPO_IMAGE_REGISTRY/$CHUNKGRPO_IMAGE_TAG) at compile time.
 """
 

@@ -41,8 +41,8 @@ _DOC_COMMON = """
         model: Base model - a diffusers FLUX folder, an s3:// folder artifact or a hub id present in the image's HF cache.
         prompts: Training prompt file (.txt/.jsonl/.parquet), local to the image or an s3:// object.
         method: GRPO variant - chunk (Chunk-GRPO), chunk+ws (weighted chunk sampling), dance (step-level DanceGRPO), tempflow, granular.
-        preset: Training preset (chunk_grpo_flux, chunk_grpo_ws_flux, dance_grpo_flux, tiny_cpu) or a YAML path in the image.
-        max_steps: Optimizer steps to train.
+        preset: Training preset or a YAML path in the image; '' = the method's own published recipe (chunk_grpo_flux, chunk_grpo_ws_flux, step_grpo_flux = the paper's step-level baseline, tempflow_grpo_flux, granular_grpo_flux). Others: dance_grpo_flux (DanceGRPO's own), tiny_cpu, tempflow_grpo_tiny_cpu, granular_grpo_tiny_cpu.
+        max_iterations: Training length in ROLLOUTS (iterations, the papers' "training steps"); each rollout makes the method's optimizer steps (2 for the chunk presets: 151 rollouts = 302 optimizer steps). 0 = the preset's length.
         train_overrides: Extra training overrides as a JSON list of "key=value" strings, e.g. ["lr=5e-6", "sampling.eta=0.3"].
         chunk_strategy: Chunk planning strategy - dynamics[:max=5,last=0.5] | uniform:N | sizes:a,b,.. | step | whole.
         profile_prompts: Prompts used to profile the base model's dynamics (0 = all).
@@ -91,7 +91,7 @@ def _before_training(p: dict, pool: Pool):
                       kfp_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, pipeline=NAME)
     configure(small(opened), display_name="mlflow run", cache=False, retries=3, backoff="10s")
     prof = profile(model=p["model"], prompts=p["prompts"], preset=p["preset"], overrides=p["train_overrides"],
-                   num_prompts=p["profile_prompts"], seeds=p["profile_seeds"], device=p["device"])
+                   num_prompts=p["profile_prompts"], seeds=p["profile_seeds"], device=p["device"], method=p["method"])
     configure(on_pool(prof, pool, 1), display_name="profile dynamics", cache=True, retries=2)
     planned = plan(profile_json=prof.outputs["profile_json"], strategy=p["chunk_strategy"])
     configure(small(planned), display_name="plan chunks", cache=True, retries=2)
@@ -118,8 +118,8 @@ def make_train_and_evaluate(pool: str = "h100", trainer: str = "torchrun"):
             model: str = "black-forest-labs/FLUX.1-dev",
             prompts: str = "s3://chunkgrpo-data/prompts/hpdv2_train.txt",
             method: str = "chunk",
-            preset: str = "chunk_grpo_flux",
-            max_steps: int = 151,
+            preset: str = "",
+            max_iterations: int = 0,
             nproc_per_node: int = 8,
             train_overrides: list = [],  # noqa: B006 - KFP parameter default
             chunk_strategy: str = "dynamics",
@@ -141,7 +141,7 @@ def make_train_and_evaluate(pool: str = "h100", trainer: str = "torchrun"):
             with dsl.ExitHandler(_exit_handler(experiment), name="chunkgrpo"):
                 opened, planned = _before_training(p, gpu_pool)
                 tr = train(model=model, prompts=prompts, preset=preset, method=method,
-                           chunks=planned.outputs["Output"], max_steps=max_steps, nproc_per_node=nproc_per_node,
+                           chunks=planned.outputs["Output"], max_iterations=max_iterations, nproc_per_node=nproc_per_node,
                            overrides=train_overrides, artifact_root=artifact_root,
                            run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, experiment=experiment, parent_run_id=opened.output)
                 configure(on_pool(tr, gpu_pool, nproc_per_node), display_name="train (torchrun)", cache=False,
@@ -159,8 +159,8 @@ def make_train_and_evaluate(pool: str = "h100", trainer: str = "torchrun"):
             model: str = "black-forest-labs/FLUX.1-dev",
             prompts: str = "s3://chunkgrpo-data/prompts/hpdv2_train.txt",
             method: str = "chunk",
-            preset: str = "chunk_grpo_flux",
-            max_steps: int = 151,
+            preset: str = "",
+            max_iterations: int = 0,
             num_nodes: int = 2,
             nproc_per_node: int = 8,
             job_kind: str = default_kind,
@@ -191,7 +191,7 @@ def make_train_and_evaluate(pool: str = "h100", trainer: str = "torchrun"):
                     nproc_per_node=nproc_per_node, gpus_per_node=nproc_per_node if gpu_pool.accelerator else 0,
                     node_selector=gpu_pool.node_selector, tolerations=list(gpu_pool.tolerations),
                     shm_size=gpu_pool.shm_size, model=model, prompts=prompts, preset=preset, method=method,
-                    chunks=planned.outputs["Output"], max_steps=max_steps, overrides=train_overrides,
+                    chunks=planned.outputs["Output"], max_iterations=max_iterations, overrides=train_overrides,
                     artifact_root=artifact_root, run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, experiment=experiment,
                     parent_run_id=opened.output, timeout_hours=timeout_hours)
                 configure(small(tr, "2G"), display_name=f"train ({default_kind} launcher)", cache=False, retries=2,
