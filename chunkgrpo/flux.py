@@ -134,6 +134,7 @@ class FluxModel:
         self.source = source
         self.path = path
         self.counter = CallCounter()
+        self._compiled = None
         self.vae_scale_factor = getattr(pipe, "vae_scale_factor", 8)
         self.guidance_embeds = bool(getattr(self.transformer.config, "guidance_embeds", False))
 
@@ -181,6 +182,13 @@ class FluxModel:
                     encoder_hidden_states=cond.prompt_embeds, txt_ids=cond.text_ids, img_ids=img_ids,
                     return_dict=False)[0]
         return out.float()
+
+    def compiled(self):
+        """The transformer under `torch.compile` (built once; compiles on its first calls, recompiles for new
+        batch shapes). Shares the parameters, so LoRA/optimizer updates are seen. Pass it as `transformer=`."""
+        if self._compiled is None:
+            self._compiled = torch.compile(self.transformer)
+        return self._compiled
 
     # ---------------------------------------------------------------- decoding
     @torch.no_grad()

@@ -89,8 +89,17 @@ class TrainConfig(Config):
     max_grad_norm: float = option(0.01, "gradient-norm clip (0 = off)")
     grad_accum: int = option(12, "samples per optimizer step (per rank)")
     max_steps: int = option(151, "optimizer steps to train")
-    chunk_backward: Literal["graph", "per_step"] = option(
-        "per_step", "graph: all step graphs of a unit alive; per_step: exact per-step backward (less memory)")
+    chunk_backward: Literal["auto", "graph", "per_step", "accumulate"] = option(
+        "auto", "how off-policy chunk gradients are formed (all exact): graph = a unit's steps in one forward; "
+        "per_step = no-grad ratio pass, then per-step backward; accumulate = per-step backward into a side "
+        "gradient buffer, coefficient applied at the chunk's end (no extra pass); auto = graph for units "
+        "within policy_batch, accumulate beyond (per_step for full fine-tuning)")
+    policy_batch: int = option(4, "memory budget of the policy phase: most transformer inputs (sample, step) in "
+                               "one training graph; units of one accumulation window are batched up to it")
+    compile: Literal["off", "rollout", "all"] = option(
+        "off", "torch.compile the transformer for the rollout, or for rollout and training (first calls compile)")
+    debug_checks: bool = option(False, "host-syncing checks on every step (σ order and std on the device, "
+                                "per-step NaN); off = one finiteness check per optimizer step")
     recompute_old_logp: bool = option(False, "recompute off-policy old log-probs in the training layout (no-grad) instead of the rollout's")
     branch_steps: list[int] = option([], "tempflow/granular: trained branching steps (default: first half)")
     granularities: list[int] = option([1, 2], "granular: ODE granularities λ for multi-granularity advantages")
@@ -121,6 +130,8 @@ class TrainConfig(Config):
         if self.method in ("chunk", "chunk+ws", "dance") and self.samples_per_rank % self.grad_accum:
             raise UserError(f"grad_accum={self.grad_accum} must divide prompts_per_rank × group_size = "
                             f"{self.samples_per_rank} (optimizer steps happen within one rollout)")
+        if self.policy_batch < 1:
+            raise UserError(f"policy_batch must be >= 1 (transformer inputs per training forward), got {self.policy_batch}")
         if not self.rewards:
             raise UserError("no training reward configured (rewards: [{name: ..., weight: ...}])")
         if len(self.betas) != 2:
