@@ -184,10 +184,11 @@ class FluxModel:
         return out.float()
 
     def compiled(self):
-        """The transformer under `torch.compile` (built once; compiles on its first calls, recompiles for new
-        batch shapes). Shares the parameters, so LoRA/optimizer updates are seen. Pass it as `transformer=`."""
+        """The transformer under `torch.compile`, built once and passed as `transformer=`. It shares the
+        parameters (LoRA and optimizer updates are seen). Compiled with a dynamic batch size: one compile
+        per grad mode (rollout, training) serves every batch the engine makes."""
         if self._compiled is None:
-            self._compiled = torch.compile(self.transformer)
+            self._compiled = torch.compile(self.transformer, dynamic=True)
         return self._compiled
 
     # ---------------------------------------------------------------- decoding
