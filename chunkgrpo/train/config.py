@@ -97,7 +97,8 @@ class TrainConfig(Config):
     policy_batch: int = option(4, "memory budget of the policy phase: most transformer inputs (sample, step) in "
                                "one training graph; units of one accumulation window are batched up to it")
     compile: Literal["off", "rollout", "all"] = option(
-        "off", "torch.compile the transformer for the rollout, or for rollout and training (first calls compile)")
+        "off", "torch.compile the transformer (chunk/step methods): for the rollout, or for rollout and training "
+        "(the first iteration compiles)")
     debug_checks: bool = option(False, "host-syncing checks on every step (σ order and std on the device, "
                                 "per-step NaN); off = one finiteness check per optimizer step")
     recompute_old_logp: bool = option(False, "recompute off-policy old log-probs in the training layout (no-grad) instead of the rollout's")

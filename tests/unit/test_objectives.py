@@ -105,6 +105,7 @@ class StandIn:
         self.w2 = torch.nn.Parameter(0.5 * torch.randn(d, d, generator=g, dtype=torch.float64))
         self.params = [self.w1, self.w2]
         self.calls = self.inputs = 0
+        self.layout_noise = 0.0  # > 0: results depend on the call's batch size, like real kernels
 
     def key(self, b, t):
         return (b - b % self.G, 0) if t == 0 else (b, t)
@@ -116,6 +117,7 @@ class StandIn:
         self.inputs += len(uniq)
         x = torch.stack([self.feat[k] for k in uniq])
         h = torch.tanh(x @ self.w1.T) @ self.w2.T  # the "transformer": once per distinct input
+        h = h * (1 + self.layout_noise * len(uniq))
         h = h[[uniq.index(k) for k in keys]]
         return -0.1 * ((h - self.y[samples, steps]) ** 2).mean(-1)
 
@@ -247,8 +249,10 @@ def test_window_inputs_alive_never_exceed_the_budget():
 
 def test_recomputed_old_log_probs_replay_the_training_layout():
     """Old log-probs recomputed with window_log_probs come from the very forwards training makes, so at
-    θ = θ_old every off-policy ratio is exactly 1 (bitwise), for every strategy."""
+    θ = θ_old every off-policy ratio is exactly 1 (bitwise), for every strategy, even though the policy's
+    numerics depend on the batch layout; old log-probs from another layout are not."""
     pol = StandIn()
+    pol.layout_noise = 1e-9
     for strategy in obj.STRATEGIES:
         units = _units(pol, False)
         olds = obj.window_log_probs(units, pol.forward, strategy=strategy, budget=3, key=pol.key)
@@ -257,6 +261,13 @@ def test_recomputed_old_log_probs_replay_the_training_layout():
         stats = obj.window_backward(units, pol.forward, clip_low=0.1, clip_high=0.1, strategy=strategy, budget=3,
                                     params=pol.params, key=pol.key)
         assert all(float(s["log_ratio"]) == 0.0 for s in stats), strategy
+    # the same units with old log-probs from one forward per unit (the rollout's layout differs likewise)
+    for u in units:
+        with torch.no_grad():
+            u.old = pol.forward([u.sample] * len(u.steps), u.steps)
+    stats = obj.window_backward(units, pol.forward, clip_low=0.1, clip_high=0.1, strategy="auto", budget=3,
+                                params=pol.params, key=pol.key)
+    assert any(float(s["log_ratio"]) != 0.0 for s in stats)
 
 
 def test_side_buffer_keeps_grad_apart():
