@@ -99,8 +99,8 @@ class TrainConfig(Config):
     compile: Literal["off", "rollout", "all"] = option(
         "off", "torch.compile the transformer (chunk/step methods): for the rollout, or for rollout and training "
         "(the first iteration compiles)")
-    debug_checks: bool = option(False, "host-syncing checks on every step (σ order and std on the device, "
-                                "per-step NaN); off = one finiteness check per optimizer step")
+    debug_checks: bool = option(False, "also check values that live on the accelerator (σ order, std > 0) on every "
+                                "step, at a host sync each; off = only host values are checked")
     recompute_old_logp: bool = option(False, "recompute off-policy old log-probs in the training layout (no-grad) instead of the rollout's")
     branch_steps: list[int] = option([], "tempflow/granular: trained branching steps (default: first half)")
     granularities: list[int] = option([1, 2], "granular: ODE granularities λ for multi-granularity advantages")
