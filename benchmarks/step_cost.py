@@ -98,8 +98,11 @@ def measure_drift(t, dtype_ctx) -> dict:
     return {"max_abs_log_ratio_vs_rollout": worst_rollout, "max_abs_log_ratio_vs_recomputed": worst_recomputed}
 
 
-def run_config(size: str, res: int, iterations: int, device: str, overrides: list[str], drift: bool) -> dict:
-    """Train `iterations` (+1 warm-up) iterations of one configuration; per-window cost and the split."""
+def run_config(size: str, res: int, iterations: int, device: str, overrides: list[str], drift: bool,
+               warmup: int = 1, threads: int = 0) -> dict:
+    """Train `warmup` + `iterations` iterations of one configuration; per-window cost and the split."""
+    if threads:
+        torch.set_num_threads(threads)
     from chunkgrpo import objectives
     from chunkgrpo.tiny import build_tiny_flux
     from chunkgrpo.train.config import TrainConfig
@@ -130,14 +133,14 @@ def run_config(size: str, res: int, iterations: int, device: str, overrides: lis
         t = Trainer(cfg)
         t.setup()
         rows = []
-        for i in range(iterations + 1):
+        for i in range(warmup + iterations):
             mem.peaks.clear()
             t0 = time.perf_counter()
             m = t.iteration()
             t.iteration_idx += 1
             m["time/iteration"] = time.perf_counter() - t0
             m["window_peak_mb"] = list(mem.peaks)
-            if i:  # the first iteration warms up (allocator, threads, compile)
+            if i >= warmup:  # warm-up iterations: allocator, threads, compile
                 rows.append(m)
         from contextlib import nullcontext
 
@@ -160,7 +163,7 @@ def run_config(size: str, res: int, iterations: int, device: str, overrides: lis
         "chunk_backward": cfg.chunk_backward, "policy_batch": cfg.policy_batch, "compile": cfg.compile,
         "transformer_params": params, "trainable_params": trainable, "samples_per_rollout": cfg.samples_per_rank,
         "samples_per_window": cfg.grad_accum, "num_steps": cfg.sampling.num_steps, "chunk_sizes": t.sizes,
-        "iterations_timed": len(rows),
+        "iterations_timed": len(rows), "warmup_iterations": warmup, "torch_threads": torch.get_num_threads(),
         "on_policy_window": {"wall_s": round(avg("policy_on_s"), 4), "sample_evals": avg("policy_on_samples"),
                              "peak_mb": round(max(r["window_peak_mb"][0] for r in rows), 1)},
         "off_policy_window": {"wall_s": round(avg("policy_off_s"), 4), "sample_evals": avg("policy_off_samples"),
@@ -206,7 +209,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size", default="tiny", choices=["tiny", "mid", "flux"])
     ap.add_argument("--res", type=int, default=64)
-    ap.add_argument("--iterations", type=int, default=2, help="timed iterations per row (after one warm-up)")
+    ap.add_argument("--iterations", type=int, default=2, help="timed iterations per row")
+    ap.add_argument("--warmup", type=int, default=1, help="untimed iterations first (allocator, threads, compile)")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads per row (0 = torch's default)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--rows", default=DEFAULT_ROWS, help=f"strategy:policy_batch,... (default {DEFAULT_ROWS})")
     ap.add_argument("--paper-chunks", action="store_true", help="17 steps, chunks [2,3,4,7] (default: tiny_cpu's 8 steps, [2,2,3])")
@@ -222,7 +227,8 @@ def main() -> int:
     results = []
     for i, row in enumerate(build_rows(args)):
         spec = {"size": args.size, "res": args.res, "iterations": args.iterations, "device": args.device,
-                "overrides": common + row, "drift": args.drift and i == 0}
+                "overrides": common + row, "drift": args.drift and i == 0, "warmup": args.warmup,
+                "threads": args.threads}
         proc = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], capture_output=True, text=True)
         out = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
         if proc.returncode or not out:

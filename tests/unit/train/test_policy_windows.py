@@ -37,12 +37,12 @@ def trainer(tiny_model_dir, prompts_file, tmp_path_factory):
     t.close()
 
 
-def _window_grads(t, monkeypatch, strategy, budget, share=True, compile="off"):
+def _window_grads(t, monkeypatch, strategy, budget, share=True, compile="off", step=0.15):
     """One iteration (2 windows of 4 samples) from the same θ and seed; returns each window's gradient."""
     params = [p for p in t.model.transformer.parameters() if p.requires_grad]
     start = [p.detach().clone() for p in params]
     g = torch.Generator().manual_seed(7)
-    delta = [0.15 * torch.randn(p.shape, generator=g) for p in params]
+    delta = [step * torch.randn(p.shape, generator=g) for p in params]
     grads = []
 
     def optimizer_step():
@@ -82,7 +82,8 @@ def _window_grads(t, monkeypatch, strategy, budget, share=True, compile="off"):
             p.copy_(s0)
     assert len(grads) == 2
     # layout noise (~1e-6) must not decide a clip: every ratio is clear of the clip boundaries
-    assert min(abs(abs(r - 1) - CLIP) for r in ratios) > 1e-4, "test data: a chunk ratio sits on a clip boundary"
+    clip = t.cfg.clip_low
+    assert min(abs(abs(r - 1) - clip) for r in ratios) > clip / 20, "test data: a chunk ratio sits on a clip boundary"
     return grads, m
 
 
@@ -128,3 +129,25 @@ def test_compiled_transformer_trains_lora_like_eager(trainer, monkeypatch):
         worst = max(float((a - b).abs().max()) for a, b in zip(got[w], ref[w]))
         assert worst <= FP32_LAYOUT_TOL * scale, (w, worst / scale)
     assert m["clip_frac"] == m_ref["clip_frac"] and m["transformer_samples"] == m_ref["transformer_samples"]
+
+
+def test_full_finetuning_with_gradient_checkpointing(tiny_model_dir, prompts_file, tmp_path_factory, monkeypatch):
+    """Full fine-tuning (the side buffer is a parameter copy: `auto` uses per_step beyond the budget, an
+    explicit `accumulate` still may) with activation checkpointing recomputing each block in backward."""
+    cfg = TrainConfig.load("tiny_cpu", [f"model={tiny_model_dir}", f"prompts={prompts_file}",
+                                        f"output_dir={tmp_path_factory.mktemp('full')}", "progress=false",
+                                        "group_size=4", "prompts_per_rank=2", "grad_accum=4", "timestep_fraction=0.67",
+                                        "kl_coef=0.1", "clip_low=2e-4", "clip_high=2e-4", "lora.enabled=false",
+                                        "gradient_checkpointing=true", "checkpoint.resume=false"])
+    t = Trainer(cfg)
+    t.setup()
+    assert grpo.policy_layout(cfg, t.sizes, False)["side_buffer"] is False
+    ref, m_ref = _window_grads(t, monkeypatch, "per_step", 1, step=0.003)
+    assert 0 < m_ref["clip_frac"] < 0.5, m_ref["clip_frac"]  # clipped and unclipped off-policy units
+    for strategy, budget in (("accumulate", 1), ("auto", 2)):
+        got, _ = _window_grads(t, monkeypatch, strategy, budget, step=0.003)
+        for w in range(2):
+            scale = max(float(g.abs().max()) for g in ref[w])
+            worst = max(float((a - b).abs().max()) for a, b in zip(got[w], ref[w]))
+            assert 0 < scale and worst <= FP32_LAYOUT_TOL * scale, (strategy, w, worst / scale)
+    t.close()
