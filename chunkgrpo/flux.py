@@ -172,6 +172,7 @@ class FluxModel:
         self.source = source
         self.path = path
         self.counter = CallCounter()
+        self._compiled = None
         self.vae_scale_factor = getattr(pipe, "vae_scale_factor", 8)
         self.guidance_embeds = bool(getattr(self.transformer.config, "guidance_embeds", False))
 
@@ -227,6 +228,14 @@ class FluxModel:
                         encoder_hidden_states=cond.prompt_embeds, txt_ids=cond.text_ids, img_ids=img_ids,
                         return_dict=False)[0]
         return out.float()
+
+    def compiled(self):
+        """The transformer under `torch.compile`, built once and passed as `transformer=`. It shares the
+        parameters (LoRA and optimizer updates are seen). Compiled with a dynamic batch size: one compile
+        per grad mode (rollout, training) serves every batch the engine makes."""
+        if self._compiled is None:
+            self._compiled = torch.compile(self.transformer, dynamic=True)
+        return self._compiled
 
     # ---------------------------------------------------------------- decoding
     @torch.no_grad()

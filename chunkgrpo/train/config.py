@@ -106,8 +106,18 @@ class TrainConfig(Config):
                             "max_steps / max_iterations (a command-line override of one clears the preset's other)")
     max_iterations: int = option(0, "iterations (= rollouts; the papers' 'training steps') to train (0 = count "
                                  "optimizer steps instead); each makes the method's optimizer steps per rollout")
-    chunk_backward: Literal["graph", "per_step"] = option(
-        "per_step", "graph: all step graphs of a unit alive; per_step: exact per-step backward (less memory)")
+    chunk_backward: Literal["auto", "graph", "per_step", "accumulate"] = option(
+        "auto", "how off-policy chunk gradients are formed (all exact): graph = a unit's steps in one forward; "
+        "per_step = no-grad ratio pass, then per-step backward; accumulate = per-step backward into a side "
+        "gradient buffer, coefficient applied at the chunk's end (no extra pass); auto = graph for units "
+        "within policy_batch, accumulate beyond (per_step for full fine-tuning)")
+    policy_batch: int = option(4, "memory budget of the policy phase: most transformer inputs (sample, step) in "
+                               "one training graph; units of one accumulation window are batched up to it")
+    compile: Literal["off", "rollout", "all"] = option(
+        "off", "torch.compile the transformer (chunk/step methods): for the rollout, or for rollout and training "
+        "(the first iteration compiles)")
+    debug_checks: bool = option(False, "also check values that live on the accelerator (σ order, std > 0) on every "
+                                "step, at a host sync each; off = only host values are checked")
     recompute_old_logp: bool = option(False, "recompute off-policy old log-probs in the training layout (no-grad) instead of the rollout's")
     branch_steps: list[int] = option([], "tempflow/granular: trained branching steps ([] = the method's default: "
                                      "tempflow all trainable steps 0..N-2, granular the first half 0..N/2-1)")
@@ -167,6 +177,8 @@ class TrainConfig(Config):
         if self.method in ("chunk", "chunk+ws", "dance") and self.samples_per_rank % self.grad_accum:
             raise UserError(f"grad_accum={self.grad_accum} must divide prompts_per_rank × group_size = "
                             f"{self.samples_per_rank} (optimizer steps happen within one rollout)")
+        if self.policy_batch < 1:
+            raise UserError(f"policy_batch must be >= 1 (transformer inputs per training forward), got {self.policy_batch}")
         if not self.rewards:
             raise UserError("no training reward configured (rewards: [{name: ..., weight: ...}])")
         if len(self.betas) != 2:

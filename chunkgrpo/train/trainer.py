@@ -125,12 +125,7 @@ class Trainer:
         if cfg.gradient_checkpointing:
             tr.enable_gradient_checkpointing()
         if cfg.distributed == "fsdp" and self.info.enabled:
-            if cfg.chunk_backward == "per_step":
-                # per-step backward issues c_k forwards per unit, which differ between ranks whose samples
-                # trained different chunks; FSDP's collectives need equal counts. 'graph' is exact too.
-                log.warning("fsdp: chunk_backward=per_step replaced by 'graph' (same gradients, one forward per unit)")
-                self.cfg.chunk_backward = "graph"
-            D.shard_fsdp(tr, mixed_bf16=self.bf16)
+            D.shard_fsdp(tr, mixed_bf16=self.bf16)  # chunk/step methods then train whole units (train/grpo.py)
         else:
             D.broadcast_params(tr)
         self.trainable = [p for p in tr.parameters() if p.requires_grad]

@@ -37,8 +37,9 @@ def test_training_changes_lora_and_wastes_no_transformer_calls(tiny_model_dir, p
     after = dict(t.model.transformer.named_parameters())
     assert any(not torch.equal(before[n], after[n]) for n in before if "lora_B" in n)
     assert all(torch.equal(before[n], after[n].detach()) for n in before if "lora_A" not in n and "lora_B" not in n)
-    # rollout = N calls for the whole group; training = exactly one forward(+backward) per trained (sample, step)
-    assert m["rollout_samples"] == cfg.sampling.num_steps * cfg.samples_per_rank
+    # rollout = N calls for the whole group, step 0 (same noise) once per prompt; training = exactly one
+    # forward(+backward) per distinct trained (sample, step) input
+    assert m["rollout_samples"] == cfg.sampling.num_steps * cfg.samples_per_rank - (cfg.group_size - 1) * cfg.prompts_per_rank
     assert m["transformer_samples"] == m["min_transformer_samples"]
     assert m["ratio_mean"] == 1.0 and m["clip_frac"] == 0.0  # on-policy exactness
     assert torch.isfinite(torch.tensor(m["loss"]))
@@ -94,8 +95,9 @@ def test_non_finite_loss_guard(tiny_model_dir, prompts_file, tmp_path, monkeypat
     t.setup()
     import chunkgrpo.train.trainer as tm
 
-    monkeypatch.setattr(tm.obj, "chunk_backward", lambda *a, **k: {"loss": torch.tensor(float("nan")),
-                                                                    "ratio": torch.ones(1), "clipped": torch.zeros(1)})
+    nan = {"loss": torch.tensor(float("nan")), "ratio": torch.tensor(1.0), "log_ratio": torch.tensor(0.0),
+           "clipped": torch.tensor(False)}
+    monkeypatch.setattr(tm.obj, "window_backward", lambda units, *a, **k: [nan for _ in units])
     with pytest.raises(NonFiniteLossError, match="non-finite loss"):
         t.iteration()
     t.close()
