@@ -100,7 +100,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         except (TypeError, ValueError):
             raise UserError(f"{key}={value!r} is not a number") from None
         if not math.isfinite(number):
-            raise UserError(f"{key}={value!r} must be a finite number")
+            raise UserError(f"{key}={value} must be a finite number")
         return number
     if tp is str:
         return str(value)
@@ -225,7 +225,9 @@ def load_yaml(source: str | Path) -> dict:
     try:
         data = yaml.safe_load(read_text(path, "config")) or {}
     except yaml.YAMLError as e:
-        raise UserError(f"{path}: invalid YAML: {e}") from None
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
+        raise UserError(f"{path}: invalid YAML{where}: {getattr(e, 'problem', None) or type(e).__name__}") from None
     if not isinstance(data, dict):
         raise UserError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
     return data

@@ -102,6 +102,8 @@ class Trainer:
     def setup(self) -> None:
         cfg = self.cfg
         self.info = D.setup(cfg.device)
+        if self.info.is_main:
+            self._lock_output_dir()  # before any heavy work: a second run on this output_dir stops here
         dev = self.info.device
         self.bf16 = cfg.mixed_precision == "bf16" or (cfg.mixed_precision == "auto" and dev.type == "cuda")
         self.reward_fns = {r.name: get_reward(r.name, r.options, device=str(dev)) for r in cfg.rewards}
@@ -162,7 +164,6 @@ class Trainer:
         self.ckpt_root = self.out / "checkpoints"
         if self.info.is_main:
             self.ckpt_root.mkdir(parents=True, exist_ok=True)
-            self._lock_output_dir()
         D.barrier()
         if cfg.checkpoint.s3_prefix and self.info.is_main:
             self.mirror = ckpt.Mirror(cfg.checkpoint.s3_prefix)
@@ -175,6 +176,7 @@ class Trainer:
         import fcntl
         import os
 
+        self.out.mkdir(parents=True, exist_ok=True)
         path = self.out / ".train.lock"
         self._lock_file = open(path, "a+")
         try:
