@@ -27,7 +27,6 @@ import re
 import shutil
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -126,36 +125,38 @@ def set_aside(path: Path) -> Path:
     return target
 
 
-def finalize(staging: Path, root: Path, step: int, meta: dict, keep: int,
-             protect: Callable[[Path], bool] | None = None, backlog: int = 0) -> Path:
+def finalize(staging: Path, root: Path, step: int, meta: dict, keep: int, mirror: "Mirror | None" = None,
+             backlog: int = 0) -> Path:
     """Manifest last, then an atomic rename; prune older complete checkpoints (see `prune`)."""
     write_manifest(staging, meta)
     final = step_dir(root, step)
     if final.exists():
         set_aside(final)  # a folder for this step already exists (e.g. an unverified leftover): keep it
     staging.rename(final)
-    prune(root, keep, protect, backlog)
+    prune(root, keep, mirror, backlog)
     return final
 
 
-def prune(root: Path, keep: int, protect: Callable[[Path], bool] | None = None, backlog: int = 0) -> list[Path]:
-    """Delete complete checkpoints older than the newest `keep` (0 = keep all) — except those
-    `protect(path)` says are not in S3 yet: up to `backlog` of those are kept beyond `keep`; one more
-    raises `MirrorBacklogError` instead of deleting data that exists nowhere else."""
+def prune(root: Path, keep: int, mirror: "Mirror | None" = None, backlog: int = 0) -> list[Path]:
+    """Delete complete checkpoints older than the newest `keep` (0 = keep all) — never one that is not
+    in S3 yet. Up to `backlog` of those are kept beyond `keep`; for older ones the mirror is waited
+    for while it is working (upload lag is normal); if it is failing (S3 unreachable) that would be
+    data loss: `MirrorBacklogError`, and nothing is deleted."""
     if keep <= 0:
         return []
     old = complete_checkpoints(root)[:-keep]
-    held = [p for p in old if protect is not None and protect(p)]
-    if len(held) > backlog:
-        raise MirrorBacklogError(
-            f"checkpoint.keep={keep} would delete {', '.join(p.name for p in held)}, not yet mirrored to S3 "
-            f"(checkpoint.mirror_backlog={backlog}); stopping instead of losing them — they are intact in {root}")
-    removed = []
+    if mirror is not None:
+        held = [p for p in old if mirror.is_pending(p)]
+        lost = [p for p in held[:max(0, len(held) - backlog)] if mirror.settle(p)]
+        if lost:
+            raise MirrorBacklogError(
+                f"checkpoint.keep={keep} would delete {', '.join(p.name for p in lost)}, not yet mirrored to S3 "
+                f"({mirror.last_error or 'S3 unreachable'}; checkpoint.mirror_backlog={backlog}); stopping instead "
+                f"of losing them — they are intact in {root}")
+        old = [p for p in old if not mirror.is_pending(p)]
     for p in old:
-        if p not in held:
-            shutil.rmtree(p, ignore_errors=True)
-            removed.append(p)
-    return removed
+        shutil.rmtree(p, ignore_errors=True)
+    return old
 
 
 # ------------------------------------------------------------------------------ verification
@@ -320,6 +321,7 @@ class Mirror:
         self._closing = False
         self.uploaded: list[str] = []
         self.failures = 0
+        self.failing = False  # the last attempt failed (S3 unreachable); cleared by the next success
         self.last_error = ""
         self._thread = threading.Thread(target=self._loop, name="checkpoint-mirror", daemon=True)
         self._thread.start()
@@ -336,6 +338,14 @@ class Mirror:
 
     def is_pending(self, path: Path) -> bool:
         with self._cv:
+            return path in self._queue
+
+    def settle(self, path: Path) -> bool:
+        """Wait while `path` is queued and the mirror is working (not failing); True if it is still
+        not in S3 (the mirror is failing or closed)."""
+        with self._cv:
+            while path in self._queue and not self.failing and not self._closing:
+                self._cv.wait(1.0)
             return path in self._queue
 
     def wait(self, timeout: float) -> bool:
@@ -383,6 +393,9 @@ class Mirror:
             except Exception as e:  # noqa: BLE001 - an outage must never stop training
                 self.failures += 1
                 self.last_error = _short(e)
+                with self._cv:
+                    self.failing = True
+                    self._cv.notify_all()
                 self._store = None  # a fresh client (new connection pool) on the next attempt
                 log.warning("S3 mirror of %s failed (%s); retrying in %.0fs — training continues on local "
                             "checkpoints", path.name, self.last_error, delay)
@@ -395,6 +408,7 @@ class Mirror:
             with self._cv:
                 if self._queue and self._queue[0] == path:
                     self._queue.popleft()
+                self.failing = False
                 self.uploaded.append(uri)
                 self._cv.notify_all()
             if uri != "(gone)":

@@ -369,8 +369,7 @@ class Trainer:
                 try:
                     final = ckpt.finalize(staging, self.ckpt_root, self.opt_step,
                                           {"kind": "checkpoint", "step": self.opt_step}, self.cfg.checkpoint.keep,
-                                          protect=mirror.is_pending if mirror else None,
-                                          backlog=self.cfg.checkpoint.mirror_backlog)
+                                          mirror=mirror, backlog=self.cfg.checkpoint.mirror_backlog)
                 except ckpt.MirrorBacklogError as e:
                     error = e
                     final = ckpt.step_dir(self.ckpt_root, self.opt_step)
@@ -610,8 +609,8 @@ class Trainer:
 
 def run_training(cfg: TrainConfig) -> dict:
     trainer = Trainer(cfg)
-    trainer.setup()
     try:
+        trainer.setup()
         return trainer.train()
     finally:
         trainer.close()

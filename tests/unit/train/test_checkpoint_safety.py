@@ -256,21 +256,63 @@ def test_second_trainer_on_the_same_output_dir_is_refused(tiny_model_dir, prompt
     third.close()
 
 
-def test_prune_keeps_checkpoints_not_yet_in_s3(tmp_path):
+class FakeMirror:
+    """The two questions pruning asks a mirror: is it still pending, and (after waiting while the
+    mirror works) is it still not in S3."""
+
+    def __init__(self, pending, failing):
+        self.pending, self.failing, self.last_error, self.waited = set(pending), failing, "S3 down", []
+
+    def is_pending(self, p):
+        return p in self.pending
+
+    def settle(self, p):
+        self.waited.append(p.name)
+        if not self.failing:
+            self.pending.discard(p)  # a working mirror finishes the upload
+        return p in self.pending
+
+
+def test_prune_never_deletes_a_checkpoint_not_yet_in_s3(tmp_path):
     root = tmp_path / "checkpoints"
     for step in (1, 2, 3, 4):
         d = ckpt.step_dir(root, step)
         d.mkdir(parents=True)
         (d / "x").write_text(str(step))
         ckpt.write_manifest(d, {})
-    pending = {ckpt.step_dir(root, 1)}
-    removed = ckpt.prune(root, keep=2, protect=lambda p: p in pending, backlog=1)
-    assert [p.name for p in removed] == ["step-000002"]
+    # within the backlog: kept without waiting, the mirrored one is deleted
+    m = FakeMirror({ckpt.step_dir(root, 1)}, failing=True)
+    assert [p.name for p in ckpt.prune(root, keep=2, mirror=m, backlog=1)] == ["step-000002"]
+    assert m.waited == []
     assert [p.name for p in ckpt.complete_checkpoints(root)] == ["step-000001", "step-000003", "step-000004"]
-    pending = {ckpt.step_dir(root, 1), ckpt.step_dir(root, 3)}
-    with pytest.raises(ckpt.MirrorBacklogError, match="step-000001, step-000003"):
-        ckpt.prune(root, keep=1, protect=lambda p: p in pending, backlog=1)
-    assert len(ckpt.complete_checkpoints(root)) == 3  # nothing deleted when refusing
+    # beyond the backlog, mirror working: wait for the upload (normal lag), then delete
+    m = FakeMirror({ckpt.step_dir(root, 1)}, failing=False)
+    assert [p.name for p in ckpt.prune(root, keep=2, mirror=m, backlog=0)] == ["step-000001"]
+    assert m.waited == ["step-000001"]
+    # beyond the backlog, mirror failing: refuse, delete nothing
+    m = FakeMirror({ckpt.step_dir(root, 3)}, failing=True)
+    with pytest.raises(ckpt.MirrorBacklogError, match="would delete step-000003, not yet mirrored"):
+        ckpt.prune(root, keep=1, mirror=m, backlog=0)
+    assert [p.name for p in ckpt.complete_checkpoints(root)] == ["step-000003", "step-000004"]
+
+
+def test_mirror_retries_until_s3_answers(tmp_path):
+    """The background mirror keeps a failed upload queued and retries it with backoff."""
+    d = ckpt.step_dir(tmp_path, 1)
+    d.mkdir()
+    calls = []
+
+    class Flaky:
+        def put_folder(self, path, uri, meta=None):
+            calls.append(uri)
+            if len(calls) < 3:
+                raise ConnectionRefusedError("S3 down")
+
+    m = ckpt.Mirror("s3://bucket/ckpt", store_factory=Flaky, backoff_s=0.01, max_backoff_s=0.02)
+    m.submit(d)
+    assert m.wait(30) and calls == ["s3://bucket/ckpt/step-000001"] * 3
+    assert not m.failing and m.failures == 2 and m.uploaded == ["s3://bucket/ckpt/step-000001"]
+    m.close()
 
 
 def test_manifest_must_list_the_required_files(tmp_path):
