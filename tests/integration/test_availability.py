@@ -200,3 +200,28 @@ def test_s3_outage_stops_only_where_the_disk_policy_would_lose_data(tiny_model_d
 
         names = [u.rsplit("/", 1)[-1] for u in ArtifactStore().list_complete(prefix)]
         assert names == ["step-000001", "step-000002", "step-000003"]
+
+
+def test_tampered_s3_checkpoint_falls_back_to_the_older_one(services_env, tiny_model_dir, prompts_file, tmp_path,
+                                                            caplog):
+    """A new pod (empty disk) resumes from S3; the newest S3 checkpoint has a replaced object (its
+    manifest untouched): the download fails verification and the previous S3 checkpoint is used."""
+    from chunkgrpo.store import ArtifactStore
+
+    prefix = f"s3://{services_env.store_config.bucket}/runs/tampered/ckpt"
+    out = tmp_path / "run"
+    run_training(_cfg(tiny_model_dir, prompts_file, out, "max_steps=2", f"checkpoint.s3_prefix={prefix}",
+                      "checkpoint.keep=5"))
+    st = ArtifactStore()
+    st.put_bytes(b"not the optimizer state", prefix + "/step-000002/optimizer.pt")
+    import shutil
+
+    shutil.rmtree(out)
+    caplog.set_level(logging.INFO, logger="chunkgrpo.train.trainer")
+    summary = run_training(_cfg(tiny_model_dir, prompts_file, out, "max_steps=3", f"checkpoint.s3_prefix={prefix}",
+                                "checkpoint.keep=5"))
+    assert "checkpoint step-000002 (s3) is unusable" in caplog.text and "fell back to step-000001" in caplog.text
+    assert summary["optimizer_steps"] == 3 and [h["optimizer_step"] for h in summary["history"]] == [1, 2, 3]
+    assert not (out / "checkpoints" / ".download-step-000002").exists()  # the failed download left nothing
+    # the re-trained step-2 was mirrored over the tampered S3 copy: it verifies again
+    st.get_folder(prefix + "/step-000002", tmp_path / "check")
