@@ -323,3 +323,42 @@ def test_manifest_must_list_the_required_files(tmp_path):
     with pytest.raises(ckpt.CorruptCheckpointError, match="manifest lacks optimizer.pt"):
         ckpt.verify(d)
     assert json.loads((d / "MANIFEST.json").read_text())["files"]
+
+
+def _unsafe_loads(source: str) -> list[str]:
+    """Calls in `source` that can unpickle code: torch.load without a literal weights_only=True,
+    pickle/dill/joblib loads, numpy loads with allow_pickle=True."""
+    import ast
+
+    bad = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Call):
+            continue
+        f = node.func
+        name = f"{getattr(f.value, 'id', '?')}.{f.attr}" if isinstance(f, ast.Attribute) else getattr(f, "id", "?")
+        kw = {k.arg: k.value for k in node.keywords}
+        literal_true = lambda v: isinstance(v, ast.Constant) and v.value is True  # noqa: E731
+        if name == "torch.load" and not literal_true(kw.get("weights_only")):
+            bad.append(f"line {node.lineno}: torch.load without weights_only=True")
+        elif name in {"pickle.load", "pickle.loads", "dill.load", "dill.loads", "joblib.load"}:
+            bad.append(f"line {node.lineno}: {name}")
+        elif name in {"np.load", "numpy.load"} and literal_true(kw.get("allow_pickle")):
+            bad.append(f"line {node.lineno}: {name}(allow_pickle=True)")
+    return bad
+
+
+def test_the_guard_finds_unsafe_loads():
+    src = ("import torch, pickle\n"
+           "torch.load(p)\ntorch.load(p, weights_only=False)\ntorch.load(p, weights_only=flag)\n"
+           "pickle.loads(b)\nnp.load(p, allow_pickle=True)\ntorch.load(p, map_location='cpu', weights_only=True)\n")
+    assert [b.split(":")[0] for b in _unsafe_loads(src)] == ["line 2", "line 3", "line 4", "line 5", "line 6"]
+
+
+def test_no_code_in_the_package_can_unpickle_code():
+    """Item 1 for every reader, also after merges: anything the package loads from disk or S3 goes
+    through weights_only=True (or safetensors / JSON)."""
+    import chunkgrpo
+
+    root = Path(chunkgrpo.__file__).parent
+    found = {str(p.relative_to(root)): b for p in sorted(root.rglob("*.py")) if (b := _unsafe_loads(p.read_text()))}
+    assert not found, found
