@@ -156,6 +156,10 @@ def plan_dynamics(p: list[float], *, max_chunk: int = 5, last_fraction: float = 
         raise UserError(f"max/min chunk must be >= 1, got max={max_chunk}, min={min_chunk}")
     if not 0 < last_fraction < 1:
         raise UserError(f"last fraction must be in (0, 1), got {last_fraction}")
+    if min_chunk > max_chunk:
+        raise UserError(f"dynamics option min={min_chunk} is larger than max={max_chunk}")
+    if not (math.isfinite(rel_threshold) and rel_threshold >= 0):
+        raise UserError(f"dynamics option rel={rel_threshold} must be a finite number >= 0")
     if S == 1:
         return ChunkPlan("dynamics", [1], "a single trainable step")
     N = S + 1
@@ -215,22 +219,31 @@ def plan_dynamics(p: list[float], *, max_chunk: int = 5, last_fraction: float = 
 
 def write_plan(plan_dict: dict, out: str | Path) -> Path:
     out = Path(out)
+    if out.is_dir():
+        raise UserError(f"plan output {out} is a directory; give a file name (e.g. {out / 'plan.json'})")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(out.suffix + ".tmp")
-    tmp.write_text(json.dumps(plan_dict, indent=2))
-    tmp.replace(out)
+    try:
+        tmp.write_text(json.dumps(plan_dict, indent=2))
+        tmp.replace(out)
+    finally:
+        tmp.unlink(missing_ok=True)
     return out
 
 
 def load_plan(path: str | Path, trainable_steps: int | None = None) -> list[int]:
     """Chunk sizes from a plan JSON, checked against the trainable step count."""
+    from chunkgrpo.inputs import read_text
+
     path = Path(path)
     if not path.exists():
         raise UserError(f"chunk plan {path} does not exist (run `chunkgrpo plan` first)")
     try:
-        sizes = json.loads(path.read_text())["sizes"]
+        sizes = json.loads(read_text(path, "chunk plan"))["sizes"]
     except (json.JSONDecodeError, KeyError, TypeError):
         raise UserError(f"chunk plan {path} is not a plan JSON with a 'sizes' list") from None
+    if not isinstance(sizes, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in sizes):
+        raise UserError(f"chunk plan {path}: 'sizes' must be a list of integers, got {str(sizes)[:80]}")
     if trainable_steps is not None and sum(sizes) != trainable_steps:
         raise UserError(f"chunk plan {path} has sizes {sizes} (sum {sum(sizes)}) but the run has "
                         f"{trainable_steps} trainable steps (num_steps − 1)")

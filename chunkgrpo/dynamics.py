@@ -121,8 +121,11 @@ def write_profile(profile: dict, out: str | Path, plot: bool = True) -> Path:
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(out.suffix + ".tmp")
-    tmp.write_text(json.dumps(profile, indent=2))
-    tmp.replace(out)
+    try:
+        tmp.write_text(json.dumps(profile, indent=2))
+        tmp.replace(out)
+    finally:
+        tmp.unlink(missing_ok=True)
     if plot:
         plot_profile(profile, out.with_suffix(".png"))
     return out
@@ -132,13 +135,14 @@ def load_profile(path: str | Path) -> dict:
     path = Path(path)
     if not path.exists():
         raise UserError(f"profile {path} does not exist (run `chunkgrpo profile` first)")
-    try:
-        prof = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise UserError(f"profile {path} is not valid JSON: {e}") from None
+    from chunkgrpo.inputs import read_json
+
+    prof = read_json(path, "profile")
+    if not isinstance(prof, dict):
+        raise UserError(f"profile {path}: expected a JSON object with 'sigmas' and 'l1rel'")
     for key in ("sigmas", "l1rel"):
-        if key not in prof:
-            raise UserError(f"profile {path} has no {key!r} field")
+        if not isinstance(prof.get(key), list):
+            raise UserError(f"profile {path} has no {key!r} list")
     n = len(prof["l1rel"])
     if len(prof["sigmas"]) != n + 1:
         raise UserError(f"profile {path}: {len(prof['sigmas'])} sigmas for {n} transitions (expected {n + 1})")
@@ -199,6 +203,8 @@ def run_profile(cfg: ProfileConfig, progress: bool = True) -> tuple[dict, Path]:
         raise UserError("profile needs a model (--model DIR)")
     if not cfg.prompts:
         raise UserError("profile needs a prompt file (--prompts FILE)")
+    if Path(cfg.out).is_dir():
+        raise UserError(f"profile output {cfg.out} is a directory; give a file name (e.g. {Path(cfg.out) / 'profile.json'})")
     prompts = load_prompts(cfg.prompts, limit=cfg.num_prompts)
     model = load_flux(cfg.model, device=cfg.device)
     prof = profile_model(model, prompts, cfg, progress=progress)

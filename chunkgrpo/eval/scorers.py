@@ -473,7 +473,7 @@ class HPSv2Scorer(Scorer):
             image_mean=None, image_std=None, light_augmentation=True, aug_cfg={}, output_dict=True,
             with_score_predictor=False, with_region_predictor=False,
         )
-        state = torch.load(str(checkpoint), map_location="cpu", weights_only=False)
+        state = torch.load(str(checkpoint), map_location="cpu", weights_only=True)
         model.load_state_dict(state.get("state_dict", state) if isinstance(state, dict) else state)
         self.model = model.to(self.device).eval()
         self.preprocess_val = preprocess_val

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from chunkgrpo.config import Config, option
+from chunkgrpo.config import Config, check_finite, option
 from chunkgrpo.errors import UserError
 from chunkgrpo.recipes import METHODS  # noqa: F401 - the method names, one source
 from chunkgrpo.rollout import SamplingConfig
@@ -27,6 +27,9 @@ class LoraConfig(Config):
                                  "to_add_out"], "module names to adapt (FLUX attention projections by default)")
 
     def __post_init__(self) -> None:
+        check_finite(self, "lora.")
+        if not 0 <= self.dropout < 1:
+            raise UserError(f"lora.dropout must be in [0, 1), got {self.dropout}")
         if self.enabled and self.rank < 1:
             raise UserError(f"lora.rank must be >= 1, got {self.rank}")
         if self.enabled and not self.targets:
@@ -41,15 +44,32 @@ class RewardSpec(Config):
     weight: float = option(1.0, "weight in the advantage aggregation")
     options: dict[str, str] = option({}, "reward-specific options (e.g. target=0.8, model=DIR)")
 
+    def __post_init__(self) -> None:
+        check_finite(self, f"rewards[{self.name}].")
+
 
 @dataclass
 class CheckpointConfig(Config):
     """Checkpoints: local folder + optional S3 mirror, manifest written last."""
 
     every: int = option(50, "save every N optimizer steps (0 = only at the end)")
-    keep: int = option(3, "local checkpoints to keep (older complete ones are deleted)")
+    keep: int = option(3, "local checkpoints to keep (older ones are deleted, once in S3 when mirrored; 0 = all)")
     s3_prefix: str = option("", "s3://bucket/prefix to mirror checkpoints to ('' = local only)")
-    resume: bool = option(True, "resume from the latest complete checkpoint in output_dir (or S3) if any")
+    resume: bool = option(True, "resume from the newest checkpoint in output_dir (or S3) that verifies against its manifest")
+    mirror_backlog: int = option(0, "S3 outage: checkpoints not yet in S3 kept beyond `keep`; one more stops training instead of deleting it")
+    mirror_wait_s: float = option(600.0, "at the end of training, seconds to wait for the S3 mirror to catch up before failing")
+
+    def __post_init__(self) -> None:
+        check_finite(self, "checkpoint.")
+        for name in ("every", "keep", "mirror_backlog", "mirror_wait_s"):
+            if getattr(self, name) < 0:
+                raise UserError(f"checkpoint.{name} must be >= 0, got {getattr(self, name)}")
+        if self.s3_prefix:
+            if not self.s3_prefix.startswith("s3://"):
+                raise UserError(f"checkpoint.s3_prefix={self.s3_prefix!r} is not an S3 URI (expected s3://bucket/prefix)")
+            from chunkgrpo.store import parse_s3_uri
+
+            parse_s3_uri(self.s3_prefix)  # a valid bucket name
 
 
 @dataclass
@@ -60,6 +80,16 @@ class TrackingConfig(Config):
     run_name: str = option("", "MLflow run name ('' = derived from the output dir)")
     parent_run_id: str = option("", "parent MLflow run id (pipeline run) to nest this run under")
     image_every: int = option(10, "log a sample image grid every N iterations (0 = never)")
+    timeout_s: int = option(10, "seconds per MLflow request; requests run in a background thread, training never waits")
+    flush_timeout_s: float = option(60.0, "at the end of training, seconds to wait for buffered metrics to reach MLflow")
+
+    def __post_init__(self) -> None:
+        check_finite(self, "tracking.")
+        if self.image_every < 0:
+            raise UserError(f"tracking.image_every must be >= 0, got {self.image_every}")
+        if self.timeout_s < 1 or self.flush_timeout_s < 0:
+            raise UserError(f"tracking.timeout_s must be >= 1 and flush_timeout_s >= 0, got {self.timeout_s}, "
+                            f"{self.flush_timeout_s}")
 
 
 @dataclass
@@ -149,6 +179,15 @@ class TrainConfig(Config):
     progress: bool = option(True, "progress bar on rank 0")
 
     def __post_init__(self) -> None:
+        check_finite(self)  # NaN/inf pass every `< 0` check below
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise UserError(f"device={self.device!r} is not one of auto, cpu, cuda")
+        if self.max_grad_norm < 0:
+            raise UserError(f"max_grad_norm must be >= 0 (0 = no clipping), got {self.max_grad_norm}")
+        if self.weight_decay < 0 or self.kl_coef < 0:
+            raise UserError(f"weight_decay and kl_coef must be >= 0, got {self.weight_decay}, {self.kl_coef}")
+        if self.warmup_steps < 0:
+            raise UserError(f"warmup_steps must be >= 0, got {self.warmup_steps}")
         if self.group_size < 2:
             raise UserError(f"group_size must be >= 2 for group-relative advantages, got {self.group_size}")
         if self.prompts_per_rank < 1:
@@ -181,8 +220,8 @@ class TrainConfig(Config):
             raise UserError(f"policy_batch must be >= 1 (transformer inputs per training forward), got {self.policy_batch}")
         if not self.rewards:
             raise UserError("no training reward configured (rewards: [{name: ..., weight: ...}])")
-        if len(self.betas) != 2:
-            raise UserError(f"betas must have 2 values, got {self.betas}")
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            raise UserError(f"betas must be 2 values in [0, 1), got {self.betas}")
         if any(g < 1 for g in self.granularities):
             raise UserError(f"granularities must be >= 1, got {self.granularities}")
         bad = [k for k in self.branch_steps if not 0 <= k < self.sampling.num_steps - 1]
