@@ -13,7 +13,7 @@ def launch_trainjob(kind: str, namespace: str, image: str, num_nodes: int, nproc
                     method: str, chunks: str, max_steps: int, overrides: list, artifact_root: str, run_id: str,
                     experiment: str, parent_run_id: str, timeout_hours: float,
                     trained_model: Output[Model], metrics: Output[Metrics], queue_name: str = "",
-                    image_pull_secrets: list = []):  # noqa: B006 - KFP parameter default
+                    image_pull_secrets: list = [], reward_weights: dict = {}):  # noqa: B006 - KFP defaults
     """Run `torchrun -m chunkgrpo.train` on `num_nodes` nodes as a TrainJob (Trainer v2) or PyTorchJob (v1).
 
     The job is named from the KFP run id, so a retried step re-attaches to it instead of starting a
@@ -45,12 +45,14 @@ def launch_trainjob(kind: str, namespace: str, image: str, num_nodes: int, nproc
         timeout_hours: fail (and delete the job) after this long.
         queue_name: Kueue LocalQueue ('' = no Kueue); the job is created suspended and Kueue admits it.
         image_pull_secrets: Secrets for pulling the training image from a private registry.
+        reward_weights: {reward: weights URI, '<reward>.processor': URI} for the preset's rewards.
     """
     import json
     from pathlib import Path
 
     stage_env(parent_run_id)
     from chunkgrpo.k8s import trainjob as tj
+    from chunkgrpo.models import reward_weight_overrides
     from chunkgrpo.store import ArtifactStore, make_pointer
 
     prefix = run_prefix(artifact_root, run_id, "train")
@@ -66,7 +68,8 @@ def launch_trainjob(kind: str, namespace: str, image: str, num_nodes: int, nproc
         secret_env={"AWS_ACCESS_KEY_ID": ("chunkgrpo-s3", "AWS_ACCESS_KEY_ID"),
                     "AWS_SECRET_ACCESS_KEY": ("chunkgrpo-s3", "AWS_SECRET_ACCESS_KEY")},
         env={"CHUNKGRPO_MLFLOW_PARENT_RUN_ID": parent_run_id},
-        train_args=["--config", preset, *overrides, f"model={model}", f"prompts={prompts_path}", f"method={method}",
+        train_args=["--config", preset, *overrides, *reward_weight_overrides(preset, list(overrides), dict(reward_weights)),
+                    f"model={model}", f"prompts={prompts_path}", f"method={method}",
                     f"chunks={chunks}", f"max_steps={max_steps}", "progress=false",
                     f"checkpoint.s3_prefix={prefix}/checkpoints", f"tracking.experiment={experiment}",
                     f"tracking.parent_run_id={parent_run_id}", f"tracking.run_name=train-{run_id[:8]}"])
