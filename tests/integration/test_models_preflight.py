@@ -109,6 +109,6 @@ def test_weight_uris_become_stage_overrides():
     assert used_scorer_weights("eval_tiny", [], w) == {}
     from chunkgrpo.eval.runner import EvalConfig
 
-    cfg = EvalConfig.load("eval_hpdv2", scorer_weight_overrides(w))  # the overrides are valid EvalConfig keys
+    cfg = EvalConfig.load("eval_hpdv2", [*scorer_weight_overrides(w), "base_model=/models/flux"])  # valid keys
     assert cfg.scorer_weights["imagereward"] == w["imagereward"]
     assert cfg.scorer_options["hpsv3"]["processor"] == w["hpsv3.processor"]
