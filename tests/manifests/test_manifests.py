@@ -910,3 +910,21 @@ def test_resolver_writes_lock_component_and_dockerfiles_then_check_passes(tmp_pa
     comp = root / "manifests" / "components" / "pinned-images" / "kustomization.yaml"
     comp.write_text(comp.read_text().replace(want["ghcr.io/mlflow/mlflow:v3.17.2-full"], "sha256:" + "0" * 64))
     assert any("not written by" in p for p in digests.check(root))
+
+
+def test_cuda12_runtime_variant_is_consistent():
+    """The R535-R570 build-arg set names only ARGs the runtime Dockerfile has, a CUDA 12 base that is in
+    the image lock (so the resolver pins it), and the matching torch wheel index."""
+    from chunkgrpo.k8s import digests
+
+    text = (IMAGES / "runtime" / "Dockerfile").read_text()
+    args = dict(line.split("=", 1) for line in (IMAGES / "runtime" / "cuda12.build-args").read_text().splitlines()
+                if line and not line.startswith("#"))
+    assert set(args) == {"CUDA_IMAGE", "TORCH_INDEX_URL"}
+    for name in args:
+        assert re.search(rf"^ARG {name}=", text, re.M), name
+    name, tag = args["CUDA_IMAGE"].split(":")
+    assert tag.startswith("12.") and {"name": name, "tag": tag} in [
+        {"name": i["name"], "tag": i["tag"]} for i in digests.load_lock()["images"]]
+    cu = "cu" + "".join(tag.split(".")[:2])
+    assert args["TORCH_INDEX_URL"].endswith("/" + cu)
