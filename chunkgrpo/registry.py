@@ -25,12 +25,16 @@ the current champion on the gate metric (read from `metric.<name>` version tags)
 `margin`. **The direction (and the metric) belong to the registered model**, not to the caller:
 tags `gate.metric` / `gate.direction` are written when the model is first registered (or by an
 explicit, logged `set_gate`), otherwise the direction of a known metric is used; a caller that
-asks for another direction or metric is refused, so no flag can crown a worse model. Metrics
-measured under different **eval protocols** (preset, benchmarks, prompt counts, seeds, sampling,
-scorers: tag `eval.protocol.sha256`) are never compared. The old champion gets `previous`. Every
-decision is written as tags (who, why, metrics, time) on the version and appended to the
-registered model's `promotion.log` tag. Promoting the current champion again is a no-op;
-`force=True` skips the gate and is recorded. `rollback` moves `champion` back to `previous`.
+asks for another direction or metric is refused, so no flag can crown a worse model. The one
+metric a caller may pick besides the model's is the confidence bound of that same metric's paired
+trained − base delta (`<gate metric>.delta_ci_low` for higher-is-better, `.delta_ci_high` for
+lower-is-better, see `chunkgrpo.eval.stats`): a stricter gate in the same direction, where `margin`
+is an absolute threshold on the bound (`gate_decision`). Metrics measured under different **eval
+protocols** (preset, benchmarks, prompt counts, seeds, sampling, scorers: tag
+`eval.protocol.sha256`) are never compared. The old champion gets `previous`. Every decision is
+written as tags (who, why, metrics, time) on the version and appended to the registered model's
+`promotion.log` tag. Promoting the current champion again is a no-op; `force=True` skips the gate
+and is recorded. `rollback` moves `champion` back to `previous`.
 """
 
 from __future__ import annotations
@@ -78,10 +82,12 @@ class GateConfig(Config):
     """When a candidate may replace the champion."""
 
     metric: str = option("", "metric compared; '' = the registered model's gate.metric tag (default "
-                             "eval.hpdv2.hpsv3, mean HPSv3 on the HPDv2 test set)")
+                             "eval.hpdv2.hpsv3, mean HPSv3 on the HPDv2 test set), or that metric's CI bound "
+                             "(<metric>.delta_ci_low, see gate_decision)")
     direction: str = option("", "'' = the registered model's (gate.direction tag, else the known direction of "
                                 "the metric); 'max'/'min' only to assert it: a different one is refused")
-    margin: float = option(0.0, "the candidate must beat the champion by MORE than this (absolute units)")
+    margin: float = option(0.0, "the candidate must beat the champion by MORE than this (absolute units); for a "
+                                "CI-bound metric (*.delta_ci_low) the bound itself must exceed it (see gate_decision)")
 
     def __post_init__(self) -> None:
         if self.direction not in ("", "max", "min"):
@@ -135,14 +141,33 @@ def known_direction(metric: str) -> str | None:
     return None
 
 
+CI_BOUNDS = {".delta_ci_low": "max", ".delta_ci_high": "min"}
+
+
 def gate_decision(candidate: float | None, champion: float | None, gate: GateConfig) -> GateResult:
     """Does `candidate` beat `champion` on the gate? Ties (improvement == margin) do not pass.
 
-    `gate` must be resolved (metric and direction set, `resolve_gate`). No champion -> pass. A
+    `gate` is normally resolved from the registered model (`resolve_gate`); an empty direction here
+    means the metric's known one (a CI bound: the direction in `CI_BOUNDS`). No champion -> pass. A
     missing candidate/champion value -> UserError (cannot compare; use force).
+
+    CI-bound gates: when the metric is the lower bound of the 95% CI of trained − base
+    (`eval.hpdv2.hpsv3.delta_ci_low`, direction max; `.delta_ci_high` with direction min for lower-is-better
+    metrics), `margin` is an absolute threshold on the bound: the candidate passes only if its bound exceeds
+    `margin` (margin 0 = significantly better than the base model), even when there is no champion, and, if
+    the champion has the bound recorded, also exceeds the champion's bound.
     """
-    if gate.direction not in ("max", "min") or not gate.metric:
-        raise UserError("gate_decision needs a resolved gate (metric + direction from the registered model)")
+    if not gate.metric:
+        raise UserError("gate_decision needs a gate metric (resolve_gate gives the registered model's)")
+    bound = next((suffix for suffix in CI_BOUNDS if gate.metric.endswith(suffix)), None)
+    if gate.direction not in ("max", "min"):
+        direction = CI_BOUNDS[bound] if bound else known_direction(gate.metric)
+        if direction is None:
+            raise UserError(f"the direction of {gate.metric!r} is unknown: record it on the registered model "
+                            "(set_gate / promote --set-gate METRIC:max|min)")
+        gate = dataclasses.replace(gate, direction=direction)
+    if bound is not None:
+        return _ci_gate(candidate, champion, gate, bound)
     if champion is None:
         return GateResult(True, "no current champion")
     if candidate is None:
@@ -152,6 +177,23 @@ def gate_decision(candidate: float | None, champion: float | None, gate: GateCon
     verdict = (f"{gate.metric}: candidate {candidate:.6g} vs champion {champion:.6g} "
                f"({better} is better, improvement {improvement:+.6g}, margin {gate.margin:g})")
     return GateResult(improvement > gate.margin, verdict, improvement)
+
+
+def _ci_gate(candidate: float | None, champion: float | None, gate: GateConfig, bound: str) -> GateResult:
+    if gate.direction != CI_BOUNDS[bound]:
+        raise UserError(f"gate.metric={gate.metric!r} is a CI {'lower' if bound.endswith('low') else 'upper'} bound: "
+                        f"use direction={CI_BOUNDS[bound]} (got {gate.direction})")
+    if candidate is None:
+        raise UserError(f"candidate has no value for {gate.metric!r}; register it with its metrics or use --force")
+    sign = 1.0 if gate.direction == "max" else -1.0
+    # the bound must clear the margin (vs the base model) and the champion's bound
+    threshold = sign * gate.margin if champion is None else (
+        max(gate.margin, champion) if sign > 0 else min(-gate.margin, champion))
+    improvement = sign * (candidate - threshold)
+    vs = f"margin {sign * gate.margin:+g}" + ("" if champion is None else f" and champion's bound {champion:+.6g}")
+    verdict = (f"{gate.metric}: candidate's CI bound of trained − base {candidate:+.6g} must be "
+               f"{'above' if sign > 0 else 'below'} {vs}")
+    return GateResult(improvement > 0, verdict, improvement)
 
 
 def config_hash(cfg: Mapping[str, Any] | Config) -> str:
@@ -294,17 +336,26 @@ def resolve_gate(client, name: str, gate: GateConfig | None = None) -> GateConfi
     tag_metric, tag_direction = model_gate(client, name)
     metric = gate.metric or tag_metric or DEFAULT_GATE_METRIC
     if tag_metric and metric != tag_metric:
-        raise UserError(f"{name!r} is gated on {tag_metric} (tag {GATE_METRIC_TAG}, set at registration); comparing "
-                        f"on {metric} is refused (change it with `chunkgrpo promote --model {name} --set-gate`)")
+        # the one other choice: the CI bound of the model's own metric, in its own direction (stricter)
+        bound = tag_metric + next((s for s, d in CI_BOUNDS.items() if d == tag_direction), "")
+        if metric != bound or bound == tag_metric:
+            raise UserError(f"{name!r} is gated on {tag_metric} (tag {GATE_METRIC_TAG}, set at registration); "
+                            f"comparing on {metric} is refused (allowed: {tag_metric} or its CI bound "
+                            f"{bound}; change it with `chunkgrpo promote --model {name} --set-gate`)")
+        return GateConfig(metric=metric, direction=_asserted(gate, tag_direction, metric, name), margin=gate.margin)
     direction = tag_direction if (tag_direction and metric == (tag_metric or metric)) else known_direction(metric)
     if direction is None:
         raise UserError(f"the direction of {metric!r} is unknown: record it on {name!r} once with "
                         f"`chunkgrpo promote --model {name} --set-gate {metric}:max` (or :min)")
+    return GateConfig(metric=metric, direction=_asserted(gate, direction, metric, name), margin=gate.margin)
+
+
+def _asserted(gate: GateConfig, direction: str, metric: str, name: str) -> str:
     if gate.direction and gate.direction != direction:
         raise UserError(f"{metric} of {name!r} is {'higher' if direction == 'max' else 'lower'}-is-better "
                         f"({direction}, from the registered model); a gate with direction {gate.direction!r} is "
                         "refused")
-    return GateConfig(metric=metric, direction=direction, margin=gate.margin)
+    return direction
 
 
 def set_gate(name: str, metric: str, direction: str, *, who: str | None = None, why: str = "",

@@ -66,9 +66,11 @@ _DOC_COMMON = """
         eval_num_prompts: Evaluate only the first N prompts per benchmark (0 = the preset's setting).
         eval_overrides: Extra evaluation overrides as a JSON list of "key=value" strings.
         model_name: Registered model name in MLflow.
-        gate_metric: Promotion gate metric (registry tag metric.<name>), e.g. eval.hpdv2.hpsv3; must be the registered model's gate.metric once it exists.
+        gate_metric: Promotion gate metric (registry tag metric.<name>), e.g. eval.hpdv2.hpsv3; must be the registered model's gate.metric once it exists, or its CI bound (eval.<bench>.<metric>.delta_ci_low).
         gate_direction: Direction of gate_metric for a NEW registered model only (max = higher is better); an existing model keeps the direction it was registered with.
-        gate_margin: The candidate must beat the champion by more than this to be promoted.
+        gate_margin: The candidate must beat the champion by more than this to be promoted. For a CI-bound gate
+            metric (eval.<bench>.<metric>.delta_ci_low) the bound itself must exceed it: 0 = significantly
+            better than the base model (docs/evaluation.md).
         experiment: MLflow experiment of the pipeline run.
         artifact_root: s3:// prefix for checkpoints, models and evaluation images (<root>/<run id>/<stage>).
 """

@@ -102,6 +102,11 @@ def test_register_promote_gate_rollback(services_env, tmp_path):
         promote(name, v3.version, GateConfig(direction="min"))
     with pytest.raises(UserError, match="gated on eval.hpdv2.hpsv3"):
         promote(name, v3.version, GateConfig(metric="eval.clip"))
+    # the only other metric allowed is the CI bound of the model's own metric, in its own direction
+    # (tests/integration/test_gate_ci.py promotes on it): another metric's bound or the wrong bound is not
+    for other in ("eval.clip.delta_ci_low", f"{METRIC}.delta_ci_high"):
+        with pytest.raises(UserError, match="gated on eval.hpdv2.hpsv3"):
+            promote(name, v3.version, GateConfig(metric=other))
     assert _aliases(name)["champion"] == v2.version
     # another eval protocol (fewer prompts) is never compared, however good the number
     v5 = _register(name, tmp_path, 5, 0.99, eval_protocol={**PROTOCOL, "benchmarks": {"hpdv2": {"n_prompts": 16}}})

@@ -1,7 +1,7 @@
 """train: python_func with torchrun and S3 stubbed: the command it runs and what it reports."""
 
 import json
-import subprocess
+import sys
 import types
 from pathlib import Path
 
@@ -20,10 +20,11 @@ def _args(**kw):
 
 def test_torchrun_command_and_pointer(monkeypatch, artifact):
     import chunkgrpo.store as store
+    import chunkgrpo.torchrun as torchrun
 
     ran = {}
 
-    def fake_run(cmd, *a, **k):
+    def fake_run(cmd, *a, **k):  # instead of chunkgrpo.torchrun.run_torchrun: no 8-process job here
         ran["cmd"] = cmd
         out = Path(next(x for x in cmd if x.startswith("output_dir=")).split("=", 1)[1])
         (out / "final").mkdir(parents=True)
@@ -32,7 +33,6 @@ def test_torchrun_command_and_pointer(monkeypatch, artifact):
                                                             "config_hash": "c", "history": [
                                                                 {"reward_mean": 0.1, "loss": 1.0},
                                                                 {"reward_mean": 0.2, "loss": 0.5}]}))
-        return types.SimpleNamespace(returncode=0)
 
     class FakeStore:
         def put_folder(self, local, uri, meta=None):
@@ -41,7 +41,7 @@ def test_torchrun_command_and_pointer(monkeypatch, artifact):
         def put_file(self, *a, **k):
             pass
 
-    monkeypatch.setattr(subprocess, "run", fake_run)
+    monkeypatch.setattr(torchrun, "run_torchrun", fake_run)
     monkeypatch.setattr(store, "ArtifactStore", FakeStore)
     model, metrics = artifact("model.json"), artifact("metrics")
     train.python_func(trained_model=model, metrics=metrics, **_args())
@@ -55,7 +55,24 @@ def test_torchrun_command_and_pointer(monkeypatch, artifact):
     assert metrics.metrics["reward_mean.last"] == 0.2
 
 
+def _instead_of_torchrun(monkeypatch, script: str):
+    """Run the real run_torchrun on a one-line stand-in for the workers (same output protocol)."""
+    import chunkgrpo.torchrun as torchrun
+
+    real = torchrun.run_torchrun
+    monkeypatch.setattr(torchrun, "run_torchrun", lambda cmd, *a, **k: real([sys.executable, "-c", script]))
+
+
 def test_failed_torchrun_fails_the_step(monkeypatch, artifact):
-    monkeypatch.setattr(subprocess, "run", lambda *a, **k: types.SimpleNamespace(returncode=3))
+    _instead_of_torchrun(monkeypatch, "raise SystemExit(3)")
     with pytest.raises(RuntimeError, match="status 3"):
+        train.python_func(trained_model=artifact("m.json"), metrics=artifact("x"), **_args())
+
+
+def test_a_ranks_user_error_is_the_steps_one_line_error(monkeypatch, artifact):
+    from chunkgrpo.errors import UserError
+
+    _instead_of_torchrun(monkeypatch, "print('chunkgrpo train: error: lr=nan must be a finite number'); "
+                                      "raise SystemExit(1)")
+    with pytest.raises(UserError, match=r"^lr=nan must be a finite number$"):
         train.python_func(trained_model=artifact("m.json"), metrics=artifact("x"), **_args())
