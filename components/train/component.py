@@ -11,7 +11,7 @@ from components.images import RUNTIME_IMAGE
                additional_funcs=[local_file, run_prefix, stage_env])
 def train(model: str, prompts: str, preset: str, method: str, chunks: str, max_iterations: int, nproc_per_node: int,
           overrides: list, artifact_root: str, run_id: str, experiment: str, parent_run_id: str,
-          trained_model: Output[Model], metrics: Output[Metrics]):
+          trained_model: Output[Model], metrics: Output[Metrics], reward_weights: dict = {}):  # noqa: B006
     """GRPO fine-tuning with `torchrun --standalone --nproc_per_node=N -m chunkgrpo.train`.
 
     Args:
@@ -28,6 +28,7 @@ def train(model: str, prompts: str, preset: str, method: str, chunks: str, max_i
         run_id: KFP run id.
         experiment: MLflow experiment.
         parent_run_id: MLflow parent run id ('' = none).
+        reward_weights: {reward: weights URI, '<reward>.processor': URI} for the preset's rewards.
     """
     import json
     import shlex
@@ -36,6 +37,7 @@ def train(model: str, prompts: str, preset: str, method: str, chunks: str, max_i
     from pathlib import Path
 
     stage_env(parent_run_id)
+    from chunkgrpo.models import reward_weight_overrides
     from chunkgrpo.store import ArtifactStore, make_pointer
     from chunkgrpo.recipes import preset_for
 
@@ -43,8 +45,10 @@ def train(model: str, prompts: str, preset: str, method: str, chunks: str, max_i
 
     prefix = run_prefix(artifact_root, run_id, "train")
     out = Path(tempfile.mkdtemp(prefix="chunkgrpo-train-")) / "out"
-    args = [*overrides, f"model={model}", f"prompts={local_file(prompts)}", f"method={method}", f"chunks={chunks}",
-            *([f"max_iterations={max_iterations}"] if max_iterations != 0 else [])  # negative: the trainer says why, f"output_dir={out}", "progress=false",
+    args = [*overrides, *reward_weight_overrides(preset, list(overrides), dict(reward_weights)), f"model={model}",
+            f"prompts={local_file(prompts)}", f"method={method}", f"chunks={chunks}",
+            *([f"max_iterations={max_iterations}"] if max_iterations != 0 else []),  # negative: the trainer says why
+            f"output_dir={out}", "progress=false",
             f"checkpoint.s3_prefix={prefix}/checkpoints",  # a retried task resumes from here
             f"tracking.experiment={experiment}", f"tracking.parent_run_id={parent_run_id}",
             f"tracking.run_name=train-{run_id[:8]}"]

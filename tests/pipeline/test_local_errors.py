@@ -154,14 +154,15 @@ def test_pipeline_run_with_a_bad_parameter_is_one_line_exit_2(tmp_path):
 
 
 @pytest.mark.integration
-def test_missing_prompts_file_fails_the_first_task_that_reads_it(services, tmp_path):
+def test_missing_prompts_file_fails_the_preflight(services, tmp_path):
     from pipeline.local import run_local
 
     with pytest.raises(TaskFailed) as e:
         run_local("train_and_evaluate", {"prompts": str(tmp_path / "no-such-prompts.txt"), "model_name": "x"},
                   home=tmp_path, services_env=services.env)
     f = e.value
-    assert f.task == "profile" and f.user_error and "no-such-prompts.txt" in f.reason and "does not exist" in f.reason
+    # the preflight (first task, seconds, before any GPU) names it; no later task starts
+    assert f.task == "preflight" and f.user_error and "no-such-prompts.txt" in f.reason and "does not exist" in f.reason
     assert f.log_path.exists() and f.log_path.parent == tmp_path / "logs"
 
 
