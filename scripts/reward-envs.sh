@@ -12,7 +12,7 @@
 #   eval "$(bash scripts/reward-envs.sh --print-env)"           # export CHUNKGRPO_VENV_* for this shell
 #
 # Location: $CHUNKGRPO_REWARD_ENVS, default <repo>/.reward-envs (git-ignored). Idempotent: a venv whose stamp
-# matches its lock file and this script, and that passes its import check, is left alone; a half-built one is
+# matches its lock file and build recipe, and that passes its import check, is left alone; a half-built one is
 # rebuilt. Needs CPython 3.11 (PYTHON=...), ~7.5 GB of disk, network access to PyPI.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -40,7 +40,7 @@ done
 }
 mkdir -p "$ROOT"
 ROOT=$(cd "$ROOT" && pwd)
-self_hash=$(sha256sum "$0" | cut -c1-12)
+RECIPE=1  # bump when the build steps below change (the lock files' hashes cover their content)
 
 pip_install() {  # pip_install VENV LOCK (drops pip's notes about this machine's local find-links folders)
   "$1/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps --require-hashes -r "$2" \
@@ -52,7 +52,7 @@ build() {
   local name=$1 lock=$2 check=$3 post=${4:-}
   local venv=$ROOT/venv-$name
   local want
-  want="$(sha256sum "$lock" | cut -c1-16)-$self_hash"
+  want="$(sha256sum "$lock" | cut -c1-16)-recipe$RECIPE"
   if [ -f "$venv/.chunkgrpo-stamp" ] && [ "$(cat "$venv/.chunkgrpo-stamp")" = "$want" ] \
      && "$venv/bin/python" -W ignore -c "$check" >/dev/null 2>&1; then
     echo "reward-envs: venv-$name up to date"

@@ -197,6 +197,11 @@ def build_hpsv3(out: Path, seed: int = 0) -> dict:
     torch.manual_seed(seed)
     model, _, _ = create_model_and_processor(model_config=model_config, peft_lora_config=peft_config,
                                              training_args=training_args)
+    # the untrained head (initializer_range 0.02) maps every input to nearly the same (mu, sigma);
+    # 1/sqrt(fan_in) weights keep the random model's scores input-dependent
+    for layer in model.rm_head.modules():
+        if isinstance(layer, torch.nn.Linear):
+            torch.nn.init.normal_(layer.weight, std=layer.in_features ** -0.5)
     ckpt = out / "HPSv3.safetensors"
     save_file({k: v.detach().contiguous().clone() for k, v in model.state_dict().items()}, str(ckpt))
     return {"weights": str(ckpt), "processor": str(base),

@@ -22,6 +22,8 @@ from chunkgrpo.eval import scorers as S
 from chunkgrpo.eval import worker as W
 from chunkgrpo.eval import worker_client as WC
 
+pytestmark = pytest.mark.integration  # starts worker processes
+
 PROMPTS = ["a photo of a cat", "a red dog", "the blue cat", "a cat"]
 MAIN_VENV = sys.prefix  # the test interpreter's venv stands in for a reward venv
 
