@@ -12,6 +12,7 @@ built ones). Without them these tests skip, except under CI=true, where a missin
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import pickle
@@ -159,6 +160,23 @@ def test_hpsv2_v20_name_and_checkpoint_file(hpsv2, images, tmp_path):
                       device="cpu") as v20:
         torch.testing.assert_close(v20.score(images[:2], PROMPTS[:2]), scorer.score(images[:2], PROMPTS[:2]))
         assert v20.info["name"] == "hpsv2"
+
+
+def test_evaluate_stage_scores_hpsv2_through_its_venv(hpsv2, tiny_model_dir, tmp_path, monkeypatch):
+    """The evaluate stage in the main venv (as in the eval image's /opt/venv): CHUNKGRPO_VENV_HPSV2 makes its
+    preflight and its HPDv2 scoring run in the reward venv."""
+    from chunkgrpo.eval.runner import EvalConfig, run_evaluation
+
+    venv, tiny, _ = hpsv2
+    monkeypatch.setenv("CHUNKGRPO_VENV_HPSV2", str(venv))
+    cfg = EvalConfig.load("eval_tiny", [f"base_model={tiny_model_dir}", "num_prompts=2",
+                                        f"output_dir={tmp_path / 'eval'}", "scorer_device=cpu"])
+    cfg = dataclasses.replace(cfg, scorers=["hpsv2.1"], scorer_weights={"hpsv2.1": tiny["weights"]},
+                              scorer_options={"hpsv2.1": {"model_config": tiny["model_config"]}})
+    result = run_evaluation(cfg)
+    sc = result["benchmarks"]["hpdv2"]["results"]["base"]["scorers"]["hpsv2.1"]
+    assert sc["n"] == 2 and np.isfinite(sc["mean"]) and abs(sc["mean"]) <= 1
+    assert sc["info"]["runs"] == "worker" and sc["info"]["venv"] == str(venv)
 
 
 class _Payload:
