@@ -91,12 +91,14 @@ def venv_python(venv: Path) -> Path:
 
 
 def stage_modules() -> Path:
-    """A folder holding `chunkgrpo/eval/<STAGED_MODULES>` (and empty package `__init__`s), keyed by content."""
+    """A folder holding `chunkgrpo/eval/<STAGED_MODULES>` (and empty package `__init__`s), keyed by content.
+    A folder of that name is reused only when it is ours, not writable by others, and holds exactly these
+    bytes (it sits in the shared temp dir); otherwise a fresh private one is made."""
     src = Path(W.__file__).parent
     blobs = {m: (src / m).read_bytes() for m in STAGED_MODULES}
     digest = hashlib.sha256(b"".join(blobs[m] for m in STAGED_MODULES)).hexdigest()[:16]
     root = Path(tempfile.gettempdir()) / f"chunkgrpo-worker-{os.getuid()}-{digest}"
-    if (root / ".complete").exists():
+    if _staged_ok(root, blobs):
         return root
     tmp = Path(tempfile.mkdtemp(prefix=root.name + ".", dir=root.parent))
     pkg = tmp / "chunkgrpo" / "eval"
@@ -106,11 +108,27 @@ def stage_modules() -> Path:
     for m, blob in blobs.items():
         (pkg / m).write_bytes(blob)
     (tmp / ".complete").write_text(digest + "\n")
+    if root.exists() or os.path.lexists(root):
+        return tmp  # a foreign or broken folder holds the name: use the private one
     try:
         tmp.rename(root)
     except OSError:  # another process staged the same content first
         shutil.rmtree(tmp, ignore_errors=True)
+        return root if _staged_ok(root, blobs) else stage_modules()
     return root
+
+
+def _staged_ok(root: Path, blobs: dict[str, bytes]) -> bool:
+    try:
+        for d in (root, root / "chunkgrpo", root / "chunkgrpo" / "eval"):
+            st = os.lstat(d)
+            if st.st_uid != os.getuid() or st.st_mode & 0o022 or not os.path.isdir(d) or os.path.islink(d):
+                return False
+        if not (root / ".complete").is_file():
+            return False
+        return all((root / "chunkgrpo" / "eval" / m).read_bytes() == blob for m, blob in blobs.items())
+    except OSError:
+        return False
 
 
 def worker_env(extra: dict | None = None) -> dict:
@@ -237,6 +255,9 @@ class WorkerProcess:
                 f"(raise the scorer's timeout if the model is just slow); log: {self.log_path}{self._tail()}") from None
         except _Crashed:
             raise self._crash_error(f"died during {header.get('op')!r}") from None
+        except BaseException:  # interrupted mid-request: a late reply would desynchronise the pipe
+            self.kill()
+            raise
         if reply.get("op") == "error":
             msg = reply.get("message", "unknown error")
             if reply.get("kind") == "user":
