@@ -34,7 +34,7 @@ def launch_trainjob(kind: str, namespace: str, image: str, num_nodes: int, nproc
         preset: training preset ('' = the method's own preset).
         method: chunk | chunk+ws | dance | tempflow | granular.
         chunks: chunk plan (`sizes:...` from the plan step).
-        max_iterations: training length in rollouts (iterations); 0 = the preset's length.
+        max_iterations: training length in rollouts (iterations); 0 = the preset's length (< 0 is rejected).
         overrides: extra training overrides (key=value).
         artifact_root: s3:// prefix; the model goes to <root>/<run_id>/train/final.
         run_id: KFP run id (job name and label).
@@ -65,7 +65,7 @@ def launch_trainjob(kind: str, namespace: str, image: str, num_nodes: int, nproc
                     "AWS_SECRET_ACCESS_KEY": ("chunkgrpo-s3", "AWS_SECRET_ACCESS_KEY")},
         env={"CHUNKGRPO_MLFLOW_PARENT_RUN_ID": parent_run_id},
         train_args=["--config", preset, *overrides, f"model={model}", f"prompts={prompts_path}", f"method={method}",
-                    f"chunks={chunks}", *([f"max_iterations={max_iterations}"] if max_iterations > 0 else []),
+                    f"chunks={chunks}", *([f"max_iterations={max_iterations}"] if max_iterations else []),
                     "progress=false",
                     f"checkpoint.s3_prefix={prefix}/checkpoints", f"tracking.experiment={experiment}",
                     f"tracking.parent_run_id={parent_run_id}", f"tracking.run_name=train-{run_id[:8]}"])

@@ -21,7 +21,7 @@ def train(model: str, prompts: str, preset: str, method: str, chunks: str, max_i
             tempflow_grpo_flux, granular_grpo_flux, tiny_cpu, ... or a YAML path); '' = the method's own preset.
         method: chunk | chunk+ws | dance | tempflow | granular.
         chunks: chunk plan (`sizes:...` from the plan step, or any strategy string).
-        max_iterations: training length in rollouts (iterations); 0 = the preset's length.
+        max_iterations: training length in rollouts (iterations); 0 = the preset's length (< 0 is rejected).
         nproc_per_node: torchrun processes (= GPUs of the task).
         overrides: extra training overrides (key=value).
         artifact_root: s3:// prefix for large outputs; the model goes to <root>/<run_id>/train/final.
@@ -31,7 +31,6 @@ def train(model: str, prompts: str, preset: str, method: str, chunks: str, max_i
     """
     import json
     import shlex
-    import subprocess
     import sys
     import tempfile
     from pathlib import Path
@@ -45,16 +44,16 @@ def train(model: str, prompts: str, preset: str, method: str, chunks: str, max_i
     prefix = run_prefix(artifact_root, run_id, "train")
     out = Path(tempfile.mkdtemp(prefix="chunkgrpo-train-")) / "out"
     args = [*overrides, f"model={model}", f"prompts={local_file(prompts)}", f"method={method}", f"chunks={chunks}",
-            *([f"max_iterations={max_iterations}"] if max_iterations > 0 else []), f"output_dir={out}", "progress=false",
+            *([f"max_iterations={max_iterations}"] if max_iterations else []), f"output_dir={out}", "progress=false",
             f"checkpoint.s3_prefix={prefix}/checkpoints",  # a retried task resumes from here
             f"tracking.experiment={experiment}", f"tracking.parent_run_id={parent_run_id}",
             f"tracking.run_name=train-{run_id[:8]}"]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc_per_node}",
            "-m", "chunkgrpo.train", "--config", preset, *args]
     print("+ torchrun " + shlex.join(cmd[3:]), flush=True)
-    rc = subprocess.run(cmd).returncode  # inherits stdout/stderr: streamed into the task log
-    if rc != 0:
-        raise RuntimeError(f"torchrun exited with status {rc} (see the rank logs above)")
+    from chunkgrpo.torchrun import run_torchrun
+
+    run_torchrun(cmd)  # ranks' output streamed into the task log; a rank's user error becomes this task's error
 
     summary = json.loads((out / "train_summary.json").read_text())
     info = json.loads((out / "final" / "chunkgrpo_model.json").read_text())
