@@ -199,8 +199,9 @@ class TrainConfig(Config):
                 raise UserError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.grad_accum < 1:
             raise UserError(f"grad_accum must be >= 1, got {self.grad_accum}")
-        if self.max_steps < 0 or self.max_iterations < 0:
-            raise UserError(f"max_steps and max_iterations must be >= 0 (got {self.max_steps}, {self.max_iterations})")
+        for unit in ("max_iterations", "max_steps"):
+            if getattr(self, unit) < 0:
+                raise UserError(f"{unit} must be >= 0 (0 = use the other unit), got {unit}={getattr(self, unit)}")
         if (self.max_steps > 0) == (self.max_iterations > 0):
             raise UserError(f"set exactly one of max_iterations (rollouts) and max_steps (optimizer steps); got "
                             f"max_iterations={self.max_iterations}, max_steps={self.max_steps} (set the other to 0)")

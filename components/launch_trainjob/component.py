@@ -36,7 +36,7 @@ def launch_trainjob(kind: str, namespace: str, image: str, num_nodes: int, nproc
         preset: training preset ('' = the method's own preset).
         method: chunk | chunk+ws | dance | tempflow | granular.
         chunks: chunk plan (`sizes:...` from the plan step).
-        max_iterations: training length in rollouts (iterations); 0 = the preset's length.
+        max_iterations: training length in rollouts (iterations); 0 = the preset's length (< 0 is rejected).
         overrides: extra training overrides (key=value).
         artifact_root: s3:// prefix; the model goes to <root>/<run_id>/train/final.
         run_id: KFP run id (job name and label).

@@ -145,7 +145,7 @@ def test_pipeline_run_with_a_bad_parameter_is_one_line_exit_2(tmp_path):
     assert "Traceback" not in r.stderr
     lines = [ln for ln in r.stderr.splitlines() if ln.startswith("chunkgrpo")]
     assert len(lines) == 1, r.stderr
-    assert "task 'train'" in lines[0] and "max_iterations must be >= 0" in lines[0] and "-1)" in lines[0]
+    assert "task 'train'" in lines[0] and "max_iterations must be >= 0" in lines[0] and "max_iterations=-1" in lines[0]
     log = Path(tmp_path / lines[0].rsplit("full log: ", 1)[1].rstrip(")"))
     text = log.read_text()
     assert "Traceback" in text  # the details are kept in the log
