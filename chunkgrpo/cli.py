@@ -14,7 +14,7 @@ import pkgutil
 import sys
 
 from chunkgrpo import __version__
-from chunkgrpo.errors import UserError
+from chunkgrpo.errors import UserError, print_user_error
 
 
 def _command_modules():
@@ -83,10 +83,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rc = args._run(args)
     except UserError as e:
-        print(f"chunkgrpo {args.command}: error: {e}", file=sys.stderr)
+        print_user_error(f"chunkgrpo {args.command}: error: {e}")  # once per torchrun job, not per rank
         return 2
     except FileNotFoundError as e:
-        print(f"chunkgrpo {args.command}: error: file not found: {e.filename or e}", file=sys.stderr)
+        print_user_error(f"chunkgrpo {args.command}: error: file not found: {e.filename or e}")
         return 2
     except KeyboardInterrupt:
         print(f"chunkgrpo {args.command}: interrupted", file=sys.stderr)

@@ -18,7 +18,9 @@ can load the folder directly.
 
 **Promotion** uses aliases (stages are deprecated): `champion` moves only if the candidate beats
 the current champion on the gate metric (read from `metric.<name>` version tags) by more than
-`margin` in the gate direction; the old champion gets `previous`. Every decision is written as
+`margin` in the gate direction; the old champion gets `previous`. A gate on a confidence bound of
+the evaluation's paired trained − base delta (`eval.<bench>.<metric>.delta_ci_low`, see
+`chunkgrpo.eval.stats`) reads `margin` as an absolute threshold on that bound instead (`gate_decision`). Every decision is written as
 tags (who, why, metrics, time) on the version and appended to the registered model's
 `promotion.log` tag. Promoting the current champion again is a no-op; `force=True` skips the gate
 and is recorded. `rollback` moves `champion` back to `previous`.
@@ -62,7 +64,8 @@ class GateConfig(Config):
 
     metric: str = option("eval.hpdv2.hpsv3", "metric compared (mean HPSv3 on the HPDv2 test set by default)")
     direction: Literal["max", "min"] = option("max", "max: higher is better; min: lower is better")
-    margin: float = option(0.0, "the candidate must beat the champion by MORE than this (absolute units)")
+    margin: float = option(0.0, "the candidate must beat the champion by MORE than this (absolute units); for a "
+                                "CI-bound metric (*.delta_ci_low) the bound itself must exceed it (see gate_decision)")
 
     def __post_init__(self) -> None:
         if not self.metric.strip():
@@ -102,11 +105,23 @@ class GateResult:
     improvement: float | None = None
 
 
+CI_BOUNDS = {".delta_ci_low": "max", ".delta_ci_high": "min"}
+
+
 def gate_decision(candidate: float | None, champion: float | None, gate: GateConfig) -> GateResult:
     """Does `candidate` beat `champion` on the gate? Ties (improvement == margin) do not pass.
 
     No champion -> pass. A missing candidate/champion value -> UserError (cannot compare; use force).
+
+    CI-bound gates: when the metric is the lower bound of the 95% CI of trained − base
+    (`eval.hpdv2.hpsv3.delta_ci_low`, direction max; `.delta_ci_high` with direction min for lower-is-better
+    metrics), `margin` is an absolute threshold on the bound: the candidate passes only if its bound exceeds
+    `margin` (margin 0 = significantly better than the base model), even when there is no champion, and, if
+    the champion has the bound recorded, also exceeds the champion's bound.
     """
+    bound = next((suffix for suffix in CI_BOUNDS if gate.metric.endswith(suffix)), None)
+    if bound is not None:
+        return _ci_gate(candidate, champion, gate, bound)
     if champion is None:
         return GateResult(True, "no current champion")
     if candidate is None:
@@ -116,6 +131,23 @@ def gate_decision(candidate: float | None, champion: float | None, gate: GateCon
     verdict = (f"{gate.metric}: candidate {candidate:.6g} vs champion {champion:.6g} "
                f"({better} is better, improvement {improvement:+.6g}, margin {gate.margin:g})")
     return GateResult(improvement > gate.margin, verdict, improvement)
+
+
+def _ci_gate(candidate: float | None, champion: float | None, gate: GateConfig, bound: str) -> GateResult:
+    if gate.direction != CI_BOUNDS[bound]:
+        raise UserError(f"gate.metric={gate.metric!r} is a CI {'lower' if bound.endswith('low') else 'upper'} bound: "
+                        f"use direction={CI_BOUNDS[bound]} (got {gate.direction})")
+    if candidate is None:
+        raise UserError(f"candidate has no value for {gate.metric!r}; register it with its metrics or use --force")
+    sign = 1.0 if gate.direction == "max" else -1.0
+    # the bound must clear the margin (vs the base model) and the champion's bound
+    threshold = sign * gate.margin if champion is None else (
+        max(gate.margin, champion) if sign > 0 else min(-gate.margin, champion))
+    improvement = sign * (candidate - threshold)
+    vs = f"margin {sign * gate.margin:+g}" + ("" if champion is None else f" and champion's bound {champion:+.6g}")
+    verdict = (f"{gate.metric}: candidate's CI bound of trained − base {candidate:+.6g} must be "
+               f"{'above' if sign > 0 else 'below'} {vs}")
+    return GateResult(improvement > 0, verdict, improvement)
 
 
 def config_hash(cfg: Mapping[str, Any] | Config) -> str:

@@ -166,6 +166,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("-p", "--param", action="append", default=[], metavar="NAME=VALUE", help="pipeline parameter")
     p.add_argument("--home", default=".chunkgrpo", help="--local: state dir (services, models, kfp outputs)")
     p.add_argument("--keep-services", action="store_true", help="--local: leave S3 + MLflow running afterwards")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="--local: stream every task's output (default: one line per task; all of it in the log file)")
     p.add_argument("--s3-port", type=int, default=8333, help="--local: S3 port (default 8333)")
     p.add_argument("--mlflow-port", type=int, default=5000, help="--local: MLflow port (default 5000)")
     p.add_argument("--experiment", default="chunkgrpo", help="KFP experiment (cluster runs)")
@@ -224,10 +226,14 @@ def _cmd_upload(args) -> int:
 def _cmd_run(args) -> int:
     params = parse_params(args.param)
     if args.local:
-        from pipeline.local import run_local, summary_lines
+        from pipeline.local import TaskFailed, run_local, summary_lines
 
-        r = run_local(args.pipeline, params, home=args.home, keep_services=args.keep_services,
-                      s3_port=args.s3_port, mlflow_port=args.mlflow_port)
+        try:
+            r = run_local(args.pipeline, params, home=args.home, keep_services=args.keep_services,
+                          s3_port=args.s3_port, mlflow_port=args.mlflow_port, verbose=args.verbose)
+        except TaskFailed as e:  # one line: task, reason, log path; 2 = bad input, 1 = internal failure
+            print(f"chunkgrpo pipeline: error: {e}", file=sys.stderr)
+            return 2 if e.user_error else 1
         print("\n" + "\n".join(summary_lines(r)))
         return 0
     client = _kfp_client(args)

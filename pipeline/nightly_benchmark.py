@@ -61,7 +61,8 @@ def make_nightly_benchmark(pool: str = "h100"):
         eval_benchmarks: Benchmark suites as a JSON list (hpdv2, geneval, wise); [] = the preset's.
         eval_num_prompts: Only the first N prompts per benchmark (0 = the preset's setting, i.e. all).
         eval_overrides: Extra evaluation overrides as a JSON list of "key=value" strings.
-        regression_metric: Metric compared with the champion's registered score, e.g. hpdv2.hpsv3.
+        regression_metric: Metric compared with the champion's registered score, e.g. hpdv2.hpsv3, or the lower
+            bound of the paired 95% CI of champion − base, hpdv2.hpsv3.delta_ci_low (docs/evaluation.md).
         regression_direction: max = higher is better, min = lower is better.
         tolerance: Allowed drop (absolute) before it counts as a regression.
         fail_on_regression: Also fail the run on a regression (it is always flagged in MLflow and the UI).

@@ -55,7 +55,9 @@ _DOC_COMMON = """
         model_name: Registered model name in MLflow.
         gate_metric: Promotion gate metric (registry tag metric.<name>), e.g. eval.hpdv2.hpsv3.
         gate_direction: max = higher is better, min = lower is better.
-        gate_margin: The candidate must beat the champion by more than this to be promoted.
+        gate_margin: The candidate must beat the champion by more than this to be promoted. For a CI-bound gate
+            metric (eval.<bench>.<metric>.delta_ci_low) the bound itself must exceed it: 0 = significantly
+            better than the base model (docs/evaluation.md).
         experiment: MLflow experiment of the pipeline run.
         artifact_root: s3:// prefix for checkpoints, models and evaluation images (<root>/<run id>/<stage>).
 """

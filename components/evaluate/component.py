@@ -98,7 +98,8 @@ def check_regression(results: Input[Artifact], model_name: str, alias: str, metr
         results: metrics.json of the nightly `evaluate` step.
         model_name: registered model name.
         alias: alias that was evaluated (champion).
-        metric: benchmark metric without label, e.g. hpdv2.hpsv3 (registry tag metric.eval.<metric>).
+        metric: benchmark metric without label, e.g. hpdv2.hpsv3 (registry tag metric.eval.<metric>), or a
+            paired-CI bound such as hpdv2.hpsv3.delta_ci_low (tonight's bound vs the registered one).
         direction: max (higher is better) | min.
         tolerance: allowed drop (absolute) before it counts as a regression.
         fail_on_regression: fail the run on a regression (besides flagging it).
@@ -113,7 +114,7 @@ def check_regression(results: Input[Artifact], model_name: str, alias: str, metr
 
     stage_env(parent_run_id)
     m = json.loads(Path(results.path).read_text())["metrics"]
-    today, base = m.get(f"{metric}.trained"), m.get(f"{metric}.base")
+    today, base = m.get(f"{metric}.trained", m.get(metric)), m.get(f"{metric}.base")
     reference, version = None, None
     if os.environ.get("MLFLOW_TRACKING_URI"):
         from mlflow import MlflowClient
@@ -137,6 +138,8 @@ def check_regression(results: Input[Artifact], model_name: str, alias: str, metr
               else ": no registered reference value")]
     if base is not None and sign * (today - base) <= 0:
         lines.append(f"\nnote: the {alias} does not beat the base model on {metric} tonight")
+    if metric.endswith((".delta_ci_low", ".delta_ci_high")) and sign * today <= 0:
+        lines.append(f"\nnote: tonight the {alias} is not significantly better than the base model ({metric})")
     Path(summary.path).write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     if parent_run_id and os.environ.get("MLFLOW_TRACKING_URI"):

@@ -30,7 +30,6 @@ def train(model: str, prompts: str, preset: str, method: str, chunks: str, max_s
     """
     import json
     import shlex
-    import subprocess
     import sys
     import tempfile
     from pathlib import Path
@@ -48,9 +47,9 @@ def train(model: str, prompts: str, preset: str, method: str, chunks: str, max_s
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc_per_node}",
            "-m", "chunkgrpo.train", "--config", preset, *args]
     print("+ torchrun " + shlex.join(cmd[3:]), flush=True)
-    rc = subprocess.run(cmd).returncode  # inherits stdout/stderr: streamed into the task log
-    if rc != 0:
-        raise RuntimeError(f"torchrun exited with status {rc} (see the rank logs above)")
+    from chunkgrpo.torchrun import run_torchrun
+
+    run_torchrun(cmd)  # ranks' output streamed into the task log; a rank's user error becomes this task's error
 
     summary = json.loads((out / "train_summary.json").read_text())
     info = json.loads((out / "final" / "chunkgrpo_model.json").read_text())
