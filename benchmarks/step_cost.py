@@ -6,6 +6,13 @@ off-policy window (after an optimizer step), plus the iteration split and the al
   python benchmarks/step_cost.py --size mid --res 256 --paper-chunks
   python benchmarks/step_cost.py --rows per_step:1,auto:7 --size mid --res 256 compile=rollout
   python benchmarks/step_cost.py --size flux --res 720 --device cuda --paper-chunks   # FLUX.1-dev-sized, GPU
+  python benchmarks/step_cost.py --method granular           # branching cost vs G2RPO's / TempFlow's released code
+  python benchmarks/step_cost.py --method tempflow sampling.num_steps=10 group_size=6
+
+--method tempflow|granular: per anchor (prompt × initial noise), the per-sample transformer forwards and
+the sequential model calls this engine made (measured by the call counter) against the reference
+implementations' counts for the same settings, and for the FLUX recipe of the method's preset
+(G2RPO: 16 steps, k = 0..7, λ ∈ {1, 2}, G = 12: 1,792 sampling + 8 training forwards, all sequential).
 
 A row is `strategy:policy_batch` (`chunk_backward`, and the memory budget in transformer inputs per
 training graph). Each row runs in its own process, so peak memory is that row's: the growth of the
@@ -205,6 +212,67 @@ def table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+# ----------------------------------------------------------------------------- branching methods
+
+def branching_report(cfg, rows: list[dict]) -> dict:
+    """Per anchor: measured calls vs this engine's formula vs the reference implementation's, for the run's
+    settings and for the FLUX recipe of the method's preset."""
+    from chunkgrpo.train import branching as br
+    from chunkgrpo.train.config import TrainConfig
+
+    def compare(c) -> dict:
+        steps, grans, G, N = br.branch_steps(c), br.granularities(c), c.group_size, c.sampling.num_steps
+        ours = br.engine_cost(N, steps, grans, G, kl_ref=c.kl_ref_coef > 0)
+        ref = (br.g2rpo_reference_cost(N, steps, grans, G) if c.method == "granular"
+               else br.tempflow_reference_cost(N, steps, G, kl_ref=c.kl_ref_coef > 0))
+        return {"settings": {"num_steps": N, "branch_steps": steps, "granularities": grans, "group_size": G,
+                             "kl_ref": c.kl_ref_coef > 0},
+                "engine": {"per_sample_forwards": ours.sample_forwards, "sequential_calls": ours.sequential_calls},
+                "reference": {"per_sample_forwards": ref.sample_forwards, "sequential_calls": ref.sequential_calls},
+                "forwards_saved_pct": round(100 * (1 - ours.sample_forwards / ref.sample_forwards), 1),
+                "sequential_ratio": round(ref.sequential_calls / ours.sequential_calls, 1)}
+
+    P = cfg.prompts_per_rank
+    run = compare(cfg)
+    run["measured"] = {"per_sample_forwards": sum(r["transformer_samples"] for r in rows) / len(rows) / P,
+                       "sequential_calls": sum(r["transformer_forward"] for r in rows) / len(rows)}
+    flux = TrainConfig.load(f"{cfg.method}_grpo_flux")
+    return {"run": run, "flux_recipe": {"preset": f"{cfg.method}_grpo_flux", **compare(flux)}}
+
+
+def run_branching(args) -> int:
+    """--method tempflow|granular: train a few optimizer steps of the method's tiny preset, count calls."""
+    from chunkgrpo.tiny import build_tiny_flux
+    from chunkgrpo.train.config import TrainConfig
+    from chunkgrpo.train.trainer import Trainer
+
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        model_dir = build_tiny_flux(tmp / "model", size=args.size)
+        prompts = tmp / "prompts.txt"
+        prompts.write_text("\n".join(PROMPTS) + "\n")
+        over = [f"model={model_dir}", f"prompts={prompts}", f"output_dir={tmp / 'run'}", "progress=false",
+                f"sampling.height={args.res}", f"sampling.width={args.res}", f"device={args.device}",
+                "checkpoint.every=0", "checkpoint.resume=false", "tracking.image_every=0", *args.overrides]
+        cfg = TrainConfig.load(f"{args.method}_grpo_tiny_cpu", over)
+        t = Trainer(cfg)
+        t.setup()
+        rows = []
+        for _ in range(max(1, args.iterations)):
+            t0 = time.perf_counter()
+            m = t.iteration()
+            t.iteration_idx += 1
+            m["time/iteration"] = time.perf_counter() - t0
+            rows.append(m)
+        t.close()
+    # branching is exactly on-policy (ratio 1 by construction): no rollout/training drift to measure
+    print(json.dumps({"size": args.size, "resolution": args.res, "device": args.device, "method": cfg.method,
+                      "iterations_timed": len(rows),
+                      "wall_s_per_iteration": round(sum(r["time/iteration"] for r in rows) / len(rows), 4),
+                      "branching_calls_per_anchor": branching_report(cfg, rows)}, indent=1))
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size", default="tiny", choices=["tiny", "mid", "flux"])
@@ -216,6 +284,8 @@ def main() -> int:
     ap.add_argument("--rows", default=DEFAULT_ROWS, help=f"strategy:policy_batch,... (default {DEFAULT_ROWS})")
     ap.add_argument("--paper-chunks", action="store_true", help="17 steps, chunks [2,3,4,7] (default: tiny_cpu's 8 steps, [2,2,3])")
     ap.add_argument("--drift", action="store_true", help="also measure the rollout-vs-training log-prob drift (first row)")
+    ap.add_argument("--method", choices=["tempflow", "granular"], default=None,
+                    help="branching method: report its transformer calls against the reference implementations")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("overrides", nargs="*", help="TrainConfig overrides for every row (e.g. method=dance kl_coef=0.01)")
     args = ap.parse_args()
@@ -223,6 +293,8 @@ def main() -> int:
         spec = json.loads(args.child)
         print("RESULT " + json.dumps(run_config(**spec)))
         return 0
+    if args.method:
+        return run_branching(args)
     common = (PAPER if args.paper_chunks else []) + list(args.overrides)
     results = []
     for i, row in enumerate(build_rows(args)):

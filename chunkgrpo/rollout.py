@@ -24,7 +24,7 @@ from typing import Literal
 import torch
 
 from chunkgrpo import checks, schedules, sde
-from chunkgrpo.config import Config, option
+from chunkgrpo.config import Config, check_finite, option
 from chunkgrpo.errors import UserError
 
 
@@ -48,8 +48,11 @@ class SamplingConfig(Config):
     def __post_init__(self) -> None:
         if self.num_steps < 2:
             raise UserError(f"num_steps must be >= 2 (one trainable step + the final ODE step), got {self.num_steps}")
+        check_finite(self, "sampling.")
         if self.eta < 0:
             raise UserError(f"eta must be >= 0, got {self.eta}")
+        if self.shift <= 0:
+            raise UserError(f"sampling.shift must be > 0, got {self.shift}")
         if self.height <= 0 or self.width <= 0:
             raise UserError(f"height/width must be positive, got {self.height}x{self.width}")
         self.stochastic_mask()  # validates the spec

@@ -81,7 +81,8 @@ def _iteration(ctx: IterationContext) -> IterationResult:
     images = model.decode(traj.x0, cfg.sampling.height, cfg.sampling.width)
     sample_prompts = [p for p in prompts for _ in range(G)]
     rewards = compute_rewards(ctx.reward_fns, images, sample_prompts)
-    adv = aggregate_advantages(rewards, ctx.reward_weights, G, clip=cfg.adv_clip).to(ctx.device)
+    adv = aggregate_advantages(rewards, ctx.reward_weights, G, clip=cfg.adv_clip, std=cfg.adv_std,
+                               eps=cfg.adv_eps).to(ctx.device)
     timing["reward"] = time.perf_counter() - t0
     # ---- which units each sample trains ----
     t0 = time.perf_counter()

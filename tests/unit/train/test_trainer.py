@@ -130,36 +130,6 @@ def test_non_finite_rewards_named():
         compute_rewards({"b": lambda im, p: torch.tensor([float("inf"), 1.0])}, [None, None], ["a", "b"])
 
 
-def test_presets_load_and_match_paper_recipes():
-    c = TrainConfig.load("chunk_grpo_flux")
-    assert (c.sampling.num_steps, c.sampling.eta, c.sampling.rule, c.group_size, c.grad_accum) == (17, 0.7, "flow", 12, 12)
-    assert (c.clip_low, c.clip_high, c.lr, c.max_grad_norm, c.max_steps, c.timestep_fraction) == (5e-5, 5e-5, 1e-5, 0.01, 151, 0.5)
-    assert TrainConfig.load("chunk_grpo_ws_flux").method == "chunk+ws"
-    d = TrainConfig.load("dance_grpo_flux")
-    assert (d.method, d.sampling.rule, d.sampling.eta, d.sampling.num_steps, d.timestep_fraction) == ("dance", "dance", 0.3, 16, 0.6)
-
-
-@pytest.mark.parametrize("method,extra", [("tempflow", ["branch_steps=[0,2]"]), ("granular", ["granularities=[1,2]"])])
-def test_branching_methods_train_on_policy_without_wasted_calls(tiny_model_dir, prompts_file, tmp_path, method, extra):
-    from chunkgrpo.train.branching import branch_steps, completion_indices, noise_weights
-
-    cfg = _cfg(tiny_model_dir, prompts_file, tmp_path, f"method={method}", "max_steps=6", "group_size=4", *extra)
-    t = Trainer(cfg)
-    t.setup()
-    steps = branch_steps(cfg)
-    assert t.steps_per_iteration == len(steps)  # one optimizer step per branching step k
-    before = {n: p.detach().clone() for n, p in t.model.transformer.named_parameters() if p.requires_grad}
-    m = t.iteration()
-    assert t.opt_step == len(steps)
-    assert any(not torch.equal(before[n], p.detach()) for n, p in t.model.transformer.named_parameters() if n in before)
-    assert m["transformer_samples"] == m["min_transformer_samples"]
-    assert torch.isfinite(torch.tensor(m["loss"]))
-    t.close()
-    assert completion_indices(3, 8, 2) == [4, 6, 8] and completion_indices(4, 8, 2) == [5, 7, 8]
-    w = noise_weights(cfg, [0, 1, 2], cfg.sampling.sigmas())
-    assert abs(sum(w.values()) / 3 - 1.0) < 1e-9  # TempFlow weights average 1
-
-
 def test_kl_term_costs_no_extra_transformer_calls(tiny_model_dir, prompts_file, tmp_path):
     """Off-policy units (after the first optimizer step of a rollout) with a KL term: the KL rides on
     the unit's own forward, so graph mode still makes exactly the minimum number of calls."""
