@@ -308,7 +308,8 @@ def main() -> int:
             print(f"row {' '.join(row)} failed (exit {proc.returncode})", file=sys.stderr)
             return 1
         results.append(json.loads(out[-1][len("RESULT "):]))
-        print(f"done: {' '.join(row)}", file=sys.stderr)
+        # each finished row at once (a long run stopped later keeps the rows it finished)
+        print(f"done: {' '.join(row)}\n{table(results[-1:])}\nROW {json.dumps(results[-1])}", file=sys.stderr, flush=True)
     print(table(results))
     print(json.dumps({"rows": results}, indent=1))
     return 0
