@@ -80,8 +80,8 @@ class Trainer:
             raise UserError("train needs a model (model=DIR)")
         if not cfg.prompts:
             raise UserError("train needs a prompt file (prompts=FILE)")
-        if cfg.device == "cuda" and not torch.cuda.is_available():
-            raise UserError("device=cuda but no CUDA device is available (use device=auto or device=cpu)")
+        if cfg.device.startswith("cuda") and not torch.cuda.is_available():
+            raise UserError(f"device={cfg.device} but no CUDA device is available (use device=auto or device=cpu)")
         self.model_path = resolve_model_source(cfg.model)
         self.prompts = load_prompts(cfg.prompts)
         self.sizes = resolve_chunk_sizes(cfg)
