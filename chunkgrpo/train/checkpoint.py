@@ -207,6 +207,7 @@ class CheckpointData:
     optimizer: dict
     scheduler: dict
     rng: dict | None
+    ema: dict[str, torch.Tensor] | None = None  # the EMA of the trainable weights, when the run keeps one
 
 
 def read(path: Path, rank: int = 0) -> CheckpointData:
@@ -230,13 +231,15 @@ def read(path: Path, rank: int = 0) -> CheckpointData:
             if not isinstance(obj, dict):
                 current = name
                 raise ValueError(f"expected a state dict, got {type(obj).__name__}")
+        current = "ema.safetensors"
+        ema = load_file(str(path / current)) if (path / current).exists() else None
         current = f"rng/rank{rank}.pt"
         rng = _load_pt(path / current) if (path / current).exists() else None
         if rng is not None and not (isinstance(rng, dict) and isinstance(rng.get("numpy"), dict)):
             raise ValueError("not an RNG state of this version")
     except Exception as e:  # noqa: BLE001 - any failure to read a file means the checkpoint is unusable
         raise CorruptCheckpointError(f"{path.name}/{current}: {_short(e)}") from None
-    return CheckpointData(path, state, weights, optim, sched, rng)
+    return CheckpointData(path, state, weights, optim, sched, rng, ema)
 
 
 def load_trainer_state(path: Path) -> dict:

@@ -3,7 +3,8 @@
 Read top to bottom:
   Trainer.__init__   validate everything that can be checked before any GPU time is spent
   Trainer.setup      process group, model (+LoRA / full), FSDP or replicated, optimizer, caches, resume
-  Trainer.train      iterations until `max_steps` optimizer steps; checkpoints; NaN guard
+  Trainer.train      iterations until `max_iterations` rollouts or `max_steps` optimizer steps (exactly one
+                     is set); checkpoints; NaN guard
   Trainer.iteration  builds this rank's `IterationContext` and runs the method's iteration
                      (`chunkgrpo.train.methods`: grpo.iteration for chunk/chunk+ws/dance,
                      branching.iteration for tempflow/granular)
@@ -22,6 +23,7 @@ from pathlib import Path
 import torch
 
 from chunkgrpo import objectives as obj
+from chunkgrpo.advantages import resolve_weights
 from chunkgrpo.chunks import load_plan, plan_chunks
 from chunkgrpo.errors import UserError
 from chunkgrpo.train import checkpoint as ckpt
@@ -41,9 +43,10 @@ def config_hash(cfg: TrainConfig) -> str:
 
 
 def resolve_chunk_sizes(cfg: TrainConfig) -> list[int]:
-    """The chunk sizes for the run (all 1 for step-level `dance`), checked against num_steps − 1."""
+    """The chunk sizes for the run (all 1 for step-level `dance`; the branching methods train single steps
+    and ignore `chunks`), checked against num_steps − 1."""
     S = cfg.trainable_steps
-    if cfg.method == "dance":
+    if cfg.method in ("dance", "tempflow", "granular"):
         return [1] * S
     spec = cfg.chunks.strip()
     if spec.endswith(".json"):
@@ -51,6 +54,18 @@ def resolve_chunk_sizes(cfg: TrainConfig) -> list[int]:
     if spec.startswith("dynamics"):
         raise UserError("chunks=dynamics needs a profile: run `chunkgrpo profile` + `chunkgrpo plan` and pass plan.json")
     return plan_chunks(spec, S).sizes
+
+
+def check_trained_units(cfg: TrainConfig, sizes: list[int]) -> None:
+    """Chunk/step methods train int(K·timestep_fraction) units per sample (the references' count); a plan
+    where that is 0 (e.g. `whole` with fraction 0.5: GCPO trains nothing) is rejected, not silently raised to 1."""
+    if cfg.method not in ("chunk", "chunk+ws", "dance"):
+        return
+    K = len(sizes)
+    if int(K * cfg.timestep_fraction) < 1:
+        raise UserError(f"timestep_fraction={cfg.timestep_fraction} of {K} chunk(s) (sizes {sizes}) trains "
+                        f"int({K}×{cfg.timestep_fraction}) = 0 units per sample; raise timestep_fraction to "
+                        f">= {1 / K:g} (e.g. 1.0 for 'whole') or plan more chunks")
 
 
 def _any_rank(flag: bool, device) -> bool:
@@ -86,9 +101,11 @@ class Trainer:
         self.prompts = load_prompts(cfg.prompts)
         self.sizes = resolve_chunk_sizes(cfg)
         self.ranges = obj.chunk_ranges(self.sizes)
-        self.reward_weights = {r.name: r.weight for r in cfg.rewards}
+        self.reward_weights = resolve_weights({r.name: r.weight for r in cfg.rewards},
+                                              cfg.reward_weighting == "normalized")
         if len(self.reward_weights) != len(cfg.rewards):
             raise UserError(f"duplicate reward names in {[r.name for r in cfg.rewards]}")
+        check_trained_units(cfg, self.sizes)
         self.method = get_method(cfg.method)
         self.out = Path(cfg.output_dir)
         self.iteration_idx = 0
@@ -131,18 +148,16 @@ class Trainer:
         if cfg.gradient_checkpointing:
             tr.enable_gradient_checkpointing()
         if cfg.distributed == "fsdp" and self.info.enabled:
-            if cfg.chunk_backward == "per_step":
-                # per-step backward issues c_k forwards per unit, which differ between ranks whose samples
-                # trained different chunks; FSDP's collectives need equal counts. 'graph' is exact too.
-                log.warning("fsdp: chunk_backward=per_step replaced by 'graph' (same gradients, one forward per unit)")
-                self.cfg.chunk_backward = "graph"
-            D.shard_fsdp(tr, mixed_bf16=self.bf16)
+            D.shard_fsdp(tr, mixed_bf16=self.bf16)  # chunk/step methods then train whole units (train/grpo.py)
         else:
             D.broadcast_params(tr)
         self.trainable = [p for p in tr.parameters() if p.requires_grad]
         self.trainable_names = [n for n, p in tr.named_parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.trainable, lr=cfg.lr, betas=tuple(cfg.betas),
                                            weight_decay=cfg.weight_decay)
+        from chunkgrpo.train.ema import Ema
+
+        self.ema = Ema(self.trainable, cfg.ema.decay, cfg.ema.every, cfg.ema.warmup) if cfg.ema.decay > 0 else None
         warm = max(0, cfg.warmup_steps)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0)
@@ -151,7 +166,7 @@ class Trainer:
 
         self.stream = PromptStream(self.prompts, cfg.prompts_per_rank, self.info.world, cfg.seed)
         self.steps_per_iteration = self.method.steps_per_iteration(cfg)
-        self.num_iterations = math.ceil(cfg.max_steps / self.steps_per_iteration)
+        self.num_iterations = cfg.max_iterations or math.ceil(cfg.max_steps / self.steps_per_iteration)
         cache_dir = Path(cfg.embed_cache_dir or self.out / "embeds") / f"rank{self.info.rank}"
         self.embeds = EmbeddingCache(self.model, cache_dir, cfg.sampling.max_sequence_length)
         needed = self.stream.all_for(self.info.rank, range(self.num_iterations))
@@ -281,9 +296,20 @@ class Trainer:
         self.scheduler.load_state_dict(data.scheduler)
         if data.rng is not None:
             ckpt.set_rng_state(data.rng)
+        if self.ema is not None and data.ema is not None:
+            self._load_ema(data.ema, int(state.get("ema_updates", 0)))
         self.iteration_idx = int(state["iteration"])
         self.opt_step = int(state["optimizer_step"])
         self.history = state.get("history", [])
+
+    def _load_ema(self, weights: dict[str, torch.Tensor], updates: int) -> None:
+        """Checkpoint EMA → shadow: load it into the parameters, capture, put the trained weights back."""
+        trained = {n: w for n, w in zip(self.trainable_names, (p.detach().clone() for p in self.trainable))}
+        self._load_trainable(weights)
+        self.ema.capture(updates)
+        with torch.no_grad():
+            for n, p in zip(self.trainable_names, self.trainable):
+                p.copy_(trained[n])
 
     def _is_fsdp(self) -> bool:
         return self.cfg.distributed == "fsdp" and self.info.enabled
@@ -339,11 +365,16 @@ class Trainer:
 
         self._saving = True
         try:
+            ema_weights = None
+            if self.ema is not None:  # clone: without FSDP the state dict aliases the live parameters
+                with self.ema.swapped():
+                    ema_weights = {k: v.clone() for k, v in self._trainable_state().items()}
             weights = self._trainable_state()
             optim = self._optimizer_state()
             bad = []
             if self.info.is_main:
-                bad = ckpt.non_finite(weights) + ckpt.non_finite(ckpt.optimizer_tensors(optim))
+                bad = (ckpt.non_finite(weights) + ckpt.non_finite(ckpt.optimizer_tensors(optim))
+                       + [f"ema:{n}" for n in ckpt.non_finite(ema_weights or {})])
             if _any_rank(bool(bad), self.info.device):
                 raise NonFiniteLossError(
                     f"non-finite values at optimizer step {self.opt_step} "
@@ -357,11 +388,14 @@ class Trainer:
             final, error = None, None
             if self.info.is_main:
                 save_file(weights, str(staging / "trainable.safetensors"))
+                if ema_weights is not None:
+                    save_file(ema_weights, str(staging / "ema.safetensors"))
                 torch.save(optim, staging / "optimizer.pt")
                 torch.save(self.scheduler.state_dict(), staging / "scheduler.pt")
                 state = {"iteration": self.iteration_idx, "optimizer_step": self.opt_step,
                          "config_hash": config_hash(self.cfg), "history": self.history,
-                         "world_size": self.info.world, "chunk_sizes": self.sizes}
+                         "world_size": self.info.world, "chunk_sizes": self.sizes,
+                         "ema_updates": self.ema.updates if self.ema is not None else 0}
                 (staging / "trainer_state.json").write_text(json.dumps(state, indent=1))
             D.barrier()  # every rank's RNG file is in place
             if self.info.is_main:
@@ -431,6 +465,18 @@ class Trainer:
         return result.metrics
 
     # ------------------------------------------------------------------ the loop
+    def done(self) -> bool:
+        """Training length in the configured unit: rollouts (max_iterations) or optimizer steps (max_steps)."""
+        if self.cfg.max_iterations:
+            return self.iteration_idx >= self.cfg.max_iterations
+        return self.opt_step >= self.cfg.max_steps
+
+    def _progress(self) -> tuple[int, int, str]:
+        """(total, done, unit) for the progress bar."""
+        if self.cfg.max_iterations:
+            return self.cfg.max_iterations, self.iteration_idx, "rollout"
+        return self.cfg.max_steps, self.opt_step, "step"
+
     def train(self) -> dict:
         from tqdm import tqdm
 
@@ -448,9 +494,10 @@ class Trainer:
         with self._sigterm_guard(), tracker_cm as tracker:
             if info.is_main:
                 tracker.log_dict({"sizes": self.sizes, "ranges": self.ranges, "method": cfg.method}, "chunk_plan.json")
-            bar = tqdm(total=cfg.max_steps, initial=self.opt_step, desc=f"train {cfg.method}",
+            total, initial, unit = self._progress()
+            bar = tqdm(total=total, initial=initial, desc=f"train {cfg.method}", unit=unit,
                        disable=not (info.is_main and cfg.progress))
-            while self.opt_step < cfg.max_steps:
+            while not self.done():
                 t_it = time.perf_counter()
                 try:
                     m = self.iteration()
@@ -458,6 +505,8 @@ class Trainer:
                     log.error("stopping: non-finite loss; the last complete checkpoint in %s is intact", self.ckpt_root)
                     raise
                 self.iteration_idx += 1
+                if self.ema is not None:
+                    self.ema.after_iteration(self.iteration_idx)
                 m["time/iteration"] = time.perf_counter() - t_it
                 m["time/other"] = m["time/iteration"] - sum(m[f"time/{k}"] for k in ("rollout", "reward", "policy"))
                 m = D.all_reduce_mean(m, info.device)
@@ -467,11 +516,11 @@ class Trainer:
                     tracker.log_metrics({k.replace("/", "_"): v for k, v in m.items()}, step=self.opt_step)
                     if cfg.tracking.image_every and (self.iteration_idx - 1) % cfg.tracking.image_every == 0:
                         self._log_grid(tracker)
-                    bar.update(self.opt_step - bar.n)
+                    bar.update(self._progress()[1] - bar.n)
                     bar.set_postfix(reward=f"{m['reward_mean']:.4f}", loss=f"{m['loss']:.2e}")
                 every = cfg.checkpoint.every
                 crossed = every and (self.opt_step // every) > ((self.opt_step - self.steps_per_iteration) // every)
-                if crossed or self.opt_step >= cfg.max_steps:
+                if crossed or self.done():
                     self.save_checkpoint()
             bar.close()
             self._write_rank_state()
@@ -553,8 +602,13 @@ class Trainer:
 
     # ------------------------------------------------------------------ export
     def export(self, out: Path) -> Path:
-        """The final model: a diffusers LoRA folder (or a full transformer) + `chunkgrpo_model.json`."""
-        weights = self._trainable_state()
+        """The final model: a diffusers LoRA folder (or a full transformer) + `chunkgrpo_model.json`;
+        the EMA weights when `ema.decay` > 0 (what the references evaluate). Never written with NaN/inf."""
+        if self.ema is not None:  # clone: without FSDP the state dict aliases the live parameters
+            with self.ema.swapped():
+                weights = {k: v.clone() for k, v in self._trainable_state().items()}
+        else:
+            weights = self._trainable_state()
         bad = ckpt.non_finite(weights) if self.info.is_main else []
         if _any_rank(bool(bad), self.info.device):
             raise NonFiniteLossError(f"non-finite trainable parameters ({bad[0] if bad else 'on rank 0'}); "
@@ -586,7 +640,8 @@ class Trainer:
             kind = "full"
         meta = {"kind": kind, "base_model": self.cfg.model, "method": self.cfg.method, "chunk_sizes": self.sizes,
                 "optimizer_steps": self.opt_step, "config_hash": config_hash(self.cfg),
-                "lora": self.cfg.lora.to_dict() if kind == "lora" else None, "sampling": self.cfg.sampling.to_dict()}
+                "lora": self.cfg.lora.to_dict() if kind == "lora" else None, "sampling": self.cfg.sampling.to_dict(),
+                "ema": {**self.cfg.ema.to_dict(), "updates": self.ema.updates} if self.ema is not None else None}
         (staging / "chunkgrpo_model.json").write_text(json.dumps(meta, indent=1))
         ckpt.write_manifest(staging, {"kind": kind})
         if out.exists():

@@ -11,7 +11,7 @@ from components.images import EVAL_IMAGE, RUNTIME_IMAGE
 def evaluate(preset: str, overrides: list, benchmarks: list, num_prompts: int, base_model: str,
              registered_model: str, alias: str, artifact_root: str, run_id: str, stage: str, experiment: str,
              parent_run_id: str, metrics: Output[Metrics], report: Output[HTML], results: Output[Artifact],
-             model: Input[Model] = None):
+             model: Input[Model] = None, scorer_weights: dict = {}):  # noqa: B006 - KFP parameter default
     """Generate and score benchmark images for the trained model and the base model (same seeds).
 
     Args:
@@ -28,6 +28,7 @@ def evaluate(preset: str, overrides: list, benchmarks: list, num_prompts: int, b
         experiment: MLflow experiment.
         parent_run_id: MLflow parent run id ('' = none).
         model: model pointer from `train` / `launch_trainjob`.
+        scorer_weights: {scorer: weights URI, '<scorer>.processor': URI} (e.g. hpsv3, hpsv3.processor, imagereward).
     """
     import json
     import shutil
@@ -66,7 +67,9 @@ def evaluate(preset: str, overrides: list, benchmarks: list, num_prompts: int, b
         print(f"{registered_model} = v{mv.version} <- {source}")
     elif not base_model:
         raise UserError("nothing to evaluate: give a model artifact, registered_model or base_model")
-    over = [*overrides, f"model={source}", f"output_dir={work / 'out'}",
+    from chunkgrpo.models import scorer_weight_overrides
+
+    over = [*scorer_weight_overrides(dict(scorer_weights)), *overrides, f"model={source}", f"output_dir={work / 'out'}",
             f"output_uri={run_prefix(artifact_root, run_id, stage)}", f"experiment={experiment}"]
     if base_model:
         over.append(f"base_model={base_model}")

@@ -21,8 +21,9 @@ def _register(name, tmp_path, seed, mean, lo):
     (root / "pytorch_lora_weights.safetensors").write_bytes(bytes([seed]) * 1024)
     # what components/register maps from metrics.json: `<k>.trained` -> eval.<k>, other keys kept
     metrics = {"eval": {"hpdv2.hpsv3": mean, CI: lo, "hpdv2.hpsv3.delta_ci_high": lo + 0.1}}
+    # one eval protocol for all versions: the registry never compares metrics measured differently
     return register_model(name, root, kind="lora", base_model="tiny-flux", metrics=metrics, git="abc",
-                          cfg_hash="cfg")
+                          cfg_hash="cfg", eval_protocol={"preset": "eval_hpdv2", "benchmarks": {"hpdv2": 400}})
 
 
 def test_promotion_and_nightly_check_on_the_ci_lower_bound(services_env, tmp_path):
