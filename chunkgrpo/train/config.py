@@ -6,6 +6,7 @@ Presets for the paper's recipes live in `chunkgrpo/presets/*.yaml`; any field ca
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Literal
 
@@ -171,7 +172,7 @@ class TrainConfig(Config):
     distributed: Literal["ddp", "fsdp"] = option("ddp", "ddp (replicated, all-reduced grads) or fsdp (full shard, block-wrapped)")
     mixed_precision: Literal["auto", "fp32", "bf16"] = option("auto", "auto = bf16 autocast on GPU, fp32 on CPU (master weights fp32)")
     gradient_checkpointing: bool = option(True, "activation checkpointing in the transformer blocks")
-    device: str = option("auto", "auto | cpu | cuda")
+    device: str = option("auto", "auto | cpu | cuda | cuda:N (one GPU, single process)")
     seed: int = option(42, "base seed (rollout noise, unit selection and data order derive from it)")
     checkpoint: CheckpointConfig = option(factory=CheckpointConfig, help="checkpointing")
     tracking: TrackingConfig = option(factory=TrackingConfig, help="MLflow logging")
@@ -180,8 +181,8 @@ class TrainConfig(Config):
 
     def __post_init__(self) -> None:
         check_finite(self)  # NaN/inf pass every `< 0` check below
-        if self.device not in ("auto", "cpu", "cuda"):
-            raise UserError(f"device={self.device!r} is not one of auto, cpu, cuda")
+        if self.device not in ("auto", "cpu", "cuda") and not re.fullmatch(r"cuda:\d+", self.device):
+            raise UserError(f"device={self.device!r} is not one of auto, cpu, cuda, cuda:N")
         if self.max_grad_norm < 0:
             raise UserError(f"max_grad_norm must be >= 0 (0 = no clipping), got {self.max_grad_norm}")
         if self.weight_decay < 0 or self.kl_coef < 0:

@@ -95,8 +95,8 @@ class Trainer:
             raise UserError("train needs a model (model=DIR)")
         if not cfg.prompts:
             raise UserError("train needs a prompt file (prompts=FILE)")
-        if cfg.device == "cuda" and not torch.cuda.is_available():
-            raise UserError("device=cuda but no CUDA device is available (use device=auto or device=cpu)")
+        if cfg.device.startswith("cuda") and not torch.cuda.is_available():
+            raise UserError(f"device={cfg.device} but no CUDA device is available (use device=auto or device=cpu)")
         self.model_path = resolve_model_source(cfg.model)
         self.prompts = load_prompts(cfg.prompts)
         self.sizes = resolve_chunk_sizes(cfg)
@@ -564,7 +564,8 @@ class Trainer:
 
     def _wait_for_mirror(self) -> None:
         """End of training: every checkpoint must reach S3 (bounded wait), else fail loudly — the local
-        checkpoints are intact and re-running the same command retries the upload."""
+        checkpoints are intact and re-running the same command retries the upload. Once all are in S3,
+        the local ones beyond `checkpoint.keep` (held back while S3 was down) are deleted."""
         if self.mirror is None:
             return
         if not self.mirror.wait(self.cfg.checkpoint.mirror_wait_s):
@@ -574,6 +575,8 @@ class Trainer:
             raise StoreError(f"training finished (final model in {self.out / 'final'}) but {', '.join(left)} did not "
                              f"reach {self.cfg.checkpoint.s3_prefix} within {self.cfg.checkpoint.mirror_wait_s:.0f}s "
                              f"({self.mirror.last_error}); they are intact in {self.ckpt_root} — re-run to retry the upload")
+        # what `checkpoint.keep` held back during an outage can go now that it is in S3
+        ckpt.prune(self.ckpt_root, self.cfg.checkpoint.keep, self.mirror, self.cfg.checkpoint.mirror_backlog)
 
     def _write_rank_state(self) -> None:
         """Each rank records a checksum of its trainable parameters (replicas must agree; under FSDP

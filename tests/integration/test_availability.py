@@ -170,7 +170,7 @@ def test_s3_outage_mid_run_keeps_training_and_mirrors_everything(tiny_model_dir,
         st = ArtifactStore()
         assert [u.rsplit("/", 1)[-1] for u in st.list_complete(prefix)] == [f"step-{i:06d}" for i in range(1, 6)]
         local = ckpt.complete_checkpoints(out / "checkpoints")
-        assert [p.name for p in local] == ["step-000005"]  # older ones deleted only once they were in S3
+        assert [p.name for p in local] == ["step-000005"]  # older ones deleted once they were in S3 (at the latest: the end)
         st.get_folder(prefix + "/step-000003", tmp_path / "check")  # a checkpoint from the outage, verified
         assert json.loads((tmp_path / "check" / "trainer_state.json").read_text())["optimizer_step"] == 3
 
@@ -225,3 +225,26 @@ def test_tampered_s3_checkpoint_falls_back_to_the_older_one(services_env, tiny_m
     assert not (out / "checkpoints" / ".download-step-000002").exists()  # the failed download left nothing
     # the re-trained step-2 was mirrored over the tampered S3 copy: it verifies again
     st.get_folder(prefix + "/step-000002", tmp_path / "check")
+
+
+def test_a_crash_marks_the_run_failed_and_keeps_the_checkpoints(services_env, tiny_model_dir, prompts_file, tmp_path,
+                                                                monkeypatch):
+    """A run that dies of an error (here a diverged loss at iteration 2) is not left RUNNING in MLflow:
+    it is FAILED, its metrics so far arrived, and the checkpoints written before stay complete."""
+    from mlflow import MlflowClient
+
+    from chunkgrpo.train.context import NonFiniteLossError
+
+    def diverge():
+        raise NonFiniteLossError("non-finite loss at optimizer step 3")
+
+    _on_iteration(monkeypatch, {2: diverge})
+    out = tmp_path / "run"
+    with pytest.raises(NonFiniteLossError):
+        run_training(_cfg(tiny_model_dir, prompts_file, out, "max_steps=5", "tracking.experiment=crashed"))
+    client = MlflowClient()
+    (run,) = client.search_runs([client.get_experiment_by_name("crashed").experiment_id])
+    assert run.info.status == "FAILED"
+    assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "reward_mean")) == [1, 2]
+    assert [p.name for p in ckpt.complete_checkpoints(out / "checkpoints")] == ["step-000001", "step-000002"]
+    assert not (out / "final").exists()

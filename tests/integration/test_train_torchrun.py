@@ -129,3 +129,52 @@ def test_learning_sanity_programmatic_reward_rises(tmp_path):
     res = json.loads(r.stdout[r.stdout.index("{"):])
     # per-sample reward std of the base model is ~0.006; demand a gain of several std
     assert res["gain"] > 0.02, res
+
+
+def test_sigterm_to_torchrun_stops_every_worker_and_marks_the_run_killed(services_env, tiny_model_dir, prompts_file,
+                                                                          tmp_path):
+    """A pod eviction under torchrun: the launcher gets SIGTERM and passes it to its workers. Every
+    worker exits, the MLflow run (rank 0's) is KILLED rather than left RUNNING, every committed
+    checkpoint verifies, and the same command resumes."""
+    from mlflow import MlflowClient
+
+    from chunkgrpo.train import checkpoint as ckpt
+
+    out = tmp_path / "run"
+    over = ["checkpoint.every=1", "tracking.image_every=0", "tracking.experiment=evicted-ddp"]
+    proc = subprocess.Popen(_train_cmd(2, tiny_model_dir, prompts_file, out, "max_steps=40", *over, port=29537),
+                            env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    workers: list[psutil.Process] = []
+    alive: list[psutil.Process] = []
+    try:
+        deadline = time.time() + 300
+        while not (out / "checkpoints" / "step-000002" / "MANIFEST.json").exists():
+            assert proc.poll() is None, proc.communicate()[1][-3000:]
+            assert time.time() < deadline, "no checkpoint appeared"
+            time.sleep(0.05)
+        workers = psutil.Process(proc.pid).children(recursive=True)
+        proc.send_signal(signal.SIGTERM)  # what the kubelet sends to the container's process
+        _, err = proc.communicate(timeout=120)
+        _, alive = psutil.wait_procs(workers, timeout=5)  # checked before anything here kills them
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=60)
+        for w in workers:  # never leave a worker behind, whatever happened above
+            with contextlib.suppress(psutil.NoSuchProcess):
+                w.kill()
+    assert len(workers) >= 2
+    assert proc.returncode != 0
+    assert not alive, f"workers still alive after torchrun exited: {[w.pid for w in alive]}"
+    assert "terminated by signal 15" in err, err[-3000:]
+    client = MlflowClient()
+    (run,) = client.search_runs([client.get_experiment_by_name("evicted-ddp").experiment_id])
+    assert run.info.status == "KILLED"
+    done = ckpt.complete_checkpoints(out / "checkpoints")
+    assert done and not (out / "final").exists()
+    for p in done:
+        ckpt.verify(p)
+    r = subprocess.run(_train_cmd(2, tiny_model_dir, prompts_file, out, f"max_steps={len(done) + 1}", *over,
+                                  port=29538), capture_output=True, text=True, env=_env(), timeout=600)
+    assert r.returncode == 0 and "resumed from" in r.stderr, r.stderr[-3000:]

@@ -155,6 +155,7 @@ BAD_INPUTS = {
     "checkpoint.keep=-2": (_train("checkpoint.keep=-2"), "checkpoint.keep must be >= 0"),
     "tracking.timeout_s=0": (_train("tracking.timeout_s=0"), "tracking.timeout_s"),
     "device=tpu": (_train("device=tpu"), "device='tpu'"),
+    "device=cuda:first": (_train("device=cuda:first"), "device='cuda:first'"),
     # S3 locations
     "s3_prefix without s3://": (_train("checkpoint.s3_prefix=bucket/ckpt"), "is not an S3 URI"),
     "s3_prefix with a bad bucket": (_train("checkpoint.s3_prefix=s3://Bad_Bucket/ckpt"), "invalid bucket name"),
@@ -285,3 +286,10 @@ def test_tiny_model_overwrite_replaces_only_its_own_folder(tmp_path):
     assert main(["tiny-model", "--out", str(empty)]) == 0  # an empty folder is fine
     assert (empty / "model_index.json").exists()
     assert os.listdir(tmp_path) and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+@pytest.mark.parametrize("device", ["auto", "cpu", "cuda", "cuda:1"])
+def test_valid_devices_are_accepted(device):
+    from chunkgrpo.train.config import TrainConfig
+
+    assert TrainConfig.load("tiny_cpu", [f"device={device}"]).device == device
