@@ -3,7 +3,7 @@
 
     spec = JobSpec(name=job_name(kfp_run_id, "train"), namespace="kubeflow",
                    image="ghcr.io/chunkgrpo/chunkgrpo-runtime:0.1.0", num_nodes=2, nproc_per_node=8,
-                   gpus_per_node=8, train_args=["--config", "chunk_grpo_flux", "max_steps=151"],
+                   gpus_per_node=8, train_args=["--config", "chunk_grpo_flux", "max_iterations=151"],
                    upload_final_to="s3://chunkgrpo-checkpoints/pipeline-runs/<run>/final")
     api = load_api()                                   # kubernetes CustomObjectsApi (in-cluster or kubeconfig)
     final = launch(api, build_trainjob(spec), timeout_s=48 * 3600)

@@ -52,7 +52,7 @@ def spec(**kw) -> tj.JobSpec:
                 shm_size="", run_id=RUN_ID, env={"CHUNKGRPO_MLFLOW_PARENT_RUN_ID": "abc"},
                 secret_env={"AWS_ACCESS_KEY_ID": ("chunkgrpo-s3", "AWS_ACCESS_KEY_ID"),
                             "AWS_SECRET_ACCESS_KEY": ("chunkgrpo-s3", "AWS_SECRET_ACCESS_KEY")},
-                train_args=["--config", "chunk_grpo_flux", "max_steps=151", "chunks=sizes:2,3,4,7"],
+                train_args=["--config", "chunk_grpo_flux", "max_iterations=151", "chunks=sizes:2,3,4,7"],
                 upload_final_to="s3://chunkgrpo-checkpoints/pipeline-runs/r/train/final",
                 fetch={"/tmp/inputs/prompts.txt": "s3://chunkgrpo-data/prompts/train.txt"},
                 active_deadline_seconds=172800)
