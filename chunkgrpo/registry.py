@@ -1,25 +1,38 @@
 """Model registry on MLflow 3: register trained models, champion/challenger promotion, rollback.
 
-**What a registered version is.** A plain artifact folder logged to an MLflow run under
-`model/`, registered with `create_registered_model` + `create_model_version(source=<run artifact
-uri>/model)` (MLflow 3's `register_model("runs:/.../model")` refuses plain folders). The folder holds
+**What a registered version is.** An MLflow Model (an `MLmodel` with the `python_function`
+flavour, "model from code": `chunkgrpo/serving.py`, no pickles) logged to an MLflow run under
+`model/` and registered with `create_model_version(source=<run artifact uri>/model)`, so that
 
-* the weights, diffusers-loadable: a LoRA adapter (`pytorch_lora_weights.safetensors`, loadable with
-  `FluxPipeline.load_lora_weights(folder)`) or a full transformer (`FluxTransformer2DModel.from_pretrained`);
-  for large full checkpoints the weights can stay in S3 (`include_weights=False`), and only a pointer
-  is logged;
-* `chunkgrpo_registration.json`: kind (lora/full), base model reference, S3 checkpoint URI, manifest digest,
-  eval metrics, chunk plan, git sha, config hash.
+    model = mlflow.pyfunc.load_model("models:/chunkgrpo-flux@champion")   # base FLUX + the adapter
+    model.predict(pd.DataFrame({"prompt": ["a red apple"], "seed": [7]}))  # -> prompt, seed, image (PNG base64)
 
-`load_registered_model("models:/name@champion")` downloads it (and the external S3 weights, checksum
-verified); `load_pipeline(...)` turns that into a diffusers `FluxPipeline`. This was chosen over a
-pyfunc "model from code": no pickles, no code shipped into the registry, and any diffusers user
-can load the folder directly.
+works in any environment with `chunkgrpo` installed (the pyfunc's pip requirement). Its artifact
+`artifacts/model/` is the payload, still a diffusers-loadable folder:
+
+* the weights: a LoRA adapter (`pytorch_lora_weights.safetensors`, `FluxPipeline.load_lora_weights`)
+  or a full transformer; for large full checkpoints the weights can stay in S3
+  (`include_weights=False`) and only a pointer is logged (checksum-verified on load);
+* `chunkgrpo_registration.json`: kind (lora/full), base model reference, S3 checkpoint URI, manifest
+  digest, eval metrics and the **eval protocol** they were measured with, chunk plan, git sha,
+  config hash, and the hybrid-inference sampling settings the pyfunc generates with.
+
+`load_registered_model(...)` downloads a version (verified) and `load_pipeline(...)` builds a
+diffusers `FluxPipeline` from it.
 
 **Promotion** uses aliases (stages are deprecated): `champion` moves only if the candidate beats
 the current champion on the gate metric (read from `metric.<name>` version tags) by more than
-`margin` in the gate direction; the old champion gets `previous`. Every decision is written as
-tags (who, why, metrics, time) on the version and appended to the registered model's
+`margin`. **The direction (and the metric) belong to the registered model**, not to the caller:
+tags `gate.metric` / `gate.direction` are written when the model is first registered (or by an
+explicit, logged `set_gate`), otherwise the direction of a known metric is used; a caller that
+asks for another direction or metric is refused, so no flag can crown a worse model. The one
+metric a caller may pick besides the model's is the confidence bound of that same metric's paired
+trained − base delta (`<gate metric>.delta_ci_low` for higher-is-better, `.delta_ci_high` for
+lower-is-better, see `chunkgrpo.eval.stats`): a stricter gate in the same direction, where `margin`
+is an absolute threshold on the bound (`gate_decision`). Metrics measured under different **eval
+protocols** (preset, benchmarks, prompt counts, seeds, sampling, scorers: tag
+`eval.protocol.sha256`) are never compared. The old champion gets `previous`. Every decision is
+written as tags (who, why, metrics, time) on the version and appended to the registered model's
 `promotion.log` tag. Promoting the current champion again is a no-op; `force=True` skips the gate
 and is recorded. `rollback` moves `champion` back to `previous`.
 """
@@ -48,7 +61,15 @@ log = logging.getLogger(__name__)
 
 MODEL_INFO = "chunkgrpo_registration.json"  # beside the trainer's chunkgrpo_model.json, never over it
 MODEL_INFO_FORMAT = "chunkgrpo.registered-model/v1"
+PAYLOAD = "artifacts/model"                 # where the pyfunc MLmodel keeps the weights + MODEL_INFO
 METRIC_TAG = "metric."
+GATE_METRIC_TAG, GATE_DIRECTION_TAG = "gate.metric", "gate.direction"     # registered-model tags
+PROTOCOL_TAG, PROTOCOL_HASH_TAG = "eval.protocol", "eval.protocol.sha256"  # version tags
+# Direction of metrics whose meaning is fixed (last dotted component, after stripping the
+# .trained/.base/.delta/CI suffixes); anything else needs a gate.direction tag on the model.
+KNOWN_DIRECTIONS = {name: "max" for name in (
+    "hpsv3", "hpsv2", "hpsv2.1", "imagereward", "pickscore", "clip", "geneval", "overall", "wise", "wiscore",
+    "brightness", "contrast", "color", "reward_mean")}
 _MAX_TAG = 5000
 _LOG_ENTRIES = 20
 
@@ -60,15 +81,17 @@ _LOG_ENTRIES = 20
 class GateConfig(Config):
     """When a candidate may replace the champion."""
 
-    metric: str = option("eval.hpdv2.hpsv3", "metric compared (mean HPSv3 on the HPDv2 test set by default)")
-    direction: Literal["max", "min"] = option("max", "max: higher is better; min: lower is better")
-    margin: float = option(0.0, "the candidate must beat the champion by MORE than this (absolute units)")
+    metric: str = option("", "metric compared; '' = the registered model's gate.metric tag (default "
+                             "eval.hpdv2.hpsv3, mean HPSv3 on the HPDv2 test set), or that metric's CI bound "
+                             "(<metric>.delta_ci_low, see gate_decision)")
+    direction: str = option("", "'' = the registered model's (gate.direction tag, else the known direction of "
+                                "the metric); 'max'/'min' only to assert it: a different one is refused")
+    margin: float = option(0.0, "the candidate must beat the champion by MORE than this (absolute units); for a "
+                                "CI-bound metric (*.delta_ci_low) the bound itself must exceed it (see gate_decision)")
 
     def __post_init__(self) -> None:
-        if not self.metric.strip():
-            raise UserError("gate.metric must name a metric, e.g. eval.hpdv2.hpsv3")
-        if self.direction not in ("max", "min"):
-            raise UserError(f"gate.direction={self.direction!r} must be 'max' or 'min'")
+        if self.direction not in ("", "max", "min"):
+            raise UserError(f"gate.direction={self.direction!r} must be 'max' or 'min' (or empty)")
         if self.margin < 0:
             raise UserError(f"gate.margin={self.margin} must be >= 0 (it is an improvement threshold)")
 
@@ -102,11 +125,49 @@ class GateResult:
     improvement: float | None = None
 
 
+DEFAULT_GATE_METRIC = "eval.hpdv2.hpsv3"
+
+
+def known_direction(metric: str) -> str | None:
+    """'max'/'min' for a metric whose meaning fixes its direction (e.g. ...hpsv3.trained), else None."""
+    parts = metric.split(".")
+    while parts and parts[-1] in ("trained", "base", "delta", "mean", "delta_ci_low", "delta_ci_high", "ci_low",
+                                  "ci_high"):
+        parts = parts[:-1]
+    for n in (2, 1):
+        key = ".".join(parts[-n:]) if len(parts) >= n else None
+        if key in KNOWN_DIRECTIONS:
+            return KNOWN_DIRECTIONS[key]
+    return None
+
+
+CI_BOUNDS = {".delta_ci_low": "max", ".delta_ci_high": "min"}
+
+
 def gate_decision(candidate: float | None, champion: float | None, gate: GateConfig) -> GateResult:
     """Does `candidate` beat `champion` on the gate? Ties (improvement == margin) do not pass.
 
-    No champion -> pass. A missing candidate/champion value -> UserError (cannot compare; use force).
+    `gate` is normally resolved from the registered model (`resolve_gate`); an empty direction here
+    means the metric's known one (a CI bound: the direction in `CI_BOUNDS`). No champion -> pass. A
+    missing candidate/champion value -> UserError (cannot compare; use force).
+
+    CI-bound gates: when the metric is the lower bound of the 95% CI of trained − base
+    (`eval.hpdv2.hpsv3.delta_ci_low`, direction max; `.delta_ci_high` with direction min for lower-is-better
+    metrics), `margin` is an absolute threshold on the bound: the candidate passes only if its bound exceeds
+    `margin` (margin 0 = significantly better than the base model), even when there is no champion, and, if
+    the champion has the bound recorded, also exceeds the champion's bound.
     """
+    if not gate.metric:
+        raise UserError("gate_decision needs a gate metric (resolve_gate gives the registered model's)")
+    bound = next((suffix for suffix in CI_BOUNDS if gate.metric.endswith(suffix)), None)
+    if gate.direction not in ("max", "min"):
+        direction = CI_BOUNDS[bound] if bound else known_direction(gate.metric)
+        if direction is None:
+            raise UserError(f"the direction of {gate.metric!r} is unknown: record it on the registered model "
+                            "(set_gate / promote --set-gate METRIC:max|min)")
+        gate = dataclasses.replace(gate, direction=direction)
+    if bound is not None:
+        return _ci_gate(candidate, champion, gate, bound)
     if champion is None:
         return GateResult(True, "no current champion")
     if candidate is None:
@@ -116,6 +177,23 @@ def gate_decision(candidate: float | None, champion: float | None, gate: GateCon
     verdict = (f"{gate.metric}: candidate {candidate:.6g} vs champion {champion:.6g} "
                f"({better} is better, improvement {improvement:+.6g}, margin {gate.margin:g})")
     return GateResult(improvement > gate.margin, verdict, improvement)
+
+
+def _ci_gate(candidate: float | None, champion: float | None, gate: GateConfig, bound: str) -> GateResult:
+    if gate.direction != CI_BOUNDS[bound]:
+        raise UserError(f"gate.metric={gate.metric!r} is a CI {'lower' if bound.endswith('low') else 'upper'} bound: "
+                        f"use direction={CI_BOUNDS[bound]} (got {gate.direction})")
+    if candidate is None:
+        raise UserError(f"candidate has no value for {gate.metric!r}; register it with its metrics or use --force")
+    sign = 1.0 if gate.direction == "max" else -1.0
+    # the bound must clear the margin (vs the base model) and the champion's bound
+    threshold = sign * gate.margin if champion is None else (
+        max(gate.margin, champion) if sign > 0 else min(-gate.margin, champion))
+    improvement = sign * (candidate - threshold)
+    vs = f"margin {sign * gate.margin:+g}" + ("" if champion is None else f" and champion's bound {champion:+.6g}")
+    verdict = (f"{gate.metric}: candidate's CI bound of trained − base {candidate:+.6g} must be "
+               f"{'above' if sign > 0 else 'below'} {vs}")
+    return GateResult(improvement > 0, verdict, improvement)
 
 
 def config_hash(cfg: Mapping[str, Any] | Config) -> str:
@@ -175,6 +253,39 @@ def _flat_metrics(metrics: Mapping[str, Any] | None) -> dict[str, float]:
     return out
 
 
+def eval_protocol(result: Mapping[str, Any], preset: str = "") -> dict:
+    """What an evaluation's numbers depend on besides the model: preset, benchmarks with their prompt
+    counts, seeds, sampling (steps, trained steps, resolution, guidance, schedule), scorers, GenEval
+    samples, WISE variant and judge. Two versions are compared only if this is identical."""
+    cfg = dict(result.get("config") or {})
+    benches = {b: {k: v for k, v in (e or {}).items() if k in ("n_prompts", "samples_per_prompt", "variant",
+                                                                "official_prompts", "prompts_file", "metadata_file")}
+               for b, e in sorted((result.get("benchmarks") or {}).items())}
+    judge = (cfg.get("wise_judge") or {}).get("model") if "wise" in benches else None
+    return {
+        "preset": preset or cfg.get("preset", ""),
+        "benchmarks": benches,
+        "seed": result.get("seed", cfg.get("seed")),
+        "sampling": dict(result.get("sampling") or {}),
+        "scorers": sorted(cfg.get("scorers") or []) if "hpdv2" in benches else [],
+        **({"geneval_samples": cfg.get("geneval_samples")} if "geneval" in benches else {}),
+        **({"wise_variant": cfg.get("wise_variant"), "wise_judge": judge} if "wise" in benches else {}),
+    }
+
+
+def metrics_from_eval(result: Mapping[str, Any], preset: str = "") -> tuple[dict, dict, dict]:
+    """(metrics, protocol, sampling) to register from an evaluation's metrics.json: every
+    `<bench>.<metric>.trained` as `eval.<bench>.<metric>` (the `.base`/`.delta` and other values
+    keep their full name under `eval.`), the eval protocol, and the hybrid sampling settings."""
+    flat = dict(result.get("metrics") or {})
+    metrics = {"eval": {(k[: -len(".trained")] if k.endswith(".trained") else k): v for k, v in flat.items()}}
+    return metrics, eval_protocol(result, preset), dict(result.get("sampling") or {})
+
+
+def protocol_hash(protocol: Mapping[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(protocol, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
 # ---------------------------------------------------------------------------------------- client
 
 
@@ -206,6 +317,80 @@ def _aliases(client, name: str) -> dict[str, str]:
         raise UserError(f"no registered model named {name!r}") from None
 
 
+def model_gate(client, name: str) -> tuple[str | None, str | None]:
+    """(gate.metric, gate.direction) recorded on the registered model (None where absent)."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        tags = client.get_registered_model(name).tags or {}
+    except MlflowException:
+        raise UserError(f"no registered model named {name!r}") from None
+    return tags.get(GATE_METRIC_TAG) or None, tags.get(GATE_DIRECTION_TAG) or None
+
+
+def resolve_gate(client, name: str, gate: GateConfig | None = None) -> GateConfig:
+    """The gate as the registered model defines it. The caller may name the metric/direction only to
+    assert them: a metric other than the model's gate metric, or a direction other than the one
+    recorded (or known) for the metric, is a UserError, whatever the caller wanted."""
+    gate = gate or GateConfig()
+    tag_metric, tag_direction = model_gate(client, name)
+    metric = gate.metric or tag_metric or DEFAULT_GATE_METRIC
+    if tag_metric and metric != tag_metric:
+        # the one other choice: the CI bound of the model's own metric, in its own direction (stricter)
+        bound = tag_metric + next((s for s, d in CI_BOUNDS.items() if d == tag_direction), "")
+        if metric != bound or bound == tag_metric:
+            raise UserError(f"{name!r} is gated on {tag_metric} (tag {GATE_METRIC_TAG}, set at registration); "
+                            f"comparing on {metric} is refused (allowed: {tag_metric} or its CI bound "
+                            f"{bound}; change it with `chunkgrpo promote --model {name} --set-gate`)")
+        return GateConfig(metric=metric, direction=_asserted(gate, tag_direction, metric, name), margin=gate.margin)
+    direction = tag_direction if (tag_direction and metric == (tag_metric or metric)) else known_direction(metric)
+    if direction is None:
+        raise UserError(f"the direction of {metric!r} is unknown: record it on {name!r} once with "
+                        f"`chunkgrpo promote --model {name} --set-gate {metric}:max` (or :min)")
+    return GateConfig(metric=metric, direction=_asserted(gate, direction, metric, name), margin=gate.margin)
+
+
+def _asserted(gate: GateConfig, direction: str, metric: str, name: str) -> str:
+    if gate.direction and gate.direction != direction:
+        raise UserError(f"{metric} of {name!r} is {'higher' if direction == 'max' else 'lower'}-is-better "
+                        f"({direction}, from the registered model); a gate with direction {gate.direction!r} is "
+                        "refused")
+    return direction
+
+
+def set_gate(name: str, metric: str, direction: str, *, who: str | None = None, why: str = "",
+             client=None) -> None:
+    """Record (or change) the gate metric and direction of a registered model: an explicit, logged
+    registry action (with MLflow auth: needs EDIT on the model), never a side effect of promoting."""
+    client = client or _client()
+    if direction not in ("max", "min") or not metric.strip():
+        raise UserError(f"set_gate needs a metric and direction max|min, got {metric!r}:{direction!r}")
+    known = known_direction(metric)
+    if known and known != direction:
+        raise UserError(f"{metric} is {'higher' if known == 'max' else 'lower'}-is-better by definition; "
+                        f"direction {direction!r} is refused")
+    old = model_gate(client, name)
+    client.set_registered_model_tag(name, GATE_METRIC_TAG, metric)
+    client.set_registered_model_tag(name, GATE_DIRECTION_TAG, direction)
+    _append_log(client, name, {"action": "set_gate", "metric": metric, "direction": direction, "was": list(old),
+                               "by": _who(who), "at": _now(), "why": why})
+
+
+def _init_gate(client, name: str, metric: str | None, direction: str | None) -> None:
+    """At registration: record the gate on a model that has none; a different request is only logged."""
+    tag_metric, tag_direction = model_gate(client, name)
+    if tag_metric:
+        if (metric and metric != tag_metric) or (direction and direction != tag_direction):
+            log.warning("%s is gated on %s (%s) since its first registration; the requested %s (%s) is ignored",
+                        name, tag_metric, tag_direction, metric, direction)
+        return
+    metric = metric or DEFAULT_GATE_METRIC
+    direction = direction or known_direction(metric)
+    if direction is None:
+        raise UserError(f"gate metric {metric!r} has no known direction: pass gate_direction=max|min")
+    set_gate(name, metric, direction, who="registration", why="first registration", client=client)
+
+
 # -------------------------------------------------------------------------------------- register
 
 
@@ -228,7 +413,9 @@ def register_model(name: str, model_dir: str | Path | None = None, *, kind: Lite
                    plan: Any = None, git: str | None = None, cfg_hash: str | None = None,
                    include_weights: bool | None = None, run_id: str | None = None, experiment: str = "chunkgrpo",
                    tags: Mapping[str, Any] | None = None, challenger_alias: str | None = "challenger",
-                   dedupe: bool = True, store=None) -> RegisteredVersion:
+                   dedupe: bool = True, store=None, gate_metric: str | None = None,
+                   gate_direction: str | None = None, eval_protocol: Mapping[str, Any] | None = None,
+                   sampling: Mapping[str, Any] | None = None) -> RegisteredVersion:
     """Register a trained model as a new version of `name` (created if missing).
 
     model_dir: local folder with the weights (LoRA adapter or full transformer, diffusers layout).
@@ -240,6 +427,12 @@ def register_model(name: str, model_dir: str | Path | None = None, *, kind: Lite
       `experiment` (nested under $CHUNKGRPO_MLFLOW_PARENT_RUN_ID if set).
     dedupe: if a version with the same weights content, kind and base model exists, return it
       (so a retried pipeline step does not create a second version).
+    gate_metric / gate_direction: the promotion gate of a NEW registered model (tags gate.metric /
+      gate.direction; default eval.hpdv2.hpsv3 with its known direction). An existing model keeps
+      its gate (a different request is logged and ignored): see `set_gate`.
+    eval_protocol: how `metrics` were measured (`eval_protocol(result, preset)`): version tags
+      eval.protocol (+ .sha256); promotion never compares across protocols.
+    sampling: hybrid-inference settings the pyfunc generates with (default: chunkgrpo.eval.hybrid's).
     """
     from chunkgrpo.tracking import stage_run
 
@@ -253,7 +446,12 @@ def register_model(name: str, model_dir: str | Path | None = None, *, kind: Lite
         include_weights = model_dir is not None and (kind == "lora" or not checkpoint_uri)
     if include_weights and model_dir is None:
         raise UserError("include_weights needs a local model_dir")
+    if gate_direction not in (None, "", "max", "min"):
+        raise UserError(f"gate_direction={gate_direction!r} must be max or min")
     client = _client()
+    # The registered model (and its gate) first: an invalid name fails here, before any upload.
+    _ensure_registered_model(client, name)
+    _init_gate(client, name, gate_metric or None, gate_direction or None)
 
     manifest: Manifest | None = None
     manifest_sha = None
@@ -297,6 +495,8 @@ def register_model(name: str, model_dir: str | Path | None = None, *, kind: Lite
         "checkpoint_uri": checkpoint_uri or "", "manifest_sha256": manifest_sha or "",
         "content_sha256": content, "files": manifest.files, "metrics": flat, "plan": plan,
         "git_sha": git or git_sha(), "config_hash": cfg_hash or "", "created": _now(),
+        "eval_protocol": dict(eval_protocol) if eval_protocol else None,
+        "sampling": dict(sampling) if sampling else None,
     }
     version_tags = {
         "kind": kind, "base_model": base_model, "checkpoint_uri": checkpoint_uri or "",
@@ -305,17 +505,22 @@ def register_model(name: str, model_dir: str | Path | None = None, *, kind: Lite
         **({"chunk_plan": plan_json, "chunk_plan.sha256": hashlib.sha256(plan_json.encode()).hexdigest()[:16]}
            if plan is not None else {}),
         **{f"{METRIC_TAG}{k}": repr(v) for k, v in flat.items()},
+        **({PROTOCOL_TAG: json.dumps(eval_protocol, sort_keys=True, default=str),
+            PROTOCOL_HASH_TAG: protocol_hash(eval_protocol)} if eval_protocol else {}),
         **{str(k): v for k, v in (tags or {}).items()},
     }
     version_tags = {k: _tag(v) for k, v in version_tags.items()}
 
     with tempfile.TemporaryDirectory(prefix="chunkgrpo-register-") as tmp:
-        folder = Path(tmp) / "model"
+        payload = Path(tmp) / "src" / "model"  # becomes the MLflow model's artifacts/model
+        payload.parent.mkdir()
         if include_weights:
-            shutil.copytree(model_dir, folder, ignore=shutil.ignore_patterns("MANIFEST.json"))
+            shutil.copytree(model_dir, payload, ignore=shutil.ignore_patterns("MANIFEST.json"))
         else:
-            folder.mkdir()
-        (folder / MODEL_INFO).write_text(json.dumps(info, indent=1, sort_keys=True, default=str) + "\n")
+            payload.mkdir()
+        (payload / MODEL_INFO).write_text(json.dumps(info, indent=1, sort_keys=True, default=str) + "\n")
+        folder = Path(tmp) / "model"
+        _save_pyfunc(folder, payload)
 
         def log_and_create(run, artifact_path: str) -> Any:
             run.log_artifacts(folder, artifact_path)
@@ -338,6 +543,23 @@ def register_model(name: str, model_dir: str | Path | None = None, *, kind: Lite
         client.set_registered_model_alias(name, challenger_alias, mv.version)
     log.info("registered %s version %s (%s, base %s) from %s", name, mv.version, kind, base_model, mv.source)
     return RegisteredVersion(name, str(mv.version), mv.source, mv.run_id, dict(mv.tags or version_tags))
+
+
+def _save_pyfunc(folder: Path, payload: Path) -> None:
+    """An MLflow Model directory (python_function flavour, model from code) whose artifact `model`
+    is `payload` (weights + MODEL_INFO): mlflow.pyfunc.load_model works on the registered version."""
+    import warnings
+
+    import mlflow
+
+    from chunkgrpo import __version__, serving
+
+    assert payload.name == Path(PAYLOAD).name, payload  # MLflow names the artifact dir after the source dir
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*input example.*")  # an example would load the model
+        mlflow.pyfunc.save_model(
+            path=str(folder), python_model=serving.model_code_path(), artifacts={"model": str(payload)},
+            pip_requirements=[f"chunkgrpo[core,store]=={__version__}"], signature=serving.signature())
 
 
 def _ensure_registered_model(client, name: str) -> None:
@@ -409,6 +631,46 @@ def _set_tags(client, name: str, version: str, tags: Mapping[str, Any]) -> None:
         client.set_model_version_tag(name, version, k, _tag(v))
 
 
+def _same_protocol(client, name: str, candidate: str, champion: str) -> None:
+    """UserError unless both versions' metrics were measured under the same eval protocol."""
+    a = (_get_version(client, name, candidate).tags or {}).get(PROTOCOL_HASH_TAG)
+    b = (_get_version(client, name, champion).tags or {}).get(PROTOCOL_HASH_TAG)
+    if not a or not b:
+        raise UserError(f"cannot compare v{candidate} with v{champion} of {name!r}: "
+                        f"{'v' + candidate if not a else 'v' + champion} records no eval protocol "
+                        f"({PROTOCOL_HASH_TAG}); re-evaluate it, or promote with --force")
+    if a != b:
+        raise UserError(f"v{candidate} and v{champion} of {name!r} were evaluated under different protocols "
+                        f"({a} vs {b}: preset, prompts, seeds or sampling differ, see tag {PROTOCOL_TAG}); "
+                        "re-evaluate both the same way, or promote with --force")
+
+
+def gate_check(name: str, version: str | int, gate: GateConfig | None = None, *, client=None,
+               champion_alias: str = "champion") -> GateResult:
+    """Read-only: would `promote` move the champion to `version`? Never raises for a comparison that
+    cannot be made (missing metric, other protocol, version already champion): `passed` is False and
+    `reason` says why. The gate (metric, direction) is the registered model's."""
+    client = client or _client()
+    version = str(version)
+    gate = resolve_gate(client, name, gate)
+    champion = _aliases(client, name).get(champion_alias)
+    if champion == version:
+        return GateResult(False, f"v{version} already is the {champion_alias}")
+    candidate = version_metric(client, name, version, gate.metric)
+    if candidate is None:
+        return GateResult(False, f"v{version} has no {METRIC_TAG}{gate.metric} tag (promote manually with --force)")
+    if not champion:
+        return GateResult(True, "no current champion")
+    reference = version_metric(client, name, champion, gate.metric)
+    if reference is None:
+        return GateResult(False, f"{champion_alias} v{champion} has no {METRIC_TAG}{gate.metric} tag: cannot compare")
+    try:
+        _same_protocol(client, name, version, champion)
+    except UserError as e:
+        return GateResult(False, str(e))
+    return gate_decision(candidate, reference, gate)
+
+
 def promote(name: str, version: str | int, gate: GateConfig | None = None, *, force: bool = False,
             who: str | None = None, why: str = "", config: RegistryConfig | None = None,
             client=None) -> PromotionResult:
@@ -418,7 +680,6 @@ def promote(name: str, version: str | int, gate: GateConfig | None = None, *, fo
     promotion rejects again without touching aliases.
     """
     cfg = config or RegistryConfig(model_name=name)
-    gate = gate or cfg.gate
     client = client or _client()
     version = str(version)
     mv = _get_version(client, name, version)
@@ -428,17 +689,26 @@ def promote(name: str, version: str | int, gate: GateConfig | None = None, *, fo
     if champ == version:
         return PromotionResult("noop", name, version, aliases.get(cfg.previous_alias),
                                f"already {cfg.champion_alias}")
+    try:
+        gate = resolve_gate(client, name, gate or cfg.gate)  # metric + direction from the registered model
+    except UserError:
+        if not force:
+            raise
+        gate = GateConfig(metric=(gate or cfg.gate).metric or model_gate(client, name)[0] or DEFAULT_GATE_METRIC,
+                          direction=model_gate(client, name)[1] or known_direction(DEFAULT_GATE_METRIC) or "max")
     cand_val = _float((mv.tags or {}).get(METRIC_TAG + gate.metric))
     champ_val = version_metric(client, name, champ, gate.metric) if champ else None
     try:
+        if champ:
+            _same_protocol(client, name, version, champ)
         decision = gate_decision(cand_val, champ_val, gate)
-    except UserError:
+    except UserError as e:
         if not force:
             if champ and champ_val is None and cand_val is not None:
                 raise UserError(f"cannot compare: {cfg.champion_alias} v{champ} of {name!r} has no "
                                 f"{METRIC_TAG}{gate.metric} tag; use --force to promote anyway") from None
             raise
-        decision = GateResult(False, f"{gate.metric} missing (candidate {cand_val}, champion {champ_val})")
+        decision = GateResult(False, f"not comparable ({e}); candidate {cand_val}, champion {champ_val}")
     gate_desc = {"metric": gate.metric, "direction": gate.direction, "margin": gate.margin,
                  "candidate": cand_val, "champion": champ_val, "champion_version": champ}
     if not decision.passed and not force:
@@ -512,6 +782,25 @@ class LoadedModel:
         return self.info["base_model"]
 
 
+def weights_from_payload(payload: Path, info: dict, store=None) -> Path:
+    """The diffusers-loadable weights of a registered payload: the folder itself (inline) or the S3
+    checkpoint folder it points to, downloaded and checked against the recorded manifest digest."""
+    if info.get("weights") != "external":
+        for rel, entry in info.get("files", {}).items():
+            if hashlib.sha256((payload / rel).read_bytes()).hexdigest() != entry["sha256"]:
+                raise UserError(f"{payload}: {rel} does not match its recorded sha256")
+        return payload
+    from chunkgrpo.store import ArtifactStore
+
+    store = store or ArtifactStore()
+    weights = payload / "weights"
+    manifest = store.get_folder(info["checkpoint_uri"], weights)
+    if info.get("manifest_sha256") and manifest.sha256 != info["manifest_sha256"]:
+        raise UserError(f"{info['checkpoint_uri']} changed since it was registered "
+                        f"(manifest {manifest.sha256[:12]} != {info['manifest_sha256'][:12]})")
+    return weights
+
+
 def load_registered_model(model_uri: str, dst: str | Path | None = None, store=None) -> LoadedModel:
     """Download `models:/name@alias` (or `models:/name/version`) and its external weights, verified."""
     import mlflow
@@ -520,24 +809,13 @@ def load_registered_model(model_uri: str, dst: str | Path | None = None, store=N
     dst = Path(dst or tempfile.mkdtemp(prefix="chunkgrpo-model-"))
     dst.mkdir(parents=True, exist_ok=True)
     path = Path(mlflow.artifacts.download_artifacts(artifact_uri=model_uri, dst_path=str(dst)))
+    if (path / "MLmodel").exists() and (path / PAYLOAD / MODEL_INFO).exists():
+        path = path / PAYLOAD  # pyfunc layout: the weights + registration are the model's artifact
     info_file = path / MODEL_INFO
     if not info_file.exists():
         raise UserError(f"{model_uri} was not registered by chunkgrpo (no {MODEL_INFO})")
     info = json.loads(info_file.read_text())
-    weights = path
-    if info.get("weights") == "external":
-        from chunkgrpo.store import ArtifactStore
-
-        store = store or ArtifactStore()
-        weights = path / "weights"
-        manifest = store.get_folder(info["checkpoint_uri"], weights)
-        if info.get("manifest_sha256") and manifest.sha256 != info["manifest_sha256"]:
-            raise UserError(f"{info['checkpoint_uri']} changed since {model_uri} was registered "
-                            f"(manifest {manifest.sha256[:12]} != {info['manifest_sha256'][:12]})")
-    else:
-        for rel, entry in info.get("files", {}).items():
-            if hashlib.sha256((path / rel).read_bytes()).hexdigest() != entry["sha256"]:
-                raise UserError(f"{model_uri}: {rel} does not match its recorded sha256")
+    weights = weights_from_payload(path, info, store)
     return LoadedModel(path, weights, info)
 
 

@@ -16,9 +16,16 @@ GPU_TAINT = {"key": GPU, "operator": "Exists", "effect": "NoSchedule"}
 # manifests/base/pipeline: Secret chunkgrpo-s3 and ConfigMap chunkgrpo-env (chunkgrpo.env).
 S3_SECRET = "chunkgrpo-s3"
 S3_SECRET_KEYS = {"AWS_ACCESS_KEY_ID": "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY": "AWS_SECRET_ACCESS_KEY"}
-MLFLOW_SECRET = "chunkgrpo-mlflow"  # optional: only for an MLflow behind basic auth
+MLFLOW_SECRET = "chunkgrpo-mlflow"  # the pipeline user of MLflow's basic auth (optional: auth-less MLflow)
 MLFLOW_SECRET_KEYS = {"MLFLOW_TRACKING_USERNAME": "MLFLOW_TRACKING_USERNAME",
                       "MLFLOW_TRACKING_PASSWORD": "MLFLOW_TRACKING_PASSWORD"}
+JUDGE_SECRET = "chunkgrpo-judge"    # WISE judge API key (optional; preflight fails fast if WISE needs it)
+JUDGE_SECRET_KEYS = {"OPENAI_API_KEY": "OPENAI_API_KEY"}
+HF_SECRET = "chunkgrpo-hf"          # hub token for the one-time models_sync pipeline only
+HF_SECRET_KEYS = {"HF_TOKEN": "HF_TOKEN"}
+# Compile-time settings (read when the pipeline is built; `chunkgrpo pipeline compile` sets them):
+PULL_SECRETS_ENV = "CHUNKGRPO_IMAGE_PULL_SECRETS"   # comma-separated Secret names for private registries
+MODEL_PVC_ENV = "CHUNKGRPO_MODEL_PVC"               # PVC with models, mounted read-only at /models
 ENV_CONFIG_MAP = "chunkgrpo-env"
 ENV_CONFIG_KEYS = ("CHUNKGRPO_S3_ENDPOINT", "AWS_DEFAULT_REGION", "MLFLOW_TRACKING_URI", "MLFLOW_S3_ENDPOINT_URL",
                    "MLFLOW_DISABLE_TELEMETRY", "PYTHONUNBUFFERED")
@@ -44,8 +51,16 @@ class Pool:
 POOLS = {
     "h100": Pool("h100", product="NVIDIA-H100-80GB-HBM3"),
     "h800": Pool("h800", product="NVIDIA-H800"),
+    "gpu": Pool("gpu"),  # any NVIDIA GPU node (no product selector): single-GPU-type clusters
     "cpu": Pool("cpu", accelerator="", tolerations=(), shm_size="2Gi"),
 }
+POOL_ENV = "CHUNKGRPO_GPU_POOL"  # the overlay's pool (manifests set it in the training pods too)
+
+
+def pull_secrets() -> list[str]:
+    import os
+
+    return [s.strip() for s in os.environ.get(PULL_SECRETS_ENV, "").split(",") if s.strip()]
 
 
 def with_shm(task, size: str = "64Gi"):
@@ -81,11 +96,24 @@ def small(task, memory: str = "4G"):
 
 
 def with_credentials(task):
-    """S3 keys from Secret chunkgrpo-s3, optional MLflow basic auth, endpoints from ConfigMap chunkgrpo-env."""
+    """S3 keys from Secret chunkgrpo-s3, MLflow basic auth from chunkgrpo-mlflow, endpoints from
+    ConfigMap chunkgrpo-env; image pull secrets and the model PVC when compiled with them."""
+    import os
+
     kubernetes.use_secret_as_env(task, secret_name=S3_SECRET, secret_key_to_env=S3_SECRET_KEYS)
     kubernetes.use_secret_as_env(task, secret_name=MLFLOW_SECRET, secret_key_to_env=MLFLOW_SECRET_KEYS, optional=True)
     kubernetes.use_config_map_as_env(task, config_map_name=ENV_CONFIG_MAP,
                                      config_map_key_to_env={k: k for k in ENV_CONFIG_KEYS})
+    if pull_secrets():
+        kubernetes.set_image_pull_secrets(task, pull_secrets())
+    if os.environ.get(MODEL_PVC_ENV):
+        kubernetes.mount_pvc(task, pvc_name=os.environ[MODEL_PVC_ENV], mount_path="/models")
+    return task
+
+
+def with_judge(task):
+    """The WISE judge's API key (optional Secret: runs without WISE need none; preflight checks it)."""
+    kubernetes.use_secret_as_env(task, secret_name=JUDGE_SECRET, secret_key_to_env=JUDGE_SECRET_KEYS, optional=True)
     return task
 
 

@@ -1,14 +1,21 @@
 """Compile, upload, run and schedule the Kubeflow pipelines.
 
-    chunkgrpo pipeline compile [--pool h100|h800|cpu] [--trainer torchrun|trainjob|pytorchjob] [--out dist/pipelines]
-    chunkgrpo pipeline upload   --host URL [--version NAME]              # new pipeline version(s)
+    chunkgrpo pipeline compile --pool h100|h800|gpu|cpu [--trainer torchrun|trainjob|pytorchjob] [--out dist/pipelines]
+                               [--target-kfp 2.14|2.15|2.16|2.17] [--image-pull-secret NAME] [--model-pvc NAME]
+    chunkgrpo pipeline upload   --host URL --pool P [--version NAME]     # new pipeline version(s)
     chunkgrpo pipeline run --local [-p key=value ...] [--keep-services]  # kfp.local, local S3 + MLflow, tiny model
     chunkgrpo pipeline run      --host URL [-p key=value ...]            # one run on a cluster
     chunkgrpo pipeline schedule --host URL [--cron '0 0 2 * * *'] [--timezone Europe/Berlin]
 
 `--host` defaults to $KFP_HOST; a bearer token is taken from $KFP_TOKEN if set. Parameters are
-`-p name=value`, the value parsed as YAML (`-p max_steps=10 -p train_overrides='["lr=1e-5"]'`).
+`-p name=value`, the value parsed as YAML (`-p max_iterations=10 -p train_overrides='["lr=1e-5"]'`).
 Images: `--registry`/`--tag` (or $CHUNKGRPO_IMAGE_REGISTRY/$CHUNKGRPO_IMAGE_TAG) at compile time.
+
+There is no default GPU pool: pass `--pool` (or set $CHUNKGRPO_GPU_POOL, e.g. to the overlay's pool),
+so pods never wait Pending for a GPU type the cluster does not have. Runs and schedules use the
+service account a KFP UI run uses (the server's default: pipeline-runner, or default-editor in a
+profile namespace) unless `--service-account` names another; manifests/base/pipeline grants that
+account the training verbs. `--target-kfp` compiles for an older KFP backend (oldest: 2.14).
 """
 
 import argparse
@@ -21,8 +28,9 @@ from pathlib import Path
 NAME = "pipeline"
 HELP = "Kubeflow pipelines: compile | upload | run [--local] | schedule (nightly benchmark)"
 
-PIPELINES = ("train_and_evaluate", "nightly_benchmark")
-DISPLAY = {"train_and_evaluate": "chunkgrpo-train-and-evaluate", "nightly_benchmark": "chunkgrpo-nightly-benchmark"}
+PIPELINES = ("train_and_evaluate", "nightly_benchmark", "models_sync")
+DISPLAY = {"train_and_evaluate": "chunkgrpo-train-and-evaluate", "nightly_benchmark": "chunkgrpo-nightly-benchmark",
+           "models_sync": "chunkgrpo-models-sync"}
 DEFAULT_CRON = "0 0 2 * * *"  # 6 fields (seconds first, robfig/cron as used by KFP): 02:00:00 every day
 
 
@@ -93,7 +101,21 @@ def _kfp_client(args):
     if not host:
         raise UserError("no KFP endpoint: pass --host URL or set KFP_HOST (e.g. http://localhost:8080 after "
                         "`kubectl -n kubeflow port-forward svc/ml-pipeline-ui 8080:80`)")
-    return kfp.Client(host=host, namespace=args.namespace or None, existing_token=os.environ.get("KFP_TOKEN") or None)
+    import warnings
+
+    from chunkgrpo.cli import one_line_error
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=FutureWarning)  # kfp's "only works with v2.0.0-beta.2+"
+        try:
+            return kfp.Client(host=host, namespace=args.namespace or None,
+                              existing_token=os.environ.get("KFP_TOKEN") or None)
+        except Exception as e:  # noqa: BLE001 - unreachable / refusing endpoint: one line, not a traceback
+            line = one_line_error(e)
+            if line is None:
+                raise
+            raise UserError(f"cannot reach Kubeflow Pipelines at {host} ({line}); check --host / KFP_HOST "
+                            "and the port-forward") from None
 
 
 def _default_version() -> str:
@@ -107,7 +129,21 @@ def _default_version() -> str:
 def _compile(args, name: str, out_dir: Path) -> Path:
     from pipeline.compile import compile_pipeline
 
-    return compile_pipeline(name, out_dir / f"{name}.yaml", pool=args.pool, trainer=args.trainer)
+    return compile_pipeline(name, out_dir / f"{name}.yaml", pool=_pool(args), trainer=args.trainer,
+                            target_kfp=args.target_kfp)
+
+
+def _pool(args) -> str:
+    """--pool, else $CHUNKGRPO_GPU_POOL; no silent default (an H100 default sends H800 pods to Pending)."""
+    from chunkgrpo.errors import UserError
+
+    pool = args.pool or os.environ.get("CHUNKGRPO_GPU_POOL", "")
+    if not pool:
+        raise UserError("no GPU pool: pass --pool h100|h800|gpu|cpu (the one your overlay targets) or set "
+                        "CHUNKGRPO_GPU_POOL")
+    if pool not in ("h100", "h800", "gpu", "cpu"):
+        raise UserError(f"pool {pool!r} (from --pool or CHUNKGRPO_GPU_POOL) is not one of h100, h800, gpu, cpu")
+    return pool
 
 
 def _set_images(args) -> None:
@@ -115,6 +151,10 @@ def _set_images(args) -> None:
         os.environ["CHUNKGRPO_IMAGE_REGISTRY"] = args.registry
     if getattr(args, "tag", None):
         os.environ["CHUNKGRPO_IMAGE_TAG"] = args.tag
+    if getattr(args, "image_pull_secret", None):
+        os.environ["CHUNKGRPO_IMAGE_PULL_SECRETS"] = ",".join(args.image_pull_secret)
+    if getattr(args, "model_pvc", None):
+        os.environ["CHUNKGRPO_MODEL_PVC"] = args.model_pvc
 
 
 def _pipeline_display(args, name: str) -> str:
@@ -142,12 +182,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     def common(p, which_default="all", remote=False):
         p.add_argument("--pipeline", default=which_default, choices=[*PIPELINES, "all"] if which_default == "all"
                        else list(PIPELINES), help=f"which pipeline (default {which_default})")
-        p.add_argument("--pool", default="h100", choices=["h100", "h800", "cpu"],
-                       help="GPU pool of the GPU steps: node selector, toleration, accelerator (default h100)")
+        p.add_argument("--pool", default=None, choices=["h100", "h800", "gpu", "cpu"],
+                       help="GPU pool of the GPU steps: node selector, toleration, accelerator (no default: the "
+                            "overlay's pool, or $CHUNKGRPO_GPU_POOL)")
         p.add_argument("--trainer", default="torchrun", choices=["torchrun", "trainjob", "pytorchjob"],
                        help="torchrun inside the train step (single node) or a TrainJob/PyTorchJob launcher (multi-node)")
         p.add_argument("--registry", default=None, help="image registry (default $CHUNKGRPO_IMAGE_REGISTRY or ghcr.io/chunkgrpo)")
         p.add_argument("--tag", default=None, help="image tag (default $CHUNKGRPO_IMAGE_TAG or the package version)")
+        p.add_argument("--target-kfp", default="2.17", choices=["2.14", "2.15", "2.16", "2.17"],
+                       help="oldest KFP backend the IR must load on (before 2.16: no UI dropdowns)")
+        p.add_argument("--image-pull-secret", action="append", default=[], metavar="SECRET",
+                       help="Secret for a private registry, on every step and training pod (repeatable)")
+        p.add_argument("--model-pvc", default=None, help="PVC with models, mounted at /models in every step")
         if remote:
             p.add_argument("--host", default="", help="KFP API endpoint (default $KFP_HOST)")
             p.add_argument("--namespace", default="", help="KFP namespace (multi-user installs)")
@@ -166,11 +212,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("-p", "--param", action="append", default=[], metavar="NAME=VALUE", help="pipeline parameter")
     p.add_argument("--home", default=".chunkgrpo", help="--local: state dir (services, models, kfp outputs)")
     p.add_argument("--keep-services", action="store_true", help="--local: leave S3 + MLflow running afterwards")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="--local: stream every task's output (default: one line per task; all of it in the log file)")
     p.add_argument("--s3-port", type=int, default=8333, help="--local: S3 port (default 8333)")
     p.add_argument("--mlflow-port", type=int, default=5000, help="--local: MLflow port (default 5000)")
     p.add_argument("--experiment", default="chunkgrpo", help="KFP experiment (cluster runs)")
     p.add_argument("--run-name", default="", help="KFP run name (cluster runs)")
-    p.add_argument("--service-account", default="chunkgrpo-launcher", help="service account of the run's pods")
+    p.add_argument("--service-account", default="",
+                   help="service account of the run's pods (default: the server's, as for a UI run)")
     p.add_argument("--pipeline-root", default="", help="override the pipeline root (s3://...)")
     p.add_argument("--enable-caching", default=None, choices=["true", "false"],
                    help="override every task's caching setting (default: as compiled)")
@@ -187,7 +236,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("-p", "--param", action="append", default=[], metavar="NAME=VALUE", help="pipeline parameter")
     p.add_argument("--max-concurrency", type=int, default=1)
     p.add_argument("--catchup", action="store_true", help="run missed schedules after a pause (default: no catch-up)")
-    p.add_argument("--service-account", default="chunkgrpo-launcher", help="service account of the run's pods")
+    p.add_argument("--service-account", default="",
+                   help="service account of the run's pods (default: the server's, as for a UI run)")
     p.add_argument("--keep-existing", action="store_true", help="do not delete an existing recurring run of the same name")
 
 
@@ -224,10 +274,14 @@ def _cmd_upload(args) -> int:
 def _cmd_run(args) -> int:
     params = parse_params(args.param)
     if args.local:
-        from pipeline.local import run_local, summary_lines
+        from pipeline.local import TaskFailed, run_local, summary_lines
 
-        r = run_local(args.pipeline, params, home=args.home, keep_services=args.keep_services,
-                      s3_port=args.s3_port, mlflow_port=args.mlflow_port)
+        try:
+            r = run_local(args.pipeline, params, home=args.home, keep_services=args.keep_services,
+                          s3_port=args.s3_port, mlflow_port=args.mlflow_port, verbose=args.verbose)
+        except TaskFailed as e:  # one line: task, reason, log path; 2 = bad input, 1 = internal failure
+            print(f"chunkgrpo pipeline: error: {e}", file=sys.stderr)
+            return 2 if e.user_error else 1
         print("\n" + "\n".join(summary_lines(r)))
         return 0
     client = _kfp_client(args)

@@ -1,11 +1,13 @@
 """Compile the pipelines to KFP IR YAML, adding what the 2.17.0 SDK cannot express.
 
 `typing.Literal` parameters: the KFP 2.17 UI renders parameters whose IR spec lists `literals` as
-dropdowns (KEP-11385; `ParameterSpec.literals` exists in kfp-pipeline-spec 2.17), but the 2.17.0
+dropdowns (KEP-11385; `ParameterSpec.literals` exists since kfp-pipeline-spec 2.16), but the 2.17.0
 SDK rejects `Literal[...]` annotations. Pipelines therefore declare `str` parameters plus a
-`LITERALS = {param: choices}` table, and `compile_pipeline` writes the choices into the IR.
+`LITERALS = {param: choices}` table, and `compile_pipeline` writes the choices into the IR -- only
+for a KFP backend >= 2.16 (`--target-kfp`): an older API server rejects the unknown field, so for
+2.14/2.15 the IR is compiled without them (tests parse it with kfp-pipeline-spec 2.14.0's schema).
 
-    python -m pipeline.compile --out dist/pipelines            # or: chunkgrpo pipeline compile
+    python -m pipeline.compile --pool h100 --out dist/pipelines [--target-kfp 2.15]   # or: chunkgrpo pipeline compile
 """
 
 import argparse
@@ -14,10 +16,19 @@ from pathlib import Path
 
 import yaml
 
-PIPELINES = ("train_and_evaluate", "nightly_benchmark")
+PIPELINES = ("train_and_evaluate", "nightly_benchmark", "models_sync")
+# KFP backends the IR is compiled for. `literals` (UI dropdowns) exist in kfp-pipeline-spec >= 2.16;
+# older API servers reject the unknown field, so they are left out for an older --target-kfp.
+KFP_TARGETS = ("2.14", "2.15", "2.16", "2.17")
+OLDEST_KFP = KFP_TARGETS[0]
+LITERALS_SINCE = "2.16"
 
 
-def pipeline_func(name: str, pool: str = "h100", trainer: str = "torchrun"):
+def _version(v: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in v.split("."))
+
+
+def pipeline_func(name: str, pool: str = "cpu", trainer: str = "torchrun"):
     """(pipeline function, literals) for a pipeline name and compile-time variant."""
     if name == "train_and_evaluate":
         from pipeline import train_and_evaluate as m
@@ -27,6 +38,10 @@ def pipeline_func(name: str, pool: str = "h100", trainer: str = "torchrun"):
         from pipeline import nightly_benchmark as m
 
         return m.make_nightly_benchmark(pool=pool), m.LITERALS
+    if name == "models_sync":
+        from pipeline import models_sync as m
+
+        return m.make_models_sync(pool=pool), m.LITERALS
     raise ValueError(f"unknown pipeline {name!r}; choose from {PIPELINES}")
 
 
@@ -56,25 +71,32 @@ def check_literal(name: str, value, literals: dict[str, tuple]) -> None:
         raise ValueError(f"{name}={value!r} is not one of {list(literals[name])}")
 
 
-def compile_pipeline(name: str, package_path: str | Path, *, pool: str = "h100", trainer: str = "torchrun") -> Path:
+def compile_pipeline(name: str, package_path: str | Path, *, pool: str = "cpu", trainer: str = "torchrun",
+                     target_kfp: str = KFP_TARGETS[-1]) -> Path:
+    """Compile `name` to IR YAML for a KFP backend >= `target_kfp` (dropdown literals only from 2.16)."""
     from kfp import compiler
 
+    if target_kfp not in KFP_TARGETS:
+        raise ValueError(f"target_kfp={target_kfp!r} must be one of {KFP_TARGETS} (older KFP is not supported)")
     func, literals = pipeline_func(name, pool, trainer)
     path = Path(package_path)
     path.parent.mkdir(parents=True, exist_ok=True)
     compiler.Compiler().compile(func, str(path))
-    add_literals(path, literals)
+    if _version(target_kfp) >= _version(LITERALS_SINCE):
+        add_literals(path, literals)
     return path
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="dist/pipelines")
-    ap.add_argument("--pool", default="h100")
+    ap.add_argument("--pool", required=True)
     ap.add_argument("--trainer", default="torchrun")
+    ap.add_argument("--target-kfp", default=KFP_TARGETS[-1], choices=KFP_TARGETS)
     args = ap.parse_args(argv)
     for name in PIPELINES:
-        print(compile_pipeline(name, Path(args.out) / f"{name}.yaml", pool=args.pool, trainer=args.trainer))
+        print(compile_pipeline(name, Path(args.out) / f"{name}.yaml", pool=args.pool, trainer=args.trainer,
+                               target_kfp=args.target_kfp))
     return 0
 
 

@@ -8,13 +8,25 @@
 4. runs the same pipeline function that is compiled for the cluster with
    `kfp.local.SubprocessRunner(use_venv=False)` (tasks run in this venv; Kubernetes settings such as
    GPUs, node selector, tolerations, /dev/shm and secrets are ignored by kfp.local with a warning),
-   pipeline root <home>/kfp;
+   pipeline root <home>/kfp. Task retries are switched off locally (the cluster keeps them): against
+   local services a failure is a real one, and a bad parameter must fail at once, not after minutes
+   of retry back-off;
 5. prints where every artifact is (local paths, s3:// URIs), the MLflow run and the registry outcome.
+
+Console and log: every line the tasks and kfp print goes to `<home>/logs/<pipeline>-<time>.log`; the
+console shows one line per task (`--verbose` streams everything). A failed task raises `TaskFailed`:
+the task's name and the reason read from its log (the component's `UserError` message, or the
+message of the exception that ended it), whether it was a user error, and the log's path;
+`chunkgrpo pipeline run --local` prints that as one line and exits 2 (user error) or 1 (internal).
 """
 
+import contextlib
 import dataclasses
+import io
 import json
 import os
+import re
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -31,7 +43,7 @@ three yellow balloons in a clear sky
 
 # Parameters of `train_and_evaluate` for the tiny CPU model (everything else keeps its default).
 TINY_TRAIN = {
-    "preset": "tiny_cpu", "method": "chunk", "max_steps": 30, "nproc_per_node": 2,
+    "preset": "tiny_cpu", "method": "chunk", "max_iterations": 30, "nproc_per_node": 2,
     "chunk_strategy": "dynamics", "profile_prompts": 4, "profile_seeds": 1, "device": "cpu",
     "eval_preset": "eval_tiny", "eval_num_prompts": 8, "model_name": "chunkgrpo-tiny",
     "gate_metric": "eval.hpdv2.brightness", "gate_direction": "max", "gate_margin": 0.0,
@@ -54,6 +66,7 @@ class LocalRun:
     params: dict
     services_kept: bool
     mlflow_url: str = ""   # UI URL of the pipeline's MLflow parent run
+    log_path: Path | None = None  # everything the tasks and kfp printed
 
     @property
     def mlflow_run_id(self) -> str:
@@ -96,15 +109,143 @@ def _latest_run_dir(root: Path, name: str, before: set) -> Path:
     return max(dirs, key=lambda d: d.stat().st_mtime)
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_TASK_START = re.compile(r"Executing task '([^']+)'")
+_TASK_END = re.compile(r"Task '([^']+)' finished with status (\w+)")
+# a `chunkgrpo <command>: error: ...` line (the CLI inside the task, e.g. torchrun rank 0), or the last
+# line of a traceback that ended in a UserError
+_USER_ERROR = (re.compile(r"\bchunkgrpo [\w.-]+: error: (.+)$"),
+               re.compile(r"(?:^|\s)(?:chunkgrpo\.errors\.)?UserError: (.+)$"))
+_EXCEPTION = re.compile(r"^\s*((?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt|Failure)(?::.*)?)$")
+
+
+class TaskFailed(Exception):
+    """A pipeline task failed: `task`, the one-line `reason` read from its log, whether the reason is a
+    user error (bad parameter or input: exit 2) or an internal failure (exit 1), and the full log."""
+
+    def __init__(self, pipeline: str, task: str, reason: str, user_error: bool, log_path: Path):
+        self.pipeline, self.task, self.reason, self.user_error, self.log_path = pipeline, task, reason, user_error, log_path
+        super().__init__(f"task '{task}' of {pipeline} failed: {reason} (full log: {_rel(str(log_path))})")
+
+
+def task_failure(log_text: str, pipeline: str, log_path: Path, message: str = "") -> TaskFailed:
+    """The failed task and its reason, from the run's log (`message`: kfp's exception text, a fallback)."""
+    lines = [_ANSI.sub("", ln).rstrip() for ln in log_text.splitlines()]
+    failed = [(i, m.group(1)) for i, ln in enumerate(lines) if (m := _TASK_END.search(ln)) and m.group(2) == "FAILURE"]
+    if failed:
+        end, task = failed[0]  # the first failure; later ones (an exit handler) are consequences
+    else:
+        names = re.findall(r"'([^']+)'", _ANSI.sub("", message))
+        end, task = len(lines), names[0] if names else "?"
+    start = max((i for i, ln in enumerate(lines[:end]) if (m := _TASK_START.search(ln)) and m.group(1) == task),
+                default=0)
+    section = lines[start:end]
+    for pattern in _USER_ERROR:
+        for ln in section:
+            if m := pattern.search(ln):
+                return TaskFailed(pipeline, task, m.group(1).strip(), True, log_path)
+    last = ""
+    in_traceback = False
+    for ln in section:
+        if ln.strip().startswith("Traceback (most recent call last)"):
+            in_traceback = True
+        elif in_traceback and (m := _EXCEPTION.match(ln)):
+            last, in_traceback = m.group(1).strip(), False
+    reason = last or (f"{_ANSI.sub('', message).strip()}" if message else "failed without an error message")
+    return TaskFailed(pipeline, task, reason, False, log_path)
+
+
+class _ConsoleLog(io.TextIOBase):
+    """stdout/stderr of a local run: everything into the log file; on the console one line per task
+    (or everything with `verbose`)."""
+
+    def __init__(self, log, console, verbose: bool = False):
+        self._log, self._console, self._verbose = log, console, verbose
+        self._buf = ""
+        self._started: dict[str, float] = {}
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, s: str) -> int:
+        self._log.write(s)
+        if self._verbose:
+            self._console.write(s)
+        self._buf += s
+        while "\n" in self._buf:
+            line, self._buf = self._buf.split("\n", 1)
+            self._progress(_ANSI.sub("", line))
+        return len(s)
+
+    def flush(self) -> None:
+        self._log.flush()
+        self._console.flush()
+
+    def _progress(self, line: str) -> None:
+        if self._verbose:
+            return
+        if m := _TASK_START.search(line):
+            self._started[m.group(1)] = time.perf_counter()
+            self._console.write(f"  {m.group(1)} ...\n")
+        elif m := _TASK_END.search(line):
+            took = time.perf_counter() - self._started.get(m.group(1), time.perf_counter())
+            word = "done" if m.group(2) == "SUCCESS" else m.group(2).lower()
+            self._console.write(f"  {m.group(1)}: {word} ({took:.0f} s)\n")
+        else:
+            return
+        self._console.flush()
+
+
+_PARAM_TYPES = {"Integer": (int,), "Float": (int, float), "Boolean": (bool,), "String": (str,), "List": (list,),
+                "Dict": (dict,), "Struct": (dict,)}
+
+
+def check_params(func, params: dict) -> None:
+    """Parameter names and value types against the pipeline's inputs (UserError naming the bad one)."""
+    from chunkgrpo.errors import UserError
+
+    inputs = func.component_spec.inputs or {}
+    for name, value in params.items():
+        if name not in inputs:
+            raise UserError(f"unknown pipeline parameter {name!r}; parameters: {', '.join(sorted(inputs))}")
+        kinds = _PARAM_TYPES.get(inputs[name].type)
+        if kinds and (not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds)):
+            raise UserError(f"-p {name}={value!r}: expected {inputs[name].type.lower()}, got {type(value).__name__}")
+
+
+def without_retries(func) -> int:
+    """Clear the retry policy of every task of a kfp pipeline function (in place); returns how many had one."""
+    spec = func.pipeline_spec
+    dags = [spec.root.dag] + [c.dag for c in spec.components.values() if c.WhichOneof("implementation") == "dag"]
+    n = 0
+    for dag in dags:
+        for task in dag.tasks.values():
+            if task.HasField("retry_policy"):
+                task.ClearField("retry_policy")
+                n += 1
+    return n
+
+
 def run_local(pipeline: str = "train_and_evaluate", params: dict | None = None, *, home: str | Path = ".chunkgrpo",
               keep_services: bool = False, s3_port: int = 8333, mlflow_port: int = 5000,
-              services_env: dict | None = None) -> LocalRun:
-    """Run a pipeline end to end with kfp.local. `services_env` = use already running services (tests)."""
+              services_env: dict | None = None, verbose: bool = False) -> LocalRun:
+    """Run a pipeline end to end with kfp.local. `services_env` = use already running services (tests).
+    Raises `TaskFailed` when a task fails (the reason is read from the run's log)."""
     from kfp import local
 
     from chunkgrpo.local_services import LocalServices, LocalServicesConfig
     from pipeline.compile import check_literal, pipeline_func
 
+    func, literals = pipeline_func(pipeline, pool="cpu", trainer="torchrun")
+    without_retries(func)
+    check_params(func, params or {})  # before any server starts: a bad -p fails at once, in one line
+    for k, v in (params or {}).items():
+        try:
+            check_literal(k, v, literals)
+        except ValueError as e:
+            from chunkgrpo.errors import UserError
+
+            raise UserError(f"-p {e}") from None
     home = Path(home).resolve()
     home.mkdir(parents=True, exist_ok=True)
     svc, started = None, False
@@ -118,7 +259,6 @@ def run_local(pipeline: str = "train_and_evaluate", params: dict | None = None, 
         os.environ.update(services_env)
         os.environ.setdefault("CHUNKGRPO_CACHE", str(home / "cache"))
         os.environ["MLFLOW_DISABLE_TELEMETRY"] = "true"
-        func, literals = pipeline_func(pipeline, pool="cpu", trainer="torchrun")
         if pipeline == "train_and_evaluate":
             model, prompts = prepare_inputs(home)
             full = {**TINY_TRAIN, "model": str(model), "prompts": str(prompts), **(params or {})}
@@ -131,16 +271,28 @@ def run_local(pipeline: str = "train_and_evaluate", params: dict | None = None, 
         before = set(root.glob("*"))
         local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(root), raise_on_error=True)
         print("note: kfp.local ignores the Kubernetes settings (GPUs, node selector, tolerations, /dev/shm, "
-              "secret env); tasks run in this Python environment with the local services' env", flush=True)
+              "secret env); tasks run in this Python environment with the local services' env, without retries",
+              flush=True)
+        log_path = home / "logs" / f"{pipeline}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        print(f"{pipeline}: running with kfp.local; full log: {_rel(str(log_path))}", flush=True)
         t0 = time.perf_counter()
-        with warnings.catch_warnings():
+        with open(log_path, "w", encoding="utf-8") as log, warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*have no effect in the current local runner.*")
             warnings.filterwarnings("ignore", message=".*custom or non-Python base image.*")
-            func(**full)
+            out = _ConsoleLog(log, sys.stdout, verbose)
+            try:
+                with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+                    func(**full)
+            except RuntimeError as e:
+                if "finished with status" not in str(e):
+                    raise
+                log.flush()
+                raise task_failure(log_path.read_text(encoding="utf-8"), pipeline, log_path, str(e)) from None
         wall = time.perf_counter() - t0
         run_dir = _latest_run_dir(root, func.name, before)
         result = LocalRun(pipeline, run_dir, wall, read_task_outputs(run_dir), dict(services_env), full,
-                          services_kept=svc is None or keep_services or not started)
+                          services_kept=svc is None or keep_services or not started, log_path=log_path)
         result.mlflow_url = _mlflow_url(services_env.get("MLFLOW_TRACKING_URI", ""), result.mlflow_run_id)
         return result
     finally:
@@ -179,6 +331,8 @@ def summary_lines(r: LocalRun) -> list[str]:
     par = lambda task, name, default="": t.get(task, {}).get("parameters", {}).get(name, default)  # noqa: E731
     lines = [f"{r.pipeline}: SUCCEEDED in {r.wall_s:.1f} s (kfp.local, SubprocessRunner)",
              f"  kfp run dir      {_rel(str(r.run_dir))}"]
+    if r.log_path is not None:
+        lines.append(f"  full log         {_rel(str(r.log_path))}")
     run_id = r.mlflow_run_id
     if run_id:
         lines.append(f"  MLflow run       {run_id}  {r.mlflow_url}")
@@ -201,7 +355,7 @@ def summary_lines(r: LocalRun) -> list[str]:
         lines.append(f"    report (HTML)  {_rel(art('evaluate', 'report')['uri'])}")
         met = art("evaluate", "metrics")["metadata"]
         lines.append("    metrics        " + ", ".join(f"{k}={v:.4g}" for k, v in sorted(met.items())
-                                                       if not k.endswith(".delta")))
+                                                       if k.rsplit(".", 1)[-1] in ("trained", "base")))
     if "register" in t:
         reg = art("register", "registered")["metadata"]
         lines.append(f"  registered       {reg.get('uri', '?')}{' (existing version, same weights)' if reg.get('reused') else ''}"

@@ -8,14 +8,14 @@ Caching is off on every step (a benchmark that is served from cache measures not
 from kfp import dsl
 
 from components import check_regression, evaluate
-from components.k8s import POOLS, configure, on_pool, small
-from pipeline.train_and_evaluate import DIRECTIONS, _exit_handler
+from components.k8s import POOLS, configure, on_pool, small, with_judge
+from pipeline.train_and_evaluate import DEFAULT_SCORER_WEIGHTS, DIRECTIONS, _exit_handler
 
 NAME = "chunkgrpo-nightly-benchmark"
 LITERALS = {"regression_direction": DIRECTIONS}
 
 
-def make_nightly_benchmark(pool: str = "h100"):
+def make_nightly_benchmark(pool: str = "cpu"):
     if pool not in POOLS:
         raise ValueError(f"pool={pool!r} must be one of {sorted(POOLS)}")
     gpu_pool = POOLS[pool]
@@ -28,6 +28,7 @@ def make_nightly_benchmark(pool: str = "h100"):
         eval_benchmarks: list = ["hpdv2", "geneval", "wise"],  # noqa: B006 - KFP parameter default
         eval_num_prompts: int = 0,
         eval_overrides: list = [],  # noqa: B006
+        scorer_weights: dict = DEFAULT_SCORER_WEIGHTS,
         regression_metric: str = "hpdv2.hpsv3",
         regression_direction: str = "max",
         tolerance: float = 0.005,
@@ -44,8 +45,10 @@ def make_nightly_benchmark(pool: str = "h100"):
             ev = evaluate(preset=eval_preset, overrides=eval_overrides, benchmarks=eval_benchmarks,
                           num_prompts=eval_num_prompts, base_model=base_model, registered_model=model_name,
                           alias=alias, artifact_root=artifact_root, run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
-                          stage="benchmark", experiment=experiment, parent_run_id=opened.output)
-            configure(on_pool(ev, gpu_pool, 1), display_name="benchmark champion vs base", cache=False, retries=1)
+                          stage="benchmark", experiment=experiment, parent_run_id=opened.output,
+                          scorer_weights=scorer_weights)
+            with_judge(configure(on_pool(ev, gpu_pool, 1), display_name="benchmark champion vs base", cache=False,
+                                 retries=1))
             reg = check_regression(results=ev.outputs["results"], model_name=model_name, alias=alias,
                                    metric=regression_metric, direction=regression_direction, tolerance=tolerance,
                                    fail_on_regression=fail_on_regression, parent_run_id=opened.output)
@@ -61,7 +64,9 @@ def make_nightly_benchmark(pool: str = "h100"):
         eval_benchmarks: Benchmark suites as a JSON list (hpdv2, geneval, wise); [] = the preset's.
         eval_num_prompts: Only the first N prompts per benchmark (0 = the preset's setting, i.e. all).
         eval_overrides: Extra evaluation overrides as a JSON list of "key=value" strings.
-        regression_metric: Metric compared with the champion's registered score, e.g. hpdv2.hpsv3.
+        scorer_weights: Weights of the scorers as a JSON object {scorer: URI, "<scorer>.processor": URI} (S3 model cache).
+        regression_metric: Metric compared with the champion's registered score, e.g. hpdv2.hpsv3, or the lower
+            bound of the paired 95% CI of champion − base, hpdv2.hpsv3.delta_ci_low (docs/evaluation.md).
         regression_direction: max = higher is better, min = lower is better.
         tolerance: Allowed drop (absolute) before it counts as a regression.
         fail_on_regression: Also fail the run on a regression (it is always flagged in MLflow and the UI).

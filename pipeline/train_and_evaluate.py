@@ -4,12 +4,15 @@
     pipeline_func = make_train_and_evaluate(pool="h100", trainer="torchrun")   # or trainer="trainjob"
 
 Compile-time choices (the IR differs, so they are not run parameters):
-* `pool`: h100 | h800 | cpu - node selector, toleration, accelerator and /dev/shm of GPU steps.
+* `pool`: h100 | h800 | gpu (any GPU node) | cpu - node selector, toleration, accelerator and /dev/shm of
+  GPU steps. There is deliberately no GPU default: `chunkgrpo pipeline compile` needs `--pool` (or
+  $CHUNKGRPO_GPU_POOL), so an H800 cluster never gets pods pinned to H100 nodes.
 * `trainer`: torchrun (single node, torchrun inside the train task) | trainjob (Kubeflow Trainer v2
   TrainJob over `num_nodes` nodes) | pytorchjob (Training Operator v1). A run-time If/Else between
   them would need `dsl.OneOf` to merge the model artifact, which kfp.local 2.17 cannot execute.
 
 Caching and retries (set on every task; `enable_caching` at submission time overrides them):
+  preflight    no cache, 0 retries  seconds: model, prompts, weights, S3, MLflow, judge key; one line on failure
   open_run     no cache, 3 retries  idempotent (finds its run by the kfp.run_id tag)
   profile      CACHE,    2 retries  deterministic in its inputs, expensive on FLUX.1-dev
   plan         CACHE,    2 retries  pure function of profile + strategy
@@ -19,16 +22,24 @@ Caching and retries (set on every task; `enable_caching` at submission time over
   register     no cache, 2 retries  dedupes by weights digest
   check_gate   no cache, 2 retries  reads registry state
   promote      no cache, 2 retries  idempotent, re-checks the gate
-  close_run    no cache, 2 retries  exit handler
+  close_run    no cache, 2 retries  exit handler; multi-node: also deletes the run's still-active jobs
+
+Nothing is downloaded from a hub during a run: `model`, `reward_weights` and `scorer_weights` point
+at the S3 model cache that `chunkgrpo models sync` (or the `models_sync` pipeline) fills once.
 """
 
 from kfp import dsl
 
-from components import check_gate, close_run, evaluate, launch_trainjob, open_run, plan, profile, promote, register, train
+from chunkgrpo.models import BASE_MODEL, default_weights, model_uri
+from components import (check_gate, close_run, evaluate, launch_trainjob, open_run, plan, preflight, profile, promote,
+                        register, train)
 from components.images import RUNTIME_IMAGE
-from components.k8s import POOLS, Pool, configure, on_pool, small
+from components.k8s import POOLS, Pool, configure, on_pool, pull_secrets, small, with_judge
 
 NAME = "chunkgrpo-train-and-evaluate"
+DEFAULT_MODEL = model_uri(BASE_MODEL)                      # s3://chunkgrpo-data/models/black-forest-labs/FLUX.1-dev
+DEFAULT_SCORER_WEIGHTS = default_weights()                 # hpsv3 (+ its Qwen2-VL processor), imagereward
+DEFAULT_REWARD_WEIGHTS = {k: v for k, v in DEFAULT_SCORER_WEIGHTS.items() if k.startswith("hpsv3")}
 METHODS = ("chunk", "chunk+ws", "dance", "tempflow", "granular")
 DIRECTIONS = ("max", "min")
 TRAINERS = ("torchrun", "trainjob", "pytorchjob")
@@ -38,11 +49,13 @@ LITERALS = {"method": METHODS, "gate_direction": DIRECTIONS, "job_kind": JOB_KIN
 
 _DOC_COMMON = """
     Args:
-        model: Base model - a diffusers FLUX folder, an s3:// folder artifact or a hub id present in the image's HF cache.
+        model: Base model - an s3:// folder artifact of the model cache (`chunkgrpo models sync`), a folder in the image or on the model PVC (/models/...), or a hub id present in the image's HF cache; never downloaded during a run.
+        reward_weights: Weights of the training rewards as a JSON object {reward: URI, "<reward>.processor": URI}, e.g. {"hpsv3": "s3://.../MizzenAI/HPSv3", "hpsv3.processor": "s3://.../Qwen/Qwen2-VL-7B-Instruct"}; rewards the preset does not use are ignored.
+        scorer_weights: Weights of the evaluation scorers as a JSON object {scorer: URI, "<scorer>.processor": URI} (hpsv3, imagereward, hpsv2.1, pickscore, clip).
         prompts: Training prompt file (.txt/.jsonl/.parquet), local to the image or an s3:// object.
         method: GRPO variant - chunk (Chunk-GRPO), chunk+ws (weighted chunk sampling), dance (step-level DanceGRPO), tempflow, granular.
-        preset: Training preset (chunk_grpo_flux, chunk_grpo_ws_flux, dance_grpo_flux, tiny_cpu) or a YAML path in the image.
-        max_steps: Optimizer steps to train.
+        preset: Training preset or a YAML path in the image; '' = the method's own published recipe (chunk_grpo_flux, chunk_grpo_ws_flux, step_grpo_flux = the paper's step-level baseline, tempflow_grpo_flux, granular_grpo_flux). Others: dance_grpo_flux (DanceGRPO's own), tiny_cpu, tempflow_grpo_tiny_cpu, granular_grpo_tiny_cpu.
+        max_iterations: Training length in ROLLOUTS (iterations, the papers' "training steps"); each rollout makes the method's optimizer steps (2 for the chunk presets: 151 rollouts = 302 optimizer steps). 0 = the preset's length.
         train_overrides: Extra training overrides as a JSON list of "key=value" strings, e.g. ["lr=5e-6", "sampling.eta=0.3"].
         chunk_strategy: Chunk planning strategy - dynamics[:max=5,last=0.5] | uniform:N | sizes:a,b,.. | step | whole.
         profile_prompts: Prompts used to profile the base model's dynamics (0 = all).
@@ -53,9 +66,11 @@ _DOC_COMMON = """
         eval_num_prompts: Evaluate only the first N prompts per benchmark (0 = the preset's setting).
         eval_overrides: Extra evaluation overrides as a JSON list of "key=value" strings.
         model_name: Registered model name in MLflow.
-        gate_metric: Promotion gate metric (registry tag metric.<name>), e.g. eval.hpdv2.hpsv3.
-        gate_direction: max = higher is better, min = lower is better.
-        gate_margin: The candidate must beat the champion by more than this to be promoted.
+        gate_metric: Promotion gate metric (registry tag metric.<name>), e.g. eval.hpdv2.hpsv3; must be the registered model's gate.metric once it exists, or its CI bound (eval.<bench>.<metric>.delta_ci_low).
+        gate_direction: Direction of gate_metric for a NEW registered model only (max = higher is better); an existing model keeps the direction it was registered with.
+        gate_margin: The candidate must beat the champion by more than this to be promoted. For a CI-bound gate
+            metric (eval.<bench>.<metric>.delta_ci_low) the bound itself must exceed it: 0 = significantly
+            better than the base model (docs/evaluation.md).
         experiment: MLflow experiment of the pipeline run.
         artifact_root: s3:// prefix for checkpoints, models and evaluation images (<root>/<run id>/<stage>).
 """
@@ -67,41 +82,51 @@ def _after_training(p: dict, pool: Pool, opened, planned, trained) -> None:
     ev = evaluate(model=trained.outputs["trained_model"], preset=p["eval_preset"], overrides=p["eval_overrides"],
                   benchmarks=p["eval_benchmarks"], num_prompts=p["eval_num_prompts"], base_model="",
                   registered_model="", alias="", artifact_root=p["artifact_root"], run_id=run_id, stage="evaluate",
-                  experiment=p["experiment"], parent_run_id=opened.output)
-    configure(on_pool(ev, pool, 1), display_name="evaluate", cache=False, retries=1)
+                  experiment=p["experiment"], parent_run_id=opened.output, scorer_weights=p["scorer_weights"])
+    with_judge(configure(on_pool(ev, pool, 1), display_name="evaluate", cache=False, retries=1))
     reg = register(model_name=p["model_name"], experiment=p["experiment"], run_id=run_id, parent_run_id=opened.output,
                    model=trained.outputs["trained_model"], eval_results=ev.outputs["results"],
-                   plan_json=planned.outputs["plan_json"])
+                   plan_json=planned.outputs["plan_json"], gate_metric=p["gate_metric"],
+                   gate_direction=p["gate_direction"], eval_preset=p["eval_preset"])
     configure(small(reg, "16G"), display_name="register", cache=False, retries=2)
     gate = check_gate(model_name=p["model_name"], version=reg.outputs["Output"], metric=p["gate_metric"],
-                      direction=p["gate_direction"], margin=p["gate_margin"])
+                      margin=p["gate_margin"])
     configure(small(gate), display_name="promotion gate", cache=False, retries=2)
     with dsl.If(gate.output == True, name="gate-passed"):  # noqa: E712 - a KFP condition, not Python
         pr = promote(model_name=p["model_name"], version=reg.outputs["Output"], metric=p["gate_metric"],
-                     direction=p["gate_direction"], margin=p["gate_margin"], who=dsl.PIPELINE_JOB_NAME_PLACEHOLDER,
+                     margin=p["gate_margin"], who=dsl.PIPELINE_JOB_NAME_PLACEHOLDER,
                      why="passed the promotion gate in the train-and-evaluate pipeline")
         configure(small(pr), display_name="promote", cache=False, retries=2)
 
 
 def _before_training(p: dict, pool: Pool):
-    """open_run + profile -> plan; returns (opened, planned)."""
+    """preflight, open_run + profile -> plan; returns (opened, planned)."""
+    pre = preflight(model=p["model"], prompts=p["prompts"], preset=p["preset"], train_overrides=p["train_overrides"],
+                    reward_weights=p["reward_weights"], scorer_weights=p["scorer_weights"],
+                    eval_preset=p["eval_preset"], eval_benchmarks=p["eval_benchmarks"],
+                    eval_overrides=p["eval_overrides"], artifact_root=p["artifact_root"])
+    with_judge(configure(small(pre, "2G"), display_name="preflight", cache=False, retries=0))
     opened = open_run(experiment=p["experiment"], run_name=dsl.PIPELINE_JOB_NAME_PLACEHOLDER,
                       kfp_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, pipeline=NAME)
     configure(small(opened), display_name="mlflow run", cache=False, retries=3, backoff="10s")
+    opened.after(pre)
     prof = profile(model=p["model"], prompts=p["prompts"], preset=p["preset"], overrides=p["train_overrides"],
-                   num_prompts=p["profile_prompts"], seeds=p["profile_seeds"], device=p["device"])
+                   num_prompts=p["profile_prompts"], seeds=p["profile_seeds"], device=p["device"], method=p["method"])
     configure(on_pool(prof, pool, 1), display_name="profile dynamics", cache=True, retries=2)
+    prof.after(pre)
     planned = plan(profile_json=prof.outputs["profile_json"], strategy=p["chunk_strategy"])
     configure(small(planned), display_name="plan chunks", cache=True, retries=2)
     return opened, planned
 
 
-def _exit_handler(experiment):
-    closing = close_run(experiment=experiment, kfp_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER)
-    return configure(small(closing), display_name="close mlflow run", cache=False, retries=2, backoff="10s")
+def _exit_handler(experiment, cleanup_jobs: bool = False, job_namespace=""):
+    closing = close_run(experiment=experiment, kfp_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, cleanup_jobs=cleanup_jobs,
+                        job_namespace=job_namespace)
+    name = "clean up jobs, close mlflow run" if cleanup_jobs else "close mlflow run"
+    return configure(small(closing), display_name=name, cache=False, retries=2, backoff="10s")
 
 
-def make_train_and_evaluate(pool: str = "h100", trainer: str = "torchrun"):
+def make_train_and_evaluate(pool: str = "cpu", trainer: str = "torchrun"):
     """The `train_and_evaluate` pipeline function for a GPU pool and a trainer variant."""
     if pool not in POOLS:
         raise ValueError(f"pool={pool!r} must be one of {sorted(POOLS)}")
@@ -113,12 +138,14 @@ def make_train_and_evaluate(pool: str = "h100", trainer: str = "torchrun"):
 
     if trainer == "torchrun":
         def train_and_evaluate(
-            model: str = "black-forest-labs/FLUX.1-dev",
+            model: str = DEFAULT_MODEL,
             prompts: str = "s3://chunkgrpo-data/prompts/hpdv2_train.txt",
             method: str = "chunk",
-            preset: str = "chunk_grpo_flux",
-            max_steps: int = 151,
+            preset: str = "",
+            max_iterations: int = 0,
             nproc_per_node: int = 8,
+            reward_weights: dict = DEFAULT_REWARD_WEIGHTS,
+            scorer_weights: dict = DEFAULT_SCORER_WEIGHTS,
             train_overrides: list = [],  # noqa: B006 - KFP parameter default
             chunk_strategy: str = "dynamics",
             profile_prompts: int = 16,
@@ -139,9 +166,10 @@ def make_train_and_evaluate(pool: str = "h100", trainer: str = "torchrun"):
             with dsl.ExitHandler(_exit_handler(experiment), name="chunkgrpo"):
                 opened, planned = _before_training(p, gpu_pool)
                 tr = train(model=model, prompts=prompts, preset=preset, method=method,
-                           chunks=planned.outputs["Output"], max_steps=max_steps, nproc_per_node=nproc_per_node,
+                           chunks=planned.outputs["Output"], max_iterations=max_iterations, nproc_per_node=nproc_per_node,
                            overrides=train_overrides, artifact_root=artifact_root,
-                           run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, experiment=experiment, parent_run_id=opened.output)
+                           run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, experiment=experiment, parent_run_id=opened.output,
+                           reward_weights=reward_weights)
                 configure(on_pool(tr, gpu_pool, nproc_per_node), display_name="train (torchrun)", cache=False,
                           retries=1, backoff="120s")
                 _after_training(p, gpu_pool, opened, planned, tr)
@@ -154,17 +182,20 @@ def make_train_and_evaluate(pool: str = "h100", trainer: str = "torchrun"):
         default_kind = "TrainJob" if trainer == "trainjob" else "PyTorchJob"
 
         def train_and_evaluate(
-            model: str = "black-forest-labs/FLUX.1-dev",
+            model: str = DEFAULT_MODEL,
             prompts: str = "s3://chunkgrpo-data/prompts/hpdv2_train.txt",
             method: str = "chunk",
-            preset: str = "chunk_grpo_flux",
-            max_steps: int = 151,
+            preset: str = "",
+            max_iterations: int = 0,
             num_nodes: int = 2,
             nproc_per_node: int = 8,
             job_kind: str = default_kind,
             job_namespace: str = "",
             train_image: str = RUNTIME_IMAGE,
             timeout_hours: float = 48.0,
+            queue_name: str = "",
+            reward_weights: dict = DEFAULT_REWARD_WEIGHTS,
+            scorer_weights: dict = DEFAULT_SCORER_WEIGHTS,
             train_overrides: list = [],  # noqa: B006
             chunk_strategy: str = "dynamics",
             profile_prompts: int = 16,
@@ -182,16 +213,19 @@ def make_train_and_evaluate(pool: str = "h100", trainer: str = "torchrun"):
             artifact_root: str = "s3://chunkgrpo-checkpoints/pipeline-runs",
         ):
             p = dict(locals())
-            with dsl.ExitHandler(_exit_handler(experiment), name="chunkgrpo"):
+            with dsl.ExitHandler(_exit_handler(experiment, cleanup_jobs=True, job_namespace=job_namespace),
+                                 name="chunkgrpo"):
                 opened, planned = _before_training(p, gpu_pool)
+                # GPUs, RDMA devices, CPU/memory and /dev/shm are the runtime's (the overlay's pool):
+                # gpus_per_node=0 and shm_size='' keep them; the pod placement is the runtime's too.
                 tr = launch_trainjob(
                     kind=job_kind, namespace=job_namespace, image=train_image, num_nodes=num_nodes,
-                    nproc_per_node=nproc_per_node, gpus_per_node=nproc_per_node if gpu_pool.accelerator else 0,
-                    node_selector=gpu_pool.node_selector, tolerations=list(gpu_pool.tolerations),
-                    shm_size=gpu_pool.shm_size, model=model, prompts=prompts, preset=preset, method=method,
-                    chunks=planned.outputs["Output"], max_steps=max_steps, overrides=train_overrides,
+                    nproc_per_node=nproc_per_node, gpus_per_node=0, node_selector={}, tolerations=[],
+                    shm_size="", model=model, prompts=prompts, preset=preset, method=method,
+                    chunks=planned.outputs["Output"], max_iterations=max_iterations, overrides=train_overrides,
                     artifact_root=artifact_root, run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, experiment=experiment,
-                    parent_run_id=opened.output, timeout_hours=timeout_hours)
+                    parent_run_id=opened.output, timeout_hours=timeout_hours, queue_name=queue_name,
+                    image_pull_secrets=pull_secrets(), reward_weights=reward_weights)
                 configure(small(tr, "2G"), display_name=f"train ({default_kind} launcher)", cache=False, retries=2,
                           backoff="30s")
                 _after_training(p, gpu_pool, opened, planned, tr)
@@ -204,8 +238,9 @@ def make_train_and_evaluate(pool: str = "h100", trainer: str = "torchrun"):
             "        job_kind: TrainJob (Kubeflow Trainer v2) or PyTorchJob (Training Operator v1).\n"
             "        job_namespace: Namespace of the training job ('' = the run's namespace).\n"
             "        train_image: Image of the training pods.\n"
-            "        timeout_hours: Fail the step and delete the job after this many hours.\n")
+            "        timeout_hours: Fail the step and delete the job after this many hours.\n"
+            "        queue_name: Kueue LocalQueue of the training job ('' = no Kueue): created suspended, admitted by Kueue.\n")
         return dsl.pipeline(name=NAME + "-multinode", description=desc)(train_and_evaluate)
 
 
-train_and_evaluate = make_train_and_evaluate()
+train_and_evaluate = make_train_and_evaluate()  # the CPU variant (kfp.local); clusters compile with --pool

@@ -1,13 +1,17 @@
 """Champion/challenger promotion of a registered model version (MLflow aliases).
 
-    chunkgrpo promote --model NAME --version V [--metric M --direction max|min --margin X] [--force] [--why TEXT]
+    chunkgrpo promote --model NAME --version V [--margin X] [--force] [--why TEXT]
     chunkgrpo promote --model NAME --rollback [--why TEXT]
+    chunkgrpo promote --model NAME --set-gate METRIC:max|min --why TEXT      # registry admin action
 
-`champion` moves to V only if V beats the current champion on the gate (default: eval.hpdv2.hpsv3,
-higher is better, margin 0; values come from the versions' `metric.<name>` tags); the old champion
-becomes `previous`. Who/why/metrics are written as tags. Re-running is idempotent. `--force` skips the
-gate and is recorded. `--rollback` moves champion back to `previous`. Exit 0 also when the gate
-rejects (the decision is printed), unless `--strict`.
+`champion` moves to V only if V beats the current champion on the registered model's gate: the
+metric and its direction are tags of the registered model (`gate.metric`, `gate.direction`, written
+at its first registration or by `--set-gate`), never a flag of this command, so no invocation can
+crown a worse model; values come from the versions' `metric.<name>` tags and must have been
+measured under the same eval protocol. `--metric` may only repeat the model's gate metric. The old
+champion becomes `previous`. Who/why/metrics are written as tags. Re-running is idempotent.
+`--force` skips the gate and is recorded. `--rollback` moves champion back to `previous`. Exit 0
+also when the gate rejects (the decision is printed), unless `--strict`.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import argparse
 import logging
 
 NAME = "promote"
-HELP = "promote a registered model version to champion (gated), or roll back"
+HELP = "promote a registered model version to champion (gated), roll back, or set the model's gate"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -24,8 +28,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_mutually_exclusive_group(required=True)
     g.add_argument("--version", help="model version to promote")
     g.add_argument("--rollback", action="store_true", help="move champion back to the previous version")
-    parser.add_argument("--metric", default=None, help="gate metric (default eval.hpdv2.hpsv3)")
-    parser.add_argument("--direction", choices=["max", "min"], default=None, help="max: higher is better")
+    g.add_argument("--set-gate", metavar="METRIC:max|min",
+                   help="record the gate metric and its direction on the registered model (logged)")
+    parser.add_argument("--metric", default=None,
+                        help="assert the gate metric (must equal the model's gate.metric tag; default: that tag)")
     parser.add_argument("--margin", type=float, default=None, help="required improvement (default 0)")
     parser.add_argument("--force", action="store_true", help="skip the gate (recorded as a tag)")
     parser.add_argument("--why", default="", help="reason, stored as a tag")
@@ -34,18 +40,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from chunkgrpo.registry import GateConfig, promote, rollback
+    from chunkgrpo.errors import UserError
+    from chunkgrpo.registry import GateConfig, promote, rollback, set_gate
 
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    if args.set_gate:
+        metric, sep, direction = args.set_gate.rpartition(":")
+        if not sep or not metric or direction not in ("max", "min"):
+            raise UserError(f"--set-gate {args.set_gate!r}: expected METRIC:max or METRIC:min")
+        if not args.why:
+            raise UserError("--set-gate changes how every future promotion is judged: say why with --why")
+        set_gate(args.model, metric, direction, who=args.who, why=args.why)
+        print(f"{args.model}: gate = {metric} ({'higher' if direction == 'max' else 'lower'} is better)")
+        return 0
     if args.rollback:
-        if args.force or args.metric or args.direction or args.margin is not None:
-            from chunkgrpo.errors import UserError
-
+        if args.force or args.metric or args.margin is not None:
             raise UserError("--rollback takes no gate options or --force")
         print(rollback(args.model, who=args.who, why=args.why).line())
         return 0
-    gate = GateConfig.from_dict({k: v for k, v in {"metric": args.metric, "direction": args.direction,
-                                                    "margin": args.margin}.items() if v is not None})
+    gate = GateConfig.from_dict({k: v for k, v in {"metric": args.metric, "margin": args.margin}.items()
+                                 if v is not None})
     res = promote(args.model, args.version, gate, force=args.force, who=args.who, why=args.why)
     print(res.line())
     return 1 if (args.strict and res.action == "rejected") else 0

@@ -2,16 +2,21 @@
 
     chunkgrpo register --model-dir DIR --name NAME --base-model BASE [--kind lora|full]
                        [--metrics metrics.json] [--plan plan.json] [--checkpoint-uri s3://...]
+                       [--gate-metric eval.hpdv2.hpsv3 --gate-direction max] [--eval-preset eval_hpdv2]
 
 `--model-dir` may also be an `s3://` checkpoint folder (downloaded and verified first; it is then
 also the recorded checkpoint URI). Tags: git sha, config hash, chunk plan, eval metrics
 (`metric.<name>`), checkpoint URI, base model, kind. The new version gets the alias `challenger`.
+A `--metrics` file written by `chunkgrpo evaluate` (format chunkgrpo.eval-metrics/v1) is recognised:
+its `<bench>.<metric>.trained` values become `metric.eval.<bench>.<metric>` and its eval protocol
+(preset, prompt counts, seeds, sampling) is recorded, so promotion compares like with like. The
+version is an MLflow pyfunc: `mlflow.pyfunc.load_model("models:/NAME/V")` generates images.
+`--gate-metric/--gate-direction` set the promotion gate of a NEW registered model only.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 from pathlib import Path
 
@@ -32,17 +37,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--external-weights", action="store_true",
                         help="do not copy weights into MLflow; keep them at --checkpoint-uri")
     parser.add_argument("--experiment", default="chunkgrpo", help="MLflow experiment of the registration run")
+    parser.add_argument("--gate-metric", default=None, help="gate metric of a new registered model "
+                        "(default eval.hpdv2.hpsv3); ignored (with a warning) for an existing one")
+    parser.add_argument("--gate-direction", choices=["max", "min"], default=None,
+                        help="direction of --gate-metric for a new registered model (default: the metric's known one)")
+    parser.add_argument("--eval-preset", default="", help="evaluation preset the --metrics file came from (protocol)")
 
 
 def _read_json(path: str | None, what: str):
-    from chunkgrpo.errors import UserError
+    from chunkgrpo.inputs import read_json
 
     if not path:
         return None
+    return read_json(path, f"--{what}")
+
+
+def check_model_name(name: str) -> None:
+    """MLflow's registered-model name rules, checked before anything is uploaded."""
+    from chunkgrpo.errors import UserError
+
+    if not name.strip() or any(c in name for c in "/:") or name != name.strip() or ".." in name.split("/"):
+        raise UserError(f"--name {name!r} is not a valid registered model name (non-empty, no '/' or ':', "
+                        "no leading/trailing spaces)")
     try:
-        return json.loads(Path(path).read_text())
-    except json.JSONDecodeError as e:
-        raise UserError(f"--{what} {path}: invalid JSON ({e})") from None
+        from mlflow.exceptions import MlflowException
+        from mlflow.utils.validation import _validate_model_name
+    except ImportError:  # private helper moved: the rules above still apply
+        return
+    try:
+        _validate_model_name(name)
+    except MlflowException as e:
+        raise UserError(f"--name {name!r}: {e.message}") from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -50,8 +75,14 @@ def run(args: argparse.Namespace) -> int:
 
     from chunkgrpo.registry import register_model
 
+    from chunkgrpo.registry import metrics_from_eval
+
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    check_model_name(args.name)  # before any upload or run is created
     metrics, plan = _read_json(args.metrics, "metrics"), _read_json(args.plan, "plan")
+    protocol = sampling = None
+    if isinstance(metrics, dict) and metrics.get("format", "").startswith("chunkgrpo.eval-metrics/"):
+        metrics, protocol, sampling = metrics_from_eval(metrics, args.eval_preset)
     checkpoint = args.checkpoint_uri
     with tempfile.TemporaryDirectory(prefix="chunkgrpo-ckpt-") as tmp:
         model_dir = args.model_dir
@@ -66,6 +97,7 @@ def run(args: argparse.Namespace) -> int:
         rv = register_model(args.name, model_dir, kind=args.kind, base_model=args.base_model,
                             checkpoint_uri=checkpoint, metrics=metrics, plan=plan, git=args.git_sha,
                             cfg_hash=args.config_hash, include_weights=False if args.external_weights else None,
-                            experiment=args.experiment)
+                            experiment=args.experiment, gate_metric=args.gate_metric,
+                            gate_direction=args.gate_direction, eval_protocol=protocol, sampling=sampling)
     print(f"{rv.name} version {rv.version}{' (existing, same content)' if rv.reused else ''}: {rv.uri}  source {rv.source}")
     return 0

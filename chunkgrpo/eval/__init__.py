@@ -7,34 +7,77 @@ Modules (import the one you need; this package import stays light, no torch):
 - `chunkgrpo.eval.geneval`  - GenEval layout, detector backends, the official scoring rules, aggregation.
 - `chunkgrpo.eval.wise`     - WISE prompts (user-supplied), OpenAI-compatible judge, WiScore aggregation.
 
-Benchmark prompt data is looked up, in order, at an explicit path, `$CHUNKGRPO_DATA_DIR`,
-`<repo>/../shared/data` and `<repo>/data` (see `data_file`).
+Benchmark prompt data ships with the package (`chunkgrpo/data/`, licences and provenance in its
+README.md). A file is looked up, in order, at an explicit path or `s3://` URI, under
+`$CHUNKGRPO_DATA_DIR`, then in the package data (see `data_file`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
 from chunkgrpo.errors import UserError
 
 DATA_DIR_ENV = "CHUNKGRPO_DATA_DIR"
-_REPO_ROOT = Path(__file__).resolve().parents[2]
+PACKAGE_DATA_DIR = Path(__file__).resolve().parents[1] / "data"
 
 
 def data_dirs() -> list[Path]:
-    """Candidate benchmark data directories, most specific first."""
+    """Candidate benchmark data directories, most specific first: `$CHUNKGRPO_DATA_DIR`, package data."""
     dirs = []
     env = os.environ.get(DATA_DIR_ENV)
     if env:
         dirs.append(Path(env).expanduser())
-    dirs += [_REPO_ROOT.parent / "shared" / "data", _REPO_ROOT / "data"]
+    dirs.append(PACKAGE_DATA_DIR)
     return dirs
 
 
+def fetch_s3_file(uri: str, what: str = "data file") -> Path:
+    """Download one `s3://` object into the cache (`$CHUNKGRPO_CACHE`, default ~/.cache/chunkgrpo) and
+    return the local path; a changed object (size/etag) is downloaded again, an unchanged one reused."""
+    from chunkgrpo.store import ArtifactStore
+
+    store = ArtifactStore()
+    meta = store.stat(uri)
+    if meta is None:
+        raise UserError(f"{what} {uri} does not exist")
+    cache = Path(os.environ.get("CHUNKGRPO_CACHE", Path.home() / ".cache" / "chunkgrpo")) / "data"
+    key = hashlib.sha256(f"{uri}\0{meta.get('etag')}\0{meta.get('size')}".encode()).hexdigest()[:16]
+    local = cache / key / uri.rstrip("/").rsplit("/", 1)[-1]
+    if not local.exists():
+        store.get_file(uri, local)
+    return local
+
+
+def fetch_s3_files(uri: str, names: list[str] | tuple[str, ...], what: str = "data folder") -> Path:
+    """A local folder holding the objects `<uri>/<name>` that exist (e.g. a user's WISE prompt folder in S3);
+    a URI naming one object (ending in one of `names`' suffixes) is fetched alone into a folder of its own."""
+    from chunkgrpo.store import ArtifactStore
+
+    uri = uri.rstrip("/")
+    if any(uri.endswith(Path(n).suffix) for n in names):
+        return fetch_s3_file(uri, what)
+    store = ArtifactStore()
+    found = [fetch_s3_file(f"{uri}/{n}", what) for n in names if store.stat(f"{uri}/{n}") is not None]
+    if not found:
+        raise UserError(f"{what} {uri} holds none of {', '.join(names)}")
+    folder = found[0].parent.parent / ("folder-" + hashlib.sha256("\0".join(map(str, found)).encode()).hexdigest()[:16])
+    folder.mkdir(parents=True, exist_ok=True)
+    for f in found:
+        link = folder / f.name
+        if not link.exists():
+            link.symlink_to(f)
+    return folder
+
+
 def data_file(relative: str, explicit: str | os.PathLike | None = None, what: str = "data file") -> Path:
-    """Resolve a benchmark file: `explicit` if given (must exist), else `<data dir>/<relative>`."""
-    if explicit is not None:
+    """Resolve a benchmark file: `explicit` if given (a local path that must exist, or an `s3://` URI that
+    is downloaded), else `$CHUNKGRPO_DATA_DIR/<relative>`, else the package's copy `chunkgrpo/data/<relative>`."""
+    if explicit is not None and str(explicit) != "":
+        if str(explicit).startswith("s3://"):
+            return fetch_s3_file(str(explicit), what)
         path = Path(explicit).expanduser()
         if not path.exists():
             raise UserError(f"{what} {str(path)!r} does not exist")
@@ -47,5 +90,5 @@ def data_file(relative: str, explicit: str | os.PathLike | None = None, what: st
         tried.append(str(path))
     raise UserError(
         f"{what} not found (tried {', '.join(tried)}); pass its path explicitly or set ${DATA_DIR_ENV} "
-        f"to the folder that holds {relative!r}"
+        f"to a folder that holds {relative!r} (a broken install? reinstall chunkgrpo)"
     )

@@ -4,7 +4,8 @@ Pipeline:
 1. `load_metadata()` - the 553 prompts (`evaluation_metadata.jsonl`: tag, prompt, include, exclude).
 2. Generation (part B) follows `generation_plan(...)`: 4 images per prompt written as the official
    layout `<root>/<index:05d>/metadata.jsonl` (one JSON object) + `<root>/<index:05d>/samples/<k:05d>.png`
-   (the official generator writes `f"{k:05}.png"`; the evaluator accepts any `^\\d+\\.png$`, PNG only).
+   (the official generator writes `f"{k:05}.png"`; the evaluator scores every file whose name *starts* with
+   digits + `.png` - `re.match`, so `00009.png.bak` is scored too - and we do the same, see `iter_samples`).
 3. A `Detector` returns per-class detections (box, score, mask). Backends:
    - `MMDetDetector`: the official mmdet 2.x Mask2Former Swin-S COCO checkpoint (evaluation image only);
      results are comparable with published GenEval numbers.
@@ -13,6 +14,9 @@ Pipeline:
      its results carry `comparable_to_official=False`.
 4. `filter_detections` + `evaluate_detections` apply the official rules (pure functions, numpy only):
    confidence > 0.3 (> 0.9 for `counting`), sorted by score, at most 16 per class, no NMS (max_overlap 1.0);
+   parity to the last tie: the official `np.argsort(scores)[::-1]` order (numpy's classic introsort, so
+   of two equal scores the later detection comes first), thresholds compared in float32, and
+   `relative_position` computed in float32 (see `official_order`, `relative_position`);
    include clauses AND-ed, exclude clauses OR-ed; `found = detected[class][:count]`; colour by a
    classifier over the mask composited on #999 grey, cropped to the box; position with margin
    0.1 x (box sizes); counting is exact through the `exclude {count: n+1}` clause.
@@ -45,6 +49,8 @@ METADATA_FILE = "geneval/evaluation_metadata.jsonl"
 OBJECT_NAMES_FILE = "geneval/object_names.txt"
 OFFICIAL_MMDET_MODEL = "mask2former_swin-s-p4-w7-224_lsj_8x2_50e_coco"
 _SAMPLE_RE = re.compile(r"\d+\.png")
+FILE_DISCOVERY = ("official: all-digit folder names; sample files whose name starts with digits + '.png' "
+                  "(re.match(r'\\d+\\.png', name), so e.g. 00009.png.bak is scored); other files ignored")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -155,7 +161,8 @@ def write_layout(metadata: Sequence[dict], root: str | os.PathLike) -> Path:
 
 def iter_samples(root: str | os.PathLike) -> Iterator[tuple[Path, dict]]:
     """(image path, metadata) for every sample, with the official discovery rules: all-digit folder names,
-    a `metadata.jsonl` in each, sample files named `<digits>.png` (other files, JPEGs included, ignored)."""
+    a `metadata.jsonl` in each, sample files whose name *starts with* `<digits>.png` (`re.match`, as the
+    official `evaluate_images.py`: `00009.png.bak` is scored, `grid.png` and JPEGs are not)."""
     root = Path(root)
     if not root.is_dir():
         raise UserError(f"GenEval image folder {str(root)!r} does not exist")
@@ -169,8 +176,15 @@ def iter_samples(root: str | os.PathLike) -> Iterator[tuple[Path, dict]]:
         if not samples.is_dir():
             continue
         for img in sorted(samples.iterdir()):
-            if img.is_file() and _SAMPLE_RE.fullmatch(img.name):
+            if img.is_file() and _SAMPLE_RE.match(img.name):
                 yield img, md
+
+
+def unusual_sample_names(root: str | os.PathLike) -> list[str]:
+    """Files the official discovery scores although they are not plain `<digits>.png` (e.g. `00009.png.bak`),
+    relative to `root`: listed in metrics.json so a stray copy that was scored is visible."""
+    root = Path(root)
+    return [str(p.relative_to(root)) for p, _ in iter_samples(root) if not _SAMPLE_RE.fullmatch(p.name)]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -242,37 +256,149 @@ def compute_iou(box_a: Sequence[float], box_b: Sequence[float]) -> float:
     return inter / union if union else 0.0
 
 
+def _less(a: float, b: float) -> bool:
+    """numpy's float ordering (NaN sorts last)."""
+    return a < b or (b != b and a == a)
+
+
+def _heapsort_indices(v: Sequence[float], idx: list[int], lo: int, n: int) -> None:
+    """Heapsort of idx[lo:lo+n] by v (numpy's introsort fallback when quicksort recursion gets too deep)."""
+    def get(k: int) -> int:
+        return idx[lo + k - 1]
+
+    def put(k: int, x: int) -> None:
+        idx[lo + k - 1] = x
+
+    def sift(i: int, tmp: int, n: int) -> None:
+        j = 2 * i
+        while j <= n:
+            if j < n and _less(v[get(j)], v[get(j + 1)]):
+                j += 1
+            if not _less(v[tmp], v[get(j)]):
+                break
+            put(i, get(j))
+            i, j = j, 2 * j
+        put(i, tmp)
+
+    for start in range(n >> 1, 0, -1):
+        sift(start, get(start), n)
+    while n > 1:
+        tmp = get(n)
+        put(n, get(1))
+        n -= 1
+        sift(1, tmp, n)
+
+
+def classic_argsort(values: Sequence[float] | np.ndarray) -> np.ndarray:
+    """`np.argsort(values)` (ascending) exactly as numpy's classic introsort orders it, ties included.
+
+    The official evaluator ran on numpy < 1.25, whose argsort is an introsort: median-of-3 quicksort
+    partitions down to 16 elements, then insertion sort (stable), heapsort past depth 2*log2(n). Modern numpy
+    dispatches to SIMD sorts (AVX2 / AVX-512) that order equal scores differently on different CPUs, so
+    calling `np.argsort` here would neither reproduce the published numbers' tie-breaking nor be the same on
+    every machine. Values are compared as float32 (mmdet's score dtype)."""
+    v = [float(x) for x in np.asarray(values, dtype=np.float32).ravel()]
+    idx = list(range(len(v)))
+    if len(v) < 2:
+        return np.asarray(idx, dtype=np.intp)
+    small = 15  # numpy's SMALL_QUICKSORT: partitions with more than 16 elements are split
+    pl, pr = 0, len(v) - 1
+    depth = (len(v).bit_length() - 1) * 2
+    stack: list[tuple[int, int, int]] = []
+    while True:
+        if depth < 0:
+            _heapsort_indices(v, idx, pl, pr - pl + 1)
+        else:
+            while pr - pl > small:
+                pm = pl + ((pr - pl) >> 1)  # median of three -> pivot at pr - 1
+                if _less(v[idx[pm]], v[idx[pl]]):
+                    idx[pm], idx[pl] = idx[pl], idx[pm]
+                if _less(v[idx[pr]], v[idx[pm]]):
+                    idx[pr], idx[pm] = idx[pm], idx[pr]
+                if _less(v[idx[pm]], v[idx[pl]]):
+                    idx[pm], idx[pl] = idx[pl], idx[pm]
+                pivot = v[idx[pm]]
+                pi, pj = pl, pr - 1
+                idx[pm], idx[pj] = idx[pj], idx[pm]
+                while True:
+                    pi += 1
+                    while _less(v[idx[pi]], pivot):
+                        pi += 1
+                    pj -= 1
+                    while _less(pivot, v[idx[pj]]):
+                        pj -= 1
+                    if pi >= pj:
+                        break
+                    idx[pi], idx[pj] = idx[pj], idx[pi]
+                idx[pi], idx[pr - 1] = idx[pr - 1], idx[pi]
+                depth -= 1
+                if pi - pl < pr - pi:  # keep the smaller side, push the larger one
+                    stack.append((pi + 1, pr, depth))
+                    pr = pi - 1
+                else:
+                    stack.append((pl, pi - 1, depth))
+                    pl = pi + 1
+            for i in range(pl + 1, pr + 1):  # insertion sort (stable)
+                vi = idx[i]
+                j = i
+                while j > pl and _less(v[vi], v[idx[j - 1]]):
+                    idx[j] = idx[j - 1]
+                    j -= 1
+                idx[j] = vi
+        if not stack:
+            break
+        pl, pr, depth = stack.pop()
+    return np.asarray(idx, dtype=np.intp)
+
+
+def official_order(scores: Sequence[float] | np.ndarray) -> np.ndarray:
+    """The official ranking `np.argsort(scores)[::-1]`: most confident first; of equal scores the LATER
+    detection comes first (for up to 16 detections; beyond that, as numpy's introsort leaves them)."""
+    return classic_argsort(scores)[::-1]
+
+
 def filter_detections(raw: Detections, tag: str, rules: GenEvalRules | None = None) -> Detections:
-    """Per class: sort by score desc, keep score > threshold (0.9 for counting), at most `max_objects`,
-    optional NMS (off by default). Classes left empty are dropped."""
+    """Per class, as the official evaluator: rank by `np.argsort(scores)[::-1]` (`official_order`), keep
+    score > threshold compared in float32 (0.9 for counting; a score of exactly float32(0.3) is dropped), at
+    most `max_objects`, optional NMS (off by default). Classes left empty are dropped."""
     rules = rules or GenEvalRules()
-    thr = rules.counting_threshold if tag == "counting" else rules.threshold
+    thr = np.float32(rules.counting_threshold if tag == "counting" else rules.threshold)
     out: Detections = {}
     for cls, dets in raw.items():
-        order = sorted((d for d in dets if d.score > thr), key=lambda d: -d.score)[: rules.max_objects]
+        dets = list(dets)
+        if not dets:
+            continue
+        scores = np.asarray([d.score for d in dets], dtype=np.float32)
+        ordering = official_order(scores)
+        ordering = ordering[scores[ordering] > thr][: rules.max_objects].tolist()
         kept = []
-        while order:
-            best = order.pop(0)
-            kept.append(best)
+        while ordering:
+            best = ordering.pop(0)
+            kept.append(dets[best])
             if rules.max_overlap < 1:
-                order = [d for d in order if compute_iou(best.box, d.box) < rules.max_overlap]
+                ordering = [j for j in ordering if compute_iou(dets[best].box, dets[j].box) < rules.max_overlap]
         if kept:
             out[cls] = kept
     return out
 
 
 def relative_position(box_a: Sequence[float], box_b: Sequence[float], margin: float = 0.1) -> set[str]:
-    """Relations of A relative to B (image y axis points down): centre offset shrunk by
-    margin x (size_a + size_b) per axis; none if both shrunk offsets are ~0; otherwise the direction
-    of the shrunk offset over the |raw offset| must exceed 0.5 on an axis."""
-    boxes = np.array([list(box_a)[:4], list(box_b)[:4]], dtype=np.float64).reshape(2, 2, 2)
-    center_a, center_b = boxes.mean(axis=-2)
+    """Relations of A relative to B (image y axis points down), in float32 like the official (its boxes are
+    mmdet's float32 arrays): centre offset shrunk by margin x (size_a + size_b) per axis; none if both shrunk
+    offsets are < 1e-3; otherwise the shrunk offset over |raw offset| must pass 0.5 on an axis.
+    The norm is sqrt(ox^2 + oy^2) with each operation rounded to float32 (the official's BLAS dot may fuse
+    the multiply-add; the two can differ in the last bit only)."""
+    f32 = np.float32
+    boxes = np.array([list(box_a)[:4], list(box_b)[:4]], dtype=f32).reshape(2, 2, 2)
+    center_a, center_b = boxes.mean(axis=-2, dtype=f32)
     dim_a, dim_b = np.abs(np.diff(boxes, axis=-2))[..., 0, :]
     offset = center_a - center_b
-    revised = np.maximum(np.abs(offset) - margin * (dim_a + dim_b), 0) * np.sign(offset)
-    if np.all(np.abs(revised) < 1e-3):
+    # revised = max(|offset| - margin (d_a + d_b), 0) sign(offset)   (GenEval position rule)
+    revised = np.maximum(np.abs(offset) - f32(margin) * (dim_a + dim_b), f32(0)) * np.sign(offset)
+    if np.all(np.abs(revised) < f32(1e-3)):
         return set()
-    dx, dy = revised / np.linalg.norm(offset)
+    norm = np.sqrt(f32(offset[0] * offset[0]) + f32(offset[1] * offset[1]))
+    dx, dy = revised / norm
     rels = set()
     if dx < -0.5:
         rels.add("left of")

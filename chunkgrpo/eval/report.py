@@ -1,9 +1,18 @@
-"""A self-contained HTML evaluation report (one file, inline CSS, thumbnails embedded as base64 JPEG),
-so it works as a KFP HTML artifact, an MLflow artifact or an e-mail attachment.
+"""A self-contained HTML evaluation report: one file, inline CSS and SVG plots, thumbnails embedded as
+base64 JPEG, no scripts and no external references - it works as a KFP HTML artifact, an MLflow
+artifact or an e-mail attachment.
 
-Contents: the models and sampling settings; a summary table (trained / base / delta); per benchmark a
-metrics table, the scorer/detector/judge information (preprocessing, scale, comparability) and, for
-the first `max_prompts` prompts, base and trained images side by side with their per-image scores.
+Contents
+- models, sampling, generation;
+- a summary table of every trained − base delta with its paired bootstrap CI, win rate (+ CI) and n;
+  a delta whose CI contains 0 is rendered neutral (grey), only a CI entirely above / below 0 is
+  green / red (`chunkgrpo.eval.stats.significance`);
+- per benchmark: bars of the deltas with CI whiskers, histograms of the per-image (per-prompt) scores,
+  base vs trained, the scorer / detector / judge information and why the numbers are (not) comparable;
+- image rows chosen by the largest changes in both directions (half the rows the largest
+  improvements, half the largest regressions) rather than the first prompts: HPDv2 with per-image
+  scores; GenEval with the detected boxes drawn on every sample and the failure reason; WISE with the
+  judge's sub-scores (consistency, realism, aesthetic quality), WiScore and the judge's answer.
 """
 
 from __future__ import annotations
@@ -24,18 +33,33 @@ h1{font-size:22px}h2{font-size:18px;margin-top:32px;border-bottom:1px solid #ddd
 h3{font-size:15px;margin-top:20px}
 table{border-collapse:collapse;margin:8px 0;font-size:13px}
 th,td{border:1px solid #ddd;padding:4px 8px;text-align:left;vertical-align:top}
-th{background:#f4f4f4}td.num{text-align:right;font-variant-numeric:tabular-nums}
-.pos{color:#0a7d28}.neg{color:#b00020}.muted{color:#777;font-size:12px}
-.ok{background:#e8f5e9}.warn{background:#fff8e1}
+th{background:#f4f4f4}td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
+.pos{color:#0a7d28}.neg{color:#b00020}.neutral{color:#666}.muted{color:#777;font-size:12px}
+td.pos{background:#eef8f0}td.neg{background:#fdeeee}td.neutral{background:#f6f6f6}
+.ci{font-size:11px;color:#555}
+.ok{background:#e8f5e9;padding:6px}.warn{background:#fff8e1;padding:6px}
+.warn ul{margin:4px 0 0 0}
 table.pairs td{text-align:center}table.pairs td.prompt{text-align:left;max-width:320px}
 table.pairs img{display:block;margin:0 auto 4px auto;border:1px solid #ccc}
-.thumbs img{display:inline-block;margin:1px}
+.thumbs{white-space:normal}.thumbs .s{display:inline-block;vertical-align:top;margin:2px;font-size:11px;
+overflow-wrap:anywhere}
+.reason{color:#b00020;font-size:11px;text-align:left}
 .badge{display:inline-block;padding:0 4px;border-radius:3px;font-size:11px}
 .badge.t{background:#e8f5e9;color:#0a7d28}.badge.f{background:#fdecea;color:#b00020}
+.plots{display:flex;flex-wrap:wrap;gap:16px;align-items:flex-start}
+.plot{border:1px solid #eee;padding:6px}
+details{font-size:11px;text-align:left;max-width:300px}details pre{white-space:pre-wrap;margin:2px 0}
+pre.answer{font-size:11px;text-align:left;white-space:pre-wrap;background:#f7f7f7;margin:2px 0;padding:2px 4px;
+max-width:300px}
 code{font-size:12px}
 """
 
 LABEL_ORDER = ("base", "trained")
+COLORS = {"base": "#4e79a7", "trained": "#f28e2b"}
+SIG_COLOR = {1: "#0a7d28", -1: "#b00020", 0: "#9e9e9e"}
+SIG_CLASS = {1: "pos", -1: "neg", 0: "neutral"}
+SIG_WORD = {1: "trained better", -1: "trained worse", 0: "no significant difference (CI contains 0)"}
+_BOX_COLORS = ("#e6194b", "#3cb44b", "#4363d8", "#f58231", "#911eb4", "#42d4f4", "#f032e6", "#bfef45")
 
 
 def _e(x: Any) -> str:
@@ -54,30 +78,67 @@ def _fmt(x: Any, digits: int = 4) -> str:
     return _e(x)
 
 
-def _delta(t: Any, b: Any, digits: int = 4) -> str:
-    if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in (t, b)):
+def _finite(*xs: Any) -> bool:
+    return all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in xs)
+
+
+def _sig(cell: Mapping | None) -> int:
+    from chunkgrpo.eval.stats import significance
+
+    if not cell:
+        return 0
+    return significance(cell.get("ci_low"), cell.get("ci_high"))
+
+
+def delta_cell(cell: Mapping | None, digits: int = 4) -> str:
+    """A table cell with the delta and its CI: green / red only when the CI excludes 0, neutral otherwise."""
+    if not cell or not _finite(cell.get("delta")):
         return "<td class=num>–</td>"
-    d = t - b
-    cls = "pos" if d > 0 else "neg" if d < 0 else ""
-    return f"<td class='num {cls}'>{d:+.{digits}f}</td>"
+    if not _finite(cell.get("ci_low"), cell.get("ci_high")):
+        return (f"<td class='num neutral' title='{_e(cell.get('note') or 'no interval')}'>{cell['delta']:+.{digits}f}"
+                f"<br><span class=ci>{_e(cell.get('note') or 'no interval')}</span></td>")
+    sig = _sig(cell)
+    level = round(100 * float(cell.get("level", 0.95)))
+    return (f"<td class='num {SIG_CLASS[sig]}' title='{_e(SIG_WORD[sig])}'>{cell['delta']:+.{digits}f}"
+            f"<br><span class=ci>{level}% CI [{cell['ci_low']:+.{digits}f}, {cell['ci_high']:+.{digits}f}]</span></td>")
 
 
-def thumbnail(path: Path, size: int = 256, quality: int = 80) -> str | None:
-    """A data: URI JPEG of the image, longest side at most `size` (None if the file is missing)."""
-    from PIL import Image
+def win_cell(cell: Mapping | None) -> str:
+    if not cell or not _finite(cell.get("win_rate")):
+        return "<td class=num>–</td>"
+    if not _finite(cell.get("win_ci_low"), cell.get("win_ci_high")):
+        return f"<td class=num>{cell['win_rate']:.0%}<br><span class=ci>ties {cell.get('tie_rate', 0):.0%}</span></td>"
+    return (f"<td class=num>{cell['win_rate']:.0%}<br><span class=ci>[{cell['win_ci_low']:.0%}, "
+            f"{cell['win_ci_high']:.0%}] · ties {cell.get('tie_rate', 0):.0%}</span></td>")
+
+
+def thumbnail(path: Path, size: int = 256, quality: int = 80, boxes: Sequence | None = None) -> str | None:
+    """A data: URI JPEG of the image, longest side at most `size` (None if the file is missing).
+    `boxes`: [(label, (x1, y1, x2, y2), colour)] in original pixels, drawn on the thumbnail."""
+    from PIL import Image, ImageDraw
 
     if not path.exists():
         return None
     with Image.open(path) as im:
         im = im.convert("RGB")
+        w0, h0 = im.size
         im.thumbnail((size, size))
+        if boxes:
+            sx, sy = im.size[0] / w0, im.size[1] / h0
+            draw = ImageDraw.Draw(im)
+            for label, (x1, y1, x2, y2), colour in boxes:
+                r = (x1 * sx, y1 * sy, max(x1 * sx, x2 * sx - 1), max(y1 * sy, y2 * sy - 1))
+                draw.rectangle(r, outline=colour, width=2)
+                tw = draw.textlength(label)
+                draw.rectangle((r[0], r[1], r[0] + tw + 4, r[1] + 11), fill=colour)
+                draw.text((r[0] + 2, r[1]), label, fill="white")
         buf = io.BytesIO()
         im.save(buf, "JPEG", quality=quality)
     return "data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
 
 
-def _img(path: Path, size: int, title: str = "") -> str:
-    uri = thumbnail(path, size)
+def _img(path: Path, size: int, title: str = "", boxes: Sequence | None = None) -> str:
+    uri = thumbnail(path, size, boxes=boxes)
     if uri is None:
         return "<span class=muted>missing</span>"
     return f"<img src='{uri}' width='{size}' title='{_e(title)}' alt='{_e(title)}'>"
@@ -93,28 +154,182 @@ def _labels(result: Mapping) -> list[str]:
     return [lb for lb in LABEL_ORDER if lb in result.get("labels", [])]
 
 
+# ------------------------------------------------------------------------------------------- plots
+
+
+def _nice(x: float) -> str:
+    return f"{x:+.3g}" if x else "0"
+
+
+def svg_delta_bars(rows: Sequence[tuple[str, Mapping]], *, title: str = "", shared_axis: bool = True,
+                   width: int = 720) -> str:
+    """Horizontal bars of trained − base per row with CI whiskers (inline SVG). Grey when the CI
+    contains 0. `shared_axis=False` gives every row its own symmetric axis (metrics on different scales)."""
+    rows = [(n, c) for n, c in rows if c and _finite(c.get("delta"), c.get("ci_low"), c.get("ci_high"))]
+    if not rows:
+        return ""
+    lw, rw, rh, top = 130, 270, 26, 22
+    pw = width - lw - rw
+    height = top + rh * len(rows) + 18
+
+    def extent(cs):
+        m = max(max(abs(c["ci_low"]), abs(c["ci_high"]), abs(c["delta"])) for c in cs)
+        return m * 1.1 if m > 0 else 1.0
+
+    shared = extent([c for _, c in rows])
+    parts = [f"<svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height}' "
+             f"font-family='sans-serif' font-size='11'>",
+             f"<text x='{lw}' y='13' font-size='12' font-weight='bold'>{_e(title)}</text>"]
+    x0 = lw + pw / 2
+    parts.append(f"<line x1='{x0}' y1='{top - 4}' x2='{x0}' y2='{top + rh * len(rows)}' stroke='#444'/>")
+    if shared_axis:
+        parts.append(f"<text x='{lw}' y='{height - 4}' fill='#666'>{_nice(-shared)}</text>"
+                     f"<text x='{lw + pw}' y='{height - 4}' fill='#666' text-anchor='end'>{_nice(shared)}</text>"
+                     f"<text x='{x0}' y='{height - 4}' fill='#666' text-anchor='middle'>0</text>")
+    for i, (name, c) in enumerate(rows):
+        ext = shared if shared_axis else extent([c])
+
+        def x(v, ext=ext):
+            return x0 + v / ext * (pw / 2)
+
+        y = top + i * rh
+        col = SIG_COLOR[_sig(c)]
+        d = c["delta"]
+        parts.append(f"<text x='{lw - 6}' y='{y + 15}' text-anchor='end'>{_e(name)}</text>")
+        parts.append(f"<rect x='{min(x(0), x(d)):.1f}' y='{y + 5}' width='{abs(x(d) - x(0)):.1f}' height='{rh - 10}' "
+                     f"fill='{col}' fill-opacity='0.55'/>")
+        lo, hi = x(c["ci_low"]), x(c["ci_high"])
+        ym = y + rh / 2
+        parts.append(f"<line x1='{lo:.1f}' y1='{ym}' x2='{hi:.1f}' y2='{ym}' stroke='{col}' stroke-width='1.5'/>"
+                     f"<line x1='{lo:.1f}' y1='{ym - 5}' x2='{lo:.1f}' y2='{ym + 5}' stroke='{col}' stroke-width='1.5'/>"
+                     f"<line x1='{hi:.1f}' y1='{ym - 5}' x2='{hi:.1f}' y2='{ym + 5}' stroke='{col}' stroke-width='1.5'/>")
+        note = f"{d:+.3g} [{c['ci_low']:+.2g}, {c['ci_high']:+.2g}]"
+        if not shared_axis:
+            note += f" (axis ±{ext:.2g})"
+        parts.append(f"<text x='{lw + pw + 6}' y='{y + 15}' fill='{col}'>{_e(note)}</text>")
+    parts.append("</svg>")
+    return "<div class=plot>" + "".join(parts) + "</div>"
+
+
+def svg_histogram(series: Mapping[str, Sequence[float]], *, title: str = "", bins: int | Sequence[float] = 20,
+                  width: int = 360, height: int = 170) -> str:
+    """Overlaid histograms (base vs trained) of per-image scores, inline SVG with a legend."""
+    import numpy as np
+
+    data = {lb: np.asarray([v for v in vals if _finite(v)], dtype=float) for lb, vals in series.items()}
+    data = {lb: v for lb, v in data.items() if v.size}
+    if not data:
+        return ""
+    allv = np.concatenate(list(data.values()))
+    if isinstance(bins, int):
+        lo, hi = float(allv.min()), float(allv.max())
+        if hi <= lo:
+            lo, hi = lo - 0.5, hi + 0.5
+        edges = np.linspace(lo, hi, bins + 1)
+    else:
+        edges = np.asarray(bins, dtype=float)
+    counts = {lb: np.histogram(v, bins=edges)[0] for lb, v in data.items()}
+    cmax = max(int(c.max()) for c in counts.values()) or 1
+    left, bottom, top = 34, 20, 34
+    pw, ph = width - left - 10, height - top - bottom
+    nb = len(edges) - 1
+    bw = pw / nb
+    parts = [f"<svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height}' font-family='sans-serif' "
+             f"font-size='10'><text x='{left}' y='12' font-size='12' font-weight='bold'>{_e(title)}</text>"]
+    for j, (lb, c) in enumerate(counts.items()):
+        col = COLORS.get(lb, "#888")
+        for k in range(nb):
+            if not c[k]:
+                continue
+            h = c[k] / cmax * ph
+            x = left + k * bw  # overlaid, translucent
+            parts.append(f"<rect x='{x:.1f}' y='{top + ph - h:.1f}' width='{max(bw - 1, 1):.1f}' height='{h:.1f}' "
+                         f"fill='{col}' fill-opacity='0.45' stroke='{col}'/>")
+        parts.append(f"<rect x='{left + 110 * j}' y='18' width='9' height='9' fill='{col}' fill-opacity='0.6'/>"
+                     f"<text x='{left + 12 + 110 * j}' y='26'>{_e(lb)} (n={int(c.sum())})</text>")
+    parts.append(f"<line x1='{left}' y1='{top + ph}' x2='{left + pw}' y2='{top + ph}' stroke='#444'/>"
+                 f"<text x='{left}' y='{height - 5}' fill='#666'>{edges[0]:.3g}</text>"
+                 f"<text x='{left + pw}' y='{height - 5}' fill='#666' text-anchor='end'>{edges[-1]:.3g}</text>"
+                 f"<text x='{left - 4}' y='{top + 8}' fill='#666' text-anchor='end'>{cmax}</text>"
+                 f"<text x='{left - 4}' y='{top + ph}' fill='#666' text-anchor='end'>0</text></svg>")
+    return "<div class=plot>" + "".join(parts) + "</div>"
+
+
+# ------------------------------------------------------------------------------------- row choice
+
+
+def pick_rows(changes: Mapping[Any, float], k: int) -> tuple[list, list, list]:
+    """Rows with the largest changes in both directions: up to ceil(k/2) largest improvements and the
+    largest regressions (a side with fewer rows leaves its share to the other); `unchanged` fills the
+    rows only when nothing changed. Returns (improved, regressed, unchanged) keys."""
+    items = [(key, float(v)) for key, v in changes.items() if _finite(v)]
+    up = [key for key, v in sorted((x for x in items if x[1] > 0), key=lambda x: -x[1])]
+    down = [key for key, v in sorted((x for x in items if x[1] < 0), key=lambda x: x[1])]
+    n_up = min(len(up), max(k - min(len(down), k // 2), 0))
+    n_down = min(len(down), k - n_up)
+    unchanged = [key for key, v in items if v == 0][: k - n_up - n_down] if not (up or down) else []
+    return up[:n_up], down[:n_down], unchanged
+
+
+def _row_sections(keys: tuple[list, list, list], render, what: str) -> str:
+    improved, regressed, unchanged = keys
+    parts = []
+    for title, ks in ((f"Largest improvements ({what})", improved), (f"Largest regressions ({what})", regressed),
+                      ("No prompt changed; first prompts shown", unchanged)):
+        if ks:
+            parts.append(f"<h3>{_e(title)} <span class=muted>{len(ks)} rows</span></h3>" + render(ks))
+    if not parts:
+        parts.append("<p class=muted>No paired images to show.</p>")
+    return "".join(parts)
+
+
+# ------------------------------------------------------------------------------------------ summary
+
+
 def _summary(result: Mapping) -> str:
     metrics = result.get("metrics") or {}
     labels = _labels(result)
-    stems = list(dict.fromkeys(k.rsplit(".", 1)[0] for k in metrics))
-    if not stems:
-        return "<p class=muted>No metrics (images generated only).</p>"
-    head = "".join(f"<th>{_e(lb)}</th>" for lb in labels) + ("<th>trained − base</th>" if len(labels) == 2 else "")
+    benches = result.get("benchmarks") or {}
     rows = []
-    for s in stems:
-        cells = "".join(f"<td class=num>{_fmt(metrics.get(f'{s}.{lb}'))}</td>" for lb in labels)
-        if len(labels) == 2:
-            cells += _delta(metrics.get(f"{s}.trained"), metrics.get(f"{s}.base"))
-        rows.append(f"<tr><td>{_e(s)}</td>{cells}</tr>")
-    return f"<table><tr><th>metric</th>{head}</tr>{''.join(rows)}</table>"
+    for bench, b in benches.items():
+        stems = list(dict.fromkeys(k[len(bench) + 1:].rsplit(".", 1)[0] for k in metrics
+                                   if k.startswith(bench + ".") and k.rsplit(".", 1)[1] in ("trained", "base")))
+        stats = b.get("statistics") or {}
+        for s in stems:
+            cells = "".join(f"<td class=num>{_fmt(metrics.get(f'{bench}.{s}.{lb}'))}</td>" for lb in labels)
+            if len(labels) == 2:
+                c = stats.get(s)
+                if c:
+                    cells += delta_cell(c) + win_cell(c) + f"<td class=num>{c.get('n')}</td>"
+                else:
+                    d = (metrics.get(f"{bench}.{s}.trained"), metrics.get(f"{bench}.{s}.base"))
+                    cells += (f"<td class=num>{d[0] - d[1]:+.4f}</td>" if _finite(*d) else "<td>–</td>") + "<td>–</td><td>–</td>"
+            rows.append(f"<tr><td>{_e(bench)}.{_e(s)}</td>{cells}</tr>")
+    if not rows:
+        return "<p class=muted>No metrics (images generated only).</p>"
+    head = "".join(f"<th>{_e(lb)}</th>" for lb in labels)
+    if len(labels) == 2:
+        head += "<th>trained − base (paired bootstrap CI)</th><th>win rate [CI]</th><th>n</th>"
+    legend = ("<p class=muted>Green / red only when the confidence interval of the delta lies entirely above / "
+              "below 0; grey = the interval contains 0 (no significant difference). Win rate = share of prompts "
+              "where trained scores strictly higher than base (same prompt and seed).</p>") if len(labels) == 2 else ""
+    return f"<table><tr><th>metric</th>{head}</tr>{''.join(rows)}</table>{legend}"
 
 
 def _comparable(b: Mapping) -> str:
     if b.get("comparable_to_official"):
         return "<p class=ok>Comparable with published numbers (official prompts, protocol and models).</p>"
     notes = b.get("comparable_notes") or []
-    return ("<p class=warn><b>Not comparable with published numbers:</b> " + _e("; ".join(notes)) + "</p>"
-            if notes else "")
+    if not notes:
+        return ""
+    return ("<div class=warn><b>Not comparable with published numbers, because:</b><ul>"
+            + "".join(f"<li>{_e(n)}</li>" for n in notes) + "</ul></div>")
+
+
+def _bench_plots(b: Mapping, title: str, shared_axis: bool) -> str:
+    stats = b.get("statistics") or {}
+    return svg_delta_bars(list(stats.items()), title=f"{title}: trained − base, {round(100 * next(iter(stats.values())).get('level', 0.95))}% CI",
+                          shared_axis=shared_axis) if stats else ""
 
 
 # ------------------------------------------------------------------------------------------- hpdv2
@@ -125,8 +340,10 @@ def _hpdv2(result: Mapping, b: Mapping, out: Path, jobs: Sequence, per_image: Ma
     labels = _labels(result)
     res = b.get("results") or {}
     parts = []
+    names: list[str] = []
     if res:
         names = list(next(iter(res.values()))["scorers"])
+        stats = b.get("statistics") or {}
         head = "".join(f"<th>{_e(lb)} mean ± s.e.</th>" for lb in labels)
         rows = []
         for n in names:
@@ -135,124 +352,257 @@ def _hpdv2(result: Mapping, b: Mapping, out: Path, jobs: Sequence, per_image: Ma
                 s = res.get(lb, {}).get("scorers", {}).get(n, {})
                 cells += f"<td class=num>{_fmt(s.get('mean'))} ± {_fmt(s.get('stderr'))}</td>"
             if len(labels) == 2:
-                cells += _delta(res["trained"]["scorers"][n]["mean"], res["base"]["scorers"][n]["mean"])
+                cells += delta_cell(stats.get(n)) + win_cell(stats.get(n))
             n_img = next(iter(res.values()))["scorers"][n]["n"]
             rows.append(f"<tr><td>{_e(n)}</td>{cells}<td class=num>{n_img}</td></tr>")
-        extra = "<th>trained − base</th>" if len(labels) == 2 else ""
+        extra = "<th>trained − base [CI]</th><th>win rate</th>" if len(labels) == 2 else ""
         parts.append(f"<table><tr><th>scorer</th>{head}{extra}<th>n</th></tr>{''.join(rows)}</table>")
+        plots = [_bench_plots(b, "HPDv2", shared_axis=False)]
+        for n in names:
+            plots.append(svg_histogram({lb: (per_image.get(lb) or {}).get(n, []) for lb in labels},
+                                       title=f"{n}: per-image scores"))
+        parts.append("<div class=plots>" + "".join(plots) + "</div>")
         infos = result.get("scorers") or {}
         info_rows = "".join(
             f"<tr><td>{_e(n)}</td><td>{_e(i.get('backend', ''))}</td><td>{_e(i.get('preprocessing', ''))}</td>"
-            f"<td>{_e(i.get('scale', ''))}</td><td>{_e(i.get('weights', i.get('options', '')))}</td></tr>"
+            f"<td>{_e(i.get('scale', ''))}</td><td>{_e(i.get('weights', i.get('options', '')))}</td>"
+            f"<td>{'published metric' if i.get('comparable_to_official') else _e(i.get('not_published_because', 'no'))}</td></tr>"
             for n, i in infos.items() if n in names)
         parts.append("<h3>Scorers</h3><table><tr><th>scorer</th><th>backend</th><th>preprocessing</th><th>scale</th>"
-                     f"<th>weights / options</th></tr>{info_rows}</table>")
+                     f"<th>weights / options</th><th>published?</th></tr>{info_rows}</table>")
     parts.append(_comparable(b))
-    shown = list(jobs)[:max_prompts]
-    if shown:
-        parts.append(f"<h3>Images (first {len(shown)} of {len(jobs)} prompts; same seed per row)</h3>")
+    jobs = list(jobs)
+    if not jobs:
+        return "".join(parts)
+    primary = names[0] if names else None
+
+    def render(ks):
         head = "".join(f"<th>{_e(lb)}</th>" for lb in labels)
         rows = []
-        for i, j in enumerate(shown):
+        for i in ks:
+            j = jobs[i]
             cells = ""
             for lb in labels:
-                scores = {n: v[i] for n, v in (per_image.get(lb) or {}).items()}
+                scores = {n: v[i] for n, v in (per_image.get(lb) or {}).items() if i < len(v)}
                 txt = " · ".join(f"{n} {_fmt(v, 3)}" for n, v in scores.items())
                 cells += f"<td>{_img(out / 'hpdv2' / lb / j.rel, thumb, j.prompt)}<span class=muted>{_e(txt)}</span></td>"
+            change = ""
+            if primary and len(labels) == 2:
+                t, bb = (per_image.get("trained") or {}).get(primary), (per_image.get("base") or {}).get(primary)
+                if t and bb and i < len(t):
+                    change = f"<br><span class=muted>Δ{_e(primary)} {t[i] - bb[i]:+.4f}</span>"
             rows.append(f"<tr><td class=prompt><b>#{_e(j.key)}</b> <span class=muted>seed {j.seed}</span><br>"
-                        f"{_e(j.prompt)}</td>{cells}</tr>")
-        parts.append(f"<table class=pairs><tr><th>prompt</th>{head}</tr>{''.join(rows)}</table>")
+                        f"{_e(j.prompt)}{change}</td>{cells}</tr>")
+        return f"<table class=pairs><tr><th>prompt</th>{head}</tr>{''.join(rows)}</table>"
+
+    if len(labels) == 2 and primary:
+        t, bb = per_image["trained"][primary], per_image["base"][primary]
+        changes = {i: t[i] - bb[i] for i in range(min(len(t), len(bb), len(jobs)))}
+        parts.append(_row_sections(pick_rows(changes, max_prompts), render, f"by {primary}"))
+    else:
+        parts.append(f"<h3>Images (first {min(max_prompts, len(jobs))} of {len(jobs)} prompts)</h3>"
+                     + render(list(range(min(max_prompts, len(jobs))))))
     return "".join(parts)
 
 
 # ------------------------------------------------------------------------------------------ geneval
 
 
+def _boxes(rec: Mapping | None) -> list:
+    if not rec:
+        return []
+    try:
+        det = json.loads(rec.get("details") or "{}")
+    except (TypeError, ValueError):
+        return []
+    out = []
+    for i, (cls, items) in enumerate(det.items()):
+        for x1, y1, x2, y2, score in items:
+            out.append((f"{cls} {score:.2f}", (x1, y1, x2, y2), _BOX_COLORS[i % len(_BOX_COLORS)]))
+    return out
+
+
 def _geneval(result: Mapping, b: Mapping, out: Path, jobs: Sequence, records: Mapping, max_prompts: int,
              thumb: int) -> str:
     labels = _labels(result)
     res = b.get("results") or {}
+    stats = b.get("statistics") or {}
     parts = []
     if res:
         first = next(iter(res.values()))
         tags = list(first["tasks"])
-        head = "".join(f"<th>{_e(lb)}</th>" for lb in labels) + ("<th>trained − base</th>" if len(labels) == 2 else "")
+        head = "".join(f"<th>{_e(lb)}</th>" for lb in labels)
+        head += "<th>trained − base [CI]</th><th>win rate (prompts)</th><th>n prompts</th>" if len(labels) == 2 else ""
         rows = []
         for tag in ["overall", *tags]:
             vals = {lb: (res[lb]["overall"] if tag == "overall" else res[lb]["tasks"].get(tag, {}).get("score"))
                     for lb in labels if lb in res}
             cells = "".join(f"<td class=num>{_fmt(vals.get(lb))}</td>" for lb in labels)
             if len(labels) == 2:
-                cells += _delta(vals.get("trained"), vals.get("base"))
+                c = stats.get(tag)
+                cells += delta_cell(c) + win_cell(c) + f"<td class=num>{(c or {}).get('n', '–')}</td>"
             rows.append(f"<tr><td>{'<b>overall</b>' if tag == 'overall' else _e(tag)}</td>{cells}</tr>")
         parts.append(f"<table><tr><th>task</th>{head}</tr>{''.join(rows)}</table>")
-        parts.append("<h3>Detector</h3>" + _kv_table(first.get("detector") or {}))
+        plots = [_bench_plots(b, "GenEval", shared_axis=True)]
+        if len(labels) == 2:
+            from chunkgrpo.eval.runner import geneval_prompt_pairs
+
+            pairs = geneval_prompt_pairs(records)
+            plots.append(svg_histogram({lb: [e[f"{lb}_mean"] for e in pairs.values()] for lb in labels},
+                                       title="per-prompt accuracy (share of its images correct)",
+                                       bins=[-0.125, 0.125, 0.375, 0.625, 0.875, 1.125]))
+        parts.append("<div class=plots>" + "".join(plots) + "</div>")
+        parts.append("<h3>Detector and colour classifier</h3>" + _kv_table(first.get("detector") or {})
+                     + _kv_table({f"colour {k}": v for k, v in (first.get("color_classifier") or {}).items()})
+                     + _kv_table({"file discovery": first.get("file_discovery"),
+                                  "scored files that are not plain <digits>.png": first.get("unusual_files")}))
     parts.append(_comparable(b))
-    correct = {lb: {r.get("filename"): r.get("correct") for r in (records.get(lb) or [])} for lb in labels}
+    recs = {lb: {r.get("filename"): r for r in (records.get(lb) or [])} for lb in labels}
     by_prompt: dict[str, list] = {}
     for j in jobs:
         by_prompt.setdefault(j.key.split(":")[0], []).append(j)
-    keys = list(by_prompt)[:max_prompts]
-    if keys:
-        small = max(48, thumb // 2)
-        parts.append(f"<h3>Images (first {len(keys)} of {len(by_prompt)} prompts)</h3>")
+    if not by_prompt:
+        return "".join(parts)
+    small = max(64, thumb // 2)
+
+    def render(ks):
         head = "".join(f"<th>{_e(lb)}</th>" for lb in labels)
         rows = []
-        for k in keys:
+        for k in ks:
             js = by_prompt[k]
             cells = ""
+            acc = {}
             for lb in labels:
                 ims = []
+                n_ok = 0
                 for j in js:
                     rel = f"geneval/{lb}/{j.rel}"
-                    c = correct[lb].get(rel)
+                    r = recs[lb].get(rel)
+                    c = None if r is None else bool(r.get("correct"))
+                    n_ok += bool(c)
                     badge = "" if c is None else f"<span class='badge {'t' if c else 'f'}'>{'✓' if c else '✗'}</span>"
-                    ims.append(f"<span>{_img(out / rel, small, j.prompt)}{badge}</span>")
+                    reason = "" if not r or c else f"<div class=reason>{_e(r.get('reason') or '')}</div>"
+                    ims.append(f"<span class=s style='width:{small + 8}px'>{_img(out / rel, small, j.prompt, _boxes(r))}"
+                               f"{badge}{reason}</span>")
+                acc[lb] = n_ok
                 cells += f"<td class=thumbs>{''.join(ims)}</td>"
+            change = (f"<br><span class=muted>correct: base {acc['base']}/{len(js)} → trained {acc['trained']}/{len(js)}"
+                      "</span>") if len(labels) == 2 else ""
             rows.append(f"<tr><td class=prompt><b>#{_e(k)}</b> <span class=muted>{_e(js[0].group)}</span><br>"
-                        f"{_e(js[0].prompt)}</td>{cells}</tr>")
-        parts.append(f"<table class=pairs><tr><th>prompt</th>{head}</tr>{''.join(rows)}</table>")
+                        f"{_e(js[0].prompt)}{change}</td>{cells}</tr>")
+        return f"<table class=pairs><tr><th>prompt</th>{head}</tr>{''.join(rows)}</table>"
+
+    if len(labels) == 2:
+        from chunkgrpo.eval.runner import geneval_prompt_pairs
+
+        pairs = geneval_prompt_pairs(records)
+        changes = {str(idx): e["trained_mean"] - e["base_mean"] for idx, e in pairs.items() if str(idx) in by_prompt}
+        parts.append(_row_sections(pick_rows(changes, max_prompts), render, "share of correct images"))
+    else:
+        keys = list(by_prompt)[:max_prompts]
+        parts.append(f"<h3>Images (first {len(keys)} of {len(by_prompt)} prompts)</h3>" + render(keys))
+    parts.append("<p class=muted>Boxes: detections kept by the official rules (score &gt; 0.3, 0.9 for counting; "
+                 "at most 16 per class), labelled with class and confidence; red text: why the image failed.</p>")
     return "".join(parts)
 
 
 # --------------------------------------------------------------------------------------------- wise
 
 
+_SUB = (("consistency", "C"), ("realism", "R"), ("aesthetic_quality", "A"))
+
+
 def _wise(result: Mapping, b: Mapping, out: Path, jobs: Sequence, records: Mapping, max_prompts: int,
           thumb: int) -> str:
     labels = _labels(result)
     res = b.get("results") or {}
+    stats = b.get("statistics") or {}
     parts = []
     if res:
         cats = list(dict.fromkeys(c for r in res.values() for c in (r.get("categories") or {})))
-        head = "".join(f"<th>{_e(lb)}</th>" for lb in labels) + ("<th>trained − base</th>" if len(labels) == 2 else "")
+        head = "".join(f"<th>{_e(lb)} WiScore</th>" for lb in labels)
+        head += "<th>trained − base [CI]</th><th>win rate</th><th>n</th>" if len(labels) == 2 else ""
+        head += "".join(f"<th>{_e(lb)} mean C / R / A</th>" for lb in labels)
         rows = []
         for cat in ["overall", *cats]:
             vals = {lb: (res[lb].get("overall") if cat == "overall" else
                          (res[lb].get("categories") or {}).get(cat, {}).get("wiscore")) for lb in labels if lb in res}
             cells = "".join(f"<td class=num>{_fmt(vals.get(lb))}</td>" for lb in labels)
             if len(labels) == 2:
-                cells += _delta(vals.get("trained"), vals.get("base"))
-            rows.append(f"<tr><td>{_e(cat)}</td>{cells}</tr>")
-        parts.append(f"<table><tr><th>category (WiScore)</th>{head}</tr>{''.join(rows)}</table>")
+                c = stats.get(cat)
+                cells += delta_cell(c) + win_cell(c) + f"<td class=num>{(c or {}).get('n', '–')}</td>"
+            for lb in labels:
+                if cat == "overall":
+                    cells += "<td></td>"
+                    continue
+                cc = (res.get(lb, {}).get("categories") or {}).get(cat, {})
+                cells += "<td class=num>" + " / ".join(_fmt(cc.get(f"mean_{k}"), 2) for k, _ in _SUB) + "</td>"
+            rows.append(f"<tr><td>{'<b>overall</b>' if cat == 'overall' else _e(cat)}</td>{cells}</tr>")
+        parts.append(f"<table><tr><th>category</th>{head}</tr>{''.join(rows)}</table>")
+        plots = [_bench_plots(b, "WISE", shared_axis=True)]
+        plots.append(svg_histogram({lb: [r.get("wiscore") for r in (records.get(lb) or []) if r.get("wiscore") is not None]
+                                    for lb in labels}, title="per-image WiScore",
+                                   bins=[i / 20 - 0.025 for i in range(22)]))
+        parts.append("<div class=plots>" + "".join(plots) + "</div>")
         first = next(iter(res.values()))
-        parts.append("<h3>Judge</h3>" + _kv_table({**(first.get("judge") or {}), "variant": first.get("variant"),
-                                                   "failed": sum(r.get("n_failed", 0) for r in res.values())}))
+        parts.append("<h3>Judge</h3>" + _kv_table({
+            **(first.get("judge") or {}), "variant": first.get("variant"),
+            "failed": {lb: r.get("n_failed", 0) for lb, r in res.items()},
+            "refused": {lb: r.get("n_refused", 0) for lb, r in res.items()},
+            "missing images": {lb: len(r.get("missing") or []) for lb, r in res.items()},
+            "sub-scores outside 0-2 (kept as the official parser does)": {lb: r.get("n_out_of_range", 0)
+                                                                         for lb, r in res.items()}}))
     parts.append(_comparable(b))
-    score = {lb: {Path(str(r.get("image", ""))).name: r.get("wiscore") for r in (records.get(lb) or [])}
-             for lb in labels}
-    shown = list(jobs)[:max_prompts]
-    if shown:
-        parts.append(f"<h3>Images (first {len(shown)} of {len(jobs)} prompts)</h3>")
+    recs = {lb: {int(r["prompt_id"]): r for r in (records.get(lb) or [])} for lb in labels}
+    jobs = {int(j.key): j for j in jobs}
+    if not jobs:
+        return "".join(parts)
+
+    def one(lb, pid):
+        j = jobs[pid]
+        r = recs[lb].get(pid)
+        if r is None:
+            return f"<td>{_img(out / 'wise' / lb / j.rel, thumb, j.prompt)}<span class=muted>not judged</span></td>"
+        if r.get("wiscore") is not None:
+            subs = " ".join(f"{s} {r.get(k)}" for k, s in _SUB)
+            score = f"<span class=muted>WiScore {_fmt(r['wiscore'], 3)} · {_e(subs)}</span>"
+        else:
+            score = f"<div class=reason>{_e(r.get('error') or 'failed')}</div>"
+        answer = r.get("answer")
+        ans = ""
+        if answer:
+            short = answer if len(answer) <= 240 else answer[:240] + " …"
+            ans = f"<pre class=answer title='judge answer'>{_e(short)}</pre>"
+            if len(answer) > 240:
+                ans += f"<details><summary>full judge answer</summary><pre>{_e(answer)}</pre></details>"
+        return f"<td>{_img(out / 'wise' / lb / j.rel, thumb, j.prompt)}{score}{ans}</td>"
+
+    def render(ks):
         head = "".join(f"<th>{_e(lb)}</th>" for lb in labels)
         rows = []
-        for j in shown:
-            cells = "".join(
-                f"<td>{_img(out / 'wise' / lb / j.rel, thumb, j.prompt)}"
-                f"<span class=muted>WiScore {_fmt(score[lb].get(j.rel), 3)}</span></td>" for lb in labels)
-            rows.append(f"<tr><td class=prompt><b>#{_e(j.key)}</b> <span class=muted>{_e(j.group)}</span><br>"
-                        f"{_e(j.prompt)}</td>{cells}</tr>")
-        parts.append(f"<table class=pairs><tr><th>prompt</th>{head}</tr>{''.join(rows)}</table>")
+        for pid in ks:
+            j = jobs[pid]
+            t, bb = (recs.get("trained", {}).get(pid) or {}).get("wiscore"), (recs.get("base", {}).get(pid) or {}).get("wiscore")
+            change = f"<br><span class=muted>ΔWiScore {t - bb:+.3f}</span>" if _finite(t, bb) else ""
+            rows.append(f"<tr><td class=prompt><b>#{pid}</b> <span class=muted>{_e(j.group)}</span><br>{_e(j.prompt)}"
+                        f"{change}</td>{''.join(one(lb, pid) for lb in labels)}</tr>")
+        return f"<table class=pairs><tr><th>prompt</th>{head}</tr>{''.join(rows)}</table>"
+
+    if len(labels) == 2:
+        changes = {}
+        for pid in jobs:
+            t = (recs["trained"].get(pid) or {}).get("wiscore")
+            bb = (recs["base"].get(pid) or {}).get("wiscore")
+            if _finite(t, bb):
+                changes[pid] = t - bb
+        parts.append(_row_sections(pick_rows(changes, max_prompts), render, "WiScore"))
+        failed = sorted(pid for pid in jobs if any((recs[lb].get(pid) or {}).get("error") for lb in labels))
+        if failed:
+            parts.append(f"<h3>Failed judgements <span class=muted>{len(failed)}</span></h3>"
+                         + render(failed[:max_prompts]))
+    else:
+        keys = sorted(jobs)[:max_prompts]
+        parts.append(f"<h3>Images (first {len(keys)} of {len(jobs)} prompts)</h3>" + render(keys))
     return "".join(parts)
 
 
@@ -273,6 +623,9 @@ def render_report(result: Mapping, out_dir: str | Path, jobs: Mapping[str, Seque
              f"<p class=muted>generated {_e(_dt.datetime.now(_dt.timezone.utc).isoformat(timespec='seconds'))}"
              + (f" · MLflow run {_e(result['mlflow_run_id'])}" if result.get("mlflow_run_id") else "")
              + (f" · {_e(result['output_uri'])}" if result.get("output_uri") else "") + "</p>",
+             "<nav class=muted>" + " · ".join(f"<a href='#{_e(bn)}'>{_e(_SECTIONS[bn][0])}</a>"
+                                               for bn in (result.get("benchmarks") or {}) if bn in _SECTIONS) + "</nav>",
+             "<h2>Summary</h2>" + _summary(result),
              "<h2>Models</h2>"]
     for lb in ("trained", "base"):
         if lb in models:
@@ -281,12 +634,17 @@ def render_report(result: Mapping, out_dir: str | Path, jobs: Mapping[str, Seque
     gen = result.get("generation") or {}
     if gen:
         parts.append("<h3>Generation</h3>" + _kv_table(gen))
-    parts.append("<h2>Summary</h2>" + _summary(result))
     for bench, b in (result.get("benchmarks") or {}).items():
         title, fn = _SECTIONS[bench]
         n = b.get("n_prompts")
         parts.append(f"<h2 id='{_e(bench)}'>{_e(title)} <span class=muted>({_e(n)} prompts)</span></h2>")
         parts.append(fn(result, b, out, jobs.get(bench, []), per_image.get(bench) or {}, max_prompts, thumb))
+    stats_note = next((c for b in (result.get("benchmarks") or {}).values()
+                       for c in (b.get("statistics") or {}).values()), None)
+    if stats_note:
+        parts.append(f"<p class=muted>Statistics: {_e(stats_note.get('method'))}, {stats_note.get('samples')} "
+                     "replicates; GenEval overall resamples prompts within each task (mean of the task means), WISE "
+                     "overall within each category (official weights).</p>")
     parts.append("</body></html>")
     return "\n".join(parts)
 

@@ -12,9 +12,19 @@ Phases (each model = a label: "trained" = hybrid inference, "base" = the base mo
 2. scoring (skipped with `generate_only=true`, e.g. when generation and scoring run in different
    images): scorers from `chunkgrpo.train.rewards.REWARDS` (programmatic) or `chunkgrpo.eval.scorers`;
    GenEval detector + colour classifier; WISE judge.
-3. outputs: `metrics.json`, `report.html` (self-contained), `grids/*.png`, per-image `scores.jsonl`;
+3. statistics (`chunkgrpo.eval.stats`): base and trained share prompts and seeds, so every trained − base
+   delta gets a paired bootstrap 95% CI, a win rate with its CI and n (HPDv2 per scorer, GenEval per task
+   and overall, WISE per category and overall) -> `benchmarks.<b>.statistics` and flat metrics
+   `<b>.<metric>.delta_ci_low|delta_ci_high|win_rate|...` (what promotion gates can name).
+4. outputs: `metrics.json`, `report.html` (self-contained), `grids/*.png`, per-image `scores.jsonl`;
    MLflow stage run "evaluate" (metrics `hpdv2.hpsv3.trained`, …; report, metrics and grids as artifacts);
    `output_uri=s3://…` uploads the whole folder as a folder artifact (manifest last).
+
+Comparability (`benchmarks.<b>.comparable_to_official` + `comparable_notes`, the reasons) is strict: the
+paper's sampling, the official prompt set complete, every image present and scored, published scorer
+weights/architectures (a random or tiny CLIP is never labelled as the published metric), the official
+GenEval detector, rules and colour classifier, and for WISE all 1,000 prompt ids judged and scored by
+gpt-4o-2024-05-13.
 """
 
 from __future__ import annotations
@@ -95,8 +105,12 @@ class EvalConfig(Config):
     wise_prompts: str = option("", "WISE prompt folder or JSON file (default $CHUNKGRPO_WISE_DIR)")
     wise_variant: Literal["rewrite", "original"] = option("rewrite", "WISE prompt variant")
     wise_judge: JudgeConfig = option(factory=JudgeConfig, help="WISE judge endpoint (OpenAI-compatible)")
-    report_max_prompts: int = option(48, "prompts shown with images per benchmark in report.html")
+    report_max_prompts: int = option(48, "prompt rows with images per benchmark in report.html: the largest "
+                                         "changes, half improvements and half regressions")
     report_thumb_size: int = option(256, "thumbnail size (px, longest side) embedded in report.html")
+    bootstrap_samples: int = option(2000, "bootstrap replicates for the CIs of trained − base deltas")
+    bootstrap_seed: int = option(0, "seed of the bootstrap resampling (same inputs -> same intervals)")
+    ci_level: float = option(0.95, "confidence level of the delta and win-rate intervals")
     experiment: str = option("chunkgrpo", "MLflow experiment when there is no parent run")
     parent_run_id: str = option("", "MLflow parent run id (default $CHUNKGRPO_MLFLOW_PARENT_RUN_ID)")
 
@@ -123,6 +137,10 @@ class EvalConfig(Config):
                           ("report_max_prompts", 0), ("report_thumb_size", 16)):
             if getattr(self, key) < what:
                 raise UserError(f"{key}={getattr(self, key)} must be >= {what}")
+        if self.bootstrap_samples < 100:
+            raise UserError(f"bootstrap_samples={self.bootstrap_samples} must be >= 100")
+        if not 0.5 <= self.ci_level < 1:
+            raise UserError(f"ci_level={self.ci_level} must be in [0.5, 1)")
         if self.output_uri and not self.output_uri.startswith("s3://"):
             raise UserError(f"output_uri={self.output_uri!r} must be an s3://bucket/prefix URI (or empty)")
         if not self.output_dir:
@@ -258,11 +276,21 @@ def build_scorers(cfg: EvalConfig) -> dict[str, Any]:
     return out
 
 
-def preflight(cfg: EvalConfig, *, scorers: dict | None = None, detector=None) -> None:
+def _color_clauses(cfg: EvalConfig) -> int:
+    from chunkgrpo.eval import geneval
+
+    metadata = geneval.load_metadata(cfg.geneval_metadata or None)[: cfg.num_prompts or None]
+    return sum(1 for md in metadata if any("color" in c for c in md.get("include", [])))
+
+
+def preflight(cfg: EvalConfig, *, scorers: dict | None = None, detector=None, color_fn=None) -> dict:
     """Fail before hours of generation: scorer weights set (local paths exist), scorer packages importable,
-    GenEval detector weights set. Models are not loaded here."""
+    GenEval detector weights set, and GenEval's colour classifier loaded and run once on a test crop when
+    the prompts have colour clauses (the official 553 have 194). Returns what it built (`color_fn`) so
+    scoring reuses it."""
+    built: dict[str, Any] = {}
     if cfg.generate_only:
-        return
+        return built
     if "hpdv2" in cfg.benchmarks and scorers is None:
         from chunkgrpo.eval.scorers import _require, canonical_name, resolve_weights
         from chunkgrpo.train.rewards import REWARDS
@@ -281,14 +309,97 @@ def preflight(cfg: EvalConfig, *, scorers: dict | None = None, detector=None) ->
                 resolve_weights(weights, what=canon)
             if canon in packages:
                 _require(packages[canon][0], canon, packages[canon][1])
-    if "geneval" in cfg.benchmarks and detector is None and not cfg.geneval_detector_weights:
-        raise UserError("geneval needs detector weights: set geneval_detector_weights=PATH "
-                        "(or generate_only=true to score later)")
+    if "geneval" in cfg.benchmarks:
+        if detector is None and not cfg.geneval_detector_weights:
+            raise UserError("geneval needs detector weights: set geneval_detector_weights=PATH "
+                            "(or generate_only=true to score later)")
+        if detector is None and not cfg.geneval_detector_weights.startswith("s3://"):
+            from chunkgrpo.eval.scorers import resolve_weights
+
+            resolve_weights(cfg.geneval_detector_weights, what="geneval detector")
+        n_color = _color_clauses(cfg)
+        if n_color and color_fn is None:
+            if not cfg.geneval_color_model:
+                raise UserError(f"{n_color} GenEval prompts have colour clauses: set geneval_color_model=DIR "
+                                "(CLIP ViT-L/14 in transformers format, e.g. openai/clip-vit-large-patch14) "
+                                "before generating (or generate_only=true to score later)")
+            built["color_fn"] = _check_color_classifier(cfg)
+    return built
 
 
-def _scorer_info(scorer) -> dict:
+def _check_color_classifier(cfg: EvalConfig):
+    """Load the colour classifier and classify one synthetic crop: bad weights fail here, not after generation."""
+    import numpy as np
+    from PIL import Image
+
+    from chunkgrpo.eval import geneval
+
+    try:
+        clf = geneval.ClipColorClassifier(cfg.geneval_color_model, device=cfg.scorer_device)
+        probe = Image.new("RGB", (32, 32), (200, 30, 30))
+        mask = np.ones((32, 32), bool)
+        colors = clf(probe, [geneval.Detection((0.0, 0.0, 32.0, 32.0), 1.0, mask)], "car")
+    except UserError as e:
+        raise UserError(f"geneval colour classifier {cfg.geneval_color_model!r}: {e}") from None
+    except Exception as e:  # noqa: BLE001 - any failure here would otherwise surface after generation
+        raise UserError(f"geneval colour classifier {cfg.geneval_color_model!r} does not run: "
+                        f"{type(e).__name__}: {e}") from None
+    if len(colors) != 1 or colors[0] not in geneval.COLORS:
+        raise UserError(f"geneval colour classifier {cfg.geneval_color_model!r} returned {colors!r} for one crop")
+    return clf
+
+
+# The published CLIP-family metrics use ViT-H/14 (PickScore_v1; the DFN5B / laion CLIP score of the
+# DanceGRPO lineage); GenEval's colour classifier is CLIP ViT-L/14 "openai".
+_CLIP_ARCH = {"vit-h-14": {"vision_hidden": 1280, "vision_layers": 32, "patch": 14, "text_hidden": 1024},
+              "vit-l-14": {"vision_hidden": 1024, "vision_layers": 24, "patch": 14, "text_hidden": 768}}
+_PUBLISHED_ARCH = {"clip": "vit-h-14", "pickscore": "vit-h-14"}
+
+
+def clip_published_check(model, arch: str) -> str | None:
+    """Why a transformers CLIPModel is NOT the published model of architecture `arch` (None if it may be):
+    a different size, or a logit scale still at its initial value (untrained / random weights)."""
+    cfg = getattr(model, "config", None)
+    if cfg is None or not hasattr(cfg, "vision_config"):
+        return "not a CLIP model"
+    want = _CLIP_ARCH[arch]
+    v, t = cfg.vision_config, cfg.text_config
+    have = {"vision_hidden": v.hidden_size, "vision_layers": v.num_hidden_layers, "patch": v.patch_size,
+            "text_hidden": t.hidden_size}
+    if have != want:
+        return (f"architecture (vision width {have['vision_hidden']}, {have['vision_layers']} layers, patch "
+                f"{have['patch']}; text width {have['text_hidden']}) is not {arch.upper()}")
+    scale = getattr(model, "logit_scale", None)
+    init = getattr(cfg, "logit_scale_init_value", None)
+    if scale is not None and init is not None and abs(float(scale) - float(init)) < 1e-6:
+        return f"logit_scale is still its initial value {float(init):g}: untrained (random) weights"
+    return None
+
+
+def _published(name: str, scorer) -> tuple[bool, str]:
+    """Is this scorer the published metric of that name? (flag, reason when not)."""
+    if isinstance(scorer, _ProgrammaticScorer):
+        return False, f"{name} is a programmatic reward, not a published metric"
+    info = getattr(scorer, "info", {}) or {}
+    if info.get("name", name) not in OFFICIAL_SCORERS:
+        return False, f"{name} is not one of the published metrics ({', '.join(OFFICIAL_SCORERS)})"
+    if info.get("published") is False or info.get("random_weights"):
+        return False, str(info.get("published_note") or f"{name} runs random / non-published weights")
+    arch = _PUBLISHED_ARCH.get(info.get("name", name))
+    if arch is not None:
+        model = getattr(scorer, "model", None)
+        why = clip_published_check(model, arch) if model is not None else "model not inspectable"
+        if why:
+            return False, f"{name}: {why}"
+    return True, ""
+
+
+def _scorer_info(scorer, name: str | None = None) -> dict:
     info = dict(scorer.info)
-    info["comparable_to_official"] = scorer.__class__ is not _ProgrammaticScorer and info.get("name") in OFFICIAL_SCORERS
+    ok, why = _published(name or info.get("name", ""), scorer)
+    info["comparable_to_official"] = ok
+    if not ok:
+        info["not_published_because"] = why
     return info
 
 
@@ -417,7 +528,7 @@ def _score_hpdv2(cfg: EvalConfig, out: Path, jobs: list[Job], labels: list[str],
     from chunkgrpo.eval import hpdv2
 
     jobs = [j for j in jobs if j.benchmark == "hpdv2"]
-    infos = {n: _scorer_info(s) for n, s in scorers.items()}
+    infos = {n: _scorer_info(s, n) for n, s in scorers.items()}
     n_expected = hpdv2.N_PROMPTS
     results, per_image = {}, {lb: {} for lb in labels}
     step = max(cfg.batch_size, 16)
@@ -438,7 +549,20 @@ def _score_hpdv2(cfg: EvalConfig, out: Path, jobs: list[Job], labels: list[str],
     return {"results": results, "per_image": per_image, "scorers": infos}
 
 
-def _score_geneval(cfg: EvalConfig, out: Path, labels: list[str], detector, color_fn) -> dict:
+def _color_info(color_fn) -> dict:
+    """What the colour classifier is, and whether it is the official CLIP ViT-L/14."""
+    if color_fn is None:
+        return {"name": None, "comparable_to_official": False, "note": "no colour classifier"}
+    info = dict(getattr(color_fn, "info", {}) or {})
+    clip = getattr(getattr(color_fn, "_clip", None), "model", None)
+    why = clip_published_check(clip, "vit-l-14") if clip is not None else "not inspectable (custom color_fn)"
+    info.update({"name": type(color_fn).__name__, "comparable_to_official": why is None})
+    if why:
+        info["note"] = f"colour classifier {why}"
+    return info
+
+
+def _score_geneval(cfg: EvalConfig, out: Path, labels: list[str], detector, color_fn, ctx: dict) -> dict:
     from chunkgrpo.eval import geneval
 
     if detector is None:
@@ -453,6 +577,8 @@ def _score_geneval(cfg: EvalConfig, out: Path, labels: list[str], detector, colo
                                                                device=cfg.scorer_device)
     if color_fn is None and cfg.geneval_color_model:
         color_fn = geneval.ClipColorClassifier(cfg.geneval_color_model, device=cfg.scorer_device)
+    color = _color_info(color_fn)
+    n_expected = ctx["n_prompts"] * ctx["samples_per_prompt"]
     results, records = {}, {}
     for lb in labels:
         root = out / "geneval" / lb
@@ -465,7 +591,12 @@ def _score_geneval(cfg: EvalConfig, out: Path, labels: list[str], detector, colo
         with open(root / "results.jsonl", "w") as fp:
             for r in recs:
                 fp.write(json.dumps(r) + "\n")
-        results[lb] = geneval.summarize(recs, detector)
+        res = geneval.summarize(recs, detector)
+        res["color_classifier"] = color
+        res["n_expected_images"] = n_expected
+        res["file_discovery"] = geneval.FILE_DISCOVERY
+        res["unusual_files"] = geneval.unusual_sample_names(root)
+        results[lb] = res
         records[lb] = recs
     return {"results": results, "records": records}
 
@@ -489,8 +620,14 @@ def _score_wise(cfg: EvalConfig, out: Path, labels: list[str], ctx: dict, judge)
     return {"results": results}
 
 
+def _ids(xs: Sequence[int], limit: int = 8) -> str:
+    xs = sorted(xs)
+    return ", ".join(map(str, xs[:limit])) + (f", … (+{len(xs) - limit})" if len(xs) > limit else "")
+
+
 def _comparability(cfg: EvalConfig, bench: str, ctx: dict, results: dict) -> tuple[bool, list[str]]:
-    """Is this benchmark's number comparable with published ones? Returns (flag, reasons it is not)."""
+    """Is this benchmark's number comparable with published ones? Returns (flag, reasons it is not).
+    Every label's result is checked (a base run with failures makes the comparison not comparable)."""
     notes = []
     sampling = {"steps": cfg.steps, "trained_steps": cfg.trained_steps, "height": cfg.height, "width": cfg.width,
                 "guidance": cfg.guidance, "schedule": cfg.schedule}
@@ -504,35 +641,151 @@ def _comparability(cfg: EvalConfig, bench: str, ctx: dict, results: dict) -> tup
             notes.append(f"{ctx['n_prompts']} of {ctx['n_expected']} prompts")
         for lb, r in results.items():
             for name, s in r["scorers"].items():
-                if not (s.get("info") or {}).get("comparable_to_official"):
-                    notes.append(f"scorer {name} is not a published metric")
-            break
+                info = s.get("info") or {}
+                if not info.get("comparable_to_official"):
+                    notes.append(info.get("not_published_because") or f"scorer {name} is not a published metric")
+                if s.get("n_nonfinite"):
+                    notes.append(f"[{lb}] {s['n_nonfinite']} non-finite {name} scores excluded")
     elif bench == "geneval":
+        from chunkgrpo.eval.geneval import GenEvalRules
+
+        official_rules = dataclasses.asdict(GenEvalRules())
         if ctx["n_prompts"] != ctx["n_all"] or ctx["n_all"] != 553:
             notes.append(f"{ctx['n_prompts']} of 553 prompts")
         if cfg.geneval_samples != 4:
             notes.append(f"{cfg.geneval_samples} samples per prompt (official: 4)")
-        for r in results.values():
-            if not r.get("comparable_to_official"):
-                notes.append("detector/rules/tasks differ from the official evaluator "
-                             f"(detector {r.get('detector', {}).get('name')}, complete={r.get('complete')})")
-            break
-    elif bench == "wise":
-        for r in results.values():
+        for lb, r in results.items():
+            if r.get("n_images", 0) < r.get("n_expected_images", 0):
+                notes.append(f"[{lb}] {r['n_expected_images'] - r['n_images']} of {r['n_expected_images']} "
+                             "images missing")
+            if not (r.get("detector") or {}).get("comparable_to_official"):
+                notes.append(f"detector {(r.get('detector') or {}).get('name')} is not the official mmdet "
+                             "Mask2Former Swin-S checkpoint")
             if not r.get("complete"):
-                notes.append("not all 6 WISE categories evaluated")
-            if (r.get("judge") or {}).get("model") != OFFICIAL_WISE_JUDGE:
-                notes.append(f"judge {(r.get('judge') or {}).get('model')} (paper: {OFFICIAL_WISE_JUDGE})")
-            break
-    return not notes, sorted(set(notes), key=notes.index)
+                notes.append(f"[{lb}] not all 6 GenEval tasks evaluated")
+            if r.get("rules") and r["rules"] != official_rules:
+                notes.append("scoring rules differ from the official options")
+            color = r.get("color_classifier") or {}
+            if not color.get("comparable_to_official"):
+                notes.append(color.get("note") or "colour classifier is not CLIP ViT-L/14 (openai)")
+    elif bench == "wise":
+        n_ids = ctx["n_prompts"]
+        if n_ids != 1000:
+            notes.append(f"{n_ids} of 1000 WISE prompt ids evaluated (the official Calculate.py needs all 1000)")
+        for lb, r in results.items():
+            if r.get("missing"):
+                notes.append(f"[{lb}] {len(r['missing'])} images missing (prompt ids {_ids(r['missing'])})")
+            if r.get("n_failed"):
+                policy = "scored 0" if r.get("failed_policy") == "zero" else "excluded from the means"
+                ids = [f["prompt_id"] for f in r.get("failed", [])]
+                notes.append(f"[{lb}] {r['n_failed']} judgements failed ({policy}; prompt ids {_ids(ids)})")
+            if n_ids == 1000 and not r.get("all_ids_scored"):
+                notes.append(f"[{lb}] not all 1000 prompt ids scored")
+            judge = r.get("judge") or {}
+            if judge.get("model") != OFFICIAL_WISE_JUDGE:
+                notes.append(f"judge {judge.get('model')} (paper: {OFFICIAL_WISE_JUDGE})")
+            if judge.get("parser", "official") != "official":
+                notes.append(f"judge answers parsed with the {judge.get('parser')} parser (official: lenient)")
+    notes = list(dict.fromkeys(notes))
+    return not notes, notes
 
 
 def _finite(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
+# --------------------------------------------------------------------------------------------------
+# statistics (paired: same prompts and seeds for both labels)
+
+
+def _geneval_key(rec: dict) -> tuple[int, str] | None:
+    """(prompt index, sample file) of a GenEval record, from `<index>/samples/<k>.png` in its filename."""
+    parts = Path(str(rec.get("filename") or "")).parts
+    if len(parts) >= 3 and parts[-2] == "samples" and parts[-3].isdigit():
+        return int(parts[-3]), parts[-1]
+    return None
+
+
+def geneval_prompt_pairs(records: dict) -> dict[int, dict]:
+    """Per prompt index: tag and the mean `correct` of its images present for both labels."""
+    by = {lb: {k: r for r in recs if (k := _geneval_key(r)) is not None} for lb, recs in records.items()}
+    common = set(by.get("trained", {})) & set(by.get("base", {}))
+    out: dict[int, dict] = {}
+    for key in sorted(common):
+        idx = key[0]
+        e = out.setdefault(idx, {"tag": by["base"][key]["tag"], "prompt": by["base"][key]["prompt"],
+                                 "trained": [], "base": [], "files": []})
+        e["files"].append(key[1])
+        for lb in ("trained", "base"):
+            e[lb].append(float(bool(by[lb][key]["correct"])))
+    for e in out.values():
+        for lb in ("trained", "base"):
+            e[f"{lb}_mean"] = sum(e[lb]) / len(e[lb])
+    return out
+
+
+def wise_pairs(records: dict, failed_policy: str = "exclude") -> dict[int, dict]:
+    """Per WISE prompt id: category and WiScore per label (None = failed/excluded, 0.0 with policy 'zero')."""
+    out: dict[int, dict] = {}
+    for lb in ("trained", "base"):
+        for r in records.get(lb) or []:
+            e = out.setdefault(int(r["prompt_id"]), {"category": r.get("category"), "trained": None, "base": None})
+            w = r.get("wiscore")
+            e[lb] = float(w) if w is not None else (0.0 if failed_policy == "zero" else None)
+    return out
+
+
+def compute_statistics(bench: str, per_image: Any, results: dict, *, samples: int, seed: int,
+                       level: float) -> dict[str, dict]:
+    """Paired bootstrap cells `{metric: stats.cell(...)}` for one benchmark (needs both labels)."""
+    from chunkgrpo.eval import stats
+
+    if not {"trained", "base"} <= set(results):
+        return {}
+    kw = {"samples": samples, "seed": seed, "level": level}
+    nan = float("nan")
+    cells: dict[str, dict] = {}
+    if bench == "hpdv2":
+        for name in per_image["trained"]:
+            cells[name] = stats.cell(per_image["trained"][name], per_image["base"][name], **kw)
+    elif bench == "geneval":
+        pairs = geneval_prompt_pairs(per_image)
+        tags = [e["tag"] for e in pairs.values()]
+        t = [e["trained_mean"] for e in pairs.values()]
+        b = [e["base_mean"] for e in pairs.values()]
+        # overall = unweighted mean of the task means (GenEval summary_scores)
+        cells["overall"] = stats.cell(t, b, strata=tags, **kw)
+        for tag in dict.fromkeys(tags):
+            sel = [i for i, g in enumerate(tags) if g == tag]
+            cells[tag] = stats.cell([t[i] for i in sel], [b[i] for i in sel], **kw)
+    elif bench == "wise":
+        from chunkgrpo.eval.wise import CATEGORIES
+
+        policy = next(iter(results.values())).get("failed_policy", "exclude")
+        pairs = wise_pairs(per_image, policy)
+        cats = [e["category"] for e in pairs.values()]
+        t = [nan if e["trained"] is None else e["trained"] for e in pairs.values()]
+        b = [nan if e["base"] is None else e["base"] for e in pairs.values()]
+        if all(r.get("complete") for r in results.values()):  # official weights, as wise.aggregate
+            cells["overall"] = stats.cell(t, b, strata=cats, strata_weights={n: w for n, _, _, w in CATEGORIES}, **kw)
+        else:  # mean over the evaluated prompts
+            cells["overall"] = stats.cell(t, b, **kw)
+        for name, *_ in CATEGORIES:
+            sel = [i for i, c in enumerate(cats) if c == name]
+            if sel:
+                cells[name] = stats.cell([t[i] for i in sel], [b[i] for i in sel], **kw)
+    return cells
+
+
+STAT_METRICS = {"delta_ci_low": "ci_low", "delta_ci_high": "ci_high", "win_rate": "win_rate",
+                "win_rate_ci_low": "win_ci_low", "win_rate_ci_high": "win_ci_high", "n_pairs": "n"}
+
+
 def flat_metrics(benchmarks: dict) -> dict[str, float]:
-    """`<benchmark>.<metric>.<label>` (+ `.delta` = trained − base) for MLflow."""
+    """`<benchmark>.<metric>.<label>` (+ `.delta` = trained − base) for MLflow, plus the paired statistics
+    `.delta_ci_low` / `.delta_ci_high` (bootstrap CI of the delta), `.win_rate` (+ `_ci_low/_ci_high`)
+    and `.n_pairs`: a promotion gate or the nightly regression check can name e.g.
+    `hpdv2.hpsv3.delta_ci_low` (registered as `eval.hpdv2.hpsv3.delta_ci_low`)."""
     out: dict[str, float] = {}
     for bench, b in benchmarks.items():
         res = b.get("results") or {}
@@ -555,6 +808,12 @@ def flat_metrics(benchmarks: dict) -> dict[str, float]:
             stem = key[: -len(".trained")]
             if f"{stem}.base" in out and _finite(out[key]) and _finite(out[f"{stem}.base"]):
                 out[f"{stem}.delta"] = out[key] - out[f"{stem}.base"]
+    for bench, b in benchmarks.items():
+        for metric, cell in (b.get("statistics") or {}).items():
+            for suffix, field in STAT_METRICS.items():
+                v = cell.get(field)
+                if _finite(v):
+                    out[f"{bench}.{metric}.{suffix}"] = v
     return {k: float(v) for k, v in out.items() if _finite(v)}
 
 
@@ -609,7 +868,8 @@ def run_evaluation(cfg: EvalConfig, *, detector=None, color_fn: Callable | None 
     if trained and cfg.base_model and trained.base_model and cfg.base_model != trained.base_model:
         log.warning("base_model=%s differs from the one the model was trained on (%s)", cfg.base_model,
                     trained.base_model)
-    preflight(cfg, scorers=scorers, detector=detector)
+    built = preflight(cfg, scorers=scorers, detector=detector, color_fn=color_fn)
+    color_fn = color_fn if color_fn is not None else built.get("color_fn")
     jobs, ctx = plan_jobs(cfg, out)
     if "geneval" in ctx:
         from chunkgrpo.eval import geneval
@@ -641,7 +901,7 @@ def run_evaluation(cfg: EvalConfig, *, detector=None, color_fn: Callable | None 
                     scorer_infos.update(r["scorers"])
                     per_image["hpdv2"] = r["per_image"]
                 elif bench == "geneval":
-                    r = _score_geneval(cfg, out, labels, detector, color_fn)
+                    r = _score_geneval(cfg, out, labels, detector, color_fn, c)
                     per_image["geneval"] = r["records"]
                 else:
                     r = _score_wise(cfg, out, labels, c, judge)
@@ -649,6 +909,9 @@ def run_evaluation(cfg: EvalConfig, *, detector=None, color_fn: Callable | None 
                     for v in r["results"].values():
                         v.pop("records", None)
                 entry["results"] = r["results"]
+                entry["statistics"] = compute_statistics(bench, per_image[bench], r["results"],
+                                                         samples=cfg.bootstrap_samples, seed=cfg.bootstrap_seed,
+                                                         level=cfg.ci_level)
                 ok, notes = _comparability(cfg, bench, c, r["results"])
                 entry["comparable_to_official"] = ok
                 entry["comparable_notes"] = notes
@@ -720,6 +983,14 @@ def summary_lines(result: dict) -> list[str]:
                 ov = r.get("overall")
                 lines.append(f"wise [{lb}] overall {ov if ov is None else round(ov, 4)} "
                              f"({r['n_scored']} scored, {r['n_failed']} failed)")
+        for metric, c in (b.get("statistics") or {}).items():
+            if c.get("delta") is None:
+                continue
+            verdict = {1: "trained better", -1: "trained worse", 0: "no significant difference"}[c["significance"]]
+            ci = (f"{round(100 * c['level'])}% CI {c['ci_low']:+.4f}, {c['ci_high']:+.4f}" if c.get("ci_low") is not None
+                  else c.get("note", "no interval"))
+            lines.append(f"  {bench}.{metric}: trained − base {c['delta']:+.4f} [{ci}] "
+                         f"win rate {c['win_rate']:.0%} (n={c['n']}): {verdict}")
         if not res:
             lines.append(f"{bench}: images generated (not scored)")
         if res and not b.get("comparable_to_official"):

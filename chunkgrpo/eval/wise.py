@@ -10,10 +10,18 @@
   vLLM-served open VLM - different judge, numbers not comparable). The rubric and system prompt are the
   official `gpt_eval.py` text; temperature 0, image sent as a base64 PNG data URL. The API key is read from
   an environment variable (`JudgeConfig.api_key_env`) and never logged or stored.
-- Three 0-2 scores (Consistency, Realism, Aesthetic Quality) parsed with the official regex (+ bare
-  three-line fallback, `<think>` blocks stripped). HTTP/network errors and unparsable answers are retried
+- Three 0-2 scores (Consistency, Realism, Aesthetic Quality) parsed like the official `extract_scores`
+  (`parser="official"`, the default): the official regex over the whole answer, the LAST match of each
+  name wins, values taken as given (a "3" stays 3 and is flagged `out_of_range`), and when the names are
+  missing, three bare digit lines among other text (the last three) in the order C, R, A. `parser="strict"`
+  keeps the earlier behaviour: first match, 0-2 only, the answer must be exactly three bare lines for the
+  fallback; anything else is unparsable. `<think>` blocks of reasoning judges are stripped first.
+- HTTP/network errors, refusals (an OpenAI `refusal` instead of content) and unparsable answers are retried
   with exponential backoff; items still failing are counted and listed in the result (`failed`), never
   silently dropped, and excluded from the means (`failed_policy="exclude"`) or scored 0 (`"zero"`).
+- Comparability with published WiScores needs all 1,000 prompt ids judged and scored (the official
+  `Calculate.py` refuses `--category all` otherwise): `aggregate` reports `all_ids_scored`, and the
+  evaluate stage marks any run with missing ids, missing images or failed items as not comparable.
 - WiScore = (0.7 C + 0.2 R + 0.1 A) / 2 in [0, 1]; category score = mean WiScore over its prompt-id
   range; overall = 0.4 Culture + 0.167 Time + 0.133 Space + 0.1 Biology + 0.1 Physics + 0.1 Chemistry
   (the official weights = category sizes / 1000) when all six categories are present, else the mean over
@@ -52,6 +60,8 @@ CATEGORIES = (
     ("chemistry", 901, 1000, 0.1),
 )
 SCORE_KEYS = ("consistency", "realism", "aesthetic_quality")
+N_PROMPT_IDS = 1000  # the official release: prompt ids 1..1000
+PARSERS = ("official", "strict")
 WEIGHTS = {"consistency": 0.7, "realism": 0.2, "aesthetic_quality": 0.1}
 
 SYSTEM_PROMPT = (
@@ -119,6 +129,9 @@ Please strictly adhere to the scoring criteria and follow the template format wh
 
 _SCORE_RE = re.compile(r"\*{0,2}(Consistency|Realism|Aesthetic Quality)\*{0,2}\s*[:：]?\s*(\d)", re.IGNORECASE)
 _THINK_RE = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE)
+_BARE_RE = re.compile(r"\d")
+_REFUSAL_RE = re.compile(r"^\W*(i'm sorry|i am sorry|sorry|i can(?:no|')t|i'm unable|i am unable|i won't)",
+                         re.IGNORECASE)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -148,7 +161,8 @@ def expected_files(variant: str = "rewrite") -> list[str]:
 
 def load_prompts(path: str | os.PathLike | None = None, variant: str = "rewrite",
                  allow_partial: bool = False) -> list[WisePrompt]:
-    """WISE prompts from the user's copy (a folder with the three official JSON files, or one JSON file).
+    """WISE prompts from the user's copy (a folder with the three official JSON files, or one JSON file;
+    local or `s3://`).
 
     `path` defaults to `$CHUNKGRPO_WISE_DIR`. A folder must hold all three files of the variant unless
     `allow_partial`. Returns prompts sorted by prompt_id."""
@@ -162,6 +176,10 @@ def load_prompts(path: str | os.PathLike | None = None, variant: str = "rewrite"
                 "WISE prompts are not redistributable: download the official release (github.com/PKU-YuanGroup/WISE, "
                 f"WISE_legacy/data/) and pass its folder (or set ${WISE_DIR_ENV}); expected files: {', '.join(files)}"
             )
+    if str(path).startswith("s3://"):  # the user's copy in S3: the variant's files that exist there
+        from chunkgrpo.eval import fetch_s3_files
+
+        path = fetch_s3_files(str(path), files, what="WISE prompts")
     p = Path(path).expanduser()
     if p.is_file():
         paths = [p]
@@ -206,22 +224,53 @@ def image_path(image_dir: str | os.PathLike, prompt_id: int) -> Path:
 # parsing and scores
 
 
-def parse_scores(text: str | None) -> dict[str, int] | None:
-    """The three 0-2 scores from a judge answer, or None when any is missing or out of range."""
+def _bare_lines(text: str) -> list[str]:
+    return [ln.strip().strip("*").strip() for ln in text.strip().splitlines() if ln.strip()]
+
+
+def parse_scores(text: str | None, parser: str = "official") -> dict[str, int] | None:
+    """The three scores from a judge answer, or None when they cannot be read.
+
+    `official` (the WISE `extract_scores` behaviour): every `Name: d` match counts and the last one of each
+    name wins; digits are taken as given (0-9, a single digit as the official regex captures); if a name is
+    missing, the last three lines that are a bare digit (among any other text) give C, R, A in that order.
+    `strict`: first match of each name, values must be 0-2, and the fallback needs an answer of exactly three
+    bare 0-2 lines."""
+    if parser not in PARSERS:
+        raise UserError(f"WISE parser={parser!r} must be one of {', '.join(PARSERS)}")
     if not text:
         return None
     text = _THINK_RE.sub("", text)
     found: dict[str, int] = {}
     for key, value in _SCORE_RE.findall(text):
         k = key.lower().replace(" ", "_")
-        found.setdefault(k, int(value))
-    if len(found) < 3:
-        lines = [ln.strip().strip("*").strip() for ln in text.strip().splitlines() if ln.strip()]
-        if len(lines) == 3 and all(re.fullmatch(r"[0-2]", ln) for ln in lines):
+        if parser == "official":
+            found[k] = int(value)  # the last match wins
+        else:
+            found.setdefault(k, int(value))
+    if any(k not in found for k in SCORE_KEYS):
+        lines = _bare_lines(text)
+        if parser == "official":
+            bare = [ln for ln in lines if _BARE_RE.fullmatch(ln)]
+            if len(bare) >= 3:
+                found = dict(zip(SCORE_KEYS, (int(ln) for ln in bare[-3:])))
+        elif len(lines) == 3 and all(re.fullmatch(r"[0-2]", ln) for ln in lines):
             found = dict(zip(SCORE_KEYS, (int(ln) for ln in lines)))
-    if any(k not in found for k in SCORE_KEYS) or any(not 0 <= found[k] <= 2 for k in SCORE_KEYS):
+    if any(k not in found for k in SCORE_KEYS):
+        return None
+    if parser == "strict" and any(not 0 <= found[k] <= 2 for k in SCORE_KEYS):
         return None
     return {k: found[k] for k in SCORE_KEYS}
+
+
+def out_of_range(scores: dict[str, int] | None) -> list[str]:
+    """Sub-scores outside the rubric's 0-2 (kept as given by the official parser; flagged in records)."""
+    return [k for k in SCORE_KEYS if scores and not 0 <= scores[k] <= 2]
+
+
+def looks_like_refusal(text: str | None) -> bool:
+    """A judge answer that declines to rate ("I'm sorry, I can't ...")."""
+    return bool(text) and bool(_REFUSAL_RE.match(text.strip()))
 
 
 def wiscore(consistency: float, realism: float, aesthetic_quality: float) -> float:
@@ -249,6 +298,8 @@ class JudgeConfig(Config):
     timeout_s: float = option(120.0, "HTTP timeout per request")
     workers: int = option(4, "parallel requests")
     failed_policy: str = option("exclude", "failed items: 'exclude' from the means, or score them 'zero'")
+    parser: str = option("official", "answer parser: 'official' (WISE extract_scores: last match, values as given, "
+                                     "bare-line fallback) or 'strict' (first match, 0-2 only, else retried)")
     extra_body: dict = option({}, "extra JSON fields for the request, e.g. {chat_template_kwargs: {enable_thinking: false}}")
 
     def __post_init__(self) -> None:
@@ -264,6 +315,8 @@ class JudgeConfig(Config):
             raise UserError(f"judge failed_policy={self.failed_policy!r} must be 'exclude' or 'zero'")
         if not self.model:
             raise UserError("judge model must be set")
+        if self.parser not in PARSERS:
+            raise UserError(f"judge parser={self.parser!r} must be one of {', '.join(PARSERS)}")
 
 
 @dataclasses.dataclass
@@ -272,10 +325,15 @@ class JudgeResult:
     answer: str | None
     attempts: int
     error: str | None = None
+    refused: bool = False
 
 
 class _RetryableError(Exception):
     pass
+
+
+class _Refused(_RetryableError):
+    """The API answered with a refusal (`message.refusal`) instead of content."""
 
 
 class _ItemError(Exception):
@@ -344,9 +402,13 @@ class JudgeClient:
         if resp.status_code >= 400:
             raise _ItemError(f"HTTP {resp.status_code}: {resp.text[:200]}")
         try:
-            return resp.json()["choices"][0]["message"]["content"] or ""
-        except (ValueError, KeyError, IndexError, TypeError) as e:
+            message = resp.json()["choices"][0]["message"]
+            content, refusal = message.get("content"), message.get("refusal")
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError) as e:
             raise _RetryableError(f"malformed response ({type(e).__name__}): {resp.text[:200]}") from None
+        if refusal and not content:
+            raise _Refused(str(refusal))
+        return content or ""
 
     def _delay(self, attempt: int) -> float:
         c = self.config
@@ -356,20 +418,24 @@ class JudgeClient:
         messages = build_messages(prompt, explanation, encode_png(image))
         answer: str | None = None
         error: str | None = None
+        refused = False
         for attempt in range(1, self.config.max_attempts + 1):
             try:
                 answer = self.complete(messages)
-                scores = parse_scores(answer)
+                scores = parse_scores(answer, self.config.parser)
                 if scores is not None:
                     return JudgeResult(scores, answer, attempt)
-                error = "unparsable answer"
+                refused = looks_like_refusal(answer)
+                error = "refused: judge declined to rate" if refused else "unparsable answer"
+            except _Refused as e:
+                answer, refused, error = None, True, f"refused: {e}"
             except _RetryableError as e:
-                error = str(e)
+                refused, error = False, str(e)
             except _ItemError as e:
                 return JudgeResult(None, None, attempt, str(e))
             if attempt < self.config.max_attempts:
                 self._sleep(self._delay(attempt))
-        return JudgeResult(None, answer, self.config.max_attempts, error)
+        return JudgeResult(None, answer, self.config.max_attempts, error, refused)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -400,17 +466,24 @@ def evaluate(prompts: Sequence[WisePrompt], image_dir: str | os.PathLike, judge:
             if res.scores is not None:
                 rec.update(res.scores)
                 rec["wiscore"] = wiscore(**res.scores)
+                bad = out_of_range(res.scores)
+                if bad:
+                    rec["out_of_range"] = bad
             else:
                 rec["error"] = res.error
+                if res.refused:
+                    rec["refused"] = True
             records.append(rec)
             if progress:
                 progress(i + 1)
     result = aggregate(records, failed_policy=client.config.failed_policy)
     result.update({
         "judge": {"model": client.config.model, "base_url": client.config.base_url,
-                  "temperature": client.config.temperature, "max_attempts": client.config.max_attempts},
+                  "temperature": client.config.temperature, "max_attempts": client.config.max_attempts,
+                  "parser": client.config.parser},
         "variant": variant,
         "missing": [p.prompt_id for p, _ in missing],
+        "n_prompts": len(prompts),
     })
     return result
 
@@ -448,6 +521,7 @@ def aggregate(records: Sequence[dict], failed_policy: str = "exclude") -> dict:
             categories[name] = {"wiscore": mean(c["wiscores"]), "n": len(c["wiscores"]), "n_failed": c["n_failed"],
                                 **{f"mean_{k}": mean(c[k]) for k in SCORE_KEYS}}
     all_scores = [s for c in cats.values() for s in c["wiscores"]]
+    scored_ids = {int(r["prompt_id"]) for r in records if r.get("wiscore") is not None}
     complete = all(n in categories and categories[n]["wiscore"] is not None for n, *_ in CATEGORIES)
     if complete:
         overall = sum(w * categories[n]["wiscore"] for n, _, _, w in CATEGORIES)
@@ -462,6 +536,10 @@ def aggregate(records: Sequence[dict], failed_policy: str = "exclude") -> dict:
         "complete": complete,
         "categories": categories,
         "n_scored": sum(1 for r in records if r.get("wiscore") is not None),
+        "n_expected_ids": N_PROMPT_IDS,
+        "all_ids_scored": scored_ids == set(range(1, N_PROMPT_IDS + 1)),
+        "n_out_of_range": sum(1 for r in records if r.get("out_of_range")),
+        "n_refused": sum(1 for r in records if r.get("refused")),
         "n_failed": len(failed),
         "failed": failed,
         "failed_policy": failed_policy,

@@ -1,5 +1,6 @@
 """Kubernetes helpers that are plain library code (no kfp import; the `kubernetes` client is
-imported lazily): building, submitting, watching and cancelling distributed training jobs.
+imported lazily): building, submitting, watching, cancelling and cleaning up distributed training
+jobs (`trainjob`), and the image digests of the manifests (`digests`).
 
     from chunkgrpo.k8s import JobSpec, build_trainjob, launch
 """
@@ -8,15 +9,20 @@ from chunkgrpo.k8s.trainjob import (  # noqa: F401
     KINDS,
     JobFailedError,
     JobSpec,
+    TemplateError,
     build_job,
     build_pytorchjob,
     build_trainjob,
+    cleanup_run,
     delete,
     delete_on_cancel,
     job_name,
     job_state,
     launch,
     load_api,
+    merge_resources,
+    owner_from_pod,
+    read_runtime,
     read_template,
     submit_or_attach,
     wait,

@@ -15,13 +15,25 @@ Design (ecosystem.md §2.4):
   so a different job that happens to share the name is never adopted). A job that already FAILED
   is deleted and recreated on attach (training resumes from the S3 checkpoint mirror), which is
   what a KFP retry of the launcher is for.
-* **Trainer v2.** `spec.runtimeRef` -> ClusterTrainingRuntime `chunkgrpo-torch` (manifests/base/training),
-  `spec.trainer` (image/command/args/env/numNodes/numProcPerNode/resourcesPerNode) and one
-  manager-keyed `runtimePatches` entry (Trainer >= 2.2) for pod labels, node selector, tolerations
-  and the memory-backed `/dev/shm` of replicated job `node`, container `node`.
-* **Training Operator v1.** Master (+ Worker x num_nodes-1), container `pytorch`; optionally
-  derived from the suspended template `PyTorchJob/chunkgrpo-torch-template` that
-  manifests/components/training-operator-v1 installs.
+* **Trainer v2 (v2.2 and v2.3; v2.1 has no `runtimePatches`).** `spec.runtimeRef` ->
+  ClusterTrainingRuntime `chunkgrpo-torch` (manifests/base/training), `spec.trainer`
+  (image/command/args/env/numNodes/numProcPerNode) and one manager-keyed `runtimePatches` entry for
+  pod labels/annotations, node selector, tolerations, image pull secrets and (only when asked)
+  `/dev/shm` of replicated job `node`. **Resources:** Trainer replaces the container's resources
+  wholesale with `trainer.resourcesPerNode`, so it is left out unless a job overrides something,
+  and then it is the runtime's resources (GPUs, RDMA devices, CPU, memory, ephemeral storage) with
+  the overrides merged in (`merge_resources`); the runtime must then be passed in (`read_runtime`).
+* **Training Operator v1.** Master (+ Worker x num_nodes-1), container `pytorch`, derived from the
+  suspended template `PyTorchJob/chunkgrpo-torch-template` that manifests/components/training-operator-v1
+  installs (its resources are merged, never replaced); a missing or unreadable template is an
+  error (`TemplateError`), never a silent fallback to a bare pod.
+* **Shared clusters.** Training pods carry `sidecar.istio.io/inject: "false"` (an Istio sidecar
+  would hold the pod open after torchrun exits and intercept NCCL traffic); `queue_name` adds the
+  Kueue label `kueue.x-k8s.io/queue-name` and creates the job suspended (Kueue admits it).
+* **No orphans.** `owner` (the Argo Workflow of the KFP run, `owner_from_pod`) becomes the job's
+  ownerReference, so deleting the run deletes the job; `cleanup_run` (the pipeline's exit handler)
+  deletes every still-active job labelled with the run id, so an evicted or SIGKILLed launcher
+  step cannot leave GPUs busy until `activeDeadlineSeconds`.
 * **The final model leaves the pod.** The trainer writes `<output_dir>/final` on node 0; with
   `upload_final_to` the container runs `torchrun ... && python -m chunkgrpo.k8s.trainjob upload-final`
   on node rank 0, which uploads it with `ArtifactStore.put_folder` (manifest last).
@@ -68,6 +80,8 @@ KINDS: dict[str, Kind] = {
 }
 MANAGER = "chunkgrpo.io/train-launcher"       # runtimePatches owner (immutable per entry)
 LABEL_RUN = "chunkgrpo.io/pipeline-run"
+LABEL_QUEUE = "kueue.x-k8s.io/queue-name"
+POD_ANNOTATIONS = {"sidecar.istio.io/inject": "false"}
 LABEL_PART_OF = "app.kubernetes.io/part-of"
 SPEC_HASH = "chunkgrpo.io/spec-hash"
 DEFAULT_COMMAND = ("torchrun", "-m", "chunkgrpo.train")
@@ -82,6 +96,10 @@ class JobFailedError(RuntimeError):
 
 class JobCancelledError(SystemExit):
     """Raised from the SIGTERM handler after the job was deleted (exit status 128 + signal)."""
+
+
+class TemplateError(RuntimeError):
+    """The runtime / PyTorchJob template the job is built from is missing or not readable (one line)."""
 
 
 # ------------------------------------------------------------------------------------------ names
@@ -134,25 +152,25 @@ class JobSpec:
     command: list[str] = dataclasses.field(default_factory=lambda: list(DEFAULT_COMMAND))
     num_nodes: int = 1
     nproc_per_node: int = 1
-    gpus_per_node: int = 0
+    gpus_per_node: int = 0                                          # 0 = the runtime's / template's
     accelerator: str = "nvidia.com/gpu"                             # resource name of the GPU
-    cpu: str = ""                                                   # per node (request = limit)
-    memory: str = ""
+    cpu: str = ""                                                   # per node (request = limit); '' = runtime's
+    memory: str = ""                                                # '' = runtime's
     node_selector: dict[str, str] = dataclasses.field(default_factory=dict)
     tolerations: list[dict] = dataclasses.field(default_factory=list)
-    shm_size: str = "64Gi"                                          # memory-backed /dev/shm ('' = runtime's)
+    shm_size: str = ""                                              # memory-backed /dev/shm ('' = runtime's)
+    image_pull_secrets: list[str] = dataclasses.field(default_factory=list)
+    queue_name: str = ""                                            # Kueue LocalQueue ('' = no Kueue)
+    owner: dict | None = None                                       # ownerReference (the run's Workflow)
     env: dict[str, str] = dataclasses.field(default_factory=dict)
     secret_env: dict[str, tuple[str, str]] = dataclasses.field(default_factory=dict)  # ENV -> (secret, key)
-    config_map_env: str = "chunkgrpo-env"                           # envFrom (PyTorchJob; the v2 runtime has it)
     labels: dict[str, str] = dataclasses.field(default_factory=dict)
     run_id: str = ""                                                # KFP run id, as a label
     upload_final_to: str = ""                                       # s3:// URI for <output_dir>/final
     fetch: dict[str, str] = dataclasses.field(default_factory=dict)  # pod path -> s3:// object, before torchrun
     runtime_name: str = "chunkgrpo-torch"
     runtime_kind: str = "ClusterTrainingRuntime"
-    service_account: str = "chunkgrpo-trainer"                      # PyTorchJob pods (v2: the runtime's)
     active_deadline_seconds: int | None = None
-    ttl_seconds_after_finished: int = 7 * 24 * 3600                  # PyTorchJob cleanup
 
     def __post_init__(self) -> None:
         if not _DNS1123_LABEL.match(self.name) or len(self.name) > 63:
@@ -203,6 +221,7 @@ class JobSpec:
         return out
 
     def resources(self) -> dict:
+        """The per-node resource OVERRIDES of this job (empty = keep the runtime's / template's)."""
         req: dict[str, Any] = {}
         if self.cpu:
             req["cpu"] = self.cpu
@@ -211,6 +230,15 @@ class JobSpec:
         if self.gpus_per_node:
             req[self.accelerator] = self.gpus_per_node
         return {"requests": dict(req), "limits": dict(req)} if req else {}
+
+    def metadata(self) -> dict:
+        labels = self.all_labels()
+        if self.queue_name:
+            labels[LABEL_QUEUE] = self.queue_name
+        meta: dict[str, Any] = {"name": self.name, "namespace": self.namespace, "labels": labels}
+        if self.owner:
+            meta["ownerReferences"] = [dict(self.owner)]
+        return meta
 
     def shm_volume(self) -> dict:
         return {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": self.shm_size}}
@@ -227,33 +255,86 @@ def _finish(obj: dict) -> dict:
 
 # ---------------------------------------------------------------------------------------- builders
 
+_QUANTITY = re.compile(r"^([+-]?[0-9.]+(?:[eE][+-]?[0-9]+)?)([A-Za-z]*)$")
+_UNITS = {"": 1, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18,
+          "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
 
-def build_trainjob(spec: JobSpec) -> dict:
-    """A `trainer.kubeflow.org/v1alpha1` TrainJob (Trainer >= 2.2, `runtimePatches`)."""
+
+def quantity(value) -> float:
+    """A Kubernetes quantity ('128Gi', '500m', 8) as a number (for comparisons only)."""
+    m = _QUANTITY.match(str(value).strip())
+    if not m or m.group(2) not in _UNITS:
+        raise ValueError(f"{value!r} is not a Kubernetes quantity")
+    return float(m.group(1)) * _UNITS[m.group(2)]
+
+
+def merge_resources(base: dict | None, overrides: dict | None) -> dict:
+    """`base` requests/limits with `overrides` merged in key by key (RDMA devices, ephemeral storage
+    and everything else the overrides do not name are kept). A request is raised to its limit when
+    the override would leave it above the limit."""
+    out = {k: dict(v) for k, v in (base or {}).items() if k in ("requests", "limits", "claims")}
+    for bound in ("requests", "limits"):
+        for key, value in ((overrides or {}).get(bound) or {}).items():
+            out.setdefault(bound, {})[key] = value
+    req, lim = out.get("requests", {}), out.get("limits", {})
+    for key in list(req):
+        if key in lim and quantity(req[key]) > quantity(lim[key]):
+            lim[key] = req[key]
+    return out
+
+
+def runtime_container(runtime: dict, job: str = "node", container: str = "node") -> dict:
+    """The trainer container of a (Cluster)TrainingRuntime (replicated job `node`, container `node`)."""
+    for rj in runtime["spec"]["template"]["spec"]["replicatedJobs"]:
+        if rj["name"] == job:
+            for c in rj["template"]["spec"]["template"]["spec"]["containers"]:
+                if c["name"] == container:
+                    return c
+    raise TemplateError(f"{runtime.get('kind')} {runtime['metadata']['name']} has no container {container!r} "
+                        f"in replicated job {job!r}")
+
+
+def _pod_patch(spec: JobSpec) -> dict:
+    pod: dict[str, Any] = {}
+    if spec.node_selector:
+        pod["nodeSelector"] = dict(spec.node_selector)
+    if spec.tolerations:
+        pod["tolerations"] = copy.deepcopy(spec.tolerations)
+    if spec.image_pull_secrets:
+        pod["imagePullSecrets"] = [{"name": n} for n in spec.image_pull_secrets]
+    if spec.shm_size:  # replaces the runtime's `dshm` volume by name (list map keyed by name)
+        pod["volumes"] = [spec.shm_volume()]
+        pod["containers"] = [{"name": "node", "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}]}]
+    return pod
+
+
+def build_trainjob(spec: JobSpec, runtime: dict | None = None) -> dict:
+    """A `trainer.kubeflow.org/v1alpha1` TrainJob for Trainer v2.2 / v2.3 (`runtimePatches`).
+
+    `runtime` (the referenced runtime object, `read_runtime`) is needed only when the job overrides
+    resources: Trainer then replaces the container's resources wholesale with `resourcesPerNode`,
+    which is therefore the runtime's resources with the overrides merged in.
+    """
     command, args = spec.container_command()
     trainer: dict[str, Any] = {"image": spec.image, "command": command, "args": args,
                                "numNodes": spec.num_nodes, "numProcPerNode": spec.nproc_per_node}
     env = spec.env_list()
     if env:
         trainer["env"] = env
-    res = spec.resources()
-    if res:
-        trainer["resourcesPerNode"] = res
-    pod: dict[str, Any] = {}
-    if spec.node_selector:
-        pod["nodeSelector"] = dict(spec.node_selector)
-    if spec.tolerations:
-        pod["tolerations"] = copy.deepcopy(spec.tolerations)
-    if spec.shm_size:  # merges with the runtime's `dshm` volume by name (server-side apply)
-        pod["volumes"] = [spec.shm_volume()]
-        pod["containers"] = [{"name": "node", "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}]}]
-    pod_template: dict[str, Any] = {"metadata": {"labels": spec.all_labels()}}
+    overrides = spec.resources()
+    if overrides:
+        if runtime is None:
+            raise ValueError("resource overrides need the runtime object (read_runtime): Trainer replaces the "
+                             "container's resources wholesale, so they are merged into the runtime's")
+        trainer["resourcesPerNode"] = merge_resources(runtime_container(runtime).get("resources"), overrides)
+    pod_template: dict[str, Any] = {"metadata": {"labels": spec.all_labels(), "annotations": dict(POD_ANNOTATIONS)}}
+    pod = _pod_patch(spec)
     if pod:
         pod_template["spec"] = pod
     body: dict[str, Any] = {
         "apiVersion": KINDS["TrainJob"].api_version,
         "kind": "TrainJob",
-        "metadata": {"name": spec.name, "namespace": spec.namespace, "labels": spec.all_labels()},
+        "metadata": spec.metadata(),
         "spec": {
             "runtimeRef": {"apiGroup": "trainer.kubeflow.org", "kind": spec.runtime_kind, "name": spec.runtime_name},
             "trainer": trainer,
@@ -264,95 +345,81 @@ def build_trainjob(spec: JobSpec) -> dict:
             }],
         },
     }
+    if spec.queue_name:
+        body["spec"]["suspend"] = True  # Kueue admits (unsuspends) it when the quota allows
     if spec.active_deadline_seconds:
         body["spec"]["activeDeadlineSeconds"] = int(spec.active_deadline_seconds)
     return _finish(body)
 
 
-def _pytorch_pod(spec: JobSpec, command: list[str], args: list[str]) -> dict:
-    container: dict[str, Any] = {
-        "name": "pytorch", "image": spec.image, "imagePullPolicy": "IfNotPresent", "command": command, "args": args,
-        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}, {"name": "tmp", "mountPath": "/tmp"}],
-        "securityContext": {"allowPrivilegeEscalation": False, "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}},
-    }
-    env = spec.env_list()
-    if env:
-        container["env"] = env
-    if spec.config_map_env:
-        container["envFrom"] = [{"configMapRef": {"name": spec.config_map_env}}]
-    res = spec.resources()
-    if res:
-        container["resources"] = res
-    pod: dict[str, Any] = {
-        "serviceAccountName": spec.service_account, "automountServiceAccountToken": False,
-        "enableServiceLinks": False, "restartPolicy": "Never",
-        "securityContext": {"runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001, "fsGroup": 10001,
-                            "seccompProfile": {"type": "RuntimeDefault"}},
-        "containers": [container],
-        "volumes": [spec.shm_volume() if spec.shm_size else {"name": "dshm", "emptyDir": {"medium": "Memory"}},
-                    {"name": "tmp", "emptyDir": {}}],
-    }
+def _set_pod(spec: JobSpec, pod: dict, command: list[str], args: list[str]) -> None:
+    """Apply this job's settings to a PyTorchJob pod template (in place), merging, never replacing."""
+    meta = pod.setdefault("metadata", {})
+    meta.setdefault("labels", {}).update(spec.all_labels())
+    meta.setdefault("annotations", {}).update(POD_ANNOTATIONS)
+    ps = pod["spec"]
+    c = next((c for c in ps["containers"] if c["name"] == "pytorch"), None)
+    if c is None:
+        raise TemplateError("the PyTorchJob template has no container named 'pytorch'")
+    c.update({"image": spec.image, "command": command, "args": args})
+    if spec.env_list():
+        names = {e["name"] for e in spec.env_list()}
+        c["env"] = [e for e in c.get("env", []) if e["name"] not in names] + spec.env_list()
+    if spec.resources():
+        c["resources"] = merge_resources(c.get("resources"), spec.resources())
     if spec.node_selector:
-        pod["nodeSelector"] = dict(spec.node_selector)
+        ps["nodeSelector"] = {**ps.get("nodeSelector", {}), **spec.node_selector}
     if spec.tolerations:
-        pod["tolerations"] = copy.deepcopy(spec.tolerations)
-    return {"metadata": {"labels": spec.all_labels()}, "spec": pod}
+        ps["tolerations"] = ps.get("tolerations", []) + [t for t in copy.deepcopy(spec.tolerations)
+                                                          if t not in ps.get("tolerations", [])]
+    if spec.image_pull_secrets:
+        have = ps.setdefault("imagePullSecrets", [])
+        have += [{"name": n} for n in spec.image_pull_secrets if {"name": n} not in have]
+    if spec.shm_size:
+        ps["volumes"] = [v for v in ps.get("volumes", []) if v["name"] != "dshm"] + [spec.shm_volume()]
+        mounts = c.setdefault("volumeMounts", [])
+        if not any(m["name"] == "dshm" for m in mounts):
+            mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
 
 
-def build_pytorchjob(spec: JobSpec, template: dict | None = None) -> dict:
-    """A `kubeflow.org/v1` PyTorchJob: Master + (num_nodes - 1) Workers, `nprocPerNode` processes each.
+def build_pytorchjob(spec: JobSpec, template: dict) -> dict:
+    """A `kubeflow.org/v1` PyTorchJob (Training Operator v1.9): Master + (num_nodes - 1) Workers.
 
-    With `template` (the suspended `PyTorchJob/chunkgrpo-torch-template` read from the cluster),
-    its pod templates (pool placement, RDMA, security) are kept and only image, command/args, env,
-    replicas and placement overrides are set; `runPolicy.suspend` becomes false.
+    Built from `template`, the suspended `PyTorchJob/chunkgrpo-torch-template` read from the cluster
+    (`read_template`): its pod templates (pool placement, RDMA devices, memory, /dev/shm, security)
+    are kept, this job's image/command/args/env are set and its resource overrides MERGED into the
+    template's; `runPolicy.suspend` becomes false (true with a Kueue queue, which admits it).
     """
+    if not template or "pytorchReplicaSpecs" not in (template.get("spec") or {}):
+        raise TemplateError("build_pytorchjob needs the PyTorchJob template (read_template); "
+                            "install manifests/components/training-operator-v1")
     command, args = spec.container_command()
-    if template is None:
-        pod = _pytorch_pod(spec, command, args)
-        replicas = {"Master": {"replicas": 1, "restartPolicy": "Never", "template": pod}}
-        if spec.num_nodes > 1:
-            replicas["Worker"] = {"replicas": spec.num_nodes - 1, "restartPolicy": "Never",
-                                  "template": copy.deepcopy(pod)}
-        run_policy = {"cleanPodPolicy": "Running", "backoffLimit": 0, "suspend": False,
-                      "ttlSecondsAfterFinished": spec.ttl_seconds_after_finished}
-    else:
-        tspec = copy.deepcopy(template["spec"])
-        master = tspec["pytorchReplicaSpecs"]["Master"]
-        replicas = {"Master": master}
-        if spec.num_nodes > 1:
-            worker = tspec["pytorchReplicaSpecs"].get("Worker") or copy.deepcopy(master)
-            worker["replicas"] = spec.num_nodes - 1
-            replicas["Worker"] = worker
-        for rs in replicas.values():
-            pod = rs["template"]
-            pod.setdefault("metadata", {}).setdefault("labels", {}).update(spec.all_labels())
-            ps = pod["spec"]
-            c = next(c for c in ps["containers"] if c["name"] == "pytorch")
-            c.update({"image": spec.image, "command": command, "args": args})
-            if spec.env_list():
-                names = {e["name"] for e in spec.env_list()}
-                c["env"] = [e for e in c.get("env", []) if e["name"] not in names] + spec.env_list()
-            if spec.resources():
-                c["resources"] = spec.resources()
-            if spec.node_selector:
-                ps["nodeSelector"] = dict(spec.node_selector)
-            if spec.tolerations:
-                ps["tolerations"] = copy.deepcopy(spec.tolerations)
-        run_policy = {**tspec.get("runPolicy", {}), "suspend": False}
+    tspec = copy.deepcopy(template["spec"])
+    master = tspec["pytorchReplicaSpecs"]["Master"]
+    master["replicas"] = 1
+    replicas = {"Master": master}
+    if spec.num_nodes > 1:
+        worker = tspec["pytorchReplicaSpecs"].get("Worker") or copy.deepcopy(master)
+        worker["replicas"] = spec.num_nodes - 1
+        replicas["Worker"] = worker
+    for rs in replicas.values():
+        _set_pod(spec, rs["template"], command, args)
+    run_policy = {**tspec.get("runPolicy", {}), "suspend": bool(spec.queue_name)}
+    if spec.active_deadline_seconds:
+        run_policy["activeDeadlineSeconds"] = int(spec.active_deadline_seconds)
     body: dict[str, Any] = {
         "apiVersion": KINDS["PyTorchJob"].api_version,
         "kind": "PyTorchJob",
-        "metadata": {"name": spec.name, "namespace": spec.namespace, "labels": spec.all_labels()},
+        "metadata": spec.metadata(),
         "spec": {"nprocPerNode": str(spec.nproc_per_node), "runPolicy": run_policy, "pytorchReplicaSpecs": replicas},
     }
-    if spec.active_deadline_seconds:
-        body["spec"]["runPolicy"]["activeDeadlineSeconds"] = int(spec.active_deadline_seconds)
     return _finish(body)
 
 
 def build_job(kind: str, spec: JobSpec, template: dict | None = None) -> dict:
+    """TrainJob (`template` = the runtime, needed only for resource overrides) or PyTorchJob (`template` = its template)."""
     if kind == "TrainJob":
-        return build_trainjob(spec)
+        return build_trainjob(spec, template)
     if kind == "PyTorchJob":
         return build_pytorchjob(spec, template)
     raise ValueError(f"kind={kind!r} must be one of {sorted(KINDS)}")
@@ -555,26 +622,116 @@ def launch(api, obj: dict, *, timeout_s: float, poll_s: float = 15.0, recreate_f
         return wait(api, obj, timeout_s=timeout_s, poll_s=poll_s, on_status=on_status, sleep=sleep, clock=clock)
 
 
-def read_template(api, namespace: str, name: str = PYTORCHJOB_TEMPLATE) -> dict | None:
-    """The suspended PyTorchJob template installed by manifests/components/training-operator-v1, if any."""
-    kind = KINDS["PyTorchJob"]
+def _read(api, kind: Kind, name: str, namespace: str | None, what: str, install_hint: str) -> dict:
     try:
+        if namespace is None:  # cluster-scoped
+            return api.get_cluster_custom_object(kind.group, kind.version, kind.plural, name)
         return _get(api, kind, name, namespace)
-    except Exception as e:  # noqa: BLE001
-        if _status_code(e) in (404, 403):
-            return None
+    except Exception as e:  # noqa: BLE001 - classified by HTTP status
+        code = _status_code(e)
+        where = f" in namespace {namespace}" if namespace else ""
+        if code == 404:
+            raise TemplateError(f"{what} {name!r} not found{where}: {install_hint}") from None
+        if code == 403:
+            raise TemplateError(f"not allowed to read {what} {name!r}{where} (HTTP 403): bind the run's service "
+                                "account to the chunkgrpo-training Role / chunkgrpo-runtime-reader ClusterRole "
+                                "(manifests/base/pipeline/rbac.yaml)") from None
         raise
 
 
-def load_api():
-    """A `kubernetes.client.CustomObjectsApi` (in-cluster config, else ~/.kube/config)."""
-    from kubernetes import client, config
+def read_template(api, namespace: str, name: str = PYTORCHJOB_TEMPLATE) -> dict:
+    """The suspended PyTorchJob template installed by manifests/components/training-operator-v1.
+
+    Missing (404) or forbidden (403) is a TemplateError naming the fix: a job built without the
+    template would silently lose the pool's RDMA devices, memory and /dev/shm settings.
+    """
+    return _read(api, KINDS["PyTorchJob"], name, namespace, "PyTorchJob template",
+                 "add manifests/components/training-operator-v1 to the overlay")
+
+
+def read_runtime(api, name: str = "chunkgrpo-torch", kind: str = "ClusterTrainingRuntime",
+                 namespace: str = "") -> dict:
+    """The (Cluster)TrainingRuntime a TrainJob references (for merging resource overrides)."""
+    plural = "clustertrainingruntimes" if kind == "ClusterTrainingRuntime" else "trainingruntimes"
+    k = Kind("trainer.kubeflow.org", "v1alpha1", plural)
+    return _read(api, k, name, None if kind == "ClusterTrainingRuntime" else namespace, kind,
+                 "apply the overlay (manifests/base/training) first")
+
+
+def owner_from_pod(get_pod: Callable[[], dict]) -> dict | None:
+    """The ownerReference for a training job: the Argo Workflow that owns this (launcher) pod.
+
+    `get_pod()` returns the pod as a dict (`CoreV1Api.read_namespaced_pod(...).to_dict()` or raw
+    JSON). The reference is neither `controller` nor `blockOwnerDeletion` (setting the latter would
+    need update rights on workflows/finalizers): garbage collection deletes the job when the KFP
+    run's Workflow is deleted. None when the pod has no Workflow owner (e.g. run outside Argo).
+    """
+    pod = get_pod()
+    refs = (pod.get("metadata") or {}).get("ownerReferences") or (pod.get("metadata") or {}).get("owner_references") or []
+    for ref in refs:
+        if ref.get("kind") == "Workflow":
+            return {"apiVersion": ref.get("apiVersion") or ref.get("api_version"), "kind": "Workflow",
+                    "name": ref["name"], "uid": ref["uid"], "controller": False, "blockOwnerDeletion": False}
+    return None
+
+
+def cleanup_run(api, namespace: str, run_id: str, *, kinds: tuple[str, ...] = ("TrainJob", "PyTorchJob"),
+                only_active: bool = True) -> list[str]:
+    """Delete the training jobs labelled with this KFP run id (the pipeline's exit handler).
+
+    Jobs that already succeeded or failed are kept (their status and logs stay inspectable) unless
+    `only_active=False`. A kind whose CRD is not installed (404 on list) is skipped. Returns
+    `Kind/name` of every deleted job.
+    """
+    selector = f"{LABEL_RUN}={label_value(run_id)}"
+    deleted = []
+    for kind_name in kinds:
+        kind = KINDS[kind_name]
+        try:
+            listing = api.list_namespaced_custom_object(kind.group, kind.version, namespace, kind.plural,
+                                                        label_selector=selector)
+        except Exception as e:  # noqa: BLE001
+            if _status_code(e) == 404:
+                continue
+            raise
+        for obj in listing.get("items") or []:
+            obj.setdefault("kind", kind_name)
+            obj.setdefault("metadata", {}).setdefault("namespace", namespace)
+            state = job_state(obj)[0]
+            if only_active and state in ("Succeeded", "Failed"):
+                continue
+            if delete(api, obj):
+                deleted.append(f"{kind_name}/{obj['metadata']['name']}")
+    return deleted
+
+
+def _load_config() -> None:
+    from kubernetes import config
 
     try:
         config.load_incluster_config()
     except config.ConfigException:
         config.load_kube_config()
+
+
+def load_api():
+    """A `kubernetes.client.CustomObjectsApi` (in-cluster config, else ~/.kube/config / $KUBECONFIG)."""
+    from kubernetes import client
+
+    _load_config()
     return client.CustomObjectsApi()
+
+
+def this_pod_getter(namespace: str) -> Callable[[], dict]:
+    """`get_pod()` for `owner_from_pod`: reads this pod ($HOSTNAME) through the CoreV1 API."""
+    import os
+
+    from kubernetes import client
+
+    _load_config()
+    core = client.CoreV1Api()
+    name = os.environ.get("HOSTNAME", "")
+    return lambda: core.api_client.sanitize_for_serialization(core.read_namespaced_pod(name, namespace))
 
 
 # -------------------------------------------------------------------------------------- entrypoint

@@ -11,7 +11,7 @@ from components.images import EVAL_IMAGE, RUNTIME_IMAGE
 def evaluate(preset: str, overrides: list, benchmarks: list, num_prompts: int, base_model: str,
              registered_model: str, alias: str, artifact_root: str, run_id: str, stage: str, experiment: str,
              parent_run_id: str, metrics: Output[Metrics], report: Output[HTML], results: Output[Artifact],
-             model: Input[Model] = None):
+             model: Input[Model] = None, scorer_weights: dict = {}):  # noqa: B006 - KFP parameter default
     """Generate and score benchmark images for the trained model and the base model (same seeds).
 
     Args:
@@ -28,6 +28,7 @@ def evaluate(preset: str, overrides: list, benchmarks: list, num_prompts: int, b
         experiment: MLflow experiment.
         parent_run_id: MLflow parent run id ('' = none).
         model: model pointer from `train` / `launch_trainjob`.
+        scorer_weights: {scorer: weights URI, '<scorer>.processor': URI} (e.g. hpsv3, hpsv3.processor, imagereward).
     """
     import json
     import shutil
@@ -66,7 +67,9 @@ def evaluate(preset: str, overrides: list, benchmarks: list, num_prompts: int, b
         print(f"{registered_model} = v{mv.version} <- {source}")
     elif not base_model:
         raise UserError("nothing to evaluate: give a model artifact, registered_model or base_model")
-    over = [*overrides, f"model={source}", f"output_dir={work / 'out'}",
+    from chunkgrpo.models import scorer_weight_overrides
+
+    over = [*scorer_weight_overrides(dict(scorer_weights)), *overrides, f"model={source}", f"output_dir={work / 'out'}",
             f"output_uri={run_prefix(artifact_root, run_id, stage)}", f"experiment={experiment}"]
     if base_model:
         over.append(f"base_model={base_model}")
@@ -98,7 +101,8 @@ def check_regression(results: Input[Artifact], model_name: str, alias: str, metr
         results: metrics.json of the nightly `evaluate` step.
         model_name: registered model name.
         alias: alias that was evaluated (champion).
-        metric: benchmark metric without label, e.g. hpdv2.hpsv3 (registry tag metric.eval.<metric>).
+        metric: benchmark metric without label, e.g. hpdv2.hpsv3 (registry tag metric.eval.<metric>), or a
+            paired-CI bound such as hpdv2.hpsv3.delta_ci_low (tonight's bound vs the registered one).
         direction: max (higher is better) | min.
         tolerance: allowed drop (absolute) before it counts as a regression.
         fail_on_regression: fail the run on a regression (besides flagging it).
@@ -113,7 +117,7 @@ def check_regression(results: Input[Artifact], model_name: str, alias: str, metr
 
     stage_env(parent_run_id)
     m = json.loads(Path(results.path).read_text())["metrics"]
-    today, base = m.get(f"{metric}.trained"), m.get(f"{metric}.base")
+    today, base = m.get(f"{metric}.trained", m.get(metric)), m.get(f"{metric}.base")
     reference, version = None, None
     if os.environ.get("MLFLOW_TRACKING_URI"):
         from mlflow import MlflowClient
@@ -137,6 +141,8 @@ def check_regression(results: Input[Artifact], model_name: str, alias: str, metr
               else ": no registered reference value")]
     if base is not None and sign * (today - base) <= 0:
         lines.append(f"\nnote: the {alias} does not beat the base model on {metric} tonight")
+    if metric.endswith((".delta_ci_low", ".delta_ci_high")) and sign * today <= 0:
+        lines.append(f"\nnote: tonight the {alias} is not significantly better than the base model ({metric})")
     Path(summary.path).write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     if parent_run_id and os.environ.get("MLFLOW_TRACKING_URI"):

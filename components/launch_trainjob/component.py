@@ -10,9 +10,10 @@ from components.images import LAUNCHER_IMAGE
 @dsl.component(base_image=LAUNCHER_IMAGE, install_kfp_package=False, additional_funcs=[run_prefix, stage_env])
 def launch_trainjob(kind: str, namespace: str, image: str, num_nodes: int, nproc_per_node: int, gpus_per_node: int,
                     node_selector: dict, tolerations: list, shm_size: str, model: str, prompts: str, preset: str,
-                    method: str, chunks: str, max_steps: int, overrides: list, artifact_root: str, run_id: str,
+                    method: str, chunks: str, max_iterations: int, overrides: list, artifact_root: str, run_id: str,
                     experiment: str, parent_run_id: str, timeout_hours: float,
-                    trained_model: Output[Model], metrics: Output[Metrics]):
+                    trained_model: Output[Model], metrics: Output[Metrics], queue_name: str = "",
+                    image_pull_secrets: list = [], reward_weights: dict = {}):  # noqa: B006 - KFP defaults
     """Run `torchrun -m chunkgrpo.train` on `num_nodes` nodes as a TrainJob (Trainer v2) or PyTorchJob (v1).
 
     The job is named from the KFP run id, so a retried step re-attaches to it instead of starting a
@@ -25,29 +26,37 @@ def launch_trainjob(kind: str, namespace: str, image: str, num_nodes: int, nproc
         image: training image (the runtime image).
         num_nodes: nodes.
         nproc_per_node: torchrun processes per node.
-        gpus_per_node: GPUs requested per node (0 = CPU).
-        node_selector: node labels for the training pods (e.g. nvidia.com/gpu.product).
-        tolerations: tolerations for the training pods.
-        shm_size: size of the memory-backed /dev/shm ('' = the runtime's).
+        gpus_per_node: GPUs per node (0 = the runtime's/template's, which also keeps its RDMA devices, CPU and
+            memory; > 0 is merged into them).
+        node_selector: extra node labels for the training pods (the runtime already pins the pool).
+        tolerations: extra tolerations for the training pods.
+        shm_size: size of the memory-backed /dev/shm ('' = the runtime's, e.g. 128Gi on the GPU overlays).
         model: base model (s3:// folder artifact or hub id cached in the image/PVC).
         prompts: prompt file: must be readable in the training pods (an s3:// object is downloaded first).
-        preset: training preset.
+        preset: training preset ('' = the method's own preset).
         method: chunk | chunk+ws | dance | tempflow | granular.
         chunks: chunk plan (`sizes:...` from the plan step).
-        max_steps: optimizer steps.
+        max_iterations: training length in rollouts (iterations); 0 = the preset's length.
         overrides: extra training overrides (key=value).
         artifact_root: s3:// prefix; the model goes to <root>/<run_id>/train/final.
         run_id: KFP run id (job name and label).
         experiment: MLflow experiment.
         parent_run_id: MLflow parent run id.
         timeout_hours: fail (and delete the job) after this long.
+        queue_name: Kueue LocalQueue ('' = no Kueue); the job is created suspended and Kueue admits it.
+        image_pull_secrets: Secrets for pulling the training image from a private registry.
+        reward_weights: {reward: weights URI, '<reward>.processor': URI} for the preset's rewards.
     """
     import json
     from pathlib import Path
 
     stage_env(parent_run_id)
     from chunkgrpo.k8s import trainjob as tj
+    from chunkgrpo.models import reward_weight_overrides
     from chunkgrpo.store import ArtifactStore, make_pointer
+    from chunkgrpo.recipes import preset_for
+
+    preset = preset_for(method, preset)
 
     prefix = run_prefix(artifact_root, run_id, "train")
     ns = namespace or tj.current_namespace("kubeflow")
@@ -57,16 +66,28 @@ def launch_trainjob(kind: str, namespace: str, image: str, num_nodes: int, nproc
         nproc_per_node=nproc_per_node, gpus_per_node=gpus_per_node, node_selector=dict(node_selector),
         tolerations=list(tolerations), shm_size=shm_size, run_id=run_id, upload_final_to=f"{prefix}/final",
         fetch={prompts_path: prompts} if prompts.startswith("s3://") else {},
-        active_deadline_seconds=int(timeout_hours * 3600) or None,
+        active_deadline_seconds=int(timeout_hours * 3600) or None, queue_name=queue_name,
+        image_pull_secrets=list(image_pull_secrets),
         secret_env={"AWS_ACCESS_KEY_ID": ("chunkgrpo-s3", "AWS_ACCESS_KEY_ID"),
                     "AWS_SECRET_ACCESS_KEY": ("chunkgrpo-s3", "AWS_SECRET_ACCESS_KEY")},
         env={"CHUNKGRPO_MLFLOW_PARENT_RUN_ID": parent_run_id},
-        train_args=["--config", preset, *overrides, f"model={model}", f"prompts={prompts_path}", f"method={method}",
-                    f"chunks={chunks}", f"max_steps={max_steps}", "progress=false",
+        train_args=["--config", preset, *overrides, *reward_weight_overrides(preset, list(overrides), dict(reward_weights)),
+                    f"model={model}", f"prompts={prompts_path}", f"method={method}", f"chunks={chunks}",
+                    *([f"max_iterations={max_iterations}"] if max_iterations != 0 else []),  # negative: the trainer says why
+                    "progress=false",
                     f"checkpoint.s3_prefix={prefix}/checkpoints", f"tracking.experiment={experiment}",
                     f"tracking.parent_run_id={parent_run_id}", f"tracking.run_name=train-{run_id[:8]}"])
     api = tj.load_api()
-    template = tj.read_template(api, ns) if kind == "PyTorchJob" else None
+    try:  # ownerReference to the run's Argo Workflow: deleting the run deletes the job
+        spec.owner = tj.owner_from_pod(tj.this_pod_getter(ns))
+    except Exception as e:  # noqa: BLE001 - the exit handler's cleanup_run still covers this run
+        print(f"warning: no ownerReference for the job ({type(e).__name__}: {e})", flush=True)
+    if kind == "PyTorchJob":
+        template = tj.read_template(api, ns)  # TemplateError (one line) if missing or forbidden
+    elif spec.resources():
+        template = tj.read_runtime(api, spec.runtime_name, spec.runtime_kind, ns)
+    else:
+        template = None
     obj = tj.build_job(kind, spec, template)
     tj.launch(api, obj, timeout_s=timeout_hours * 3600, poll_s=20, on_status=lambda line: print(line, flush=True))
 

@@ -9,8 +9,11 @@ from components.images import RUNTIME_IMAGE
 
 @dsl.component(base_image=RUNTIME_IMAGE, install_kfp_package=False, additional_funcs=[stage_env])
 def register(model_name: str, experiment: str, run_id: str, parent_run_id: str, model: Input[Model],
-             eval_results: Input[Artifact], plan_json: Input[Artifact], registered: Output[Artifact]) -> str:
-    """Register the model pointed to by `model` as a new version (alias `challenger`).
+             eval_results: Input[Artifact], plan_json: Input[Artifact], registered: Output[Artifact],
+             gate_metric: str = "", gate_direction: str = "", eval_preset: str = "") -> str:
+    """Register the model pointed to by `model` as a new version (alias `challenger`): an MLflow
+    pyfunc (`mlflow.pyfunc.load_model("models:/<name>/<version>")` generates images), with the eval
+    metrics, the eval protocol they were measured with, and the chunk plan.
 
     Args:
         model_name: registered model name.
@@ -20,6 +23,9 @@ def register(model_name: str, experiment: str, run_id: str, parent_run_id: str, 
         model: model pointer from train / launch_trainjob (weights in S3).
         eval_results: metrics.json from evaluate; `<bench>.<metric>.trained` -> version tag `metric.eval.<bench>.<metric>`.
         plan_json: chunk plan (version tag chunk_plan).
+        gate_metric: promotion gate metric of a NEW registered model (an existing model keeps its own).
+        gate_direction: max | min for gate_metric of a new registered model ('' = the metric's known direction).
+        eval_preset: the evaluation preset (recorded in the eval protocol).
 
     Returns:
         The model version (an existing one when the same weights were registered before).
@@ -29,12 +35,11 @@ def register(model_name: str, experiment: str, run_id: str, parent_run_id: str, 
     from pathlib import Path
 
     stage_env(parent_run_id)
-    from chunkgrpo.registry import register_model
+    from chunkgrpo.registry import metrics_from_eval, register_model
     from chunkgrpo.store import ArtifactStore, read_pointer
 
     pointer = read_pointer(Path(model.path).read_text())
-    flat = json.loads(Path(eval_results.path).read_text())["metrics"]
-    metrics = {"eval": {(k[: -len(".trained")] if k.endswith(".trained") else k): v for k, v in flat.items()}}
+    metrics, protocol, sampling = metrics_from_eval(json.loads(Path(eval_results.path).read_text()), eval_preset)
     plan = json.loads(Path(plan_json.path).read_text()) if Path(plan_json.path).exists() else None
     with tempfile.TemporaryDirectory(prefix="chunkgrpo-register-") as tmp:
         manifest = ArtifactStore().get_folder(pointer["uri"], tmp)
@@ -43,7 +48,9 @@ def register(model_name: str, experiment: str, run_id: str, parent_run_id: str, 
         rv = register_model(model_name, tmp, kind=pointer["kind"], base_model=pointer["base_model"],
                             checkpoint_uri=pointer["uri"], metrics=metrics, plan=plan,
                             cfg_hash=pointer.get("config_hash", ""), experiment=experiment,
-                            tags={"kfp.run_id": run_id, "method": pointer.get("method", "")})
+                            tags={"kfp.run_id": run_id, "method": pointer.get("method", "")},
+                            gate_metric=gate_metric or None, gate_direction=gate_direction or None,
+                            eval_protocol=protocol, sampling=sampling)
     info = {"name": rv.name, "version": rv.version, "uri": rv.uri, "source": rv.source,
             "run_id": rv.run_id or "", "reused": rv.reused, "checkpoint_uri": pointer["uri"]}
     Path(registered.path).write_text(json.dumps(info, indent=1))

@@ -41,14 +41,29 @@ def open_run(experiment: str, run_name: str, kfp_run_id: str, pipeline: str) -> 
 
 
 @dsl.component(base_image=RUNTIME_IMAGE, install_kfp_package=False)
-def close_run(experiment: str, kfp_run_id: str, status: dsl.PipelineTaskFinalStatus):
-    """Exit handler: set the parent run's final MLflow status from the KFP run's state.
+def close_run(experiment: str, kfp_run_id: str, status: dsl.PipelineTaskFinalStatus, cleanup_jobs: bool = False,
+              job_namespace: str = ""):
+    """Exit handler: delete the run's still-active training jobs, then set the parent run's final
+    MLflow status from the KFP run's state.
 
     Args:
         experiment: MLflow experiment name.
-        kfp_run_id: KFP run id (tag `kfp.run_id` of the parent run).
+        kfp_run_id: KFP run id (tag `kfp.run_id` of the parent run; label of its training jobs).
+        cleanup_jobs: delete TrainJobs/PyTorchJobs labelled with this run that are still active (a
+            launcher step that was evicted or SIGKILLed cannot delete its own job).
+        job_namespace: namespace of the training jobs ('' = this pod's).
     """
     import os
+
+    if cleanup_jobs:
+        from chunkgrpo.k8s import trainjob as tj
+
+        ns = job_namespace or tj.current_namespace("kubeflow")
+        try:
+            deleted = tj.cleanup_run(tj.load_api(), ns, kfp_run_id)
+            print(f"deleted orphaned training jobs: {', '.join(deleted)}" if deleted else "no active training jobs left")
+        except Exception as e:  # noqa: BLE001 - the MLflow status must still be recorded; the error is shown
+            print(f"ERROR: could not clean up the training jobs of run {kfp_run_id} in {ns}: {e}", flush=True)
 
     if not os.environ.get("MLFLOW_TRACKING_URI"):
         return

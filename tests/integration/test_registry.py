@@ -16,6 +16,8 @@ from chunkgrpo.store import ArtifactStore
 
 pytestmark = pytest.mark.integration
 METRIC = "eval.hpdv2.hpsv3"
+PROTOCOL = {"preset": "eval_hpdv2", "benchmarks": {"hpdv2": {"n_prompts": 400}}, "seed": 42,
+            "sampling": {"num_steps": 50, "trained_steps": 30}, "scorers": ["hpsv3"]}
 
 
 def _client():
@@ -42,7 +44,8 @@ def _fake_lora(root, seed: int):
 def _register(name, tmp_path, seed: int, score: float, **kw):
     return register_model(name, _fake_lora(tmp_path / f"lora-{seed}", seed), kind="lora", base_model="tiny-flux",
                           metrics={"eval": {"hpdv2": {"hpsv3": score}}, "eval.clip": 0.2}, git="abc123",
-                          cfg_hash="cfg0001", plan={"boundaries": [0, 4, 8, 16], "seed": seed}, **kw)
+                          cfg_hash="cfg0001", plan={"boundaries": [0, 4, 8, 16], "seed": seed},
+                          **{"eval_protocol": PROTOCOL, **kw})
 
 
 def test_register_promote_gate_rollback(services_env, tmp_path):
@@ -94,8 +97,26 @@ def test_register_promote_gate_rollback(services_env, tmp_path):
     v4 = _register(name, tmp_path, 4, 0.36)
     assert promote(name, v4.version, GateConfig(margin=0.05)).action == "rejected"
     assert _aliases(name)["champion"] == v2.version
-    # lower-is-better gate on another metric
-    assert promote(name, v3.version, GateConfig(metric="eval.clip", direction="min")).action == "rejected"
+    # #16.8: the caller cannot flip the direction or switch the metric (a worse v3 was crowned this way)
+    with pytest.raises(UserError, match="higher-is-better"):
+        promote(name, v3.version, GateConfig(direction="min"))
+    with pytest.raises(UserError, match="gated on eval.hpdv2.hpsv3"):
+        promote(name, v3.version, GateConfig(metric="eval.clip"))
+    # the only other metric allowed is the CI bound of the model's own metric, in its own direction
+    # (tests/integration/test_gate_ci.py promotes on it): another metric's bound or the wrong bound is not
+    for other in ("eval.clip.delta_ci_low", f"{METRIC}.delta_ci_high"):
+        with pytest.raises(UserError, match="gated on eval.hpdv2.hpsv3"):
+            promote(name, v3.version, GateConfig(metric=other))
+    assert _aliases(name)["champion"] == v2.version
+    # another eval protocol (fewer prompts) is never compared, however good the number
+    v5 = _register(name, tmp_path, 5, 0.99, eval_protocol={**PROTOCOL, "benchmarks": {"hpdv2": {"n_prompts": 16}}})
+    with pytest.raises(UserError, match="different protocols"):
+        promote(name, v5.version)
+    from chunkgrpo.registry import gate_check
+
+    check = gate_check(name, v5.version)
+    assert not check.passed and "different protocols" in check.reason
+    assert gate_check(name, v4.version).passed is True and gate_check(name, v3.version).passed is False
 
     # --force is applied and recorded
     r = promote(name, v3.version, force=True, who="oncall", why="hotfix")
@@ -112,8 +133,9 @@ def test_register_promote_gate_rollback(services_env, tmp_path):
     with pytest.raises(UserError, match="nothing to roll back"):
         rollback(name)
     log = json.loads(_client().get_registered_model(name).tags["promotion.log"])
-    assert [e["action"] for e in log] == ["promoted", "promoted", "rejected", "rejected", "rejected", "rejected",
+    assert [e["action"] for e in log] == ["set_gate", "promoted", "promoted", "rejected", "rejected", "rejected",
                                          "forced", "rollback"]
+    assert log[0]["metric"] == METRIC and log[0]["direction"] == "max"
     with pytest.raises(UserError, match="no version"):
         promote(name, "999")
 
@@ -144,6 +166,12 @@ def test_cli_register_promote_and_external_weights(services_env, tmp_path, capsy
     assert _aliases(name)["champion"] == "1"
     assert main(["promote", "--model", name, "--rollback"]) == 2  # no previous: one-line error
     assert "nothing to roll back" in capsys.readouterr().err
+    # --direction no longer exists: the direction is the registered model's
+    with pytest.raises(SystemExit) as exc:
+        main(["promote", "--model", name, "--version", "1", "--direction", "min"])
+    assert exc.value.code == 2
+    assert main(["promote", "--model", name, "--set-gate", f"{METRIC}:min", "--why", "x"]) == 2
+    assert "higher-is-better by definition" in capsys.readouterr().err
     assert main(["register", "--model-dir", str(tmp_path / "missing"), "--name", name, "--base-model", "x"]) == 2
 
 
@@ -195,7 +223,10 @@ def test_registered_lora_loads_into_a_diffusers_pipeline(services_env, tmp_path,
     lora = tmp_path / "lora"
     FluxPipeline.save_lora_weights(lora, transformer_lora_layers=get_peft_model_state_dict(pipe.transformer))
     name = f"flux-lora-{uuid.uuid4().hex[:6]}"
-    rv = register_model(name, lora, kind="lora", base_model=str(tiny_model_dir), metrics={METRIC: 0.1})
+    sampling = {"num_steps": 2, "trained_steps": 1, "height": 64, "width": 64, "guidance": 3.5,
+                "max_sequence_length": 32}
+    rv = register_model(name, lora, kind="lora", base_model=str(tiny_model_dir), metrics={METRIC: 0.1},
+                        eval_protocol=PROTOCOL, sampling=sampling)
     promote(name, rv.version)
     loaded = load_pipeline(f"models:/{name}@champion")
     assert (load_registered_model(f"models:/{name}@champion", tmp_path / "m").path / MODEL_INFO).exists()
@@ -232,3 +263,42 @@ def test_trainer_output_with_its_model_json_registers_and_loads(services_env, tm
     m = load_registered_model(f"models:/{name}/{v.version}", tmp_path / "dl")
     assert json.loads((m.path / "chunkgrpo_model.json").read_text()) == trainer_meta
     assert (m.path / MODEL_INFO).exists() and MODEL_INFO != "chunkgrpo_model.json"
+
+
+def test_registered_version_is_an_mlflow_pyfunc(services_env, tmp_path, tiny_model_dir):
+    """mlflow.pyfunc.load_model("models:/<name>@champion") works: base FLUX + the registered adapter,
+    hybrid inference with the registered sampling, one PNG per prompt, seeded and deterministic."""
+    import mlflow
+    import numpy as np
+    import pandas as pd
+    import torch
+    from diffusers import FluxPipeline
+    from peft import LoraConfig
+    from peft.utils import get_peft_model_state_dict
+
+    from chunkgrpo.serving import decode_image
+
+    pipe = FluxPipeline.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
+    pipe.transformer.add_adapter(LoraConfig(r=4, lora_alpha=64, target_modules=["to_q", "to_k", "to_v", "to_out.0"],
+                                            init_lora_weights=False))
+    lora = tmp_path / "lora"
+    FluxPipeline.save_lora_weights(lora, transformer_lora_layers=get_peft_model_state_dict(pipe.transformer))
+    name = f"flux-pyfunc-{uuid.uuid4().hex[:6]}"
+    sampling = {"num_steps": 3, "trained_steps": 2, "height": 64, "width": 64, "guidance": 3.5,
+                "max_sequence_length": 32}
+    rv = register_model(name, lora, kind="lora", base_model=str(tiny_model_dir), metrics={METRIC: 0.2},
+                        eval_protocol=PROTOCOL, sampling=sampling)
+    assert promote(name, rv.version).action == "promoted"
+    model = mlflow.pyfunc.load_model(f"models:/{name}@champion")
+    assert model.metadata.flavors["python_function"]["loader_module"] == "mlflow.pyfunc.loaders.code_model"  # no pickle
+    df = pd.DataFrame({"prompt": ["a red apple", "a blue car"], "seed": [3, 4]})
+    out = model.predict(df)
+    assert list(out.columns) == ["prompt", "seed", "image"] and list(out["seed"]) == [3, 4]
+    a = np.asarray(decode_image(out["image"][0]))
+    assert a.shape == (64, 64, 3)
+    again = model.predict(df)
+    assert np.array_equal(a, np.asarray(decode_image(again["image"][0])))  # same seed, same image
+    base = model.predict(df, params={"mode": "base"})
+    assert not np.array_equal(a, np.asarray(decode_image(base["image"][0])))  # the adapter is applied
+    with pytest.raises(Exception, match="mode"):
+        model.predict(df, params={"mode": "sideways"})

@@ -19,10 +19,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
+
+from tests import k8s_schemas
 
 REPO = Path(__file__).resolve().parents[2]
 MANIFESTS = REPO / "manifests"
@@ -39,31 +40,35 @@ OWN_IMAGE_PREFIX = "ghcr.io/chunkgrpo/"
 RDMA_RESOURCE = "rdma/rdma_shared_device_a"
 GPU_PRODUCTS = {"prod-h800": "NVIDIA-H800", "prod-h100": "NVIDIA-H100-80GB-HBM3"}
 
-SCHEMAS = {
-    ("trainer.kubeflow.org/v1alpha1", "ClusterTrainingRuntime"): "trainer.kubeflow.org_v1alpha1_trainingruntime.schema.json",
-    ("trainer.kubeflow.org/v1alpha1", "TrainingRuntime"): "trainer.kubeflow.org_v1alpha1_trainingruntime.schema.json",
-    ("trainer.kubeflow.org/v1alpha1", "TrainJob"): "trainer.kubeflow.org_v1alpha1_trainjob.schema.json",
-    ("kubeflow.org/v1", "PyTorchJob"): "kubeflow.org_v1_pytorchjob.schema.json",
-}
+CRD_KINDS = {("trainer.kubeflow.org/v1alpha1", k) for k in k8s_schemas.TRAINER_KINDS} | {("kubeflow.org/v1", "PyTorchJob")}
 
-# An overlay composed in a temporary copy of manifests/: v1 operator template + H100 + RDMA +
-# production sizing, pipeline namespace moved to `team-a`. Exercises every component together.
+# An overlay composed in a temporary copy of manifests/: v1 operator template + H100 + RDMA + RoCE +
+# gang scheduling + private registry + the opt-in kfp-launcher + production sizing, pipeline
+# namespace moved to `team-a`. Exercises every component together.
 COMPOSED = "composed-v1-team-a"
 COMPOSED_KUSTOMIZATION = """\
 apiVersion: kustomize.config.k8s.io/v1beta1
 kind: Kustomization
 resources:
   - ../../base
+  - ../../base/pipeline
   - platform.yaml
 components:
   - ../../components/training-operator-v1
   - ../../components/gpu-h100
   - ../../components/rdma
+  - ../../components/roce
+  - ../../components/gang-coscheduling
+  - ../../components/image-pull-secret
+  - ../../components/kfp-artifact-store
   - ../../components/production
+  - ../../components/pinned-images
   - ../../components/pipeline-namespace
 """
-VARIANTS = ["base", "dev", "prod-h800", "prod-h100", COMPOSED]
-OVERLAYS = ["dev", "prod-h800", "prod-h100"]
+MULTI = "multi-profile"
+VARIANTS = ["dev", "prod-h800", "prod-h100", MULTI, COMPOSED]
+OVERLAYS = ["dev", "prod-h800", "prod-h100", MULTI]
+PROFILES = {MULTI: ["team-a", "team-b"], COMPOSED: ["team-a"]}
 
 
 def _require(tool: Path) -> Path:
@@ -113,7 +118,11 @@ def render(variant: str) -> list[dict]:
 
 
 def pipeline_ns(variant: str) -> str:
-    return "team-a" if variant == COMPOSED else DEFAULT_PIPELINE_NS
+    return "team-a" if variant in (COMPOSED, MULTI) else DEFAULT_PIPELINE_NS
+
+
+def pipeline_namespaces(variant: str) -> list[str]:
+    return PROFILES.get(variant, [DEFAULT_PIPELINE_NS])
 
 
 def find(docs: list[dict], kind: str, name: str) -> dict:
@@ -123,7 +132,7 @@ def find(docs: list[dict], kind: str, name: str) -> dict:
 
 
 def is_crd_object(doc: dict) -> bool:
-    return (doc["apiVersion"], doc["kind"]) in SCHEMAS
+    return (doc["apiVersion"], doc["kind"]) in CRD_KINDS
 
 
 def pod_templates(doc: dict) -> list[tuple[str, dict]]:
@@ -168,15 +177,17 @@ DIGEST = re.compile(r"@sha256:[0-9a-f]{64}$")
 
 
 def _image_violations(where: str, image: str) -> list[str]:
+    """Release tag always (never `latest`); a digest only if the resolver recorded it (no placeholders)."""
+    from chunkgrpo.k8s import digests
+
     out = []
     name = image.split("@", 1)[0]
     tag = name.rsplit(":", 1)[1] if ":" in name.rsplit("/", 1)[-1] else None
     if tag == "latest":
         out.append(f"{where}: image {image} uses the `latest` tag")
-    if tag is None and not DIGEST.search(image):
-        out.append(f"{where}: image {image} has neither a tag nor a digest")
-    if not image.startswith(OWN_IMAGE_PREFIX) and not DIGEST.search(image):
-        out.append(f"{where}: third-party image {image} is not pinned by digest")
+    if tag is None:
+        out.append(f"{where}: image {image} has no release tag")
+    out += [f"{where}: {v}" for v in digests.unrecorded_digests({image: image}, digests.load_lock())]
     return out
 
 
@@ -277,6 +288,10 @@ def test_renders(variant):
             "RoleBinding", "ServiceAccount", "ClusterTrainingRuntime", "Namespace"} <= kinds
     ids = [(d["kind"], d["metadata"].get("namespace"), d["metadata"]["name"]) for d in docs]
     assert len(ids) == len(set(ids)), "duplicate objects"
+    for ns in pipeline_namespaces(variant):
+        assert {("ConfigMap", "chunkgrpo-env"), ("ServiceAccount", "chunkgrpo-trainer"), ("Role", "chunkgrpo-training"),
+                ("RoleBinding", "chunkgrpo-training")} <= {(d["kind"], d["metadata"]["name"]) for d in docs
+                                                           if d["metadata"].get("namespace") == ns}, ns
     assert all("chunkgrpo-platform" != d["metadata"]["name"] for d in docs), "local-config leaked"
     for d in docs:
         assert d["metadata"].get("labels", {}).get("app.kubernetes.io/part-of") == "chunkgrpo", d["metadata"]["name"]
@@ -306,12 +321,10 @@ def test_kubernetes_validate_cli_accepts_overlay(variant):
     assert "ERROR" not in out.stdout + out.stderr
 
 
-def _schema(api_version: str, kind: str) -> dict:
-    return json.loads((MANIFESTS / "crds" / SCHEMAS[(api_version, kind)]).read_text())
-
-
-def validate_crd_object(doc: dict) -> None:
-    jsonschema.Draft202012Validator(_schema(doc["apiVersion"], doc["kind"])).validate(doc)
+def validate_crd_object(doc: dict, *versions: str) -> None:
+    """Admitted by the upstream releases we support (vendored schemas + CEL rules, tests/k8s_schemas.py),
+    and every embedded pod template valid core/v1 (Kubernetes 1.31, strict)."""
+    k8s_schemas.check(doc, *versions)
     for where, template in pod_templates(doc):
         wrapped = {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "x"}, "template": template}
         try:
@@ -320,17 +333,48 @@ def validate_crd_object(doc: dict) -> None:
             raise AssertionError(f"{where}: {exc.message} at {list(exc.path)}") from exc
 
 
-def test_shipped_schemas_are_valid_json_schema():
-    for path in sorted((MANIFESTS / "crds").glob("*.schema.json")):
-        jsonschema.Draft202012Validator.check_schema(json.loads(path.read_text()))
+def test_vendored_schemas_are_valid_json_schema_with_provenance():
+    import jsonschema
+
+    files = sorted(k8s_schemas.FIXTURES.glob("*.schema.json"))
+    assert {f.name for f in files} == {f"trainer-v{v}.schema.json" for v in k8s_schemas.TRAINER_VERSIONS} | \
+        {f"training-operator-v{v}.schema.json" for v in k8s_schemas.TRAINING_OPERATOR_VERSIONS}
+    for path in files:
+        doc = json.loads(path.read_text())
+        jsonschema.Draft202012Validator.check_schema(doc)
+        prov = doc["x-provenance"]
+        assert prov["license"] == "Apache-2.0" and len(prov["wheel_sha256"]) == 64 and prov["version"] in path.name
+    assert "Apache-2.0" in (k8s_schemas.FIXTURES / "README.md").read_text()
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_crd_objects_validate_against_shipped_schemas(variant):
+def test_crd_objects_validate_against_upstream(variant):
     crds = [d for d in render(variant) if is_crd_object(d)]
     assert crds
     for doc in crds:
         validate_crd_object(doc)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_runtime_is_valid_for_every_trainer_release(variant):
+    """The ClusterTrainingRuntime itself is admitted by Trainer v2.1 too (only TrainJobs need >= 2.2)."""
+    rt = find(render(variant), "ClusterTrainingRuntime", "chunkgrpo-torch")
+    k8s_schemas.check(rt, *k8s_schemas.TRAINER_VERSIONS)
+
+
+def test_numprocpernode_in_the_runtime_is_rejected_by_trainer_2_2_and_later():
+    """The bug this guards against: mlPolicy.torch.numProcPerNode was removed in Trainer v2.2, so
+    `kubectl apply --server-side` of such a runtime fails (and every TrainJob after it)."""
+    rt = find(render("prod-h100"), "ClusterTrainingRuntime", "chunkgrpo-torch")
+    rt["spec"]["mlPolicy"]["torch"]["numProcPerNode"] = 8
+    assert k8s_schemas.validate(rt, "2.1.0") == []
+    for v in k8s_schemas.SUPPORTED_TRAINER:
+        assert any("numProcPerNode" in e for e in k8s_schemas.validate(rt, v)), v
+    rt["spec"]["mlPolicy"]["torch"]["numProcPerNode"] = "eight"  # 2.1's CEL rule
+    assert any("NumProcPerNode must be" in e for e in k8s_schemas.validate(rt, "2.1.0"))
+    rt["spec"]["mlPolicy"]["torch"] = {}
+    rt["spec"]["mlPolicy"]["mpi"] = {}
+    assert any("Only one of the policy" in e for e in k8s_schemas.validate(rt, "2.3.0"))
 
 
 def test_example_trainjob_matches_schema_and_runtime():
@@ -347,56 +391,19 @@ def test_example_trainjob_matches_schema_and_runtime():
         lambda j: j["spec"].__setitem__("podSpecOverrides", [{"targetJobs": [{"name": "node"}]}]),  # Trainer 2.0 API
         lambda j: j["spec"].__setitem__("podTemplateOverrides", []),  # Trainer 2.1 API
         lambda j: j["spec"]["runtimePatches"][0].pop("manager"),
-        lambda j: j["spec"]["trainer"].__setitem__("numNodes", 0),
+        lambda j: j["spec"]["trainer"].__setitem__("numProcPerNode", "auto"),
         lambda j: j["metadata"].__setitem__("name", "Bad_Name"),
-        lambda j: j["spec"]["runtimeRef"].__setitem__("kind", "PyTorchJob"),
+        lambda j: j["spec"].__setitem__("managedBy", "someone-else"),
+        lambda j: j["spec"]["runtimePatches"].append(copy.deepcopy(j["spec"]["runtimePatches"][0])),
     ],
-    ids=["podSpecOverrides", "podTemplateOverrides", "no-manager", "zero-nodes", "bad-name", "bad-runtime-kind"],
+    ids=["podSpecOverrides", "podTemplateOverrides", "no-manager", "string-nproc", "bad-name", "managed-by",
+         "duplicate-manager"],
 )
 def test_trainjob_schema_rejects_invalid(mutate):
     job = yaml.safe_load((MANIFESTS / "examples" / "trainjob-h100.yaml").read_text())
     mutate(job)
-    with pytest.raises((jsonschema.ValidationError, AssertionError)):
-        validate_crd_object(job)
-
-
-def test_runtime_schema_rejects_invalid_pod_template():
-    runtime = find(render("dev"), "ClusterTrainingRuntime", "chunkgrpo-torch")
-    bad = copy.deepcopy(runtime)
-    pod = bad["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
-    pod["containers"][0]["resourcez"] = {}  # typo caught by the strict core/v1 schema
-    with pytest.raises(AssertionError, match="resourcez"):
-        validate_crd_object(bad)
-    bad = copy.deepcopy(runtime)
-    bad["spec"]["mlPolicy"]["torch"]["numProcPerNode"] = "many"
-    with pytest.raises(jsonschema.ValidationError):
-        validate_crd_object(bad)
-
-
-# --------------------------------------------------------------------------- policy
-
-
-@pytest.mark.parametrize("variant", VARIANTS)
-def test_policy(variant):
-    docs = render(variant)
-    assert all_pods(docs), "no pod templates found"
-    assert policy_violations(docs) == []
-
-
-@pytest.mark.parametrize("variant", VARIANTS)
-def test_no_literal_secrets_in_rendered_output(variant):
-    text = render_text(variant)
-    assert "kind: Secret" not in text
-    assert not KNOWN_LITERAL_SECRETS.search(text)
-
-
-def test_no_committed_secret_files():
-    for path in MANIFESTS.rglob("*"):
-        if path.is_file():
-            assert not path.name.endswith((".env.secret", ".pem", ".key")), path
-            text = path.read_text(errors="ignore")
-            assert not KNOWN_LITERAL_SECRETS.search(text), path
-            assert "kind: Secret" not in text, f"{path}: Secrets are created out of band"
+    for v in k8s_schemas.SUPPORTED_TRAINER:
+        assert k8s_schemas.validate(job, v), v
 
 
 def _bad(variant: str, mutate) -> list[str]:
@@ -419,7 +426,7 @@ def _trainer(docs):
     [
         ("dev", lambda d: _mlflow_container(d)["securityContext"].__setitem__("privileged", True), "privileged"),
         ("dev", lambda d: _mlflow_container(d).__setitem__("image", "ghcr.io/mlflow/mlflow:latest"), "latest"),
-        ("dev", lambda d: _mlflow_container(d).__setitem__("image", "ghcr.io/mlflow/mlflow:v3.17.2"), "not pinned by digest"),
+        ("dev", lambda d: _mlflow_container(d).__setitem__("image", "ghcr.io/mlflow/mlflow:v3.17.2@sha256:" + "ab" * 32), "placeholder"),
         ("dev", lambda d: _mlflow_container(d)["env"].append({"name": "AWS_SECRET_ACCESS_KEY", "value": "hunter2"}), "literal value"),
         ("dev", lambda d: _mlflow_container(d)["env"].append({"name": "DB", "value": "postgresql://u:hunter2@db/x"}), "literal password"),
         ("dev", lambda d: d.append({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s"}, "stringData": {"k": "v"}}), "literal secret"),
@@ -435,7 +442,7 @@ def _trainer(docs):
         ("prod-h100", lambda d: _trainer(d)["containers"][0]["securityContext"]["capabilities"]["add"].append("SYS_ADMIN"), "SYS_ADMIN"),
         ("dev", lambda d: find(d, "ConfigMap", "mlflow-config")["data"].__setitem__("DB_PASSWORD", "hunter2"), "looks like a secret"),
     ],
-    ids=["privileged", "latest-tag", "tag-without-digest", "literal-secret-env", "password-in-uri", "secret-object",
+    ids=["privileged", "latest-tag", "placeholder-digest", "literal-secret-env", "password-in-uri", "secret-object",
          "no-limits", "root", "extra-capability", "no-drop-all", "hostNetwork", "gpu-without-selector",
          "ipc-lock-without-rdma", "gpu-without-toleration", "sys-admin", "secret-in-configmap"],
 )
@@ -459,9 +466,15 @@ def test_ipc_lock_is_the_only_capability_add_and_only_for_rdma_pods():
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_kfp_launcher_points_at_the_bucket(variant):
+def test_kfp_launcher_is_left_to_kfp_unless_opted_in(variant):
+    """KFP owns `kfp-launcher` (standalone ships one, the profile controller writes one per profile):
+    only the opt-in component creates it, pointing at our bucket with the secret's keys."""
     docs = render(variant)
-    cm = find(docs, "ConfigMap", "kfp-launcher")
+    cms = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "kfp-launcher"]
+    if variant != COMPOSED:
+        assert cms == []
+        return
+    (cm,) = cms
     assert cm["metadata"]["namespace"] == pipeline_ns(variant)
     assert cm["data"]["defaultPipelineRoot"] == "s3://chunkgrpo-pipelines/v2/artifacts"
     s3 = yaml.safe_load(cm["data"]["providers"])["s3"]["default"]
@@ -469,8 +482,6 @@ def test_kfp_launcher_points_at_the_bucket(variant):
     assert s3["disableSSL"] is True and s3["forcePathStyle"] is True and s3["region"]
     ref = s3["credentials"]["secretRef"]
     assert ref == {"secretName": "chunkgrpo-s3", "accessKeyKey": "AWS_ACCESS_KEY_ID", "secretKeyKey": "AWS_SECRET_ACCESS_KEY"}
-    minio_svc = find(docs, "Service", "minio")
-    assert 9000 in [p["port"] for p in minio_svc["spec"]["ports"]]
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -487,6 +498,14 @@ def test_mlflow_server(variant):
     c = deploy["spec"]["template"]["spec"]["containers"][0]
     assert "--serve-artifacts" in c["command"]
     assert "--allowed-hosts=$(MLFLOW_SERVER_ALLOWED_HOSTS)" in c["command"]
+    assert "--app-name=basic-auth" in c["command"], "MLflow must require authentication"
+    secret_env = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in c["env"] if "valueFrom" in e}
+    for var, key in (("MLFLOW_AUTH_ADMIN_USERNAME", "admin-username"), ("MLFLOW_AUTH_ADMIN_PASSWORD", "admin-password"),
+                     ("MLFLOW_FLASK_SERVER_SECRET_KEY", "flask-secret-key")):
+        assert secret_env[var] == {"name": "mlflow-auth", "key": key}, var
+    render_ini = next(i for i in deploy["spec"]["template"]["spec"]["initContainers"] if i["name"] == "render-auth-config")
+    assert "MLFLOW_AUTH_CONFIG_PATH" in render_ini["args"][0] and "default_permission = READ" in render_ini["args"][0]
+    assert cfg["MLFLOW_AUTH_CONFIG_PATH"].startswith("/tmp/")  # an emptyDir, never a ConfigMap (holds the DB URI)
     assert not any("--default-artifact-root" in a for a in c["command"]), "proxied mode only"
     for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
         assert c[probe]["httpGet"]["path"] == "/health"
@@ -497,6 +516,12 @@ def test_mlflow_server(variant):
     assert job["spec"]["template"]["spec"]["containers"][0]["command"][:3] == ["mlflow", "db", "upgrade"]
     init = deploy["spec"]["template"]["spec"]["initContainers"][0]
     assert init["name"] == "wait-for-schema" and "_verify_schema" in init["args"][0]
+    for d in docs:  # trainer pods (and only secrets) carry the pipeline's MLflow credentials
+        for where, t in pod_templates(d):
+            for c in t["spec"]["containers"]:
+                for e in c.get("env", []):
+                    if e["name"].startswith("MLFLOW_TRACKING_"):
+                        assert e["valueFrom"]["secretKeyRef"]["name"] == "chunkgrpo-mlflow", where
     pg = find(docs, "StatefulSet", "postgres")
     assert pg["spec"]["volumeClaimTemplates"]
 
@@ -546,7 +571,7 @@ def test_prod_overlays(variant):
     prod_storage = quantity(find(docs, "StatefulSet", "minio")["spec"]["volumeClaimTemplates"][0]["spec"]["resources"]["requests"]["storage"])
     assert prod_storage > dev_storage
     rt = find(docs, "ClusterTrainingRuntime", "chunkgrpo-torch")
-    assert rt["spec"]["mlPolicy"]["torch"]["numProcPerNode"] == 8
+    assert "numProcPerNode" not in rt["spec"]["mlPolicy"]["torch"]  # removed in Trainer v2.2
     pod = _trainer(docs)
     assert pod["nodeSelector"] == {"nvidia.com/gpu.product": GPU_PRODUCTS[variant]}
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
@@ -602,48 +627,145 @@ def test_pytorchjob_template_mirrors_runtime():
         assert job["spec"]["pytorchReplicaSpecs"][role]["template"]["spec"] == runtime_pod, role
 
 
+def _vendored_kfp_runner_role() -> dict:
+    return yaml.safe_load((REPO / "tests" / "fixtures" / "kfp" / "pipeline-runner-role.yaml").read_text())
+
+
+def _grants(rules: list[dict]) -> set[tuple[str, str, str, str]]:
+    """(apiGroup, resource, verb, resourceName or '*') for every rule ('*' wildcards kept)."""
+    return {(g, r, v, n) for rule in rules for g in rule.get("apiGroups", [""]) for r in rule["resources"]
+            for v in rule["verbs"] for n in (rule.get("resourceNames") or ["*"])}
+
+
+def _allows(grants, group, resource, verb, name="*") -> bool:
+    return any(g in (group, "*") and r in (resource, "*") and v in (verb, "*") and n in (name, "*")
+               for g, r, v, n in grants)
+
+
+# What a pipeline run's account must be able to do: (who needs it, apiGroup, resource, verb, resourceName)
+RUN_ACCOUNT_VERBS = [
+    ("launch_trainjob: create/attach", "trainer.kubeflow.org", "trainjobs", "create", "*"),
+    ("launch_trainjob: watch", "trainer.kubeflow.org", "trainjobs", "get", "*"),
+    ("launch_trainjob: delete on cancel / failed retry", "trainer.kubeflow.org", "trainjobs", "delete", "*"),
+    ("close_run: orphan cleanup", "trainer.kubeflow.org", "trainjobs", "list", "*"),
+    ("launch_trainjob: merge overrides (namespaced runtime)", "trainer.kubeflow.org", "trainingruntimes", "get", "*"),
+    ("launch_trainjob v1: create", "kubeflow.org", "pytorchjobs", "create", "*"),
+    ("launch_trainjob v1: template + watch", "kubeflow.org", "pytorchjobs", "get", "*"),
+    ("launch_trainjob v1: delete", "kubeflow.org", "pytorchjobs", "delete", "*"),
+    ("close_run v1: orphan cleanup", "kubeflow.org", "pytorchjobs", "list", "*"),
+    ("launch_trainjob: ownerReference from its own pod", "", "pods", "get", "*"),
+    ("Argo executor: task results", "argoproj.io", "workflowtaskresults", "create", "*"),
+    ("Argo executor: task results", "argoproj.io", "workflowtaskresults", "patch", "*"),
+    ("Argo executor: wait container", "", "pods", "patch", "*"),
+    ("Argo executor: logs", "", "pods/log", "get", "*"),
+    ("KFP launcher/driver: pipeline root", "", "configmaps", "get", "kfp-launcher"),
+    ("KFP launcher: artifact store credentials", "", "secrets", "get", "*"),
+]
+
+
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_rbac_is_least_privilege(variant):
+def test_run_account_can_do_every_verb_the_run_needs(variant):
+    """RBAC as a table: KFP's pipeline-runner Role (vendored from kubeflow/pipelines) + what we render
+    must allow every verb the launcher, Argo and the training steps use; the training pods' account
+    gets no API token; cluster-wide, the run account may read exactly one runtime."""
     docs = render(variant)
-    ns = pipeline_ns(variant)
-    role = find(docs, "Role", "chunkgrpo-trainjob-launcher")
-    assert role["metadata"]["namespace"] == ns
-    granted = {(g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
-    allowed = {(g, r, v) for g, r in [("trainer.kubeflow.org", "trainjobs"), ("kubeflow.org", "pytorchjobs")]
-               for v in ("create", "get", "list", "watch", "delete")}
-    assert granted <= allowed and ("trainer.kubeflow.org", "trainjobs", "create") in granted
-    assert not any(d["kind"] in {"ClusterRole", "ClusterRoleBinding"} for d in docs)
-    rb = find(docs, "RoleBinding", "chunkgrpo-trainjob-launcher")
-    assert rb["metadata"]["namespace"] == ns
-    assert rb["subjects"] == [{"kind": "ServiceAccount", "name": "chunkgrpo-launcher", "namespace": ns}]
-    assert find(docs, "ServiceAccount", "chunkgrpo-launcher")["metadata"]["namespace"] == ns
-    assert find(docs, "ServiceAccount", "chunkgrpo-trainer")["automountServiceAccountToken"] is False
+    kfp = _grants(_vendored_kfp_runner_role()["rules"])
+    for ns in pipeline_namespaces(variant):
+        role = find([d for d in docs if d["metadata"].get("namespace") == ns], "Role", "chunkgrpo-training")
+        rb = find([d for d in docs if d["metadata"].get("namespace") == ns], "RoleBinding", "chunkgrpo-training")
+        assert rb["roleRef"]["name"] == "chunkgrpo-training"
+        assert {(s["name"], s["namespace"]) for s in rb["subjects"]} == {("pipeline-runner", ns), ("default-editor", ns)}
+        ours = _grants(role["rules"])
+        missing = [row for row in RUN_ACCOUNT_VERBS if not _allows(ours | kfp, *row[1:])]
+        assert not missing, f"{ns}: the run account cannot {missing}"
+        # ours adds exactly the training verbs, nothing broader
+        assert {g for g, *_ in ours} <= {"trainer.kubeflow.org", "kubeflow.org"}
+        assert not any("*" in (g, r, v) for g, r, v, _ in ours)
+        assert not _allows(ours, "trainer.kubeflow.org", "trainjobs", "update")
+        trainer_sa = find([d for d in docs if d["metadata"].get("namespace") == ns], "ServiceAccount", "chunkgrpo-trainer")
+        assert trainer_sa["automountServiceAccountToken"] is False
+    crb = find(docs, "ClusterRoleBinding", "chunkgrpo-runtime-reader")
+    assert {s["namespace"] for s in crb["subjects"]} == set(pipeline_namespaces(variant))
+    cr = _grants(find(docs, "ClusterRole", "chunkgrpo-runtime-reader")["rules"])
+    assert cr == {("trainer.kubeflow.org", "clustertrainingruntimes", "get", "chunkgrpo-torch")}
+    assert {d["metadata"]["name"] for d in docs if d["kind"] in ("ClusterRole", "ClusterRoleBinding")} == \
+        {"chunkgrpo-runtime-reader"}
+    assert not any(d["kind"] == "ServiceAccount" and d["metadata"]["name"] == "chunkgrpo-launcher" for d in docs)
+
+
+def test_rbac_table_is_not_vacuous():
+    """Without our Role, KFP's runner alone cannot create TrainJobs (the bug this fixes)."""
+    kfp = _grants(_vendored_kfp_runner_role()["rules"])
+    assert not _allows(kfp, "trainer.kubeflow.org", "trainjobs", "create")
+    assert _allows(kfp, "argoproj.io", "workflowtaskresults", "create")
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_network_policies(variant):
     docs = render(variant)
-    ns = pipeline_ns(variant)
+    namespaces = pipeline_namespaces(variant)
     deny = find(docs, "NetworkPolicy", "default-deny-ingress")
     assert deny["spec"]["podSelector"] == {} and deny["spec"]["policyTypes"] == ["Ingress"]
     for name in ("minio", "mlflow"):
         np_ = find(docs, "NetworkPolicy", name)
         assert np_["metadata"]["namespace"] == SERVICES_NS
         peers = [p for rule in np_["spec"]["ingress"] for p in rule["from"]]
-        external = [p for p in peers if "namespaceSelector" in p]
-        assert external == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}}}], name
+        external = [p["namespaceSelector"] for p in peers if "namespaceSelector" in p]
+        assert len(external) == 1, name
+        sel = external[0]
+        allowed = [sel["matchLabels"]["kubernetes.io/metadata.name"]] if "matchLabels" in sel else \
+            next(e["values"] for e in sel["matchExpressions"] if e["key"] == "kubernetes.io/metadata.name"
+                 and e["operator"] == "In")
+        assert sorted(allowed) == sorted(namespaces), name
         assert all(("podSelector" in p) != ("namespaceSelector" in p) for p in peers), "no ipBlock/any-peer rules"
-    assert "kubeflow" not in json.dumps([d for d in docs if d["kind"] == "NetworkPolicy"]) or ns == "kubeflow"
+    if DEFAULT_PIPELINE_NS not in namespaces:
+        assert "kubeflow" not in json.dumps([d for d in docs if d["kind"] == "NetworkPolicy"])
 
 
 def test_pipeline_namespace_is_configurable():
     docs = render(COMPOSED)
     in_pipeline_ns = {(d["kind"], d["metadata"]["name"]) for d in docs if d["metadata"].get("namespace") == "team-a"}
-    assert {("ConfigMap", "kfp-launcher"), ("ConfigMap", "chunkgrpo-env"), ("ServiceAccount", "chunkgrpo-launcher"),
-            ("ServiceAccount", "chunkgrpo-trainer"), ("Role", "chunkgrpo-trainjob-launcher"),
-            ("RoleBinding", "chunkgrpo-trainjob-launcher"), ("PyTorchJob", "chunkgrpo-torch-template")} == in_pipeline_ns
+    assert {("ConfigMap", "kfp-launcher"), ("ConfigMap", "chunkgrpo-env"), ("ServiceAccount", "chunkgrpo-trainer"),
+            ("Role", "chunkgrpo-training"), ("RoleBinding", "chunkgrpo-training"),
+            ("PyTorchJob", "chunkgrpo-torch-template")} == in_pipeline_ns
     assert "kubeflow" not in {d["metadata"].get("namespace") for d in docs}
     assert {d["metadata"].get("namespace") for d in docs} == {None, SERVICES_NS, "team-a"}
+
+
+def test_multi_profile_has_one_set_of_services_and_one_runtime():
+    docs = render(MULTI)
+    assert [d["metadata"]["name"] for d in docs if d["kind"] == "ClusterTrainingRuntime"] == ["chunkgrpo-torch"]
+    assert len([d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "mlflow"]) == 1
+    assert {d["metadata"].get("namespace") for d in docs} == {None, SERVICES_NS, "team-a", "team-b"}
+    rt = find(docs, "ClusterTrainingRuntime", "chunkgrpo-torch")
+    pod = rt["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    # names the runtime references resolve in each profile namespace (the TrainJob's own)
+    for ns in ("team-a", "team-b"):
+        here = {(d["kind"], d["metadata"]["name"]) for d in docs if d["metadata"].get("namespace") == ns}
+        assert ("ServiceAccount", pod["serviceAccountName"]) in here
+        assert ("ConfigMap", pod["containers"][0]["envFrom"][0]["configMapRef"]["name"]) in here
+
+
+def test_shared_cluster_options():
+    """Istio sidecars off on training pods; RoCE (Multus + GID index), gang scheduling and the
+    private-registry secret as components, all still valid for the supported Trainer releases."""
+    for variant in VARIANTS:
+        for where, t in all_pods(render(variant)):
+            if any(c["name"] in ("node", "pytorch") for c in t["spec"]["containers"]):
+                assert t["metadata"]["annotations"]["sidecar.istio.io/inject"] == "false", where
+    docs = render(COMPOSED)
+    rt = find(docs, "ClusterTrainingRuntime", "chunkgrpo-torch")
+    assert rt["spec"]["podGroupPolicy"] == {"coscheduling": {"scheduleTimeoutSeconds": 600}}
+    for where, t in all_pods(docs):
+        if any(c["name"] in ("node", "pytorch") for c in t["spec"]["containers"]):
+            assert t["metadata"]["annotations"]["k8s.v1.cni.cncf.io/networks"] == "roce-net", where
+            env = {e["name"]: e.get("value") for e in t["spec"]["containers"][0]["env"]}
+            assert env["NCCL_IB_GID_INDEX"] == "3" and env["NCCL_IB_DISABLE"] == "0", where
+            assert t["spec"]["imagePullSecrets"] == [{"name": "chunkgrpo-registry"}], where
+    assert find(docs, "ServiceAccount", "chunkgrpo-trainer")["imagePullSecrets"] == [{"name": "chunkgrpo-registry"}]
+    volcano = copy.deepcopy(rt)
+    volcano["spec"]["podGroupPolicy"] = {"volcano": {}}
+    k8s_schemas.check(volcano)
 
 
 def test_services_namespace_enforces_restricted_pss():
@@ -697,8 +819,112 @@ def test_dockerfile_conventions(dockerfile):
         ref = re.sub(r"\$\{?([A-Z_]+)\}?", lambda m: args.get(m.group(1), m.group(0)), ref)
         if ref in re.findall(r"\bAS\s+(\S+)", text, re.I):
             continue  # a previous stage
-        assert DIGEST.search(ref), f"{dockerfile}: base image {ref} not pinned by digest"
+        name = ref.split("@", 1)[0]
+        tag = name.rsplit(":", 1)[1] if ":" in name.rsplit("/", 1)[-1] else None
+        assert tag and tag != "latest", f"{dockerfile}: base image {ref} has no release tag"
+        if str(dockerfile.relative_to(REPO)) in _locked_dockerfiles():  # digests only from the resolver
+            from chunkgrpo.k8s import digests
+
+            assert not digests.unrecorded_digests({ref: ref}, digests.load_lock()), ref
     users = re.findall(r"^USER\s+(\S+)", text, re.M)
     assert users and users[-1].split(":")[0] not in {"root", "0"}, "final stage must run as non-root"
     assert re.search(r"^ARG\s+CHUNKGRPO_VERSION=", text, re.M), "package version build arg"
     assert not re.search(r"(AWS_SECRET_ACCESS_KEY|PASSWORD|TOKEN)\s*=", text), "no secrets in images"
+
+
+# --------------------------------------------------------------------------- digests
+
+
+def _locked_dockerfiles() -> set[str]:
+    from chunkgrpo.k8s import digests
+
+    return {d["path"] for i in digests.load_lock()["images"] for d in i.get("dockerfiles") or []}
+
+
+def test_prod_overlays_carry_no_unrecorded_digest():
+    """The repo's own prod overlays pass honestly: every digest in them was written by the resolver
+    (today there is none: images are referenced by tag until `digests resolve` has run)."""
+    from chunkgrpo.k8s import digests
+
+    assert digests.check(REPO) == []
+    unresolved = digests.unresolved(digests.load_lock())
+    assert digests.check(REPO, strict=True) == [
+        f"{ref}: not resolved to a digest (run `python -m chunkgrpo.k8s.digests resolve`)" for ref in unresolved]
+    lock_names = {i["name"] for i in digests.load_lock()["images"]}
+    for variant in ("prod-h800", "prod-h100"):
+        for _, t in all_pods(render(variant)):
+            for c in t["spec"]["containers"] + t["spec"].get("initContainers", []):
+                assert c["image"].split("@")[0].rsplit(":", 1)[0] in lock_names, c["image"]
+
+
+def _manifests_copy(tmp_path) -> Path:
+    root = tmp_path / "repo"
+    shutil.copytree(MANIFESTS, root / "manifests")
+    shutil.copytree(IMAGES, root / "images")
+    return root
+
+
+def test_a_placeholder_digest_in_a_prod_overlay_fails_the_check(tmp_path):
+    from chunkgrpo.k8s import digests
+
+    root = _manifests_copy(tmp_path)
+    comp = root / "manifests" / "components" / "pinned-images" / "kustomization.yaml"
+    comp.write_text(comp.read_text().replace("images: []", "images:\n- name: ghcr.io/mlflow/mlflow\n  newTag: v3.17.2-full\n"
+                                             "  digest: sha256:5772fa203d85ce2176105f755d84c44b57526104560741bd62097126618df20c\n"))
+    problems = digests.check(root)
+    assert problems and all("was not written by `digests resolve`" in p for p in problems)
+    assert any(p.startswith("overlays/prod-h100") for p in problems)
+
+
+def test_resolver_writes_lock_component_and_dockerfiles_then_check_passes(tmp_path, monkeypatch):
+    """`digests resolve` with a stand-in `docker` (no Docker engine here): every image gets a digest with
+    provenance, the prod overlays pin exactly those, Dockerfile ARGs too, and the strict check passes."""
+    import datetime as dt
+    import hashlib
+
+    from chunkgrpo.k8s import digests
+
+    root = _manifests_copy(tmp_path)
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    fake = bindir / "docker"
+    fake.write_text("#!/usr/bin/env python3\nimport hashlib, json, sys\n"
+                    "assert sys.argv[1:4] == ['buildx', 'imagetools', 'inspect'], sys.argv\n"
+                    "print(json.dumps('sha256:' + hashlib.sha256(sys.argv[4].encode()).hexdigest()))\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}:{__import__('os').environ['PATH']}")
+    lock = digests.resolve(root / "manifests" / "images.lock.yaml", repo=root,
+                           pinned=root / "manifests" / "components" / "pinned-images" / "kustomization.yaml",
+                           now=dt.datetime(2026, 1, 2, tzinfo=dt.timezone.utc))
+    want = {f"{i['name']}:{i['tag']}": "sha256:" + hashlib.sha256(f"{i['name']}:{i['tag']}".encode()).hexdigest()
+            for i in lock["images"]}
+    reread = digests.load_lock(root / "manifests" / "images.lock.yaml")
+    for img in reread["images"]:
+        ref = f"{img['name']}:{img['tag']}"
+        assert img["digest"] == want[ref] and "imagetools inspect" in img["resolved_by"] and img["resolved_at"]
+    rendered = digests._render(root / "manifests" / "overlays" / "prod-h100")
+    assert f"ghcr.io/mlflow/mlflow:v3.17.2-full@{want['ghcr.io/mlflow/mlflow:v3.17.2-full']}" in rendered
+    assert f"python:3.11-slim-bookworm@{want['python:3.11-slim-bookworm']}" in (root / "images/launcher/Dockerfile").read_text()
+    assert digests.check(root, strict=True) == []
+    # a digest edited by hand afterwards is caught again
+    comp = root / "manifests" / "components" / "pinned-images" / "kustomization.yaml"
+    comp.write_text(comp.read_text().replace(want["ghcr.io/mlflow/mlflow:v3.17.2-full"], "sha256:" + "0" * 64))
+    assert any("not written by" in p for p in digests.check(root))
+
+
+def test_cuda12_runtime_variant_is_consistent():
+    """The R535-R570 build-arg set names only ARGs the runtime Dockerfile has, a CUDA 12 base that is in
+    the image lock (so the resolver pins it), and the matching torch wheel index."""
+    from chunkgrpo.k8s import digests
+
+    text = (IMAGES / "runtime" / "Dockerfile").read_text()
+    args = dict(line.split("=", 1) for line in (IMAGES / "runtime" / "cuda12.build-args").read_text().splitlines()
+                if line and not line.startswith("#"))
+    assert set(args) == {"CUDA_IMAGE", "TORCH_INDEX_URL"}
+    for name in args:
+        assert re.search(rf"^ARG {name}=", text, re.M), name
+    name, tag = args["CUDA_IMAGE"].split(":")
+    assert tag.startswith("12.") and {"name": name, "tag": tag} in [
+        {"name": i["name"], "tag": i["tag"]} for i in digests.load_lock()["images"]]
+    cu = "cu" + "".join(tag.split(".")[:2])
+    assert args["TORCH_INDEX_URL"].endswith("/" + cu)

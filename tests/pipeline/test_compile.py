@@ -4,6 +4,7 @@ the CLI helpers (cron, parameters, upload/schedule against a fake kfp.Client).""
 
 import argparse
 import datetime as dt
+from pathlib import Path
 
 import pytest
 import yaml
@@ -127,8 +128,14 @@ def test_multinode_variant_uses_the_launcher(tmp_path, trainer, kind):
     assert launcher["image"].startswith("ghcr.io/chunkgrpo/chunkgrpo-launcher:")
     assert "accelerator" not in launcher.get("resources", {})  # the launcher pod itself holds no GPU
     args = t["launch-trainjob"]["inputs"]["parameters"]
-    assert args["node_selector"]["runtimeValue"]["constant"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+    # pool placement, GPUs, RDMA, memory and /dev/shm are the runtime's: the launcher overrides none of them
+    assert args["gpus_per_node"]["runtimeValue"]["constant"] == 0 and args["shm_size"]["runtimeValue"]["constant"] == ""
+    assert args["node_selector"]["runtimeValue"]["constant"] == {}
     assert t["launch-trainjob"]["retryPolicy"]["maxRetryCount"] == 2  # safe: the job name is deterministic
+    # the exit handler deletes the run's jobs if the launcher step dies (eviction, SIGKILL)
+    close = t["close-run"]["inputs"]["parameters"]
+    assert close["cleanup_jobs"]["runtimeValue"]["constant"] is True
+    assert "queue_name" in spec["root"]["inputDefinitions"]["parameters"]
 
 
 def test_images_follow_registry_override(tmp_path, monkeypatch):
@@ -204,7 +211,8 @@ def test_schedule_creates_a_pinned_nightly_recurring_run(monkeypatch, capsys):
 
     fake = FakeClient()
     monkeypatch.setattr(cli, "_kfp_client", lambda args: fake)
-    assert main(["pipeline", "schedule", "--version", "v-test", "--timezone", "UTC", "-p", "tolerance=0.01"]) == 0
+    assert main(["pipeline", "schedule", "--version", "v-test", "--timezone", "UTC", "-p", "tolerance=0.01",
+                 "--pool", "h800"]) == 0
     kinds = [c[0] for c in fake.calls]
     assert kinds == ["get_pipeline_id", "upload_pipeline", "upload_pipeline_version", "delete_recurring_run",
                      "create_recurring_run"]
@@ -212,7 +220,8 @@ def test_schedule_creates_a_pinned_nightly_recurring_run(monkeypatch, capsys):
     kw = fake.calls[-1][1]
     assert kw["cron_expression"] == "0 0 2 * * *" and kw["pipeline_id"] == "pid-1" and kw["version_id"] == "vid-1"
     assert kw["no_catchup"] is True and kw["max_concurrency"] == 1 and kw["enable_caching"] is False
-    assert kw["params"] == {"tolerance": 0.01} and kw["service_account"] == "chunkgrpo-launcher"
+    assert kw["params"] == {"tolerance": 0.01}
+    assert kw["service_account"] is None  # the server's default, i.e. the account a UI run uses
     assert "rr-1" in capsys.readouterr().out
 
 
@@ -222,9 +231,12 @@ def test_upload_creates_versions_of_both_pipelines(monkeypatch):
 
     fake = FakeClient()
     monkeypatch.setattr(cli, "_kfp_client", lambda args: fake)
+    assert main(["pipeline", "upload", "--version", "v1"]) == 2  # no GPU pool chosen: refused, one line
+    monkeypatch.setenv("CHUNKGRPO_GPU_POOL", "h800")               # the overlay's pool
     assert main(["pipeline", "upload", "--version", "v1"]) == 0
     uploaded = [c for c in fake.calls if c[0] == "upload_pipeline_version"]
-    assert [c[3] for c in uploaded] == ["chunkgrpo-train-and-evaluate", "chunkgrpo-nightly-benchmark"]
+    assert [c[3] for c in uploaded] == ["chunkgrpo-train-and-evaluate", "chunkgrpo-nightly-benchmark",
+                                        "chunkgrpo-models-sync"]
 
 
 def test_compile_cli(tmp_path, capsys):
@@ -233,3 +245,67 @@ def test_compile_cli(tmp_path, capsys):
     assert main(["pipeline", "compile", "--out", str(tmp_path), "--pool", "h800"]) == 0
     assert (tmp_path / "train_and_evaluate.yaml").exists() and (tmp_path / "nightly_benchmark.yaml").exists()
     assert "chunkgrpo-runtime:" in capsys.readouterr().out
+    assert main(["pipeline", "compile", "--out", str(tmp_path)]) == 2
+    assert "no GPU pool" in capsys.readouterr().err
+
+
+def test_preflight_first_defaults_from_the_model_cache_and_judge_secret(tae):
+    spec, ex = tae
+    t = tasks(spec)
+    params = spec["root"]["inputDefinitions"]["parameters"]
+    assert params["model"]["defaultValue"] == "s3://chunkgrpo-data/models/black-forest-labs/FLUX.1-dev"
+    assert params["reward_weights"]["defaultValue"]["hpsv3"] == "s3://chunkgrpo-data/models/MizzenAI/HPSv3"
+    assert params["scorer_weights"]["defaultValue"]["imagereward"] == "s3://chunkgrpo-data/models/THUDM/ImageReward"
+    assert params["scorer_weights"]["parameterType"] == "STRUCT"
+    # profile (the first GPU step) and the MLflow run wait for the preflight
+    assert "preflight" in t["profile"]["dependentTasks"] and "preflight" in t["open-run"]["dependentTasks"]
+    assert t["preflight"].get("retryPolicy") is None
+    for step in ("exec-evaluate", "exec-preflight"):
+        judge = [x for x in ex[step]["secretAsEnv"] if x["secretName"] == "chunkgrpo-judge"]
+        assert judge and judge[0]["optional"] and judge[0]["keyToEnv"][0]["envVar"] == "OPENAI_API_KEY", step
+    assert t["train"]["inputs"]["parameters"]["reward_weights"]["componentInputParameter"].endswith("reward_weights")
+    assert t["evaluate"]["inputs"]["parameters"]["scorer_weights"]["componentInputParameter"].endswith("scorer_weights")
+    assert "direction" not in t["check-gate"]["inputs"]["parameters"]  # the registered model's, not a run parameter
+
+
+def test_compile_options_pull_secret_and_model_pvc(tmp_path, monkeypatch):
+    monkeypatch.setenv("CHUNKGRPO_IMAGE_PULL_SECRETS", "regcred")
+    monkeypatch.setenv("CHUNKGRPO_MODEL_PVC", "flux-models")
+    spec, ex = load(compile_pipeline("train_and_evaluate", tmp_path / "p.yaml", pool="gpu", trainer="trainjob"))
+    for name, e in ex.items():
+        assert e["imagePullSecret"] == [{"secretName": "regcred"}] or \
+            [x.get("secretName") for x in e["imagePullSecret"]] == ["regcred"], name
+        assert any(m["mountPath"] == "/models" for m in e.get("pvcMount", [])), name
+    t = tasks(spec)
+    assert t["launch-trainjob"]["inputs"]["parameters"]["image_pull_secrets"]["runtimeValue"]["constant"] == ["regcred"]
+    assert "nodeSelector" not in ex["exec-profile"]  # pool `gpu`: any GPU node
+
+
+def _parse_with_spec(ir: dict, spec_version: str) -> None:
+    """Parse an IR document with the PipelineSpec schema of an older kfp-pipeline-spec release (its
+    serialized descriptor is vendored in tests/fixtures/kfp); unknown fields fail, as in the API server."""
+    from google.protobuf import descriptor_pb2, descriptor_pool, json_format, message_factory
+
+    raw = (Path(__file__).resolve().parents[1] / "fixtures" / "kfp" /
+           f"pipeline_spec-{spec_version}.desc").read_bytes()
+    pool = descriptor_pool.DescriptorPool()
+    for f in descriptor_pb2.FileDescriptorSet.FromString(raw).file:  # dependencies first
+        pool.Add(f)
+    cls = message_factory.GetMessageClass(pool.FindMessageTypeByName("ml_pipelines.PipelineSpec"))
+    json_format.ParseDict(ir, cls())
+
+
+@pytest.mark.parametrize("name,trainer", [("train_and_evaluate", "torchrun"), ("train_and_evaluate", "trainjob"),
+                                          ("nightly_benchmark", "torchrun"), ("models_sync", "torchrun")])
+def test_ir_parses_with_the_oldest_supported_pipeline_spec(tmp_path, name, trainer):
+    from google.protobuf import json_format
+
+    from pipeline.compile import OLDEST_KFP
+
+    old = load(compile_pipeline(name, tmp_path / "old.yaml", pool="h100", trainer=trainer, target_kfp=OLDEST_KFP))[0]
+    _parse_with_spec(old, "2.14.0")
+    new = load(compile_pipeline(name, tmp_path / "new.yaml", pool="h100", trainer=trainer))[0]
+    _parse_with_spec(new, "2.16.0")
+    if name != "models_sync":  # it has no dropdowns
+        with pytest.raises(json_format.ParseError, match="literals"):
+            _parse_with_spec(new, "2.14.0")  # what an older API server does with the 2.16+ IR

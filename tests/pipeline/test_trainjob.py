@@ -1,5 +1,7 @@
-"""chunkgrpo.k8s.trainjob: TrainJob / PyTorchJob objects validated against manifests/crds schemas,
-deterministic names, submit-or-attach, status streaming, failure reasons, cancellation.
+"""chunkgrpo.k8s.trainjob: TrainJob / PyTorchJob objects validated against the vendored upstream
+API schemas + CEL rules (tests/k8s_schemas.py: Trainer v2.2/v2.3, Training Operator v1.9.4),
+resources merged with the runtime's (RDMA, memory, /dev/shm survive), deterministic names,
+submit-or-attach, status streaming, failure reasons, cancellation, orphan cleanup.
 
 No cluster exists here: the Kubernetes API is a FAKE (`FakeApi`, the CustomObjectsApi methods the
 launcher uses, with 404/409 errors carrying `.status` like kubernetes.client.ApiException). These
@@ -7,27 +9,39 @@ tests prove the launcher's logic against that boundary, not the behaviour of a r
 """
 
 import copy
-import json
 import os
 import signal
 from pathlib import Path
 
-import jsonschema
 import pytest
 import yaml
 
 from chunkgrpo.k8s import trainjob as tj
+from tests import k8s_schemas
 
 REPO = Path(__file__).resolve().parents[2]
-CRDS = REPO / "manifests" / "crds"
-SCHEMAS = {"TrainJob": "trainer.kubeflow.org_v1alpha1_trainjob.schema.json",
-           "PyTorchJob": "kubeflow.org_v1_pytorchjob.schema.json"}
 RUN_ID = "3f9c2a7e-1b2c-4d5e-8f90-a1b2c3d4e5f6"
 
 
 def validate(obj: dict) -> None:
-    schema = json.loads((CRDS / SCHEMAS[obj["kind"]]).read_text())
-    jsonschema.Draft202012Validator(schema).validate(obj)
+    """Admitted by every supported upstream release (Trainer v2.2 + v2.3, Training Operator v1.9.4)."""
+    k8s_schemas.check(obj)
+
+
+def rendered(variant: str, kind: str, name: str) -> dict:
+    from tests.manifests.test_manifests import find, render
+
+    return find(render(variant), kind, name)
+
+
+def prod_runtime() -> dict:
+    return rendered("prod-h100", "ClusterTrainingRuntime", "chunkgrpo-torch")
+
+
+def prod_template() -> dict:
+    from tests.manifests.test_manifests import COMPOSED
+
+    return rendered(COMPOSED, "PyTorchJob", "chunkgrpo-torch-template")
 
 
 def spec(**kw) -> tj.JobSpec:
@@ -35,7 +49,7 @@ def spec(**kw) -> tj.JobSpec:
                 num_nodes=2, nproc_per_node=8, gpus_per_node=8, cpu="96", memory="960Gi",
                 node_selector={"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
                 tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
-                shm_size="128Gi", run_id=RUN_ID, env={"CHUNKGRPO_MLFLOW_PARENT_RUN_ID": "abc"},
+                shm_size="", run_id=RUN_ID, env={"CHUNKGRPO_MLFLOW_PARENT_RUN_ID": "abc"},
                 secret_env={"AWS_ACCESS_KEY_ID": ("chunkgrpo-s3", "AWS_ACCESS_KEY_ID"),
                             "AWS_SECRET_ACCESS_KEY": ("chunkgrpo-s3", "AWS_SECRET_ACCESS_KEY")},
                 train_args=["--config", "chunk_grpo_flux", "max_steps=151", "chunks=sizes:2,3,4,7"],
@@ -63,15 +77,44 @@ def test_job_name_is_deterministic_dns1123_and_short():
 # --------------------------------------------------------------------------------------- builders
 
 
-def test_trainjob_validates_and_carries_placement_shm_secrets_and_command():
-    obj = tj.build_trainjob(spec())
+def effective_trainer_pod(runtime: dict, job: dict) -> dict:
+    """What Trainer v2.2/v2.3 makes of runtime + TrainJob for the `node` pods (the parts tested here):
+    container resources are REPLACED by trainer.resourcesPerNode when set; runtimePatches merge
+    labels/annotations, nodeSelector, tolerations (appended), imagePullSecrets and volumes (by name)."""
+    pod = copy.deepcopy(next(rj for rj in runtime["spec"]["template"]["spec"]["replicatedJobs"]
+                             if rj["name"] == "node")["template"]["spec"]["template"])
+    c = next(c for c in pod["spec"]["containers"] if c["name"] == "node")
+    if "resourcesPerNode" in job["spec"]["trainer"]:
+        c["resources"] = job["spec"]["trainer"]["resourcesPerNode"]
+    for patch in job["spec"].get("runtimePatches", []):
+        for rj in patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]:
+            tp = rj["template"]["spec"]["template"]
+            for key in ("labels", "annotations"):
+                pod.setdefault("metadata", {}).setdefault(key, {}).update(tp.get("metadata", {}).get(key, {}))
+            ps = tp.get("spec", {})
+            pod["spec"].setdefault("nodeSelector", {}).update(ps.get("nodeSelector", {}))
+            pod["spec"]["tolerations"] = pod["spec"].get("tolerations", []) + ps.get("tolerations", [])
+            pod["spec"]["imagePullSecrets"] = pod["spec"].get("imagePullSecrets", []) + ps.get("imagePullSecrets", [])
+            vols = {v["name"]: v for v in pod["spec"].get("volumes", [])}
+            vols.update({v["name"]: v for v in ps.get("volumes", [])})
+            pod["spec"]["volumes"] = list(vols.values())
+    return pod
+
+
+def _vol(pod: dict, name: str) -> dict:
+    return next(v for v in pod["spec"]["volumes"] if v["name"] == name)
+
+
+def test_trainjob_validates_and_carries_placement_secrets_and_command():
+    obj = tj.build_trainjob(spec(gpus_per_node=0, cpu="", memory=""))
     validate(obj)
+    assert k8s_schemas.validate(obj, "2.1.0"), "runtimePatches/activeDeadlineSeconds do not exist in Trainer v2.1"
     s = obj["spec"]
     assert s["runtimeRef"] == {"apiGroup": "trainer.kubeflow.org", "kind": "ClusterTrainingRuntime",
                                "name": "chunkgrpo-torch"}
     tr = s["trainer"]
     assert tr["numNodes"] == 2 and tr["numProcPerNode"] == 8
-    assert tr["resourcesPerNode"]["limits"]["nvidia.com/gpu"] == 8
+    assert "resourcesPerNode" not in tr  # the runtime's resources (GPUs, RDMA, memory) stay untouched
     assert {"name": "AWS_SECRET_ACCESS_KEY",
             "valueFrom": {"secretKeyRef": {"name": "chunkgrpo-s3", "key": "AWS_SECRET_ACCESS_KEY"}}} in tr["env"]
     script = tr["command"][2]
@@ -85,51 +128,114 @@ def test_trainjob_validates_and_carries_placement_shm_secrets_and_command():
     assert rj["name"] == "node"
     pod = rj["template"]["spec"]["template"]
     assert pod["metadata"]["labels"][tj.LABEL_RUN] == RUN_ID
+    assert pod["metadata"]["annotations"]["sidecar.istio.io/inject"] == "false"
     assert pod["spec"]["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
     assert pod["spec"]["tolerations"][0]["key"] == "nvidia.com/gpu"
-    assert pod["spec"]["volumes"] == [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "128Gi"}}]
-    assert pod["spec"]["containers"] == [{"name": "node", "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}]}]
+    assert "volumes" not in pod["spec"], "no shm override by default: the runtime's /dev/shm stays"
     assert s["activeDeadlineSeconds"] == 172800
     assert obj["metadata"]["annotations"][tj.SPEC_HASH]
 
 
+def test_default_trainjob_keeps_the_prod_runtimes_rdma_memory_and_shm():
+    runtime = prod_runtime()
+    job = tj.build_trainjob(spec(gpus_per_node=0, cpu="", memory=""))
+    pod = effective_trainer_pod(runtime, job)
+    res = pod["spec"]["containers"][0]["resources"]
+    assert res["limits"]["nvidia.com/gpu"] == 8 and res["limits"]["rdma/rdma_shared_device_a"] == 1
+    assert tj.quantity(res["requests"]["memory"]) == tj.quantity("960Gi")
+    assert _vol(pod, "dshm")["emptyDir"] == {"medium": "Memory", "sizeLimit": "128Gi"}
+    assert pod["metadata"]["annotations"]["sidecar.istio.io/inject"] == "false"
+
+
+def test_resource_overrides_are_merged_into_the_runtimes():
+    """Trainer v2.2 replaces container resources wholesale from resourcesPerNode: the job must carry
+    the runtime's RDMA device, memory and ephemeral storage along with its override."""
+    runtime = prod_runtime()
+    job = tj.build_trainjob(spec(gpus_per_node=4, cpu="", memory="", nproc_per_node=4), runtime)
+    validate(job)
+    res = job["spec"]["trainer"]["resourcesPerNode"]
+    for bound in ("requests", "limits"):
+        assert res[bound]["nvidia.com/gpu"] == 4
+        assert res[bound]["rdma/rdma_shared_device_a"] == 1
+        assert res[bound]["ephemeral-storage"]
+    assert tj.quantity(res["limits"]["memory"]) == tj.quantity("1200Gi")
+    pod = effective_trainer_pod(runtime, job)
+    assert pod["spec"]["containers"][0]["resources"]["limits"]["rdma/rdma_shared_device_a"] == 1
+    with pytest.raises(ValueError, match="runtime"):
+        tj.build_trainjob(spec(gpus_per_node=8))  # an override without the runtime would drop RDMA
+
+
+def test_merge_resources_keeps_unnamed_keys_and_raises_limits_to_requests():
+    base = {"requests": {"cpu": "96", "memory": "960Gi", "rdma/x": 1}, "limits": {"cpu": "160", "memory": "1200Gi", "rdma/x": 1}}
+    out = tj.merge_resources(base, {"requests": {"cpu": "200", "nvidia.com/gpu": 2}, "limits": {"nvidia.com/gpu": 2}})
+    assert out["requests"] == {"cpu": "200", "memory": "960Gi", "rdma/x": 1, "nvidia.com/gpu": 2}
+    assert out["limits"]["cpu"] == "200" and out["limits"]["rdma/x"] == 1  # limit raised to the new request
+    assert base["requests"]["cpu"] == "96"  # input untouched
+    with pytest.raises(ValueError):
+        tj.quantity("lots")
+
+
+def test_explicit_shm_is_a_runtime_patch():
+    job = tj.build_trainjob(spec(gpus_per_node=0, cpu="", memory="", shm_size="256Gi"))
+    validate(job)
+    pod = effective_trainer_pod(prod_runtime(), job)
+    assert _vol(pod, "dshm")["emptyDir"]["sizeLimit"] == "256Gi"
+
+
+def test_kueue_queue_pull_secrets_and_owner():
+    owner = {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow", "name": "wf", "uid": "u-1",
+             "controller": False, "blockOwnerDeletion": False}
+    job = tj.build_trainjob(spec(gpus_per_node=0, cpu="", memory="", queue_name="gpu-team-a",
+                                 image_pull_secrets=["regcred"], owner=owner))
+    validate(job)
+    assert job["metadata"]["labels"][tj.LABEL_QUEUE] == "gpu-team-a" and job["spec"]["suspend"] is True
+    assert job["metadata"]["ownerReferences"] == [owner]
+    pod = job["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]
+    assert pod["template"]["spec"]["template"]["spec"]["imagePullSecrets"] == [{"name": "regcred"}]
+    pj = tj.build_pytorchjob(spec(queue_name="gpu-team-a", image_pull_secrets=["regcred"], owner=owner), prod_template())
+    validate(pj)
+    assert pj["spec"]["runPolicy"]["suspend"] is True and pj["metadata"]["labels"][tj.LABEL_QUEUE] == "gpu-team-a"
+    assert {"name": "regcred"} in pj["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["imagePullSecrets"]
+
+
 def test_minimal_trainjob_is_plain_torchrun_and_matches_example_shape():
-    obj = tj.build_trainjob(tj.JobSpec(name="cg-0123456789-train", image="img:1", shm_size=""))
+    obj = tj.build_trainjob(tj.JobSpec(name="cg-0123456789-train", image="img:1"))
     validate(obj)
     assert obj["spec"]["trainer"]["command"] == ["torchrun", "-m", "chunkgrpo.train"]
     example = yaml.safe_load((REPO / "manifests" / "examples" / "trainjob-h100.yaml").read_text())
+    validate(example)
     assert example["spec"]["runtimeRef"] == obj["spec"]["runtimeRef"]
     assert obj["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]["name"] \
         == example["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]["name"]
 
 
 @pytest.mark.parametrize("nodes", [1, 3])
-def test_pytorchjob_validates(nodes):
-    obj = tj.build_pytorchjob(spec(num_nodes=nodes))
+def test_pytorchjob_from_the_template_merges_resources(nodes):
+    template = prod_template()
+    obj = tj.build_pytorchjob(spec(num_nodes=nodes, gpus_per_node=8, cpu="", memory=""), template)
     validate(obj)
     reps = obj["spec"]["pytorchReplicaSpecs"]
     assert reps["Master"]["replicas"] == 1
     assert ("Worker" in reps) == (nodes > 1) and (nodes == 1 or reps["Worker"]["replicas"] == nodes - 1)
     assert obj["spec"]["nprocPerNode"] == "8" and obj["spec"]["runPolicy"]["suspend"] is False
-    pod = reps["Master"]["template"]["spec"]
-    (c,) = pod["containers"]
-    assert c["name"] == "pytorch" and c["resources"]["limits"]["nvidia.com/gpu"] == 8
-    assert {"name": "dshm", "mountPath": "/dev/shm"} in c["volumeMounts"]
-    assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "128Gi"}} in pod["volumes"]
-    assert pod["nodeSelector"] and pod["tolerations"]
-
-
-def test_pytorchjob_from_the_cluster_template_keeps_its_pod_spec():
-    template = yaml.safe_load((REPO / "manifests/components/training-operator-v1/pytorchjob-template.yaml").read_text())
-    obj = tj.build_pytorchjob(spec(num_nodes=4), template=template)
-    validate(obj)
-    reps = obj["spec"]["pytorchReplicaSpecs"]
-    assert reps["Worker"]["replicas"] == 3 and obj["spec"]["runPolicy"]["suspend"] is False
-    c = reps["Worker"]["template"]["spec"]["containers"][0]
-    assert c["image"] == spec().image and c["args"][-1] == "output_dir=/tmp/train"
-    names = [e["name"] for e in c["env"]]
-    assert "HF_HOME" in names and names.count("AWS_ACCESS_KEY_ID") == 1  # template env kept, ours replaces dupes
+    for rs in reps.values():
+        pod = rs["template"]["spec"]
+        (c,) = pod["containers"]
+        assert c["name"] == "pytorch" and c["image"] == spec().image and c["args"][-1] == "output_dir=/tmp/train"
+        lim = c["resources"]["limits"]
+        assert lim["nvidia.com/gpu"] == 8 and lim["rdma/rdma_shared_device_a"] == 1  # RDMA survives
+        assert tj.quantity(lim["memory"]) == tj.quantity("1200Gi")
+        assert c["securityContext"]["capabilities"]["add"] == ["IPC_LOCK"]
+        assert _vol(rs["template"], "dshm")["emptyDir"]["sizeLimit"] == "128Gi"  # the overlay's, not 64Gi
+        assert rs["template"]["metadata"]["annotations"]["sidecar.istio.io/inject"] == "false"
+        names = [e["name"] for e in c["env"]]
+        assert "HF_HOME" in names and names.count("AWS_ACCESS_KEY_ID") == 1  # template env kept, ours replaces dupes
     assert template["spec"]["runPolicy"]["suspend"] is True  # input not mutated
+
+
+def test_pytorchjob_needs_its_template():
+    with pytest.raises(tj.TemplateError, match="training-operator-v1"):
+        tj.build_pytorchjob(spec(), None)
 
 
 @pytest.mark.parametrize("kw", [dict(name="Bad_Name"), dict(nproc_per_node=16), dict(upload_final_to="/local"),
@@ -139,11 +245,18 @@ def test_invalid_specs_are_rejected(kw):
         spec(**kw)
 
 
-def test_schema_would_reject_a_stale_trainer_field():
-    obj = tj.build_trainjob(spec())
-    obj["spec"]["podSpecOverrides"] = []  # Trainer 2.0 field: gone since 2.2
-    with pytest.raises(jsonschema.ValidationError):
-        validate(obj)
+def test_schemas_reject_stale_and_unknown_fields():
+    obj = tj.build_trainjob(spec(gpus_per_node=0, cpu="", memory=""))
+    for field in ("podSpecOverrides", "podTemplateOverrides"):  # Trainer 2.0 / 2.1 fields, gone since 2.2
+        bad = copy.deepcopy(obj)
+        bad["spec"][field] = []
+        assert all(k8s_schemas.validate(bad, v) for v in k8s_schemas.SUPPORTED_TRAINER), field
+    bad = copy.deepcopy(obj)
+    bad["spec"]["trainer"]["numProcPerNode"] = "auto"  # int only since 2.2
+    assert k8s_schemas.validate(bad, "2.3.0")
+    bad = copy.deepcopy(obj)
+    bad["metadata"]["name"] = "x" * 64  # CEL: RFC 1035 label <= 63
+    assert any("63" in e for e in k8s_schemas.validate(bad, "2.3.0"))
 
 
 # ---------------------------------------------------------------------------------- fake API
@@ -163,6 +276,8 @@ class FakeApi:
         self.calls: list[tuple] = []
         self.statuses = list(statuses or [])
         self.get_errors = list(get_errors or [])
+        self.missing_plurals: set[str] = set()
+        self.cluster_status = 404
 
     def _key(self, group, version, ns, plural, name):
         return (group, version, ns, plural, name)
@@ -186,6 +301,23 @@ class FakeApi:
             self.objects[key]["status"] = self.statuses.pop(0)
         return copy.deepcopy(self.objects[key])
 
+    def list_namespaced_custom_object(self, group, version, namespace, plural, label_selector=""):
+        self.calls.append(("list", plural, label_selector))
+        if plural in self.missing_plurals:
+            raise ApiError(404, "the server could not find the requested resource")
+        key, _, value = label_selector.partition("=")
+        items = [copy.deepcopy(o) for (g, v, ns, p, _), o in self.objects.items()
+                 if (g, v, ns, p) == (group, version, namespace, plural)
+                 and o["metadata"].get("labels", {}).get(key) == value]
+        return {"items": items}
+
+    def get_cluster_custom_object(self, group, version, plural, name):
+        self.calls.append(("get-cluster", name))
+        key = self._key(group, version, None, plural, name)
+        if key not in self.objects:
+            raise ApiError(self.cluster_status, "NotFound")
+        return copy.deepcopy(self.objects[key])
+
     def delete_namespaced_custom_object(self, group, version, namespace, plural, name, **kwargs):
         self.calls.append(("delete", name, kwargs.get("propagation_policy")))
         key = self._key(group, version, namespace, plural, name)
@@ -202,26 +334,31 @@ RUNNING_V2 = {"jobsStatus": [{"name": "node", "active": 2}]}
 NO_SLEEP = dict(sleep=lambda s: None)
 
 
+def job(**kw) -> dict:
+    """A TrainJob that keeps the runtime's resources (what the pipeline's launcher builds)."""
+    return tj.build_trainjob(spec(**{"gpus_per_node": 0, "cpu": "", "memory": "", **kw}))
+
+
 def test_submit_then_retry_reattaches_instead_of_duplicating():
     api = FakeApi()
-    obj = tj.build_trainjob(spec())
+    obj = job()
     first, attached = tj.submit_or_attach(api, obj)
     assert not attached
-    again, attached = tj.submit_or_attach(api, tj.build_trainjob(spec()))  # a retried launcher: same name
+    again, attached = tj.submit_or_attach(api, job())  # a retried launcher: same name
     assert attached and again["metadata"]["name"] == obj["metadata"]["name"]
     assert len(api.objects) == 1 and [c[0] for c in api.calls] == ["create", "create", "get"]
 
 
 def test_attach_refuses_a_job_with_another_spec():
     api = FakeApi()
-    tj.submit_or_attach(api, tj.build_trainjob(spec()))
+    tj.submit_or_attach(api, job())
     with pytest.raises(tj.JobFailedError, match="different spec"):
-        tj.submit_or_attach(api, tj.build_trainjob(spec(train_args=["--config", "dance_grpo_flux"])))
+        tj.submit_or_attach(api, job(train_args=["--config", "dance_grpo_flux"]))
 
 
 def test_attach_to_a_failed_job_recreates_it():
     api = FakeApi()
-    obj = tj.build_trainjob(spec())
+    obj = job()
     tj.submit_or_attach(api, obj)
     api.statuses = [cond("Failed", "BackoffLimitExceeded")]
     cur, attached = tj.submit_or_attach(api, obj, **NO_SLEEP)
@@ -232,7 +369,7 @@ def test_attach_to_a_failed_job_recreates_it():
 def test_wait_streams_status_changes_and_returns_on_success():
     api = FakeApi(statuses=[{}, RUNNING_V2, RUNNING_V2, cond("Complete", "JobSetCompleted", "done")],
                   get_errors=[])
-    obj = tj.build_trainjob(spec())
+    obj = job()
     tj.submit_or_attach(api, obj)
     seen = []
     final = tj.wait(api, obj, timeout_s=60, on_status=seen.append, **NO_SLEEP)
@@ -242,7 +379,7 @@ def test_wait_streams_status_changes_and_returns_on_success():
 
 def test_wait_survives_transient_api_errors():
     api = FakeApi(statuses=[RUNNING_V2, cond("Complete")])
-    obj = tj.build_trainjob(spec())
+    obj = job()
     tj.submit_or_attach(api, obj)
     api.get_errors = [503, 500]
     assert tj.job_state(tj.wait(api, obj, timeout_s=60, **NO_SLEEP))[0] == "Succeeded"
@@ -250,7 +387,7 @@ def test_wait_survives_transient_api_errors():
 
 def test_failure_reason_surfaces():
     api = FakeApi(statuses=[RUNNING_V2, cond("Failed", "DeadlineExceeded", "TrainJob exceeded activeDeadlineSeconds")])
-    obj = tj.build_trainjob(spec())
+    obj = job()
     tj.submit_or_attach(api, obj)
     with pytest.raises(tj.JobFailedError, match="DeadlineExceeded: TrainJob exceeded activeDeadlineSeconds"):
         tj.wait(api, obj, timeout_s=60, **NO_SLEEP)
@@ -258,7 +395,7 @@ def test_failure_reason_surfaces():
 
 def test_pytorchjob_conditions():
     api = FakeApi(statuses=[cond("Created"), cond("Running"), cond("Failed", "PyTorchJobFailed", "pod OOMKilled")])
-    obj = tj.build_pytorchjob(spec())
+    obj = tj.build_pytorchjob(spec(), prod_template())
     tj.submit_or_attach(api, obj)
     seen = []
     with pytest.raises(tj.JobFailedError, match="PyTorchJobFailed: pod OOMKilled"):
@@ -269,7 +406,7 @@ def test_pytorchjob_conditions():
 def test_timeout():
     clock = iter(range(0, 10_000, 100))
     api = FakeApi(statuses=[RUNNING_V2] * 100)
-    obj = tj.build_trainjob(spec())
+    obj = job()
     tj.submit_or_attach(api, obj)
     with pytest.raises(TimeoutError):
         tj.wait(api, obj, timeout_s=250, clock=lambda: next(clock), **NO_SLEEP)
@@ -277,7 +414,7 @@ def test_timeout():
 
 def test_deleted_outside_fails_the_wait():
     api = FakeApi()
-    obj = tj.build_trainjob(spec())
+    obj = job()
     tj.submit_or_attach(api, obj)
     api.objects.clear()
     with pytest.raises(tj.JobFailedError, match="disappeared"):
@@ -287,7 +424,7 @@ def test_deleted_outside_fails_the_wait():
 def test_cancellation_sigterm_deletes_the_job():
     """What KFP does on run cancellation: SIGTERM to the launcher step while it waits."""
     api = FakeApi(statuses=[RUNNING_V2] * 100)
-    obj = tj.build_trainjob(spec())
+    obj = job()
     polls = []
 
     def sleep(_):
@@ -305,7 +442,7 @@ def test_cancellation_sigterm_deletes_the_job():
 
 def test_launch_success_leaves_the_job_and_restores_handlers():
     api = FakeApi(statuses=[RUNNING_V2, cond("Complete")])
-    obj = tj.build_trainjob(spec())
+    obj = job()
     before = signal.getsignal(signal.SIGTERM)
     final = tj.launch(api, obj, timeout_s=60, **NO_SLEEP)
     assert tj.job_state(final)[0] == "Succeeded" and len(api.objects) == 1
@@ -314,7 +451,7 @@ def test_launch_success_leaves_the_job_and_restores_handlers():
 
 def test_delete_is_idempotent():
     api = FakeApi()
-    obj = tj.build_trainjob(spec())
+    obj = job()
     tj.submit_or_attach(api, obj)
     assert tj.delete(api, obj) is True and tj.delete(api, obj) is False
 
@@ -324,3 +461,56 @@ def test_library_module_has_no_kfp_and_lazy_kubernetes_imports():
     assert "import kfp" not in src and "from kfp" not in src
     top_level = [line for line in src.splitlines() if line.startswith(("import ", "from "))]
     assert not any("kubernetes" in line for line in top_level)
+
+
+# ------------------------------------------------------------------------------ templates, orphans
+
+
+@pytest.mark.parametrize("status,match", [(404, "not found in namespace kubeflow: add manifests/components/training"),
+                                          (403, "not allowed to read PyTorchJob template")])
+def test_unreadable_template_fails_loudly(status, match):
+    api = FakeApi(get_errors=[status])
+    with pytest.raises(tj.TemplateError, match=match):
+        tj.read_template(api, "kubeflow")
+
+
+def test_read_runtime_cluster_scoped():
+    api = FakeApi()
+    with pytest.raises(tj.TemplateError, match="ClusterTrainingRuntime 'chunkgrpo-torch' not found"):
+        tj.read_runtime(api)
+    api.cluster_status = 403
+    with pytest.raises(tj.TemplateError, match="chunkgrpo-runtime-reader"):
+        tj.read_runtime(api)
+    api.objects[("trainer.kubeflow.org", "v1alpha1", None, "clustertrainingruntimes", "chunkgrpo-torch")] = prod_runtime()
+    assert tj.read_runtime(api)["kind"] == "ClusterTrainingRuntime"
+
+
+def test_owner_reference_is_the_runs_workflow():
+    pod = {"metadata": {"name": "wf-abc-launch", "ownerReferences": [
+        {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow", "name": "train-and-evaluate-x7",
+         "uid": "9c1d", "controller": True, "blockOwnerDeletion": True}]}}
+    ref = tj.owner_from_pod(lambda: pod)
+    assert ref == {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow", "name": "train-and-evaluate-x7",
+                   "uid": "9c1d", "controller": False, "blockOwnerDeletion": False}
+    assert tj.owner_from_pod(lambda: {"metadata": {"name": "p"}}) is None
+
+
+def test_cleanup_deletes_the_runs_active_jobs_only():
+    """The exit handler after an evicted/SIGKILLed launcher: the run's still-running job goes, finished
+    jobs and other runs' jobs stay; a kind whose CRD is not installed is skipped."""
+    api = FakeApi()
+    mine = job()
+    tj.submit_or_attach(api, mine)
+    done = job(name=tj.job_name(RUN_ID, "train-old"))
+    tj.submit_or_attach(api, done)
+    api.objects[next(k for k in api.objects if k[-1] == done["metadata"]["name"])]["status"] = cond("Complete")
+    other_run = "0000-other"
+    other = job(name=tj.job_name(other_run, "train"), run_id=other_run)
+    tj.submit_or_attach(api, other)
+    api.missing_plurals = {"pytorchjobs"}
+    deleted = tj.cleanup_run(api, "kubeflow", RUN_ID)
+    assert deleted == [f"TrainJob/{mine['metadata']['name']}"]
+    names = {k[-1] for k in api.objects}
+    assert names == {done["metadata"]["name"], other["metadata"]["name"]}
+    assert ("list", "trainjobs", f"{tj.LABEL_RUN}={RUN_ID}") in api.calls
+    assert tj.cleanup_run(api, "kubeflow", RUN_ID, only_active=False) == [f"TrainJob/{done['metadata']['name']}"]

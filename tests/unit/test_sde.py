@@ -5,6 +5,10 @@ import torch
 
 from chunkgrpo import sde
 from chunkgrpo.errors import UserError
+from tests.cpu_kernels import tol
+
+# float results compared across formulas and layouts: CI runs these under every ATEN_CPU_CAPABILITY
+pytestmark = pytest.mark.exactness
 
 
 def _independent_logp(x_next, mean, std):
@@ -30,8 +34,10 @@ def test_log_prob_is_the_gaussian_density(rule, sigma, sigma_next):
         gg = eta
     mean = x + dt * (v + gg**2 / (2 * sigma) * (x + (1 - sigma) * v))
     std = torch.tensor(gg * math.sqrt(-dt))
-    assert torch.allclose(lp.double(), _independent_logp(x_next, mean, std), atol=1e-5)
-    assert torch.allclose(sde.step_log_prob(x_next, x, v, sigma, sigma_next, eta=eta, rule=rule), lp, atol=1e-6)
+    # fp32 module vs float64 reference: the element mean of 40 terms of order 1-100, 100 ulp of fp32
+    torch.testing.assert_close(lp.double(), _independent_logp(x_next, mean, std), **tol(torch.float32))
+    torch.testing.assert_close(sde.step_log_prob(x_next, x, v, sigma, sigma_next, eta=eta, rule=rule), lp,
+                               **tol(torch.float32, ulps=10))
     assert lp.dtype == torch.float32 and lp.shape == (3,)
 
 
@@ -39,7 +45,7 @@ def test_eta_zero_sde_equals_ode_step():
     x, v = torch.randn(2, 4, 3), torch.randn(2, 4, 3)
     for rule in ("flow", "dance"):
         x_sde, lp = sde.sde_step(x, v, 0.8, 0.6, eta=0.0, rule=rule)
-        assert torch.allclose(x_sde, sde.ode_step(x, v, 0.8, 0.6), atol=1e-6)
+        torch.testing.assert_close(x_sde, sde.ode_step(x, v, 0.8, 0.6), **tol(torch.float32, ulps=10))
         assert torch.isnan(lp).all()  # deterministic step: no density
 
 
@@ -56,7 +62,7 @@ def test_log_prob_gradient_flows_to_velocity_and_is_per_sample_sigma():
     for b in range(2):
         one = sde.step_log_prob(x_next[b:b + 1], x[b:b + 1], v[b:b + 1].detach(), float(sig[b]), float(sig_next[b]),
                                 eta=0.7, rule="flow")
-        assert torch.allclose(one, lp[b:b + 1].detach(), atol=1e-6)
+        torch.testing.assert_close(one, lp[b:b + 1].detach(), **tol(torch.float32, ulps=10))  # batch 1 vs 2
 
 
 def test_bad_rule_and_direction_are_errors():
@@ -106,3 +112,18 @@ def test_sde_preserves_ode_marginals_on_1d_gaussian(rule, eta):
 def test_step_std_matches_definition():
     assert math.isclose(float(sde.step_std(0.5, 0.3, eta=0.3, rule="dance")), 0.3 * math.sqrt(0.2), rel_tol=1e-9)
     assert math.isclose(float(sde.step_std(0.5, 0.3, eta=0.7, rule="flow")), 0.7 * 1.0 * math.sqrt(0.2), rel_tol=1e-9)
+
+
+def test_checks_of_device_values_only_with_debug_checks():
+    """σ on the host is always validated; σ living on a device (here 'meta', whose values cannot be read)
+    is not read — no host sync — unless debug checks are on."""
+    from chunkgrpo import checks
+
+    with pytest.raises(ValueError, match="smaller"):
+        sde._check(torch.tensor([0.5]), torch.tensor([0.7]), 0.7, "flow")
+    on_device = torch.tensor([0.5], device="meta"), torch.tensor([0.7], device="meta")
+    sde._check(*on_device, 0.7, "flow")  # not read: no sync
+    with checks.debug(True):
+        with pytest.raises(RuntimeError):  # reading it is attempted (and impossible on 'meta')
+            sde._check(*on_device, 0.7, "flow")
+    sde._check(*on_device, 0.7, "flow")  # the previous setting is restored

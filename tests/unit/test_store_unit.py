@@ -208,13 +208,15 @@ def test_part_size_grows_for_huge_files():
 # ------------------------------------------------------------------------------------------ gate
 
 def test_gate_decision_max_and_min():
-    g = GateConfig()
-    assert g.metric == "eval.hpdv2.hpsv3" and g.direction == "max"
+    assert GateConfig().metric == "" and GateConfig().direction == ""  # both come from the registered model
+    with pytest.raises(UserError, match="resolved"):
+        gate_decision(0.3, 0.2, GateConfig())
+    g = GateConfig(metric="eval.hpdv2.hpsv3", direction="max")
     assert gate_decision(0.31, None, g).passed
     assert gate_decision(0.32, 0.31, g).passed
     assert not gate_decision(0.31, 0.31, g).passed  # a tie does not beat the champion
     assert not gate_decision(0.30, 0.31, g).passed
-    m = GateConfig(margin=0.05)
+    m = GateConfig(metric="eval.hpdv2.hpsv3", direction="max", margin=0.05)
     assert not gate_decision(0.35, 0.31, m).passed and gate_decision(0.37, 0.31, m).passed
     low = GateConfig(metric="eval.fid", direction="min", margin=1.0)
     assert gate_decision(10.0, 12.0, low).passed and not gate_decision(11.5, 12.0, low).passed
@@ -222,7 +224,7 @@ def test_gate_decision_max_and_min():
         gate_decision(None, 0.3, g)
 
 
-@pytest.mark.parametrize("kv", [{"direction": "up"}, {"margin": -1}, {"metric": " "}])
+@pytest.mark.parametrize("kv", [{"direction": "up"}, {"margin": -1}])
 def test_gate_config_validation(kv):
     with pytest.raises(UserError):
         GateConfig.from_dict(kv)
@@ -267,3 +269,20 @@ def test_port_helpers():
         s.bind(("127.0.0.1", 0))
         s.listen()
         assert port_in_use(s.getsockname()[1])
+
+
+def test_known_directions_and_protocol_hash():
+    from chunkgrpo.registry import eval_protocol, known_direction, protocol_hash
+
+    assert known_direction("eval.hpdv2.hpsv3") == "max" and known_direction("eval.hpdv2.hpsv3.delta_ci_low") == "max"
+    assert known_direction("eval.geneval.overall") == "max" and known_direction("eval.fid") is None
+    result = {"config": {"scorers": ["imagereward", "hpsv3"], "seed": 42}, "seed": 42,
+              "sampling": {"num_steps": 50, "trained_steps": 30},
+              "benchmarks": {"hpdv2": {"n_prompts": 400, "official_prompts": True, "results": {"x": 1}}}}
+    p = eval_protocol(result, "eval_hpdv2")
+    assert p == {"preset": "eval_hpdv2", "benchmarks": {"hpdv2": {"n_prompts": 400, "official_prompts": True}},
+                 "seed": 42, "sampling": {"num_steps": 50, "trained_steps": 30}, "scorers": ["hpsv3", "imagereward"]}
+    fewer = {**result, "benchmarks": {"hpdv2": {"n_prompts": 100, "official_prompts": True}}}
+    other_seed = {**result, "seed": 7}
+    assert len({protocol_hash(p), protocol_hash(eval_protocol(fewer, "eval_hpdv2")),
+                protocol_hash(eval_protocol(other_seed, "eval_hpdv2"))}) == 3

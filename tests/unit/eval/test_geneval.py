@@ -13,7 +13,6 @@ import pytest
 from PIL import Image
 
 from chunkgrpo.errors import UserError
-from chunkgrpo.eval import data_dirs
 from chunkgrpo.eval import geneval as G
 
 D = G.Detection
@@ -41,10 +40,6 @@ def run(raw, md, color_fn=None, rules=None):
 
 # ---- metadata --------------------------------------------------------------------------------------
 
-_HAS_DATA = any((d / G.METADATA_FILE).exists() for d in data_dirs())
-
-
-@pytest.mark.skipif(not _HAS_DATA, reason="shared GenEval data not found (../shared/data or $CHUNKGRPO_DATA_DIR)")
 def test_load_official_metadata_and_names():
     md = G.load_metadata()
     assert len(md) == 553

@@ -10,13 +10,8 @@ import torch
 from PIL import Image
 
 from chunkgrpo.errors import UserError
-from chunkgrpo.eval import data_dirs
 from chunkgrpo.eval import hpdv2 as H
 
-_HAS_DATA = any((d / H.PROMPTS_FILE).exists() for d in data_dirs())
-
-
-@pytest.mark.skipif(not _HAS_DATA, reason="shared HPDv2 data not found (../shared/data or $CHUNKGRPO_DATA_DIR)")
 def test_official_prompts():
     prompts = H.load_prompts()
     assert len(prompts) == 400 and H.is_official()
@@ -38,7 +33,7 @@ def test_custom_prompt_file(tmp_path, monkeypatch):
     monkeypatch.setenv("CHUNKGRPO_DATA_DIR", str(tmp_path))
     (tmp_path / "hpdv2").mkdir()
     (tmp_path / "hpdv2" / "hpdv2_test_prompts_400.txt").write_text("\n".join(f"p{i}" for i in range(400)))
-    assert H.load_prompts()[-1] == "p399"  # env var wins over ../shared/data
+    assert H.load_prompts()[-1] == "p399"  # $CHUNKGRPO_DATA_DIR wins over the package data
 
 
 def test_seeds():

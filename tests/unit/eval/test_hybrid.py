@@ -9,6 +9,7 @@ import torch
 
 from chunkgrpo.errors import UserError
 from chunkgrpo.eval.hybrid import HybridConfig, HybridSampler, load_trained, noise_for_seeds
+from tests.cpu_kernels import tol
 
 PROMPTS = ["a photo of a cat", "a red car by the sea", "a bowl of fruit"]
 CFG = HybridConfig(num_steps=6, trained_steps=4, height=64, width=64, max_sequence_length=16)
@@ -69,6 +70,7 @@ def _record_calls(transformer, layer):
     return rec, transformer.register_forward_hook(hook, with_kwargs=True)
 
 
+@pytest.mark.exactness
 def test_lora_hybrid_first_k_trained_last_base(tiny_model_dir, tiny_model, lora_dir):
     before = _n_flux_transformers()
     sampler = HybridSampler.load(tiny_model_dir, str(lora_dir))
@@ -97,7 +99,7 @@ def test_lora_hybrid_first_k_trained_last_base(tiny_model_dir, tiny_model, lora_
     assert [c[0] for c in base_calls] == [False] * N
     assert probe_log[:N] == [(i, "trained" if i < K else "base", i < K) for i in range(N)]
     assert sampler.calls == {"trained": K, "base": 2 * N - K}
-    # step 0 sees the same input in both runs: the trained weights give a different velocity ...
+    # step 0 sees the same input in both runs (the same x_init tensor): the trained weights give a different velocity ...
     assert torch.equal(hybrid_calls[0][1], base_calls[0][1])
     assert not torch.allclose(hybrid_calls[0][2], base_calls[0][2], atol=1e-4)
     assert not torch.allclose(x0_hybrid, x0_base, atol=1e-4)
@@ -113,28 +115,40 @@ def test_lora_hybrid_first_k_trained_last_base(tiny_model_dir, tiny_model, lora_
             if i < K:
                 assert not torch.allclose(ref, out, atol=1e-4), f"step {i} should use the trained weights"
             else:
-                torch.testing.assert_close(ref, out, rtol=1e-5, atol=1e-5)
+                # another module instance (PEFT-wrapped, adapter off) on the same batch: fp32 tolerance
+                torch.testing.assert_close(ref, out, **tol(torch.float32))
 
 
+@pytest.mark.exactness
 def test_same_seed_same_noise_and_batch_invariance(tiny_model_dir, lora_dir):
+    from tests.cpu_kernels import PIXEL_TOL
+
     sampler = HybridSampler.load(tiny_model_dir, lora_dir)
     seeds = [7, 8, 9]
     a = sampler.generate_modes(PROMPTS, seeds, CFG, ("hybrid", "base"), batch_size=3)
     b = sampler.generate_modes(PROMPTS, seeds, CFG, ("hybrid", "base"), batch_size=1)
     import numpy as np
 
+    def max_diff(x, y):
+        return np.abs(np.asarray(x, dtype=int) - np.asarray(y, dtype=int)).max()
+
     for m in ("hybrid", "base"):
         assert len(a[m]) == 3 and a[m][0].size == (64, 64)
         for x, y in zip(a[m], b[m]):
-            assert np.abs(np.asarray(x, dtype=int) - np.asarray(y, dtype=int)).max() <= 1
+            # batch 3 vs batch 1 runs other kernels: the float latents agree to rounding, so a pixel may land
+            # one uint8 level apart, never more
+            assert max_diff(x, y) <= PIXEL_TOL
     assert np.asarray(a["hybrid"][0]).tolist() != np.asarray(a["base"][0]).tolist()
-    # trained_steps = 0 is the base model; trained_steps = N the trained model alone
+    # trained_steps = 0 is the base model: the same computation in the same layout (batch 1, adapter off at
+    # every step) as the batch-1 base image, hence bit-exact; against the batch-3 image within one level
     cfg0 = CFG.replace(trained_steps=0)
     z = sampler.generate(PROMPTS[:1], seeds[:1], cfg0, "hybrid", batch_size=1)
-    assert np.array_equal(np.asarray(z[0]), np.asarray(a["base"][0]))
+    assert np.array_equal(np.asarray(z[0]), np.asarray(b["base"][0]))
+    assert max_diff(z[0], a["base"][0]) <= PIXEL_TOL
     assert sampler.trace == [(i, "base") for i in range(CFG.num_steps)]
 
 
+@pytest.mark.exactness
 def test_base_schedule_matches_diffusers_pipeline(tiny_model_dir):
     """Base-only sampling with schedule=dynamic == FluxPipeline with FLUX.1-dev's scheduler config."""
     from diffusers import FlowMatchEulerDiscreteScheduler
@@ -150,7 +164,9 @@ def test_base_schedule_matches_diffusers_pipeline(tiny_model_dir):
     ref = pipe(prompt_embeds=cond.prompt_embeds, pooled_prompt_embeds=cond.pooled, latents=x_init.clone(),
                num_inference_steps=CFG.num_steps, guidance_scale=CFG.guidance, height=CFG.height,
                width=CFG.width, output_type="latent").images
-    torch.testing.assert_close(ours, ref.float(), rtol=1e-4, atol=1e-4)
+    # another implementation of the same Euler steps (diffusers' scheduler): the fp32 rounding of each step
+    # accumulates over N steps, so allow ~1000 ulp
+    torch.testing.assert_close(ours, ref.float(), **tol(torch.float32, ulps=1000))
 
 
 def test_full_finetune_two_transformers(tiny_model_dir, tmp_path):

@@ -133,13 +133,14 @@ def test_load_prompts_errors(tmp_path, monkeypatch):
      {"consistency": 2, "realism": 2, "aesthetic_quality": 2}),
     ("1\n2\n0", {"consistency": 1, "realism": 2, "aesthetic_quality": 0}),
     ("Consistency: 2\nRealism: 1", None),  # missing one
-    ("Consistency: 3\nRealism: 1\nAesthetic Quality: 1", None),  # out of range
     ("The image is lovely.", None),
     ("", None),
     (None, None),
 ])
 def test_parse_scores(text, expected):
+    """Answers both parsers read the same way (the cases where they differ: test_wise_parity.py)."""
     assert W.parse_scores(text) == expected
+    assert W.parse_scores(text, "strict") == expected
 
 
 def test_wiscore():
@@ -184,7 +185,7 @@ def test_judge_end_to_end(wise_run):
         "rewrite prompt 2": ["**Consistency**: 1\n**Realism**: 2\n**Aesthetic Quality**: 0"],
         "rewrite prompt 401": [503, "<nochoices>", "Consistency: 0\nRealism: 0\nAesthetic Quality: 0"],  # retried
         "rewrite prompt 402": ["Sure! The image shows a clock.", GOOD],  # unparsable once, then fine
-        "rewrite prompt 701": ["I cannot rate this image."],  # always malformed -> failed
+        "rewrite prompt 701": ["Rating: excellent overall."],  # always malformed -> failed
         "rewrite prompt 702": [GOOD],
     }
     sleeps = []
@@ -198,7 +199,7 @@ def test_judge_end_to_end(wise_run):
     assert res["judge"]["model"] == "judge-vlm" and res["variant"] == "rewrite"
     assert res["missing"] == [702]
     assert res["n_scored"] == 4 and res["n_failed"] == 1
-    assert res["failed"] == [{"prompt_id": 701, "error": "unparsable answer", "answer": "I cannot rate this image."}]
+    assert res["failed"] == [{"prompt_id": 701, "error": "unparsable answer", "answer": "Rating: excellent overall."}]
     by_id = {r["prompt_id"]: r for r in res["records"]}
     assert by_id[1]["wiscore"] == pytest.approx(W.wiscore(2, 1, 1))
     assert by_id[401]["attempts"] == 3 and by_id[401]["wiscore"] == 0

@@ -80,6 +80,7 @@ def test_prompt_stream_is_a_function_of_iteration_and_rank():
     assert sorted(first_epoch) == sorted(prompts)  # each prompt once per epoch
 
 
+@pytest.mark.exactness
 def test_embedding_cache_encodes_once_and_reloads_from_disk(tiny_model, tmp_path):
     cache = EmbeddingCache(tiny_model, tmp_path, max_sequence_length=16)
     assert cache.precompute(["a cat", "a dog", "a cat"]) == 2
@@ -88,20 +89,27 @@ def test_embedding_cache_encodes_once_and_reloads_from_disk(tiny_model, tmp_path
     assert again.precompute(["a cat"]) == 0
     emb = again.get(["a dog", "a cat"])
     direct = tiny_model.encode_prompts(["a dog", "a cat"], 16)
-    assert torch.allclose(emb.prompt_embeds, direct.prompt_embeds) and torch.allclose(emb.pooled, direct.pooled)
+    # cached rows were encoded in another batch order: fp32 tolerance, not bit equality
+    from tests.cpu_kernels import tol
+
+    torch.testing.assert_close(emb.prompt_embeds, direct.prompt_embeds, **tol(torch.float32))
+    torch.testing.assert_close(emb.pooled, direct.pooled, **tol(torch.float32))
 
 
 def test_bf16_mixed_precision_path_on_cpu(tiny_model_dir, prompts_file, tmp_path):
     """The GPU recipe's precision layout, exercised on CPU: frozen base weights in bf16, fp32 LoRA
     master weights, bf16 autocast in rollout and training."""
+    from tests.cpu_kernels import bf16_attention_kernels
+
     cfg = _cfg(tiny_model_dir, prompts_file, tmp_path, "mixed_precision=bf16", "max_steps=1")
     t = Trainer(cfg)
-    t.setup()
-    tr = t.model.transformer
-    assert all(p.dtype == torch.float32 for p in t.trainable)
-    assert any(p.dtype == torch.bfloat16 for n, p in tr.named_parameters() if not p.requires_grad)
-    before = [p.detach().clone() for p in t.trainable]
-    m = t.iteration()
+    with bf16_attention_kernels():  # a torch bug under a forced lower ATEN_CPU_CAPABILITY on AMX CPUs
+        t.setup()
+        tr = t.model.transformer
+        assert all(p.dtype == torch.float32 for p in t.trainable)
+        assert any(p.dtype == torch.bfloat16 for n, p in tr.named_parameters() if not p.requires_grad)
+        before = [p.detach().clone() for p in t.trainable]
+        m = t.iteration()
     assert torch.isfinite(torch.tensor(m["loss"])) and m["ratio_mean"] == 1.0
     assert any(not torch.equal(a, p.detach()) for a, p in zip(before, t.trainable))
     t.close()

@@ -1,0 +1,147 @@
+"""The model cache: base and reward/scorer weights as checksummed S3 folder artifacts, and the
+pipeline's weight URIs turned into stage overrides.
+
+    chunkgrpo models sync black-forest-labs/FLUX.1-dev            # hub cache (or --download) -> s3://chunkgrpo-data/models/black-forest-labs/FLUX.1-dev
+    chunkgrpo models sync /mnt/ImageReward --to s3://chunkgrpo-data/models/THUDM/ImageReward
+    chunkgrpo models uri MizzenAI/HPSv3                            # where the pipeline looks for it
+
+Nothing in a pipeline run downloads from a hub: the pipeline's `model` and `reward_weights` /
+`scorer_weights` parameters point at these S3 folders (defaults: `DEFAULT_WEIGHTS`), the
+preflight step checks they exist, and the stages download them checksum-verified into their cache.
+`sync` is the one-time step that fills the cache (on a machine with hub access, or from a folder);
+it is idempotent (an identical folder already in S3 is not uploaded again).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+from chunkgrpo.errors import UserError
+
+log = logging.getLogger(__name__)
+
+MODEL_ROOT_ENV = "CHUNKGRPO_MODEL_ROOT"
+DEFAULT_MODEL_ROOT = "s3://chunkgrpo-data/models"
+BASE_MODEL = "black-forest-labs/FLUX.1-dev"
+# What the paper's recipe and evaluation need besides the base model (hub id -> role).
+REWARD_MODELS = {"hpsv3": "MizzenAI/HPSv3", "hpsv3.processor": "Qwen/Qwen2-VL-7B-Instruct",
+                 "imagereward": "THUDM/ImageReward"}
+
+
+def model_root() -> str:
+    return (os.environ.get(MODEL_ROOT_ENV) or DEFAULT_MODEL_ROOT).rstrip("/")
+
+
+def model_uri(hub_id: str, root: str | None = None) -> str:
+    """`<root>/<org>/<name>`: where `sync` puts a hub model and where the pipeline looks for it."""
+    if hub_id.count("/") != 1 or hub_id.startswith(("s3://", "/", ".")):
+        raise UserError(f"{hub_id!r} is not a hub id like org/name")
+    return f"{(root or model_root()).rstrip('/')}/{hub_id}"
+
+
+def default_weights(root: str | None = None) -> dict[str, str]:
+    """{role: s3 URI} for the reward/scorer weights of the paper's recipe (pipeline defaults)."""
+    return {role: model_uri(hub, root) for role, hub in REWARD_MODELS.items()}
+
+
+def _local_source(source: str, download: bool, revision: str | None) -> Path:
+    path = Path(source).expanduser()
+    if path.is_dir():
+        return path
+    if source.count("/") != 1:
+        raise UserError(f"{source!r} is neither a folder nor a hub id (org/name)")
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(source, revision=revision, local_files_only=not download,
+                                      token=os.environ.get("HF_TOKEN") or None))
+    except Exception as e:  # noqa: BLE001 - hub errors have many types; one line for the user
+        how = "download failed" if download else "not in the local hub cache (pass --download on a machine with hub access)"
+        raise UserError(f"{source}: {how} ({type(e).__name__}: {str(e).splitlines()[0][:200]})") from None
+
+
+def sync(source: str, dest: str | None = None, *, download: bool = False, revision: str | None = None,
+         store=None) -> tuple[str, bool]:
+    """Put `source` (a folder or a hub id) into S3 as a folder artifact. Returns (uri, uploaded);
+    an identical complete folder already there is kept (uploaded=False)."""
+    from chunkgrpo.store import ArtifactStore, build_manifest
+
+    if dest is None:
+        dest = model_uri(source)
+    if not dest.startswith("s3://"):
+        raise UserError(f"destination {dest!r} must be an s3:// URI")
+    local = _local_source(source, download, revision)
+    store = store or ArtifactStore()
+    want = build_manifest(local)
+    if not want.files:
+        raise UserError(f"{local} is empty")
+    have = store.read_manifest(dest)
+    if have is not None and have.content_sha256 == want.content_sha256:
+        log.info("%s already holds %s (%d files)", dest, source, len(want.files))
+        return dest, False
+    store.put_folder(local, dest, meta={"kind": "model-cache", "source": source, "revision": revision or ""})
+    return dest, True
+
+
+# ------------------------------------------------------------------------- weight URIs -> overrides
+
+
+def reward_weight_overrides(preset: str, overrides: list[str], weights: Mapping[str, str]) -> list[str]:
+    """Training overrides that point the preset's rewards at `weights` ({reward: uri,
+    '<reward>.processor': uri}); rewards the preset does not use are ignored. No torch needed."""
+    from chunkgrpo.config import _set_dotted, load_yaml, parse_override
+
+    data = load_yaml(preset)
+    for text in overrides or []:
+        key, value = parse_override(text)
+        _set_dotted(data, key, value)
+    rewards = data.get("rewards") or [{"name": "brightness"}]
+    out = []
+    for i, r in enumerate(rewards):
+        name = (r or {}).get("name", "")
+        if weights.get(name):
+            out.append(f"rewards.{i}.options.weights={weights[name]}")
+        if weights.get(f"{name}.processor"):
+            out.append(f"rewards.{i}.options.processor={weights[name + '.processor']}")
+    return out
+
+
+def scorer_weight_overrides(weights: Mapping[str, str]) -> list[str]:
+    """Evaluation overrides for `weights` ({scorer: uri, '<scorer>.processor': uri})."""
+    out = []
+    for key, uri in sorted(weights.items()):
+        if not uri:
+            continue
+        if key.endswith(".processor"):
+            out.append(f"scorer_options.{key[: -len('.processor')]}.processor={uri}")
+        else:
+            out.append(f"scorer_weights.{key}={uri}")
+    return out
+
+
+def _preset_with(preset: str, overrides: list[str]) -> dict:
+    from chunkgrpo.config import _set_dotted, load_yaml, parse_override
+
+    data = load_yaml(preset)
+    for text in overrides or []:
+        key, value = parse_override(text)
+        _set_dotted(data, key, value)
+    return data
+
+
+def used_reward_weights(preset: str, overrides: list[str], weights: Mapping[str, str]) -> dict[str, str]:
+    """The entries of `weights` the training preset (+ overrides) actually uses."""
+    names = {(r or {}).get("name", "") for r in (_preset_with(preset, overrides).get("rewards") or [])}
+    return {k: v for k, v in weights.items() if v and k.split(".processor")[0] in names}
+
+
+def used_scorer_weights(eval_preset: str, overrides: list[str], weights: Mapping[str, str]) -> dict[str, str]:
+    """The entries of `weights` the evaluation preset (+ overrides) scores HPDv2 with."""
+    data = _preset_with(eval_preset, overrides)
+    if "hpdv2" not in (data.get("benchmarks") or ["hpdv2"]):
+        return {}
+    names = set(data.get("scorers") or [])
+    return {k: v for k, v in weights.items() if v and k.split(".processor")[0] in names}

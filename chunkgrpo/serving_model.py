@@ -1,0 +1,9 @@
+"""MLflow "model from code" entry point of every registered chunkgrpo version (copied into the MLflow
+Model by `chunkgrpo.registry.register_model`; see chunkgrpo/serving.py). Importing it registers the
+model object with MLflow; it is not imported anywhere else."""
+
+import mlflow
+
+from chunkgrpo.serving import FluxPyfunc
+
+mlflow.models.set_model(FluxPyfunc())

@@ -1,0 +1,69 @@
+"""launch_trainjob: python_func against the fake CustomObjectsApi of tests/pipeline/test_trainjob.py."""
+
+import json
+import types
+
+import pytest
+
+from chunkgrpo.k8s import trainjob as tj
+from components.launch_trainjob.component import launch_trainjob
+from tests.pipeline.test_trainjob import FakeApi, cond, prod_template
+
+POD = {"metadata": {"name": "launcher", "ownerReferences": [
+    {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow", "name": "wf", "uid": "u-1"}]}}
+
+
+class FakeStore:
+    def read_manifest(self, uri):
+        return types.SimpleNamespace(sha256="e" * 64)
+
+    def get_bytes(self, uri):
+        if uri.endswith("train_summary.json"):
+            return json.dumps({"chunk_sizes": [2, 3], "optimizer_steps": 2, "config_hash": "c",
+                               "history": [{"reward_mean": 0.4}]}).encode()
+        return json.dumps({"kind": "lora"}).encode()
+
+
+def _args(**kw):
+    return {**dict(kind="TrainJob", namespace="kubeflow", image="img:1", num_nodes=2, nproc_per_node=8, gpus_per_node=0,
+                   node_selector={}, tolerations=[], shm_size="", model="s3://bkt/models/flux", prompts="s3://bkt/p.txt",
+                   preset="chunk_grpo_flux", method="chunk", chunks="sizes:2,3", max_iterations=2, overrides=[],
+                   artifact_root="s3://bkt/runs", run_id="run-9", experiment="e", parent_run_id="", timeout_hours=1.0,
+                   queue_name="team-a", image_pull_secrets=["regcred"],
+                   reward_weights={"hpsv3": "s3://bkt/models/MizzenAI/HPSv3"}), **kw}
+
+
+@pytest.fixture
+def fake_cluster(monkeypatch):
+    import chunkgrpo.store as store
+
+    api = FakeApi(statuses=[cond("Complete")] * 5)
+    monkeypatch.setattr(tj, "load_api", lambda: api)
+    monkeypatch.setattr(tj, "this_pod_getter", lambda ns: (lambda: POD))
+    monkeypatch.setattr(store, "ArtifactStore", FakeStore)
+    return api
+
+
+def test_trainjob_keeps_runtime_resources_and_is_owned_by_the_run(fake_cluster, artifact):
+    model, metrics = artifact("model.json"), artifact("metrics")
+    launch_trainjob.python_func(trained_model=model, metrics=metrics, **_args())
+    (obj,) = fake_cluster.objects.values()
+    assert obj["kind"] == "TrainJob" and "resourcesPerNode" not in obj["spec"]["trainer"]
+    assert obj["metadata"]["ownerReferences"][0]["name"] == "wf"
+    assert obj["metadata"]["labels"][tj.LABEL_QUEUE] == "team-a" and obj["spec"]["suspend"] is True
+    assert "rewards.0.options.weights=s3://bkt/models/MizzenAI/HPSv3" in obj["spec"]["trainer"]["args"]
+    from tests import k8s_schemas
+
+    k8s_schemas.check({k: v for k, v in obj.items() if k != "status"})  # status: written by the fake "controller"
+    assert json.loads(open(model.path).read())["uri"] == "s3://bkt/runs/run-9/train/final"
+
+
+def test_pytorchjob_needs_the_template(fake_cluster, artifact):
+    with pytest.raises(tj.TemplateError, match="training-operator-v1"):
+        launch_trainjob.python_func(trained_model=artifact("m.json"), metrics=artifact("x"), **_args(kind="PyTorchJob"))
+    fake_cluster.objects[("kubeflow.org", "v1", "kubeflow", "pytorchjobs", tj.PYTORCHJOB_TEMPLATE)] = prod_template()
+    fake_cluster.statuses = [cond("Succeeded")] * 5  # Training Operator v1 condition names
+    launch_trainjob.python_func(trained_model=artifact("m.json"), metrics=artifact("x"), **_args(kind="PyTorchJob"))
+    job = next(o for k, o in fake_cluster.objects.items() if k[-1] != tj.PYTORCHJOB_TEMPLATE)
+    master = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
+    assert master["resources"]["limits"]["rdma/rdma_shared_device_a"] == 1

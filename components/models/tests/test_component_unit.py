@@ -1,0 +1,13 @@
+"""sync_models: python_func with models.sync stubbed."""
+
+from chunkgrpo import models
+from components.models.component import sync_models
+
+
+def test_defaults_and_uris(monkeypatch):
+    calls = []
+    monkeypatch.setattr(models, "sync", lambda hub_id, dest, download, revision: calls.append(
+        (hub_id, dest, download, revision)) or (dest, True))
+    out = sync_models.python_func(hub_ids=[], root="s3://cache/m", revision="")
+    assert [c[0] for c in calls] == [models.BASE_MODEL, *models.REWARD_MODELS.values()]
+    assert out[0] == "s3://cache/m/black-forest-labs/FLUX.1-dev" and all(c[2] is True for c in calls)

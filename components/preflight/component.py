@@ -1,0 +1,46 @@
+"""Preflight: fail a run in seconds, with one line naming what is missing, before any GPU is requested."""
+
+from kfp import dsl
+
+from components._shared import stage_env
+from components.images import RUNTIME_IMAGE
+
+
+@dsl.component(base_image=RUNTIME_IMAGE, install_kfp_package=False, additional_funcs=[stage_env])
+def preflight(model: str, prompts: str, preset: str, train_overrides: list, reward_weights: dict,
+              scorer_weights: dict, eval_preset: str, eval_benchmarks: list, eval_overrides: list,
+              artifact_root: str) -> str:
+    """Check the base model, prompts, reward/scorer weights, S3, MLflow and the WISE judge key.
+
+    Args:
+        model: base model (s3:// folder artifact, folder in the image/PVC, or hub id in the image's cache).
+        prompts: training prompt file.
+        preset: training preset (only the weights of its rewards are checked).
+        train_overrides: training overrides (key=value).
+        reward_weights: {reward: weights URI, '<reward>.processor': URI} for training.
+        scorer_weights: {scorer: weights URI, '<scorer>.processor': URI} for evaluation.
+        eval_preset: evaluation preset (its benchmarks are used when eval_benchmarks is empty).
+        eval_benchmarks: benchmark suites of this run ([] = the preset's).
+        eval_overrides: evaluation overrides (key=value).
+        artifact_root: s3:// prefix for the run's outputs (its bucket must exist).
+
+    Returns:
+        "ok" (the step fails with one line listing every problem otherwise).
+    """
+    stage_env("")
+    import json
+
+    from chunkgrpo.config import load_yaml
+    from chunkgrpo.models import used_reward_weights, used_scorer_weights
+    from chunkgrpo.preflight import PreflightSpec, require
+
+    ev_over = [*eval_overrides, *([f"benchmarks={json.dumps(list(eval_benchmarks))}"] if eval_benchmarks else [])]
+    benchmarks = list(eval_benchmarks) or list(load_yaml(eval_preset).get("benchmarks") or ["hpdv2"])
+    weights = {**{f"reward {k}": v for k, v in used_reward_weights(preset, list(train_overrides),
+                                                                    dict(reward_weights)).items()},
+               **{f"scorer {k}": v for k, v in used_scorer_weights(eval_preset, ev_over, dict(scorer_weights)).items()}}
+    spec = PreflightSpec(model=model, prompts=prompts, weights=weights, benchmarks=benchmarks,
+                         artifact_root=artifact_root)
+    require(spec)
+    print(f"preflight ok: model {model}, prompts {prompts}, {len(spec.weights)} weight URI(s), benchmarks {benchmarks}")
+    return "ok"

@@ -1,0 +1,30 @@
+"""preflight: python_func with local inputs (no S3/MLflow needed when nothing points there)."""
+
+import pytest
+
+from chunkgrpo.errors import UserError
+from components.preflight.component import preflight
+
+
+def _run(**kw):
+    base = dict(model="", prompts="", preset="tiny_cpu", train_overrides=[], reward_weights={}, scorer_weights={},
+                eval_preset="eval_tiny", eval_benchmarks=[], eval_overrides=[], artifact_root="")
+    return preflight.python_func(**{**base, **kw})
+
+
+def test_ok_with_local_model_and_prompts(tiny_model_dir, tmp_path, monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("a cat\n")
+    weights = {"hpsv3": str(tmp_path / "absent")}  # not used by tiny_cpu / eval_tiny: not checked
+    assert _run(model=str(tiny_model_dir), prompts=str(prompts), reward_weights=weights, scorer_weights=weights) == "ok"
+
+
+def test_every_problem_in_one_line(tmp_path, monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    with pytest.raises(UserError) as exc:
+        _run(model=str(tmp_path / "no-model"), prompts=str(tmp_path / "no.txt"), eval_benchmarks=["wise"])
+    msg = str(exc.value)
+    assert "\n" not in msg and "3 problem(s)" in msg
+    assert "no-model" in msg and "no.txt" in msg and "OPENAI_API_KEY" in msg

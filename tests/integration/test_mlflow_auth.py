@@ -1,0 +1,124 @@
+"""MLflow with the basic-auth app, as manifests/base/mlflow runs it: a real `mlflow server --app-name
+basic-auth` on 127.0.0.1 (sqlite tracking + auth DB, admin credentials from the environment as the
+Deployment takes them from Secret `mlflow-auth`). An unauthenticated request to move an alias is
+refused, so is a read-only user's; chunkgrpo's registry works with the pipeline's credentials."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from base64 import b64encode
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+ADMIN, ADMIN_PW = "chunkgrpo-admin", "s3cret-" + uuid.uuid4().hex[:12]
+
+
+@pytest.fixture(scope="module")
+def auth_server(tmp_path_factory):
+    from chunkgrpo.local_services import free_port
+
+    home = tmp_path_factory.mktemp("mlflow-auth")
+    ini = home / "basic_auth.ini"
+    ini.write_text("[mlflow]\ndefault_permission = READ\n"  # what the render-auth-config init container writes
+                   f"database_uri = sqlite:///{home / 'auth.db'}\n"
+                   "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
+                   "grant_default_workspace_access = false\n")
+    port = free_port()
+    env = {**os.environ, "MLFLOW_AUTH_CONFIG_PATH": str(ini), "MLFLOW_AUTH_ADMIN_USERNAME": ADMIN,
+           "MLFLOW_AUTH_ADMIN_PASSWORD": ADMIN_PW, "MLFLOW_FLASK_SERVER_SECRET_KEY": uuid.uuid4().hex,
+           "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", "MLFLOW_DISABLE_TELEMETRY": "true"}
+    env.pop("MLFLOW_TRACKING_USERNAME", None)
+    env.pop("MLFLOW_TRACKING_PASSWORD", None)
+    log = open(home / "mlflow.log", "w")
+    proc = subprocess.Popen(
+        [str(Path(sys.executable).parent / "mlflow"), "server", "--app-name", "basic-auth", "--host", "127.0.0.1",
+         "--port", str(port), "--workers", "1", "--backend-store-uri", f"sqlite:///{home / 'mlflow.db'}",
+         "--artifacts-destination", str(home / "artifacts"), "--serve-artifacts"],
+        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except (urllib.error.URLError, OSError):
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"mlflow basic-auth server did not start:\n{(home / 'mlflow.log').read_text()[-3000:]}")
+            time.sleep(0.5)
+        yield url
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.close()
+
+
+def _post(url: str, path: str, body: dict, auth: tuple[str, str] | None = None) -> int:
+    req = urllib.request.Request(f"{url}{path}", data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    if auth:
+        req.add_header("Authorization", "Basic " + b64encode(f"{auth[0]}:{auth[1]}".encode()).decode())
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def _as(monkeypatch, url: str, user: str, password: str) -> None:
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", url)
+    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", user)
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", password)
+
+
+def test_alias_moves_need_credentials_and_permission(auth_server, monkeypatch, tmp_path):
+    from mlflow import MlflowClient
+    from mlflow.server.auth.client import AuthServiceClient
+
+    from chunkgrpo.registry import promote, register_model
+
+    url = auth_server
+    name = f"flux-auth-{uuid.uuid4().hex[:6]}"
+    _as(monkeypatch, url, ADMIN, ADMIN_PW)
+    lora = tmp_path / "lora"
+    lora.mkdir()
+    (lora / "pytorch_lora_weights.safetensors").write_bytes(b"\x01" * 2048)
+    protocol = {"preset": "eval_tiny", "seed": 42}
+    rv = register_model(name, lora, kind="lora", base_model="tiny-flux", metrics={"eval.hpdv2.hpsv3": 0.3},
+                        eval_protocol=protocol, experiment="auth-test")
+    assert promote(name, rv.version, who="admin").action == "promoted"
+
+    body = {"name": name, "alias": "champion", "version": rv.version}
+    # 1. no credentials at all: refused before anything happens
+    assert _post(url, "/api/2.0/mlflow/registered-models/alias", body) == 401
+    # 2. wrong password
+    assert _post(url, "/api/2.0/mlflow/registered-models/alias", body, (ADMIN, "wrong")) == 401
+    # 3. a valid user with the default READ permission may look but not move aliases
+    reader_pw = "r-" + uuid.uuid4().hex[:12]
+    AuthServiceClient(url).create_user("reader", reader_pw)
+    assert _post(url, "/api/2.0/mlflow/registered-models/alias", body, ("reader", reader_pw)) == 403
+    _as(monkeypatch, url, "reader", reader_pw)
+    with pytest.raises(Exception, match="(?i)permission|403"):
+        MlflowClient().set_registered_model_alias(name, "champion", rv.version)
+    assert MlflowClient().get_registered_model(name).aliases == {"champion": rv.version, "challenger": rv.version}
+    # 4. the admin (or a user granted MANAGE) can
+    assert _post(url, "/api/2.0/mlflow/registered-models/alias", body, (ADMIN, ADMIN_PW)) == 200
+    # health stays unauthenticated (the Deployment's probes)
+    with urllib.request.urlopen(f"{url}/health", timeout=5) as r:
+        assert r.status == 200
