@@ -97,8 +97,9 @@ class EvalConfig(Config):
     hpdv2_prompts: str = option("", "HPDv2 prompt file (default: the 400 official test prompts)")
     geneval_metadata: str = option("", "GenEval evaluation_metadata.jsonl (default: the official 553 prompts)")
     geneval_samples: int = option(4, "GenEval images per prompt (official: 4)")
-    geneval_detector: Literal["mmdet", "transformers"] = option(
-        "mmdet", "GenEval detector: mmdet (official Mask2Former, eval image) | transformers (not comparable)")
+    geneval_detector: Literal["mmdet", "transformers", "toy"] = option(
+        "mmdet", "GenEval detector: mmdet (official Mask2Former, eval image) | transformers (not comparable) | "
+                 "toy (exact detector of the toy world, chunkgrpo.toy; needs no weights)")
     geneval_detector_weights: str = option("", "detector checkpoint (mmdet .pth or its folder; transformers folder)")
     geneval_detector_config: str = option("", "mmdet config .py (default: the one shipped with mmdet)")
     geneval_color_model: str = option("", "CLIP ViT-L/14 folder for the colour classifier (transformers format)")
@@ -309,7 +310,12 @@ def preflight(cfg: EvalConfig, *, scorers: dict | None = None, detector=None, co
                 resolve_weights(weights, what=canon)
             if canon in packages:
                 _require(packages[canon][0], canon, packages[canon][1])
-    if "geneval" in cfg.benchmarks:
+    if "geneval" in cfg.benchmarks and cfg.geneval_detector == "toy":
+        if color_fn is None:  # the toy world's exact palette classifier (chunkgrpo.toy); no weights
+            from chunkgrpo.toy.detector import ToyColorClassifier
+
+            built["color_fn"] = ToyColorClassifier()
+    elif "geneval" in cfg.benchmarks:
         if detector is None and not cfg.geneval_detector_weights:
             raise UserError("geneval needs detector weights: set geneval_detector_weights=PATH "
                             "(or generate_only=true to score later)")
@@ -565,6 +571,10 @@ def _color_info(color_fn) -> dict:
 def _score_geneval(cfg: EvalConfig, out: Path, labels: list[str], detector, color_fn, ctx: dict) -> dict:
     from chunkgrpo.eval import geneval
 
+    if detector is None and cfg.geneval_detector == "toy":
+        from chunkgrpo.toy.detector import ToyColorClassifier, ToyDetector
+
+        detector, color_fn = ToyDetector(), color_fn or ToyColorClassifier()
     if detector is None:
         if not cfg.geneval_detector_weights:
             raise UserError("geneval needs detector weights: set geneval_detector_weights=PATH "

@@ -1,7 +1,8 @@
 """Training rewards: name → callable(images, prompts) → float32 tensor (n,).
 
 Built in (deterministic, programmatic): `brightness` (mean luminance, or closeness to `target`),
-`color` (closeness of the mean colour to `rgb=R,G,B`), `contrast` (pixel std). Any other name is
+`color` (closeness of the mean colour to `rgb=R,G,B`), `contrast` (pixel std), `toy_geneval` (the toy
+world's exact GenEval reward, `chunkgrpo.toy.reward`). Any other name is
 looked up among the evaluation scorers (`chunkgrpo.eval.scorers.get_scorer`: clip, pickscore,
 hpsv2.1, hpsv3, imagereward), whose weights come from a local dir / S3 (`options.weights`). Those run
 through the same scorer boundary as evaluation: with `$CHUNKGRPO_VENV_<NAME>` set (or `options.venv`),
@@ -59,7 +60,15 @@ def contrast() -> RewardFn:
     return fn
 
 
+def toy_geneval(dense: str | bool = True) -> RewardFn:
+    """GenEval correctness of a toy-world image for its caption (exact detector); dense=true: partial credit."""
+    from chunkgrpo.toy.reward import toy_geneval_reward
+
+    return toy_geneval_reward(dense)
+
+
 REWARDS: dict[str, Callable[..., RewardFn]] = {"brightness": brightness, "color": color, "contrast": contrast}
+REWARDS["toy_geneval"] = toy_geneval
 
 
 def get_reward(name: str, options: dict | None = None, device: str = "cpu") -> RewardFn:
