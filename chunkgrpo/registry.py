@@ -358,6 +358,22 @@ def _asserted(gate: GateConfig, direction: str, metric: str, name: str) -> str:
     return direction
 
 
+def metric_direction(client, name: str, metric: str, asserted: str = "") -> str:
+    """Direction ('max'/'min') of `metric` (a registry metric name, e.g. eval.hpdv2.hpsv3 or its CI
+    bound) for registered model `name`: the model's gate.direction when the metric (CI suffix
+    stripped) is its gate metric, else the metric's known direction. `asserted` is only checked
+    against that (a different one is a UserError); it decides only where nothing records one."""
+    tag_metric, tag_direction = model_gate(client, name)
+    base = next((metric[: -len(s)] for s in CI_BOUNDS if metric.endswith(s)), metric)
+    direction = tag_direction if (tag_metric and tag_direction and base == tag_metric) else known_direction(metric)
+    if direction is None:
+        if asserted in ("max", "min"):
+            return asserted
+        raise UserError(f"the direction of {metric!r} is unknown for {name!r}: record it once with "
+                        f"`chunkgrpo promote --model {name} --set-gate {base}:max` (or :min)")
+    return _asserted(GateConfig(direction=asserted), direction, metric, name)
+
+
 def set_gate(name: str, metric: str, direction: str, *, who: str | None = None, why: str = "",
              client=None) -> None:
     """Record (or change) the gate metric and direction of a registered model: an explicit, logged
