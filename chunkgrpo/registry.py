@@ -158,7 +158,7 @@ def gate_decision(candidate: float | None, champion: float | None, gate: GateCon
     the champion has the bound recorded, also exceeds the champion's bound.
     """
     if not gate.metric:
-        raise UserError("gate_decision needs a gate metric (resolve_gate gives the registered model's)")
+        raise UserError("gate_decision needs a resolved gate: a metric (resolve_gate gives the registered model's)")
     bound = next((suffix for suffix in CI_BOUNDS if gate.metric.endswith(suffix)), None)
     if gate.direction not in ("max", "min"):
         direction = CI_BOUNDS[bound] if bound else known_direction(gate.metric)
