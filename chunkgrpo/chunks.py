@@ -17,6 +17,7 @@ Plans are computed once before training and fixed.
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -129,30 +130,57 @@ def _split_evenly(a: int, b: int, max_chunk: int) -> list[int]:
     return [a + sum(base + (1 if j >= k - extra else 0) for j in range(i)) for i in range(1, k)]
 
 
+def _cut_side(p: list[float], t: int) -> int:
+    """Where a curvature peak at transition t cuts: the corner joins the neighbour it is closer to, so
+    the boundary falls on the larger of the two jumps around it (t → a new chunk starts at t; t + 1 →
+    at t + 1). A plateau that drops (0.75, 0.77, 0.54) keeps its last high step: cut at t + 1."""
+    return t if abs(p[t] - p[t - 1]) >= abs(p[t + 1] - p[t]) else t + 1
+
+
 def plan_dynamics(p: list[float], *, max_chunk: int = 5, last_fraction: float = 0.5, min_chunk: int = 2,
                   rel_threshold: float = 0.1) -> ChunkPlan:
-    """Curvature-guided chunks over the trainable profile `p` (length S)."""
+    """Curvature-guided chunks over the trainable profile `p` (length S = N − 1; App. B.1).
+
+    * last chunk: the late steps, from ⌈N·(1 − last_fraction)⌉ — the second half of the N sampling steps
+      by default (N = 17: steps 9–15, 7 trainable steps; the final transition is never trained);
+    * earlier cuts at the local maxima of the curvature κ_t = |p_{t−1} − 2p_t + p_{t+1}| (≥ rel_threshold of
+      the largest), strongest first, at least `min_chunk` apart; the cut goes on the larger jump around
+      the corner (`_cut_side`), so the first chunk is the initial high-dynamics plateau;
+    * chunks longer than `max_chunk` are split at their strongest interior curvature peak, else evenly
+      (smaller chunks first: high-noise steps get the finer granularity).
+    On a profile shaped like the paper's (SDE dynamics: two high steps, then a smooth decay) at N = 17
+    this gives the paper's [2, 3, 4, 7].
+    """
     S = len(p)
     if max_chunk < 1 or min_chunk < 1:
         raise UserError(f"max/min chunk must be >= 1, got max={max_chunk}, min={min_chunk}")
     if not 0 < last_fraction < 1:
         raise UserError(f"last fraction must be in (0, 1), got {last_fraction}")
+    if min_chunk > max_chunk:
+        raise UserError(f"dynamics option min={min_chunk} is larger than max={max_chunk}")
+    if not (math.isfinite(rel_threshold) and rel_threshold >= 0):
+        raise UserError(f"dynamics option rel={rel_threshold} must be a finite number >= 0")
     if S == 1:
         return ChunkPlan("dynamics", [1], "a single trainable step")
-    late_start = min(S - 1, max(1, S - round(S * last_fraction)))
-    # curvature κ_t = |p[t−1] − 2p[t] + p[t+1]|; a cut at t starts a new chunk at step t
+    N = S + 1
+    late_start = min(S - 1, max(1, math.ceil(N * (1 - last_fraction) - 1e-9)))
+    # curvature κ_t = |p[t−1] − 2p[t] + p[t+1]| at the early transitions
     curv = {t: abs(p[t - 1] - 2 * p[t] + p[t + 1]) for t in range(1, min(late_start, S - 1))}
     kmax = max(curv.values(), default=0.0)
     peaks = [t for t, c in curv.items()
              if kmax > 0 and c >= rel_threshold * kmax
              and c >= curv.get(t - 1, 0.0) and c > curv.get(t + 1, 0.0)]
+    cut_at = {t: _cut_side(p, t) for t in peaks}
     cuts: list[int] = []
+    used: list[int] = []
     for t in sorted(peaks, key=lambda t: -curv[t]):  # strongest curvature first
+        c = cut_at[t]
         bounds = sorted([0, late_start, *cuts])
-        if all(abs(t - b) >= min_chunk for b in bounds):
-            cuts.append(t)
+        if all(abs(c - b) >= min_chunk for b in bounds):
+            cuts.append(c)
+            used.append(t)
     cuts.sort()
-    # split early chunks longer than max_chunk: at their strongest interior curvature, else evenly
+    # split early chunks longer than max_chunk: at their strongest interior curvature peak, else evenly
     bounds = [0, *cuts, late_start]
     split_notes = []
     changed = True
@@ -160,14 +188,14 @@ def plan_dynamics(p: list[float], *, max_chunk: int = 5, last_fraction: float = 
         changed = False
         for a, b in zip(bounds, bounds[1:]):
             if b - a > max_chunk:
-                inner = [t for t in range(a + min_chunk, b - min_chunk + 1) if t in curv and curv[t] > 0]
+                inner = [t for t in peaks if a + min_chunk <= cut_at[t] <= b - min_chunk]
                 if inner:
                     t = max(inner, key=lambda t: curv[t])
-                    new = [t]
-                    split_notes.append(f"split {a}–{b - 1} at curvature max {t}")
+                    new = [cut_at[t]]
+                    split_notes.append(f"split {a}–{b - 1} at curvature peak {t}")
                 else:
                     new = _split_evenly(a, b, max_chunk)
-                    split_notes.append(f"split {a}–{b - 1} evenly (flat curvature)")
+                    split_notes.append(f"split {a}–{b - 1} evenly (no interior curvature peak)")
                 bounds = sorted(set(bounds) | set(new))
                 changed = True
                 break
@@ -177,10 +205,10 @@ def plan_dynamics(p: list[float], *, max_chunk: int = 5, last_fraction: float = 
     why = [
         f"first chunk = steps 0–{first - 1}, the initial steps (L1rel {p[0]:.4g}→{p[first - 1]:.4g}), "
         "closed at the first curvature cut",
-        "middle cuts at curvature peaks (second difference of L1rel): "
-        + (", ".join(f"step {t} (κ={curv[t]:.3g})" for t in cuts) or "none above threshold"),
-        f"last chunk = steps {late_start}–{S - 1}: the late steps (last_fraction={last_fraction}; "
-        "pre-observation of where a trained model departs from the base, method.md §5)",
+        "cuts at curvature peaks (second difference of L1rel): "
+        + (", ".join(f"step {cut_at[t]} (peak at {t}, κ={curv[t]:.3g})" for t in sorted(used)) or "none above threshold"),
+        f"last chunk = steps {late_start}–{S - 1}: the late steps, the last {last_fraction:g} of the {N} sampling "
+        "steps (pre-observation of where a trained model departs from the base, method.md §5)",
         f"early chunks kept <= {max_chunk} steps" + (f" ({'; '.join(split_notes)})" if split_notes else ""),
     ]
     return ChunkPlan("dynamics", check_sizes(sizes, S), "; ".join(why), details={
@@ -191,37 +219,50 @@ def plan_dynamics(p: list[float], *, max_chunk: int = 5, last_fraction: float = 
 
 def write_plan(plan_dict: dict, out: str | Path) -> Path:
     out = Path(out)
+    if out.is_dir():
+        raise UserError(f"plan output {out} is a directory; give a file name (e.g. {out / 'plan.json'})")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(out.suffix + ".tmp")
-    tmp.write_text(json.dumps(plan_dict, indent=2))
-    tmp.replace(out)
+    try:
+        tmp.write_text(json.dumps(plan_dict, indent=2))
+        tmp.replace(out)
+    finally:
+        tmp.unlink(missing_ok=True)
     return out
 
 
 def load_plan(path: str | Path, trainable_steps: int | None = None) -> list[int]:
     """Chunk sizes from a plan JSON, checked against the trainable step count."""
+    from chunkgrpo.inputs import read_text
+
     path = Path(path)
     if not path.exists():
         raise UserError(f"chunk plan {path} does not exist (run `chunkgrpo plan` first)")
     try:
-        sizes = json.loads(path.read_text())["sizes"]
+        sizes = json.loads(read_text(path, "chunk plan"))["sizes"]
     except (json.JSONDecodeError, KeyError, TypeError):
         raise UserError(f"chunk plan {path} is not a plan JSON with a 'sizes' list") from None
+    if not isinstance(sizes, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in sizes):
+        raise UserError(f"chunk plan {path}: 'sizes' must be a list of integers, got {str(sizes)[:80]}")
     if trainable_steps is not None and sum(sizes) != trainable_steps:
         raise UserError(f"chunk plan {path} has sizes {sizes} (sum {sum(sizes)}) but the run has "
                         f"{trainable_steps} trainable steps (num_steps − 1)")
     return check_sizes(sizes, trainable_steps)
 
 
-def plan_from_profile(profile_path: str | Path, strategy: str, out: str | Path, plot: bool = True) -> tuple[dict, Path]:
-    """Load a profile, plan over its N−1 trainable steps, write the plan JSON (+ PNG)."""
-    from chunkgrpo.dynamics import load_profile, plot_profile
+def plan_from_profile(profile_path: str | Path, strategy: str, out: str | Path, plot: bool = True,
+                      trajectories: str | None = None) -> tuple[dict, Path]:
+    """Load a profile, plan over its N−1 trainable steps on its SDE or ODE curve (`trajectories`, default
+    the profile's own choice), write the plan JSON (+ PNG of both curves with the chunks)."""
+    from chunkgrpo.dynamics import load_profile, plot_profile, select_trajectories
 
     profile = load_profile(profile_path)
-    trainable = len(profile["l1rel"]) - 1
-    plan = plan_chunks(strategy, trainable, profile["l1rel"])
-    d = plan.to_dict(profile)
+    curve, kind = select_trajectories(profile, trajectories)
+    trainable = len(curve) - 1
+    plan = plan_chunks(strategy, trainable, curve)
+    d = plan.to_dict({**profile, "l1rel": curve})
     d["profile"] = str(profile_path)
+    d["trajectories"] = kind
     path = write_plan(d, out)
     if plot:
         plot_profile(profile, Path(out).with_suffix(".png"), plan=d)

@@ -14,7 +14,7 @@ import pkgutil
 import sys
 
 from chunkgrpo import __version__
-from chunkgrpo.errors import UserError, print_user_error
+from chunkgrpo.errors import Terminated, UserError, print_user_error
 
 
 def _command_modules():
@@ -91,7 +91,47 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"chunkgrpo {args.command}: interrupted", file=sys.stderr)
         return 130
+    except Terminated as e:
+        print(f"chunkgrpo {args.command}: {e}; stopped (the last complete checkpoint is intact)", file=sys.stderr)
+        return 128 + e.signum
+    except Exception as e:  # noqa: BLE001 - known failures become one line; anything else keeps its traceback
+        line = one_line_error(e)
+        if line is None:
+            raise
+        print_user_error(f"chunkgrpo {args.command}: error: {line}")
+        return 2
     return int(rc or 0)
+
+
+# Failures that are not bugs: bad files, unreachable servers, corrupt artifacts, a diverged run.
+# Matched by class name so that the CLI imports none of the modules defining them.
+_ONE_LINE = {
+    "chunkgrpo.store.StoreError": "",  # S3 still failing after retries; ChecksumMismatchError is a subclass
+    "chunkgrpo.train.context.NonFiniteLossError": "",
+    "chunkgrpo.train.checkpoint.CorruptCheckpointError": "corrupt checkpoint: ",
+    "chunkgrpo.train.checkpoint.MirrorBacklogError": "",
+    "mlflow.exceptions.MlflowException": "MLflow: ",
+    "requests.exceptions.ConnectionError": "cannot connect: ",
+    "requests.exceptions.Timeout": "timed out: ",
+    "urllib3.exceptions.HTTPError": "cannot connect: ",
+    "builtins.ConnectionError": "cannot connect: ",
+    "builtins.TimeoutError": "timed out: ",
+    "kfp_server_api.exceptions.ApiException": "Kubeflow Pipelines API: ",
+}
+
+
+def one_line_error(e: BaseException) -> str | None:
+    """The one-line message for a known kind of failure, or None (a bug: keep the traceback)."""
+    if isinstance(e, (IsADirectoryError, NotADirectoryError, PermissionError)):
+        return f"{e.strerror or e}: {e.filename}" if e.filename else str(e)
+    if isinstance(e, UnicodeDecodeError):
+        return f"input is not UTF-8 text (bad byte at offset {e.start})"
+    for cls in type(e).__mro__:
+        prefix = _ONE_LINE.get(f"{cls.__module__}.{cls.__qualname__}")
+        if prefix is not None:
+            text = " ".join(str(e).split()) or type(e).__name__
+            return prefix + (text if len(text) <= 400 else text[:397] + "...")
+    return None
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from pathlib import Path
@@ -95,12 +96,26 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         if isinstance(value, bool):
             raise UserError(f"{key}={value!r} is not a number")
         try:
-            return float(value)
+            number = float(value)
         except (TypeError, ValueError):
             raise UserError(f"{key}={value!r} is not a number") from None
+        if not math.isfinite(number):
+            raise UserError(f"{key}={value} must be a finite number")
+        return number
     if tp is str:
         return str(value)
     return value
+
+
+def check_finite(cfg: Any, prefix: str = "") -> None:
+    """UserError naming the first float field of a config dataclass (or float in a list field) that is
+    NaN or ±inf — `inf < 0` is false, so range checks alone let them through."""
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        values = value if isinstance(value, (list, tuple)) else [value]
+        for v in values:
+            if isinstance(v, float) and not math.isfinite(v):
+                raise UserError(f"{prefix}{f.name}={value!r} must be a finite number")
 
 
 def parse_override(text: str) -> tuple[str, Any]:
@@ -204,11 +219,15 @@ def resolve_preset(source: str | Path) -> Path:
 
 
 def load_yaml(source: str | Path) -> dict:
+    from chunkgrpo.inputs import read_text
+
     path = resolve_preset(source)
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = yaml.safe_load(read_text(path, "config")) or {}
     except yaml.YAMLError as e:
-        raise UserError(f"{path}: invalid YAML: {e}") from None
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
+        raise UserError(f"{path}: invalid YAML{where}: {getattr(e, 'problem', None) or type(e).__name__}") from None
     if not isinstance(data, dict):
         raise UserError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
     return data

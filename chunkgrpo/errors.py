@@ -16,6 +16,15 @@ class UserError(ValueError):
     """Bad input that the user can fix (a path, a value, a combination of settings)."""
 
 
+class Terminated(BaseException):
+    """The process was asked to stop (SIGTERM, e.g. a pod eviction). A BaseException, like
+    KeyboardInterrupt, so that no `except Exception` on the way swallows it."""
+
+    def __init__(self, signum: int = 15):
+        super().__init__(f"terminated by signal {signum}")
+        self.signum = signum
+
+
 def print_user_error(line: str, stream=None) -> None:
     """Print a one-line user error, once per torchrun job rather than once per rank.
 

@@ -69,6 +69,44 @@ class CallCounter:
                 "transformer_samples": self.samples}
 
 
+class exact_time_embedding:
+    """Feed the transformer's time/guidance embedding the fp32 values `t·1000` and `g·1000` for one call.
+
+    A forward pre-hook on `time_text_embed` (registered once per transformer) replaces its timestep and
+    guidance arguments, which diffusers has cast to the activation dtype and FSDP's mixed precision to
+    bf16, by the same product computed in fp32 from the uncast inputs. Outside this context (or for a
+    transformer without `time_text_embed`) the hook passes everything through unchanged."""
+
+    def __init__(self, transformer, t: torch.Tensor, g: torch.Tensor | None):
+        self.embed = getattr(transformer, "time_text_embed", None)
+        self.values = (t * 1000.0, None if g is None else g * 1000.0)  # fp32, like diffusers' `t·1000`
+
+    def __enter__(self):
+        if self.embed is not None:
+            if not getattr(self.embed, "_chunkgrpo_exact_hook", False):
+                self.embed.register_forward_pre_hook(_exact_time_hook)
+                self.embed._chunkgrpo_exact_hook = True
+            self.embed._chunkgrpo_exact = self.values
+        return self
+
+    def __exit__(self, *exc):
+        if self.embed is not None:
+            self.embed._chunkgrpo_exact = None
+
+
+def _exact_time_hook(module, args):
+    values = getattr(module, "_chunkgrpo_exact", None)
+    if values is None:
+        return None
+    t, g = values
+    args = list(args)
+    if args and torch.is_tensor(args[0]) and args[0].shape == t.shape:
+        args[0] = t.to(args[0].device)
+    if g is not None and len(args) == 3 and torch.is_tensor(args[1]) and args[1].shape == g.shape:
+        args[1] = g.to(args[1].device)
+    return tuple(args)
+
+
 def resolve_model_source(source: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> str:
     """A local folder path for `source` (local dir, s3:// URI, or hub id from the local cache)."""
     s = str(source)
@@ -134,6 +172,7 @@ class FluxModel:
         self.source = source
         self.path = path
         self.counter = CallCounter()
+        self._compiled = None
         self.vae_scale_factor = getattr(pipe, "vae_scale_factor", 8)
         self.guidance_embeds = bool(getattr(self.transformer.config, "guidance_embeds", False))
 
@@ -171,16 +210,32 @@ class FluxModel:
     def velocity(self, x: torch.Tensor, timesteps: torch.Tensor, cond: PromptEmbeds, img_ids: torch.Tensor,
                  *, guidance: float = 3.5, transformer=None) -> torch.Tensor:
         """v_θ(x, t, c). `timesteps` (B,) in [0, 1000] (already quantized when the recipe does);
-        FLUX receives t/1000. Output in float32."""
+        FLUX receives t/1000. Output in float32.
+
+        The time (and guidance) embedding sees the exact fp32 values `fp32(t/1000)·1000` whatever the
+        activation dtype: diffusers casts the timestep to the dtype of the image embedding (bf16 under
+        autocast or with bf16 weights) and FSDP's MixedPrecisionPolicy casts every forward input, which
+        would feed FLUX 980 instead of 979; `exact_time_embedding` restores the fp32 values at the
+        embedding's input (method.md §1: the transformer receives int(σ·1000)/1000)."""
         model = transformer if transformer is not None else self.transformer
         B = x.shape[0]
-        t = timesteps.to(device=self.device, dtype=self.dtype).expand(B) / 1000.0
-        g = torch.full((B,), guidance, device=self.device, dtype=self.dtype) if self.guidance_embeds else None
+        # int(σ·1000)/1000 rounded once to fp32 (as the references' long/1000), never through bf16
+        t = (timesteps.to(device=self.device, dtype=torch.float64).expand(B) / 1000.0).float()
+        g = torch.full((B,), guidance, device=self.device, dtype=torch.float32) if self.guidance_embeds else None
         self.counter.record(B)
-        out = model(hidden_states=x.to(self.dtype), timestep=t, guidance=g, pooled_projections=cond.pooled,
-                    encoder_hidden_states=cond.prompt_embeds, txt_ids=cond.text_ids, img_ids=img_ids,
-                    return_dict=False)[0]
+        with exact_time_embedding(model, t, g):
+            out = model(hidden_states=x.to(self.dtype), timestep=t, guidance=g, pooled_projections=cond.pooled,
+                        encoder_hidden_states=cond.prompt_embeds, txt_ids=cond.text_ids, img_ids=img_ids,
+                        return_dict=False)[0]
         return out.float()
+
+    def compiled(self):
+        """The transformer under `torch.compile`, built once and passed as `transformer=`. It shares the
+        parameters (LoRA and optimizer updates are seen). Compiled with a dynamic batch size: one compile
+        per grad mode (rollout, training) serves every batch the engine makes."""
+        if self._compiled is None:
+            self._compiled = torch.compile(self.transformer, dynamic=True)
+        return self._compiled
 
     # ---------------------------------------------------------------- decoding
     @torch.no_grad()

@@ -5,15 +5,19 @@
 from __future__ import annotations
 
 import csv
+import io
 import json
 from pathlib import Path
 
 from chunkgrpo.errors import UserError
+from chunkgrpo.inputs import read_text
 
 _FIELDS = ("prompt", "text", "Prompt", "caption")
 
 
 def _pick(row: dict, where: str) -> str:
+    if not isinstance(row, dict):
+        raise UserError(f"{where}: expected a JSON object with a prompt field, got {type(row).__name__}")
     for f in _FIELDS:
         if f in row and isinstance(row[f], str):
             return row[f]
@@ -45,10 +49,12 @@ def load_prompts(path: str | Path, limit: int = 0) -> list[str]:
     path = _fetch(str(path)) if str(path).startswith("s3://") else Path(path)
     if not path.exists():
         raise UserError(f"prompt file {path} does not exist")
+    if path.is_dir():
+        raise UserError(f"prompt file {path} is a directory, expected a .txt/.jsonl/.tsv/.parquet file")
     suffix = path.suffix.lower()
     prompts: list[str] = []
     if suffix == ".jsonl":
-        for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        for i, line in enumerate(read_text(path, "prompt file").splitlines(), 1):
             if not line.strip():
                 continue
             try:
@@ -56,19 +62,22 @@ def load_prompts(path: str | Path, limit: int = 0) -> list[str]:
             except json.JSONDecodeError as e:
                 raise UserError(f"{path}:{i}: invalid JSON ({e.msg})") from None
     elif suffix == ".tsv":
-        with path.open(encoding="utf-8", newline="") as fh:
-            for i, row in enumerate(csv.DictReader(fh, delimiter="\t"), 2):
-                prompts.append(_pick(row, f"{path}:{i}"))
+        fh = io.StringIO(read_text(path, "prompt file"), newline="")
+        for i, row in enumerate(csv.DictReader(fh, delimiter="\t"), 2):
+            prompts.append(_pick(row, f"{path}:{i}"))
     elif suffix == ".parquet":
         import pyarrow.parquet as pq
 
-        table = pq.read_table(path)
+        try:
+            table = pq.read_table(path)
+        except (OSError, ValueError) as e:  # pyarrow.ArrowInvalid is a ValueError
+            raise UserError(f"prompt file {path} is not a readable parquet file ({str(e).splitlines()[0][:200]})") from None
         col = next((c for c in _FIELDS if c in table.column_names), None)
         if col is None:
             raise UserError(f"{path}: no prompt column (looked for {', '.join(_FIELDS)}; got {table.column_names})")
         prompts = [str(x) for x in table.column(col).to_pylist()]
     else:
-        prompts = [ln.strip() for ln in path.read_text(encoding="utf-8").splitlines()
+        prompts = [ln.strip() for ln in read_text(path, "prompt file").splitlines()
                    if ln.strip() and not ln.lstrip().startswith("#")]
     prompts = [p.strip() for p in prompts]
     empty = [i for i, p in enumerate(prompts) if not p]

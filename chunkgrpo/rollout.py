@@ -4,6 +4,14 @@
 a `FluxModel`. All G samples of a prompt start from the same initial noise by default (method.md §3);
 any subset of steps may be stochastic; the last transition (σ_{N−1} → 0) is always deterministic
 (never trained), so the final state equals x̂0 of the last step, which is what gets decoded.
+
+Shared prefix: with the same initial noise, the G samples of a prompt have identical inputs up to and
+including the first stochastic step (step 0 by default). The velocity there is computed once per
+prompt and broadcast, in the rollout and in training (`pair_log_probs` evaluates each distinct
+transformer input once); `Trajectory.input_key` names the distinct inputs.
+
+Rollout noise is drawn on the model's device (`device_generator`): reproducible per device type, and
+on the CPU the numbers are exactly those of the iteration's CPU generator.
 """
 
 from __future__ import annotations
@@ -15,8 +23,8 @@ from typing import Literal
 
 import torch
 
-from chunkgrpo import schedules, sde
-from chunkgrpo.config import Config, option
+from chunkgrpo import checks, schedules, sde
+from chunkgrpo.config import Config, check_finite, option
 from chunkgrpo.errors import UserError
 
 
@@ -40,8 +48,11 @@ class SamplingConfig(Config):
     def __post_init__(self) -> None:
         if self.num_steps < 2:
             raise UserError(f"num_steps must be >= 2 (one trainable step + the final ODE step), got {self.num_steps}")
+        check_finite(self, "sampling.")
         if self.eta < 0:
             raise UserError(f"eta must be >= 0, got {self.eta}")
+        if self.shift <= 0:
+            raise UserError(f"sampling.shift must be > 0, got {self.shift}")
         if self.height <= 0 or self.width <= 0:
             raise UserError(f"height/width must be positive, got {self.height}x{self.width}")
         self.stochastic_mask()  # validates the spec
@@ -97,6 +108,8 @@ class Trajectory:
     timesteps: torch.Tensor
     x0: torch.Tensor
     velocities: torch.Tensor | None = None  # (B, N, L, C) when sampled with keep_velocities=True
+    group_size: int = 1  # rows come in groups of this many samples of one prompt (same initial noise)
+    shared_steps: int = 0  # the inputs x_t of steps t < shared_steps are identical within each group
 
     @property
     def num_steps(self) -> int:
@@ -104,6 +117,13 @@ class Trajectory:
 
     def select(self, idx) -> "Trajectory":
         return Trajectory(self.latents[idx], self.log_probs[idx], self.stochastic, self.sigmas, self.timesteps, self.x0[idx])
+
+    def input_key(self, sample: int, step: int) -> tuple[int, int]:
+        """(representative sample, step) of the transformer input of (sample, step): equal keys mean the
+        same input (x_t, t, prompt), so one velocity evaluation serves them all."""
+        if step < self.shared_steps:
+            return (sample - sample % self.group_size, step)
+        return (sample, step)
 
 
 def sample_trajectory(
@@ -117,13 +137,29 @@ def sample_trajectory(
     generator: torch.Generator | None = None,
     timesteps: torch.Tensor | None = None,
     keep_velocities: bool = False,
+    group_size: int = 1,
+    group_velocity_fn: Callable[[torch.Tensor, int], torch.Tensor] | None = None,
 ) -> Trajectory:
     """Integrate from x_init along `sigmas`, SDE on stochastic steps, ODE elsewhere (no grad).
-    `keep_velocities` stores every step's velocity (branching methods reuse them)."""
+    `keep_velocities` stores every step's velocity (branching methods reuse them).
+
+    Shared prefix: with `group_size` G > 1 and `group_velocity_fn`, x_init's rows come in groups of G
+    identical rows; up to and including the first stochastic step the states stay identical within
+    each group, so `group_velocity_fn(x_groups, i)` is called on one row per group and its velocity
+    broadcast to the G rows. The SDE noise is drawn on `generator`'s device."""
     N = sigmas.numel() - 1
     if stochastic.numel() != N:
         raise ValueError(f"stochastic mask has {stochastic.numel()} entries for {N} steps")
     B = x_init.shape[0]
+    shared = 0
+    if group_size > 1 and group_velocity_fn is not None:
+        if B % group_size:
+            raise ValueError(f"batch {B} is not a multiple of group_size {group_size}")
+        grouped = x_init.float().view(B // group_size, group_size, *x_init.shape[1:])
+        if checks.wanted(x_init) and not torch.equal(grouped, grouped[:, :1].expand_as(grouped)):
+            raise ValueError("group_velocity_fn needs identical initial noise within each group (same_noise)")
+        stoch = [i for i in range(N - 1) if bool(stochastic[i])]
+        shared = (stoch[0] + 1) if stoch else N  # steps 0..first stochastic step see identical inputs
     latents = torch.empty((B, N + 1, *x_init.shape[1:]), dtype=torch.float32, device=x_init.device)
     log_probs = torch.full((B, N), float("nan"), dtype=torch.float32, device=x_init.device)
     x = x_init.float()
@@ -133,20 +169,34 @@ def sample_trajectory(
     with torch.no_grad():
         for i in range(N):
             s, sn = float(sigmas[i]), float(sigmas[i + 1])
-            v = velocity_fn(x, i)
+            if i < shared:  # one evaluation per group, broadcast (the inputs are identical)
+                v = group_velocity_fn(x[::group_size], i).repeat_interleave(group_size, dim=0)
+            else:
+                v = velocity_fn(x, i)
             if vels is not None:
                 vels[:, i] = v
             if i == N - 1:
                 x0 = x - s * v  # x̂0 of the last step; the last transition is deterministic
             if bool(stochastic[i]) and i < N - 1:
-                noise = torch.randn(x.shape, generator=generator, dtype=torch.float32).to(x.device)
-                x, lp = sde.sde_step(x, v, s, sn, eta=eta, rule=rule, noise=noise)
+                x, lp = sde.sde_step(x, v, s, sn, eta=eta, rule=rule, generator=generator)
                 log_probs[:, i] = lp
             else:
                 x = sde.ode_step(x, v, s, sn)
             latents[:, i + 1] = x
     ts = timesteps if timesteps is not None else sigmas * 1000.0
-    return Trajectory(latents, log_probs, stochastic.clone(), sigmas.clone(), ts.clone(), x0, vels)
+    return Trajectory(latents, log_probs, stochastic.clone(), sigmas.clone(), ts.clone(), x0, vels,
+                      group_size=group_size if shared else 1, shared_steps=shared)
+
+
+def device_generator(generator: torch.Generator, device) -> torch.Generator:
+    """A generator on `device` for rollout noise: `generator` itself when it already lives on that device
+    type (so CPU results are those of the CPU generator), otherwise a new one on the device, seeded
+    from one draw of `generator` (reproducible per device type)."""
+    device = torch.device(device)
+    if generator.device.type == device.type:
+        return generator
+    seed = int(torch.randint(0, 2**62, (1,), generator=generator))
+    return torch.Generator(device=device).manual_seed(seed)
 
 
 def initial_latents(model, num_prompts: int, group_size: int, cfg: SamplingConfig, generator: torch.Generator):
@@ -161,7 +211,9 @@ def rollout_group(model, cond, group_size: int, cfg: SamplingConfig, generator: 
                   *, transformer=None) -> Trajectory:
     """Sample G trajectories for each of the P prompts in `cond` as one batch of P·G.
 
-    `cond` holds one entry per prompt; sample b belongs to prompt b // G."""
+    `cond` holds one entry per prompt; sample b belongs to prompt b // G. With `same_noise` the shared
+    prefix (up to the first stochastic step) is evaluated once per prompt. Initial noise comes from
+    `generator` (CPU), SDE noise from `device_generator(generator, model.device)`."""
     if group_size < 1:
         raise UserError(f"group_size must be >= 1, got {group_size}")
     x_init = initial_latents(model, len(cond), group_size, cfg, generator)
@@ -171,29 +223,47 @@ def rollout_group(model, cond, group_size: int, cfg: SamplingConfig, generator: 
     timesteps = cfg.timesteps(sigmas)
     img_ids = model.img_ids(cfg.height, cfg.width)
 
-    def velocity_fn(x, i):
-        return model.velocity(x, timesteps[i].reshape(1), cond_rep, img_ids, guidance=cfg.guidance,
+    def velocity_fn(x, i, c=cond_rep):
+        return model.velocity(x, timesteps[i].reshape(1), c, img_ids, guidance=cfg.guidance,
                               transformer=transformer)
 
+    shared = cfg.same_noise and group_size > 1
     return sample_trajectory(velocity_fn, x_init, sigmas, cfg.stochastic_mask(), eta=cfg.eta, rule=cfg.rule,
-                             generator=generator, timesteps=timesteps)
+                             generator=device_generator(generator, x_init.device), timesteps=timesteps,
+                             group_size=group_size if shared else 1,
+                             group_velocity_fn=(lambda x, i: velocity_fn(x, i, cond)) if shared else None)
+
+
+def pair_log_probs(model, traj: Trajectory, cond_rep, samples, steps, cfg: SamplingConfig,
+                   *, transformer=None) -> torch.Tensor:
+    """Training-time log-probs (n,) of the recorded transitions (samples[j], steps[j]) under the current
+    policy, with grad: ONE transformer call over the distinct inputs among the pairs (pairs with equal
+    `traj.input_key` share one evaluation, e.g. step 0 of one prompt's samples under same_noise)."""
+    samples, steps = [int(b) for b in samples], [int(t) for t in steps]
+    if len(samples) != len(steps) or not samples:
+        raise ValueError(f"need equally many samples and steps (got {len(samples)} and {len(steps)})")
+    keys = [traj.input_key(b, t) for b, t in zip(samples, steps)]
+    slot: dict[tuple[int, int], int] = {}
+    for k in keys:
+        slot.setdefault(k, len(slot))
+    uniq = list(slot)
+    inv = torch.tensor([slot[k] for k in keys])
+    ub, ut = torch.tensor([k[0] for k in uniq]), torch.tensor([k[1] for k in uniq])
+    x = traj.latents[ub, ut]  # (u, L, C) distinct inputs
+    v = model.velocity(x, traj.timesteps[ut].float(), cond_rep.index(ub), model.img_ids(cfg.height, cfg.width),
+                       guidance=cfg.guidance, transformer=transformer)
+    sb, st = torch.tensor(samples), torch.tensor(steps)
+    if len(uniq) < len(keys):
+        x, v = x[inv], v[inv]
+    return sde.step_log_prob(traj.latents[sb, st + 1], x, v, traj.sigmas[st].float(), traj.sigmas[st + 1].float(),
+                             eta=cfg.eta, rule=cfg.rule)
 
 
 def policy_log_probs(model, traj: Trajectory, cond_rep, steps: list[int], cfg: SamplingConfig,
                      *, samples=None, transformer=None) -> torch.Tensor:
     """Training-time log-probs of the recorded transitions at `steps` under the current policy,
     batched as one transformer call over (samples × steps). Returns (b, len(steps)) with grad."""
-    idx = torch.arange(traj.latents.shape[0]) if samples is None else torch.as_tensor(samples)
-    b, k = idx.numel(), len(steps)
-    st = torch.as_tensor(steps)
-    lat = traj.latents[idx]                 # (b, N+1, L, C)
-    x, x_next = lat[:, st], lat[:, st + 1]  # (b, k, L, C) each
-    flat = x.flatten(0, 1)
-    sig = traj.sigmas[st].float().repeat(b)
-    sig_next = traj.sigmas[st + 1].float().repeat(b)
-    t = traj.timesteps[st].float().repeat(b)
-    c = cond_rep.index(idx).repeat_interleave(k)
-    img_ids = model.img_ids(cfg.height, cfg.width)
-    v = model.velocity(flat, t, c, img_ids, guidance=cfg.guidance, transformer=transformer)
-    lp = sde.step_log_prob(x_next.flatten(0, 1), flat, v, sig, sig_next, eta=cfg.eta, rule=cfg.rule)
-    return lp.view(b, k)
+    idx = list(range(traj.latents.shape[0])) if samples is None else [int(b) for b in torch.as_tensor(samples).tolist()]
+    pairs_b = [b for b in idx for _ in steps]
+    pairs_t = [int(t) for _ in idx for t in steps]
+    return pair_log_probs(model, traj, cond_rep, pairs_b, pairs_t, cfg, transformer=transformer).view(len(idx), len(steps))

@@ -20,6 +20,7 @@ import math
 
 import torch
 
+from chunkgrpo import checks
 from chunkgrpo.errors import UserError
 
 RULES = ("flow", "dance")
@@ -41,7 +42,7 @@ def _check(sigma: torch.Tensor, sigma_next: torch.Tensor, eta: float, rule: str)
         raise UserError(f"unknown SDE rule {rule!r} (choose one of {RULES})")
     if not eta >= 0:
         raise UserError(f"eta must be >= 0, got {eta!r}")
-    if torch.any(sigma_next >= sigma):
+    if checks.wanted(sigma, sigma_next) and torch.any(sigma_next >= sigma):  # σ on a GPU: debug checks only
         raise ValueError("sigma_next must be smaller than sigma (sampling runs from noise to data)")
 
 
@@ -56,8 +57,9 @@ def diffusion_coeff(sigma: torch.Tensor, sigma_next: torch.Tensor, eta: float, r
 def step_mean_std(x, v, sigma, sigma_next, *, eta: float, rule: str):
     """Mean and std of the Gaussian transition x → x_next (fp32)."""
     x32, v32 = x.float(), v.float()
+    # checked where σ was given (floats, CPU tensors: no device sync), before it moves to x's device
+    _check(torch.as_tensor(sigma, dtype=torch.float32), torch.as_tensor(sigma_next, dtype=torch.float32), eta, rule)
     s, sn = _as_batch(sigma, x32), _as_batch(sigma_next, x32)
-    _check(s, sn, eta, rule)
     dt = sn - s
     g = diffusion_coeff(s, sn, eta, rule)
     # mean = x + dt·[v + g²/(2σ)·(x + (1−σ)·v)]   (method.md §2)
@@ -69,7 +71,7 @@ def step_mean_std(x, v, sigma, sigma_next, *, eta: float, rule: str):
 def gaussian_log_prob(x_next: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
     """mean over non-batch elements of −(x'−μ)²/(2σ²) − log σ − ½ log 2π  (method.md §2). Shape (B,)."""
     std = std.float()
-    if torch.any(std <= 0):
+    if checks.wanted(std) and torch.any(std <= 0):  # std on a GPU: debug checks only
         raise ValueError("log-prob of a deterministic (std = 0) step is undefined; this step is not trainable")
     lp = -((x_next.float() - mean) ** 2) / (2.0 * std * std) - torch.log(std) - _HALF_LOG_2PI
     return lp.flatten(1).mean(dim=1)
@@ -85,12 +87,14 @@ def ode_step(x: torch.Tensor, v: torch.Tensor, sigma, sigma_next) -> torch.Tenso
 def sde_step(x, v, sigma, sigma_next, *, eta: float, rule: str, noise: torch.Tensor | None = None,
              generator: torch.Generator | None = None):
     """Stochastic step x' = mean + std·ε. Returns (x_next, log_prob (B,)). η = 0 gives the ODE step
-    (its log-prob is then undefined and returned as NaN)."""
+    (its log-prob is then undefined and returned as NaN). Without `noise`, ε is drawn with `generator` on
+    the generator's device and moved to x's device."""
     mean, std = step_mean_std(x, v, sigma, sigma_next, eta=eta, rule=rule)
     if noise is None:
-        noise = torch.randn(x.shape, generator=generator, device=x.device, dtype=torch.float32)
-    x_next = mean + std * noise.float()
-    if torch.all(std == 0):
+        gen_device = generator.device if generator is not None else x.device
+        noise = torch.randn(x.shape, generator=generator, device=gen_device, dtype=torch.float32)
+    x_next = mean + std * noise.float().to(x.device)
+    if eta == 0:  # std = 0 everywhere (decided on the host: no device sync)
         return x_next.to(x.dtype), torch.full((x.shape[0],), float("nan"), device=x.device)
     return x_next.to(x.dtype), gaussian_log_prob(x_next, mean, std)
 

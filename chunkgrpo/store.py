@@ -88,7 +88,14 @@ def parse_s3_uri(uri: str) -> tuple[str, str]:
     if not bucket:
         raise UserError(f"{uri!r} has no bucket (expected s3://bucket/key)")
     _check_bucket_name(bucket)
+    _check_key(key, uri)
     return bucket, key
+
+
+def _check_key(key: str, where: str) -> None:
+    """S3 keys with '.'/'..' segments are rejected by S3 clients (minio raises ValueError): a UserError here."""
+    if any(part in (".", "..") for part in key.split("/")):
+        raise UserError(f"{where!r}: '.' and '..' are not allowed as parts of an S3 key")
 
 
 def s3_uri(bucket: str, key: str = "") -> str:
@@ -402,6 +409,7 @@ class ArtifactStore:
     def _loc(self, key_or_uri: str) -> tuple[str, str]:
         if key_or_uri.startswith("s3://"):
             return parse_s3_uri(key_or_uri)
+        _check_key(key_or_uri.lstrip("/"), key_or_uri)
         return self.bucket, key_or_uri.lstrip("/")
 
     def uri(self, key: str) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -102,16 +103,39 @@ def build_t5_tokenizer(corpus: list[str] = _CORPUS, vocab_size: int = 150):
     return T5TokenizerFast(vocab=vocab, extra_ids=0, model_max_length=512)
 
 
-def build_tiny_flux(out_dir: str | Path, *, seed: int = 0, size: str = "tiny") -> Path:
-    """Write a diffusers FLUX pipeline folder with random weights. Returns the folder."""
+MARKER = "chunkgrpo_tiny.json"  # written into every folder this module makes
+
+
+def _check_target(out: Path, overwrite: bool) -> None:
+    """Refuse to write over anything this command did not make: a file, a non-empty folder (unless
+    `overwrite` and the folder is an earlier tiny model, recognised by its marker file)."""
+    if out.is_symlink() or (out.exists() and not out.is_dir()):
+        raise UserError(f"--out {out} exists and is not a directory; choose a folder path")
+    if not out.exists() or not any(out.iterdir()):
+        return
+    if not overwrite:
+        raise UserError(f"--out {out} is a non-empty directory; refusing to replace it "
+                        "(pass --overwrite to replace an earlier tiny model, or choose another path)")
+    if not (out / MARKER).is_file():
+        raise UserError(f"--out {out} is a non-empty directory not made by `chunkgrpo tiny-model` (no {MARKER}); "
+                        "refusing to delete it even with --overwrite")
+
+
+def build_tiny_flux(out_dir: str | Path, *, seed: int = 0, size: str = "tiny", overwrite: bool = True) -> Path:
+    """Write a diffusers FLUX pipeline folder with random weights. Returns the folder.
+
+    An existing non-empty `out_dir` is replaced only if `overwrite` and it is an earlier tiny model
+    (has the marker file); anything else is refused, so a run folder is never deleted by mistake.
+    """
     if size not in SIZES:
         raise UserError(f"unknown tiny-model size {size!r} (choose one of {sorted(SIZES)})")
+    out = Path(out_dir)
+    _check_target(out, overwrite)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
     from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
 
     cfg = SIZES[size]
-    out = Path(out_dir)
     torch.manual_seed(seed)
     with tempfile.TemporaryDirectory() as tmp:
         tokenizer = build_clip_tokenizer(Path(tmp))
@@ -137,12 +161,21 @@ def build_tiny_flux(out_dir: str | Path, *, seed: int = 0, size: str = "tiny") -
         pipe = FluxPipeline(
             scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0), vae=vae, text_encoder=text_encoder,
             tokenizer=tokenizer, text_encoder_2=text_encoder_2, tokenizer_2=tokenizer_2, transformer=transformer)
-        tmp_out = out.with_name(out.name + ".partial")
-        pipe.save_pretrained(tmp_out)
-        (tmp_out / "chunkgrpo_tiny.json").write_text(json.dumps({"size": size, "seed": seed}))
-        if out.exists():
-            import shutil
-
-            shutil.rmtree(out)
-        tmp_out.rename(out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        # staged under a fresh unique name next to the target: only folders made here are ever removed
+        staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
+        try:
+            pipe.save_pretrained(staging)
+            (staging / MARKER).write_text(json.dumps({"size": size, "seed": seed}))
+            _check_target(out, overwrite)  # again: something may have appeared meanwhile
+            if out.exists():
+                old = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=out.parent))
+                out.rename(old / "model")  # an empty dir or an earlier tiny model (checked above)
+                staging.rename(out)
+                shutil.rmtree(old)
+            else:
+                staging.rename(out)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
     return out

@@ -17,11 +17,12 @@ and nested stages cannot mix runs up.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import math
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -100,12 +101,13 @@ class MlflowTracker(NullTracker):
         for i in range(0, len(items), _BATCH):
             self.client.log_batch(self.run_id, params=items[i:i + _BATCH])
 
-    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None,
+                    timestamp_ms: int | None = None) -> None:
         import time
 
         from mlflow.entities import Metric
 
-        ts = int(time.time() * 1000)
+        ts = timestamp_ms or int(time.time() * 1000)
         items = []
         for k, v in flatten(metrics).items():
             try:
@@ -204,6 +206,252 @@ def start_pipeline_run(experiment: str, run_name: str, tags: Mapping[str, Any] |
               {"chunkgrpo.kind": "pipeline", **(tags or {})}, params=params) as run:
         log.info("MLflow run %s (experiment %r) at %s", run.run_id, experiment, os.environ["MLFLOW_TRACKING_URI"])
         yield run
+
+
+# ------------------------------------------------------------------------ background tracking
+
+
+def _transient(exc: BaseException) -> bool:
+    """True for failures that may pass (server down, timeout, 5xx, 429); False for a rejected call."""
+    from mlflow.exceptions import MlflowException
+
+    if isinstance(exc, MlflowException):
+        code = exc.get_http_status_code()
+        return code >= 500 or code == 429
+    return isinstance(exc, (OSError, TimeoutError, ConnectionError))
+
+
+class BackgroundTracker(NullTracker):
+    """An MLflow run fed from a background thread, so training never waits on the tracking server.
+
+    Every call returns at once: it is queued (arguments copied) and a worker thread delivers the queue
+    in order — creating the run first, whenever the server answers. A failed delivery is retried
+    with backoff (1 s doubling to 30 s) while the server is down, unavailable (5xx) or slow (each
+    request has a `timeout_s` limit and no MLflow-internal retries); a call the server rejects (4xx)
+    is dropped with a warning. `close(status)` queues the run's end (FINISHED / FAILED / KILLED)
+    and waits at most `flush_timeout_s` for the queue to drain; what is left is reported in one
+    line and dropped — the trainer keeps its own metrics history on disk.
+    """
+
+    enabled = True
+
+    def __init__(self, open_run: Callable[[Any], tuple[str, str]], *, timeout_s: int = 10,
+                 flush_timeout_s: float = 60.0, max_pending: int = 100_000, backoff_s: float = 1.0,
+                 max_backoff_s: float = 30.0):
+        import threading
+
+        self._open_run = open_run
+        self.timeout_s = max(1, int(timeout_s))
+        self.flush_timeout_s = flush_timeout_s
+        self.max_pending = max_pending
+        self.backoff_s, self.max_backoff_s = backoff_s, max_backoff_s
+        self._ops: collections.deque = collections.deque()
+        self._cv = threading.Condition()
+        self._inner: MlflowTracker | None = None
+        self._closing = False
+        self._busy = False
+        self.dropped = 0
+        self.failures = 0
+        self.last_error = ""
+        self._env_before = {k: os.environ.get(k) for k in _BOUNDED_ENV}
+        os.environ.update({"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0",  # our loop retries, without blocking anyone
+                           "MLFLOW_HTTP_REQUEST_TIMEOUT": str(self.timeout_s)})
+        self._thread = threading.Thread(target=self._loop, name="mlflow-tracker", daemon=True)
+        self._thread.start()
+
+    def __repr__(self) -> str:
+        return f"BackgroundTracker(run_id={self.run_id!r}, pending={self.pending})"
+
+    @property
+    def run_id(self) -> str | None:  # type: ignore[override]
+        return self._inner.run_id if self._inner else None
+
+    @property
+    def experiment_id(self) -> str | None:  # type: ignore[override]
+        return self._inner.experiment_id if self._inner else None
+
+    @property
+    def pending(self) -> int:
+        with self._cv:
+            return len(self._ops) + (1 if self._busy else 0)
+
+    def _submit(self, what: str, fn: Callable[[MlflowTracker], None]) -> None:
+        with self._cv:
+            if self._closing:
+                return
+            if len(self._ops) >= self.max_pending:
+                self._ops.popleft()
+                self.dropped += 1
+                if self.dropped == 1 or self.dropped % 1000 == 0:
+                    log.warning("MLflow unreachable: %d tracking calls dropped (buffer of %d full)", self.dropped,
+                                self.max_pending)
+            self._ops.append((what, fn))
+            self._cv.notify_all()
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        params = dict(flatten(params))
+        self._submit("log_params", lambda t: t.log_params(params))
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        import time
+
+        metrics, ts = dict(flatten(metrics)), int(time.time() * 1000)
+        self._submit("log_metrics", lambda t: t.log_metrics(metrics, step, timestamp_ms=ts))
+
+    def log_metric(self, key: str, value: float, step: int | None = None) -> None:
+        self.log_metrics({key: value}, step)
+
+    def set_tags(self, tags: Mapping[str, Any]) -> None:
+        tags = dict(tags)
+        self._submit("set_tags", lambda t: t.set_tags(tags))
+
+    def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
+        self._submit("log_artifact", lambda t: t.log_artifact(path, artifact_path))
+
+    def log_artifacts(self, local_dir: str | Path, artifact_path: str | None = None) -> None:
+        self._submit("log_artifacts", lambda t: t.log_artifacts(local_dir, artifact_path))
+
+    def log_dict(self, obj: Any, artifact_file: str) -> None:
+        import json
+
+        frozen = json.loads(json.dumps(obj, default=str))  # a snapshot: later changes are not logged
+        self._submit("log_dict", lambda t: t.log_dict(frozen, artifact_file))
+
+    @property
+    def artifact_uri(self) -> str | None:
+        return None  # never block on the server; use run_id
+
+    def flush(self, timeout: float) -> bool:
+        """Wait until everything queued is delivered (True) or `timeout` seconds pass (False)."""
+        import time
+
+        deadline = time.monotonic() + timeout
+        with self._cv:
+            while self._ops or self._busy:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cv.wait(min(left, 0.5))
+        return True
+
+    def close(self, status: str = "FINISHED", timeout: float | None = None) -> bool:
+        """Queue the run's end with `status`, wait up to `timeout` (default flush_timeout_s), stop."""
+        self._submit("set_terminated", lambda t: t.client.set_terminated(t.run_id, status=status))
+        done = self.flush(self.flush_timeout_s if timeout is None else timeout)
+        with self._cv:
+            left = len(self._ops) + (1 if self._busy else 0)
+            self._closing = True
+            self._cv.notify_all()
+        self._thread.join(timeout=2.0)
+        for k, v in self._env_before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        if not done:
+            where = f"run {self.run_id} stays RUNNING" if self.run_id else "the run was never created"
+            log.warning("MLflow at %s unreachable (%s): %d tracking calls not delivered, %s; the metrics are in "
+                        "the run's train_summary.json", os.environ.get("MLFLOW_TRACKING_URI"), self.last_error or "no answer",
+                        left, where)
+        return done
+
+    def _loop(self) -> None:
+        delay = self.backoff_s
+        while True:
+            with self._cv:
+                while not self._ops and not self._closing:
+                    self._cv.wait()
+                if self._closing:
+                    return
+                what, fn = self._ops[0]
+                self._busy = True
+            try:
+                if self._inner is None:
+                    client = _client()
+                    run_id, experiment_id = self._open_run(client)
+                    self._inner = MlflowTracker(client, run_id, experiment_id)
+                    log.info("MLflow run %s", run_id)
+                fn(self._inner)
+                ok = True
+            except Exception as e:  # noqa: BLE001 - tracking must never stop training
+                ok = False
+                self.last_error = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+                if not _transient(e) and self._inner is None:
+                    log.warning("MLflow refused to create the run (%s); tracking is off for this stage",
+                                self.last_error)
+                    with self._cv:
+                        self.dropped += len(self._ops)
+                        self._ops.clear()
+                        self._busy = False
+                        self._closing = True
+                        self._cv.notify_all()
+                    return
+                if not _transient(e):
+                    log.warning("MLflow rejected %s (%s); skipped", what, self.last_error)
+                    ok = True  # drop it: retrying cannot help
+                else:
+                    self.failures += 1
+                    if self.failures == 1 or self.failures % 10 == 0:
+                        log.warning("MLflow unreachable (%s); %d tracking calls buffered, retrying in %.0fs; "
+                                    "training continues", self.last_error, len(self._ops), delay)
+            with self._cv:
+                self._busy = False
+                if ok:
+                    if self._ops and self._ops[0][1] is fn:
+                        self._ops.popleft()
+                    delay = self.backoff_s
+                    self._cv.notify_all()
+                    continue
+                self._cv.notify_all()
+                if self._cv.wait_for(lambda: self._closing, timeout=delay):
+                    return
+                delay = min(self.max_backoff_s, delay * 2)
+
+
+_BOUNDED_ENV = ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT")
+
+
+@contextlib.contextmanager
+def background_stage_run(name: str, parent_run_id: str | None = None, experiment: str | None = None,
+                         params: Mapping[str, Any] | None = None, tags: Mapping[str, Any] | None = None,
+                         timeout_s: int = 10, flush_timeout_s: float = 60.0,
+                         kill_flush_timeout_s: float = 10.0) -> Iterator[NullTracker]:
+    """Like `stage_run`, but nothing waits on MLflow (see `BackgroundTracker`): the run is created,
+    fed and ended from a background thread. The run ends FINISHED, FAILED on an exception, or
+    KILLED on SIGTERM (`Terminated`) / Ctrl-C, then waits at most `flush_timeout_s`
+    (`kill_flush_timeout_s` when killed: a pod has a short grace period)."""
+    from chunkgrpo.errors import Terminated
+
+    if not tracking_enabled():
+        yield NullTracker()
+        return
+    parent_run_id = parent_run_id or os.environ.get(PARENT_ENV) or None
+    all_tags = {k: _text(v, _MAX_TAG_LEN) for k, v in {"chunkgrpo.stage": name, **(tags or {})}.items()}
+    if parent_run_id:
+        all_tags["mlflow.parentRunId"] = parent_run_id
+
+    def open_run(client) -> tuple[str, str]:
+        if parent_run_id:
+            experiment_id = client.get_run(parent_run_id).info.experiment_id
+        else:
+            experiment_id = _experiment_id(client, experiment or "chunkgrpo")
+        run = client.create_run(experiment_id, run_name=name, tags=all_tags)
+        return run.info.run_id, experiment_id
+
+    tracker = BackgroundTracker(open_run, timeout_s=timeout_s, flush_timeout_s=flush_timeout_s)
+    if params:
+        tracker.log_params(params)
+    status, wait = "FINISHED", flush_timeout_s
+    try:
+        yield tracker
+    except (Terminated, KeyboardInterrupt):
+        status, wait = "KILLED", min(flush_timeout_s, kill_flush_timeout_s)
+        raise
+    except BaseException:
+        status = "FAILED"
+        raise
+    finally:
+        tracker.close(status, timeout=wait)
 
 
 @contextlib.contextmanager

@@ -8,7 +8,7 @@
     chunkgrpo pipeline schedule --host URL [--cron '0 0 2 * * *'] [--timezone Europe/Berlin]
 
 `--host` defaults to $KFP_HOST; a bearer token is taken from $KFP_TOKEN if set. Parameters are
-`-p name=value`, the value parsed as YAML (`-p max_steps=10 -p train_overrides='["lr=1e-5"]'`).
+`-p name=value`, the value parsed as YAML (`-p max_iterations=10 -p train_overrides='["lr=1e-5"]'`).
 Images: `--registry`/`--tag` (or $CHUNKGRPO_IMAGE_REGISTRY/$CHUNKGRPO_IMAGE_TAG) at compile time.
 
 There is no default GPU pool: pass `--pool` (or set $CHUNKGRPO_GPU_POOL, e.g. to the overlay's pool),
@@ -101,7 +101,21 @@ def _kfp_client(args):
     if not host:
         raise UserError("no KFP endpoint: pass --host URL or set KFP_HOST (e.g. http://localhost:8080 after "
                         "`kubectl -n kubeflow port-forward svc/ml-pipeline-ui 8080:80`)")
-    return kfp.Client(host=host, namespace=args.namespace or None, existing_token=os.environ.get("KFP_TOKEN") or None)
+    import warnings
+
+    from chunkgrpo.cli import one_line_error
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=FutureWarning)  # kfp's "only works with v2.0.0-beta.2+"
+        try:
+            return kfp.Client(host=host, namespace=args.namespace or None,
+                              existing_token=os.environ.get("KFP_TOKEN") or None)
+        except Exception as e:  # noqa: BLE001 - unreachable / refusing endpoint: one line, not a traceback
+            line = one_line_error(e)
+            if line is None:
+                raise
+            raise UserError(f"cannot reach Kubeflow Pipelines at {host} ({line}); check --host / KFP_HOST "
+                            "and the port-forward") from None
 
 
 def _default_version() -> str:

@@ -43,7 +43,7 @@ three yellow balloons in a clear sky
 
 # Parameters of `train_and_evaluate` for the tiny CPU model (everything else keeps its default).
 TINY_TRAIN = {
-    "preset": "tiny_cpu", "method": "chunk", "max_steps": 30, "nproc_per_node": 2,
+    "preset": "tiny_cpu", "method": "chunk", "max_iterations": 30, "nproc_per_node": 2,
     "chunk_strategy": "dynamics", "profile_prompts": 4, "profile_seeds": 1, "device": "cpu",
     "eval_preset": "eval_tiny", "eval_num_prompts": 8, "model_name": "chunkgrpo-tiny",
     "gate_metric": "eval.hpdv2.brightness", "gate_direction": "max", "gate_margin": 0.0,

@@ -54,8 +54,8 @@ _DOC_COMMON = """
         scorer_weights: Weights of the evaluation scorers as a JSON object {scorer: URI, "<scorer>.processor": URI} (hpsv3, imagereward, hpsv2.1, pickscore, clip).
         prompts: Training prompt file (.txt/.jsonl/.parquet), local to the image or an s3:// object.
         method: GRPO variant - chunk (Chunk-GRPO), chunk+ws (weighted chunk sampling), dance (step-level DanceGRPO), tempflow, granular.
-        preset: Training preset (chunk_grpo_flux, chunk_grpo_ws_flux, dance_grpo_flux, tiny_cpu) or a YAML path in the image.
-        max_steps: Optimizer steps to train.
+        preset: Training preset or a YAML path in the image; '' = the method's own published recipe (chunk_grpo_flux, chunk_grpo_ws_flux, step_grpo_flux = the paper's step-level baseline, tempflow_grpo_flux, granular_grpo_flux). Others: dance_grpo_flux (DanceGRPO's own), tiny_cpu, tempflow_grpo_tiny_cpu, granular_grpo_tiny_cpu.
+        max_iterations: Training length in ROLLOUTS (iterations, the papers' "training steps"); each rollout makes the method's optimizer steps (2 for the chunk presets: 151 rollouts = 302 optimizer steps). 0 = the preset's length.
         train_overrides: Extra training overrides as a JSON list of "key=value" strings, e.g. ["lr=5e-6", "sampling.eta=0.3"].
         chunk_strategy: Chunk planning strategy - dynamics[:max=5,last=0.5] | uniform:N | sizes:a,b,.. | step | whole.
         profile_prompts: Prompts used to profile the base model's dynamics (0 = all).
@@ -111,7 +111,7 @@ def _before_training(p: dict, pool: Pool):
     configure(small(opened), display_name="mlflow run", cache=False, retries=3, backoff="10s")
     opened.after(pre)
     prof = profile(model=p["model"], prompts=p["prompts"], preset=p["preset"], overrides=p["train_overrides"],
-                   num_prompts=p["profile_prompts"], seeds=p["profile_seeds"], device=p["device"])
+                   num_prompts=p["profile_prompts"], seeds=p["profile_seeds"], device=p["device"], method=p["method"])
     configure(on_pool(prof, pool, 1), display_name="profile dynamics", cache=True, retries=2)
     prof.after(pre)
     planned = plan(profile_json=prof.outputs["profile_json"], strategy=p["chunk_strategy"])
@@ -141,8 +141,8 @@ def make_train_and_evaluate(pool: str = "cpu", trainer: str = "torchrun"):
             model: str = DEFAULT_MODEL,
             prompts: str = "s3://chunkgrpo-data/prompts/hpdv2_train.txt",
             method: str = "chunk",
-            preset: str = "chunk_grpo_flux",
-            max_steps: int = 151,
+            preset: str = "",
+            max_iterations: int = 0,
             nproc_per_node: int = 8,
             reward_weights: dict = DEFAULT_REWARD_WEIGHTS,
             scorer_weights: dict = DEFAULT_SCORER_WEIGHTS,
@@ -166,7 +166,7 @@ def make_train_and_evaluate(pool: str = "cpu", trainer: str = "torchrun"):
             with dsl.ExitHandler(_exit_handler(experiment), name="chunkgrpo"):
                 opened, planned = _before_training(p, gpu_pool)
                 tr = train(model=model, prompts=prompts, preset=preset, method=method,
-                           chunks=planned.outputs["Output"], max_steps=max_steps, nproc_per_node=nproc_per_node,
+                           chunks=planned.outputs["Output"], max_iterations=max_iterations, nproc_per_node=nproc_per_node,
                            overrides=train_overrides, artifact_root=artifact_root,
                            run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, experiment=experiment, parent_run_id=opened.output,
                            reward_weights=reward_weights)
@@ -185,8 +185,8 @@ def make_train_and_evaluate(pool: str = "cpu", trainer: str = "torchrun"):
             model: str = DEFAULT_MODEL,
             prompts: str = "s3://chunkgrpo-data/prompts/hpdv2_train.txt",
             method: str = "chunk",
-            preset: str = "chunk_grpo_flux",
-            max_steps: int = 151,
+            preset: str = "",
+            max_iterations: int = 0,
             num_nodes: int = 2,
             nproc_per_node: int = 8,
             job_kind: str = default_kind,
@@ -222,7 +222,7 @@ def make_train_and_evaluate(pool: str = "cpu", trainer: str = "torchrun"):
                     kind=job_kind, namespace=job_namespace, image=train_image, num_nodes=num_nodes,
                     nproc_per_node=nproc_per_node, gpus_per_node=0, node_selector={}, tolerations=[],
                     shm_size="", model=model, prompts=prompts, preset=preset, method=method,
-                    chunks=planned.outputs["Output"], max_steps=max_steps, overrides=train_overrides,
+                    chunks=planned.outputs["Output"], max_iterations=max_iterations, overrides=train_overrides,
                     artifact_root=artifact_root, run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, experiment=experiment,
                     parent_run_id=opened.output, timeout_hours=timeout_hours, queue_name=queue_name,
                     image_pull_secrets=pull_secrets(), reward_weights=reward_weights)

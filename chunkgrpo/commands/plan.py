@@ -12,11 +12,14 @@ def add_arguments(p):
     p.add_argument("--profile", required=True, help="profile.json from `chunkgrpo profile`")
     p.add_argument("--strategy", default="dynamics", help="planning strategy (default: dynamics)")
     p.add_argument("--out", required=True, help="output plan JSON (a PNG with the chunks is written next to it)")
+    p.add_argument("--trajectories", choices=["sde", "ode"], default=None,
+                   help="profile curve to plan on (default: the profile's, sde = the training trajectories)")
 
 
 def run(args):
     from chunkgrpo.chunks import plan_from_profile
 
-    plan, out = plan_from_profile(args.profile, args.strategy, args.out)
-    print(f"plan {plan['strategy']}: sizes {plan['sizes']} over {plan['trainable_steps']} trainable steps -> {out}")
+    plan, out = plan_from_profile(args.profile, args.strategy, args.out, trajectories=args.trajectories)
+    print(f"plan {plan['strategy']} on {plan['trajectories'].upper()} trajectories: sizes {plan['sizes']} over "
+          f"{plan['trainable_steps']} trainable steps -> {out}")
     print(f"  rationale: {plan['rationale']}")

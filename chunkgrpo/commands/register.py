@@ -17,7 +17,6 @@ version is an MLflow pyfunc: `mlflow.pyfunc.load_model("models:/NAME/V")` genera
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 from pathlib import Path
 
@@ -46,14 +45,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _read_json(path: str | None, what: str):
-    from chunkgrpo.errors import UserError
+    from chunkgrpo.inputs import read_json
 
     if not path:
         return None
+    return read_json(path, f"--{what}")
+
+
+def check_model_name(name: str) -> None:
+    """MLflow's registered-model name rules, checked before anything is uploaded."""
+    from chunkgrpo.errors import UserError
+
+    if not name.strip() or any(c in name for c in "/:") or name != name.strip() or ".." in name.split("/"):
+        raise UserError(f"--name {name!r} is not a valid registered model name (non-empty, no '/' or ':', "
+                        "no leading/trailing spaces)")
     try:
-        return json.loads(Path(path).read_text())
-    except json.JSONDecodeError as e:
-        raise UserError(f"--{what} {path}: invalid JSON ({e})") from None
+        from mlflow.exceptions import MlflowException
+        from mlflow.utils.validation import _validate_model_name
+    except ImportError:  # private helper moved: the rules above still apply
+        return
+    try:
+        _validate_model_name(name)
+    except MlflowException as e:
+        raise UserError(f"--name {name!r}: {e.message}") from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -64,6 +78,7 @@ def run(args: argparse.Namespace) -> int:
     from chunkgrpo.registry import metrics_from_eval
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    check_model_name(args.name)  # before any upload or run is created
     metrics, plan = _read_json(args.metrics, "metrics"), _read_json(args.plan, "plan")
     protocol = sampling = None
     if isinstance(metrics, dict) and metrics.get("format", "").startswith("chunkgrpo.eval-metrics/"):

@@ -3,6 +3,7 @@
     scorer = get_scorer("pickscore", weights="/models/PickScore_v1", processor="/models/CLIP-ViT-H-14-laion2B")
     scores = scorer.score(images, prompts)      # float32 tensor, shape (n,), on CPU
     scorer.info                                 # name, model, weights, preprocessing, scale, backend, ...
+    scorer.close()                              # stops its worker process, if any
 
 Names: `hpsv3`, `imagereward`, `hpsv2.1` (and `hpsv2` = v2.0), `pickscore`, `clip`.
 
@@ -18,13 +19,18 @@ Scales (what `score` returns; recorded in `info["scale"]`):
 - hpsv3     : mu (column 0) of HPSv3's predicted (mu, sigma), ~10-11 for FLUX.1-dev.
 - imagereward: ImageReward's standardised reward ((r - 0.1672) / 1.0333), ~N(0,1) over its data.
 
-CLIP and PickScore run on `transformers` CLIPModel in the main venv; their image preprocessing is
-implemented here with PIL + torch (`ClipPreprocess`; no torchvision). HPSv2, HPSv3 and ImageReward
-need their own packages (`hpsv2`, `hpsv3`, `image-reward`), whose pins conflict with the main
-stack: they are imported lazily and exist only in the evaluation image (images/eval).
+Where a scorer runs. HPSv2, HPSv3 and ImageReward need their own packages (`hpsv2`, `hpsv3`,
+`image-reward`), whose pins conflict with the main stack, so each has its own venv (built by
+`scripts/reward-envs.sh`, or `/opt/venv-*` in the evaluation image). With `$CHUNKGRPO_VENV_<NAME>` set
+(HPSV2 for hpsv2 and hpsv2.1, IMAGEREWARD, HPSV3; optionally PICKSCORE, CLIP) or `venv=` given, the
+scorer starts `<venv>/bin/python -m chunkgrpo.eval.worker <name>` once, which loads the model once and
+scores batches streamed over pipes (`chunkgrpo.eval.worker_client`): a per-batch timeout, restart of a
+crashed worker (the batch is retried), and errors that name the venv and quote the worker's log.
+Without a venv the same backend code (`chunkgrpo.eval.worker`) runs in-process. CLIP and PickScore run
+on `transformers` CLIPModel; their preprocessing is PIL + torch (`ClipPreprocess`; no torchvision).
 
 Weights always come from a local directory/file or an `s3://` prefix (downloaded once into a
-cache dir); hub ids are never resolved (`local_files_only=True`, `HF_HUB_OFFLINE=1`).
+cache dir, in this process, before a worker starts); hub ids are never resolved (`HF_HUB_OFFLINE=1`).
 """
 
 from __future__ import annotations
@@ -44,14 +50,27 @@ from PIL import Image
 
 from chunkgrpo.config import Config, option
 from chunkgrpo.errors import UserError
+from chunkgrpo.eval import worker as W
+from chunkgrpo.eval import worker_client as WC
+from chunkgrpo.eval.worker import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, ClipPreprocess, resolve_device  # noqa: F401
+from chunkgrpo.eval.worker_client import ScorerWorkerError  # noqa: F401  (re-exported)
 
-OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
-OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 CACHE_ENV = "CHUNKGRPO_CACHE_DIR"
 EVAL_IMAGE_HINT = "the evaluation image (images/eval)"
 
 Fetch = Callable[[str, Path], Any]
 """A weights fetch hook: `fetch(uri, dest_dir)` downloads everything under `uri` into `dest_dir`."""
+
+SCORER_NAMES = ("hpsv3", "imagereward", "hpsv2.1", "hpsv2", "pickscore", "clip")
+PACKAGE_SCORERS = ("hpsv3", "imagereward", "hpsv2.1", "hpsv2")
+_offline = W.offline
+_torch_dtype = W.torch_dtype
+_PIP_HINT = {"hpsv3": "hpsv3 matplotlib tensorboard", "imagereward": "image-reward openai-clip fairscale",
+             "hpsv2.1": "hpsv2", "hpsv2": "hpsv2"}
+
+
+class ScorerError(RuntimeError):
+    """A scorer produced something unusable (e.g. non-finite scores)."""
 
 
 # --------------------------------------------------------------------------------------------------
@@ -77,9 +96,18 @@ class ScorerConfig(Config):
     )
     device: str = option("auto", "torch device: auto (cuda if available), cpu, cuda, cuda:1 ...")
     dtype: str = option("float32", "model dtype for pickscore/clip: float32, bfloat16, float16")
-    batch_size: int = option(16, "images per forward pass")
+    batch_size: int = option(16, "images per forward pass (and per request to a worker)")
     cache_dir: str | None = option(None, f"where s3:// weights are downloaded (default ${CACHE_ENV} or ~/.cache/chunkgrpo)")
     multiplier: float = option(1.0, "clip only: multiply the cosine by this (1.0 = plain cosine, 100 = torchmetrics)")
+    model_config: str | None = option(
+        None, "hpsv2/hpsv2.1 only: an open_clip model-config JSON to build instead of ViT-H-14 (its file name "
+              "is the architecture name; e.g. a reduced model for tests)")
+    venv: str | None = option(
+        None, "venv whose python runs this scorer in a worker process (default: $CHUNKGRPO_VENV_<NAME>, e.g. "
+              "CHUNKGRPO_VENV_HPSV3; \"\" = in-process even when that variable is set)")
+    timeout: float = option(600.0, "worker only: seconds one batch may take before the worker is stopped")
+    load_timeout: float = option(1800.0, "worker only: seconds the worker may take to import its package and load the model")
+    restarts: int = option(2, "worker only: times a crashed worker is restarted (and the batch retried) before failing")
 
     def __post_init__(self) -> None:
         self.name = canonical_name(self.name)
@@ -91,6 +119,12 @@ class ScorerConfig(Config):
             raise UserError(f"scorer multiplier={self.multiplier} must be > 0")
         if self.multiplier != 1.0 and self.name != "clip":
             raise UserError(f"multiplier={self.multiplier} only applies to the 'clip' scorer, not {self.name!r}")
+        if self.model_config and not self.name.startswith("hpsv2"):
+            raise UserError(f"model_config={self.model_config!r} only applies to hpsv2/hpsv2.1, not {self.name!r}")
+        if not self.timeout > 0 or not self.load_timeout > 0:
+            raise UserError(f"scorer timeout={self.timeout} and load_timeout={self.load_timeout} must be > 0 seconds")
+        if self.restarts < 0:
+            raise UserError(f"scorer restarts={self.restarts} must be >= 0")
 
 
 _DTYPES = {"float32", "bfloat16", "float16"}
@@ -214,7 +248,17 @@ def resolve_weights(
 
 
 def _require(module: str, scorer: str, pip_spec: str) -> Any:
-    """Import an evaluation-image-only package, or raise an actionable UserError."""
+    """Import an evaluation-image-only package, or raise an actionable UserError.
+
+    For the reward-package scorers (hpsv2, hpsv2.1, imagereward, hpsv3) this is the package preflight:
+    with a venv configured for the scorer the check runs in that venv (and None is returned); in-process
+    it also checks what the packages need besides weights (hpsv2's BPE vocabulary, ImageReward's
+    bert-base-uncased tokenizer in the HF cache)."""
+    key = str(scorer).strip().lower()
+    key = _ALIASES.get(key, key)
+    if key in PACKAGE_SCORERS:
+        check_scorer_package(key)
+        return importlib.import_module(module) if WC.venv_for(key) is None else None
     try:
         return importlib.import_module(module)
     except ImportError as e:
@@ -225,89 +269,51 @@ def _require(module: str, scorer: str, pip_spec: str) -> Any:
         ) from None
 
 
-def _offline() -> None:
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+_CHECKED: set[tuple[str, str]] = set()
 
 
-# --------------------------------------------------------------------------------------------------
-# CLIP image preprocessing in PIL + torch
+def check_scorer_package(name: str, venv: str | None = None) -> None:
+    """Preflight for a reward-package scorer, before any weights are read: its package imports (in its
+    venv when one is configured) and the files it expects besides weights are there. UserError otherwise."""
+    name = canonical_name(name)
+    if name not in PACKAGE_SCORERS:
+        return
+    path = WC.venv_for(name, venv)
+    key = (name, str(path))
+    if key in _CHECKED:
+        return
+    if path is None:
+        module = W.PACKAGES[name][0]
+        try:
+            importlib.import_module(module)
+        except ImportError as e:
+            var = WC.venv_var(name)
+            raise UserError(
+                f"scorer {name!r} needs the `{module}` package, which is not importable here ({e}). Its pins "
+                f"conflict with the training stack, so it runs in its own venv: set {var} to one (build them with "
+                f"`bash scripts/reward-envs.sh`; {EVAL_IMAGE_HINT} has them at /opt/venv-*), or "
+                f"`pip install {_PIP_HINT[name]}` in a separate venv (never the main one)."
+            ) from None
+        except FileNotFoundError as e:  # hpsv2 without its vocabulary fails like this at import
+            raise UserError(W._HPSV2_VOCAB_HINT.format(err=e)) from None
+        problems = W.check(name)
+    else:
+        problems, _ = WC.check(name, path)
+        problems = [f"{p} [venv {path}]" for p in problems]
+    if problems:
+        raise UserError("; ".join(problems))
+    _CHECKED.add(key)
 
 
-@dataclasses.dataclass(frozen=True)
-class ClipPreprocess:
-    """Resize the shortest side to `size` (PIL bicubic), centre-crop `crop`, scale to [0,1], normalise.
-
-    `crop_rounding="floor"` matches transformers' CLIPImageProcessor ((h-c)//2); `"round"` matches
-    torchvision's CenterCrop (round((h-c)/2)) as used by open_clip / HPSv2 / GenEval's colour CLIP.
-    """
-
-    size: int = 224
-    crop: int = 224
-    mean: tuple[float, float, float] = OPENAI_CLIP_MEAN
-    std: tuple[float, float, float] = OPENAI_CLIP_STD
-    resample: int = 3  # PIL.Image.BICUBIC
-    crop_rounding: str = "floor"
-
-    @classmethod
-    def from_dir(cls, folder: Path, crop_rounding: str = "floor") -> "ClipPreprocess":
-        """Read a transformers `preprocessor_config.json` (defaults: OpenAI CLIP 224)."""
-        cfg_path = Path(folder) / "preprocessor_config.json"
-        if not cfg_path.exists():
-            return cls(crop_rounding=crop_rounding)
-        cfg = json.loads(cfg_path.read_text())
-        size = cfg.get("size", 224)
-        if isinstance(size, dict):
-            size = size.get("shortest_edge") or size.get("height") or 224
-        crop = cfg.get("crop_size", size)
-        if isinstance(crop, dict):
-            crop = crop.get("height") or crop.get("shortest_edge") or size
-        if cfg.get("do_center_crop", True) is False:
-            crop = size
-        return cls(
-            size=int(size),
-            crop=int(crop),
-            mean=tuple(cfg.get("image_mean", OPENAI_CLIP_MEAN)),
-            std=tuple(cfg.get("image_std", OPENAI_CLIP_STD)),
-            resample=int(cfg.get("resample", 3)),
-            crop_rounding=crop_rounding,
-        )
-
-    def one(self, image: Image.Image):
-        import torch
-
-        image = image.convert("RGB")
-        w, h = image.size
-        short, long = (w, h) if w <= h else (h, w)
-        new_short, new_long = self.size, int(self.size * long / short)
-        new_w, new_h = (new_short, new_long) if w <= h else (new_long, new_short)
-        if (new_w, new_h) != (w, h):
-            image = image.resize((new_w, new_h), resample=self.resample)
-        arr = np.asarray(image, dtype=np.float32) / 255.0
-        c = self.crop
-        if new_h < c or new_w < c:  # pad like transformers (zeros) so tiny images still work
-            padded = np.zeros((max(new_h, c), max(new_w, c), 3), np.float32)
-            top, left = (padded.shape[0] - new_h) // 2, (padded.shape[1] - new_w) // 2
-            padded[top : top + new_h, left : left + new_w] = arr
-            arr, new_h, new_w = padded, padded.shape[0], padded.shape[1]
-        if self.crop_rounding == "round":
-            top, left = int(round((new_h - c) / 2.0)), int(round((new_w - c) / 2.0))
-        else:
-            top, left = (new_h - c) // 2, (new_w - c) // 2
-        arr = arr[top : top + c, left : left + c]
-        arr = (arr - np.asarray(self.mean, np.float32)) / np.asarray(self.std, np.float32)
-        return torch.from_numpy(np.ascontiguousarray(arr.transpose(2, 0, 1)))
-
-    def __call__(self, images: Sequence[Image.Image]):
-        import torch
-
-        return torch.stack([self.one(im) for im in images])
-
-    def describe(self) -> str:
-        return (
-            f"RGB; resize shortest side to {self.size} (PIL bicubic={self.resample == 3}); center-crop "
-            f"{self.crop} ({self.crop_rounding}); /255; normalise mean={list(self.mean)} std={list(self.std)}"
-        )
+def preflight_scorer(name: str, **cfg: Any) -> None:
+    """Everything about a scorer that can be checked without loading it: the config, local weight paths,
+    the package (in its venv when configured) and the files the package needs besides weights."""
+    conf = ScorerConfig.from_dict({"name": name, **cfg})
+    if conf.weights is None or str(conf.weights).strip() == "":
+        raise UserError(f"scorer {conf.name!r} needs weights: set them to a local directory or an s3:// prefix")
+    if not str(conf.weights).startswith("s3://"):
+        resolve_weights(conf.weights, what=conf.name)
+    check_scorer_package(conf.name, conf.venv)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -315,7 +321,10 @@ class ClipPreprocess:
 
 
 class Scorer:
-    """Base class: `score(images, prompts) -> torch.FloatTensor (n,)` on CPU; `info` describes it."""
+    """Base class: `score(images, prompts) -> torch.FloatTensor (n,)` on CPU; `info` describes it.
+
+    Scores are checked: a backend that returns the wrong count or a non-finite value raises `ScorerError`
+    naming the scorer, the images and their prompts."""
 
     name: str = ""
     batch_size: int = 16
@@ -325,19 +334,28 @@ class Scorer:
 
         _check_pairs(images, prompts)
         images = to_pil_list(images)
+        prompts = list(prompts)
         if not images:
             return torch.zeros(0, dtype=torch.float32)
         out = []
         for i in range(0, len(images), self.batch_size):
             with torch.inference_mode():
-                s = self._score_batch(images[i : i + self.batch_size], list(prompts[i : i + self.batch_size]))
-            out.append(torch.as_tensor(s).detach().float().reshape(-1).cpu())
+                s = self._score_batch(images[i : i + self.batch_size], prompts[i : i + self.batch_size])
+            out.append(torch.as_tensor(np.asarray(s) if not isinstance(s, torch.Tensor) else s)
+                       .detach().float().reshape(-1).cpu())
         scores = torch.cat(out)
         if scores.shape != (len(images),):
-            raise RuntimeError(f"{self.name}: backend returned {tuple(scores.shape)} scores for {len(images)} images")
+            raise ScorerError(f"{self.name}: backend returned {tuple(scores.shape)} scores for {len(images)} images")
+        bad = (~torch.isfinite(scores)).nonzero().flatten().tolist()
+        if bad:
+            raise ScorerError(f"{self.name} returned non-finite scores for images {bad[:8]} "
+                              f"(prompts {[prompts[i] for i in bad[:3]]}); check the weights ({self._weights()})")
         return scores
 
     __call__ = score
+
+    def _weights(self) -> str:
+        return str(getattr(self, "weights_source", None) or "?")
 
     def _score_batch(self, images: list[Image.Image], prompts: list[str]):  # pragma: no cover - abstract
         raise NotImplementedError
@@ -346,264 +364,165 @@ class Scorer:
     def info(self) -> dict:
         raise NotImplementedError
 
+    def close(self) -> None:
+        """Release the model's worker process (no-op in-process)."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _spec_errors(fn: Callable[[], Any]) -> Any:
+    try:
+        return fn()
+    except W.SpecError as e:
+        raise UserError(str(e)) from None
+
 
 class _HFClipScorer(Scorer):
-    """Shared transformers-CLIP path for `clip` and `pickscore`."""
+    """Shared transformers-CLIP path for `clip` and `pickscore`, in this process (`chunkgrpo.eval.worker.ClipBackend`).
+    `preprocess`, `embed_text`, `embed_images` and `cosine` are public (GenEval's colour classifier uses them)."""
 
     model_label = "CLIP"
 
     def __init__(self, model_dir: Path, processor_dir: Path | None = None, *, device: str = "auto",
-                 dtype: str = "float32", batch_size: int = 16, weights_source: str | None = None) -> None:
-        _offline()
-        import torch
-        from transformers import AutoTokenizer, CLIPModel
-
-        self.device = resolve_device(device)
-        self.dtype = dtype
+                 dtype: str = "float32", batch_size: int = 16, weights_source: str | None = None,
+                 multiplier: float = 1.0) -> None:
         self.batch_size = batch_size
-        self.model_dir = Path(model_dir)
-        self.processor_dir = Path(processor_dir) if processor_dir else self.model_dir
         self.weights_source = weights_source or str(model_dir)
-        try:
-            self.model = CLIPModel.from_pretrained(str(self.model_dir), local_files_only=True,
-                                                   dtype=_torch_dtype(dtype))
-        except (OSError, ValueError) as e:
-            raise UserError(f"{self.name}: cannot load a transformers CLIP model from {str(self.model_dir)!r}: {e}") from None
-        self.model.eval().requires_grad_(False).to(self.device)
-        try:
-            self.tokenizer = AutoTokenizer.from_pretrained(str(self.processor_dir), local_files_only=True)
-        except (OSError, ValueError) as e:
-            raise UserError(
-                f"{self.name}: no tokenizer in {str(self.processor_dir)!r} ({e}); pass `processor=` pointing at the "
-                "folder with the CLIP tokenizer + preprocessor_config.json"
-            ) from None
-        self.preprocess = ClipPreprocess.from_dir(self.processor_dir, crop_rounding="floor")
-        self.max_length = min(int(self.model.config.text_config.max_position_embeddings), 77)
-        self._torch = torch
+        self.backend = _spec_errors(lambda: W.ClipBackend(
+            self.name, str(model_dir), str(processor_dir) if processor_dir else None, device=device, dtype=dtype,
+            multiplier=multiplier))
+
+    preprocess = property(lambda self: self.backend.preprocess,
+                          lambda self, value: setattr(self.backend, "preprocess", value))
+    model = property(lambda self: self.backend.model)
+    tokenizer = property(lambda self: self.backend.tokenizer)
+    device = property(lambda self: self.backend.device)
+    dtype = property(lambda self: self.backend.dtype)
+    multiplier = property(lambda self: self.backend.multiplier)
+    max_length = property(lambda self: self.backend.max_length)
+    processor_dir = property(lambda self: self.backend.processor_dir)
 
     def embed_text(self, prompts: list[str]):
-        tok = self.tokenizer(list(prompts), padding=True, truncation=True, max_length=self.max_length,
-                             return_tensors="pt")
-        m = self.model
-        out = m.text_model(input_ids=tok["input_ids"].to(self.device),
-                           attention_mask=tok["attention_mask"].to(self.device))
-        feats = m.text_projection(out.pooler_output).float()
-        return feats / feats.norm(dim=-1, keepdim=True)
+        return self.backend.embed_text(prompts)
 
     def embed_images(self, images: list[Image.Image]):
-        m = self.model
-        pixels = self.preprocess(images).to(self.device, dtype=_torch_dtype(self.dtype))
-        out = m.vision_model(pixel_values=pixels)
-        feats = m.visual_projection(out.pooler_output).float()
-        return feats / feats.norm(dim=-1, keepdim=True)
+        return self.backend.embed_images(images)
 
     def cosine(self, images: list[Image.Image], prompts: list[str]):
-        return (self.embed_images(images) * self.embed_text(prompts)).sum(-1)
+        return self.backend.cosine(images, prompts)
 
-    def _base_info(self) -> dict:
-        return {
-            "name": self.name,
-            "backend": "transformers CLIPModel",
-            "weights": self.weights_source,
-            "processor": str(self.processor_dir),
-            "preprocessing": self.preprocess.describe() + f"; text: CLIP BPE, truncate to {self.max_length} tokens",
-            "device": self.device,
-            "dtype": self.dtype,
-            "higher_is_better": True,
-        }
+    def _score_batch(self, images, prompts):
+        return self.backend._score(images, prompts)
+
+    @property
+    def info(self) -> dict:
+        return {**self.backend.info, "weights": self.weights_source, "runs": "in-process"}
 
 
 class ClipScorer(_HFClipScorer):
     name = "clip"
 
-    def __init__(self, *args: Any, multiplier: float = 1.0, **kw: Any) -> None:
-        super().__init__(*args, **kw)
-        self.multiplier = float(multiplier)
-
-    def _score_batch(self, images, prompts):
-        return self.cosine(images, prompts) * self.multiplier
-
-    @property
-    def info(self) -> dict:
-        scale = "cosine of L2-normalised CLIP embeddings, range [-1,1] (typically 0.2-0.4)"
-        if self.multiplier != 1.0:
-            scale = f"{self.multiplier:g} x " + scale
-        return {**self._base_info(), "scale": scale, "multiplier": self.multiplier}
-
 
 class PickScoreScorer(_HFClipScorer):
     name = "pickscore"
 
+
+class InProcessScorer(Scorer):
+    """A reward-package backend (`chunkgrpo.eval.worker.load_backend`) in this process: the package must be
+    importable here."""
+
+    def __init__(self, name: str, spec: dict, *, batch_size: int = 16, weights_source: str | None = None) -> None:
+        self.name = name
+        self.batch_size = batch_size
+        self.weights_source = weights_source or spec.get("weights")
+        self.backend = _spec_errors(lambda: W.load_backend(name, spec))
+        self.model = self.backend.model
+
     def _score_batch(self, images, prompts):
-        return self.model.logit_scale.exp().float() * self.cosine(images, prompts)
+        return self.backend.score(images, prompts)
 
     @property
     def info(self) -> dict:
-        ls = float(self.model.logit_scale.exp())
-        return {**self._base_info(), "logit_scale_exp": ls,
-                "scale": f"logit_scale.exp() ({ls:g}) x cosine: the raw PickScore logit (FLUX.1-dev ~22-23); "
-                         "no /26 or (s-18)/8 normalisation"}
+        return {**self.backend.info, "weights": self.weights_source, "runs": "in-process",
+                "runtime": W.runtime_info(self.name, self.backend)}
 
 
-class HPSv2Scorer(Scorer):
-    """HPSv2 / HPSv2.1 through the `hpsv2` package's vendored open_clip (ViT-H-14, no pretrained download)."""
+class WorkerScorer(Scorer):
+    """A scorer whose model lives in a worker process in its own venv (`chunkgrpo.eval.worker`): loaded once,
+    batches of RGB pixels + prompts sent over pipes, scores back. A worker that crashes is restarted (model
+    reloaded) and the batch retried up to `restarts` times; a batch that takes longer than `timeout` stops
+    the worker and raises. Either way the caller gets `ScorerWorkerError`, never a hang."""
 
-    def __init__(self, checkpoint: Path, *, version: str = "v2.1", device: str = "auto", batch_size: int = 16,
-                 weights_source: str | None = None) -> None:
-        self.name = "hpsv2.1" if version == "v2.1" else "hpsv2"
-        self.version = version
+    def __init__(self, name: str, spec: dict, venv: Path, *, batch_size: int = 16, timeout: float = 600.0,
+                 load_timeout: float = 1800.0, restarts: int = 2, weights_source: str | None = None) -> None:
+        self.name = name
+        self.spec = dict(spec)
+        self.venv = Path(venv)
         self.batch_size = batch_size
-        _require("hpsv2", self.name, "hpsv2  # + copy open_clip's bpe_simple_vocab_16e6.txt.gz into hpsv2/src/open_clip/")
-        _offline()
-        import torch
+        self.timeout = float(timeout)
+        self.load_timeout = float(load_timeout)
+        self.restarts = int(restarts)
+        self.weights_source = weights_source or spec.get("weights")
+        self.worker = WC.WorkerProcess(name, self.venv)
+        self.restarted = 0
+        self._ready: dict = {}
+        self._start()
 
-        oc = _require("hpsv2.src.open_clip", self.name, "hpsv2")
-        checkpoint = Path(checkpoint)
-        if checkpoint.is_dir():
-            fname = "HPS_v2.1_compressed.pt" if version == "v2.1" else "HPS_v2_compressed.pt"
-            checkpoint = checkpoint / fname
-        if not checkpoint.is_file():
-            raise UserError(f"{self.name}: checkpoint {str(checkpoint)!r} not found")
-        self.device = resolve_device(device)
-        self.checkpoint = checkpoint
-        self.weights_source = weights_source or str(checkpoint)
-        model, _, preprocess_val = oc.create_model_and_transforms(
-            "ViT-H-14", None, precision="amp", device=self.device, jit=False, force_quick_gelu=False,
-            force_custom_text=False, force_patch_dropout=False, force_image_size=None, pretrained_image=False,
-            image_mean=None, image_std=None, light_augmentation=True, aug_cfg={}, output_dict=True,
-            with_score_predictor=False, with_region_predictor=False,
-        )
-        state = torch.load(str(checkpoint), map_location="cpu", weights_only=False)
-        model.load_state_dict(state.get("state_dict", state) if isinstance(state, dict) else state)
-        self.model = model.to(self.device).eval()
-        self.preprocess_val = preprocess_val
+    def _start(self) -> None:
+        self.worker.start()
         try:
-            self.tokenizer = oc.get_tokenizer("ViT-H-14")
-            self.tokenizer(["probe"])
-        except FileNotFoundError as e:
-            raise UserError(
-                f"{self.name}: the hpsv2 wheel lacks open_clip's BPE vocab ({e}); copy "
-                "open_clip/bpe_simple_vocab_16e6.txt.gz from open-clip-torch into hpsv2/src/open_clip/ "
-                f"(done in {EVAL_IMAGE_HINT})"
-            ) from None
+            self._ready, _ = self.worker.request({"op": "load", "spec": self.spec}, timeout=self.load_timeout)
+        except BaseException:
+            self.worker.close()
+            raise
+
+    @property
+    def pid(self) -> int | None:
+        return self.worker.pid
 
     def _score_batch(self, images, prompts):
-        import torch
-
-        pixels = torch.stack([self.preprocess_val(im) for im in images]).to(self.device)
-        text = self.tokenizer(prompts).to(self.device)
-        with torch.autocast(device_type="cuda" if str(self.device).startswith("cuda") else "cpu",
-                            enabled=str(self.device).startswith("cuda")):
-            out = self.model(pixels, text)
-        img, txt = out["image_features"], out["text_features"]
-        return (img.float() * txt.float()).sum(-1)  # == diag(img @ txt.T)
+        shapes, pixels = W.pack_images(images)
+        header = {"op": "score", "prompts": list(prompts), "shapes": shapes}
+        last: WC.WorkerCrashed | None = None
+        for _ in range(self.restarts + 1):
+            if not self.worker.alive:  # crashed (or stopped after a timeout): reload the model
+                self._start()
+                self.restarted += 1
+            try:
+                reply, body = self.worker.request(header, pixels, timeout=self.timeout)
+            except WC.WorkerCrashed as e:
+                last = e
+                continue
+            scores = np.frombuffer(body, dtype="<f8")
+            if reply.get("n") != len(images) or scores.shape != (len(images),):
+                raise ScorerWorkerError(f"{self.worker.describe()} returned {scores.shape[0]} scores for "
+                                        f"{len(images)} images")
+            return scores.astype(np.float64)
+        raise WC.WorkerCrashed(f"{last} - gave up after {self.restarts + 1} attempts ({self.restarts} restarts; "
+                               "raise `restarts` or read the log)")
 
     @property
     def info(self) -> dict:
-        return {
-            "name": self.name, "backend": "hpsv2 package (vendored open_clip ViT-H-14)",
-            "weights": self.weights_source, "device": self.device, "higher_is_better": True,
-            "preprocessing": "open_clip preprocess_val: resize shortest side 224 bicubic, center-crop 224 (round), "
-                             "OpenAI CLIP mean/std; text: open_clip SimpleTokenizer, 77 tokens; amp on CUDA",
-            "scale": "cosine of L2-normalised features, as hpsv2.score returns (~0.2-0.37; x100 in HPSv2 tables)",
-        }
+        return {**self._ready.get("info", {}), "weights": self.weights_source, "runs": "worker",
+                "venv": str(self.venv), "runtime": self._ready.get("runtime", {}), "worker_restarts": self.restarted}
 
+    def close(self) -> None:
+        self.worker.close()
 
-class HPSv3Scorer(Scorer):
-    """HPSv3 (Qwen2-VL-7B reward model) through the `hpsv3` package; returns mu of (mu, sigma)."""
-
-    name = "hpsv3"
-
-    def __init__(self, weights: Path, *, base_model: Path | None = None, device: str = "auto",
-                 batch_size: int = 4, cache_dir: str | None = None, weights_source: str | None = None) -> None:
-        hpsv3 = _require("hpsv3", "hpsv3", "hpsv3 matplotlib tensorboard")
-        _offline()
-        weights = Path(weights)
-        ckpt = weights / "HPSv3.safetensors" if weights.is_dir() else weights
-        if not ckpt.is_file():
-            raise UserError(f"hpsv3: checkpoint {str(ckpt)!r} not found (expected HPSv3.safetensors)")
-        self.device = resolve_device(device)
-        self.batch_size = batch_size
-        self.weights_source = weights_source or str(ckpt)
-        if base_model is None and weights.is_dir() and (weights / "Qwen2-VL-7B-Instruct").is_dir():
-            base_model = weights / "Qwen2-VL-7B-Instruct"
-        self.base_model = str(base_model) if base_model else "Qwen/Qwen2-VL-7B-Instruct (HF cache)"
-        config_path = self._config_with_base(hpsv3, base_model, cache_dir) if base_model else None
-        self.inferencer = hpsv3.HPSv3RewardInferencer(config_path=config_path, checkpoint_path=str(ckpt),
-                                                      device=self.device)
-
-    @staticmethod
-    def _config_with_base(hpsv3: Any, base_model: Path, cache_dir: str | None) -> str:
-        import yaml
-
-        src = Path(hpsv3.__file__).parent / "config" / "HPSv3_7B.yaml"
-        cfg = yaml.safe_load(src.read_text()) if src.exists() else {}
-        cfg["model_name_or_path"] = str(base_model)
-        out = Path(cache_dir or _default_cache_dir()) / "hpsv3" / "HPSv3_7B.yaml"
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(yaml.safe_dump(cfg, sort_keys=False))
-        return str(out)
-
-    def _score_batch(self, images, prompts):
-        import torch
-
-        r = torch.as_tensor(self.inferencer.reward(images, prompts))
-        return r[:, 0] if r.ndim == 2 else r
-
-    @property
-    def info(self) -> dict:
-        return {
-            "name": self.name, "backend": "hpsv3 package (HPSv3RewardInferencer, Qwen2-VL-7B, bf16)",
-            "weights": self.weights_source, "base_model": self.base_model, "device": self.device,
-            "higher_is_better": True,
-            "preprocessing": "qwen_vl_utils: resize to 256*28*28 = 200,704 pixels (min=max); HPSv3 instruction prompt",
-            "scale": "mu of the predicted (mu, sigma) (column 0); FLUX.1-dev ~10-11",
-        }
-
-
-class ImageRewardScorer(Scorer):
-    """ImageReward-v1.0 through the `image-reward` package (import name `ImageReward`)."""
-
-    name = "imagereward"
-
-    def __init__(self, weights: Path, *, device: str = "auto", batch_size: int = 16,
-                 weights_source: str | None = None) -> None:
-        rm = _require("ImageReward", "imagereward",
-                      "image-reward --no-deps fairscale openai-clip  # see docs: its timm/transformers pins")
-        _offline()
-        weights = Path(weights)
-        ckpt = weights / "ImageReward.pt" if weights.is_dir() else weights
-        med = ckpt.parent / "med_config.json"
-        for p in (ckpt, med):
-            if not p.is_file():
-                raise UserError(f"imagereward: {str(p)!r} not found (need ImageReward.pt and med_config.json)")
-        self.device = resolve_device(device)
-        self.batch_size = batch_size
-        self.weights_source = weights_source or str(ckpt)
-        self.model = rm.load(str(ckpt), device=self.device, med_config=str(med))
-        self.model.eval()
-
-    def _score_batch(self, images, prompts):
-        import torch
-
-        # ImageReward.score(prompt, image) scores one (prompt, image) pair; prompts differ per image.
-        return torch.tensor([float(self.model.score(p, im)) for im, p in zip(images, prompts)])
-
-    @property
-    def info(self) -> dict:
-        return {
-            "name": self.name, "backend": "image-reward package (BLIP ViT-L + BERT, MLP head)",
-            "weights": self.weights_source, "device": self.device, "higher_is_better": True,
-            "preprocessing": "resize 224 bicubic + center-crop 224, OpenAI CLIP mean/std; text truncated to 35 tokens "
-                             "(bert-base-uncased tokenizer from the HF cache)",
-            "scale": "standardised reward (r - 0.16717) / 1.03334 (ImageReward-v1.0 output)",
-        }
+    def __del__(self) -> None:  # pragma: no cover - best effort
+        try:
+            self.worker.close(timeout=1.0)
+        except Exception:
+            pass
 
 
 # --------------------------------------------------------------------------------------------------
 # registry
 
-SCORER_NAMES = ("hpsv3", "imagereward", "hpsv2.1", "hpsv2", "pickscore", "clip")
 _ALIASES = {"hpsv2_1": "hpsv2.1", "hpsv21": "hpsv2.1", "hps": "hpsv2.1", "image_reward": "imagereward",
             "image-reward": "imagereward", "pick": "pickscore", "pick_score": "pickscore", "clipscore": "clip",
             "clip_score": "clip"}
@@ -619,33 +538,70 @@ def canonical_name(name: str) -> str:
     return key
 
 
-def get_scorer(name: str, *, fetch: Fetch | None = None, **cfg: Any) -> Scorer:
-    """Build a scorer by name. `cfg` keys are `ScorerConfig` fields (weights, processor, device, dtype,
-    batch_size, cache_dir, multiplier). `fetch(uri, dest_dir)` downloads `s3://` weights when given."""
-    conf = ScorerConfig.from_dict({"name": name, **cfg})
+def _local(path: Path, name: str, what: str) -> str:
+    if not path.is_file():
+        raise UserError(f"{name}: {what} {str(path)!r} not found")
+    return str(path.resolve())
+
+
+def scorer_spec(conf: ScorerConfig, *, fetch: Fetch | None = None) -> dict:
+    """The plain-JSON spec a backend is built from: weights resolved to local files (s3:// downloaded into
+    the cache here), checkpoint names filled in. UserError when a file is missing."""
     n = conf.name
-    kw = {"device": conf.device, "batch_size": conf.batch_size}
-    if n == "hpsv3":
-        _require("hpsv3", n, "hpsv3 matplotlib tensorboard")
-    elif n == "imagereward":
-        _require("ImageReward", n, "image-reward --no-deps fairscale openai-clip")
-    elif n.startswith("hpsv2"):
-        _require("hpsv2", n, "hpsv2")
     w = resolve_weights(conf.weights, what=n, cache_dir=conf.cache_dir, fetch=fetch)
-    src = str(conf.weights)
+    spec: dict[str, Any] = {"device": conf.device}
     if n in ("clip", "pickscore"):
         proc = resolve_weights(conf.processor, what=f"{n} processor", cache_dir=conf.cache_dir, fetch=fetch) \
             if conf.processor else None
-        cls = ClipScorer if n == "clip" else PickScoreScorer
-        extra = {"multiplier": conf.multiplier} if n == "clip" else {}
-        return cls(w, proc, dtype=conf.dtype, weights_source=src, **kw, **extra)
-    if n.startswith("hpsv2"):
-        return HPSv2Scorer(w, version="v2.1" if n == "hpsv2.1" else "v2.0", weights_source=src, **kw)
-    if n == "hpsv3":
+        spec.update(weights=str(w.resolve()), processor=str(proc.resolve()) if proc else None, dtype=conf.dtype,
+                    multiplier=conf.multiplier)
+    elif n.startswith("hpsv2"):
+        fname = "HPS_v2.1_compressed.pt" if n == "hpsv2.1" else "HPS_v2_compressed.pt"
+        spec["weights"] = _local(w / fname if w.is_dir() else w, n, "checkpoint")
+        if conf.model_config:
+            spec["model_config"] = _local(Path(conf.model_config).expanduser(), n, "model_config")
+    elif n == "imagereward":
+        ckpt = w / "ImageReward.pt" if w.is_dir() else w
+        spec["weights"] = _local(ckpt, n, "checkpoint (need ImageReward.pt and med_config.json)")
+        spec["med_config"] = _local(ckpt.parent / "med_config.json", n,
+                                    "med_config.json (need ImageReward.pt and med_config.json)")
+    elif n == "hpsv3":
+        spec["weights"] = _local(w / "HPSv3.safetensors" if w.is_dir() else w, n,
+                                 "checkpoint (expected HPSv3.safetensors)")
         base = resolve_weights(conf.processor, what="hpsv3 base model", cache_dir=conf.cache_dir, fetch=fetch) \
             if conf.processor else None
-        return HPSv3Scorer(w, base_model=base, cache_dir=conf.cache_dir, weights_source=src, **kw)
-    return ImageRewardScorer(w, weights_source=src, **kw)
+        if base is None and w.is_dir() and (w / "Qwen2-VL-7B-Instruct").is_dir():
+            base = w / "Qwen2-VL-7B-Instruct"
+        spec["processor"] = str(base.resolve()) if base else None
+        config_dir = Path(conf.cache_dir or _default_cache_dir()) / "hpsv3"
+        config_dir.mkdir(parents=True, exist_ok=True)
+        spec["config_dir"] = str(config_dir)
+    return spec
+
+
+def get_scorer(name: str, *, fetch: Fetch | None = None, **cfg: Any) -> Scorer:
+    """Build a scorer by name. `cfg` keys are `ScorerConfig` fields (weights, processor, device, dtype,
+    batch_size, cache_dir, multiplier, model_config, venv, timeout, load_timeout, restarts).
+    `fetch(uri, dest_dir)` downloads `s3://` weights when given. With a venv (`venv=` or
+    `$CHUNKGRPO_VENV_<NAME>`) the model runs in a worker process in that venv; call `close()` (or use
+    `with`) to stop it early, otherwise it stops with this process."""
+    conf = ScorerConfig.from_dict({"name": name, **cfg})
+    n = conf.name
+    venv = WC.venv_for(n, conf.venv)
+    if venv is None and n in PACKAGE_SCORERS:
+        check_scorer_package(n, conf.venv)
+    if conf.weights is None or str(conf.weights).strip() == "":
+        raise UserError(f"{n}: no weights given; set `weights` to a local directory or an s3:// prefix")
+    spec = scorer_spec(conf, fetch=fetch)
+    src = str(conf.weights)
+    if venv is not None:
+        return WorkerScorer(n, spec, venv, batch_size=conf.batch_size, timeout=conf.timeout,
+                            load_timeout=conf.load_timeout, restarts=conf.restarts, weights_source=src)
+    if n in ("clip", "pickscore"):
+        cls = ClipScorer if n == "clip" else PickScoreScorer
+        return cls(Path(spec["weights"]), Path(spec["processor"]) if spec["processor"] else None, device=conf.device,
+                   dtype=conf.dtype, batch_size=conf.batch_size, weights_source=src, multiplier=conf.multiplier)
+    return InProcessScorer(n, spec, batch_size=conf.batch_size, weights_source=src)
 
 
 # --------------------------------------------------------------------------------------------------

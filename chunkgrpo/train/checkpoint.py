@@ -1,22 +1,33 @@
 """Training checkpoints: atomic local folders (staged, MANIFEST.json last, then renamed) mirrored
-to S3 through the artifact store (manifest last there too). A folder without a manifest is never
-resumed from. Layout of `output_dir/checkpoints/step-000010/`:
+to S3 in the background through the artifact store (manifest last there too). Layout of
+`output_dir/checkpoints/step-000010/`:
 
     trainable.safetensors   exact fp32 trainable parameters (LoRA or full), by parameter name
-    optimizer.pt            optimizer state (full, gathered under FSDP)
-    scheduler.pt            LR scheduler state
+    optimizer.pt            optimizer state (full, gathered under FSDP): tensors + plain types only
+    scheduler.pt            LR scheduler state: plain types only
     trainer_state.json      iteration, optimizer step, metrics history, config hash
-    rng/rank{r}.pt          per-rank RNG states (torch, cuda, python, numpy)
-    MANIFEST.json           sha256 of every file — written last
+    rng/rank{r}.pt          per-rank RNG states (torch, cuda, python, numpy) as tensors + plain types
+    MANIFEST.json           sha256 + size of every file — written last
+
+Nothing read back is trusted: a folder without a manifest is never resumed from; every file's size
+and sha256 are checked against the manifest before use; `.pt` files are read with
+`torch.load(weights_only=True)`, which refuses pickled code (a planted `__reduce__` payload is an
+error, never executed — the manifest cannot vouch for it, whoever plants files writes the manifest
+too). A checkpoint that fails any check is renamed aside (`step-000010.bad-1`), never deleted, and
+the trainer falls back to the newest one that passes.
 """
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import random
 import re
 import shutil
+import threading
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -26,24 +37,49 @@ from chunkgrpo.errors import UserError
 
 log = logging.getLogger(__name__)
 MANIFEST = "MANIFEST.json"
+REQUIRED = ("trainable.safetensors", "optimizer.pt", "scheduler.pt", "trainer_state.json")
 _STEP_RE = re.compile(r"^step-(\d+)$")
 
 
+class CorruptCheckpointError(Exception):
+    """A checkpoint folder that fails verification or cannot be read; the message names the file."""
+
+
+class MirrorBacklogError(RuntimeError):
+    """Keeping the local checkpoint policy would delete a checkpoint that has not reached S3 yet."""
+
+
+# ----------------------------------------------------------------------------------- RNG state
+
+
 def rng_state() -> dict:
-    return {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state(),
+    """Every RNG the run uses, as tensors and plain Python values (loadable with weights_only=True)."""
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    return {"torch": torch.get_rng_state(), "python": random.getstate(),
+            "numpy": {"name": name, "keys": keys.tolist(), "pos": int(pos), "has_gauss": int(has_gauss),
+                      "cached_gaussian": float(cached)},
             "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
 
 
 def set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    n = state["numpy"]
+    np.random.set_state((n["name"], np.asarray(n["keys"], dtype=np.uint32), n["pos"], n["has_gauss"],
+                         n["cached_gaussian"]))
     if state.get("cuda") is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+# -------------------------------------------------------------------------------- folder names
+
+
 def step_dir(root: Path, step: int) -> Path:
     return root / f"step-{step:06d}"
+
+
+def step_of(path: Path) -> int:
+    return int(_STEP_RE.match(path.name).group(1))
 
 
 def is_complete(path: Path) -> bool:
@@ -51,10 +87,11 @@ def is_complete(path: Path) -> bool:
 
 
 def complete_checkpoints(root: Path) -> list[Path]:
+    """Local folders `step-N` with a manifest, oldest first (folders set aside are not listed)."""
     if not root.exists():
         return []
     found = [p for p in root.iterdir() if p.is_dir() and _STEP_RE.match(p.name) and is_complete(p)]
-    return sorted(found, key=lambda p: int(_STEP_RE.match(p.name).group(1)))
+    return sorted(found, key=step_of)
 
 
 def write_manifest(path: Path, meta: dict) -> None:
@@ -79,54 +116,303 @@ def stage_dir(root: Path, step: int) -> Path:
     return staging
 
 
-def finalize(staging: Path, root: Path, step: int, meta: dict, keep: int) -> Path:
-    """Manifest last, then an atomic rename; prune older complete checkpoints."""
+def set_aside(path: Path) -> Path:
+    """Rename a bad checkpoint to `<name>.bad-<n>` next to it (kept for inspection, never deleted)."""
+    n = 1
+    while (target := path.with_name(f"{path.name}.bad-{n}")).exists():
+        n += 1
+    path.rename(target)
+    return target
+
+
+def finalize(staging: Path, root: Path, step: int, meta: dict, keep: int, mirror: "Mirror | None" = None,
+             backlog: int = 0) -> Path:
+    """Manifest last, then an atomic rename; prune older complete checkpoints (see `prune`)."""
     write_manifest(staging, meta)
     final = step_dir(root, step)
     if final.exists():
-        shutil.rmtree(final)
+        set_aside(final)  # a folder for this step already exists (e.g. an unverified leftover): keep it
     staging.rename(final)
-    if keep > 0:
-        for old in complete_checkpoints(root)[:-keep]:
-            shutil.rmtree(old, ignore_errors=True)
+    prune(root, keep, mirror, backlog)
     return final
 
 
-def upload(path: Path, s3_prefix: str) -> str:
-    """Mirror a complete checkpoint folder to S3 (`put_folder` writes the manifest last)."""
-    from chunkgrpo.store import ArtifactStore
+def prune(root: Path, keep: int, mirror: "Mirror | None" = None, backlog: int = 0) -> list[Path]:
+    """Delete complete checkpoints older than the newest `keep` (0 = keep all) — never one that is not
+    in S3 yet. Up to `backlog` of those are kept beyond `keep`; for older ones the mirror is waited
+    for while it is working (upload lag is normal); if it is failing (S3 unreachable) that would be
+    data loss: `MirrorBacklogError`, and nothing is deleted."""
+    if keep <= 0:
+        return []
+    old = complete_checkpoints(root)[:-keep]
+    if mirror is not None:
+        held = [p for p in old if mirror.is_pending(p)]
+        lost = [p for p in held[:max(0, len(held) - backlog)] if mirror.settle(p)]
+        if lost:
+            raise MirrorBacklogError(
+                f"checkpoint.keep={keep} would delete {', '.join(p.name for p in lost)}, not yet mirrored to S3 "
+                f"({mirror.last_error or 'S3 unreachable'}; checkpoint.mirror_backlog={backlog}); stopping instead "
+                f"of losing them — they are intact in {root}")
+        old = [p for p in old if not mirror.is_pending(p)]
+    for p in old:
+        shutil.rmtree(p, ignore_errors=True)
+    return old
 
-    uri = s3_prefix.rstrip("/") + "/" + path.name
-    ArtifactStore().put_folder(path, uri, meta={"kind": "checkpoint"})
-    return uri
+
+# ------------------------------------------------------------------------------ verification
 
 
-def fetch_latest_from_s3(s3_prefix: str, root: Path) -> Path | None:
-    """Download the newest complete S3 checkpoint into `root` (if newer than the local ones)."""
-    from chunkgrpo.store import ArtifactStore
+def verify(path: Path) -> dict:
+    """Check every file against the manifest (present, size, sha256); the manifest must list the
+    required files. Returns the parsed manifest files; raises CorruptCheckpointError naming the file."""
+    from chunkgrpo.store import Manifest, StoreError, file_sha256
 
-    st = ArtifactStore()
-    latest = st.latest_complete(s3_prefix)
-    if latest is None:
-        return None
-    name = latest.rstrip("/").rsplit("/", 1)[-1]
-    if not _STEP_RE.match(name):
-        return None
-    local = complete_checkpoints(root)
-    if local and int(_STEP_RE.match(local[-1].name).group(1)) >= int(_STEP_RE.match(name).group(1)):
-        return local[-1]
-    staging = root / f".download-{name}"
-    if staging.exists():
-        shutil.rmtree(staging)
-    st.get_folder(latest, staging)  # verifies checksums; writes the manifest locally
-    final = root / name
-    if final.exists():
-        shutil.rmtree(final)
-    staging.rename(final)
-    return final
+    mpath = path / MANIFEST
+    try:
+        manifest = Manifest.from_json(mpath.read_bytes(), where=str(mpath))
+    except (OSError, StoreError) as e:
+        raise CorruptCheckpointError(f"{path.name}/{MANIFEST}: {e}") from None
+    missing = [f for f in REQUIRED if f not in manifest.files]
+    if missing:
+        raise CorruptCheckpointError(f"{path.name}: manifest lacks {', '.join(missing)}")
+    for rel, entry in sorted(manifest.files.items()):
+        f = path / rel
+        if not f.is_file():
+            raise CorruptCheckpointError(f"{path.name}/{rel}: missing")
+        size = f.stat().st_size
+        if size != int(entry["size"]):
+            raise CorruptCheckpointError(f"{path.name}/{rel}: {size} bytes, manifest says {entry['size']}")
+        if file_sha256(f) != entry["sha256"]:
+            raise CorruptCheckpointError(f"{path.name}/{rel}: sha256 differs from the manifest")
+    return manifest.files
+
+
+def _short(e: BaseException) -> str:
+    text = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    return f"{type(e).__name__}: {text[:160]}" if text else type(e).__name__
+
+
+def _load_pt(path: Path):
+    """torch.load restricted to tensors and plain types: pickled code is refused, not run."""
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+@dataclass
+class CheckpointData:
+    """Everything a checkpoint holds for one rank, read into memory before any of it is applied."""
+
+    path: Path
+    state: dict
+    weights: dict[str, torch.Tensor]
+    optimizer: dict
+    scheduler: dict
+    rng: dict | None
+    ema: dict[str, torch.Tensor] | None = None  # the EMA of the trainable weights, when the run keeps one
+
+
+def read(path: Path, rank: int = 0) -> CheckpointData:
+    """Read a checkpoint (after `verify`); any unreadable or refused file is a CorruptCheckpointError."""
+    from safetensors.torch import load_file
+
+    current = ""
+    try:
+        current = "trainer_state.json"
+        state = json.loads((path / current).read_text(encoding="utf-8"))
+        for key in ("iteration", "optimizer_step"):
+            if not isinstance(state.get(key), int):
+                raise ValueError(f"no integer {key!r}")
+        current = "trainable.safetensors"
+        weights = load_file(str(path / current))
+        current = "optimizer.pt"
+        optim = _load_pt(path / current)
+        current = "scheduler.pt"
+        sched = _load_pt(path / current)
+        for name, obj in (("optimizer.pt", optim), ("scheduler.pt", sched)):
+            if not isinstance(obj, dict):
+                current = name
+                raise ValueError(f"expected a state dict, got {type(obj).__name__}")
+        current = "ema.safetensors"
+        ema = load_file(str(path / current)) if (path / current).exists() else None
+        current = f"rng/rank{rank}.pt"
+        rng = _load_pt(path / current) if (path / current).exists() else None
+        if rng is not None and not (isinstance(rng, dict) and isinstance(rng.get("numpy"), dict)):
+            raise ValueError("not an RNG state of this version")
+    except Exception as e:  # noqa: BLE001 - any failure to read a file means the checkpoint is unusable
+        raise CorruptCheckpointError(f"{path.name}/{current}: {_short(e)}") from None
+    return CheckpointData(path, state, weights, optim, sched, rng, ema)
 
 
 def load_trainer_state(path: Path) -> dict:
     if not is_complete(path):
         raise UserError(f"checkpoint {path} is incomplete (no {MANIFEST}); refusing to resume from it")
     return json.loads((path / "trainer_state.json").read_text())
+
+
+def non_finite(tensors: dict[str, torch.Tensor]) -> list[str]:
+    """Names of floating-point tensors holding NaN or ±inf."""
+    return [n for n, t in tensors.items()
+            if torch.is_tensor(t) and t.is_floating_point() and not bool(torch.isfinite(t).all())]
+
+
+def optimizer_tensors(state: dict) -> dict[str, torch.Tensor]:
+    """The floating tensors of an optimizer state dict, named `<param>.<slot>` (for finiteness checks)."""
+    out = {}
+    for pid, slots in (state.get("state") or {}).items():
+        for slot, t in (slots or {}).items():
+            if torch.is_tensor(t):
+                out[f"{pid}.{slot}"] = t
+    return out
+
+
+# ------------------------------------------------------------------------------------- S3
+
+
+def upload(path: Path, s3_prefix: str, store=None) -> str:
+    """Mirror a complete checkpoint folder to S3 (`put_folder` writes the manifest last)."""
+    from chunkgrpo.store import ArtifactStore
+
+    uri = s3_prefix.rstrip("/") + "/" + path.name
+    (store or ArtifactStore()).put_folder(path, uri, meta={"kind": "checkpoint"})
+    return uri
+
+
+def remote_checkpoints(s3_prefix: str, store=None) -> dict[int, str]:
+    """{step: s3 URI} of the complete checkpoints under `s3_prefix`."""
+    from chunkgrpo.store import ArtifactStore
+
+    out = {}
+    for uri in (store or ArtifactStore()).list_complete(s3_prefix):
+        name = uri.rstrip("/").rsplit("/", 1)[-1]
+        if m := _STEP_RE.match(name):
+            out[int(m.group(1))] = uri
+    return out
+
+
+def download(uri: str, root: Path, step: int, store=None) -> Path:
+    """Fetch one S3 checkpoint into `root/step-N` (checksums verified while downloading; a failed
+    download leaves nothing behind — the S3 copy stays as it is)."""
+    from chunkgrpo.store import ArtifactStore
+
+    staging = root / f".download-step-{step:06d}"
+    if staging.exists():
+        shutil.rmtree(staging)
+    try:
+        (store or ArtifactStore()).get_folder(uri, staging)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    final = step_dir(root, step)
+    if final.exists():
+        set_aside(final)
+    staging.rename(final)
+    return final
+
+
+class Mirror:
+    """Uploads finished checkpoints to S3 from a background thread, in order, so training never waits
+    on S3. While S3 is unreachable it keeps retrying (backoff doubling to `max_backoff_s`, one log
+    line per failure) and training goes on writing local checkpoints; `pending()` tells the pruning
+    which local folders must not be deleted yet."""
+
+    def __init__(self, s3_prefix: str, *, store_factory=None, backoff_s: float = 2.0, max_backoff_s: float = 60.0):
+        self.s3_prefix = s3_prefix
+        self._store_factory = store_factory
+        self._store = None
+        self.backoff_s, self.max_backoff_s = backoff_s, max_backoff_s
+        self._queue: collections.deque[Path] = collections.deque()
+        self._cv = threading.Condition()
+        self._closing = False
+        self.uploaded: list[str] = []
+        self.failures = 0
+        self.failing = False  # the last attempt failed (S3 unreachable); cleared by the next success
+        self.last_error = ""
+        self._thread = threading.Thread(target=self._loop, name="checkpoint-mirror", daemon=True)
+        self._thread.start()
+
+    def submit(self, path: Path) -> None:
+        with self._cv:
+            if path not in self._queue:
+                self._queue.append(path)
+            self._cv.notify_all()
+
+    def pending(self) -> list[Path]:
+        with self._cv:
+            return list(self._queue)
+
+    def is_pending(self, path: Path) -> bool:
+        with self._cv:
+            return path in self._queue
+
+    def settle(self, path: Path) -> bool:
+        """Wait while `path` is queued and the mirror is working (not failing); True if it is still
+        not in S3 (the mirror is failing or closed)."""
+        with self._cv:
+            while path in self._queue and not self.failing and not self._closing:
+                self._cv.wait(1.0)
+            return path in self._queue
+
+    def wait(self, timeout: float) -> bool:
+        """Wait until everything submitted is in S3 (True) or `timeout` seconds pass (False)."""
+        deadline = time.monotonic() + timeout
+        with self._cv:
+            while self._queue:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cv.wait(min(left, 1.0))
+        return True
+
+    def close(self, timeout: float = 0.0) -> bool:
+        """Wait up to `timeout` for pending uploads, then stop the thread (an upload in progress is
+        abandoned; its folder has no manifest in S3, so it is never read as complete)."""
+        drained = self.wait(timeout)
+        with self._cv:
+            self._closing = True
+            self._cv.notify_all()
+        self._thread.join(timeout=1.0)
+        return drained
+
+    def _upload(self, path: Path) -> str:
+        if self._store is None:
+            from chunkgrpo.store import ArtifactStore
+
+            self._store = (self._store_factory or ArtifactStore)()
+        return upload(path, self.s3_prefix, self._store)
+
+    def _loop(self) -> None:
+        delay = self.backoff_s
+        while True:
+            with self._cv:
+                while not self._queue and not self._closing:
+                    self._cv.wait()
+                if self._closing:
+                    return
+                path = self._queue[0]
+            try:
+                if not path.exists():  # set aside or removed meanwhile: nothing to mirror
+                    uri = "(gone)"
+                else:
+                    uri = self._upload(path)
+            except Exception as e:  # noqa: BLE001 - an outage must never stop training
+                self.failures += 1
+                self.last_error = _short(e)
+                with self._cv:
+                    self.failing = True
+                    self._cv.notify_all()
+                self._store = None  # a fresh client (new connection pool) on the next attempt
+                log.warning("S3 mirror of %s failed (%s); retrying in %.0fs — training continues on local "
+                            "checkpoints", path.name, self.last_error, delay)
+                with self._cv:
+                    if self._cv.wait_for(lambda: self._closing, timeout=delay):
+                        return
+                delay = min(self.max_backoff_s, delay * 2)
+                continue
+            delay = self.backoff_s
+            with self._cv:
+                if self._queue and self._queue[0] == path:
+                    self._queue.popleft()
+                self.failing = False
+                self.uploaded.append(uri)
+                self._cv.notify_all()
+            if uri != "(gone)":
+                log.info("checkpoint %s → %s", path.name, uri)

@@ -9,11 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from chunkgrpo.config import Config, option
+from chunkgrpo.config import Config, check_finite, option
 from chunkgrpo.errors import UserError
+from chunkgrpo.recipes import METHODS  # noqa: F401 - the method names, one source
 from chunkgrpo.rollout import SamplingConfig
-
-METHODS = ("chunk", "chunk+ws", "dance", "tempflow", "granular")
 
 
 @dataclass
@@ -28,6 +27,9 @@ class LoraConfig(Config):
                                  "to_add_out"], "module names to adapt (FLUX attention projections by default)")
 
     def __post_init__(self) -> None:
+        check_finite(self, "lora.")
+        if not 0 <= self.dropout < 1:
+            raise UserError(f"lora.dropout must be in [0, 1), got {self.dropout}")
         if self.enabled and self.rank < 1:
             raise UserError(f"lora.rank must be >= 1, got {self.rank}")
         if self.enabled and not self.targets:
@@ -42,15 +44,32 @@ class RewardSpec(Config):
     weight: float = option(1.0, "weight in the advantage aggregation")
     options: dict[str, str] = option({}, "reward-specific options (e.g. target=0.8, model=DIR)")
 
+    def __post_init__(self) -> None:
+        check_finite(self, f"rewards[{self.name}].")
+
 
 @dataclass
 class CheckpointConfig(Config):
     """Checkpoints: local folder + optional S3 mirror, manifest written last."""
 
     every: int = option(50, "save every N optimizer steps (0 = only at the end)")
-    keep: int = option(3, "local checkpoints to keep (older complete ones are deleted)")
+    keep: int = option(3, "local checkpoints to keep (older ones are deleted, once in S3 when mirrored; 0 = all)")
     s3_prefix: str = option("", "s3://bucket/prefix to mirror checkpoints to ('' = local only)")
-    resume: bool = option(True, "resume from the latest complete checkpoint in output_dir (or S3) if any")
+    resume: bool = option(True, "resume from the newest checkpoint in output_dir (or S3) that verifies against its manifest")
+    mirror_backlog: int = option(0, "S3 outage: checkpoints not yet in S3 kept beyond `keep`; one more stops training instead of deleting it")
+    mirror_wait_s: float = option(600.0, "at the end of training, seconds to wait for the S3 mirror to catch up before failing")
+
+    def __post_init__(self) -> None:
+        check_finite(self, "checkpoint.")
+        for name in ("every", "keep", "mirror_backlog", "mirror_wait_s"):
+            if getattr(self, name) < 0:
+                raise UserError(f"checkpoint.{name} must be >= 0, got {getattr(self, name)}")
+        if self.s3_prefix:
+            if not self.s3_prefix.startswith("s3://"):
+                raise UserError(f"checkpoint.s3_prefix={self.s3_prefix!r} is not an S3 URI (expected s3://bucket/prefix)")
+            from chunkgrpo.store import parse_s3_uri
+
+            parse_s3_uri(self.s3_prefix)  # a valid bucket name
 
 
 @dataclass
@@ -61,6 +80,31 @@ class TrackingConfig(Config):
     run_name: str = option("", "MLflow run name ('' = derived from the output dir)")
     parent_run_id: str = option("", "parent MLflow run id (pipeline run) to nest this run under")
     image_every: int = option(10, "log a sample image grid every N iterations (0 = never)")
+    timeout_s: int = option(10, "seconds per MLflow request; requests run in a background thread, training never waits")
+    flush_timeout_s: float = option(60.0, "at the end of training, seconds to wait for buffered metrics to reach MLflow")
+
+    def __post_init__(self) -> None:
+        check_finite(self, "tracking.")
+        if self.image_every < 0:
+            raise UserError(f"tracking.image_every must be >= 0, got {self.image_every}")
+        if self.timeout_s < 1 or self.flush_timeout_s < 0:
+            raise UserError(f"tracking.timeout_s must be >= 1 and flush_timeout_s >= 0, got {self.timeout_s}, "
+                            f"{self.flush_timeout_s}")
+
+
+@dataclass
+class EmaConfig(Config):
+    """EMA of the trainable weights; the exported model is the EMA (DanceGRPO, Flow-GRPO / TempFlow)."""
+
+    decay: float = option(0.0, "EMA decay d (0 = off; DanceGRPO 0.995, TempFlow 0.9)")
+    every: int = option(1, "update every N iterations (rollouts)")
+    warmup: bool = option(False, "decay min(d, (1+n)/(10+n)) for the n-th update (Flow-GRPO / TempFlow)")
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.decay < 1:
+            raise UserError(f"ema.decay must be in [0, 1), got {self.decay}")
+        if self.every < 1:
+            raise UserError(f"ema.every must be >= 1, got {self.every}")
 
 
 @dataclass
@@ -88,14 +132,42 @@ class TrainConfig(Config):
     warmup_steps: int = option(0, "linear warm-up optimizer steps")
     max_grad_norm: float = option(0.01, "gradient-norm clip (0 = off)")
     grad_accum: int = option(12, "samples per optimizer step (per rank)")
-    max_steps: int = option(151, "optimizer steps to train")
-    chunk_backward: Literal["graph", "per_step"] = option(
-        "per_step", "graph: all step graphs of a unit alive; per_step: exact per-step backward (less memory)")
+    max_steps: int = option(0, "optimizer steps to train (0 = count iterations instead); set exactly one of "
+                            "max_steps / max_iterations (a command-line override of one clears the preset's other)")
+    max_iterations: int = option(0, "iterations (= rollouts; the papers' 'training steps') to train (0 = count "
+                                 "optimizer steps instead); each makes the method's optimizer steps per rollout")
+    chunk_backward: Literal["auto", "graph", "per_step", "accumulate"] = option(
+        "auto", "how off-policy chunk gradients are formed (all exact): graph = a unit's steps in one forward; "
+        "per_step = no-grad ratio pass, then per-step backward; accumulate = per-step backward into a side "
+        "gradient buffer, coefficient applied at the chunk's end (no extra pass); auto = graph for units "
+        "within policy_batch, accumulate beyond (per_step for full fine-tuning)")
+    policy_batch: int = option(4, "memory budget of the policy phase: most transformer inputs (sample, step) in "
+                               "one training graph; units of one accumulation window are batched up to it")
+    compile: Literal["off", "rollout", "all"] = option(
+        "off", "torch.compile the transformer (chunk/step methods): for the rollout, or for rollout and training "
+        "(the first iteration compiles)")
+    debug_checks: bool = option(False, "also check values that live on the accelerator (σ order, std > 0) on every "
+                                "step, at a host sync each; off = only host values are checked")
     recompute_old_logp: bool = option(False, "recompute off-policy old log-probs in the training layout (no-grad) instead of the rollout's")
-    branch_steps: list[int] = option([], "tempflow/granular: trained branching steps (default: first half)")
+    branch_steps: list[int] = option([], "tempflow/granular: trained branching steps ([] = the method's default: "
+                                     "tempflow all trainable steps 0..N-2, granular the first half 0..N/2-1)")
     granularities: list[int] = option([1, 2], "granular: ODE granularities λ for multi-granularity advantages")
+    branch_update: Literal["auto", "per_step", "per_iteration"] = option(
+        "auto", "tempflow/granular: per_step = one optimizer step per trained branching step k (G2RPO); "
+        "per_iteration = gradients of all k accumulated, one optimizer step per iteration (TempFlow); "
+        "auto = per_step for granular, per_iteration for tempflow")
+    noise_weight_c: float = option(0.0, "tempflow: c in the step weight c·std_k (0 = 1/mean(std over trained "
+                                   "steps), weights average 1 as in the paper; TempFlow's released FLUX code: 1.73)")
+    kl_ref_coef: float = option(0.0, "tempflow/granular: β of the KL to the reference (base) model, "
+                                "mean((μ_θ − μ_ref)²)/(2·std²) per branching step (TempFlow: 0.004); needs LoRA")
+    adv_std: Literal["unbiased", "population"] = option(
+        "unbiased", "group std of the advantage: unbiased (DanceGRPO/G2RPO/Chunk-GRPO) or population (Flow-GRPO/TempFlow)")
+    adv_eps: float = option(1e-8, "added to the group std (1e-8 DanceGRPO family, 1e-4 Flow-GRPO/TempFlow)")
+    reward_weighting: Literal["given", "normalized"] = option(
+        "given", "multi-reward weights as given (DanceGRPO, G2RPO) or normalised to sum 1 (MixGRPO)")
     rewards: list[RewardSpec] = option(factory=lambda: [RewardSpec()], help="training rewards (weighted advantage aggregation)")
     lora: LoraConfig = option(factory=LoraConfig, help="LoRA settings")
+    ema: EmaConfig = option(factory=EmaConfig, help="EMA of the trainable weights (exported model = EMA)")
     distributed: Literal["ddp", "fsdp"] = option("ddp", "ddp (replicated, all-reduced grads) or fsdp (full shard, block-wrapped)")
     mixed_precision: Literal["auto", "fp32", "bf16"] = option("auto", "auto = bf16 autocast on GPU, fp32 on CPU (master weights fp32)")
     gradient_checkpointing: bool = option(True, "activation checkpointing in the transformer blocks")
@@ -107,6 +179,15 @@ class TrainConfig(Config):
     progress: bool = option(True, "progress bar on rank 0")
 
     def __post_init__(self) -> None:
+        check_finite(self)  # NaN/inf pass every `< 0` check below
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise UserError(f"device={self.device!r} is not one of auto, cpu, cuda")
+        if self.max_grad_norm < 0:
+            raise UserError(f"max_grad_norm must be >= 0 (0 = no clipping), got {self.max_grad_norm}")
+        if self.weight_decay < 0 or self.kl_coef < 0:
+            raise UserError(f"weight_decay and kl_coef must be >= 0, got {self.weight_decay}, {self.kl_coef}")
+        if self.warmup_steps < 0:
+            raise UserError(f"warmup_steps must be >= 0, got {self.warmup_steps}")
         if self.group_size < 2:
             raise UserError(f"group_size must be >= 2 for group-relative advantages, got {self.group_size}")
         if self.prompts_per_rank < 1:
@@ -116,20 +197,49 @@ class TrainConfig(Config):
         for name in ("clip_low", "clip_high", "lr", "adv_clip"):
             if getattr(self, name) < 0:
                 raise UserError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if self.grad_accum < 1 or self.max_steps < 1:
-            raise UserError(f"grad_accum and max_steps must be >= 1 (got {self.grad_accum}, {self.max_steps})")
+        if self.grad_accum < 1:
+            raise UserError(f"grad_accum must be >= 1, got {self.grad_accum}")
+        if self.max_steps < 0 or self.max_iterations < 0:
+            raise UserError(f"max_steps and max_iterations must be >= 0 (got {self.max_steps}, {self.max_iterations})")
+        if (self.max_steps > 0) == (self.max_iterations > 0):
+            raise UserError(f"set exactly one of max_iterations (rollouts) and max_steps (optimizer steps); got "
+                            f"max_iterations={self.max_iterations}, max_steps={self.max_steps} (set the other to 0)")
+        if self.kl_ref_coef < 0 or self.noise_weight_c < 0 or self.adv_eps < 0:
+            raise UserError(f"kl_ref_coef, noise_weight_c and adv_eps must be >= 0 (got {self.kl_ref_coef}, "
+                            f"{self.noise_weight_c}, {self.adv_eps})")
+        if self.kl_ref_coef > 0 and self.method not in ("tempflow", "granular"):
+            raise UserError(f"kl_ref_coef={self.kl_ref_coef} (KL to the reference model) is implemented for tempflow/"
+                            f"granular; method={self.method} has kl_coef (KL to the old policy)")
+        if self.kl_ref_coef > 0 and not self.lora.enabled:
+            raise UserError(f"kl_ref_coef={self.kl_ref_coef} needs lora.enabled=true (the reference model is the "
+                            "base with the adapter disabled; a full fine-tune would need a second transformer copy)")
         if self.method in ("chunk", "chunk+ws", "dance") and self.samples_per_rank % self.grad_accum:
             raise UserError(f"grad_accum={self.grad_accum} must divide prompts_per_rank × group_size = "
                             f"{self.samples_per_rank} (optimizer steps happen within one rollout)")
+        if self.policy_batch < 1:
+            raise UserError(f"policy_batch must be >= 1 (transformer inputs per training forward), got {self.policy_batch}")
         if not self.rewards:
             raise UserError("no training reward configured (rewards: [{name: ..., weight: ...}])")
-        if len(self.betas) != 2:
-            raise UserError(f"betas must have 2 values, got {self.betas}")
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            raise UserError(f"betas must be 2 values in [0, 1), got {self.betas}")
         if any(g < 1 for g in self.granularities):
             raise UserError(f"granularities must be >= 1, got {self.granularities}")
         bad = [k for k in self.branch_steps if not 0 <= k < self.sampling.num_steps - 1]
         if bad:
             raise UserError(f"branch_steps {bad} out of range 0..{self.sampling.num_steps - 2}")
+
+    @classmethod
+    def load(cls, source=None, overrides: list[str] | None = None) -> "TrainConfig":
+        """As `Config.load`; an override that sets one training-length unit (max_steps or max_iterations) to a
+        non-zero value clears the other one from the preset, so `max_steps=10` on the command line just works."""
+        from chunkgrpo.config import parse_override
+
+        keys = {parse_override(o)[0]: parse_override(o)[1] for o in overrides or []}
+        extra = []
+        for unit, other in (("max_steps", "max_iterations"), ("max_iterations", "max_steps")):
+            if unit in keys and other not in keys and keys[unit] not in (0, "0", None, ""):
+                extra.append(f"{other}=0")
+        return super().load(source, [*(overrides or []), *extra])
 
     @property
     def trainable_steps(self) -> int:

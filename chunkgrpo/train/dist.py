@@ -104,7 +104,9 @@ def all_reduce_max(value: float, device) -> float:
 
 
 def shard_fsdp(transformer: torch.nn.Module, mixed_bf16: bool) -> torch.nn.Module:
-    """FSDP2 full shard: each transformer block is a unit, then the root."""
+    """FSDP2 full shard: each transformer block is a unit, then the root. With bf16 the policy casts every
+    floating forward input to bf16, the timestep included; the time/guidance embedding still receives the
+    exact fp32 values (`chunkgrpo.flux.exact_time_embedding`, tested under torchrun)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if mixed_bf16 else MixedPrecisionPolicy()

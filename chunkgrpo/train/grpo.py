@@ -1,27 +1,34 @@
 """Chunk-GRPO and step-level GRPO (methods `chunk`, `chunk+ws`, `dance`): one iteration.
 
-rollout → rewards → advantages → unit selection → accumulate → optimizer steps.
+rollout → rewards → advantages → unit selection → policy windows → optimizer steps.
 
-Per iteration and rank: P prompts × G samples are rolled out as ONE batch (N transformer calls);
-each sample trains `timestep_fraction` of its units (chunks; steps for `dance`); an optimizer step
-happens every `grad_accum` samples, so later samples of a rollout are slightly off-policy. Until the
-first optimizer step of an iteration the policy IS the rollout policy, so the ratio is computed as
-exactly 1 (`logp − logp.detach()`) and no old log-prob or extra forward is needed.
+Per iteration and rank: P prompts × G samples are rolled out as ONE batch (N transformer calls; the
+shared prefix of a same-noise group — step 0 by default — once per prompt). Each sample trains
+`timestep_fraction` of its units (chunks; steps for `dance`). The samples, in a random order, form
+policy windows of `grad_accum` samples with one optimizer step after each, so later windows are
+slightly off-policy. Within a window θ is fixed, so its units are trained together
+(`objectives.window_backward`): batched across samples up to `policy_batch` transformer inputs, each
+distinct input evaluated once. In the first window the policy IS the rollout policy: the ratio is
+exactly 1 (`logp − logp.detach()`), no old log-prob and no extra forward is needed.
 """
 
 from __future__ import annotations
 
-import math
+import logging
 import time
 
 import torch
 
+from chunkgrpo import checks
 from chunkgrpo import objectives as obj
 from chunkgrpo.advantages import aggregate_advantages
-from chunkgrpo.rollout import policy_log_probs, rollout_group
+from chunkgrpo.rollout import pair_log_probs, rollout_group
 from chunkgrpo.train.config import TrainConfig
 from chunkgrpo.train.context import IterationContext, IterationResult, NonFiniteLossError
 from chunkgrpo.train.rewards import compute_rewards
+
+log = logging.getLogger(__name__)
+_warned: set[str] = set()
 
 
 def steps_per_iteration(cfg: TrainConfig) -> int:
@@ -29,7 +36,29 @@ def steps_per_iteration(cfg: TrainConfig) -> int:
     return cfg.samples_per_rank // cfg.grad_accum
 
 
+def policy_layout(cfg: TrainConfig, sizes: list[int], fsdp: bool) -> dict:
+    """How windows are trained: strategy, budget, fixed packing (FSDP) and whether a side gradient buffer
+    may be spent (keyword arguments of `objectives.window_backward` / `window_log_probs`)."""
+    if fsdp:
+        # FSDP collectives need the same forward/backward sequence on every rank: whole units, a fixed
+        # number per forward (ranks train different chunks, so per-step or budget-packed counts differ)
+        if cfg.chunk_backward in ("per_step", "accumulate") and "fsdp" not in _warned:
+            _warned.add("fsdp")
+            log.warning("fsdp: chunk_backward=%s replaced by 'graph' (same gradients; every rank must make the "
+                        "same number of forwards)", cfg.chunk_backward)
+        return {"strategy": "graph", "budget": cfg.policy_batch,
+                "units_per_forward": max(1, cfg.policy_batch // max(sizes)), "side_buffer": False}
+    side = cfg.lora.enabled or cfg.chunk_backward == "accumulate"  # full fine-tuning: a parameter-sized buffer
+    return {"strategy": cfg.chunk_backward, "budget": cfg.policy_batch, "units_per_forward": None,
+            "side_buffer": side}
+
+
 def iteration(ctx: IterationContext) -> IterationResult:
+    with checks.debug(ctx.cfg.debug_checks):
+        return _iteration(ctx)
+
+
+def _iteration(ctx: IterationContext) -> IterationResult:
     cfg, model, it = ctx.cfg, ctx.model, ctx.iteration
     tr = model.transformer
     timing = {"rollout": 0.0, "reward": 0.0, "policy": 0.0}
@@ -41,7 +70,8 @@ def iteration(ctx: IterationContext) -> IterationResult:
     t0 = time.perf_counter()
     tr.eval()
     with torch.no_grad(), ctx.autocast():
-        traj = rollout_group(model, cond, G, cfg.sampling, gen)
+        traj = rollout_group(model, cond, G, cfg.sampling, gen,
+                             transformer=model.compiled() if cfg.compile != "off" else None)
     rollout_calls = model.counter.as_dict()
     if not torch.isfinite(traj.log_probs[:, : cfg.trainable_steps]).all():
         raise NonFiniteLossError(f"non-finite rollout log-probs at iteration {it}")
@@ -51,7 +81,8 @@ def iteration(ctx: IterationContext) -> IterationResult:
     images = model.decode(traj.x0, cfg.sampling.height, cfg.sampling.width)
     sample_prompts = [p for p in prompts for _ in range(G)]
     rewards = compute_rewards(ctx.reward_fns, images, sample_prompts)
-    adv = aggregate_advantages(rewards, ctx.reward_weights, G, clip=cfg.adv_clip).to(ctx.device)
+    adv = aggregate_advantages(rewards, ctx.reward_weights, G, clip=cfg.adv_clip, std=cfg.adv_std,
+                               eps=cfg.adv_eps).to(ctx.device)
     timing["reward"] = time.perf_counter() - t0
     # ---- which units each sample trains ----
     t0 = time.perf_counter()
@@ -61,76 +92,100 @@ def iteration(ctx: IterationContext) -> IterationResult:
     order = torch.randperm(B, generator=gen).tolist()
     cond_rep = cond.repeat_interleave(G)
     tr.train()
-    stats: dict[str, list[float]] = {"loss": [], "ratio": [], "clipped": [], "kl": [], "grad_norm": []}
-    stepped = False
-    old_recomputed: dict[tuple[int, int], torch.Tensor] = {}
-    for n, b in enumerate(order):
-        units = unit_mask[b].nonzero().flatten().tolist()
-        scale = 1.0 / (cfg.grad_accum * len(units))
-        for k in units:
-            a, e = ctx.ranges[k]
-            steps = list(range(a, e))
-            if not stepped:
-                old = None  # θ = θ_old exactly: ratio 1, gradient flows
-            elif cfg.recompute_old_logp:
-                old = old_recomputed[(b, k)]
-            else:
-                old = traj.log_probs[b:b + 1, a:e].to(ctx.device)
+    train_tr = model.compiled() if cfg.compile == "all" else None
+    layout = policy_layout(cfg, ctx.sizes, ctx.fsdp)
+    side_buffer = layout.pop("side_buffer")
+    params = [p for p in tr.parameters() if p.requires_grad] if side_buffer else None
 
-            def logp_fn(st, b=b):
-                with ctx.autocast():
-                    return policy_log_probs(model, traj, cond_rep, st, cfg.sampling, samples=[b])
+    def forward(samples, steps):
+        with ctx.autocast():
+            return pair_log_probs(model, traj, cond_rep, samples, steps, cfg.sampling, transformer=train_tr)
 
-            out = obj.chunk_backward(logp_fn, steps, old, adv[b:b + 1], clip_low=cfg.clip_low,
-                                     clip_high=cfg.clip_high, scale=scale, strategy=cfg.chunk_backward,
-                                     always_backward=ctx.fsdp, kl_coef=cfg.kl_coef)
-            loss = float(out["loss"])
-            if not math.isfinite(loss):
-                raise NonFiniteLossError(f"non-finite loss at iteration {it}, sample {b}, chunk {k}")
-            stats["loss"].append(loss)
-            stats["ratio"].append(float(out["ratio"][0]))
-            stats["clipped"].append(float(out["clipped"][0]))
-            lr_ = math.log(float(out["ratio"][0]))
-            stats["kl"].append(math.exp(-lr_) - 1 + lr_)  # k3 on the unit's log-ratio
-        if (n + 1) % cfg.grad_accum == 0:
-            if cfg.recompute_old_logp and not stepped:
-                old_recomputed = recompute_old_log_probs(ctx, traj, cond_rep, order[n + 1:], unit_mask)
-            stats["grad_norm"].append(ctx.optimizer_step()["grad_norm"])
-            stepped = True
+    def window_units(samples, w, old_recomputed):
+        units, ids = [], []
+        for b in samples:
+            ks = unit_mask[b].nonzero().flatten().tolist()
+            for k in ks:
+                a, e = ctx.ranges[k]
+                if w == 0:
+                    old = None  # θ = θ_old exactly: ratio 1, gradient flows
+                elif old_recomputed is not None:
+                    old = old_recomputed[(b, k)]
+                else:
+                    old = traj.log_probs[b, a:e].to(ctx.device)
+                units.append(obj.Unit(b, list(range(a, e)), adv[b], 1.0 / (cfg.grad_accum * len(ks)), old))
+                ids.append((b, k))
+        return units, ids
+
+    windows = [order[j:j + cfg.grad_accum] for j in range(0, B, cfg.grad_accum)]
+    stats: list[dict] = []
+    grad_norms: list[float] = []
+    split = {"policy_on_s": 0.0, "policy_off_s": 0.0, "policy_on_samples": 0, "policy_off_samples": 0}
+    min_train = 0
+    old_recomputed = None
+    for w, samples in enumerate(windows):
+        tw, sw = time.perf_counter(), model.counter.samples
+        units, ids = window_units(samples, w, old_recomputed)
+        min_train += len({traj.input_key(u.sample, t) for u in units for t in u.steps})
+        out = obj.window_backward(units, forward, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
+                                  kl_coef=cfg.kl_coef, params=params, key=traj.input_key,
+                                  skip_clipped=not ctx.fsdp, **layout)
+        losses = torch.stack([o["loss"] for o in out])
+        if not torch.isfinite(losses).all():  # one host sync per window (the optimizer step syncs anyway)
+            b, k = ids[int((~torch.isfinite(losses)).nonzero()[0])]
+            raise NonFiniteLossError(f"non-finite loss at iteration {it}, sample {b}, chunk {k}")
+        stats += out
+        if cfg.recompute_old_logp and w == 0 and len(windows) > 1:
+            old_recomputed = recompute_old_log_probs(windows[1:], window_units, forward, traj, layout, side_buffer)
+        tag = "on" if w == 0 else "off"
+        split[f"policy_{tag}_s"] += time.perf_counter() - tw
+        split[f"policy_{tag}_samples"] += model.counter.samples - sw
+        grad_norms.append(ctx.optimizer_step()["grad_norm"])
     timing["policy"] = time.perf_counter() - t0
     calls = model.counter.as_dict()
+    ratio = torch.stack([o["ratio"] for o in stats]).double()
+    lr_ = torch.stack([o["log_ratio"] for o in stats]).double()
+    summary = torch.stack([torch.stack([o["loss"] for o in stats]).double().mean(),
+                           torch.stack([o["clipped"] for o in stats]).double().mean(),
+                           ratio.mean(), ratio.min(), ratio.max(),
+                           (torch.exp(-lr_) - 1 + lr_).mean()]).tolist()  # k3 on each unit's log-ratio
     trained_pairs = int(sum(ctx.sizes[k] for b in range(B) for k in unit_mask[b].nonzero().flatten().tolist()))
     metrics = {
         "reward_mean": float(torch.stack(list(rewards.values())).mean()) if len(rewards) == 1 else
         float(sum(ctx.reward_weights[k] * v.mean() for k, v in rewards.items())),
         "reward_std": float(next(iter(rewards.values())).std()),
         **{f"reward/{k}": float(v.mean()) for k, v in rewards.items()},
-        "loss": sum(stats["loss"]) / len(stats["loss"]),
-        "clip_frac": sum(stats["clipped"]) / len(stats["clipped"]),
-        "ratio_mean": sum(stats["ratio"]) / len(stats["ratio"]),
-        "ratio_min": min(stats["ratio"]), "ratio_max": max(stats["ratio"]),
-        "kl_k3": sum(stats["kl"]) / len(stats["kl"]),
-        "grad_norm": max(stats["grad_norm"]) if stats["grad_norm"] else 0.0,
+        "loss": summary[0], "clip_frac": summary[1], "ratio_mean": summary[2], "ratio_min": summary[3],
+        "ratio_max": summary[4], "kl_k3": summary[5],
+        "grad_norm": max(grad_norms) if grad_norms else 0.0,
         "adv_abs_mean": float(adv.abs().mean()),
         "transformer_forward": calls["transformer_forward"],
         "transformer_forward_with_grad": calls["transformer_forward_with_grad"],
         "transformer_samples": calls["transformer_samples"],
         "rollout_samples": rollout_calls["transformer_samples"],
-        # the algorithm's minimum: one rollout pass + one forward/backward per trained (sample, step)
-        "min_transformer_samples": rollout_calls["transformer_samples"] + trained_pairs,
+        # the algorithm's minimum: every distinct transformer input once per θ — the rollout (a group's shared
+        # prefix once per prompt) plus one forward/backward per distinct trained (sample, step) input per window
+        "min_transformer_samples": rollout_minimum(traj, cfg.sampling.num_steps, B) + min_train,
+        # without sharing identical inputs: every sample evaluates every step in the rollout and in training
+        "unshared_transformer_samples": cfg.sampling.num_steps * B + trained_pairs,
+        **split,
         **{f"time/{k}": v for k, v in timing.items()},
     }
     return IterationResult(metrics, images, sample_prompts)
 
 
-def recompute_old_log_probs(ctx: IterationContext, traj, cond_rep, samples: list[int], unit_mask) -> dict:
-    """Old log-probs of the not-yet-trained units under θ_old, in the training layout (no grad)."""
+def rollout_minimum(traj, num_steps: int, batch: int) -> int:
+    """Distinct transformer inputs of a rollout: a group's shared prefix counts once per prompt."""
+    groups = batch // traj.group_size
+    return num_steps * batch - traj.shared_steps * groups * (traj.group_size - 1)
+
+
+def recompute_old_log_probs(windows, window_units, forward, traj, layout: dict, side_buffer: bool) -> dict:
+    """Old log-probs of the later windows' units under θ_old (no grad), in exactly the forwards those
+    windows will make when trained (same batching and sharing, hence the same numerics)."""
     out = {}
-    with torch.no_grad():
-        for b in samples:
-            for k in unit_mask[b].nonzero().flatten().tolist():
-                a, e = ctx.ranges[k]
-                with ctx.autocast():
-                    out[(b, k)] = policy_log_probs(ctx.model, traj, cond_rep, list(range(a, e)), ctx.cfg.sampling,
-                                                   samples=[b]).float()
+    for w, samples in enumerate(windows, start=1):
+        units, ids = window_units(samples, 0, None)  # plan them as the off-policy units they will be
+        values = obj.window_log_probs(units, forward, key=traj.input_key, side_buffer=side_buffer, **layout)
+        out.update({ids[j]: v.float() for j, v in enumerate(values)})
     return out

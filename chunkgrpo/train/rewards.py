@@ -3,7 +3,9 @@
 Built in (deterministic, programmatic): `brightness` (mean luminance, or closeness to `target`),
 `color` (closeness of the mean colour to `rgb=R,G,B`), `contrast` (pixel std). Any other name is
 looked up among the evaluation scorers (`chunkgrpo.eval.scorers.get_scorer`: clip, pickscore,
-hpsv2.1, hpsv3, imagereward), whose weights come from a local dir / S3 (`options.weights`).
+hpsv2.1, hpsv3, imagereward), whose weights come from a local dir / S3 (`options.weights`). Those run
+through the same scorer boundary as evaluation: with `$CHUNKGRPO_VENV_<NAME>` set (or `options.venv`),
+the reward model lives in a worker process in its own venv (`chunkgrpo.eval.worker`); otherwise in-process.
 """
 
 from __future__ import annotations
@@ -74,8 +76,20 @@ def get_reward(name: str, options: dict | None = None, device: str = "cpu") -> R
         known = sorted(REWARDS) + list(SCORER_NAMES)
         raise UserError(f"unknown reward {name!r} (known: {', '.join(known)})")
     options.setdefault("device", device)
-    scorer = get_scorer(name, **options)
-    return lambda images, prompts: scorer.score(list(images), list(prompts)).float().cpu()
+    return ScorerReward(get_scorer(name, **options))
+
+
+class ScorerReward:
+    """An evaluation scorer as a training reward; `close()` stops its worker process (if it has one)."""
+
+    def __init__(self, scorer) -> None:
+        self.scorer = scorer
+
+    def __call__(self, images, prompts) -> torch.Tensor:
+        return self.scorer.score(list(images), list(prompts)).float().cpu()
+
+    def close(self) -> None:
+        self.scorer.close()
 
 
 def compute_rewards(fns: dict[str, RewardFn], images, prompts) -> dict[str, torch.Tensor]:

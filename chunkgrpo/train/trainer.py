@@ -3,7 +3,8 @@
 Read top to bottom:
   Trainer.__init__   validate everything that can be checked before any GPU time is spent
   Trainer.setup      process group, model (+LoRA / full), FSDP or replicated, optimizer, caches, resume
-  Trainer.train      iterations until `max_steps` optimizer steps; checkpoints; NaN guard
+  Trainer.train      iterations until `max_iterations` rollouts or `max_steps` optimizer steps (exactly one
+                     is set); checkpoints; NaN guard
   Trainer.iteration  builds this rank's `IterationContext` and runs the method's iteration
                      (`chunkgrpo.train.methods`: grpo.iteration for chunk/chunk+ws/dance,
                      branching.iteration for tempflow/granular)
@@ -16,12 +17,13 @@ import json
 import logging
 import math
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import torch
 
 from chunkgrpo import objectives as obj
+from chunkgrpo.advantages import resolve_weights
 from chunkgrpo.chunks import load_plan, plan_chunks
 from chunkgrpo.errors import UserError
 from chunkgrpo.train import checkpoint as ckpt
@@ -41,9 +43,10 @@ def config_hash(cfg: TrainConfig) -> str:
 
 
 def resolve_chunk_sizes(cfg: TrainConfig) -> list[int]:
-    """The chunk sizes for the run (all 1 for step-level `dance`), checked against num_steps − 1."""
+    """The chunk sizes for the run (all 1 for step-level `dance`; the branching methods train single steps
+    and ignore `chunks`), checked against num_steps − 1."""
     S = cfg.trainable_steps
-    if cfg.method == "dance":
+    if cfg.method in ("dance", "tempflow", "granular"):
         return [1] * S
     spec = cfg.chunks.strip()
     if spec.endswith(".json"):
@@ -51,6 +54,34 @@ def resolve_chunk_sizes(cfg: TrainConfig) -> list[int]:
     if spec.startswith("dynamics"):
         raise UserError("chunks=dynamics needs a profile: run `chunkgrpo profile` + `chunkgrpo plan` and pass plan.json")
     return plan_chunks(spec, S).sizes
+
+
+def check_trained_units(cfg: TrainConfig, sizes: list[int]) -> None:
+    """Chunk/step methods train int(K·timestep_fraction) units per sample (the references' count); a plan
+    where that is 0 (e.g. `whole` with fraction 0.5: GCPO trains nothing) is rejected, not silently raised to 1."""
+    if cfg.method not in ("chunk", "chunk+ws", "dance"):
+        return
+    K = len(sizes)
+    if int(K * cfg.timestep_fraction) < 1:
+        raise UserError(f"timestep_fraction={cfg.timestep_fraction} of {K} chunk(s) (sizes {sizes}) trains "
+                        f"int({K}×{cfg.timestep_fraction}) = 0 units per sample; raise timestep_fraction to "
+                        f">= {1 / K:g} (e.g. 1.0 for 'whole') or plan more chunks")
+
+
+def _any_rank(flag: bool, device) -> bool:
+    """True on every rank if `flag` is true on any (a collective: all ranks must call it)."""
+    return D.all_reduce_max(1.0 if flag else 0.0, device) > 0
+
+
+def _broadcast(obj):
+    """Rank 0's `obj` on every rank (plain Python values)."""
+    import torch.distributed as tdist
+
+    if not tdist.is_initialized():
+        return obj
+    box = [obj]
+    tdist.broadcast_object_list(box, src=0)
+    return box[0]
 
 
 class Trainer:
@@ -64,23 +95,32 @@ class Trainer:
             raise UserError("train needs a model (model=DIR)")
         if not cfg.prompts:
             raise UserError("train needs a prompt file (prompts=FILE)")
+        if cfg.device == "cuda" and not torch.cuda.is_available():
+            raise UserError("device=cuda but no CUDA device is available (use device=auto or device=cpu)")
         self.model_path = resolve_model_source(cfg.model)
         self.prompts = load_prompts(cfg.prompts)
         self.sizes = resolve_chunk_sizes(cfg)
         self.ranges = obj.chunk_ranges(self.sizes)
-        self.reward_weights = {r.name: r.weight for r in cfg.rewards}
+        self.reward_weights = resolve_weights({r.name: r.weight for r in cfg.rewards},
+                                              cfg.reward_weighting == "normalized")
         if len(self.reward_weights) != len(cfg.rewards):
             raise UserError(f"duplicate reward names in {[r.name for r in cfg.rewards]}")
+        check_trained_units(cfg, self.sizes)
         self.method = get_method(cfg.method)
         self.out = Path(cfg.output_dir)
         self.iteration_idx = 0
         self.opt_step = 0
         self.history: list[dict] = []
+        self.mirror: ckpt.Mirror | None = None
+        self._saving = False  # a checkpoint is being written: SIGTERM waits for it
+        self._stop_signal = 0
 
     # ------------------------------------------------------------------ setup
     def setup(self) -> None:
         cfg = self.cfg
         self.info = D.setup(cfg.device)
+        if self.info.is_main:
+            self._lock_output_dir()  # before any heavy work: a second run on this output_dir stops here
         dev = self.info.device
         self.bf16 = cfg.mixed_precision == "bf16" or (cfg.mixed_precision == "auto" and dev.type == "cuda")
         self.reward_fns = {r.name: get_reward(r.name, r.options, device=str(dev)) for r in cfg.rewards}
@@ -108,18 +148,16 @@ class Trainer:
         if cfg.gradient_checkpointing:
             tr.enable_gradient_checkpointing()
         if cfg.distributed == "fsdp" and self.info.enabled:
-            if cfg.chunk_backward == "per_step":
-                # per-step backward issues c_k forwards per unit, which differ between ranks whose samples
-                # trained different chunks; FSDP's collectives need equal counts. 'graph' is exact too.
-                log.warning("fsdp: chunk_backward=per_step replaced by 'graph' (same gradients, one forward per unit)")
-                self.cfg.chunk_backward = "graph"
-            D.shard_fsdp(tr, mixed_bf16=self.bf16)
+            D.shard_fsdp(tr, mixed_bf16=self.bf16)  # chunk/step methods then train whole units (train/grpo.py)
         else:
             D.broadcast_params(tr)
         self.trainable = [p for p in tr.parameters() if p.requires_grad]
         self.trainable_names = [n for n, p in tr.named_parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.trainable, lr=cfg.lr, betas=tuple(cfg.betas),
                                            weight_decay=cfg.weight_decay)
+        from chunkgrpo.train.ema import Ema
+
+        self.ema = Ema(self.trainable, cfg.ema.decay, cfg.ema.every, cfg.ema.warmup) if cfg.ema.decay > 0 else None
         warm = max(0, cfg.warmup_steps)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0)
@@ -128,7 +166,7 @@ class Trainer:
 
         self.stream = PromptStream(self.prompts, cfg.prompts_per_rank, self.info.world, cfg.seed)
         self.steps_per_iteration = self.method.steps_per_iteration(cfg)
-        self.num_iterations = math.ceil(cfg.max_steps / self.steps_per_iteration)
+        self.num_iterations = cfg.max_iterations or math.ceil(cfg.max_steps / self.steps_per_iteration)
         cache_dir = Path(cfg.embed_cache_dir or self.out / "embeds") / f"rank{self.info.rank}"
         self.embeds = EmbeddingCache(self.model, cache_dir, cfg.sampling.max_sequence_length)
         needed = self.stream.all_for(self.info.rank, range(self.num_iterations))
@@ -142,41 +180,136 @@ class Trainer:
         if self.info.is_main:
             self.ckpt_root.mkdir(parents=True, exist_ok=True)
         D.barrier()
+        if cfg.checkpoint.s3_prefix and self.info.is_main:
+            self.mirror = ckpt.Mirror(cfg.checkpoint.s3_prefix)
         if cfg.checkpoint.resume:
             self._resume()
 
+    def _lock_output_dir(self) -> None:
+        """One training process tree per output_dir: a second one (e.g. a restart while orphaned ranks
+        of the first still run) is refused instead of racing it on the same checkpoints."""
+        import fcntl
+        import os
+
+        self.out.mkdir(parents=True, exist_ok=True)
+        path = self.out / ".train.lock"
+        self._lock_file = open(path, "a+")
+        try:
+            fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            self._lock_file.seek(0)
+            holder = self._lock_file.read().strip() or "?"
+            self._lock_file.close()
+            raise UserError(f"output_dir {self.out} is in use by another training process (pid {holder}); "
+                            "stop it first (all its ranks) or choose another output_dir") from None
+        self._lock_file.seek(0)
+        self._lock_file.truncate()
+        self._lock_file.write(str(os.getpid()))
+        self._lock_file.flush()
+
     # ------------------------------------------------------------------ resume / save
     def _resume(self) -> None:
-        cfg = self.cfg
-        if cfg.checkpoint.s3_prefix and self.info.local_rank == 0:
-            ckpt.fetch_latest_from_s3(cfg.checkpoint.s3_prefix, self.ckpt_root)
-        D.barrier()
-        done = ckpt.complete_checkpoints(self.ckpt_root)
-        if not done:
-            return
-        path = done[-1]
-        state = ckpt.load_trainer_state(path)
-        if state.get("config_hash") != config_hash(cfg):
-            log.warning("resuming from %s written with a different config (hash %s, now %s)", path,
-                        state.get("config_hash"), config_hash(cfg))
-        from safetensors.torch import load_file
+        """Resume from the newest checkpoint that verifies (every file's size and sha256 against its
+        manifest, `.pt` files readable as tensors + plain types only), local or in S3. A checkpoint that
+        fails is renamed aside (never deleted) and the next older one is tried; one line says so."""
+        cfg, info = self.cfg, self.info
+        remote: dict[int, str] = {}
+        if cfg.checkpoint.s3_prefix and info.local_rank == 0:
+            try:
+                remote = ckpt.remote_checkpoints(cfg.checkpoint.s3_prefix)
+            except Exception as e:  # noqa: BLE001 - S3 down: local checkpoints may still do
+                if not ckpt.complete_checkpoints(self.ckpt_root) or isinstance(e, UserError):
+                    raise
+                log.warning("cannot list S3 checkpoints at %s (%s); resuming from local ones",
+                            cfg.checkpoint.s3_prefix, e)
+        local = [ckpt.step_of(p) for p in ckpt.complete_checkpoints(self.ckpt_root)] if info.local_rank == 0 else []
+        # (step, source) newest first; the local copy of a step before its S3 copy
+        candidates = sorted({(st, "local") for st in local} | {(st, "s3") for st in remote},
+                            key=lambda c: (-c[0], c[1] != "local"))
+        candidates = _broadcast(candidates)
+        rejected: list[str] = []
+        for step, source in candidates:
+            path = ckpt.step_dir(self.ckpt_root, step)
+            problem, own = "", False  # own: this node's copy failed (only then is it set aside here)
+            if info.local_rank == 0:
+                try:
+                    if source == "s3" or (not ckpt.is_complete(path) and step in remote):
+                        ckpt.download(remote[step], self.ckpt_root, step)
+                    elif not ckpt.is_complete(path):
+                        raise FileNotFoundError(f"{path.name} is not on this node")
+                    ckpt.verify(path)
+                except (ckpt.CorruptCheckpointError, OSError) as e:
+                    problem, own = str(e), isinstance(e, ckpt.CorruptCheckpointError)
+                except Exception as e:  # noqa: BLE001 - a download that failed verification, S3 errors
+                    from chunkgrpo.store import StoreError
 
-        weights = load_file(str(path / "trainable.safetensors"))
-        missing = [n for n in self.trainable_names if n not in weights]
+                    if not isinstance(e, (StoreError, UserError)):
+                        raise
+                    problem = f"{source} copy: {e}"
+            data = None
+            if not _any_rank(bool(problem), info.device):
+                try:
+                    data = ckpt.read(path, info.rank)
+                except ckpt.CorruptCheckpointError as e:
+                    problem, own = str(e), True
+                if _any_rank(bool(problem), info.device):
+                    data = None
+                    problem = problem or "unreadable on another rank"
+            else:
+                problem = problem or "failed verification on another node"
+            if data is None:
+                aside = ""
+                if own and info.local_rank == 0 and path.exists():
+                    aside = str(ckpt.set_aside(path))
+                D.barrier()
+                if own or info.is_main:
+                    log.warning("checkpoint %s (%s) is unusable: %s%s", path.name, source, problem,
+                                f"; kept aside as {aside}" if aside else "")
+                rejected.append(path.name)
+                continue
+            self._apply_checkpoint(data)
+            if info.is_main:
+                older = f" (newer {', '.join(dict.fromkeys(rejected))} failed verification, see above)" if rejected else ""
+                log.info("resumed from %s (iteration %d, optimizer step %d)%s", path, self.iteration_idx,
+                         self.opt_step, older)
+                if rejected:
+                    log.warning("fell back to %s: the newer checkpoint(s) %s failed verification and were set aside",
+                                path.name, ", ".join(dict.fromkeys(rejected)))
+                if self.mirror is not None:  # local checkpoints that never reached S3 (an earlier outage)
+                    for p in ckpt.complete_checkpoints(self.ckpt_root):
+                        if ckpt.step_of(p) not in remote:
+                            self.mirror.submit(p)
+            return
+        if rejected and info.is_main:
+            log.warning("no checkpoint verifies (%s set aside); starting from scratch", ", ".join(rejected))
+
+    def _apply_checkpoint(self, data: ckpt.CheckpointData) -> None:
+        state = data.state
+        if state.get("config_hash") != config_hash(self.cfg):
+            log.warning("resuming from %s written with a different config (hash %s, now %s)", data.path,
+                        state.get("config_hash"), config_hash(self.cfg))
+        missing = [n for n in self.trainable_names if n not in data.weights]
         if missing:
-            raise UserError(f"checkpoint {path} lacks trainable parameters {missing[:3]} (LoRA/full mismatch?)")
-        self._load_trainable(weights)
-        optim_state = torch.load(path / "optimizer.pt", map_location="cpu", weights_only=False)
-        self._load_optimizer(optim_state)
-        self.scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=False))
-        rng_file = path / "rng" / f"rank{self.info.rank}.pt"
-        if rng_file.exists():
-            ckpt.set_rng_state(torch.load(rng_file, weights_only=False))
+            raise UserError(f"checkpoint {data.path} lacks trainable parameters {missing[:3]} (LoRA/full mismatch?)")
+        self._load_trainable(data.weights)
+        self._load_optimizer(data.optimizer)
+        self.scheduler.load_state_dict(data.scheduler)
+        if data.rng is not None:
+            ckpt.set_rng_state(data.rng)
+        if self.ema is not None and data.ema is not None:
+            self._load_ema(data.ema, int(state.get("ema_updates", 0)))
         self.iteration_idx = int(state["iteration"])
         self.opt_step = int(state["optimizer_step"])
         self.history = state.get("history", [])
-        if self.info.is_main:
-            log.info("resumed from %s (iteration %d, optimizer step %d)", path, self.iteration_idx, self.opt_step)
+
+    def _load_ema(self, weights: dict[str, torch.Tensor], updates: int) -> None:
+        """Checkpoint EMA → shadow: load it into the parameters, capture, put the trained weights back."""
+        trained = {n: w for n, w in zip(self.trainable_names, (p.detach().clone() for p in self.trainable))}
+        self._load_trainable(weights)
+        self.ema.capture(updates)
+        with torch.no_grad():
+            for n, p in zip(self.trainable_names, self.trainable):
+                p.copy_(trained[n])
 
     def _is_fsdp(self) -> bool:
         return self.cfg.distributed == "fsdp" and self.info.enabled
@@ -225,34 +358,68 @@ class Trainer:
         self.optimizer.load_state_dict(state)
 
     def save_checkpoint(self) -> Path | None:
-        """All ranks call this (FSDP gathers are collective); rank 0 writes; manifest last."""
+        """All ranks call this (FSDP gathers are collective); rank 0 writes; manifest last. Weights and
+        optimizer state must be finite: a NaN/inf is never committed (NonFiniteLossError instead, the
+        previous checkpoint stays the latest). A SIGTERM arriving meanwhile waits until it is done."""
         from safetensors.torch import save_file
 
-        weights = self._trainable_state()
-        optim = self._optimizer_state()
-        if self.info.is_main:
-            ckpt.stage_dir(self.ckpt_root, self.opt_step)
-        D.barrier()  # rank 0 has created a fresh staging folder
-        staging = ckpt.staging_path(self.ckpt_root, self.opt_step)
-        torch.save(ckpt.rng_state(), staging / "rng" / f"rank{self.info.rank}.pt")
-        final = None
-        if self.info.is_main:
-            save_file(weights, str(staging / "trainable.safetensors"))
-            torch.save(optim, staging / "optimizer.pt")
-            torch.save(self.scheduler.state_dict(), staging / "scheduler.pt")
-            state = {"iteration": self.iteration_idx, "optimizer_step": self.opt_step,
-                     "config_hash": config_hash(self.cfg), "history": self.history,
-                     "world_size": self.info.world, "chunk_sizes": self.sizes}
-            (staging / "trainer_state.json").write_text(json.dumps(state, indent=1))
-        D.barrier()  # every rank's RNG file is in place
-        if self.info.is_main:
-            final = ckpt.finalize(staging, self.ckpt_root, self.opt_step, {"kind": "checkpoint", "step": self.opt_step},
-                                  self.cfg.checkpoint.keep)
-            if self.cfg.checkpoint.s3_prefix:
-                uri = ckpt.upload(final, self.cfg.checkpoint.s3_prefix)
-                log.info("checkpoint step %d → %s", self.opt_step, uri)
-        D.barrier()
-        return final
+        self._saving = True
+        try:
+            ema_weights = None
+            if self.ema is not None:  # clone: without FSDP the state dict aliases the live parameters
+                with self.ema.swapped():
+                    ema_weights = {k: v.clone() for k, v in self._trainable_state().items()}
+            weights = self._trainable_state()
+            optim = self._optimizer_state()
+            bad = []
+            if self.info.is_main:
+                bad = (ckpt.non_finite(weights) + ckpt.non_finite(ckpt.optimizer_tensors(optim))
+                       + [f"ema:{n}" for n in ckpt.non_finite(ema_weights or {})])
+            if _any_rank(bool(bad), self.info.device):
+                raise NonFiniteLossError(
+                    f"non-finite values at optimizer step {self.opt_step} "
+                    f"({f'{len(bad)} tensors, e.g. {bad[0]}' if bad else 'on rank 0'}); checkpoint not written — "
+                    f"the last complete one in {self.ckpt_root} is intact")
+            if self.info.is_main:
+                ckpt.stage_dir(self.ckpt_root, self.opt_step)
+            D.barrier()  # rank 0 has created a fresh staging folder
+            staging = ckpt.staging_path(self.ckpt_root, self.opt_step)
+            torch.save(ckpt.rng_state(), staging / "rng" / f"rank{self.info.rank}.pt")
+            final, error = None, None
+            if self.info.is_main:
+                save_file(weights, str(staging / "trainable.safetensors"))
+                if ema_weights is not None:
+                    save_file(ema_weights, str(staging / "ema.safetensors"))
+                torch.save(optim, staging / "optimizer.pt")
+                torch.save(self.scheduler.state_dict(), staging / "scheduler.pt")
+                state = {"iteration": self.iteration_idx, "optimizer_step": self.opt_step,
+                         "config_hash": config_hash(self.cfg), "history": self.history,
+                         "world_size": self.info.world, "chunk_sizes": self.sizes,
+                         "ema_updates": self.ema.updates if self.ema is not None else 0}
+                (staging / "trainer_state.json").write_text(json.dumps(state, indent=1))
+            D.barrier()  # every rank's RNG file is in place
+            if self.info.is_main:
+                mirror = self.mirror
+                try:
+                    final = ckpt.finalize(staging, self.ckpt_root, self.opt_step,
+                                          {"kind": "checkpoint", "step": self.opt_step}, self.cfg.checkpoint.keep,
+                                          mirror=mirror, backlog=self.cfg.checkpoint.mirror_backlog)
+                except ckpt.MirrorBacklogError as e:
+                    error = e
+                    final = ckpt.step_dir(self.ckpt_root, self.opt_step)
+                if mirror is not None:
+                    mirror.submit(final)
+            if _any_rank(error is not None, self.info.device):
+                if error is not None:
+                    raise error
+                raise ckpt.MirrorBacklogError("rank 0 stopped: checkpoints are not reaching S3 (see its log)")
+            return final
+        finally:
+            self._saving = False
+            if self._stop_signal:
+                from chunkgrpo.errors import Terminated
+
+                raise Terminated(self._stop_signal)
 
     # ------------------------------------------------------------------ one iteration
     def _generator(self, iteration: int) -> torch.Generator:
@@ -298,24 +465,39 @@ class Trainer:
         return result.metrics
 
     # ------------------------------------------------------------------ the loop
+    def done(self) -> bool:
+        """Training length in the configured unit: rollouts (max_iterations) or optimizer steps (max_steps)."""
+        if self.cfg.max_iterations:
+            return self.iteration_idx >= self.cfg.max_iterations
+        return self.opt_step >= self.cfg.max_steps
+
+    def _progress(self) -> tuple[int, int, str]:
+        """(total, done, unit) for the progress bar."""
+        if self.cfg.max_iterations:
+            return self.cfg.max_iterations, self.iteration_idx, "rollout"
+        return self.cfg.max_steps, self.opt_step, "step"
+
     def train(self) -> dict:
         from tqdm import tqdm
 
         from chunkgrpo import tracking
 
         cfg, info = self.cfg, self.info
-        tracker_cm = (tracking.stage_run("train", parent_run_id=cfg.tracking.parent_run_id or None,
-                                         experiment=cfg.tracking.experiment,
-                                         params=tracking.flatten(cfg.to_dict()),
-                                         tags={"chunkgrpo.method": cfg.method, "chunkgrpo.config_hash": config_hash(cfg)})
+        # MLflow is fed from a background thread: an outage never blocks or stops training
+        tracker_cm = (tracking.background_stage_run(
+            "train", parent_run_id=cfg.tracking.parent_run_id or None, experiment=cfg.tracking.experiment,
+            params=tracking.flatten(cfg.to_dict()),
+            tags={"chunkgrpo.method": cfg.method, "chunkgrpo.config_hash": config_hash(cfg)},
+            timeout_s=cfg.tracking.timeout_s, flush_timeout_s=cfg.tracking.flush_timeout_s)
                       if info.is_main else nullcontext(tracking.NullTracker()))
         summary: dict = {}
-        with tracker_cm as tracker:
+        with self._sigterm_guard(), tracker_cm as tracker:
             if info.is_main:
                 tracker.log_dict({"sizes": self.sizes, "ranges": self.ranges, "method": cfg.method}, "chunk_plan.json")
-            bar = tqdm(total=cfg.max_steps, initial=self.opt_step, desc=f"train {cfg.method}",
+            total, initial, unit = self._progress()
+            bar = tqdm(total=total, initial=initial, desc=f"train {cfg.method}", unit=unit,
                        disable=not (info.is_main and cfg.progress))
-            while self.opt_step < cfg.max_steps:
+            while not self.done():
                 t_it = time.perf_counter()
                 try:
                     m = self.iteration()
@@ -323,6 +505,8 @@ class Trainer:
                     log.error("stopping: non-finite loss; the last complete checkpoint in %s is intact", self.ckpt_root)
                     raise
                 self.iteration_idx += 1
+                if self.ema is not None:
+                    self.ema.after_iteration(self.iteration_idx)
                 m["time/iteration"] = time.perf_counter() - t_it
                 m["time/other"] = m["time/iteration"] - sum(m[f"time/{k}"] for k in ("rollout", "reward", "policy"))
                 m = D.all_reduce_mean(m, info.device)
@@ -332,24 +516,64 @@ class Trainer:
                     tracker.log_metrics({k.replace("/", "_"): v for k, v in m.items()}, step=self.opt_step)
                     if cfg.tracking.image_every and (self.iteration_idx - 1) % cfg.tracking.image_every == 0:
                         self._log_grid(tracker)
-                    bar.update(self.opt_step - bar.n)
+                    bar.update(self._progress()[1] - bar.n)
                     bar.set_postfix(reward=f"{m['reward_mean']:.4f}", loss=f"{m['loss']:.2e}")
                 every = cfg.checkpoint.every
                 crossed = every and (self.opt_step // every) > ((self.opt_step - self.steps_per_iteration) // every)
-                if crossed or self.opt_step >= cfg.max_steps:
+                if crossed or self.done():
                     self.save_checkpoint()
             bar.close()
             self._write_rank_state()
             final = self.export(self.out / "final")
+            self._wait_for_mirror()
             if info.is_main:
                 summary = {"optimizer_steps": self.opt_step, "iterations": self.iteration_idx,
                            "final_model": str(final), "history": self.history, "chunk_sizes": self.sizes,
                            "config_hash": config_hash(cfg)}
                 (self.out / "train_summary.json").write_text(json.dumps(summary, indent=1))
                 tracker.log_dict(summary, "train_summary.json")
-                if tracker.artifact_uri:
-                    summary["mlflow_run_id"] = getattr(tracker, "run_id", None)
+                if getattr(tracker, "run_id", None):
+                    summary["mlflow_run_id"] = tracker.run_id
         return summary
+
+    @contextmanager
+    def _sigterm_guard(self):
+        """SIGTERM (a pod eviction, torchrun stopping its workers) raises `Terminated` — after the
+        checkpoint being written, if any, is complete — so the MLflow run is marked KILLED."""
+        import signal
+        import threading
+
+        from chunkgrpo.errors import Terminated
+
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        def on_term(signum, frame):
+            first = not self._stop_signal
+            self._stop_signal = signum
+            if first and not self._saving:
+                raise Terminated(signum)
+            # while saving: save_checkpoint raises once the checkpoint is committed
+
+        previous = signal.signal(signal.SIGTERM, on_term)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+
+    def _wait_for_mirror(self) -> None:
+        """End of training: every checkpoint must reach S3 (bounded wait), else fail loudly — the local
+        checkpoints are intact and re-running the same command retries the upload."""
+        if self.mirror is None:
+            return
+        if not self.mirror.wait(self.cfg.checkpoint.mirror_wait_s):
+            from chunkgrpo.store import StoreError
+
+            left = [p.name for p in self.mirror.pending()]
+            raise StoreError(f"training finished (final model in {self.out / 'final'}) but {', '.join(left)} did not "
+                             f"reach {self.cfg.checkpoint.s3_prefix} within {self.cfg.checkpoint.mirror_wait_s:.0f}s "
+                             f"({self.mirror.last_error}); they are intact in {self.ckpt_root} — re-run to retry the upload")
 
     def _write_rank_state(self) -> None:
         """Each rank records a checksum of its trainable parameters (replicas must agree; under FSDP
@@ -378,8 +602,17 @@ class Trainer:
 
     # ------------------------------------------------------------------ export
     def export(self, out: Path) -> Path:
-        """The final model: a diffusers LoRA folder (or a full transformer) + `chunkgrpo_model.json`."""
-        weights = self._trainable_state()
+        """The final model: a diffusers LoRA folder (or a full transformer) + `chunkgrpo_model.json`;
+        the EMA weights when `ema.decay` > 0 (what the references evaluate). Never written with NaN/inf."""
+        if self.ema is not None:  # clone: without FSDP the state dict aliases the live parameters
+            with self.ema.swapped():
+                weights = {k: v.clone() for k, v in self._trainable_state().items()}
+        else:
+            weights = self._trainable_state()
+        bad = ckpt.non_finite(weights) if self.info.is_main else []
+        if _any_rank(bool(bad), self.info.device):
+            raise NonFiniteLossError(f"non-finite trainable parameters ({bad[0] if bad else 'on rank 0'}); "
+                                     f"final model not written")
         if not self.info.is_main:
             D.barrier()
             return out
@@ -407,7 +640,8 @@ class Trainer:
             kind = "full"
         meta = {"kind": kind, "base_model": self.cfg.model, "method": self.cfg.method, "chunk_sizes": self.sizes,
                 "optimizer_steps": self.opt_step, "config_hash": config_hash(self.cfg),
-                "lora": self.cfg.lora.to_dict() if kind == "lora" else None, "sampling": self.cfg.sampling.to_dict()}
+                "lora": self.cfg.lora.to_dict() if kind == "lora" else None, "sampling": self.cfg.sampling.to_dict(),
+                "ema": {**self.cfg.ema.to_dict(), "updates": self.ema.updates} if self.ema is not None else None}
         (staging / "chunkgrpo_model.json").write_text(json.dumps(meta, indent=1))
         ckpt.write_manifest(staging, {"kind": kind})
         if out.exists():
@@ -419,13 +653,19 @@ class Trainer:
         return out
 
     def close(self) -> None:
+        if self.mirror is not None:
+            self.mirror.close(timeout=0)  # an unfinished upload has no manifest in S3: never read as complete
+        lock = getattr(self, "_lock_file", None)
+        if lock is not None:
+            lock.close()  # releases the output_dir lock
+            self._lock_file = None
         D.teardown()
 
 
 def run_training(cfg: TrainConfig) -> dict:
     trainer = Trainer(cfg)
-    trainer.setup()
     try:
+        trainer.setup()
         return trainer.train()
     finally:
         trainer.close()

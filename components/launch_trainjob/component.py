@@ -10,7 +10,7 @@ from components.images import LAUNCHER_IMAGE
 @dsl.component(base_image=LAUNCHER_IMAGE, install_kfp_package=False, additional_funcs=[run_prefix, stage_env])
 def launch_trainjob(kind: str, namespace: str, image: str, num_nodes: int, nproc_per_node: int, gpus_per_node: int,
                     node_selector: dict, tolerations: list, shm_size: str, model: str, prompts: str, preset: str,
-                    method: str, chunks: str, max_steps: int, overrides: list, artifact_root: str, run_id: str,
+                    method: str, chunks: str, max_iterations: int, overrides: list, artifact_root: str, run_id: str,
                     experiment: str, parent_run_id: str, timeout_hours: float,
                     trained_model: Output[Model], metrics: Output[Metrics], queue_name: str = "",
                     image_pull_secrets: list = [], reward_weights: dict = {}):  # noqa: B006 - KFP defaults
@@ -33,10 +33,10 @@ def launch_trainjob(kind: str, namespace: str, image: str, num_nodes: int, nproc
         shm_size: size of the memory-backed /dev/shm ('' = the runtime's, e.g. 128Gi on the GPU overlays).
         model: base model (s3:// folder artifact or hub id cached in the image/PVC).
         prompts: prompt file: must be readable in the training pods (an s3:// object is downloaded first).
-        preset: training preset.
+        preset: training preset ('' = the method's own preset).
         method: chunk | chunk+ws | dance | tempflow | granular.
         chunks: chunk plan (`sizes:...` from the plan step).
-        max_steps: optimizer steps.
+        max_iterations: training length in rollouts (iterations); 0 = the preset's length.
         overrides: extra training overrides (key=value).
         artifact_root: s3:// prefix; the model goes to <root>/<run_id>/train/final.
         run_id: KFP run id (job name and label).
@@ -54,6 +54,9 @@ def launch_trainjob(kind: str, namespace: str, image: str, num_nodes: int, nproc
     from chunkgrpo.k8s import trainjob as tj
     from chunkgrpo.models import reward_weight_overrides
     from chunkgrpo.store import ArtifactStore, make_pointer
+    from chunkgrpo.recipes import preset_for
+
+    preset = preset_for(method, preset)
 
     prefix = run_prefix(artifact_root, run_id, "train")
     ns = namespace or tj.current_namespace("kubeflow")
@@ -69,8 +72,9 @@ def launch_trainjob(kind: str, namespace: str, image: str, num_nodes: int, nproc
                     "AWS_SECRET_ACCESS_KEY": ("chunkgrpo-s3", "AWS_SECRET_ACCESS_KEY")},
         env={"CHUNKGRPO_MLFLOW_PARENT_RUN_ID": parent_run_id},
         train_args=["--config", preset, *overrides, *reward_weight_overrides(preset, list(overrides), dict(reward_weights)),
-                    f"model={model}", f"prompts={prompts_path}", f"method={method}",
-                    f"chunks={chunks}", f"max_steps={max_steps}", "progress=false",
+                    f"model={model}", f"prompts={prompts_path}", f"method={method}", f"chunks={chunks}",
+                    *([f"max_iterations={max_iterations}"] if max_iterations != 0 else []),  # negative: the trainer says why
+                    "progress=false",
                     f"checkpoint.s3_prefix={prefix}/checkpoints", f"tracking.experiment={experiment}",
                     f"tracking.parent_run_id={parent_run_id}", f"tracking.run_name=train-{run_id[:8]}"])
     api = tj.load_api()

@@ -32,12 +32,13 @@ def plan(profile_json: Input[Artifact], strategy: str, plan_json: Output[Artifac
     if path.with_suffix(".png").exists():
         shutil.copyfile(path.with_suffix(".png"), plot.path)
     sizes = [int(s) for s in d["sizes"]]
-    plan_json.metadata.update({"strategy": strategy, "sizes": sizes})
+    plan_json.metadata.update({"strategy": strategy, "sizes": sizes, "trajectories": d["trajectories"]})
     rows = "\n".join(f"| {c['index']} | {c['steps'][0]}-{c['steps'][1]} | {c['size']} |" for c in d["chunks"])
     rationale = d.get("rationale") or ""
     Path(report.path).write_text(
         f"# Chunk plan\n\n**strategy** `{strategy}` -> **sizes** `{sizes}` "
-        f"({d['trainable_steps']} trainable steps of {d['num_steps']})\n\n"
+        f"({d['trainable_steps']} trainable steps of {d['num_steps']}, planned on the "
+        f"{d['trajectories'].upper()} profile)\n\n"
         f"{rationale if isinstance(rationale, str) else json.dumps(rationale)}\n\n"
         f"| chunk | steps | size |\n|---|---|---|\n{rows}\n")
     print(f"plan {strategy}: sizes {sizes}")

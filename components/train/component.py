@@ -9,7 +9,7 @@ from components.images import RUNTIME_IMAGE
 
 @dsl.component(base_image=RUNTIME_IMAGE, install_kfp_package=False,
                additional_funcs=[local_file, run_prefix, stage_env])
-def train(model: str, prompts: str, preset: str, method: str, chunks: str, max_steps: int, nproc_per_node: int,
+def train(model: str, prompts: str, preset: str, method: str, chunks: str, max_iterations: int, nproc_per_node: int,
           overrides: list, artifact_root: str, run_id: str, experiment: str, parent_run_id: str,
           trained_model: Output[Model], metrics: Output[Metrics], reward_weights: dict = {}):  # noqa: B006
     """GRPO fine-tuning with `torchrun --standalone --nproc_per_node=N -m chunkgrpo.train`.
@@ -17,10 +17,11 @@ def train(model: str, prompts: str, preset: str, method: str, chunks: str, max_s
     Args:
         model: base model (diffusers folder, s3:// folder artifact or cached hub id).
         prompts: training prompt file (local path or s3:// object).
-        preset: training preset (chunk_grpo_flux, chunk_grpo_ws_flux, dance_grpo_flux, tiny_cpu, or a YAML path).
+        preset: training preset (chunk_grpo_flux, chunk_grpo_ws_flux, step_grpo_flux, dance_grpo_flux,
+            tempflow_grpo_flux, granular_grpo_flux, tiny_cpu, ... or a YAML path); '' = the method's own preset.
         method: chunk | chunk+ws | dance | tempflow | granular.
         chunks: chunk plan (`sizes:...` from the plan step, or any strategy string).
-        max_steps: optimizer steps.
+        max_iterations: training length in rollouts (iterations); 0 = the preset's length.
         nproc_per_node: torchrun processes (= GPUs of the task).
         overrides: extra training overrides (key=value).
         artifact_root: s3:// prefix for large outputs; the model goes to <root>/<run_id>/train/final.
@@ -38,11 +39,16 @@ def train(model: str, prompts: str, preset: str, method: str, chunks: str, max_s
     stage_env(parent_run_id)
     from chunkgrpo.models import reward_weight_overrides
     from chunkgrpo.store import ArtifactStore, make_pointer
+    from chunkgrpo.recipes import preset_for
+
+    preset = preset_for(method, preset)
 
     prefix = run_prefix(artifact_root, run_id, "train")
     out = Path(tempfile.mkdtemp(prefix="chunkgrpo-train-")) / "out"
-    args = [*overrides, *reward_weight_overrides(preset, list(overrides), dict(reward_weights)), f"model={model}", f"prompts={local_file(prompts)}", f"method={method}", f"chunks={chunks}",
-            f"max_steps={max_steps}", f"output_dir={out}", "progress=false",
+    args = [*overrides, *reward_weight_overrides(preset, list(overrides), dict(reward_weights)), f"model={model}",
+            f"prompts={local_file(prompts)}", f"method={method}", f"chunks={chunks}",
+            *([f"max_iterations={max_iterations}"] if max_iterations != 0 else []),  # negative: the trainer says why
+            f"output_dir={out}", "progress=false",
             f"checkpoint.s3_prefix={prefix}/checkpoints",  # a retried task resumes from here
             f"tracking.experiment={experiment}", f"tracking.parent_run_id={parent_run_id}",
             f"tracking.run_name=train-{run_id[:8]}"]

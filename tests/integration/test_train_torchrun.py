@@ -1,6 +1,7 @@
 """Real torchrun processes (gloo, CPU) on the tiny FLUX: ranks in sync, SIGKILL + exact resume,
 learning sanity."""
 
+import contextlib
 import json
 import os
 import signal
@@ -9,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -80,14 +82,31 @@ def test_sigkill_mid_training_then_resume_matches_uninterrupted(tiny_model_dir, 
     proc = subprocess.Popen(_train_cmd(2, tiny_model_dir, prompts_file, out, *over, port=29534), env=_env(),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.time() + 300
+    workers: list[psutil.Process] = []
     try:
         while not (out / "checkpoints" / "step-000004" / "MANIFEST.json").exists():
             assert proc.poll() is None, "training ended before it could be killed"
             assert time.time() < deadline, "no checkpoint appeared"
             time.sleep(0.05)
+        workers = psutil.Process(proc.pid).children(recursive=True)
+        for w in workers:  # freeze them first: none may write another checkpoint while we look
+            w.suspend()
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)  # torchrun and both workers, no cleanup
+        os.killpg(proc.pid, signal.SIGKILL)  # the launcher's group, no cleanup ...
         proc.wait(timeout=60)
+    assert len(workers) >= 2
+    # ... but torchrun starts each worker in its own session: the group kill does not reach them
+    orphans = [w for w in workers if w.is_running() and w.status() != psutil.STATUS_ZOMBIE]
+    assert orphans and all(os.getsid(w.pid) != proc.pid for w in orphans)
+    # a restart while they live is refused (they hold the output_dir lock) instead of racing them
+    r = subprocess.run(_train_cmd(2, tiny_model_dir, prompts_file, out, *over, port=29536), capture_output=True,
+                       text=True, env=_env(), timeout=600)
+    assert r.returncode != 0 and "in use by another training process" in r.stderr, r.stderr[-3000:]
+    for w in workers:  # kill every worker by PID
+        with contextlib.suppress(psutil.NoSuchProcess):
+            w.kill()
+    _, alive = psutil.wait_procs(workers, timeout=60)
+    assert not alive, f"workers still alive: {[w.pid for w in alive]}"
     assert not (out / "final").exists()
     r = subprocess.run(_train_cmd(2, tiny_model_dir, prompts_file, out, *over, port=29535), capture_output=True,
                        text=True, env=_env(), timeout=600)

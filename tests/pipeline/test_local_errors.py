@@ -109,11 +109,11 @@ def test_torchrun_user_error_is_printed_once_by_rank_0(tiny_model_dir, tmp_path)
     torchrun = str(Path(sys.executable).parent / "torchrun")
     r = subprocess.run([torchrun, "--nproc_per_node=2", "--master_addr=127.0.0.1", f"--master_port={free_port()}",
                         "-m", "chunkgrpo.train", "--config", "tiny_cpu", f"model={tiny_model_dir}",
-                        f"prompts={prompts}", f"output_dir={tmp_path / 'out'}", "max_steps=0"],
+                        f"prompts={prompts}", f"output_dir={tmp_path / 'out'}", "max_iterations=-1"],
                        capture_output=True, text=True, env=_env(), timeout=600)
     assert r.returncode != 0
     mine = [ln for ln in (r.stdout + r.stderr).splitlines() if ln.startswith("chunkgrpo train: error:")]
-    assert len(mine) == 1 and "max_steps" in mine[0] and "[rank" not in mine[0], r.stderr[-3000:]
+    assert len(mine) == 1 and "max_iterations" in mine[0] and "-1" in mine[0] and "[rank" not in mine[0], r.stderr[-3000:]
     assert not (tmp_path / "out" / "final").exists()
 
 
@@ -134,18 +134,18 @@ def test_torchrun_failure_in_a_task_becomes_the_tasks_user_error(tiny_model_dir,
 
 @pytest.mark.integration
 def test_pipeline_run_with_a_bad_parameter_is_one_line_exit_2(tmp_path):
-    """The CLI end to end with its own services: `max_steps=0` fails the train task (inside torchrun)."""
+    """The CLI end to end with its own services: `max_iterations=-1` fails the train task (inside torchrun)."""
     from chunkgrpo.local_services import free_ports
 
     s3, mlflow = free_ports(2)
     r = subprocess.run([sys.executable, "-m", "chunkgrpo", "pipeline", "run", "--local", "--home", str(tmp_path / "h"),
-                        "--s3-port", str(s3), "--mlflow-port", str(mlflow), "-p", "max_steps=0"],
+                        "--s3-port", str(s3), "--mlflow-port", str(mlflow), "-p", "max_iterations=-1"],
                        capture_output=True, text=True, env=_env(), cwd=tmp_path, timeout=900)
     assert r.returncode == 2, (r.stdout[-3000:], r.stderr[-3000:])
     assert "Traceback" not in r.stderr
     lines = [ln for ln in r.stderr.splitlines() if ln.startswith("chunkgrpo")]
     assert len(lines) == 1, r.stderr
-    assert "task 'train'" in lines[0] and "max_steps must be >= 1" in lines[0] and "0)" in lines[0]
+    assert "task 'train'" in lines[0] and "max_iterations must be >= 0" in lines[0] and "-1)" in lines[0]
     log = Path(tmp_path / lines[0].rsplit("full log: ", 1)[1].rstrip(")"))
     text = log.read_text()
     assert "Traceback" in text  # the details are kept in the log
@@ -171,8 +171,8 @@ def test_bad_parameter_names_and_types_fail_before_anything_starts(tmp_path):
     from pipeline.local import run_local
 
     for params, match in (({"max_stepz": 3}, "unknown pipeline parameter 'max_stepz'"),
-                          ({"max_steps": "abc"}, r"-p max_steps='abc': expected integer, got str"),
-                          ({"max_steps": True}, "expected integer, got bool"),
+                          ({"max_iterations": "abc"}, r"-p max_iterations='abc': expected integer, got str"),
+                          ({"max_iterations": True}, "expected integer, got bool"),
                           ({"gate_margin": "x"}, "expected float"),
                           ({"method": "ppo"}, r"-p method='ppo' is not one of \['chunk'")):
         with pytest.raises(UserError, match=match):

@@ -53,9 +53,11 @@ def test_group_rollout_on_tiny_flux_one_batch_shared_noise(tiny_model):
     cond = tiny_model.encode_prompts(["a cat", "a red car"], 16)
     tiny_model.counter.reset()
     tr = rollout_group(tiny_model, cond, 3, cfg, torch.Generator().manual_seed(0))
-    # one transformer call per step for the whole group batch (not G sequential runs)
+    # one transformer call per step for the whole group batch (not G sequential runs); step 0 sees the same
+    # input for the 3 samples of a prompt (same noise): evaluated once per prompt
     assert tiny_model.counter.forward == cfg.num_steps
-    assert tiny_model.counter.samples == cfg.num_steps * 6
+    assert tiny_model.counter.samples == cfg.num_steps * 6 - 2 * (3 - 1)
+    assert (tr.group_size, tr.shared_steps) == (3, 1)
     # exact: the group's initial noise is one tensor repeated
     assert torch.equal(tr.latents[0, 0], tr.latents[2, 0]) and not torch.equal(tr.latents[0, 0], tr.latents[3, 0])
     assert not torch.equal(tr.latents[0, 1], tr.latents[1, 1])  # SDE noise differs within the group
@@ -80,3 +82,75 @@ def test_sampling_config_validation():
         SamplingConfig(num_steps=1)
     with pytest.raises(UserError, match="window"):
         SamplingConfig(num_steps=4, stochastic="window:2:9")
+
+
+# fp32 transformer outputs computed at different batch sizes may differ in the last bits (CPU GEMM blocking
+# differs between AVX2 and AVX-512 builds and batch shapes); trajectories compound that over the steps.
+FP32_LAYOUT_TOL = 1e3 * torch.finfo(torch.float32).eps
+
+
+def test_shared_prefix_once_per_prompt_matches_the_full_batch(tiny_model):
+    """Shared prefix (steps 0..first stochastic step) evaluated once per prompt: the same trajectory as
+    evaluating every sample, up to the fp32 batch-layout tolerance."""
+    cfg = SamplingConfig(**TINY, stochastic="window:2:4")
+    cond = tiny_model.encode_prompts(["a cat", "a red car"], 16)
+    tiny_model.counter.reset()
+    shared = rollout_group(tiny_model, cond, 3, cfg, torch.Generator().manual_seed(5))
+    assert shared.shared_steps == 3  # steps 0, 1 (ODE) and 2 (the first SDE step) have identical inputs
+    assert tiny_model.counter.samples == cfg.num_steps * 6 - 3 * 2 * (3 - 1)
+    # reference: the same sampling with every row evaluated (no group velocity)
+    from chunkgrpo.rollout import device_generator, initial_latents
+
+    gen = torch.Generator().manual_seed(5)
+    x_init = initial_latents(tiny_model, 2, 3, cfg, gen)
+    sig = cfg.sigmas(x_init.shape[1])
+    ts = cfg.timesteps(sig)
+    cond_rep, ids = cond.repeat_interleave(3), tiny_model.img_ids(64, 64)
+    full = sample_trajectory(lambda x, i: tiny_model.velocity(x, ts[i].reshape(1), cond_rep, ids, guidance=cfg.guidance),
+                             x_init, sig, cfg.stochastic_mask(), eta=cfg.eta, rule=cfg.rule,
+                             generator=device_generator(gen, "cpu"), timesteps=ts)
+    assert full.shared_steps == 0
+    scale = float(full.latents.abs().max())
+    assert torch.allclose(shared.latents, full.latents, rtol=0, atol=FP32_LAYOUT_TOL * scale)
+    assert torch.equal(shared.latents[0, 2], shared.latents[2, 2])  # x_0, x_1, x_2 identical within the group
+    assert not torch.equal(shared.latents[0, 3], shared.latents[1, 3])  # the SDE step 2 → 3 differs
+
+
+def test_pair_log_probs_evaluate_each_distinct_input_once(tiny_model):
+    from chunkgrpo.rollout import pair_log_probs
+
+    cfg = SamplingConfig(**TINY)
+    cond = tiny_model.encode_prompts(["a cat", "a red car"], 16)
+    tr = rollout_group(tiny_model, cond, 3, cfg, torch.Generator().manual_seed(1))
+    cond_rep = cond.repeat_interleave(3)
+    samples, steps = [0, 1, 2, 4, 0, 5], [0, 0, 0, 0, 3, 1]  # step 0: samples 0-2 share one input, 4 another
+    tiny_model.counter.reset()
+    lp = pair_log_probs(tiny_model, tr, cond_rep, samples, steps, cfg)
+    assert (tiny_model.counter.forward, tiny_model.counter.samples) == (1, 4)
+    assert torch.allclose(lp, tr.log_probs[samples, steps], rtol=0, atol=1e-4)
+    unshared = tr.select(slice(None))  # no group structure: every pair its own input
+    tiny_model.counter.reset()
+    lp_full = pair_log_probs(tiny_model, unshared, cond_rep, samples, steps, cfg)
+    assert tiny_model.counter.samples == 6
+    assert torch.allclose(lp, lp_full, rtol=0, atol=FP32_LAYOUT_TOL * float(lp.abs().max()))
+    assert len(set(lp[:3].tolist())) == 3  # one velocity, but each sample's own transition x_0 → x_1
+
+
+def test_rollout_noise_generator_stays_on_the_cpu_generator():
+    from chunkgrpo.rollout import device_generator
+
+    g = torch.Generator().manual_seed(3)
+    assert device_generator(g, "cpu") is g  # CPU results: exactly the iteration generator's numbers
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (rollout noise drawn on the GPU)")
+def test_rollout_noise_on_the_device_is_reproducible():
+    from chunkgrpo.rollout import device_generator
+
+    draws = []
+    for _ in range(2):
+        g = device_generator(torch.Generator().manual_seed(3), "cuda")
+        assert g.device.type == "cuda"
+        draws.append(sde.sde_step(torch.zeros(2, 4, device="cuda"), torch.zeros(2, 4, device="cuda"), 0.8, 0.6,
+                                  eta=0.7, rule="flow", generator=g)[0])
+    assert torch.equal(draws[0], draws[1])

@@ -112,3 +112,18 @@ def test_sde_preserves_ode_marginals_on_1d_gaussian(rule, eta):
 def test_step_std_matches_definition():
     assert math.isclose(float(sde.step_std(0.5, 0.3, eta=0.3, rule="dance")), 0.3 * math.sqrt(0.2), rel_tol=1e-9)
     assert math.isclose(float(sde.step_std(0.5, 0.3, eta=0.7, rule="flow")), 0.7 * 1.0 * math.sqrt(0.2), rel_tol=1e-9)
+
+
+def test_checks_of_device_values_only_with_debug_checks():
+    """σ on the host is always validated; σ living on a device (here 'meta', whose values cannot be read)
+    is not read — no host sync — unless debug checks are on."""
+    from chunkgrpo import checks
+
+    with pytest.raises(ValueError, match="smaller"):
+        sde._check(torch.tensor([0.5]), torch.tensor([0.7]), 0.7, "flow")
+    on_device = torch.tensor([0.5], device="meta"), torch.tensor([0.7], device="meta")
+    sde._check(*on_device, 0.7, "flow")  # not read: no sync
+    with checks.debug(True):
+        with pytest.raises(RuntimeError):  # reading it is attempted (and impossible on 'meta')
+            sde._check(*on_device, 0.7, "flow")
+    sde._check(*on_device, 0.7, "flow")  # the previous setting is restored

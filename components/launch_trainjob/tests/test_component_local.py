@@ -81,7 +81,7 @@ def test_launch_trainjob_locally(local_runner, tmp_path, monkeypatch):
         monkeypatch.setenv("HOSTNAME", "launcher-pod")
         task = launch_trainjob(kind="TrainJob", namespace="kubeflow", image="img:1", num_nodes=2, nproc_per_node=1,
                                gpus_per_node=0, node_selector={}, tolerations=[], shm_size="", model="s3://x/m",
-                               prompts="/p.txt", preset="tiny_cpu", method="chunk", chunks="sizes:3,3", max_steps=4,
+                               prompts="/p.txt", preset="tiny_cpu", method="chunk", chunks="sizes:3,3", max_iterations=4,
                                overrides=[], artifact_root=root, run_id=run_id, experiment="e", parent_run_id="",
                                timeout_hours=1.0)
         pointer = json.loads(open(task.outputs["trained_model"].path).read())

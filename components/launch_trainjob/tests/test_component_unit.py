@@ -27,7 +27,7 @@ class FakeStore:
 def _args(**kw):
     return {**dict(kind="TrainJob", namespace="kubeflow", image="img:1", num_nodes=2, nproc_per_node=8, gpus_per_node=0,
                    node_selector={}, tolerations=[], shm_size="", model="s3://bkt/models/flux", prompts="s3://bkt/p.txt",
-                   preset="chunk_grpo_flux", method="chunk", chunks="sizes:2,3", max_steps=2, overrides=[],
+                   preset="chunk_grpo_flux", method="chunk", chunks="sizes:2,3", max_iterations=2, overrides=[],
                    artifact_root="s3://bkt/runs", run_id="run-9", experiment="e", parent_run_id="", timeout_hours=1.0,
                    queue_name="team-a", image_pull_secrets=["regcred"],
                    reward_weights={"hpsv3": "s3://bkt/models/MizzenAI/HPSv3"}), **kw}

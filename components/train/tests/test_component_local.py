@@ -16,7 +16,7 @@ def test_train_one_step_locally(local_runner, tiny_model_dir, tmp_path):
     prompts.write_text("a red apple\na blue car\n")
     bucket = local_runner.env["CHUNKGRPO_S3_BUCKET"]
     task = train(model=str(tiny_model_dir), prompts=str(prompts), preset="tiny_cpu", method="chunk", chunks="uniform:3",
-                 max_steps=1, nproc_per_node=1, overrides=[], artifact_root=f"s3://{bucket}/comp-train",
+                 max_iterations=1, nproc_per_node=1, overrides=[], artifact_root=f"s3://{bucket}/comp-train",
                  run_id="comp-train-run", experiment="comp", parent_run_id="")
     pointer = read_pointer(open(task.outputs["trained_model"].path).read())
     assert pointer["optimizer_steps"] == 1

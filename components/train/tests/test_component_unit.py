@@ -12,7 +12,7 @@ from components.train.component import train
 
 def _args(**kw):
     return dict(model="s3://bkt/models/flux", prompts="/data/p.txt", preset="chunk_grpo_flux", method="chunk",
-                chunks="sizes:2,3,4,7", max_steps=3, nproc_per_node=8, overrides=["lr=1e-5"],
+                chunks="sizes:2,3,4,7", max_iterations=3, nproc_per_node=8, overrides=["lr=1e-5"],
                 artifact_root="s3://bkt/runs", run_id="run-1", experiment="e", parent_run_id="",
                 reward_weights={"hpsv3": "s3://bkt/models/MizzenAI/HPSv3",
                                 "hpsv3.processor": "s3://bkt/models/Qwen/Qwen2-VL-7B-Instruct"}, **kw)

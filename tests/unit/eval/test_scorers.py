@@ -1,11 +1,13 @@
-"""Scorers: tiny random-weight CLIP / PickScore through the real transformers code path; import guards and
-adapter glue for the evaluation-image-only packages (hpsv2, hpsv3, image-reward) with fake modules."""
+"""Scorers: tiny random-weight CLIP / PickScore through the real transformers code path; import guards of the
+reward-package scorers, checkpoint loading, config validation. The reward packages themselves run in
+test_reward_packages.py (in their venvs) and the worker boundary in test_worker.py."""
 
 from __future__ import annotations
 
+import os
+import pickle
 import shutil
 import sys
-import types
 
 import numpy as np
 import pytest
@@ -139,119 +141,61 @@ def test_s3_weights_through_fetch_hook_and_cache(tiny_clip, tmp_path, images):
         S.resolve_weights("gs://x/y", what="clip")
 
 
-# ---- evaluation-image-only packages -------------------------------------------------------------
+# ---- reward-package scorers without their venv (the real packages run in tests/unit/eval/test_reward_packages.py)
 
 
 @pytest.mark.parametrize("name,module", [("hpsv3", "hpsv3"), ("imagereward", "ImageReward"),
                                          ("hpsv2.1", "hpsv2"), ("hpsv2", "hpsv2")])
 def test_import_guard_messages(monkeypatch, tmp_path, name, module):
+    from chunkgrpo.eval import worker_client as WC
+
+    monkeypatch.delenv(WC.venv_var(name), raising=False)  # in-process: the package must import here
     monkeypatch.setitem(sys.modules, module, None)  # makes `import module` raise ImportError
     with pytest.raises(UserError) as exc:
         S.get_scorer(name, weights=str(tmp_path))
     msg = str(exc.value)
     assert f"`{module}`" in msg and "images/eval" in msg and "pip install" in msg
+    assert WC.venv_var(name) in msg and "scripts/reward-envs.sh" in msg
 
 
-def _fake_module(monkeypatch, name, **attrs):
-    mod = types.ModuleType(name)
-    for k, v in attrs.items():
-        setattr(mod, k, v)
-    monkeypatch.setitem(sys.modules, name, mod)
-    return mod
+class _Payload:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):  # unpickling runs a shell command
+        return (os.system, (f"touch {self.marker}",))
 
 
-def test_hpsv3_adapter_takes_mu_column(monkeypatch, tmp_path, images):
-    seen = {}
+def test_checkpoint_loads_refuse_pickled_code(tmp_path):
+    """Every checkpoint the scorers read with torch.load goes through weights_only=True."""
+    from chunkgrpo.eval import worker as W
 
-    class FakeInferencer:
-        def __init__(self, config_path=None, checkpoint_path=None, device="cuda"):
-            seen.update(config_path=config_path, checkpoint_path=checkpoint_path, device=device)
-
-        def reward(self, image_paths, prompts):  # images first, like hpsv3
-            assert all(isinstance(im, Image.Image) for im in image_paths)
-            return torch.tensor([[float(len(p)), 0.5] for p in prompts])
-
-    mod = _fake_module(monkeypatch, "hpsv3", HPSv3RewardInferencer=FakeInferencer)
-    mod.__file__ = str(tmp_path / "hpsv3" / "__init__.py")
-    (tmp_path / "w").mkdir()
-    (tmp_path / "w" / "HPSv3.safetensors").write_bytes(b"x")
-    (tmp_path / "qwen").mkdir()
-    scorer = S.get_scorer("hpsv3", weights=str(tmp_path / "w"), processor=str(tmp_path / "qwen"), device="cpu",
-                          batch_size=2, cache_dir=str(tmp_path / "cache"))
-    out = scorer.score(images, PROMPTS)
-    assert out.tolist() == [float(len(p)) for p in PROMPTS]
-    assert seen["checkpoint_path"].endswith("HPSv3.safetensors") and seen["device"] == "cpu"
-    import yaml
-
-    assert yaml.safe_load(open(seen["config_path"]))["model_name_or_path"] == str(tmp_path / "qwen")
-    assert "mu" in scorer.info["scale"]
-    with pytest.raises(UserError, match="HPSv3.safetensors"):
-        S.get_scorer("hpsv3", weights=str(tmp_path / "qwen"))
+    marker = tmp_path / "pwned"
+    with open(tmp_path / "bad.pt", "wb") as f:
+        pickle.dump({"state_dict": _Payload(marker)}, f)
+    with pytest.raises(W.SpecError, match=r"is refused \(weights_only=True\).*Re-save it as a plain state_dict"):
+        W.safe_torch_load(tmp_path / "bad.pt", "hpsv2.1: checkpoint")
+    assert not marker.exists()
+    torch.save({"state_dict": {"w": torch.ones(2)}}, tmp_path / "good.pt")
+    assert torch.equal(W.safe_torch_load(tmp_path / "good.pt", "x")["state_dict"]["w"], torch.ones(2))
 
 
-def test_imagereward_adapter_pairs_prompts(monkeypatch, tmp_path, images):
-    class FakeModel:
-        def eval(self):
-            return self
-
-        def score(self, prompt, image):
-            assert isinstance(prompt, str) and isinstance(image, Image.Image)
-            return len(prompt) / 10
-
-    loads = []
-
-    def load(name, device="cuda", med_config=None):
-        loads.append((name, device, med_config))
-        return FakeModel()
-
-    _fake_module(monkeypatch, "ImageReward", load=load)
-    (tmp_path / "ImageReward.pt").write_bytes(b"x")
-    (tmp_path / "med_config.json").write_text("{}")
-    scorer = S.get_scorer("imagereward", weights=str(tmp_path), device="cpu")
-    assert scorer.score(images, PROMPTS).tolist() == pytest.approx([len(p) / 10 for p in PROMPTS])
-    assert loads[0][0].endswith("ImageReward.pt") and loads[0][2].endswith("med_config.json")
-    assert "standardised" in scorer.info["scale"]
+def test_scorer_config_validation(tmp_path):
+    with pytest.raises(UserError, match="model_config=.* only applies to hpsv2"):
+        S.get_scorer("clip", weights=str(tmp_path), model_config="x.json")
+    with pytest.raises(UserError, match="timeout=0.0"):
+        S.get_scorer("clip", weights=str(tmp_path), timeout=0)
+    with pytest.raises(UserError, match="restarts=-1"):
+        S.get_scorer("clip", weights=str(tmp_path), restarts=-1)
 
 
-def test_imagereward_missing_med_config(monkeypatch, tmp_path):
-    _fake_module(monkeypatch, "ImageReward", load=lambda *a, **k: None)
-    (tmp_path / "ImageReward.pt").write_bytes(b"x")
-    with pytest.raises(UserError, match="med_config.json"):
-        S.get_scorer("imagereward", weights=str(tmp_path))
-
-
-def test_hpsv2_adapter_cosine_diag(monkeypatch, tmp_path, images):
-    """Glue around hpsv2's open_clip: checkpoint lookup, state-dict load, diag(img @ txt.T) per pair."""
-
-    class FakeModel(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.w = torch.nn.Parameter(torch.zeros(1))
-
-        def forward(self, pixels, text):
-            img = torch.nn.functional.normalize(pixels.flatten(1)[:, :4] + 1.0, dim=-1)
-            txt = torch.nn.functional.normalize(text[:, :4].float() + 1.0, dim=-1)
-            return {"image_features": img, "text_features": txt}
-
-    def create_model_and_transforms(name, pretrained, **kw):
-        assert name == "ViT-H-14" and pretrained is None
-        return FakeModel(), None, lambda im: torch.from_numpy(np.asarray(im.resize((4, 4)), np.float32)).permute(2, 0, 1)
-
-    def get_tokenizer(name):
-        return lambda texts: torch.tensor([[len(t), 1, 2, 3] for t in texts])
-
-    _fake_module(monkeypatch, "hpsv2")
-    _fake_module(monkeypatch, "hpsv2.src")
-    _fake_module(monkeypatch, "hpsv2.src.open_clip", create_model_and_transforms=create_model_and_transforms,
-                 get_tokenizer=get_tokenizer)
-    torch.save({"state_dict": {"w": torch.ones(1)}}, tmp_path / "HPS_v2.1_compressed.pt")
-    scorer = S.get_scorer("hpsv2.1", weights=str(tmp_path), device="cpu", batch_size=2)
-    out = scorer.score(images, PROMPTS)
-    assert out.shape == (3,) and torch.isfinite(out).all() and (out.abs() <= 1 + 1e-6).all()
-    assert float(scorer.model.w.detach()) == 1.0  # checkpoint was loaded
-    assert "cosine" in scorer.info["scale"] and scorer.info["name"] == "hpsv2.1"
-    with pytest.raises(UserError, match="HPS_v2_compressed.pt"):
-        S.get_scorer("hpsv2", weights=str(tmp_path))
+def test_in_process_backend_scorer_matches_clip_scorer(tiny_clip, images):
+    """InProcessScorer (the in-process path of the package scorers) runs the worker's backend code."""
+    spec = S.scorer_spec(S.ScorerConfig(name="pickscore", weights=str(tiny_clip), device="cpu"))
+    s = S.InProcessScorer("pickscore", spec, batch_size=2)
+    ref = S.get_scorer("pickscore", weights=str(tiny_clip), device="cpu", venv="")
+    torch.testing.assert_close(s.score(images, PROMPTS), ref.score(images, PROMPTS), rtol=1e-6, atol=1e-6)
+    assert s.info["runs"] == "in-process" and s.info["runtime"]["model_class"].endswith("CLIPModel")
 
 
 def test_bpe_builder_roundtrip(tiny_clip):

@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# Build the reward-model venvs the evaluation image builds (images/eval/Dockerfile runs this same script):
+#   venv-torch        torch + torchvision (CUDA build; runs on CPU too), from requirements-torch.lock
+#   venv-hpsv2        hpsv2        (+ open_clip's BPE vocabulary, which the hpsv2 wheel lacks)
+#   venv-imagereward  image-reward (+ the pins that make it importable)
+#   venv-hpsv3        hpsv3        (+ its undeclared matplotlib / tensorboard)
+# Each reward venv is installed from its lock file (every package pinned with hashes, no resolution) and sees
+# the one shared torch through a `zz-shared-torch.pth` file, appended after its own site-packages so its own
+# pins still win. chunkgrpo is NOT installed in them: scorers run there as `python -m chunkgrpo.eval.worker`.
+#
+#   bash scripts/reward-envs.sh [hpsv2 imagereward hpsv3]       # default: all three
+#   eval "$(bash scripts/reward-envs.sh --print-env)"           # export CHUNKGRPO_VENV_* for this shell
+#
+# Location: $CHUNKGRPO_REWARD_ENVS, default <repo>/.reward-envs (git-ignored). Idempotent: a venv whose stamp
+# matches its lock file and build recipe, and that passes its import check, is left alone; a half-built one is
+# rebuilt. Needs CPython 3.11 (PYTHON=...), ~7.5 GB of disk, network access to PyPI.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+REPO=$PWD
+ROOT=${CHUNKGRPO_REWARD_ENVS:-$REPO/.reward-envs}
+PY=${PYTHON:-python3}
+LOCKS=$REPO/images/eval
+ALL=(hpsv2 imagereward hpsv3)
+SITE=lib/python3.11/site-packages
+
+envvar() { case $1 in hpsv2) echo CHUNKGRPO_VENV_HPSV2 ;; imagereward) echo CHUNKGRPO_VENV_IMAGEREWARD ;; hpsv3) echo CHUNKGRPO_VENV_HPSV3 ;; esac; }
+
+if [ "${1:-}" = "--print-env" ]; then
+  for n in "${ALL[@]}"; do echo "export $(envvar "$n")=$ROOT/venv-$n"; done
+  exit 0
+fi
+names=("$@")
+[ ${#names[@]} -gt 0 ] || names=("${ALL[@]}")
+for n in "${names[@]}"; do
+  [ -n "$(envvar "$n")" ] || { echo "reward-envs: unknown venv '$n' (choose from: ${ALL[*]})" >&2; exit 2; }
+done
+"$PY" -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else 1)' 2>/dev/null || {
+  echo "reward-envs: the lock files are for CPython 3.11; $PY is $("$PY" -V 2>&1). Set PYTHON=/path/to/python3.11" >&2
+  exit 2
+}
+mkdir -p "$ROOT"
+ROOT=$(cd "$ROOT" && pwd)
+RECIPE=1  # bump when the build steps below change (the lock files' hashes cover their content)
+
+pip_install() {  # pip_install VENV LOCK (drops pip's notes about this machine's local find-links folders)
+  "$1/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps --require-hashes -r "$2" \
+    2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
+}
+
+# build NAME LOCK CHECK [POST]: (re)create $ROOT/venv-NAME from LOCK unless its stamp is current and CHECK passes
+build() {
+  local name=$1 lock=$2 check=$3 post=${4:-}
+  local venv=$ROOT/venv-$name
+  local want
+  want="$(sha256sum "$lock" | cut -c1-16)-recipe$RECIPE"
+  if [ -f "$venv/.chunkgrpo-stamp" ] && [ "$(cat "$venv/.chunkgrpo-stamp")" = "$want" ] \
+     && "$venv/bin/python" -W ignore -c "$check" >/dev/null 2>&1; then
+    echo "reward-envs: venv-$name up to date"
+    return 0
+  fi
+  local t0=$SECONDS
+  rm -rf "$venv"
+  "$PY" -m venv "$venv"
+  if [ "$name" != torch ]; then
+    echo "$ROOT/venv-torch/$SITE" > "$venv/$SITE/zz-shared-torch.pth"
+  fi
+  pip_install "$venv" "$lock"
+  if [ -n "$post" ]; then "$post" "$venv"; fi
+  "$venv/bin/python" -m pip check --disable-pip-version-check >/dev/null || {
+    "$venv/bin/python" -m pip check --disable-pip-version-check >&2; echo "reward-envs: venv-$name is inconsistent" >&2; exit 1; }
+  "$venv/bin/python" -W ignore -c "$check" >/dev/null
+  echo "$want" > "$venv/.chunkgrpo-stamp"
+  echo "reward-envs: venv-$name built in $((SECONDS - t0)) s ($(du -sh "$venv" | cut -f1))"
+}
+
+# hpsv2 1.2.0's wheel lacks open_clip's BPE vocabulary: its vendored tokenizer opens it at import
+# (FileNotFoundError). The identical file ships with open-clip-torch (pinned in the hpsv2 lock).
+hpsv2_vocab() {
+  local py=$1/bin/python src dst
+  src=$("$py" -c 'import importlib.util as u; print(u.find_spec("open_clip").submodule_search_locations[0])')
+  dst=$("$py" -c 'import importlib.util as u; print(u.find_spec("hpsv2").submodule_search_locations[0])')/src/open_clip
+  cp "$src/bpe_simple_vocab_16e6.txt.gz" "$dst/"
+}
+
+build torch "$LOCKS/requirements-torch.lock" "import torch, torchvision"
+for n in "${names[@]}"; do
+  case $n in
+    hpsv2) build hpsv2 "$LOCKS/requirements-hpsv2.lock" "import hpsv2.src.open_clip" hpsv2_vocab ;;
+    imagereward) build imagereward "$LOCKS/requirements-imagereward.lock" "import ImageReward" ;;
+    hpsv3) build hpsv3 "$LOCKS/requirements-hpsv3.lock" "import hpsv3" ;;
+  esac
+done
+echo "reward-envs: ready in $ROOT ($(du -sh "$ROOT" | cut -f1)); to use them:"
+for n in "${names[@]}"; do echo "  export $(envvar "$n")=$ROOT/venv-$n"; done

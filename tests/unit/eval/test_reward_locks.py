@@ -1,0 +1,89 @@
+"""The reward-venv lock files (images/eval/*.lock): complete, hashed, consistent with the top-level specs,
+and what the built venvs actually contain."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[3]
+EVAL = REPO / "images" / "eval"
+NAMES = ("hpsv2", "imagereward", "hpsv3")
+HEAVY = re.compile(r"^(torch|torchvision|triton|nvidia-.*|cuda-.*)$")
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def parse_lock(path: Path) -> dict[str, tuple[str, list[str]]]:
+    """{name: (version, [sha256, ...])} from a `--generate-hashes` requirements file."""
+    out: dict[str, tuple[str, list[str]]] = {}
+    current = None
+    for line in path.read_text().splitlines():
+        m = re.match(r"^([A-Za-z0-9_.\-]+)==([^\s\\;]+)", line)
+        if m:
+            current = _norm(m.group(1))
+            out[current] = (m.group(2), [])
+        for h in re.findall(r"--hash=sha256:([0-9a-f]{64})", line):
+            out[current][1].append(h)
+    return out
+
+
+def parse_spec(path: Path) -> dict[str, str]:
+    pins = {}
+    for line in path.read_text().splitlines():
+        m = re.match(r"^([A-Za-z0-9_.\-]+)==(\S+)", line.split("#")[0].strip())
+        if m:
+            pins[_norm(m.group(1))] = m.group(2)
+    return pins
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_lock_pins_everything_with_hashes_and_honours_the_spec(name):
+    lock = parse_lock(EVAL / f"requirements-{name}.lock")
+    torch_lock = parse_lock(EVAL / "requirements-torch.lock")
+    assert len(lock) > 30 and all(hashes for _, hashes in lock.values())
+    for pkg, version in parse_spec(EVAL / f"requirements-{name}.txt").items():
+        assert lock[pkg][0] == version, f"{pkg}: spec {version}, lock {lock[pkg][0]}"
+    # the heavy packages come from the shared torch venv only, at the versions its lock pins
+    assert not [p for p in lock if HEAVY.match(p)]
+    assert torch_lock["torch"][0] == parse_spec(EVAL / "constraints-torch.txt")["torch"]
+    assert torch_lock["torchvision"][0] == parse_spec(EVAL / "constraints-torch.txt")["torchvision"]
+    assert all(hashes for _, hashes in torch_lock.values())
+
+
+def test_known_drifting_packages_are_pinned():
+    """What used to float with only top-level pins (hpsv3: trl/peft/deepspeed/diffusers; imagereward: numpy/datasets)."""
+    h3, ir = parse_lock(EVAL / "requirements-hpsv3.lock"), parse_lock(EVAL / "requirements-imagereward.lock")
+    assert {"trl", "peft", "deepspeed", "diffusers", "datasets", "numpy"} <= set(h3)
+    assert {"numpy", "datasets", "diffusers", "timm"} <= set(ir)
+
+
+@pytest.mark.reward_envs
+@pytest.mark.parametrize("name", ("torch",) + NAMES)
+def test_built_venv_is_exactly_its_lock(name):
+    root = Path(os.environ.get("CHUNKGRPO_REWARD_ENVS") or REPO / ".reward-envs")
+    venv = root / f"venv-{name}"
+    if not (venv / ".chunkgrpo-stamp").is_file():
+        msg = f"reward venv {venv} is not built: run `bash scripts/reward-envs.sh`"
+        if os.environ.get("CI"):
+            pytest.fail(msg)
+        pytest.skip(msg)
+    # the distribution each name resolves to, in sys.path order (the venv's own, then the shared torch venv)
+    probe = ("import importlib.metadata as m, json; d = {}\n"
+             "for x in m.distributions(): d.setdefault(x.metadata['Name'], x.version)\nprint(json.dumps(d))")
+    res = subprocess.run([str(venv / "bin" / "python"), "-c", probe], capture_output=True, text=True, check=True,
+                         cwd="/")  # not the repo root, whose chunkgrpo.egg-info would show up
+    import json
+
+    visible = {_norm(k): v for k, v in json.loads(res.stdout).items()}
+    locked = {p: v for p, (v, _) in parse_lock(EVAL / f"requirements-{name}.lock").items()}
+    shared = {p: v for p, (v, _) in parse_lock(EVAL / "requirements-torch.lock").items()}
+    wrong = {p: (v, visible.get(p)) for p, v in locked.items() if visible.get(p) != v}
+    extra = {p: v for p, v in visible.items() if p not in locked and shared.get(p) != v and p not in ("pip", "setuptools")}
+    assert not wrong and not extra, f"venv-{name}: (locked, found) {wrong}; not in the locks {extra}"

@@ -1,0 +1,287 @@
+"""Bad input, through the real CLI entry point (`chunkgrpo.cli.main`): every case exits 2 with exactly
+one `chunkgrpo <cmd>: error: ...` line on stderr naming the problem, no traceback, and nothing
+half-written or lost. The table is the count reported for issue #16 (bad inputs tried / handled):
+
+    .venv/bin/python -m pytest -q tests/unit/test_bad_inputs.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from chunkgrpo.cli import main
+
+NON_UTF8 = b"a cat\n\xff\xfe caf\xe9\n"
+BINARY = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR"
+
+
+@pytest.fixture
+def ws(tmp_path, monkeypatch):
+    """A workspace: a stand-in model folder (never loaded: every case fails before), good prompts,
+    a good profile; cwd = tmp_path."""
+    monkeypatch.chdir(tmp_path)
+    for k in ("MLFLOW_TRACKING_URI", "CHUNKGRPO_S3_ENDPOINT"):
+        monkeypatch.delenv(k, raising=False)
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "model_index.json").write_text("{}")
+    (tmp_path / "prompts.txt").write_text("a cat\na dog\n")
+    (tmp_path / "profile.json").write_text(json.dumps({"sigmas": [1.0, 0.8, 0.6, 0.4, 0.2, 0.0],
+                                                       "l1rel": [0.5, 0.3, 0.2, 0.15, 0.1]}))
+    (tmp_path / "adir").mkdir()
+    (tmp_path / "adir" / "keep.txt").write_text("precious")
+    return tmp_path
+
+
+def _write(ws: Path, name: str, data: bytes | str) -> str:
+    p = ws / name
+    p.write_bytes(data if isinstance(data, bytes) else data.encode())
+    return str(p)
+
+
+def _train(*over: str):
+    return lambda ws: ["train", "--dry-run", "--config", "tiny_cpu", f"model={ws / 'model'}",
+                       f"prompts={ws / 'prompts.txt'}", f"output_dir={ws / 'run'}", *over]
+
+
+def _prompts(name: str, data: bytes | str | None):
+    def argv(ws):
+        path = str(ws / "adir") if data is None else _write(ws, name, data)
+        return _train(f"prompts={path}")(ws)
+    return argv
+
+
+def _profile(name: str, data: bytes | str | None):
+    def argv(ws):
+        path = str(ws / "adir") if data is None else _write(ws, name, data)
+        return ["plan", "--profile", path, "--strategy", "step", "--out", str(ws / "plan.json")]
+    return argv
+
+
+def _preset(name: str, data: bytes | str | None):
+    def argv(ws):
+        path = str(ws / "adir") if data is None else _write(ws, name, data)
+        return ["train", "--config", path, "--dry-run"]
+    return argv
+
+
+def _chunks(data: bytes | str | None):
+    def argv(ws):
+        if data is None:
+            (ws / "dirplan.json").mkdir()
+            path = str(ws / "dirplan.json")
+        else:
+            path = _write(ws, "plan.json", data)
+        return _train(f"chunks={path}")(ws)
+    return argv
+
+
+def _register(*extra: str, name: str = "tiny-lora", files: dict | None = None):
+    def argv(ws):
+        for fname, data in (files or {}).items():
+            _write(ws, fname, data)
+        return ["register", "--model-dir", str(ws / "model"), "--name", name, "--base-model", "tiny",
+                *[a.format(ws=ws) for a in extra]]
+    return argv
+
+
+def _plan(strategy: str):
+    return lambda ws: ["plan", "--profile", str(ws / "profile.json"), "--strategy", strategy,
+                       "--out", str(ws / "plan.json")]
+
+
+BAD_INPUTS = {
+    # prompts (train --dry-run validates them before any model is loaded)
+    "prompts: not UTF-8 (.txt)": (_prompts("p.txt", NON_UTF8), "not UTF-8 text"),
+    "prompts: binary (.txt)": (_prompts("p.txt", BINARY), "binary file"),
+    "prompts: a directory": (_prompts("", None), "is a directory"),
+    "prompts: not UTF-8 (.jsonl)": (_prompts("p.jsonl", NON_UTF8), "not UTF-8 text"),
+    "prompts: invalid JSON line": (_prompts("p.jsonl", '{"prompt": "a"}\n{oops\n'), "invalid JSON"),
+    "prompts: JSON line not an object": (_prompts("p.jsonl", '["a cat"]\n'), "expected a JSON object"),
+    "prompts: not UTF-8 (.tsv)": (_prompts("p.tsv", b"Prompt\n\xff\xfe\n"), "not UTF-8 text"),
+    "prompts: .tsv without a prompt column": (_prompts("p.tsv", "id\tx\n1\t2\n"), "no prompt field"),
+    "prompts: .parquet that is not parquet": (_prompts("p.parquet", BINARY), "not a readable parquet"),
+    "prompts: empty file": (_prompts("p.txt", "\n# only a comment\n"), "contains no prompts"),
+    "prompts: empty prompt entry": (_prompts("p.jsonl", '{"prompt": "  "}\n'), "empty prompt"),
+    "prompts: missing file": (lambda ws: _train(f"prompts={ws / 'nope.txt'}")(ws), "does not exist"),
+    # profiles (plan --profile)
+    "profile: not UTF-8": (_profile("prof.json", NON_UTF8), "not UTF-8 text"),
+    "profile: binary": (_profile("prof.json", BINARY), "binary file"),
+    "profile: a directory": (_profile("", None), "is a directory"),
+    "profile: invalid JSON": (_profile("prof.json", "{nope"), "not valid JSON"),
+    "profile: a JSON list": (_profile("prof.json", "[1, 2]"), "expected a JSON object"),
+    "profile: l1rel not a list": (_profile("prof.json", '{"sigmas": [1, 0], "l1rel": 3}'), "no 'l1rel' list"),
+    "profile: NaN in l1rel": (_profile("prof.json", '{"sigmas": [1, 0.5, 0.2, 0], "l1rel": [0.3, NaN, 0.1]}'),
+                              "finite numbers"),
+    # presets / config files
+    "preset: not UTF-8": (_preset("c.yaml", b"lr: 1e-5\n# \xff\n"), "not UTF-8 text"),
+    "preset: binary": (_preset("c.yaml", BINARY), "binary file"),
+    "preset: a directory": (_preset("", None), "is a directory"),
+    "preset: invalid YAML": (_preset("c.yaml", "lr: [1, 2\n"), "invalid YAML"),
+    "preset: top level not a mapping": (_preset("c.yaml", "- lr\n- 1\n"), "expected a mapping"),
+    "preset: unknown preset name": (lambda ws: ["train", "--config", "no_such_preset", "--dry-run"],
+                                    "neither a file nor a preset"),
+    # chunk plans (train chunks=plan.json)
+    "chunks: plan not UTF-8": (_chunks(NON_UTF8), "not UTF-8 text"),
+    "chunks: plan is a directory": (_chunks(None), "is a directory"),
+    "chunks: sizes not integers": (_chunks('{"sizes": ["2", "5"]}'), "must be a list of integers"),
+    "chunks: sizes do not sum to the steps": (_chunks('{"sizes": [2, 2]}'), "trainable steps"),
+    # metrics / plan files for register (read before MLflow is contacted)
+    "metrics: not UTF-8": (_register("--metrics", "{ws}/m.json", files={"m.json": NON_UTF8}), "not UTF-8 text"),
+    "metrics: a directory": (_register("--metrics", "{ws}/adir"), "is a directory"),
+    "metrics: invalid JSON": (_register("--metrics", "{ws}/m.json", files={"m.json": "{x"}), "not valid JSON"),
+    "register plan: binary": (_register("--plan", "{ws}/p.json", files={"p.json": BINARY}), "binary file"),
+    # register validates the name before anything is uploaded (MLflow is unreachable here: order proven)
+    "register: name with '/'": (_register(name="team/model"), "not a valid registered model name"),
+    "register: name with ':'": (_register(name="model:v1"), "not a valid registered model name"),
+    "register: blank name": (_register(name="  "), "not a valid registered model name"),
+    # float options: NaN/inf pass every `x < 0` check, so they are rejected by name
+    "lr=nan": (_train("lr=nan"), "lr=nan"),
+    "lr=inf": (_train("lr=inf"), "lr=inf"),
+    "max_grad_norm=nan": (_train("max_grad_norm=nan"), "max_grad_norm"),
+    "max_grad_norm=-1": (_train("max_grad_norm=-1"), "max_grad_norm must be >= 0"),
+    "sampling.eta=inf": (_train("sampling.eta=inf"), "sampling.eta"),
+    "sampling.shift=nan": (_train("sampling.shift=nan"), "sampling.shift"),
+    "sampling.shift=0": (_train("sampling.shift=0"), "shift must be > 0"),
+    "clip_high=-inf": (_train("clip_high=-inf"), "clip_high"),
+    "rewards.0.weight=nan": (_train("rewards.0.weight=nan"), "weight"),
+    "lora.dropout=1.5": (_train("lora.dropout=1.5"), "lora.dropout"),
+    "betas=[0.9, 1.5]": (_train("betas=[0.9, 1.5]"), "betas"),
+    "checkpoint.every=-1": (_train("checkpoint.every=-1"), "checkpoint.every must be >= 0"),
+    "checkpoint.keep=-2": (_train("checkpoint.keep=-2"), "checkpoint.keep must be >= 0"),
+    "tracking.timeout_s=0": (_train("tracking.timeout_s=0"), "tracking.timeout_s"),
+    "device=tpu": (_train("device=tpu"), "device='tpu'"),
+    # S3 locations
+    "s3_prefix without s3://": (_train("checkpoint.s3_prefix=bucket/ckpt"), "is not an S3 URI"),
+    "s3_prefix with a bad bucket": (_train("checkpoint.s3_prefix=s3://Bad_Bucket/ckpt"), "invalid bucket name"),
+    "s3_prefix with '..'": (_train("checkpoint.s3_prefix=s3://bucket/a/../b"), "'..' are not allowed"),
+    "register from an S3 key with '..'": (_register(name="ok"), None),  # replaced below (needs env)
+    # dynamics planner options
+    "dynamics:rel=-0.1": (_plan("dynamics:rel=-0.1"), "rel=-0.1"),
+    "dynamics:rel=nan": (_plan("dynamics:rel=nan"), "rel=nan"),
+    "dynamics:min=4,max=2": (_plan("dynamics:min=4,max=2"), "min=4 is larger than max=2"),
+    "dynamics:max=abc": (_plan("dynamics:max=abc"), "bad dynamics option"),
+    "dynamics:last=2": (_plan("dynamics:last=2"), "last fraction"),
+    "unknown strategy": (_plan("zigzag"), "unknown chunk strategy"),
+    # outputs that would overwrite or half-write something
+    "tiny-model --out <file>": (lambda ws: ["tiny-model", "--out", _write(ws, "f.bin", b"data")], "not a directory"),
+    "tiny-model --out <non-empty dir>": (lambda ws: ["tiny-model", "--out", str(ws / "adir")], "non-empty directory"),
+    "tiny-model --overwrite on a foreign dir": (lambda ws: ["tiny-model", "--out", str(ws / "adir"), "--overwrite"],
+                                                "not made by"),
+    "plan --out <existing dir>": (lambda ws: ["plan", "--profile", str(ws / "profile.json"), "--strategy", "step",
+                                              "--out", str(ws / "adir")], "is a directory"),
+    "profile --out <existing dir>": (lambda ws: ["profile", "--model", str(ws / "model"), "--prompts",
+                                                 str(ws / "prompts.txt"), "--out", str(ws / "adir")], "is a directory"),
+}
+BAD_INPUTS["register from an S3 key with '..'"] = (
+    lambda ws: ["register", "--model-dir", "s3://chunkgrpo/runs/../x", "--name", "ok", "--base-model", "tiny"],
+    "'..' are not allowed")
+
+
+def _snapshot(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUTS))
+def test_bad_input_is_one_line_exit_2_and_loses_nothing(case, ws, capsys, monkeypatch):
+    argv_fn, needle = BAD_INPUTS[case]
+    # S3 / MLflow point at a closed port: a case that reached the network would fail differently
+    monkeypatch.setenv("CHUNKGRPO_S3_ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test-secret")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:9")
+    argv = argv_fn(ws)
+    before = _snapshot(ws)
+    rc = main(argv)
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert rc == 2, err
+    assert "Traceback" not in err
+    assert len(lines) == 1 and lines[0].startswith(f"chunkgrpo {argv[0]}: error: "), err
+    assert needle in lines[0], lines[0]
+    # nothing written, replaced or removed: the workspace is byte-for-byte what it was
+    assert _snapshot(ws) == before
+    assert not [p for p in ws.rglob("*") if p.name.endswith((".tmp", ".partial"))]
+
+
+FAILURES = {
+    "StoreError": ("chunkgrpo.store", "StoreError", "S3 at http://x still failing after 6 attempts"),
+    "ChecksumMismatchError": ("chunkgrpo.store", "ChecksumMismatchError", "s3://b/k: sha256 1 != recorded 2"),
+    "NonFiniteLossError": ("chunkgrpo.train.context", "NonFiniteLossError", "non-finite loss at step 3"),
+    "CorruptCheckpointError": ("chunkgrpo.train.checkpoint", "CorruptCheckpointError", "step-000004/optimizer.pt: x"),
+    "MirrorBacklogError": ("chunkgrpo.train.checkpoint", "MirrorBacklogError", "checkpoint.keep=1 would delete"),
+    "ConnectionRefusedError": ("builtins", "ConnectionRefusedError", "[Errno 111] Connection refused"),
+    "IsADirectoryError": ("builtins", "IsADirectoryError", None),
+    "UnicodeDecodeError": ("builtins", "UnicodeDecodeError", None),
+}
+
+
+@pytest.mark.parametrize("name", list(FAILURES))
+def test_known_failures_reaching_the_cli_are_one_line(name, capsys, monkeypatch):
+    import importlib
+
+    import chunkgrpo.commands.plan as plan_cmd
+
+    module, cls_name, text = FAILURES[name]
+    cls = getattr(importlib.import_module(module), cls_name)
+    if cls is IsADirectoryError:
+        exc = IsADirectoryError(21, "Is a directory", "/some/dir")
+    elif cls is UnicodeDecodeError:
+        exc = UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte")
+    else:
+        exc = cls(text)
+
+    def boom(args):
+        raise exc
+
+    monkeypatch.setattr(plan_cmd, "run", boom)
+    rc = main(["plan", "--profile", "p.json", "--out", "o.json"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "Traceback" not in err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("chunkgrpo plan: error: ")
+    if text:
+        assert text in lines[0]
+
+
+def test_a_bug_keeps_its_traceback(monkeypatch):
+    """Only known failures are shortened: a programming error still raises (and shows where)."""
+    import chunkgrpo.commands.plan as plan_cmd
+
+    monkeypatch.setattr(plan_cmd, "run", lambda args: {}["missing"])
+    with pytest.raises(KeyError):
+        main(["plan", "--profile", "p.json", "--out", "o.json"])
+
+
+def test_kfp_unreachable_is_one_line(capsys, monkeypatch):
+    pytest.importorskip("kfp")
+    from chunkgrpo.local_services import free_port
+
+    rc = main(["pipeline", "upload", "--host", f"http://127.0.0.1:{free_port()}"])
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert rc == 2 and "Traceback" not in err and len(lines) == 1, err
+    assert "cannot reach Kubeflow Pipelines" in lines[0]
+
+
+def test_tiny_model_overwrite_replaces_only_its_own_folder(tmp_path):
+    from chunkgrpo.tiny import MARKER
+
+    out = tmp_path / "tiny"
+    assert main(["tiny-model", "--out", str(out)]) == 0
+    first = (out / "transformer" / "diffusion_pytorch_model.safetensors").read_bytes()
+    assert main(["tiny-model", "--out", str(out), "--seed", "1"]) == 2  # refused without --overwrite
+    assert (out / "transformer" / "diffusion_pytorch_model.safetensors").read_bytes() == first
+    assert main(["tiny-model", "--out", str(out), "--seed", "1", "--overwrite"]) == 0  # its own folder
+    assert (out / "transformer" / "diffusion_pytorch_model.safetensors").read_bytes() != first
+    assert json.loads((out / MARKER).read_text())["seed"] == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny"]  # no staging/old folders left
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["tiny-model", "--out", str(empty)]) == 0  # an empty folder is fine
+    assert (empty / "model_index.json").exists()
+    assert os.listdir(tmp_path) and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
