@@ -10,7 +10,8 @@ Checks: S3 credentials and endpoint; the base model (an s3:// folder artifact wi
 local diffusers folder, or a hub id already in the local hub cache: nothing is downloaded); the
 prompt file; every reward/scorer weight URI; the bucket of `artifact_root`; the WISE judge's API
 key when `wise` is evaluated; the MLflow server (reachable, and the credentials accepted when it
-runs with basic auth).
+runs with basic auth); for a benchmark of a registry version (`registered="name@alias"`, the
+nightly pipeline) that the alias exists, and the base model it was registered with.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ class PreflightSpec:
     weights: dict[str, str] = dataclasses.field(default_factory=dict)
     benchmarks: list[str] = dataclasses.field(default_factory=list)
     artifact_root: str = ""
+    registered: str = ""  # "name@alias": the registry version a benchmark evaluates (needs MLflow)
     judge_key_env: str = "OPENAI_API_KEY"
     mlflow: bool = True
     timeout_s: float = 10.0
@@ -96,18 +98,24 @@ def _check_prompts(prompts: str, store) -> str | None:
     return None if Path(prompts).expanduser().is_file() else f"prompt file {prompts} does not exist"
 
 
+def _mlflow_request(path: str, body: dict | None = None) -> urllib.request.Request:
+    uri = os.environ.get("MLFLOW_TRACKING_URI", "").rstrip("/")
+    req = urllib.request.Request(uri + path, data=None if body is None else json.dumps(body).encode(),
+                                 method="GET" if body is None else "POST", headers={"Content-Type": "application/json"})
+    user, password = os.environ.get("MLFLOW_TRACKING_USERNAME"), os.environ.get("MLFLOW_TRACKING_PASSWORD")
+    if user and password:
+        req.add_header("Authorization", "Basic " + b64encode(f"{user}:{password}".encode()).decode())
+    return req
+
+
 def _check_mlflow(timeout_s: float) -> str | None:
     uri = os.environ.get("MLFLOW_TRACKING_URI", "")
     if not uri:
         return None  # tracking off (open_run says so)
     if not uri.startswith("http"):
         return None
-    req = urllib.request.Request(uri.rstrip("/") + "/api/2.0/mlflow/experiments/search",
-                                 data=json.dumps({"max_results": 1}).encode(), method="POST",
-                                 headers={"Content-Type": "application/json"})
-    user, password = os.environ.get("MLFLOW_TRACKING_USERNAME"), os.environ.get("MLFLOW_TRACKING_PASSWORD")
-    if user and password:
-        req.add_header("Authorization", "Basic " + b64encode(f"{user}:{password}".encode()).decode())
+    req = _mlflow_request("/api/2.0/mlflow/experiments/search", {"max_results": 1})
+    user = os.environ.get("MLFLOW_TRACKING_USERNAME")
     try:
         with urllib.request.urlopen(req, timeout=timeout_s):
             return None
@@ -121,10 +129,40 @@ def _check_mlflow(timeout_s: float) -> str | None:
         return f"MLflow {uri} is not reachable ({getattr(e, 'reason', e)})"
 
 
+def _registered_version(ref: str, timeout_s: float) -> tuple[dict | None, str | None]:
+    """(model version JSON, None) for "name@alias" from the registry's REST API, or (None, problem)."""
+    from urllib.parse import urlencode
+
+    name, _, alias = ref.rpartition("@")
+    if not name or not alias:
+        return None, f"registered model {ref!r} must be name@alias"
+    if not os.environ.get("MLFLOW_TRACKING_URI", "").startswith("http"):
+        return None, f"registered model {ref} needs an MLflow server (MLFLOW_TRACKING_URI, ConfigMap chunkgrpo-env)"
+    req = _mlflow_request("/api/2.0/mlflow/registered-models/alias?" + urlencode({"name": name, "alias": alias}))
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as r:
+            return json.loads(r.read()).get("model_version") or {}, None
+    except urllib.error.HTTPError as e:
+        if e.code == 404:
+            return None, f"registered model {name!r} has no version with alias {alias!r} (register and promote one)"
+        return None, f"registered model {ref}: MLflow answered HTTP {e.code}"
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        return None, f"registered model {ref}: {getattr(e, 'reason', e)}"
+
+
 def check(spec: PreflightSpec) -> list[str]:
     """Every problem found, one short sentence each ([] = ready to run)."""
     problems: list[str] = []
-    needs_s3 = any(str(u).startswith("s3://") for u in [spec.model, spec.prompts, spec.artifact_root,
+    mlflow_problem = _check_mlflow(spec.timeout_s) if spec.mlflow else None
+    model = spec.model
+    if spec.registered and not mlflow_problem:
+        version, p = _registered_version(spec.registered, spec.timeout_s)
+        if p:
+            problems.append(p)
+        elif not model:  # the base model the version was trained from (tag base_model)
+            tags = {t.get("key"): t.get("value") for t in (version or {}).get("tags") or []}
+            model = tags.get("base_model", "")
+    needs_s3 = any(str(u).startswith("s3://") for u in [model, spec.prompts, spec.artifact_root,
                                                          *spec.weights.values()])
     store = None
     if needs_s3:
@@ -132,9 +170,12 @@ def check(spec: PreflightSpec) -> list[str]:
             store = _store()
         except UserError as e:
             problems.append(str(e).split(":")[0] + " (Secret chunkgrpo-s3 / ConfigMap chunkgrpo-env)")
-    for p in (_check_model(spec.model, store), _check_prompts(spec.prompts, store)):
-        if p:
-            problems.append(p)
+    checks = []
+    if model or not spec.registered:  # a benchmark of a registry version may leave the base model to it
+        checks.append(_check_model(model, store))
+    if spec.prompts or not spec.registered:
+        checks.append(_check_prompts(spec.prompts, store))
+    problems.extend(p for p in checks if p)
     for role, uri in sorted(spec.weights.items()):
         if uri:
             p = _check_folder(f"weights {role}", uri, store, "fill the cache once with `chunkgrpo models sync`")
@@ -156,10 +197,8 @@ def check(spec: PreflightSpec) -> list[str]:
     if "wise" in spec.benchmarks and not os.environ.get(spec.judge_key_env):
         problems.append(f"WISE is evaluated but the judge key {spec.judge_key_env} is not set "
                         "(Secret chunkgrpo-judge, key OPENAI_API_KEY)")
-    if spec.mlflow:
-        p = _check_mlflow(spec.timeout_s)
-        if p:
-            problems.append(p)
+    if mlflow_problem:
+        problems.append(mlflow_problem)
     return problems
 
 

@@ -158,7 +158,7 @@ def gate_decision(candidate: float | None, champion: float | None, gate: GateCon
     the champion has the bound recorded, also exceeds the champion's bound.
     """
     if not gate.metric:
-        raise UserError("gate_decision needs a gate metric (resolve_gate gives the registered model's)")
+        raise UserError("gate_decision needs a resolved gate: a metric (resolve_gate gives the registered model's)")
     bound = next((suffix for suffix in CI_BOUNDS if gate.metric.endswith(suffix)), None)
     if gate.direction not in ("max", "min"):
         direction = CI_BOUNDS[bound] if bound else known_direction(gate.metric)
@@ -356,6 +356,22 @@ def _asserted(gate: GateConfig, direction: str, metric: str, name: str) -> str:
                         f"({direction}, from the registered model); a gate with direction {gate.direction!r} is "
                         "refused")
     return direction
+
+
+def metric_direction(client, name: str, metric: str, asserted: str = "") -> str:
+    """Direction ('max'/'min') of `metric` (a registry metric name, e.g. eval.hpdv2.hpsv3 or its CI
+    bound) for registered model `name`: the model's gate.direction when the metric (CI suffix
+    stripped) is its gate metric, else the metric's known direction. `asserted` is only checked
+    against that (a different one is a UserError); it decides only where nothing records one."""
+    tag_metric, tag_direction = model_gate(client, name)
+    base = next((metric[: -len(s)] for s in CI_BOUNDS if metric.endswith(s)), metric)
+    direction = tag_direction if (tag_metric and tag_direction and base == tag_metric) else known_direction(metric)
+    if direction is None:
+        if asserted in ("max", "min"):
+            return asserted
+        raise UserError(f"the direction of {metric!r} is unknown for {name!r}: record it once with "
+                        f"`chunkgrpo promote --model {name} --set-gate {base}:max` (or :min)")
+    return _asserted(GateConfig(direction=asserted), direction, metric, name)
 
 
 def set_gate(name: str, metric: str, direction: str, *, who: str | None = None, why: str = "",

@@ -14,12 +14,12 @@ from components.evaluate.component import check_regression, evaluate
 from components.launch_trainjob.component import launch_trainjob
 from components.models.component import sync_models
 from components.plan.component import plan
-from components.preflight.component import preflight
+from components.preflight.component import benchmark_preflight, preflight
 from components.profile.component import profile
 from components.promote.component import check_gate, promote
 from components.register.component import register
 from components.tracking.component import close_run, open_run
 from components.train.component import train
 
-__all__ = ["preflight", "open_run", "close_run", "profile", "plan", "train", "launch_trainjob", "evaluate",
+__all__ = ["preflight", "benchmark_preflight", "open_run", "close_run", "profile", "plan", "train", "launch_trainjob", "evaluate",
            "check_regression", "register", "check_gate", "promote", "sync_models"]

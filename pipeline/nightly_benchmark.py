@@ -2,17 +2,21 @@
 benchmark suites with fixed seeds, log to MLflow, flag a regression against the champion's own
 registered score. Scheduled by `chunkgrpo pipeline schedule` (default 02:00 UTC).
 
-Caching is off on every step (a benchmark that is served from cache measures nothing).
+Caching is off on every step (a benchmark that is served from cache measures nothing). The first step,
+`benchmark_preflight`, checks in seconds that the alias exists and that its base model, the scorer
+weights, S3, MLflow and (for WISE) the judge key are there, before the GPU evaluation is scheduled.
+The regression check compares in the registered model's direction (`regression_direction` may only
+assert it).
 """
 
 from kfp import dsl
 
-from components import check_regression, evaluate
+from components import benchmark_preflight, check_regression, evaluate
 from components.k8s import POOLS, configure, on_pool, small, with_judge
 from pipeline.train_and_evaluate import DEFAULT_SCORER_WEIGHTS, DIRECTIONS, _exit_handler
 
 NAME = "chunkgrpo-nightly-benchmark"
-LITERALS = {"regression_direction": DIRECTIONS}
+LITERALS = {"regression_direction": ("", *DIRECTIONS)}
 
 
 def make_nightly_benchmark(pool: str = "cpu"):
@@ -30,7 +34,7 @@ def make_nightly_benchmark(pool: str = "cpu"):
         eval_overrides: list = [],  # noqa: B006
         scorer_weights: dict = DEFAULT_SCORER_WEIGHTS,
         regression_metric: str = "hpdv2.hpsv3",
-        regression_direction: str = "max",
+        regression_direction: str = "",
         tolerance: float = 0.005,
         fail_on_regression: bool = False,
         experiment: str = "chunkgrpo-nightly",
@@ -39,9 +43,15 @@ def make_nightly_benchmark(pool: str = "cpu"):
         from components.tracking.component import open_run
 
         with dsl.ExitHandler(_exit_handler(experiment), name="nightly"):
+            pre = benchmark_preflight(model_name=model_name, alias=alias, base_model=base_model,
+                                      eval_preset=eval_preset, eval_benchmarks=eval_benchmarks,
+                                      eval_overrides=eval_overrides, scorer_weights=scorer_weights,
+                                      artifact_root=artifact_root)
+            with_judge(configure(small(pre, "2G"), display_name="preflight", cache=False, retries=0))
             opened = open_run(experiment=experiment, run_name=dsl.PIPELINE_JOB_NAME_PLACEHOLDER,
                               kfp_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, pipeline=NAME)
             configure(small(opened), display_name="mlflow run", cache=False, retries=3, backoff="10s")
+            opened.after(pre)
             ev = evaluate(preset=eval_preset, overrides=eval_overrides, benchmarks=eval_benchmarks,
                           num_prompts=eval_num_prompts, base_model=base_model, registered_model=model_name,
                           alias=alias, artifact_root=artifact_root, run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
@@ -49,6 +59,7 @@ def make_nightly_benchmark(pool: str = "cpu"):
                           scorer_weights=scorer_weights)
             with_judge(configure(on_pool(ev, gpu_pool, 1), display_name="benchmark champion vs base", cache=False,
                                  retries=1))
+            ev.after(pre)
             reg = check_regression(results=ev.outputs["results"], model_name=model_name, alias=alias,
                                    metric=regression_metric, direction=regression_direction, tolerance=tolerance,
                                    fail_on_regression=fail_on_regression, parent_run_id=opened.output)
@@ -67,7 +78,7 @@ def make_nightly_benchmark(pool: str = "cpu"):
         scorer_weights: Weights of the scorers as a JSON object {scorer: URI, "<scorer>.processor": URI} (S3 model cache).
         regression_metric: Metric compared with the champion's registered score, e.g. hpdv2.hpsv3, or the lower
             bound of the paired 95% CI of champion − base, hpdv2.hpsv3.delta_ci_low (docs/evaluation.md).
-        regression_direction: max = higher is better, min = lower is better.
+        regression_direction: Empty = the registered model's (gate.direction, or the metric's known direction); max/min only to assert it or for a metric nothing records.
         tolerance: Allowed drop (absolute) before it counts as a regression.
         fail_on_regression: Also fail the run on a regression (it is always flagged in MLflow and the UI).
         experiment: MLflow experiment of the nightly runs.

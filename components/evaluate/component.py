@@ -103,7 +103,9 @@ def check_regression(results: Input[Artifact], model_name: str, alias: str, metr
         alias: alias that was evaluated (champion).
         metric: benchmark metric without label, e.g. hpdv2.hpsv3 (registry tag metric.eval.<metric>), or a
             paired-CI bound such as hpdv2.hpsv3.delta_ci_low (tonight's bound vs the registered one).
-        direction: max (higher is better) | min.
+        direction: '' = the registered model's (its gate.direction when `metric` is its gate metric, else the
+            metric's known direction); max/min only to assert it (a different one fails the check), or to name
+            the direction of a metric nothing records.
         tolerance: allowed drop (absolute) before it counts as a regression.
         fail_on_regression: fail the run on a regression (besides flagging it).
         parent_run_id: MLflow parent run id: gets tag chunkgrpo.regression=true|false.
@@ -127,6 +129,13 @@ def check_regression(results: Input[Artifact], model_name: str, alias: str, metr
         version = mv.version
         raw = (mv.tags or {}).get(f"metric.eval.{metric}")
         reference = float(raw) if raw not in (None, "") else None
+        from chunkgrpo.registry import metric_direction
+
+        direction = metric_direction(client, model_name, f"eval.{metric}", direction)  # never a flag's
+    else:
+        from chunkgrpo.registry import known_direction
+
+        direction = direction or known_direction(f"eval.{metric}") or "max"
     if today is None:
         raise ValueError(f"metric {metric}.trained not in tonight's results (have {sorted(m)[:20]})")
     sign = 1.0 if direction == "max" else -1.0

@@ -44,3 +44,38 @@ def preflight(model: str, prompts: str, preset: str, train_overrides: list, rewa
     require(spec)
     print(f"preflight ok: model {model}, prompts {prompts}, {len(spec.weights)} weight URI(s), benchmarks {benchmarks}")
     return "ok"
+
+
+@dsl.component(base_image=RUNTIME_IMAGE, install_kfp_package=False, additional_funcs=[stage_env])
+def benchmark_preflight(model_name: str, alias: str, base_model: str, eval_preset: str, eval_benchmarks: list,
+                        eval_overrides: list, scorer_weights: dict, artifact_root: str) -> str:
+    """The nightly benchmark's preflight: the registry version, its base model, scorer weights, S3, MLflow, judge key.
+
+    Args:
+        model_name: registered model name.
+        alias: alias of the version to benchmark (it must exist).
+        base_model: base model ('' = the one the version was registered with, tag base_model).
+        eval_preset: evaluation preset (its benchmarks are used when eval_benchmarks is empty).
+        eval_benchmarks: benchmark suites of this run ([] = the preset's).
+        eval_overrides: evaluation overrides (key=value).
+        scorer_weights: {scorer: weights URI, '<scorer>.processor': URI} for evaluation.
+        artifact_root: s3:// prefix for the benchmark's outputs (its bucket must exist).
+
+    Returns:
+        "ok" (the step fails with one line listing every problem otherwise).
+    """
+    stage_env("")
+    import json
+
+    from chunkgrpo.config import load_yaml
+    from chunkgrpo.models import used_scorer_weights
+    from chunkgrpo.preflight import PreflightSpec, require
+
+    ev_over = [*eval_overrides, *([f"benchmarks={json.dumps(list(eval_benchmarks))}"] if eval_benchmarks else [])]
+    benchmarks = list(eval_benchmarks) or list(load_yaml(eval_preset).get("benchmarks") or ["hpdv2"])
+    weights = {f"scorer {k}": v for k, v in used_scorer_weights(eval_preset, ev_over, dict(scorer_weights)).items()}
+    spec = PreflightSpec(model=base_model, registered=f"{model_name}@{alias}", weights=weights, benchmarks=benchmarks,
+                         artifact_root=artifact_root)
+    require(spec)
+    print(f"preflight ok: {model_name}@{alias}, {len(spec.weights)} weight URI(s), benchmarks {benchmarks}")
+    return "ok"

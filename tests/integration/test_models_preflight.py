@@ -112,3 +112,33 @@ def test_weight_uris_become_stage_overrides():
     cfg = EvalConfig.load("eval_hpdv2", [*scorer_weight_overrides(w), "base_model=/models/flux"])  # valid keys
     assert cfg.scorer_weights["imagereward"] == w["imagereward"]
     assert cfg.scorer_options["hpsv3"]["processor"] == w["hpsv3.processor"]
+
+
+def test_benchmark_preflight_checks_the_registry_version_and_its_base_model(services_env, tmp_path, tiny_model_dir,
+                                                                            monkeypatch):
+    """The nightly benchmark's preflight: the alias must exist, and the base model the version was registered
+    with (tag base_model) must be loadable, checked against the real MLflow registry in seconds."""
+    from chunkgrpo.preflight import PreflightSpec, check
+    from chunkgrpo.registry import promote, register_model
+
+    name = f"bench-{uuid.uuid4().hex[:6]}"
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    spec = PreflightSpec(registered=f"{name}@champion", benchmarks=["hpdv2"])
+    t0 = time.perf_counter()
+    problems = check(spec)
+    assert time.perf_counter() - t0 < 30
+    assert problems == [f"registered model {name!r} has no version with alias 'champion' (register and promote one)"]
+
+    lora = tmp_path / "lora"
+    lora.mkdir()
+    (lora / "pytorch_lora_weights.safetensors").write_bytes(b"\1" * 256)
+    gone = tmp_path / "gone-base"
+    v = register_model(name, lora, kind="lora", base_model=str(gone), metrics={"eval": {"hpdv2.hpsv3": 0.3}},
+                       git="abc", cfg_hash="c", eval_protocol={"preset": "eval_tiny"})
+    promote(name, v.version, who="t")
+    text = " | ".join(check(PreflightSpec(registered=f"{name}@champion", benchmarks=["hpdv2", "wise"])))
+    assert f"base model {gone} does not exist" in text and "OPENAI_API_KEY" in text
+    # an explicit base model replaces the registered one; prompts are not asked for
+    assert check(PreflightSpec(model=str(tiny_model_dir), registered=f"{name}@champion", benchmarks=["hpdv2"])) == []
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")
+    assert "needs an MLflow server" in " ".join(check(PreflightSpec(registered=f"{name}@champion")))

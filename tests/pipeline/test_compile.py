@@ -106,7 +106,8 @@ def test_ui_form_defaults_descriptions_and_choices(tae, nightly):
     assert params["train_overrides"]["parameterType"] == "LIST"
     nparams = nightly[0]["root"]["inputDefinitions"]["parameters"]
     assert all(p.get("description") and "defaultValue" in p for p in nparams.values())
-    assert nparams["regression_direction"]["literals"] == ["max", "min"]
+    assert nparams["regression_direction"]["literals"] == ["", "max", "min"]  # '' = the registered model's
+    assert nparams["regression_direction"]["defaultValue"] == ""
 
 
 def test_nightly_has_no_cache_and_gpu_eval(nightly):
@@ -309,3 +310,15 @@ def test_ir_parses_with_the_oldest_supported_pipeline_spec(tmp_path, name, train
     if name != "models_sync":  # it has no dropdowns
         with pytest.raises(json_format.ParseError, match="literals"):
             _parse_with_spec(new, "2.14.0")  # what an older API server does with the 2.16+ IR
+
+
+def test_nightly_preflight_comes_first_with_the_judge_key(nightly):
+    spec, ex = nightly
+    t = tasks(spec)
+    assert "benchmark-preflight" in t["evaluate"]["dependentTasks"]
+    assert "benchmark-preflight" in t["open-run"]["dependentTasks"]
+    assert t["benchmark-preflight"].get("retryPolicy") is None
+    assert "accelerator" not in spec["deploymentSpec"]["executors"]["exec-benchmark-preflight"]["container"].get(
+        "resources", {})
+    judge = [x for x in ex["exec-benchmark-preflight"]["secretAsEnv"] if x["secretName"] == "chunkgrpo-judge"]
+    assert judge and judge[0]["keyToEnv"][0]["envVar"] == "OPENAI_API_KEY"

@@ -211,6 +211,10 @@ def test_gate_decision_max_and_min():
     assert GateConfig().metric == "" and GateConfig().direction == ""  # both come from the registered model
     with pytest.raises(UserError, match="resolved"):
         gate_decision(0.3, 0.2, GateConfig())
+    # no direction given: the metric's known one (never a default that could flip it)
+    assert not gate_decision(0.30, 0.31, GateConfig(metric="eval.hpdv2.hpsv3")).passed
+    with pytest.raises(UserError, match="direction of 'eval.fid' is unknown"):
+        gate_decision(10.0, 12.0, GateConfig(metric="eval.fid"))
     g = GateConfig(metric="eval.hpdv2.hpsv3", direction="max")
     assert gate_decision(0.31, None, g).passed
     assert gate_decision(0.32, 0.31, g).passed

@@ -43,6 +43,13 @@ class FakeMlflow:
     def __init__(self, *a, **k):
         self.tags = {}
 
+    gate = {"gate.metric": "eval.hpdv2.hpsv3", "gate.direction": "max"}
+
+    def get_registered_model(self, name):
+        import types
+
+        return types.SimpleNamespace(tags=dict(self.gate))
+
     def get_model_version_by_alias(self, name, alias):
         import types
 
@@ -71,3 +78,27 @@ def test_regression_rule(monkeypatch, artifact, today, regressed):
     if regressed:
         with pytest.raises(RuntimeError, match="regressed"):
             check_regression.python_func(fail_on_regression=True, **args)
+
+
+def test_regression_direction_is_the_registered_models(monkeypatch, artifact):
+    """#16.8 for the nightly check: a flag cannot turn a drop of a higher-is-better metric into a gain."""
+    import mlflow
+
+    from chunkgrpo.errors import UserError
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://mlflow.invalid")
+    monkeypatch.setattr(mlflow, "MlflowClient", FakeMlflow)
+    res = artifact("res.json", json.dumps({"metrics": {"hpdv2.hpsv3.trained": 0.2}}))  # a big drop from 0.30
+    args = dict(results=res, model_name="m", alias="champion", metric="hpdv2.hpsv3", tolerance=0.005,
+                fail_on_regression=False, parent_run_id="", summary=artifact("s.md"))
+    assert check_regression.python_func(direction="", **args) is True  # max: the model's gate.direction
+    with pytest.raises(UserError, match="higher-is-better"):
+        check_regression.python_func(direction="min", **args)
+    # a metric nothing records a direction for: the asserted one is used, none at all is refused
+    res2 = artifact("res2.json", json.dumps({"metrics": {"custom.loss.trained": 0.2}}))
+    args2 = {**args, "results": res2, "metric": "custom.loss"}
+    monkeypatch.setattr(FakeMlflow, "get_model_version_by_alias", lambda self, n, a: __import__("types").SimpleNamespace(
+        version="3", tags={"metric.eval.custom.loss": "0.30"}))
+    assert check_regression.python_func(direction="min", **args2) is False  # 0.30 -> 0.20 is better when lower
+    with pytest.raises(UserError, match="direction of 'eval.custom.loss' is unknown"):
+        check_regression.python_func(direction="", **args2)

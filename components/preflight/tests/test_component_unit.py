@@ -3,7 +3,7 @@
 import pytest
 
 from chunkgrpo.errors import UserError
-from components.preflight.component import preflight
+from components.preflight.component import benchmark_preflight, preflight
 
 
 def _run(**kw):
@@ -28,3 +28,15 @@ def test_every_problem_in_one_line(tmp_path, monkeypatch):
     msg = str(exc.value)
     assert "\n" not in msg and "3 problem(s)" in msg
     assert "no-model" in msg and "no.txt" in msg and "OPENAI_API_KEY" in msg
+
+
+def test_benchmark_preflight_names_everything_in_one_line(tmp_path, monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    with pytest.raises(UserError) as exc:
+        benchmark_preflight.python_func(model_name="m", alias="champion", base_model=str(tmp_path / "no-base"),
+                                        eval_preset="eval_tiny", eval_benchmarks=["hpdv2", "wise"], eval_overrides=[],
+                                        scorer_weights={}, artifact_root="")
+    msg = str(exc.value)
+    assert "\n" not in msg and "3 problem(s)" in msg
+    assert "m@champion needs an MLflow server" in msg and "no-base" in msg and "OPENAI_API_KEY" in msg
