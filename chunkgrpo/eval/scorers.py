@@ -163,20 +163,6 @@ def _check_pairs(images: Sequence, prompts: Sequence[str]) -> None:
         raise UserError(f"got {len(images)} images but {len(prompts)} prompts; pass one prompt per image")
 
 
-def resolve_device(device: str = "auto") -> str:
-    import torch
-
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return device
-
-
-def _torch_dtype(name: str):
-    import torch
-
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
-
-
 def _default_cache_dir() -> Path:
     return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "chunkgrpo")
 
