@@ -26,21 +26,9 @@ def _pick(row: dict, where: str) -> str:
 
 def _fetch(uri: str) -> Path:
     """Download an s3:// prompt file into the cache (re-downloaded when its size/etag changes)."""
-    import hashlib
-    import os
+    from chunkgrpo.store import cached_file
 
-    from chunkgrpo.store import ArtifactStore
-
-    st = ArtifactStore()
-    meta = st.stat(uri)
-    if meta is None:
-        raise UserError(f"prompt file {uri} does not exist")
-    cache = Path(os.environ.get("CHUNKGRPO_CACHE", Path.home() / ".cache" / "chunkgrpo")) / "prompts"
-    key = hashlib.sha256(f"{uri}\0{meta.get('etag')}\0{meta.get('size')}".encode()).hexdigest()[:16]
-    local = cache / key / uri.rstrip("/").rsplit("/", 1)[-1]
-    if not local.exists():
-        st.get_file(uri, local)
-    return local
+    return cached_file(uri, "prompts", "prompt file")
 
 
 def load_prompts(path: str | Path, limit: int = 0) -> list[str]:

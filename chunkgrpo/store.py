@@ -781,15 +781,30 @@ def _short(exc: BaseException) -> str:
     return text if len(text) < 300 else text[:297] + "..."
 
 
+def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
+    """The local download cache: `cache_dir`, else $CHUNKGRPO_CACHE, else ~/.cache/chunkgrpo."""
+    return Path(cache_dir or os.environ.get("CHUNKGRPO_CACHE") or Path.home() / ".cache" / "chunkgrpo").expanduser()
+
+
+def cached_file(uri: str, kind: str, what: str = "file") -> Path:
+    """Download one `s3://` object into `<cache root>/<kind>/` and return the local path; a changed object
+    (size/etag) is downloaded again, an unchanged one reused. A missing object is a UserError naming `what`."""
+    store = ArtifactStore()
+    meta = store.stat(uri)
+    if meta is None:
+        raise UserError(f"{what} {uri} does not exist")
+    key = hashlib.sha256(f"{uri}\0{meta.get('etag')}\0{meta.get('size')}".encode()).hexdigest()[:16]
+    local = cache_root() / kind / key / uri.rstrip("/").rsplit("/", 1)[-1]
+    if not local.exists():
+        store.get_file(uri, local)
+    return local
+
+
 def cached_folder(uri: str, kind: str = "artifacts", cache_dir: str | Path | None = None) -> Path:
     """Download a complete S3 folder artifact into a local cache once (checksums verified) and return
     the local path. The cache entry is reused while its recorded manifest hash matches the remote one.
-    Cache root: `cache_dir`, else $CHUNKGRPO_CACHE, else ~/.cache/chunkgrpo."""
-    import hashlib
-    import os
-
-    cache = Path(cache_dir or os.environ.get("CHUNKGRPO_CACHE", Path.home() / ".cache" / "chunkgrpo"))
-    target = cache / kind / hashlib.sha256(uri.encode()).hexdigest()[:16]
+    Cache root: `cache_root(cache_dir)`."""
+    target = cache_root(cache_dir) / kind / hashlib.sha256(uri.encode()).hexdigest()[:16]
     store = ArtifactStore()
     manifest = store.read_manifest(uri)
     if manifest is None:

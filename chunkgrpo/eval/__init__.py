@@ -37,18 +37,9 @@ def data_dirs() -> list[Path]:
 def fetch_s3_file(uri: str, what: str = "data file") -> Path:
     """Download one `s3://` object into the cache (`$CHUNKGRPO_CACHE`, default ~/.cache/chunkgrpo) and
     return the local path; a changed object (size/etag) is downloaded again, an unchanged one reused."""
-    from chunkgrpo.store import ArtifactStore
+    from chunkgrpo.store import cached_file
 
-    store = ArtifactStore()
-    meta = store.stat(uri)
-    if meta is None:
-        raise UserError(f"{what} {uri} does not exist")
-    cache = Path(os.environ.get("CHUNKGRPO_CACHE", Path.home() / ".cache" / "chunkgrpo")) / "data"
-    key = hashlib.sha256(f"{uri}\0{meta.get('etag')}\0{meta.get('size')}".encode()).hexdigest()[:16]
-    local = cache / key / uri.rstrip("/").rsplit("/", 1)[-1]
-    if not local.exists():
-        store.get_file(uri, local)
-    return local
+    return cached_file(uri, "data", what)
 
 
 def fetch_s3_files(uri: str, names: list[str] | tuple[str, ...], what: str = "data folder") -> Path:

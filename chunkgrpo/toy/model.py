@@ -477,8 +477,9 @@ def read_meta(path: str | os.PathLike) -> dict | None:
 
 
 def _cache_root(cache_dir: str | os.PathLike | None) -> Path:
-    base = cache_dir or os.environ.get("CHUNKGRPO_CACHE") or Path.home() / ".cache" / "chunkgrpo"
-    return Path(base).expanduser() / "toy-models"
+    from chunkgrpo.store import cache_root
+
+    return cache_root(cache_dir) / "toy-models"
 
 
 def _build(cfg: ToyModelConfig, out: Path, key: str, progress: bool) -> None:
