@@ -150,6 +150,19 @@ def _registered_version(ref: str, timeout_s: float) -> tuple[dict | None, str | 
         return None, f"registered model {ref}: {getattr(e, 'reason', e)}"
 
 
+def evaluation_inputs(eval_preset: str, eval_benchmarks: list, eval_overrides: list,
+                      scorer_weights: dict) -> tuple[list[str], dict[str, str]]:
+    """What an evaluation stage will read: its benchmark suites (`eval_benchmarks`, else the preset's, else
+    hpdv2) and the scorer weight URIs it uses, labelled `scorer <name>` for the preflight report."""
+    from chunkgrpo.config import load_yaml
+    from chunkgrpo.models import used_scorer_weights
+
+    overrides = [*eval_overrides, *([f"benchmarks={json.dumps(list(eval_benchmarks))}"] if eval_benchmarks else [])]
+    benchmarks = list(eval_benchmarks) or list(load_yaml(eval_preset).get("benchmarks") or ["hpdv2"])
+    weights = {f"scorer {k}": v for k, v in used_scorer_weights(eval_preset, overrides, dict(scorer_weights)).items()}
+    return benchmarks, weights
+
+
 def check(spec: PreflightSpec) -> list[str]:
     """Every problem found, one short sentence each ([] = ready to run)."""
     problems: list[str] = []

@@ -28,17 +28,14 @@ def preflight(model: str, prompts: str, preset: str, train_overrides: list, rewa
         "ok" (the step fails with one line listing every problem otherwise).
     """
     stage_env("")
-    import json
+    from chunkgrpo.models import used_reward_weights
+    from chunkgrpo.preflight import PreflightSpec, evaluation_inputs, require
 
-    from chunkgrpo.config import load_yaml
-    from chunkgrpo.models import used_reward_weights, used_scorer_weights
-    from chunkgrpo.preflight import PreflightSpec, require
-
-    ev_over = [*eval_overrides, *([f"benchmarks={json.dumps(list(eval_benchmarks))}"] if eval_benchmarks else [])]
-    benchmarks = list(eval_benchmarks) or list(load_yaml(eval_preset).get("benchmarks") or ["hpdv2"])
+    benchmarks, scorers = evaluation_inputs(eval_preset, list(eval_benchmarks), list(eval_overrides),
+                                            dict(scorer_weights))
     weights = {**{f"reward {k}": v for k, v in used_reward_weights(preset, list(train_overrides),
                                                                     dict(reward_weights)).items()},
-               **{f"scorer {k}": v for k, v in used_scorer_weights(eval_preset, ev_over, dict(scorer_weights)).items()}}
+               **scorers}
     spec = PreflightSpec(model=model, prompts=prompts, weights=weights, benchmarks=benchmarks,
                          artifact_root=artifact_root)
     require(spec)
@@ -65,15 +62,10 @@ def benchmark_preflight(model_name: str, alias: str, base_model: str, eval_prese
         "ok" (the step fails with one line listing every problem otherwise).
     """
     stage_env("")
-    import json
+    from chunkgrpo.preflight import PreflightSpec, evaluation_inputs, require
 
-    from chunkgrpo.config import load_yaml
-    from chunkgrpo.models import used_scorer_weights
-    from chunkgrpo.preflight import PreflightSpec, require
-
-    ev_over = [*eval_overrides, *([f"benchmarks={json.dumps(list(eval_benchmarks))}"] if eval_benchmarks else [])]
-    benchmarks = list(eval_benchmarks) or list(load_yaml(eval_preset).get("benchmarks") or ["hpdv2"])
-    weights = {f"scorer {k}": v for k, v in used_scorer_weights(eval_preset, ev_over, dict(scorer_weights)).items()}
+    benchmarks, weights = evaluation_inputs(eval_preset, list(eval_benchmarks), list(eval_overrides),
+                                            dict(scorer_weights))
     spec = PreflightSpec(model=base_model, registered=f"{model_name}@{alias}", weights=weights, benchmarks=benchmarks,
                          artifact_root=artifact_root)
     require(spec)
