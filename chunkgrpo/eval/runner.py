@@ -43,6 +43,7 @@ from typing import Any, Literal
 from chunkgrpo.config import Config, option
 from chunkgrpo.errors import UserError
 from chunkgrpo.eval.wise import JudgeConfig
+from chunkgrpo.eval.worker import resolve_device
 
 log = logging.getLogger(__name__)
 
@@ -457,14 +458,6 @@ def _torch_dtype(name: str, device: str):
     return {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[name]
 
 
-def _resolve_device(name: str) -> str:
-    import torch
-
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return name
-
-
 def _generate(cfg: EvalConfig, out: Path, jobs: list[Job], labels: list[str], trained, base_model: str) -> dict:
     """Generate every missing image; returns timing/counters."""
     missing: dict[tuple[str, ...], list[Job]] = {}
@@ -482,7 +475,7 @@ def _generate(cfg: EvalConfig, out: Path, jobs: list[Job], labels: list[str], tr
     from chunkgrpo.eval.hybrid import HybridSampler
 
     t0 = time.perf_counter()
-    device = _resolve_device(cfg.device)
+    device = resolve_device(cfg.device)
     sampler = HybridSampler.load(base_model, trained if "trained" in labels else None, device=device,
                                  dtype=_torch_dtype(cfg.dtype, device), offload=cfg.offload,
                                  cache_dir=cfg.cache_dir or None)
@@ -581,7 +574,7 @@ def _score_geneval(cfg: EvalConfig, out: Path, labels: list[str], detector, colo
                             "(or generate_only=true to score later)")
         if cfg.geneval_detector == "mmdet":
             detector = geneval.MMDetDetector(cfg.geneval_detector_weights, config=cfg.geneval_detector_config or None,
-                                             device=_resolve_device(cfg.scorer_device))
+                                             device=resolve_device(cfg.scorer_device))
         else:
             detector = geneval.TransformersMask2FormerDetector(cfg.geneval_detector_weights,
                                                                device=cfg.scorer_device)
