@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", help="toy model folder (default: build/reuse .chunkgrpo/models/toy)")
     ap.add_argument("--out", help="results folder (default benchmarks/results/ablation)")
     ap.add_argument("--seeds", type=int, help="seeds per method (default 5)")
-    ap.add_argument("--steps", type=int, help="optimizer steps per run (default 32)")
+    ap.add_argument("--steps", type=int, help="optimizer steps per run (default 72)")
     ap.add_argument("--jobs", type=int, help="runs in parallel (default 1)")
     ap.add_argument("--methods", help="comma-separated subset of the methods")
     ap.add_argument("overrides", nargs="*", help="AblationConfig key=value; other keys are training overrides")

@@ -10,6 +10,7 @@ artifacts are small pointers, `Metrics`, `HTML` and `Markdown` (rendered by the 
     components/images.py              image references
 """
 
+from components.ablation.component import toy_ablation
 from components.evaluate.component import check_regression, evaluate
 from components.launch_trainjob.component import launch_trainjob
 from components.models.component import sync_models
@@ -22,4 +23,4 @@ from components.tracking.component import close_run, open_run
 from components.train.component import train
 
 __all__ = ["preflight", "benchmark_preflight", "open_run", "close_run", "profile", "plan", "train", "launch_trainjob", "evaluate",
-           "check_regression", "register", "check_gate", "promote", "sync_models"]
+           "check_regression", "register", "check_gate", "promote", "sync_models", "toy_ablation"]

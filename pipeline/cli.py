@@ -3,7 +3,7 @@
     chunkgrpo pipeline compile --pool h100|h800|gpu|cpu [--trainer torchrun|trainjob|pytorchjob] [--out dist/pipelines]
                                [--target-kfp 2.14|2.15|2.16|2.17] [--image-pull-secret NAME] [--model-pvc NAME]
     chunkgrpo pipeline upload   --host URL --pool P [--version NAME]     # new pipeline version(s)
-    chunkgrpo pipeline run --local [-p key=value ...] [--keep-services]  # kfp.local, local S3 + MLflow, tiny model
+    chunkgrpo pipeline run --local [-p key=value ...] [--keep-services]  # kfp.local, local S3 + MLflow, toy-world model
     chunkgrpo pipeline run      --host URL [-p key=value ...]            # one run on a cluster
     chunkgrpo pipeline schedule --host URL [--cron '0 0 2 * * *'] [--timezone Europe/Berlin]
 
@@ -208,7 +208,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     p = sub.add_parser("run", help="run a pipeline once: locally (--local) or on a cluster")
     common(p, which_default="train_and_evaluate", remote=True)
-    p.add_argument("--local", action="store_true", help="run with kfp.local against local S3 + MLflow (tiny model)")
+    p.add_argument("--local", action="store_true",
+                   help="run with kfp.local against local S3 + MLflow (toy-world model, pretrained once and cached)")
     p.add_argument("-p", "--param", action="append", default=[], metavar="NAME=VALUE", help="pipeline parameter")
     p.add_argument("--home", default=".chunkgrpo", help="--local: state dir (services, models, kfp outputs)")
     p.add_argument("--keep-services", action="store_true", help="--local: leave S3 + MLflow running afterwards")

@@ -1,9 +1,10 @@
 """`chunkgrpo pipeline run --local`: the real pipeline under `kfp.local` against local S3 + MLflow.
 
-    chunkgrpo pipeline run --local                      # tiny model, 2 torchrun processes, ~2 min on 2 CPU cores
+    chunkgrpo pipeline run --local                      # toy model, 2 torchrun processes, a few min on 2 CPU cores
 
 1. starts (or reuses) SeaweedFS + MLflow (`chunkgrpo.local_services`, state in <home>/local);
-2. builds the tiny random-weight FLUX model and a prompt file under <home> if missing;
+2. builds the pretrained toy-world FLUX model (`chunkgrpo.toy`, cached by content hash) under <home>
+   if missing; its train prompts are the training data, its held-out prompts the evaluation set;
 3. exports the services' env (S3 endpoint + keys, MLFLOW_TRACKING_URI) so every task inherits it;
 4. runs the same pipeline function that is compiled for the cluster with
    `kfp.local.SubprocessRunner(use_venv=False)` (tasks run in this venv; Kubernetes settings such as
@@ -31,28 +32,21 @@ import time
 import warnings
 from pathlib import Path
 
-TINY_PROMPTS = """a red apple on a wooden table
-a cat sitting on a windowsill at sunset
-a blue car parked in front of a house
-a bowl of fruit, studio lighting
-a lighthouse on a rocky coast at night
-a dog running in a green park
-an astronaut riding a horse
-three yellow balloons in a clear sky
-"""
-
-# Parameters of `train_and_evaluate` for the tiny CPU model (everything else keeps its default).
-TINY_TRAIN = {
-    "preset": "tiny_cpu", "method": "chunk", "max_iterations": 30, "nproc_per_node": 2,
-    "chunk_strategy": "dynamics", "profile_prompts": 4, "profile_seeds": 1, "device": "cpu",
-    "eval_preset": "eval_tiny", "eval_num_prompts": 8, "model_name": "chunkgrpo-tiny",
-    "gate_metric": "eval.hpdv2.brightness", "gate_direction": "max", "gate_margin": 0.0,
+# Parameters of `train_and_evaluate` for the pretrained toy-world model on CPU (everything else keeps its
+# default): Chunk-GRPO with the exact GenEval reward (`toy_geneval`), evaluated on held-out toy prompts
+# (attribute combinations never seen in training) by the exact toy detector.
+TOY_TRAIN = {
+    "preset": "toy_cpu", "method": "chunk", "max_iterations": 100, "nproc_per_node": 2,
+    "chunk_strategy": "dynamics", "profile_prompts": 8, "profile_seeds": 1, "device": "cpu",
+    "eval_preset": "eval_toy", "eval_num_prompts": 0, "model_name": "chunkgrpo-toy",
+    "gate_metric": "eval.geneval.overall", "gate_direction": "max", "gate_margin": 0.0,
     "experiment": "chunkgrpo-local", "artifact_root": "s3://chunkgrpo/pipeline-runs",
 }
-TINY_NIGHTLY = {
-    "model_name": "chunkgrpo-tiny", "eval_preset": "eval_tiny", "eval_benchmarks": ["hpdv2"], "eval_num_prompts": 4,
-    "regression_metric": "hpdv2.brightness", "tolerance": 0.005, "experiment": "chunkgrpo-local-nightly",
-    "artifact_root": "s3://chunkgrpo/nightly",
+TOY_NIGHTLY = {
+    "model_name": "chunkgrpo-toy", "eval_preset": "eval_toy", "eval_benchmarks": ["geneval"], "eval_num_prompts": 0,
+    "regression_metric": "geneval.overall", "tolerance": 0.02, "experiment": "chunkgrpo-local-nightly",
+    "artifact_root": "s3://chunkgrpo/nightly", "ablation_seeds": 2, "ablation_steps": 4,
+    "ablation_methods": ["step_flow", "chunk_dynamics"],
 }
 
 
@@ -74,18 +68,24 @@ class LocalRun:
 
 
 def prepare_inputs(home: Path) -> tuple[Path, Path]:
-    """The tiny model and a prompt file under `home` (built once, then reused)."""
-    model = home / "models" / "tiny-flux"
-    if not (model / "model_index.json").exists():
-        from chunkgrpo.tiny import build_tiny_flux
+    """The pretrained toy model (`chunkgrpo toy-model`, content-hash cached: pretrained once, a few
+    minutes on 2 cores) under `home`, and its training prompt file."""
+    from chunkgrpo.toy.model import ToyModelConfig, build_toy_model, model_key, read_meta
 
-        print(f"building the tiny FLUX model in {model} ...", flush=True)
-        build_tiny_flux(model, seed=0)
-    prompts = home / "data" / "tiny_prompts.txt"
-    if not prompts.exists():
-        prompts.parent.mkdir(parents=True, exist_ok=True)
-        prompts.write_text(TINY_PROMPTS)
-    return model, prompts
+    model = home / "models" / "toy"
+    meta = read_meta(model)
+    if meta is None or meta.get("key") != model_key(ToyModelConfig()):
+        print(f"building the toy-world base model in {_rel(str(model))} (one-time pretraining, cached) ...", flush=True)
+    build_toy_model(model)
+    return model, model / read_meta(model)["files"]["train_prompts"]
+
+
+def toy_eval_overrides(model: Path) -> list[str]:
+    """The toy model's held-out prompt files for the `eval_toy` preset."""
+    from chunkgrpo.toy.model import read_meta
+
+    files = read_meta(model)["files"]
+    return [f"geneval_metadata={model / files['heldout_metadata']}", f"hpdv2_prompts={model / files['heldout_prompts']}"]
 
 
 def read_task_outputs(run_dir: Path) -> dict:
@@ -259,11 +259,12 @@ def run_local(pipeline: str = "train_and_evaluate", params: dict | None = None, 
         os.environ.update(services_env)
         os.environ.setdefault("CHUNKGRPO_CACHE", str(home / "cache"))
         os.environ["MLFLOW_DISABLE_TELEMETRY"] = "true"
+        model, prompts = prepare_inputs(home)
+        toy = {"eval_overrides": toy_eval_overrides(model)}
         if pipeline == "train_and_evaluate":
-            model, prompts = prepare_inputs(home)
-            full = {**TINY_TRAIN, "model": str(model), "prompts": str(prompts), **(params or {})}
+            full = {**TOY_TRAIN, **toy, "model": str(model), "prompts": str(prompts), **(params or {})}
         else:
-            full = {**TINY_NIGHTLY, **(params or {})}
+            full = {**TOY_NIGHTLY, **toy, "ablation_model": str(model), **(params or {})}
         for k, v in full.items():
             check_literal(k, v, literals)
         root = home / "kfp"

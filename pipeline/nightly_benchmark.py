@@ -1,6 +1,8 @@
 """Nightly benchmark: evaluate the registry champion (hybrid inference) and the base model on the
 benchmark suites with fixed seeds, log to MLflow, flag a regression against the champion's own
-registered score. Scheduled by `chunkgrpo pipeline schedule` (default 02:00 UTC).
+registered score; optionally (`ablation_model`) the reduced toy-world ablation (step-level vs
+chunk-level GRPO from the same toy base model, with CIs: `components/ablation`) as a check that the
+engine still learns. Scheduled by `chunkgrpo pipeline schedule` (default 02:00 UTC).
 
 Caching is off on every step (a benchmark that is served from cache measures nothing). The first step,
 `benchmark_preflight`, checks in seconds that the alias exists and that its base model, the scorer
@@ -11,7 +13,7 @@ assert it).
 
 from kfp import dsl
 
-from components import benchmark_preflight, check_regression, evaluate
+from components import benchmark_preflight, check_regression, evaluate, toy_ablation
 from components.k8s import POOLS, configure, on_pool, small, with_judge
 from pipeline.train_and_evaluate import DEFAULT_SCORER_WEIGHTS, DIRECTIONS, _exit_handler
 
@@ -39,6 +41,10 @@ def make_nightly_benchmark(pool: str = "cpu"):
         fail_on_regression: bool = False,
         experiment: str = "chunkgrpo-nightly",
         artifact_root: str = "s3://chunkgrpo-checkpoints/nightly",
+        ablation_model: str = "",
+        ablation_methods: list = ["step_flow", "chunk_dynamics"],  # noqa: B006
+        ablation_seeds: int = 2,
+        ablation_steps: int = 8,
     ):
         from components.tracking.component import open_run
 
@@ -64,6 +70,13 @@ def make_nightly_benchmark(pool: str = "cpu"):
                                    metric=regression_metric, direction=regression_direction, tolerance=tolerance,
                                    fail_on_regression=fail_on_regression, parent_run_id=opened.output)
             configure(small(reg), display_name="regression check", cache=False, retries=2)
+            with dsl.If(ablation_model != "", name="toy-ablation"):
+                ab = toy_ablation(model=ablation_model, methods=ablation_methods, seeds=ablation_seeds,
+                                  steps=ablation_steps, artifact_root=artifact_root,
+                                  run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, parent_run_id=opened.output)
+                configure(small(ab, "16G").set_cpu_request("2"), display_name="toy ablation (step vs chunk)",
+                          cache=False, retries=1)
+                ab.after(pre)
 
     nightly_benchmark.__doc__ = """Benchmark the champion against the base model and flag regressions.
 
@@ -71,7 +84,7 @@ def make_nightly_benchmark(pool: str = "cpu"):
         model_name: Registered model name in MLflow.
         alias: Alias of the version to benchmark (champion).
         base_model: Base FLUX model ('' = the one the champion was trained from).
-        eval_preset: Evaluation preset (eval_hpdv2, eval_tiny) or a YAML path in the image.
+        eval_preset: Evaluation preset (eval_hpdv2, eval_toy, eval_tiny) or a YAML path in the image.
         eval_benchmarks: Benchmark suites as a JSON list (hpdv2, geneval, wise); [] = the preset's.
         eval_num_prompts: Only the first N prompts per benchmark (0 = the preset's setting, i.e. all).
         eval_overrides: Extra evaluation overrides as a JSON list of "key=value" strings.
@@ -83,6 +96,10 @@ def make_nightly_benchmark(pool: str = "cpu"):
         fail_on_regression: Also fail the run on a regression (it is always flagged in MLflow and the UI).
         experiment: MLflow experiment of the nightly runs.
         artifact_root: s3:// prefix for the benchmark images and reports (<root>/<run id>/benchmark).
+        ablation_model: Toy base model (`chunkgrpo toy-model` folder or s3:// folder) for the reduced step-vs-chunk ablation; '' = skip it.
+        ablation_methods: Ablation methods as a JSON list (step_flow, step_dance, chunk_uniform, chunk_dynamics, chunk_ws, tempflow, granular).
+        ablation_seeds: Training seeds per ablation method.
+        ablation_steps: Optimizer steps per ablation run.
     """
     return dsl.pipeline(name=NAME, description="Nightly: champion vs base model on HPDv2/GenEval/WISE; "
                         "logs to MLflow and flags regressions.")(nightly_benchmark)

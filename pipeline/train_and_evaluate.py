@@ -61,7 +61,7 @@ _DOC_COMMON = """
         profile_prompts: Prompts used to profile the base model's dynamics (0 = all).
         profile_seeds: Initial-noise seeds per profiled prompt.
         device: Device for profiling - auto | cpu | cuda.
-        eval_preset: Evaluation preset (eval_hpdv2, eval_tiny) or a YAML path in the image.
+        eval_preset: Evaluation preset (eval_hpdv2, eval_toy, eval_tiny) or a YAML path in the image.
         eval_benchmarks: Benchmark suites as a JSON list (hpdv2, geneval, wise); [] = the preset's.
         eval_num_prompts: Evaluate only the first N prompts per benchmark (0 = the preset's setting).
         eval_overrides: Extra evaluation overrides as a JSON list of "key=value" strings.

@@ -11,7 +11,7 @@ Examples:
 """
 
 NAME = "evaluate"
-HELP = "hybrid-inference evaluation: HPDv2 / GenEval / WISE, metrics.json + report.html (presets: eval_hpdv2, eval_tiny)"
+HELP = "hybrid-inference evaluation: HPDv2 / GenEval / WISE, metrics.json + report.html (presets: eval_hpdv2, eval_toy, eval_tiny)"
 
 
 def add_arguments(p):

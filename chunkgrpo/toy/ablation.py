@@ -100,7 +100,7 @@ class AblationConfig(Config):
     methods: list[str] = option(list(METHODS), f"methods to run, of {list(METHODS)}")
     seeds: int = option(5, "training seeds per method (0 .. seeds-1, offset by first_seed)")
     first_seed: int = option(0, "first training seed")
-    steps: int = option(32, "optimizer steps per run (a multiple of the branching methods' steps per iteration)")
+    steps: int = option(72, "optimizer steps per run (a multiple of the branching methods' steps per iteration)")
     preset: str = option("toy_cpu", "training preset every run starts from")
     overrides: list[str] = option([], "training overrides applied to every run (key=value)")
     eval_per_category: int = option(8, "held-out prompts per GenEval category")
@@ -404,7 +404,7 @@ def markdown(result: dict) -> str:
              f"Base model `{result['model']['key']}`; {s['steps']} optimizer steps per run; "
              f"{tc['prompts_per_rank']} prompts × {tc['group_size']} samples per optimizer step; "
              f"{tc['sampling']['num_steps']} sampling steps at {tc['sampling']['height']}²; lr {tc['lr']}, LoRA r{tc['lora']['rank']}; "
-             f"reward `toy_geneval` (dense). Evaluation: {len(s['eval_prompts'])} held-out prompts × "
+             f"reward `toy_geneval` (graded credit). Evaluation: {len(s['eval_prompts'])} held-out prompts × "
              f"{s['eval_samples']} images, trained model alone, ODE. Mean ± 95 % CI (t) over seeds.", ""]
     if result.get("plan"):
         lines.append(f"Dynamics plan (engine profile + `{s['plan']}`): chunk sizes {result['plan']['sizes']}.")
@@ -453,7 +453,7 @@ def plot_curves(result: dict, path: Path) -> Path | None:
         plt.close(fig)
         return None
     ax.set_xlabel("optimizer step")
-    ax.set_ylabel("training reward (toy_geneval, dense)")
+    ax.set_ylabel("training reward (toy_geneval, graded)")
     ax.set_title("Toy-world ablation: training reward (mean ± sd over seeds)")
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()

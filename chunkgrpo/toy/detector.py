@@ -163,3 +163,87 @@ def partial_credit(image, md: dict, detector: ToyDetector | None = None,
         ok, _ = evaluate_detections(detected, {"tag": md["tag"], "include": sub}, pil, cf)
         good += int(ok)
     return min(good / len(inc), 0.99)
+
+
+def shape_similarity(mask: np.ndarray, shape: str) -> float:
+    """IoU of a component's mask with the world's template of `shape` (its one size, `SHAPE_SIZES`) centred
+    on the component's box: 1.0 for a perfectly drawn `shape`, lower the further the blob is from it."""
+    from chunkgrpo.toy.world import CELL, SHAPE_SIZES, shape_mask
+
+    ys, xs = np.nonzero(mask)
+    if ys.size == 0:
+        return 0.0
+    w, h = SHAPE_SIZES[shape][0]
+    tmpl = np.kron(shape_mask(shape, w, h), np.ones((CELL, CELL), bool))
+    th, tw = tmpl.shape
+    cy = int(round((ys.min() + ys.max() + 1 - th) / 2))
+    cx = int(round((xs.min() + xs.max() + 1 - tw) / 2))
+    H, W = mask.shape
+    placed = np.zeros((H + 2 * th, W + 2 * tw), bool)  # padded: a template reaching past the border is clipped
+    placed[cy + th:cy + 2 * th, cx + tw:cx + 2 * tw] = tmpl
+    placed = placed[th:th + H, tw:tw + W]
+    union = (placed | mask).sum()
+    return float((placed & mask).sum() / union) if union else 0.0
+
+
+def graded_credit(image, md: dict, detector: ToyDetector | None = None,
+                  color_fn: ToyColorClassifier | None = None) -> float:
+    """Dense credit in [0, 1] that grows continuously as an image approaches its caption; 1.0 iff the image
+    is correct by the official rules, else at most 0.99 (the `toy_geneval` reward with `dense: graded`).
+
+    Every connected component over the palette counts (whatever class the detector gives it):
+      clause {class, colour?}   best over components of shape_similarity(component, class)
+                                × (1 if no colour is asked or the component has it, else 0.5);
+      position clause           that, × (1 if the relation holds to the target clause's best component,
+                                else 0.5);
+      counting {class, n}       0.75 (1 − |found − n| / n) + 0.25 × the mean similarity of the n most
+                                similar components (found: detections of the class, as the rules count);
+    the credit is the mean over the include clauses. The detector's class decision is a threshold on the
+    same shape features, so a blob that becomes more like the asked shape earns more before it flips."""
+    from chunkgrpo.eval.geneval import evaluate_detections, filter_detections, relative_position
+
+    det = detector or ToyDetector()
+    cf = color_fn or ToyColorClassifier()
+    img = _array(image)
+    pil = Image.fromarray(img)
+    detections = det.detect(img)
+    detected = filter_detections(detections, md["tag"])
+    if evaluate_detections(detected, md, pil, cf)[0]:
+        return 1.0
+    comps = [d for ds in detections.values() for d in ds]
+    colors = cf(pil, comps, "") if comps else []
+    inc = md["include"]
+    if md["tag"] == "counting":
+        n, cls = int(inc[0]["count"]), inc[0]["class"]
+        found = len(detected.get(cls, []))
+        sims = sorted((shape_similarity(d.mask, cls) for d in comps), reverse=True)[:n]
+        credit = 0.75 * max(0.0, 1.0 - abs(found - n) / n) + 0.25 * (sum(sims) / n)
+        return min(credit, 0.99)
+
+    def quality(i: int, req: dict) -> float:
+        q = shape_similarity(comps[i].mask, req["class"])
+        if req.get("color") and colors[i] != req["color"]:
+            q *= 0.5
+        return q
+
+    total = 0.0
+    for req in inc:
+        if not comps:
+            break
+        scores = [quality(i, req) for i in range(len(comps))]
+        if "position" in req:
+            rel, t = req["position"][0], int(req["position"][1])
+            target_scores = [quality(j, inc[t]) for j in range(len(comps))]
+            best = 0.0
+            for i in range(len(comps)):
+                others = [j for j in range(len(comps)) if j != i]
+                if not others:
+                    best = max(best, 0.5 * scores[i])
+                    continue
+                j = max(others, key=lambda k: target_scores[k])
+                ok = rel in relative_position(comps[i].box, comps[j].box, 0.1)
+                best = max(best, scores[i] * (1.0 if ok else 0.5))
+            total += best
+        else:
+            total += max(scores)
+    return min(total / len(inc), 0.99)

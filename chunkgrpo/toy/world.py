@@ -14,7 +14,11 @@ colour of every object:
     color_attr     a photo of a red circle and a blue square    include [{circle, 1, red}, {square, 1, blue}]
 
 Scenes hold exactly the objects their caption names (colours not named are drawn from the palette);
-objects never touch (≥ `GAP` cells apart), so connected components recover them exactly. Position
+objects never touch (≥ `GAP` cells apart), so connected components recover them exactly. Each shape has
+one size, and boxes start on even cells (`ALIGN`), i.e. on the transformer's 2×2-cell latent tokens: a
+shape is always the same few token patterns, which is what lets a small model learn the world in
+minutes (measured: aligned, one size → held-out accuracy 0.21 after 3000 steps; any cell, two sizes →
+0.12 with the same training). Position
 scenes satisfy the relation with a clear margin under GenEval's own rule (`relative_position`).
 
 Split (`World.split`, deterministic from the world seed): held-out prompts combine attributes that
@@ -39,6 +43,7 @@ from chunkgrpo.errors import UserError
 SIZE = 32  # pixels
 CELL = 2  # pixels per grid cell
 GAP = 1  # min empty cells between two objects' boxes
+ALIGN = 2  # object boxes start on multiples of this many cells (one latent token = 2×2 cells)
 BACKGROUND = (255, 255, 255)
 SHAPES = ("circle", "square", "triangle", "cross", "bar", "column")
 PLURALS = {"circle": "circles", "square": "squares", "triangle": "triangles", "cross": "crosses", "bar": "bars",
@@ -58,14 +63,14 @@ COLORS = tuple(PALETTE)
 NUMBERS = ("one", "two", "three", "four")
 RELATIONS = ("left of", "right of", "above", "below")
 TAGS = ("single_object", "two_object", "counting", "colors", "position", "color_attr")
-# box sizes (w, h) in cells each shape is drawn at: small jitter so the model sees variation
+# box size (w, h) in cells of each shape: one size per shape keeps the generative problem small
 SHAPE_SIZES = {
-    "circle": [(4, 4), (5, 5)],
-    "square": [(3, 3), (4, 4)],
-    "triangle": [(5, 3), (5, 4)],
-    "cross": [(3, 3), (5, 5)],
-    "bar": [(5, 2), (6, 2)],
-    "column": [(2, 5), (2, 6)],
+    "circle": [(5, 5)],
+    "square": [(4, 4)],
+    "triangle": [(5, 4)],
+    "cross": [(5, 5)],
+    "bar": [(6, 2)],
+    "column": [(2, 6)],
 }
 POSITION_MARGIN = 0.1  # GenEval's position threshold (fraction of the two box sizes)
 
@@ -379,8 +384,9 @@ class World:
             w, h = sizes[int(rng.integers(len(sizes)))]
             color = color or COLORS[int(rng.integers(len(COLORS)))]
             for _ in range(50):
-                x0 = int(rng.integers(1, self.grid - w))
-                y0 = int(rng.integers(1, self.grid - h))
+                # boxes start on even cells: aligned with the transformer's 2×2-cell latent tokens
+                x0 = ALIGN * int(rng.integers(0, (self.grid - w) // ALIGN + 1))
+                y0 = ALIGN * int(rng.integers(0, (self.grid - h) // ALIGN + 1))
                 box = (x0, y0, x0 + w, y0 + h)
                 if all(_apart(box, b, GAP) for b in cells):
                     cells.append(box)

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from chunkgrpo.eval.geneval import Detector, relative_position, score_detections
-from chunkgrpo.toy.detector import ToyColorClassifier, ToyDetector, partial_credit, score
+from chunkgrpo.toy.detector import (ToyColorClassifier, ToyDetector, graded_credit, partial_credit, score,
+                                    shape_similarity)
 from chunkgrpo.toy.world import COLORS, RELATIONS, SHAPES, TAGS, Scene, ToyObject, World, metadata
 
 
@@ -39,6 +40,7 @@ def test_true_caption_scores_one(scenes):
         r = score(s.render(), s.metadata)
         assert r["correct"], (s.prompt, r["reason"])
         assert partial_credit(s.render(), s.metadata) == 1.0
+        assert graded_credit(s.render(), s.metadata) == 1.0
 
 
 def _changed(md):
@@ -156,3 +158,58 @@ def test_partial_credit_counts_satisfied_clauses():
     none = metadata("color_attr", pairs=(("green", "circle"), ("pink", "square")))
     assert partial_credit(s.render(), half) == pytest.approx(0.5)
     assert partial_credit(s.render(), none) == 0.0
+
+
+def test_shape_similarity_is_one_on_the_template_and_highest_for_the_own_shape():
+    w = World(0)
+    rng = np.random.default_rng(3)
+    for shape in SHAPES:
+        obj = w.scene(metadata("single_object", shape=shape), rng).objects[0]
+        sims = {t: shape_similarity(obj.mask(), t) for t in SHAPES}
+        assert sims[shape] == 1.0
+        assert max(v for t, v in sims.items() if t != shape) < 0.8, sims
+    assert shape_similarity(np.zeros((32, 32), bool), "circle") == 0.0
+
+
+def test_graded_credit_grows_as_the_image_approaches_the_caption():
+    """1.0 iff correct; a wrong colour halves a clause; a blob that is more like the asked shape earns more;
+    counting grades the number found."""
+    w = World(0)
+    rng = np.random.default_rng(0)
+    s = w.scene(metadata("color_attr", pairs=(("red", "circle"), ("blue", "square"))), rng)
+    img = s.render()
+    assert graded_credit(img, s.metadata) == 1.0
+    one_colour = graded_credit(img, metadata("color_attr", pairs=(("red", "circle"), ("green", "square"))))
+    no_colour = graded_credit(img, metadata("color_attr", pairs=(("green", "circle"), ("pink", "square"))))
+    assert one_colour == pytest.approx(0.75) and no_colour == pytest.approx(0.5)
+    # a circle eroded pixel by pixel: the credit for "a red circle" falls monotonically
+    md = metadata("colors", color="red", shape="circle")
+    scene = w.scene(md, rng)
+    obj = scene.objects[0]
+    ys, xs = np.nonzero(obj.mask())
+    credits = []
+    for k in (0, 4, 8, 12):
+        im = scene.render().copy()
+        for y, x in list(zip(ys, xs))[:k]:
+            im[y, x] = (255, 255, 255)
+        credits.append(graded_credit(im, md))
+    assert credits[0] == 1.0 and all(a >= b for a, b in zip(credits, credits[1:])) and credits[-1] < 1.0
+    assert graded_credit(np.full((32, 32, 3), 255, np.uint8), md) == 0.0  # nothing drawn, no credit
+    # counting: 3 asked, 1..4 drawn
+    counts = []
+    for n in (1, 2, 3, 4):
+        counts.append(graded_credit(w.scene(metadata("counting", shape="square", count=n), rng).render(),
+                                    metadata("counting", shape="square", count=3)))
+    assert counts[2] == 1.0 and counts[0] < counts[1] < 1.0 and counts[3] < 1.0
+
+
+def test_graded_position_credit_needs_the_relation():
+    w = World(0)
+    rng = np.random.default_rng(5)
+    md = metadata("position", shapes=("circle", "square"), relation="left of")
+    s = w.scene(md, rng)
+    assert graded_credit(s.render(), md) == 1.0
+    flipped = metadata("position", shapes=("circle", "square"), relation="right of")
+    # the target clause is met (1.0); the subject clause is not (the circle is on the wrong side: 1.0 × 0.5,
+    # or the square standing in for it on the right side: its similarity to a circle, < 1)
+    assert 0.75 <= graded_credit(s.render(), flipped) < 0.99

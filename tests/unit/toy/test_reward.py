@@ -14,7 +14,7 @@ def test_registered_and_exact_on_rendered_scenes():
     scenes = World(0).sample(24, seed=2)
     images = [s.image() for s in scenes]
     prompts = [s.prompt for s in scenes]
-    for dense in ("true", "false"):
+    for dense in ("true", "false", "graded"):
         r = get_reward("toy_geneval", {"dense": dense})(images, prompts)
         assert r.dtype == torch.float32 and r.shape == (24,)
         assert torch.equal(r, torch.ones(24))
@@ -25,6 +25,9 @@ def test_registered_and_exact_on_rendered_scenes():
     assert set(sparse.tolist()) <= {0.0, 1.0} and sparse.mean() < 0.5
     assert (dense >= sparse).all() and (dense <= 1).all()
     assert ((dense > 0) & (dense < 1)).any()
+    graded = get_reward("toy_geneval", {"dense": "graded"})(images, shuffled)
+    assert torch.equal(graded == 1.0, sparse == 1.0)  # 1 exactly when correct by the rules
+    assert (graded[sparse == 0] < 1).all() and (graded > dense).float().mean() > 0.5  # finer than clause counts
 
 
 def test_counting_reward_is_dense():
@@ -39,5 +42,5 @@ def test_bad_inputs_are_one_line_user_errors():
     fn = get_reward("toy_geneval")
     with pytest.raises(UserError, match="'a photo of a dog' is not a toy-world caption"):
         compute_rewards({"toy_geneval": fn}, [World(0).sample(1)[0].image()], ["a photo of a dog"])
-    with pytest.raises(UserError, match="dense='maybe'"):
+    with pytest.raises(UserError, match="dense='maybe' must be false, true \\(clauses\\) or graded"):
         get_reward("toy_geneval", {"dense": "maybe"})

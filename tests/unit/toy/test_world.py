@@ -7,7 +7,7 @@ import pytest
 
 from chunkgrpo.errors import UserError
 from chunkgrpo.eval.geneval import validate_metadata
-from chunkgrpo.toy.world import (COLORS, PALETTE, SHAPE_SIZES, SHAPES, TAGS, ToyObject, World, all_prompts, caption,
+from chunkgrpo.toy.world import (ALIGN, COLORS, PALETTE, SHAPE_SIZES, SHAPES, TAGS, ToyObject, World, all_prompts, caption,
                                  classify_shape, parse_caption, shape_mask)
 
 
@@ -102,8 +102,10 @@ def test_scenes_hold_exactly_their_objects_apart_and_inside():
         assert len(s.objects) == want
         for o in s.objects:
             x0, y0, x1, y1 = o.box
-            assert 2 <= x0 < x1 <= w.size - 2 and 2 <= y0 < y1 <= w.size - 2
+            assert 0 <= x0 < x1 <= w.size and 0 <= y0 < y1 <= w.size
             assert all(v % 2 == 0 for v in o.box)  # on the cell grid
+            assert x0 % (2 * ALIGN) == 0 and y0 % (2 * ALIGN) == 0  # starts on a 2×2-cell latent token
+            assert (x1 - x0, y1 - y0) == tuple(2 * v for v in SHAPE_SIZES[o.shape][0])
         for o1, o2 in itertools.combinations(s.objects, 2):
             assert not (o1.mask(w.size) & o2.mask(w.size)).any()
 
