@@ -213,6 +213,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("-p", "--param", action="append", default=[], metavar="NAME=VALUE", help="pipeline parameter")
     p.add_argument("--home", default=".chunkgrpo", help="--local: state dir (services, models, kfp outputs)")
     p.add_argument("--keep-services", action="store_true", help="--local: leave S3 + MLflow running afterwards")
+    p.add_argument("--demo", choices=["toy", "tiny"], default="toy",
+                   help="--local: toy = the pretrained toy-world model that visibly learns (default); tiny = the "
+                        "random-weight tiny model, a seconds-long wiring check")
     p.add_argument("-v", "--verbose", action="store_true",
                    help="--local: stream every task's output (default: one line per task; all of it in the log file)")
     p.add_argument("--s3-port", type=int, default=8333, help="--local: S3 port (default 8333)")
@@ -279,7 +282,8 @@ def _cmd_run(args) -> int:
 
         try:
             r = run_local(args.pipeline, params, home=args.home, keep_services=args.keep_services,
-                          s3_port=args.s3_port, mlflow_port=args.mlflow_port, verbose=args.verbose)
+                          s3_port=args.s3_port, mlflow_port=args.mlflow_port, verbose=args.verbose,
+                          demo=args.demo)
         except TaskFailed as e:  # one line: task, reason, log path; 2 = bad input, 1 = internal failure
             print(f"chunkgrpo pipeline: error: {e}", file=sys.stderr)
             return 2 if e.user_error else 1

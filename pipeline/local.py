@@ -32,7 +32,33 @@ import time
 import warnings
 from pathlib import Path
 
-# Parameters of `train_and_evaluate` for the pretrained toy-world model on CPU (everything else keeps its
+TINY_PROMPTS = """a red apple on a wooden table
+a cat sitting on a windowsill at sunset
+a blue car parked in front of a house
+a bowl of fruit, studio lighting
+a lighthouse on a rocky coast at night
+a dog running in a green park
+an astronaut riding a horse
+three yellow balloons in a clear sky
+"""
+
+# `--demo tiny`: the tiny random-weight FLUX (built in a second; nothing to learn, a brightness reward):
+# the fast wiring check the tests use for pipeline mechanics.
+TINY_TRAIN = {
+    "preset": "tiny_cpu", "method": "chunk", "max_iterations": 30, "nproc_per_node": 2,
+    "chunk_strategy": "dynamics", "profile_prompts": 4, "profile_seeds": 1, "device": "cpu",
+    "eval_preset": "eval_tiny", "eval_num_prompts": 8, "model_name": "chunkgrpo-tiny",
+    "gate_metric": "eval.hpdv2.brightness", "gate_direction": "max", "gate_margin": 0.0,
+    "experiment": "chunkgrpo-local", "artifact_root": "s3://chunkgrpo/pipeline-runs",
+}
+TINY_NIGHTLY = {
+    "model_name": "chunkgrpo-tiny", "eval_preset": "eval_tiny", "eval_benchmarks": ["hpdv2"], "eval_num_prompts": 4,
+    "regression_metric": "hpdv2.brightness", "tolerance": 0.005, "experiment": "chunkgrpo-local-nightly",
+    "artifact_root": "s3://chunkgrpo/nightly",
+}
+DEMOS = ("toy", "tiny")
+
+# Parameters of `train_and_evaluate` for the pretrained toy-world model on CPU (the default `--demo toy`) (everything else keeps its
 # default): Chunk-GRPO with the exact GenEval reward (`toy_geneval`), evaluated on held-out toy prompts
 # (attribute combinations never seen in training) by the exact toy detector.
 TOY_TRAIN = {
@@ -65,6 +91,21 @@ class LocalRun:
     @property
     def mlflow_run_id(self) -> str:
         return str(self.tasks.get("open-run", {}).get("parameters", {}).get("Output", ""))
+
+
+def prepare_tiny_inputs(home: Path) -> tuple[Path, Path]:
+    """The tiny random-weight model and a prompt file under `home` (built once, then reused)."""
+    model = home / "models" / "tiny-flux"
+    if not (model / "model_index.json").exists():
+        from chunkgrpo.tiny import build_tiny_flux
+
+        print(f"building the tiny FLUX model in {_rel(str(model))} ...", flush=True)
+        build_tiny_flux(model, seed=0)
+    prompts = home / "data" / "tiny_prompts.txt"
+    if not prompts.exists():
+        prompts.parent.mkdir(parents=True, exist_ok=True)
+        prompts.write_text(TINY_PROMPTS)
+    return model, prompts
 
 
 def prepare_inputs(home: Path) -> tuple[Path, Path]:
@@ -228,14 +269,19 @@ def without_retries(func) -> int:
 
 def run_local(pipeline: str = "train_and_evaluate", params: dict | None = None, *, home: str | Path = ".chunkgrpo",
               keep_services: bool = False, s3_port: int = 8333, mlflow_port: int = 5000,
-              services_env: dict | None = None, verbose: bool = False) -> LocalRun:
+              services_env: dict | None = None, verbose: bool = False, demo: str = "toy") -> LocalRun:
     """Run a pipeline end to end with kfp.local. `services_env` = use already running services (tests).
-    Raises `TaskFailed` when a task fails (the reason is read from the run's log)."""
+    `demo`: toy (the pretrained toy-world model, default) or tiny (the random-weight tiny model: a
+    seconds-long wiring check). Raises `TaskFailed` when a task fails (the reason is read from the run's log)."""
     from kfp import local
 
     from chunkgrpo.local_services import LocalServices, LocalServicesConfig
     from pipeline.compile import check_literal, pipeline_func
 
+    if demo not in DEMOS:
+        from chunkgrpo.errors import UserError
+
+        raise UserError(f"--demo {demo!r} must be one of {', '.join(DEMOS)}")
     func, literals = pipeline_func(pipeline, pool="cpu", trainer="torchrun")
     without_retries(func)
     check_params(func, params or {})  # before any server starts: a bad -p fails at once, in one line
@@ -259,12 +305,19 @@ def run_local(pipeline: str = "train_and_evaluate", params: dict | None = None, 
         os.environ.update(services_env)
         os.environ.setdefault("CHUNKGRPO_CACHE", str(home / "cache"))
         os.environ["MLFLOW_DISABLE_TELEMETRY"] = "true"
-        model, prompts = prepare_inputs(home)
-        toy = {"eval_overrides": toy_eval_overrides(model)}
-        if pipeline == "train_and_evaluate":
-            full = {**TOY_TRAIN, **toy, "model": str(model), "prompts": str(prompts), **(params or {})}
+        if demo == "tiny":
+            if pipeline == "train_and_evaluate":
+                model, prompts = prepare_tiny_inputs(home)
+                full = {**TINY_TRAIN, "model": str(model), "prompts": str(prompts), **(params or {})}
+            else:
+                full = {**TINY_NIGHTLY, **(params or {})}
         else:
-            full = {**TOY_NIGHTLY, **toy, "ablation_model": str(model), **(params or {})}
+            model, prompts = prepare_inputs(home)
+            toy = {"eval_overrides": toy_eval_overrides(model)}
+            if pipeline == "train_and_evaluate":
+                full = {**TOY_TRAIN, **toy, "model": str(model), "prompts": str(prompts), **(params or {})}
+            else:
+                full = {**TOY_NIGHTLY, **toy, "ablation_model": str(model), **(params or {})}
         for k, v in full.items():
             check_literal(k, v, literals)
         root = home / "kfp"

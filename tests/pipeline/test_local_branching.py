@@ -17,7 +17,7 @@ def test_pipeline_trains_each_branching_method(services, tmp_path, method):
     name = f"pipeline-{method}-{uuid.uuid4().hex[:6]}"
     r = run_local("train_and_evaluate", {"method": method, "preset": f"{method}_grpo_tiny_cpu", "max_iterations": 2,
                                          "model_name": name, "profile_prompts": 2, "eval_num_prompts": 2},
-                  home=tmp_path, services_env=services.env)
+                  home=tmp_path, services_env=services.env, demo="tiny")
     t = r.tasks
     assert {"profile", "plan", "train", "evaluate", "register"} <= set(t)
     # the profile recorded both trajectory kinds and the plan says which one it used

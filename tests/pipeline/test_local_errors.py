@@ -75,7 +75,8 @@ def test_cli_maps_user_errors_to_2_and_internal_failures_to_1(monkeypatch, capsy
 
         monkeypatch.setattr(local, "run_local", fail)
         args = argparse.Namespace(action="run", local=True, param=[], pipeline="train_and_evaluate", home="h",
-                                  keep_services=False, s3_port=1, mlflow_port=2, verbose=False, registry=None, tag=None)
+                                  keep_services=False, s3_port=1, mlflow_port=2, verbose=False, registry=None, tag=None,
+                                  demo="tiny")
         assert cli.run(args) == rc
         err = capsys.readouterr().err
         assert err.splitlines() == [f"chunkgrpo pipeline: error: task 'evaluate' of train_and_evaluate failed: "
@@ -139,7 +140,7 @@ def test_pipeline_run_with_a_bad_parameter_is_one_line_exit_2(tmp_path):
 
     s3, mlflow = free_ports(2)
     r = subprocess.run([sys.executable, "-m", "chunkgrpo", "pipeline", "run", "--local", "--home", str(tmp_path / "h"),
-                        "--s3-port", str(s3), "--mlflow-port", str(mlflow), "-p", "max_iterations=-1"],
+                        "--s3-port", str(s3), "--mlflow-port", str(mlflow), "--demo", "tiny", "-p", "max_iterations=-1"],
                        capture_output=True, text=True, env=_env(), cwd=tmp_path, timeout=900)
     assert r.returncode == 2, (r.stdout[-3000:], r.stderr[-3000:])
     assert "Traceback" not in r.stderr
@@ -159,7 +160,7 @@ def test_missing_prompts_file_fails_the_preflight(services, tmp_path):
 
     with pytest.raises(TaskFailed) as e:
         run_local("train_and_evaluate", {"prompts": str(tmp_path / "no-such-prompts.txt"), "model_name": "x"},
-                  home=tmp_path, services_env=services.env)
+                  home=tmp_path, services_env=services.env, demo="tiny")
     f = e.value
     # the preflight (first task, seconds, before any GPU) names it; no later task starts
     assert f.task == "preflight" and f.user_error and "no-such-prompts.txt" in f.reason and "does not exist" in f.reason
