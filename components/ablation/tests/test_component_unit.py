@@ -37,6 +37,8 @@ def test_settings_outputs_metrics_and_upload(monkeypatch, artifact, tmp_path):
         logged["_parent"] = parent_run_id
         yield Run()
 
+    # the component sets the MLflow parent run for this process (as in its own pod): restore it afterwards
+    monkeypatch.setenv("CHUNKGRPO_MLFLOW_PARENT_RUN_ID", "")
     monkeypatch.setattr(ablation, "run_ablation", fake_run)
     monkeypatch.setattr(tracking, "stage_run", fake_stage_run)
     monkeypatch.setattr(store.ArtifactStore, "__init__", lambda self, *a, **k: None)
@@ -60,3 +62,6 @@ def test_settings_outputs_metrics_and_upload(monkeypatch, artifact, tmp_path):
     assert sorted(logged["_artifacts"]) == ["ablation.json", "ablation.md", "reward_curves.png"]
     assert uploads == [("s3://bkt/nightly/r7/ablation", {"kind": "ablation", "model": str(model)})]
     assert results.metadata["output_uri"] == "s3://bkt/nightly/r7/ablation"
+    import os
+
+    assert os.environ["CHUNKGRPO_MLFLOW_PARENT_RUN_ID"] == "p1"  # set for the library's stage runs
