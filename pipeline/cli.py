@@ -25,6 +25,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from pipeline.local import DEMOS
+
 NAME = "pipeline"
 HELP = "Kubeflow pipelines: compile | upload | run [--local] | schedule (nightly benchmark)"
 
@@ -213,7 +215,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("-p", "--param", action="append", default=[], metavar="NAME=VALUE", help="pipeline parameter")
     p.add_argument("--home", default=".chunkgrpo", help="--local: state dir (services, models, kfp outputs)")
     p.add_argument("--keep-services", action="store_true", help="--local: leave S3 + MLflow running afterwards")
-    p.add_argument("--demo", choices=["toy", "tiny"], default="toy",
+    p.add_argument("--demo", choices=DEMOS, default="toy",
                    help="--local: toy = the pretrained toy-world model that visibly learns (default); tiny = the "
                         "random-weight tiny model, a seconds-long wiring check")
     p.add_argument("-v", "--verbose", action="store_true",

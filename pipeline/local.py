@@ -42,38 +42,35 @@ an astronaut riding a horse
 three yellow balloons in a clear sky
 """
 
-# `--demo tiny`: the tiny random-weight FLUX (built in a second; nothing to learn, a brightness reward):
-# the fast wiring check the tests use for pipeline mechanics.
+# Parameters of the local runs (everything else keeps the pipeline's default): what both demos share, then
+# per demo. `--demo toy` (default): the pretrained toy-world model, Chunk-GRPO with the exact GenEval reward
+# (`toy_geneval`), evaluated on held-out toy prompts (attribute combinations never seen in training) by the
+# exact toy detector. `--demo tiny`: the tiny random-weight FLUX (built in a second; nothing to learn, a
+# brightness reward), the fast wiring check the tests use for pipeline mechanics.
+LOCAL_TRAIN = {
+    "method": "chunk", "nproc_per_node": 2, "chunk_strategy": "dynamics", "profile_seeds": 1, "device": "cpu",
+    "gate_direction": "max", "gate_margin": 0.0, "experiment": "chunkgrpo-local",
+    "artifact_root": "s3://chunkgrpo/pipeline-runs",
+}
+LOCAL_NIGHTLY = {"experiment": "chunkgrpo-local-nightly", "artifact_root": "s3://chunkgrpo/nightly"}
 TINY_TRAIN = {
-    "preset": "tiny_cpu", "method": "chunk", "max_iterations": 30, "nproc_per_node": 2,
-    "chunk_strategy": "dynamics", "profile_prompts": 4, "profile_seeds": 1, "device": "cpu",
-    "eval_preset": "eval_tiny", "eval_num_prompts": 8, "model_name": "chunkgrpo-tiny",
-    "gate_metric": "eval.hpdv2.brightness", "gate_direction": "max", "gate_margin": 0.0,
-    "experiment": "chunkgrpo-local", "artifact_root": "s3://chunkgrpo/pipeline-runs",
+    **LOCAL_TRAIN, "preset": "tiny_cpu", "max_iterations": 30, "profile_prompts": 4, "eval_preset": "eval_tiny",
+    "eval_num_prompts": 8, "model_name": "chunkgrpo-tiny", "gate_metric": "eval.hpdv2.brightness",
 }
 TINY_NIGHTLY = {
-    "model_name": "chunkgrpo-tiny", "eval_preset": "eval_tiny", "eval_benchmarks": ["hpdv2"], "eval_num_prompts": 4,
-    "regression_metric": "hpdv2.brightness", "tolerance": 0.005, "experiment": "chunkgrpo-local-nightly",
-    "artifact_root": "s3://chunkgrpo/nightly",
+    **LOCAL_NIGHTLY, "model_name": "chunkgrpo-tiny", "eval_preset": "eval_tiny", "eval_benchmarks": ["hpdv2"],
+    "eval_num_prompts": 4, "regression_metric": "hpdv2.brightness", "tolerance": 0.005,
 }
-DEMOS = ("toy", "tiny")
-
-# Parameters of `train_and_evaluate` for the pretrained toy-world model on CPU (the default `--demo toy`) (everything else keeps its
-# default): Chunk-GRPO with the exact GenEval reward (`toy_geneval`), evaluated on held-out toy prompts
-# (attribute combinations never seen in training) by the exact toy detector.
 TOY_TRAIN = {
-    "preset": "toy_cpu", "method": "chunk", "max_iterations": 100, "nproc_per_node": 2,
-    "chunk_strategy": "dynamics", "profile_prompts": 8, "profile_seeds": 1, "device": "cpu",
-    "eval_preset": "eval_toy", "eval_num_prompts": 0, "model_name": "chunkgrpo-toy",
-    "gate_metric": "eval.geneval.overall", "gate_direction": "max", "gate_margin": 0.0,
-    "experiment": "chunkgrpo-local", "artifact_root": "s3://chunkgrpo/pipeline-runs",
+    **LOCAL_TRAIN, "preset": "toy_cpu", "max_iterations": 100, "profile_prompts": 8, "eval_preset": "eval_toy",
+    "eval_num_prompts": 0, "model_name": "chunkgrpo-toy", "gate_metric": "eval.geneval.overall",
 }
 TOY_NIGHTLY = {
-    "model_name": "chunkgrpo-toy", "eval_preset": "eval_toy", "eval_benchmarks": ["geneval"], "eval_num_prompts": 0,
-    "regression_metric": "geneval.overall", "tolerance": 0.02, "experiment": "chunkgrpo-local-nightly",
-    "artifact_root": "s3://chunkgrpo/nightly", "ablation_seeds": 2, "ablation_steps": 4,
-    "ablation_methods": ["step_flow", "chunk_dynamics"],
+    **LOCAL_NIGHTLY, "model_name": "chunkgrpo-toy", "eval_preset": "eval_toy", "eval_benchmarks": ["geneval"],
+    "eval_num_prompts": 0, "regression_metric": "geneval.overall", "tolerance": 0.02, "ablation_seeds": 2,
+    "ablation_steps": 4, "ablation_methods": ["step_flow", "chunk_dynamics"],
 }
+DEMOS = ("toy", "tiny")
 
 
 @dataclasses.dataclass

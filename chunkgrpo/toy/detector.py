@@ -132,20 +132,27 @@ def score(image, md: dict, detector: ToyDetector | None = None, color_fn: ToyCol
     return score_detections(det.detect(img), md, Image.fromarray(img), color_fn or ToyColorClassifier(), rules)
 
 
+def _judge(image, md: dict, detector: ToyDetector | None, color_fn: ToyColorClassifier):
+    """(all detections, detections kept by the category's rules, PIL image, correct by the rules)."""
+    from chunkgrpo.eval.geneval import evaluate_detections, filter_detections
+
+    img = _array(image)
+    pil = Image.fromarray(img)
+    detections = (detector or ToyDetector()).detect(img)
+    detected = filter_detections(detections, md["tag"])
+    return detections, detected, pil, evaluate_detections(detected, md, pil, color_fn)[0]
+
+
 def partial_credit(image, md: dict, detector: ToyDetector | None = None,
                    color_fn: ToyColorClassifier | None = None) -> float:
     """Dense credit in [0, 1]; 1.0 iff the image is correct by the official rules, else < 1:
     counting prompts: 1 − |found − n| / n (found = detections of the class above the threshold);
     others: the fraction of include clauses satisfied on their own (class, count, colour; a position
     clause together with its target), capped at 0.99."""
-    det = detector or ToyDetector()
-    cf = color_fn or ToyColorClassifier()
-    img = _array(image)
-    pil = Image.fromarray(img)
-    from chunkgrpo.eval.geneval import evaluate_detections, filter_detections
+    from chunkgrpo.eval.geneval import evaluate_detections
 
-    detected = filter_detections(det.detect(img), md["tag"])
-    correct, _ = evaluate_detections(detected, md, pil, cf)
+    cf = color_fn or ToyColorClassifier()
+    _, detected, pil, correct = _judge(image, md, detector, cf)
     if correct:
         return 1.0
     inc = md["include"]
@@ -200,15 +207,11 @@ def graded_credit(image, md: dict, detector: ToyDetector | None = None,
                                 similar components (found: detections of the class, as the rules count);
     the credit is the mean over the include clauses. The detector's class decision is a threshold on the
     same shape features, so a blob that becomes more like the asked shape earns more before it flips."""
-    from chunkgrpo.eval.geneval import evaluate_detections, filter_detections, relative_position
+    from chunkgrpo.eval.geneval import relative_position
 
-    det = detector or ToyDetector()
     cf = color_fn or ToyColorClassifier()
-    img = _array(image)
-    pil = Image.fromarray(img)
-    detections = det.detect(img)
-    detected = filter_detections(detections, md["tag"])
-    if evaluate_detections(detected, md, pil, cf)[0]:
+    detections, detected, pil, correct = _judge(image, md, detector, cf)
+    if correct:
         return 1.0
     comps = [d for ds in detections.values() for d in ds]
     colors = cf(pil, comps, "") if comps else []
