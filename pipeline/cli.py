@@ -1,7 +1,7 @@
 """Compile, upload, run and schedule the Kubeflow pipelines.
 
     chunkgrpo pipeline compile --pool h100|h800|gpu|cpu [--trainer torchrun|trainjob|pytorchjob] [--out dist/pipelines]
-                               [--target-kfp 2.14|2.15|2.16|2.17] [--image-pull-secret NAME] [--model-pvc NAME]
+                               [--target-kfp 2.15|2.16|2.17] [--image-pull-secret NAME] [--model-pvc NAME]
     chunkgrpo pipeline upload   --host URL --pool P [--version NAME]     # new pipeline version(s)
     chunkgrpo pipeline run --local [-p key=value ...] [--keep-services]  # kfp.local, local S3 + MLflow, toy-world model
     chunkgrpo pipeline run      --host URL [-p key=value ...]            # one run on a cluster
@@ -15,7 +15,7 @@ There is no default GPU pool: pass `--pool` (or set $CHUNKGRPO_GPU_POOL, e.g. to
 so pods never wait Pending for a GPU type the cluster does not have. Runs and schedules use the
 service account a KFP UI run uses (the server's default: pipeline-runner, or default-editor in a
 profile namespace) unless `--service-account` names another; manifests/base/pipeline grants that
-account the training verbs. `--target-kfp` compiles for an older KFP backend (oldest: 2.14).
+account the training verbs. `--target-kfp` compiles for an older KFP backend (oldest: 2.15).
 """
 
 import argparse
@@ -25,6 +25,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from pipeline.compile import KFP_TARGETS
 from pipeline.local import DEMOS
 
 NAME = "pipeline"
@@ -191,8 +192,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="torchrun inside the train step (single node) or a TrainJob/PyTorchJob launcher (multi-node)")
         p.add_argument("--registry", default=None, help="image registry (default $CHUNKGRPO_IMAGE_REGISTRY or ghcr.io/chunkgrpo)")
         p.add_argument("--tag", default=None, help="image tag (default $CHUNKGRPO_IMAGE_TAG or the package version)")
-        p.add_argument("--target-kfp", default="2.17", choices=["2.14", "2.15", "2.16", "2.17"],
-                       help="oldest KFP backend the IR must load on (before 2.16: no UI dropdowns)")
+        p.add_argument("--target-kfp", default=KFP_TARGETS[-1], choices=KFP_TARGETS,
+                       help="oldest KFP backend the IR must load on (2.15: no UI dropdowns; 2.14 is not "
+                            "supported: its API server rejects the platform spec's optional secrets)")
         p.add_argument("--image-pull-secret", action="append", default=[], metavar="SECRET",
                        help="Secret for a private registry, on every step and training pod (repeatable)")
         p.add_argument("--model-pvc", default=None, help="PVC with models, mounted at /models in every step")

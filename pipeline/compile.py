@@ -5,7 +5,15 @@ dropdowns (KEP-11385; `ParameterSpec.literals` exists since kfp-pipeline-spec 2.
 SDK rejects `Literal[...]` annotations. Pipelines therefore declare `str` parameters plus a
 `LITERALS = {param: choices}` table, and `compile_pipeline` writes the choices into the IR -- only
 for a KFP backend >= 2.16 (`--target-kfp`): an older API server rejects the unknown field, so for
-2.14/2.15 the IR is compiled without them (tests parse it with kfp-pipeline-spec 2.14.0's schema).
+2.15 the IR is compiled without them.
+
+The oldest backend is **2.15**: kfp-kubernetes 2.17 writes `optional:` on every `secretAsEnv` /
+`configMapAsEnv` (the MLflow and judge Secrets are optional), a field KFP 2.14's
+`kubernetes_executor_config.proto` lacks (added in 2.15.0), and the 2.14 API server unmarshals the
+platform spec strictly. Leaving the field out for 2.14 would turn the optional Secrets into required
+ones (pods stuck in CreateContainerConfigError on an auth-less MLflow), so 2.14 is not a target.
+tests/pipeline/test_kfp_versions.py parses the pipeline AND platform spec of every compiled variant
+with the vendored protos of every supported backend (tests/fixtures/kfp/<version>/).
 
     python -m pipeline.compile --pool h100 --out dist/pipelines [--target-kfp 2.15]   # or: chunkgrpo pipeline compile
 """
@@ -17,9 +25,10 @@ from pathlib import Path
 import yaml
 
 PIPELINES = ("train_and_evaluate", "nightly_benchmark", "models_sync")
-# KFP backends the IR is compiled for. `literals` (UI dropdowns) exist in kfp-pipeline-spec >= 2.16;
-# older API servers reject the unknown field, so they are left out for an older --target-kfp.
-KFP_TARGETS = ("2.14", "2.15", "2.16", "2.17")
+# KFP backends the IR is compiled for. `literals` (UI dropdowns) exist in kfp-pipeline-spec >= 2.16
+# (rendered as dropdowns by the 2.17 frontend); older API servers reject the unknown field, so they are
+# left out for --target-kfp 2.15. 2.14 lacks SecretAsEnv/ConfigMapAsEnv `optional` (see above).
+KFP_TARGETS = ("2.15", "2.16", "2.17")
 OLDEST_KFP = KFP_TARGETS[0]
 LITERALS_SINCE = "2.16"
 
@@ -77,7 +86,8 @@ def compile_pipeline(name: str, package_path: str | Path, *, pool: str = "cpu", 
     from kfp import compiler
 
     if target_kfp not in KFP_TARGETS:
-        raise ValueError(f"target_kfp={target_kfp!r} must be one of {KFP_TARGETS} (older KFP is not supported)")
+        raise ValueError(f"target_kfp={target_kfp!r} must be one of {KFP_TARGETS} (KFP 2.14 and older reject the "
+                         "platform spec's `optional` secrets; upgrade the backend)")
     func, literals = pipeline_func(name, pool, trainer)
     path = Path(package_path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -283,17 +283,11 @@ def test_compile_options_pull_secret_and_model_pvc(tmp_path, monkeypatch):
 
 
 def _parse_with_spec(ir: dict, spec_version: str) -> None:
-    """Parse an IR document with the PipelineSpec schema of an older kfp-pipeline-spec release (its
-    serialized descriptor is vendored in tests/fixtures/kfp); unknown fields fail, as in the API server."""
-    from google.protobuf import descriptor_pb2, descriptor_pool, json_format, message_factory
+    """Parse an IR document with the PipelineSpec schema of a kfp-pipeline-spec release (vendored in
+    tests/fixtures/kfp/<version>/); unknown fields fail, as in the API server."""
+    from tests.kfp_protos import parse_pipeline_spec
 
-    raw = (Path(__file__).resolve().parents[1] / "fixtures" / "kfp" /
-           f"pipeline_spec-{spec_version}.desc").read_bytes()
-    pool = descriptor_pool.DescriptorPool()
-    for f in descriptor_pb2.FileDescriptorSet.FromString(raw).file:  # dependencies first
-        pool.Add(f)
-    cls = message_factory.GetMessageClass(pool.FindMessageTypeByName("ml_pipelines.PipelineSpec"))
-    json_format.ParseDict(ir, cls())
+    parse_pipeline_spec(ir, spec_version)
 
 
 @pytest.mark.parametrize("name,trainer", [("train_and_evaluate", "torchrun"), ("train_and_evaluate", "trainjob"),
@@ -304,12 +298,12 @@ def test_ir_parses_with_the_oldest_supported_pipeline_spec(tmp_path, name, train
     from pipeline.compile import OLDEST_KFP
 
     old = load(compile_pipeline(name, tmp_path / "old.yaml", pool="h100", trainer=trainer, target_kfp=OLDEST_KFP))[0]
-    _parse_with_spec(old, "2.14.0")
+    _parse_with_spec(old, "2.15.0")
     new = load(compile_pipeline(name, tmp_path / "new.yaml", pool="h100", trainer=trainer))[0]
     _parse_with_spec(new, "2.16.0")
     if name != "models_sync":  # it has no dropdowns
         with pytest.raises(json_format.ParseError, match="literals"):
-            _parse_with_spec(new, "2.14.0")  # what an older API server does with the 2.16+ IR
+            _parse_with_spec(new, "2.15.0")  # what an older API server does with the 2.16+ IR
 
 
 def test_nightly_preflight_comes_first_with_the_judge_key(nightly):
