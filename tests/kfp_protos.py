@@ -23,7 +23,8 @@ def messages(version: str) -> dict:
 
     path = FIXTURES / version / f"kfp-{version}.desc"
     if not path.exists():
-        raise FileNotFoundError(f"no vendored KFP {version} protos at {path} (see tests/fixtures/kfp/README.md)")
+        raise FileNotFoundError(f"no vendored KFP {version} protos at {path} "
+                                "(see tests/fixtures/kfp/README.md)")
     pool = descriptor_pool.DescriptorPool()
     for f in descriptor_pb2.FileDescriptorSet.FromString(path.read_bytes()).file:  # dependencies first
         pool.Add(f)

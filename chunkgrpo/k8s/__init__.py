@@ -1,12 +1,14 @@
 """Kubernetes helpers that are plain library code (no kfp import; the `kubernetes` client is
 imported lazily): building, submitting, watching, cancelling and cleaning up distributed training
-jobs (`trainjob`), and the image digests of the manifests (`digests`).
+jobs (`trainjob`), failing fast on blocked pods (`diagnose`), and the image digests of the
+manifests (`digests`).
 
     from chunkgrpo.k8s import JobSpec, build_trainjob, launch
 """
 
 from chunkgrpo.k8s.trainjob import (  # noqa: F401
     KINDS,
+    JobBlockedError,
     JobFailedError,
     JobSpec,
     TemplateError,
@@ -21,6 +23,8 @@ from chunkgrpo.k8s.trainjob import (  # noqa: F401
     launch,
     load_api,
     merge_resources,
+    merge_tolerations,
+    needs_runtime,
     owner_from_pod,
     read_runtime,
     read_template,

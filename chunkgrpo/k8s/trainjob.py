@@ -59,6 +59,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from decimal import Decimal
 from typing import Any, NamedTuple
 
 log = logging.getLogger(__name__)
@@ -92,6 +93,11 @@ _NS_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
 class JobFailedError(RuntimeError):
     """The training job reached a terminal failure (message carries the job's reason)."""
+
+
+class JobBlockedError(JobFailedError):
+    """The job cannot make progress (pods not created / unschedulable / image / OOM / evicted):
+    one line naming the cause and the fix, from `chunkgrpo.k8s.diagnose`."""
 
 
 class JobCancelledError(SystemExit):
@@ -255,17 +261,14 @@ def _finish(obj: dict) -> dict:
 
 # ---------------------------------------------------------------------------------------- builders
 
-_QUANTITY = re.compile(r"^([+-]?[0-9.]+(?:[eE][+-]?[0-9]+)?)([A-Za-z]*)$")
-_UNITS = {"": 1, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18,
-          "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+def quantity(value) -> Decimal:
+    """A Kubernetes quantity ('128Gi', '500m', 8) as an exact number (`kubernetes.utils.parse_quantity`)."""
+    from kubernetes.utils import parse_quantity
 
-
-def quantity(value) -> float:
-    """A Kubernetes quantity ('128Gi', '500m', 8) as a number (for comparisons only)."""
-    m = _QUANTITY.match(str(value).strip())
-    if not m or m.group(2) not in _UNITS:
-        raise ValueError(f"{value!r} is not a Kubernetes quantity")
-    return float(m.group(1)) * _UNITS[m.group(2)]
+    try:
+        return parse_quantity(value)
+    except ValueError:
+        raise ValueError(f"{value!r} is not a Kubernetes quantity") from None
 
 
 def merge_resources(base: dict | None, overrides: dict | None) -> dict:
@@ -294,12 +297,43 @@ def runtime_container(runtime: dict, job: str = "node", container: str = "node")
                         f"in replicated job {job!r}")
 
 
-def _pod_patch(spec: JobSpec) -> dict:
+def runtime_pod_spec(runtime: dict, job: str = "node") -> dict:
+    """The pod spec of replicated job `job` of a (Cluster)TrainingRuntime."""
+    for rj in runtime["spec"]["template"]["spec"]["replicatedJobs"]:
+        if rj["name"] == job:
+            return rj["template"]["spec"]["template"]["spec"]
+    raise TemplateError(f"{runtime.get('kind')} {runtime['metadata']['name']} has no replicated job {job!r}")
+
+
+def merge_tolerations(base: list[dict] | None, extra: list[dict] | None) -> list[dict]:
+    """`base` + the entries of `extra` not already in it (order kept, no duplicates).
+
+    Trainer v2.2/v2.3 apply `runtimePatches` with a strategic merge patch, and `PodSpec.tolerations`
+    is an atomic list (no patch strategy): a patch's list REPLACES the runtime's. A patch that
+    only named the extra tolerations would drop the runtime's GPU taint toleration.
+    """
+    out = copy.deepcopy(list(base or []))
+    for t in extra or []:
+        if t not in out:
+            out.append(copy.deepcopy(t))
+    return out
+
+
+def needs_runtime(spec: JobSpec) -> bool:
+    """Whether `build_trainjob` needs the runtime object: resource overrides (resourcesPerNode replaces
+    the runtime's resources) and extra tolerations (the patch's list replaces the runtime's)."""
+    return bool(spec.resources() or spec.tolerations)
+
+
+def _pod_patch(spec: JobSpec, runtime: dict | None = None) -> dict:
     pod: dict[str, Any] = {}
-    if spec.node_selector:
+    if spec.node_selector:  # a map: merged key by key with the runtime's
         pod["nodeSelector"] = dict(spec.node_selector)
-    if spec.tolerations:
-        pod["tolerations"] = copy.deepcopy(spec.tolerations)
+    if spec.tolerations:   # atomic list: the runtime's + ours, or the runtime's would be lost
+        if runtime is None:
+            raise ValueError("extra tolerations need the runtime object (read_runtime): Trainer replaces the "
+                             "runtime's tolerations with the patch's, so they are merged into the runtime's")
+        pod["tolerations"] = merge_tolerations(runtime_pod_spec(runtime).get("tolerations"), spec.tolerations)
     if spec.image_pull_secrets:
         pod["imagePullSecrets"] = [{"name": n} for n in spec.image_pull_secrets]
     if spec.shm_size:  # replaces the runtime's `dshm` volume by name (list map keyed by name)
@@ -312,8 +346,10 @@ def build_trainjob(spec: JobSpec, runtime: dict | None = None) -> dict:
     """A `trainer.kubeflow.org/v1alpha1` TrainJob for Trainer v2.2 / v2.3 (`runtimePatches`).
 
     `runtime` (the referenced runtime object, `read_runtime`) is needed only when the job overrides
-    resources: Trainer then replaces the container's resources wholesale with `resourcesPerNode`,
-    which is therefore the runtime's resources with the overrides merged in.
+    resources or adds tolerations (`needs_runtime`): Trainer replaces the container's resources
+    wholesale with `resourcesPerNode`, which is therefore the runtime's resources with the overrides
+    merged in; and a patch's tolerations replace the runtime's (atomic list), so the patch carries
+    the runtime's tolerations plus the extra ones (`merge_tolerations`).
     """
     command, args = spec.container_command()
     trainer: dict[str, Any] = {"image": spec.image, "command": command, "args": args,
@@ -328,7 +364,7 @@ def build_trainjob(spec: JobSpec, runtime: dict | None = None) -> dict:
                              "container's resources wholesale, so they are merged into the runtime's")
         trainer["resourcesPerNode"] = merge_resources(runtime_container(runtime).get("resources"), overrides)
     pod_template: dict[str, Any] = {"metadata": {"labels": spec.all_labels(), "annotations": dict(POD_ANNOTATIONS)}}
-    pod = _pod_patch(spec)
+    pod = _pod_patch(spec, runtime)
     if pod:
         pod_template["spec"] = pod
     body: dict[str, Any] = {
@@ -528,10 +564,16 @@ def submit_or_attach(api, obj: dict, *, recreate_failed: bool = True, poll_s: fl
 
 def wait(api, obj: dict, *, timeout_s: float, poll_s: float = 15.0,
          on_status: Callable[[str], None] | None = None, max_api_errors: int = 20,
-         sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic) -> dict:
+         probe=None, sleep: Callable[[float], None] = time.sleep,
+         clock: Callable[[], float] = time.monotonic) -> dict:
     """Poll until the job succeeds (returns its object) or fails (raises JobFailedError with the
     job's reason and message). Every change of state/reason is passed to `on_status`. Transient API
-    errors (5xx, connection) are retried up to `max_api_errors` times in a row."""
+    errors (5xx, connection) are retried up to `max_api_errors` times in a row.
+
+    `probe` (a `diagnose.JobProbe`, anything with `check(now) -> Finding | None`) reads the job's
+    pods and events on every poll while it is not finished; a finding raises JobBlockedError with
+    its one line (PodSecurity/quota FailedCreate, unschedulable past the grace period, image pull,
+    OOMKilled, evicted), minutes instead of the job's 48 h deadline."""
     kind_name, kind = _kind_of(obj)
     name, ns = obj["metadata"]["name"], obj["metadata"]["namespace"]
     emit = on_status or (lambda line: log.info("%s", line))
@@ -562,6 +604,19 @@ def wait(api, obj: dict, *, timeout_s: float, poll_s: float = 15.0,
         if state == "Failed":
             raise JobFailedError(f"{kind_name} {ns}/{name} failed: {reason or 'unknown reason'}"
                                  + (f": {message}" if message else ""))
+        if probe is not None and state != "Suspended":  # suspended (Kueue): no pods yet, nothing to read
+            try:
+                finding = probe.check(clock())
+            except Exception as e:  # noqa: BLE001 - a diagnosis aid: unreadable pods never fail the job
+                if _status_code(e) == 403:
+                    log.warning("cannot read the pods of %s (HTTP 403): grant get/list on pods, events", name)
+                    probe = None
+                    finding = None
+                else:
+                    log.warning("reading the pods of %s: %s", name, e)
+                    finding = None
+            if finding is not None:
+                raise JobBlockedError(f"{kind_name} {ns}/{name}: {finding.line()}")
         if clock() > deadline:
             raise TimeoutError(f"{kind_name} {ns}/{name} did not finish within {timeout_s:.0f}s (last state {state})")
         sleep(poll_s)
@@ -611,15 +666,40 @@ def delete_on_cancel(api, obj: dict, signals: tuple[int, ...] = (signal.SIGTERM,
 
 
 def launch(api, obj: dict, *, timeout_s: float, poll_s: float = 15.0, recreate_failed: bool = True,
-           on_status: Callable[[str], None] | None = None, sleep: Callable[[float], None] = time.sleep,
+           on_status: Callable[[str], None] | None = None, probe_factory: Callable[[dict], Any] | None = None,
+           keep_failed: bool = False, sleep: Callable[[float], None] = time.sleep,
            clock: Callable[[], float] = time.monotonic) -> dict:
-    """submit_or_attach + wait, with the job deleted if this process is cancelled. Returns the final object."""
+    """submit_or_attach + wait, with the job deleted if this process is cancelled. Returns the final object.
+
+    `probe_factory(created_object)` builds the pod/event probe (`diagnose.JobProbe.for_job`); when it
+    finds a blocker the job is deleted (its pods would otherwise hold or wait for GPUs until the
+    deadline) unless `keep_failed`, and JobBlockedError carries the one line.
+    """
     cur, attached = submit_or_attach(api, obj, recreate_failed=recreate_failed, poll_s=poll_s, sleep=sleep, clock=clock)
     emit = on_status or (lambda line: log.info("%s", line))
     emit(f"{'attached to' if attached else 'submitted'} {obj['kind']} {obj['metadata']['namespace']}/"
          f"{obj['metadata']['name']}")
-    with delete_on_cancel(api, obj):
-        return wait(api, obj, timeout_s=timeout_s, poll_s=poll_s, on_status=on_status, sleep=sleep, clock=clock)
+    probe = None
+    if probe_factory is not None:
+        try:
+            probe = probe_factory({**obj, **(cur or {}), "kind": obj["kind"]})
+        except Exception as e:  # noqa: BLE001 - without pods/events the job is still watched (conditions)
+            log.warning("cannot read the pods/events of %s (%s): blocked pods will not be detected early",
+                        obj["metadata"]["name"], e)
+    try:
+        with delete_on_cancel(api, obj):
+            return wait(api, obj, timeout_s=timeout_s, poll_s=poll_s, on_status=on_status, probe=probe,
+                        sleep=sleep, clock=clock)
+    except JobBlockedError as e:
+        if keep_failed:
+            raise JobBlockedError(f"{e} (job kept: keep_failed; delete it with `kubectl -n "
+                                  f"{obj['metadata']['namespace']} delete {obj['kind'].lower()} "
+                                  f"{obj['metadata']['name']}`)") from None
+        delete(api, obj)
+        raise JobBlockedError(f"{e} (job deleted)") from None
+    finally:
+        if probe is not None and hasattr(probe, "close"):
+            probe.close()
 
 
 def _read(api, kind: Kind, name: str, namespace: str | None, what: str, install_hint: str) -> dict:
@@ -720,6 +800,14 @@ def load_api():
 
     _load_config()
     return client.CustomObjectsApi()
+
+
+def load_core_api():
+    """A `kubernetes.client.CoreV1Api` (pods and events of the job, for `diagnose.JobProbe`)."""
+    from kubernetes import client
+
+    _load_config()
+    return client.CoreV1Api()
 
 
 def this_pod_getter(namespace: str) -> Callable[[], dict]:

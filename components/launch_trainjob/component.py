@@ -13,12 +13,16 @@ def launch_trainjob(kind: str, namespace: str, image: str, num_nodes: int, nproc
                     method: str, chunks: str, max_iterations: int, overrides: list, artifact_root: str, run_id: str,
                     experiment: str, parent_run_id: str, timeout_hours: float,
                     trained_model: Output[Model], metrics: Output[Metrics], queue_name: str = "",
-                    image_pull_secrets: list = [], reward_weights: dict = {}):  # noqa: B006 - KFP defaults
+                    image_pull_secrets: list = [], reward_weights: dict = {},  # noqa: B006 - KFP defaults
+                    keep_failed: bool = False, schedule_grace_minutes: float = 15.0):
     """Run `torchrun -m chunkgrpo.train` on `num_nodes` nodes as a TrainJob (Trainer v2) or PyTorchJob (v1).
 
     The job is named from the KFP run id, so a retried step re-attaches to it instead of starting a
     second one; cancelling the run (SIGTERM) deletes it. Status changes are printed; a failed job
-    fails the step with the job's reason.
+    fails the step with the job's reason. The job's pods and events are read on every poll: pods
+    that cannot be created (PodSecurity, quota), stay unschedulable past `schedule_grace_minutes`,
+    cannot pull their image, are OOMKilled or evicted end the step in one line naming the cause and
+    the fix, and the job is deleted unless `keep_failed`.
 
     Args:
         kind: TrainJob (Kubeflow Trainer v2, runtime chunkgrpo-torch) | PyTorchJob (Training Operator v1).
@@ -29,7 +33,8 @@ def launch_trainjob(kind: str, namespace: str, image: str, num_nodes: int, nproc
         gpus_per_node: GPUs per node (0 = the runtime's/template's, which also keeps its RDMA devices, CPU and
             memory; > 0 is merged into them).
         node_selector: extra node labels for the training pods (the runtime already pins the pool).
-        tolerations: extra tolerations for the training pods.
+        tolerations: extra tolerations for the training pods, added to the runtime's (Trainer replaces the
+            runtime's list with a patch's, so the launcher sends the runtime's plus these).
         shm_size: size of the memory-backed /dev/shm ('' = the runtime's, e.g. 128Gi on the GPU overlays).
         model: base model (s3:// folder artifact or hub id cached in the image/PVC).
         prompts: prompt file: must be readable in the training pods (an s3:// object is downloaded first).
@@ -46,12 +51,15 @@ def launch_trainjob(kind: str, namespace: str, image: str, num_nodes: int, nproc
         queue_name: Kueue LocalQueue ('' = no Kueue); the job is created suspended and Kueue admits it.
         image_pull_secrets: Secrets for pulling the training image from a private registry.
         reward_weights: {reward: weights URI, '<reward>.processor': URI} for the preset's rewards.
+        keep_failed: keep a job the launcher found blocked (for `kubectl describe`); default: delete it.
+        schedule_grace_minutes: how long pods may stay unschedulable before the step fails.
     """
     import json
     from pathlib import Path
 
     stage_env(parent_run_id)
     from chunkgrpo.k8s import trainjob as tj
+    from chunkgrpo.k8s.diagnose import JobProbe
     from chunkgrpo.models import reward_weight_overrides
     from chunkgrpo.store import ArtifactStore, make_pointer
     from chunkgrpo.recipes import preset_for
@@ -84,12 +92,18 @@ def launch_trainjob(kind: str, namespace: str, image: str, num_nodes: int, nproc
         print(f"warning: no ownerReference for the job ({type(e).__name__}: {e})", flush=True)
     if kind == "PyTorchJob":
         template = tj.read_template(api, ns)  # TemplateError (one line) if missing or forbidden
-    elif spec.resources():
+    elif tj.needs_runtime(spec):  # resource overrides / extra tolerations are merged into the runtime's
         template = tj.read_runtime(api, spec.runtime_name, spec.runtime_kind, ns)
     else:
         template = None
     obj = tj.build_job(kind, spec, template)
-    tj.launch(api, obj, timeout_s=timeout_hours * 3600, poll_s=20, on_status=lambda line: print(line, flush=True))
+    core = tj.load_core_api()  # the job's pods and events: blockers end the step in one line
+
+    def probe(created: dict):
+        return JobProbe.for_job(core, created, schedule_grace_s=schedule_grace_minutes * 60)
+
+    tj.launch(api, obj, timeout_s=timeout_hours * 3600, poll_s=20, probe_factory=probe,
+              keep_failed=keep_failed, on_status=lambda line: print(line, flush=True))
 
     store = ArtifactStore()
     manifest = store.read_manifest(f"{prefix}/final")

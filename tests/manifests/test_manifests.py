@@ -159,13 +159,10 @@ def all_pods(docs: list[dict]) -> list[tuple[str, dict]]:
     return [pt for d in docs for pt in pod_templates(d)]
 
 
-_UNITS = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "m": 1e-3}
-
-
 def quantity(value) -> float:
-    m = re.fullmatch(r"([0-9.]+)([A-Za-z]*)", str(value))
-    assert m, f"bad quantity {value!r}"
-    return float(m.group(1)) * _UNITS.get(m.group(2), 1)
+    from kubernetes.utils import parse_quantity
+
+    return float(parse_quantity(value))
 
 
 # --------------------------------------------------------------------------- policy checker
@@ -654,6 +651,9 @@ RUN_ACCOUNT_VERBS = [
     ("launch_trainjob v1: delete", "kubeflow.org", "pytorchjobs", "delete", "*"),
     ("close_run v1: orphan cleanup", "kubeflow.org", "pytorchjobs", "list", "*"),
     ("launch_trainjob: ownerReference from its own pod", "", "pods", "get", "*"),
+    ("launch_trainjob: fail fast, the job's pods", "", "pods", "list", "*"),
+    ("launch_trainjob: fail fast, FailedCreate events (list)", "", "events", "list", "*"),
+    ("launch_trainjob: fail fast, FailedCreate events (watch)", "", "events", "watch", "*"),
     ("Argo executor: task results", "argoproj.io", "workflowtaskresults", "create", "*"),
     ("Argo executor: task results", "argoproj.io", "workflowtaskresults", "patch", "*"),
     ("Argo executor: wait container", "", "pods", "patch", "*"),
@@ -678,8 +678,10 @@ def test_run_account_can_do_every_verb_the_run_needs(variant):
         ours = _grants(role["rules"])
         missing = [row for row in RUN_ACCOUNT_VERBS if not _allows(ours | kfp, *row[1:])]
         assert not missing, f"{ns}: the run account cannot {missing}"
-        # ours adds exactly the training verbs, nothing broader
-        assert {g for g, *_ in ours} <= {"trainer.kubeflow.org", "kubeflow.org"}
+        # ours adds exactly the training verbs, nothing broader: in the core group only reading pods/events
+        assert {g for g, *_ in ours} <= {"trainer.kubeflow.org", "kubeflow.org", ""}
+        assert {(r, v) for g, r, v, _ in ours if g == ""} == {(r, v) for r in ("pods", "events")
+                                                               for v in ("get", "list", "watch")}
         assert not any("*" in (g, r, v) for g, r, v, _ in ours)
         assert not _allows(ours, "trainer.kubeflow.org", "trainjobs", "update")
         trainer_sa = find([d for d in docs if d["metadata"].get("namespace") == ns], "ServiceAccount", "chunkgrpo-trainer")
@@ -744,6 +746,63 @@ def test_multi_profile_has_one_set_of_services_and_one_runtime():
         here = {(d["kind"], d["metadata"]["name"]) for d in docs if d["metadata"].get("namespace") == ns}
         assert ("ServiceAccount", pod["serviceAccountName"]) in here
         assert ("ConfigMap", pod["containers"][0]["envFrom"][0]["configMapRef"]["name"]) in here
+
+
+# Pod Security Standards "restricted" (kubernetes.io/docs/concepts/security/pod-security-standards,
+# the checks pod-security-admission applies at `restricted:latest`), for the fields our pods set.
+PSS_RESTRICTED_VOLUMES = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim",
+                          "projected", "secret"}
+
+
+def restricted_violations(pod: dict) -> list[str]:
+    """What PodSecurity `restricted` would reject in a pod spec (host namespaces, privileged,
+    capabilities other than NET_BIND_SERVICE / not dropping ALL, privilege escalation, root, seccomp,
+    volume types, host ports)."""
+    out = [f"host namespace {k}" for k in ("hostNetwork", "hostPID", "hostIPC") if pod.get(k)]
+    psc = pod.get("securityContext") or {}
+    for v in pod.get("volumes") or []:
+        kinds = set(v) - {"name"}
+        if not kinds <= PSS_RESTRICTED_VOLUMES:
+            out.append(f"volume {v['name']}: {sorted(kinds - PSS_RESTRICTED_VOLUMES)}")
+    for c in [*(pod.get("initContainers") or []), *pod["containers"]]:
+        sc = c.get("securityContext") or {}
+        caps = sc.get("capabilities") or {}
+        if sc.get("privileged"):
+            out.append(f"{c['name']}: privileged")
+        if set(caps.get("add") or []) - {"NET_BIND_SERVICE"}:
+            out.append(f"{c['name']}: capabilities.add {sorted(set(caps['add']) - {'NET_BIND_SERVICE'})}")
+        if "ALL" not in (caps.get("drop") or []):
+            out.append(f"{c['name']}: capabilities.drop lacks ALL")
+        if sc.get("allowPrivilegeEscalation") is not False:
+            out.append(f"{c['name']}: allowPrivilegeEscalation not false")
+        root = sc.get("runAsUser", psc.get("runAsUser")) == 0
+        if not sc.get("runAsNonRoot", psc.get("runAsNonRoot")) or root:
+            out.append(f"{c['name']}: may run as root")
+        seccomp = (sc.get("seccompProfile") or psc.get("seccompProfile") or {}).get("type")
+        if seccomp not in ("RuntimeDefault", "Localhost"):
+            out.append(f"{c['name']}: seccompProfile {seccomp}")
+        if any(p.get("hostPort") for p in c.get("ports") or []):
+            out.append(f"{c['name']}: hostPort")
+    return out
+
+
+def test_multi_profile_training_pods_pass_restricted_pod_security():
+    """Profile namespaces enforce `restricted` (kubeflow/manifests): every pod template that runs
+    there -- the one runtime's, as TrainJobs of team-a/team-b -- must pass it, so multi-profile
+    ships without components/rdma (IPC_LOCK is outside baseline and restricted)."""
+    docs = render(MULTI)
+    rt = find(docs, "ClusterTrainingRuntime", "chunkgrpo-torch")
+    pods = [(w, t) for w, t in pod_templates(rt)]
+    pods += [(w, t) for d in docs if d["metadata"].get("namespace") in PROFILES[MULTI]
+             for w, t in pod_templates(d)]
+    assert pods
+    for where, t in pods:
+        assert restricted_violations(t["spec"]) == [], where
+        assert RDMA_RESOURCE not in str(t["spec"]), where
+    # the checker is not vacuous: the RDMA component's container fails it, on IPC_LOCK
+    rdma = find(render("prod-h100"), "ClusterTrainingRuntime", "chunkgrpo-torch")
+    (_, t), *_ = pod_templates(rdma)
+    assert any("IPC_LOCK" in v for v in restricted_violations(t["spec"]))
 
 
 def test_shared_cluster_options():

@@ -15,7 +15,8 @@ BACKEND_PROTOS = {"2.15": "2.15.0", "2.16": "2.16.0", "2.17": "2.17.0"}
 UNSUPPORTED = "2.14.6"  # the newest 2.14 patch release: still no SecretAsEnv/ConfigMapAsEnv `optional`
 # Every variant the CLI compiles: the three pipelines, and train_and_evaluate with each trainer.
 VARIANTS = [("train_and_evaluate", "torchrun"), ("train_and_evaluate", "trainjob"),
-            ("train_and_evaluate", "pytorchjob"), ("nightly_benchmark", "torchrun"), ("models_sync", "torchrun")]
+            ("train_and_evaluate", "pytorchjob"), ("nightly_benchmark", "torchrun"),
+            ("models_sync", "torchrun")]
 
 
 def _v(text: str) -> tuple[int, ...]:

@@ -48,7 +48,7 @@ def spec(**kw) -> tj.JobSpec:
     base = dict(name=tj.job_name(RUN_ID, "train"), namespace="kubeflow", image="ghcr.io/chunkgrpo/chunkgrpo-runtime:0.1.0",
                 num_nodes=2, nproc_per_node=8, gpus_per_node=8, cpu="96", memory="960Gi",
                 node_selector={"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
-                tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+                tolerations=[],  # the runtime's GPU toleration stays; extra ones need the runtime (merged)
                 shm_size="", run_id=RUN_ID, env={"CHUNKGRPO_MLFLOW_PARENT_RUN_ID": "abc"},
                 secret_env={"AWS_ACCESS_KEY_ID": ("chunkgrpo-s3", "AWS_ACCESS_KEY_ID"),
                             "AWS_SECRET_ACCESS_KEY": ("chunkgrpo-s3", "AWS_SECRET_ACCESS_KEY")},
@@ -77,10 +77,38 @@ def test_job_name_is_deterministic_dns1123_and_short():
 # --------------------------------------------------------------------------------------- builders
 
 
+def strategic_merge(base, patch, list_keys):
+    """Kubernetes strategic merge patch for the fields of a pod template this project patches -- the
+    semantics Trainer v2.2/v2.3 apply to runtimePatches (`strategicpatch.StrategicMergePatch` over the
+    replicated job's template, pkg/runtime/core/trainingruntime.go `mergeRuntimePatches`): maps merge
+    recursively; lists with a patch merge key (k8s.io/api core/v1 `patchMergeKey`) merge item by item;
+    every other list -- `tolerations` is `+listType=atomic` with no patch strategy -- is REPLACED."""
+    if isinstance(base, dict) and isinstance(patch, dict):
+        out = dict(base)
+        for k, v in patch.items():
+            if isinstance(v, list) and k in list_keys and isinstance(base.get(k), list):
+                key = list_keys[k]
+                merged = {item[key]: item for item in base[k]}
+                order = [item[key] for item in base[k]]
+                for item in v:
+                    merged[item[key]] = strategic_merge(merged.get(item[key], {}), item, list_keys)
+                    if item[key] not in order:
+                        order.append(item[key])
+                out[k] = [merged[n] for n in order]
+            else:
+                out[k] = strategic_merge(base.get(k), v, list_keys) if k in base else v
+        return out
+    return patch
+
+
+# core/v1 PodSpec/Container lists with a patch merge key; everything else (tolerations) is atomic
+MERGE_KEYS = {"containers": "name", "initContainers": "name", "volumes": "name", "imagePullSecrets": "name",
+              "env": "name", "volumeMounts": "mountPath"}
+
+
 def effective_trainer_pod(runtime: dict, job: dict) -> dict:
-    """What Trainer v2.2/v2.3 makes of runtime + TrainJob for the `node` pods (the parts tested here):
-    container resources are REPLACED by trainer.resourcesPerNode when set; runtimePatches merge
-    labels/annotations, nodeSelector, tolerations (appended), imagePullSecrets and volumes (by name)."""
+    """What Trainer v2.2/v2.3 make of runtime + TrainJob for the `node` pods: container resources
+    REPLACED by trainer.resourcesPerNode when set, then each runtimePatch strategic-merged in."""
     pod = copy.deepcopy(next(rj for rj in runtime["spec"]["template"]["spec"]["replicatedJobs"]
                              if rj["name"] == "node")["template"]["spec"]["template"])
     c = next(c for c in pod["spec"]["containers"] if c["name"] == "node")
@@ -88,16 +116,7 @@ def effective_trainer_pod(runtime: dict, job: dict) -> dict:
         c["resources"] = job["spec"]["trainer"]["resourcesPerNode"]
     for patch in job["spec"].get("runtimePatches", []):
         for rj in patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]:
-            tp = rj["template"]["spec"]["template"]
-            for key in ("labels", "annotations"):
-                pod.setdefault("metadata", {}).setdefault(key, {}).update(tp.get("metadata", {}).get(key, {}))
-            ps = tp.get("spec", {})
-            pod["spec"].setdefault("nodeSelector", {}).update(ps.get("nodeSelector", {}))
-            pod["spec"]["tolerations"] = pod["spec"].get("tolerations", []) + ps.get("tolerations", [])
-            pod["spec"]["imagePullSecrets"] = pod["spec"].get("imagePullSecrets", []) + ps.get("imagePullSecrets", [])
-            vols = {v["name"]: v for v in pod["spec"].get("volumes", [])}
-            vols.update({v["name"]: v for v in ps.get("volumes", [])})
-            pod["spec"]["volumes"] = list(vols.values())
+            pod = strategic_merge(pod, rj["template"]["spec"]["template"], MERGE_KEYS)
     return pod
 
 
@@ -130,7 +149,7 @@ def test_trainjob_validates_and_carries_placement_secrets_and_command():
     assert pod["metadata"]["labels"][tj.LABEL_RUN] == RUN_ID
     assert pod["metadata"]["annotations"]["sidecar.istio.io/inject"] == "false"
     assert pod["spec"]["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
-    assert pod["spec"]["tolerations"][0]["key"] == "nvidia.com/gpu"
+    assert "tolerations" not in pod["spec"], "the runtime's stay (a patch's list would replace them)"
     assert "volumes" not in pod["spec"], "no shm override by default: the runtime's /dev/shm stays"
     assert s["activeDeadlineSeconds"] == 172800
     assert obj["metadata"]["annotations"][tj.SPEC_HASH]

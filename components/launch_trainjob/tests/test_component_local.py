@@ -30,6 +30,17 @@ class FakeK8s(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     def do_GET(self):  # noqa: N802
+        path, _, query = self.path.partition("?")
+        if path.endswith("/pods"):  # the launcher's probe: the job's pods (none blocked)
+            return self._send(200, {"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": []})
+        if path.endswith("/events"):  # list, then a watch that ends at once
+            if "watch=true" in query:
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return None
+            return self._send(200, {"apiVersion": "v1", "kind": "EventList",
+                                    "metadata": {"resourceVersion": "1"}, "items": []})
         if "/pods/" in self.path:
             return self._send(200, {"apiVersion": "v1", "kind": "Pod", "metadata": {
                 "name": self.path.rsplit("/", 1)[1], "namespace": "kubeflow", "ownerReferences": [

@@ -7,7 +7,8 @@ import pytest
 
 from chunkgrpo.k8s import trainjob as tj
 from components.launch_trainjob.component import launch_trainjob
-from tests.pipeline.test_trainjob import FakeApi, cond, prod_template
+from tests.pipeline.test_trainjob import FakeApi, cond, effective_trainer_pod, prod_runtime, prod_template
+from tests.pipeline.test_trainjob_failfast import FakeCore, event, pod
 
 POD = {"metadata": {"name": "launcher", "ownerReferences": [
     {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow", "name": "wf", "uid": "u-1"}]}}
@@ -38,7 +39,9 @@ def fake_cluster(monkeypatch):
     import chunkgrpo.store as store
 
     api = FakeApi(statuses=[cond("Complete")] * 5)
+    api.core = FakeCore(pods=[pod("running")])
     monkeypatch.setattr(tj, "load_api", lambda: api)
+    monkeypatch.setattr(tj, "load_core_api", lambda: api.core)
     monkeypatch.setattr(tj, "this_pod_getter", lambda ns: (lambda: POD))
     monkeypatch.setattr(store, "ArtifactStore", FakeStore)
     return api
@@ -67,3 +70,40 @@ def test_pytorchjob_needs_the_template(fake_cluster, artifact):
     job = next(o for k, o in fake_cluster.objects.items() if k[-1] != tj.PYTORCHJOB_TEMPLATE)
     master = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
     assert master["resources"]["limits"]["rdma/rdma_shared_device_a"] == 1
+
+
+def test_a_podsecurity_rejection_ends_the_step_in_one_line_and_deletes_the_job(fake_cluster, artifact):
+    """The RDMA runtime in a `restricted` profile namespace: the Job controller's FailedCreate event
+    ends the step at the first poll (not the 48 h deadline) and the job is deleted."""
+    fake_cluster.statuses = [{}] * 5  # TrainJob conditions say nothing: no pods exist
+    fake_cluster.core = FakeCore(events=[{**event("podsecurity"), "involvedObject": {
+        **event("podsecurity")["involvedObject"], "name": tj.job_name("run-9", "train") + "-node-0"}}])
+    blocked = r"PodSecurity \"restricted\".*IPC_LOCK.*fix:.*\(job deleted\)"
+    with pytest.raises(tj.JobBlockedError, match=blocked):
+        launch_trainjob.python_func(trained_model=artifact("m.json"), metrics=artifact("x"),
+                                    **_args(queue_name="", timeout_hours=48.0))
+    assert not fake_cluster.objects and any(c[0] == "delete" for c in fake_cluster.calls)
+    assert sum(c[0] == "get" for c in fake_cluster.calls) == 1
+
+
+def test_keep_failed(fake_cluster, artifact):
+    fake_cluster.statuses = [{}] * 5
+    fake_cluster.core = FakeCore(pods=[pod("oom")])
+    with pytest.raises(tj.JobBlockedError, match="OOMKilled.*job kept"):
+        launch_trainjob.python_func(trained_model=artifact("m.json"), metrics=artifact("x"),
+                                    **_args(queue_name="", keep_failed=True))
+    assert len(fake_cluster.objects) == 1
+
+
+def test_extra_tolerations_keep_the_runtimes(fake_cluster, artifact):
+    runtime = prod_runtime()
+    key = ("trainer.kubeflow.org", "v1alpha1", None, "clustertrainingruntimes", "chunkgrpo-torch")
+    fake_cluster.objects[key] = runtime
+    extra = {"key": "team", "operator": "Equal", "value": "vision", "effect": "NoSchedule"}
+    launch_trainjob.python_func(trained_model=artifact("m.json"), metrics=artifact("x"),
+                                **_args(tolerations=[extra]))
+    assert ("get-cluster", "chunkgrpo-torch") in fake_cluster.calls
+    job = next(o for o in fake_cluster.objects.values() if o["kind"] == "TrainJob")
+    tols = effective_trainer_pod(runtime, job)["spec"]["tolerations"]
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in tols
+    assert tols[-1] == extra

@@ -1,0 +1,343 @@
+"""Fail fast on the cluster (chunkgrpo.k8s.diagnose + trainjob.wait/launch) and tolerations merged
+the way Trainer merges them.
+
+No cluster exists here. The pods and events are API-shaped objects (tests/fixtures/k8s/failfast.yaml,
+field names checked by a round trip through the kubernetes client's models, messages in the
+upstream formats); the event stream is the real `kubernetes.watch.Watch` reading a fake HTTP
+response; the TrainJob API is the FakeApi of test_trainjob.py.
+"""
+
+import copy
+import datetime
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from chunkgrpo.k8s import diagnose as dg
+from chunkgrpo.k8s import trainjob as tj
+from tests.pipeline.test_trainjob import (MERGE_KEYS, RUNNING_V2, FakeApi, cond, effective_trainer_pod,
+                                          prod_runtime, spec, strategic_merge)
+
+FIX = yaml.safe_load((Path(__file__).resolve().parents[1] / "fixtures" / "k8s" / "failfast.yaml").read_text())
+JOB = "cg-0123456789-train"
+NS = "team-a"
+NO_SLEEP = dict(sleep=lambda s: None)
+
+
+def pod(name):
+    return copy.deepcopy(FIX["pods"][name])
+
+
+def event(name):
+    return copy.deepcopy(FIX["events"][name])
+
+
+def _model_round_trip(obj: dict, klass: str) -> dict:
+    from kubernetes.client import ApiClient
+
+    class Resp:
+        data = json.dumps(obj)
+
+    client = ApiClient()
+    return client.sanitize_for_serialization(client.deserialize(Resp(), klass))
+
+
+def _normal(x):
+    if isinstance(x, dict):
+        return {k: _normal(v) for k, v in x.items() if v is not None and v != {}}
+    if isinstance(x, list):
+        return [_normal(v) for v in x]
+    if isinstance(x, str) and x.endswith("+00:00"):
+        return x[:-6] + "Z"
+    return x
+
+
+@pytest.mark.parametrize("section,name,klass", [("pods", n, "V1Pod") for n in FIX["pods"]]
+                         + [("events", n, "CoreV1Event") for n in FIX["events"]])
+def test_fixtures_use_the_apis_field_names(section, name, klass):
+    """A misspelled field would be dropped by the client's model (generated from the API's OpenAPI)."""
+    obj = FIX[section][name]
+    assert _normal(_model_round_trip(obj, klass)) == _normal(obj)
+
+
+# ---------------------------------------------------------------------------------- classification
+
+
+def test_podsecurity_failedcreate_names_the_level_the_capability_and_the_fix():
+    f = dg.event_finding(event("podsecurity"))
+    assert f.kind == "PodSecurity" and f.grace_s == 0
+    line = f.line()
+    assert "Job cg-0123456789-train-node-0" in line and '"restricted"' in line and "IPC_LOCK" in line
+    assert "pod-security.kubernetes.io/enforce=privileged" in line and "components/rdma" in line
+    assert "\n" not in line
+
+
+def test_quota_failedcreate():
+    f = dg.event_finding(event("quota"))
+    assert f.kind == "Quota" and "exceeded quota: gpu-quota" in f.cause and "ResourceQuota" in f.fix
+
+
+def test_pod_states():
+    (u,) = dg.pod_findings(pod("unschedulable"), schedule_grace_s=600)
+    assert u.kind == "Unschedulable" and u.grace_s == 600 and "Insufficient nvidia.com/gpu" in u.cause
+    assert "nvidia.com/gpu.product" in u.fix
+    (i,) = dg.pod_findings(pod("image_pull"), pull_grace_s=120)
+    assert i.kind == "ImagePull" and i.grace_s == 120 and "ImagePullBackOff" in i.cause
+    assert "--image-pull-secret" in i.fix
+    (o,) = dg.pod_findings(pod("oom"))
+    assert o.kind == "OOMKilled" and o.grace_s == 0 and "1600Gi" in o.cause and "exit code 137" in o.cause
+    (e,) = dg.pod_findings(pod("evicted"))
+    assert e.kind == "Evicted" and 'EmptyDir volume "tmp" exceeds the limit "10Gi"' in e.cause
+    assert "/cache" in e.fix and "CHUNKGRPO_CACHE" in e.fix
+    assert dg.pod_findings(pod("running")) == []
+
+
+def test_invalid_image_name_fails_at_once():
+    p = pod("image_pull")
+    p["status"]["containerStatuses"][0]["state"]["waiting"] = {"reason": "InvalidImageName",
+                                                               "message": 'couldn\'t parse image name "a b"'}
+    (f,) = dg.pod_findings(p)
+    assert f.grace_s == 0
+
+
+def test_probe_applies_grace_periods_from_first_sight_and_resets_when_cleared():
+    pods = [pod("unschedulable")]
+    probe = dg.JobProbe(lambda: pods, list, schedule_grace_s=600)
+    assert probe.check(1000.0) is None
+    assert probe.check(1599.0) is None
+    pods[:] = [pod("running")]          # scheduled after all: the clock starts over
+    assert probe.check(1600.0) is None
+    pods[:] = [pod("unschedulable")]
+    assert probe.check(1700.0) is None
+    f = probe.check(2300.0)
+    assert f is not None and f.kind == "Unschedulable"
+
+
+# ----------------------------------------------------------------------------------------- events
+
+
+class FakeWatchResponse:
+    """What `CoreV1Api.list_namespaced_event(..., watch=True, _preload_content=False)` returns."""
+
+    def __init__(self, events):
+        self.lines = [json.dumps({"type": "ADDED", "object": e}).encode() + b"\n" for e in events]
+        self.closed = False
+
+    def stream(self, amt=None, decode_content=False):
+        yield from self.lines
+
+    def close(self):
+        self.closed = True
+
+    def release_conn(self):
+        pass
+
+
+class FakeCore:
+    """The CoreV1Api methods the probe uses; pods are returned as client model objects."""
+
+    def __init__(self, pods=(), events=()):
+        from kubernetes.client import ApiClient
+
+        self.api_client = ApiClient()
+        self.pods, self.events, self.calls = list(pods), list(events), []
+
+    def list_namespaced_pod(self, namespace, label_selector=""):
+        self.calls.append(("pods", namespace, label_selector))
+
+        class Resp:
+            data = json.dumps({"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": self.pods})
+
+        return self.api_client.deserialize(Resp(), "V1PodList")
+
+    def list_namespaced_event(self, namespace, **kwargs):
+        """:return: CoreV1EventList"""  # kubernetes.watch reads the model name from here
+        self.calls.append(("events", namespace, kwargs.get("watch"), kwargs.get("resource_version")))
+        if kwargs.get("watch"):
+            return FakeWatchResponse(self.events)
+
+        class Resp:
+            data = json.dumps({"apiVersion": "v1", "kind": "EventList",
+                               "metadata": {"resourceVersion": "918400"}, "items": self.events})
+
+        return self.api_client.deserialize(Resp(), "CoreV1EventList")
+
+
+def test_event_watch_keeps_this_jobs_warnings_since_its_creation():
+    core = FakeCore(events=[event(n) for n in ("podsecurity", "stale_podsecurity", "other_job", "quota")])
+    w = dg.EventWatch(core, NS, JOB, since="2026-11-25T13:05:00Z")
+    w.pump()
+    assert [e["metadata"]["name"] for e in w.events()] == [event("podsecurity")["metadata"]["name"],
+                                                           event("quota")["metadata"]["name"]]
+    assert core.calls[0][:3] == ("events", NS, True)
+    w.pump()  # the next stream resumes from the last resourceVersion seen
+    assert core.calls[-1][3] == "918290"
+    primed = dg.EventWatch(core, NS, JOB, since="2026-11-25T13:05:00Z").prime()
+    assert len(primed.events()) == 2 and core.calls[-1][2] is None  # a plain list first
+    primed.pump()
+    assert core.calls[-1][2:] == (True, "918400")  # then the watch from the list's resourceVersion
+
+
+def test_probe_for_job_reads_pods_by_the_jobset_label_and_streams_events():
+    core = FakeCore(pods=[pod("running")], events=[event("podsecurity")])
+    obj = {"kind": "TrainJob",
+           "metadata": {"name": JOB, "namespace": NS, "creationTimestamp": "2026-11-25T13:05:00Z"}}
+    probe = dg.JobProbe.for_job(core, obj, watch_events=False)
+    assert probe.check(0.0) is None
+    assert core.calls[0] == ("pods", NS, f"jobset.sigs.k8s.io/jobset-name={JOB}")
+    probe.events = dg.EventWatch(core, NS, JOB, since="2026-11-25T13:05:00Z").prime().events
+    assert probe.check(1.0).kind == "PodSecurity"  # from the list (model objects -> API dicts)
+    ptj = {"kind": "PyTorchJob", "metadata": {"name": JOB, "namespace": NS}}
+    dg.JobProbe.for_job(core, ptj, watch_events=False).check(0.0)
+    assert core.calls[-1] == ("pods", NS, f"training.kubeflow.org/job-name={JOB}")
+
+
+# ------------------------------------------------------------------------------- wait / launch
+
+
+class StaticProbe:
+    def __init__(self, pods=(), events=()):
+        self.inner = dg.JobProbe(lambda: list(pods), lambda: list(events), schedule_grace_s=600)
+        self.closed = False
+
+    def check(self, now):
+        return self.inner.check(now)
+
+    def close(self):
+        self.closed = True
+
+
+def _job():
+    return tj.build_trainjob(spec(name=JOB, namespace=NS, gpus_per_node=0, cpu="", memory="", tolerations=[]))
+
+
+@pytest.mark.parametrize("blocker,kind", [(dict(events=[event("podsecurity")]), "PodSecurity"),
+                                          (dict(events=[event("quota")]), "exceeded quota"),
+                                          (dict(pods=[pod("oom")]), "OOMKilled"),
+                                          (dict(pods=[pod("evicted")]), "Evicted")])
+def test_launch_ends_in_one_line_and_deletes_the_job(blocker, kind):
+    api = FakeApi(statuses=[{}] * 50)
+    probe = StaticProbe(**blocker)
+    t = iter(range(0, 100_000, 20))
+    with pytest.raises(tj.JobBlockedError) as e:
+        tj.launch(api, _job(), timeout_s=48 * 3600, poll_s=20, probe_factory=lambda created: probe,
+                  clock=lambda: float(next(t)), **NO_SLEEP)
+    msg = str(e.value)
+    assert kind in msg and "fix:" in msg and msg.endswith("(job deleted)") and "\n" not in msg
+    assert ("delete", JOB, "Background") in api.calls and not api.objects and probe.closed
+    assert sum(c[0] == "get" for c in api.calls) == 1  # the first poll already ends it
+
+
+def test_unschedulable_ends_after_the_grace_period_not_the_deadline():
+    api = FakeApi(statuses=[{}] * 1000)
+    now = [0.0]
+
+    def sleep(s):
+        now[0] += s
+
+    with pytest.raises(tj.JobBlockedError, match="cannot be scheduled"):
+        tj.launch(api, _job(), timeout_s=48 * 3600, poll_s=20,
+                  probe_factory=lambda c: StaticProbe([pod("unschedulable")]), clock=lambda: now[0],
+                  sleep=sleep)
+    assert 600 <= now[0] <= 620  # the grace period (10 min here), not the 48 h deadline
+    assert sum(c[0] == "get" for c in api.calls) == 600 / 20 + 1
+
+
+def test_keep_failed_keeps_the_job_and_says_how_to_delete_it():
+    api = FakeApi(statuses=[{}] * 5)
+    with pytest.raises(tj.JobBlockedError, match="job kept") as e:
+        tj.launch(api, _job(), timeout_s=3600, keep_failed=True,
+                  probe_factory=lambda c: StaticProbe(events=[event("podsecurity")]), **NO_SLEEP)
+    assert f"kubectl -n {NS} delete trainjob {JOB}" in str(e.value)
+    assert not any(c[0] == "delete" for c in api.calls) and len(api.objects) == 1
+
+
+def test_a_healthy_job_is_not_disturbed_and_suspended_jobs_are_not_probed():
+    checks = []
+
+    class Counting(StaticProbe):
+        def check(self, now):
+            checks.append(now)
+            return super().check(now)
+
+    api = FakeApi(statuses=[cond("Suspended", "Suspended"), RUNNING_V2, RUNNING_V2, cond("Complete")])
+    final = tj.launch(api, _job(), timeout_s=3600, probe_factory=lambda c: Counting([pod("running")]),
+                      **NO_SLEEP)
+    assert tj.job_state(final)[0] == "Succeeded" and len(checks) == 2
+
+
+def test_probe_errors_never_fail_a_running_job():
+    class Broken:
+        def check(self, now):
+            raise RuntimeError("connection reset")
+
+    api = FakeApi(statuses=[RUNNING_V2, cond("Complete")])
+    final = tj.launch(api, _job(), timeout_s=60, probe_factory=lambda c: Broken(), **NO_SLEEP)
+    assert tj.job_state(final)[0] == "Succeeded"
+
+
+# ------------------------------------------------------------------------------------ tolerations
+
+
+def test_the_merge_model_replaces_atomic_lists():
+    """The model itself: a patch's tolerations replace the base's (what made the old launcher drop
+    the GPU toleration), volumes merge by name."""
+    base = {"spec": {"tolerations": [{"key": "a"}], "volumes": [{"name": "x", "emptyDir": {}}]}}
+    patch = {"spec": {"tolerations": [{"key": "b"}], "volumes": [{"name": "y", "emptyDir": {}}]}}
+    out = strategic_merge(base, patch, MERGE_KEYS)
+    assert out["spec"]["tolerations"] == [{"key": "b"}]
+    assert [v["name"] for v in out["spec"]["volumes"]] == ["x", "y"]
+
+
+def test_extra_tolerations_are_added_to_the_runtimes_never_replace_them():
+    runtime = prod_runtime()
+    gpu = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+    extra = {"key": "team", "operator": "Equal", "value": "vision", "effect": "NoSchedule"}
+    rt_tol = tj.runtime_pod_spec(runtime)["tolerations"]
+    assert gpu in rt_tol
+    s = spec(gpus_per_node=0, cpu="", memory="", tolerations=[extra, gpu])  # gpu: already the runtime's
+    assert tj.needs_runtime(s)
+    with pytest.raises(ValueError, match="tolerations need the runtime"):
+        tj.build_trainjob(s)
+    job = tj.build_trainjob(s, runtime)
+    tols = effective_trainer_pod(runtime, job)["spec"]["tolerations"]
+    assert tols == [*rt_tol, extra]  # the runtime's first, each once, then the extra one
+    from tests import k8s_schemas
+
+    k8s_schemas.check(job)
+
+
+def test_the_old_patch_would_have_dropped_the_gpu_toleration():
+    """What a patch with only the extra toleration does under Trainer's merge (the bug)."""
+    runtime = prod_runtime()
+    extra = {"key": "team", "operator": "Equal", "value": "vision", "effect": "NoSchedule"}
+    job = tj.build_trainjob(spec(gpus_per_node=0, cpu="", memory="", tolerations=[extra]), runtime)
+    rj = job["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]
+    rj["template"]["spec"]["template"]["spec"]["tolerations"] = [extra]
+    tols = effective_trainer_pod(runtime, job)["spec"]["tolerations"]
+    assert not any(t.get("key") == "nvidia.com/gpu" for t in tols)
+
+
+def test_no_extra_tolerations_no_runtime_read_and_no_toleration_patch():
+    s = spec(gpus_per_node=0, cpu="", memory="", tolerations=[])
+    assert not tj.needs_runtime(s)
+    job = tj.build_trainjob(s)
+    rj = job["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]
+    assert "tolerations" not in rj["template"]["spec"]["template"].get("spec", {})
+    runtime = prod_runtime()
+    tols = effective_trainer_pod(runtime, job)["spec"]["tolerations"]
+    assert tols == tj.runtime_pod_spec(runtime)["tolerations"]
+
+
+def test_quantities_use_the_kubernetes_parser():
+    assert tj.quantity("1600Gi") == 1600 * 2**30 and tj.quantity("500m") * 2 == 1 and tj.quantity(8) == 8
+    with pytest.raises(ValueError, match="not a Kubernetes quantity"):
+        tj.quantity("lots")
+
+
+def test_timestamps():
+    utc = datetime.timezone.utc
+    assert dg._when("2026-11-25T13:05:09Z") == datetime.datetime(2026, 11, 25, 13, 5, 9, tzinfo=utc)
+    assert dg._when("2026-11-25T13:05:09.123456Z").microsecond == 123456
