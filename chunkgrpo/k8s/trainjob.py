@@ -665,15 +665,36 @@ def delete_on_cancel(api, obj: dict, signals: tuple[int, ...] = (signal.SIGTERM,
             signal.signal(s, h)
 
 
+def trainjob_log_tail(obj: dict, lines: int = 40, client=None) -> list[str]:
+    """The last `lines` log lines of node 0 of a TrainJob, read with the kubeflow SDK
+    (`kubeflow.trainer.TrainerClient.get_job_logs`: finds the pod by its JobSet labels, reads the
+    `node` container). [] for a PyTorchJob, or when the pod is gone or unreadable: a diagnosis aid
+    printed before a failed job is reported, never an error of its own."""
+    if obj.get("kind") != "TrainJob":
+        return []
+    name, ns = obj["metadata"]["name"], obj["metadata"]["namespace"]
+    try:
+        if client is None:
+            from kubeflow.trainer import KubernetesBackendConfig, TrainerClient
+
+            client = TrainerClient(KubernetesBackendConfig(namespace=ns))
+        return list(client.get_job_logs(name))[-lines:]
+    except Exception as e:  # noqa: BLE001
+        log.warning("no logs of %s/%s (%s: %s)", ns, name, type(e).__name__, e)
+        return []
+
+
 def launch(api, obj: dict, *, timeout_s: float, poll_s: float = 15.0, recreate_failed: bool = True,
            on_status: Callable[[str], None] | None = None, probe_factory: Callable[[dict], Any] | None = None,
-           keep_failed: bool = False, sleep: Callable[[float], None] = time.sleep,
-           clock: Callable[[], float] = time.monotonic) -> dict:
+           keep_failed: bool = False, logs: Callable[[dict], list[str]] | None = None,
+           sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic) -> dict:
     """submit_or_attach + wait, with the job deleted if this process is cancelled. Returns the final object.
 
     `probe_factory(created_object)` builds the pod/event probe (`diagnose.JobProbe.for_job`); when it
     finds a blocker the job is deleted (its pods would otherwise hold or wait for GPUs until the
-    deadline) unless `keep_failed`, and JobBlockedError carries the one line.
+    deadline) unless `keep_failed`, and JobBlockedError carries the one line. `logs(obj)` (e.g.
+    `trainjob_log_tail`) is printed through `on_status` when the job fails or is blocked, before
+    anything is deleted; the error itself stays one line.
     """
     cur, attached = submit_or_attach(api, obj, recreate_failed=recreate_failed, poll_s=poll_s, sleep=sleep, clock=clock)
     emit = on_status or (lambda line: log.info("%s", line))
@@ -688,8 +709,16 @@ def launch(api, obj: dict, *, timeout_s: float, poll_s: float = 15.0, recreate_f
                         obj["metadata"]["name"], e)
     try:
         with delete_on_cancel(api, obj):
-            return wait(api, obj, timeout_s=timeout_s, poll_s=poll_s, on_status=on_status, probe=probe,
-                        sleep=sleep, clock=clock)
+            try:
+                return wait(api, obj, timeout_s=timeout_s, poll_s=poll_s, on_status=on_status, probe=probe,
+                            sleep=sleep, clock=clock)
+            except JobFailedError:
+                tail = logs(obj) if logs is not None else []
+                if tail:
+                    emit(f"last {len(tail)} log lines of {obj['metadata']['name']} node 0:")
+                    for line in tail:
+                        emit(f"  | {line}")
+                raise
     except JobBlockedError as e:
         if keep_failed:
             raise JobBlockedError(f"{e} (job kept: keep_failed; delete it with `kubectl -n "

@@ -103,7 +103,8 @@ def launch_trainjob(kind: str, namespace: str, image: str, num_nodes: int, nproc
         return JobProbe.for_job(core, created, schedule_grace_s=schedule_grace_minutes * 60)
 
     tj.launch(api, obj, timeout_s=timeout_hours * 3600, poll_s=20, probe_factory=probe,
-              keep_failed=keep_failed, on_status=lambda line: print(line, flush=True))
+              keep_failed=keep_failed, logs=tj.trainjob_log_tail,  # node 0's log tail (kubeflow SDK)
+              on_status=lambda line: print(line, flush=True))
 
     store = ArtifactStore()
     manifest = store.read_manifest(f"{prefix}/final")

@@ -341,3 +341,98 @@ def test_timestamps():
     utc = datetime.timezone.utc
     assert dg._when("2026-11-25T13:05:09Z") == datetime.datetime(2026, 11, 25, 13, 5, 9, tzinfo=utc)
     assert dg._when("2026-11-25T13:05:09.123456Z").microsecond == 123456
+
+
+# ------------------------------------------------------------------------- kubeflow SDK (logs)
+
+
+class _FakeTrainerAPI:
+    """A fake Kubernetes API over HTTP with what `kubeflow.trainer.TrainerClient.get_job_logs` reads:
+    the TrainJob, its runtime (namespaced 404 -> cluster-scoped), the JobSet's pods, the pod log."""
+
+    def __init__(self, trainjob: dict, runtime: dict, pods: list[dict], log_text: str):
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        routes = {
+            f"/apis/trainer.kubeflow.org/v1alpha1/namespaces/{NS}/trainjobs/{JOB}": trainjob,
+            "/apis/trainer.kubeflow.org/v1alpha1/clustertrainingruntimes/chunkgrpo-torch": runtime,
+            f"/api/v1/namespaces/{NS}/pods": {"apiVersion": "v1", "kind": "PodList", "metadata": {},
+                                              "items": pods},
+        }
+        self.paths = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def do_GET(self):  # noqa: N802
+                path = self.path.partition("?")[0]
+                outer.paths.append(self.path)
+                if path.endswith("/log"):
+                    body, ctype, code = log_text.encode(), "text/plain", 200
+                elif path in routes:
+                    body, ctype, code = json.dumps(routes[path]).encode(), "application/json", 200
+                else:
+                    body, ctype = b'{"kind":"Status","code":404,"reason":"NotFound"}', "application/json"
+                    code = 404
+                self.send_response(code)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+        self.host = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_log_tail_through_the_kubeflow_sdk_trainer_client():
+    """The real TrainerClient (kubeflow 0.5) against a fake API: node 0's pod found by its JobSet
+    labels, its log read, the tail returned; a PyTorchJob or an unreachable API gives []."""
+    from kubernetes.client import Configuration
+
+    from kubeflow.trainer import KubernetesBackendConfig, TrainerClient
+
+    trainjob = {**_job(), "metadata": {**_job()["metadata"], "creationTimestamp": "2026-11-25T13:05:00Z"}}
+    node0 = pod("oom")
+    node0["metadata"]["labels"].update({"jobset.sigs.k8s.io/replicatedjob-name": "node",
+                                        "batch.kubernetes.io/job-completion-index": "0"})
+    node0["metadata"]["creationTimestamp"] = "2026-11-25T13:05:09Z"
+    log_text = "\n".join(f"iteration {i}: reward 0.{i}" for i in range(100))
+    log_text += "\ntorch.OutOfMemoryError: boom\n"
+    api = _FakeTrainerAPI(trainjob, prod_runtime(), [node0], log_text)
+    try:
+        cfg = Configuration(host=api.host)
+        client = TrainerClient(KubernetesBackendConfig(namespace=NS, client_configuration=cfg))
+        tail = tj.trainjob_log_tail(trainjob, lines=5, client=client)
+        assert tail[-1] == "torch.OutOfMemoryError: boom" and tail[0] == "iteration 96: reward 0.96"
+        assert len(tail) == 5
+        assert any(p.startswith(f"/api/v1/namespaces/{NS}/pods?") and "jobset-name" in p for p in api.paths)
+        log_path = f"/api/v1/namespaces/{NS}/pods/{node0['metadata']['name']}/log"
+        assert any(p.startswith(log_path) for p in api.paths)
+        assert tj.trainjob_log_tail({**trainjob, "kind": "PyTorchJob"}, client=client) == []
+    finally:
+        api.close()
+
+    class Unreachable:
+        def get_job_logs(self, name):
+            raise RuntimeError(f"Failed to get TrainJob: {NS}/{name}")  # what the SDK raises
+
+    assert tj.trainjob_log_tail(trainjob, client=Unreachable()) == []  # a warning, not an error
+
+
+def test_a_failed_job_prints_its_log_tail_before_the_one_line_error():
+    api = FakeApi(statuses=[RUNNING_V2, cond("Failed", "BackoffLimitExceeded", "node-0 exited 1")])
+    seen = []
+    with pytest.raises(tj.JobFailedError, match="BackoffLimitExceeded") as e:
+        tj.launch(api, _job(), timeout_s=60, on_status=seen.append,
+                  logs=lambda o: ["step 3", "Traceback: boom"], **NO_SLEEP)
+    assert "\n" not in str(e.value)
+    assert seen[-3:] == [f"last 2 log lines of {JOB} node 0:", "  | step 3", "  | Traceback: boom"]

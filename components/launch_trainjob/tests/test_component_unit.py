@@ -42,6 +42,8 @@ def fake_cluster(monkeypatch):
     api.core = FakeCore(pods=[pod("running")])
     monkeypatch.setattr(tj, "load_api", lambda: api)
     monkeypatch.setattr(tj, "load_core_api", lambda: api.core)
+    oom = ["torch.OutOfMemoryError: CUDA out of memory"]
+    monkeypatch.setattr(tj, "trainjob_log_tail", lambda obj, lines=40: oom)
     monkeypatch.setattr(tj, "this_pod_getter", lambda ns: (lambda: POD))
     monkeypatch.setattr(store, "ArtifactStore", FakeStore)
     return api
@@ -86,13 +88,14 @@ def test_a_podsecurity_rejection_ends_the_step_in_one_line_and_deletes_the_job(f
     assert sum(c[0] == "get" for c in fake_cluster.calls) == 1
 
 
-def test_keep_failed(fake_cluster, artifact):
+def test_keep_failed(fake_cluster, artifact, capsys):
     fake_cluster.statuses = [{}] * 5
     fake_cluster.core = FakeCore(pods=[pod("oom")])
     with pytest.raises(tj.JobBlockedError, match="OOMKilled.*job kept"):
         launch_trainjob.python_func(trained_model=artifact("m.json"), metrics=artifact("x"),
                                     **_args(queue_name="", keep_failed=True))
     assert len(fake_cluster.objects) == 1
+    assert "  | torch.OutOfMemoryError: CUDA out of memory" in capsys.readouterr().out  # node 0's log tail
 
 
 def test_extra_tolerations_keep_the_runtimes(fake_cluster, artifact):
