@@ -18,8 +18,9 @@ Design (ecosystem.md §2.4):
 * **Trainer v2 (v2.2 and v2.3; v2.1 has no `runtimePatches`).** `spec.runtimeRef` ->
   ClusterTrainingRuntime `chunkgrpo-torch` (manifests/base/training), `spec.trainer`
   (image/command/args/env/numNodes/numProcPerNode) and one manager-keyed `runtimePatches` entry for
-  pod labels/annotations, node selector, tolerations, image pull secrets and (only when asked)
-  `/dev/shm` of replicated job `node`. **Resources:** Trainer replaces the container's resources
+  pod labels/annotations, node selector, tolerations (the runtime's + the extra ones: Trainer's
+  strategic merge replaces the atomic list, `merge_tolerations`), image pull secrets and (only when
+  asked) `/dev/shm` of replicated job `node`. **Resources:** Trainer replaces the container's resources
   wholesale with `trainer.resourcesPerNode`, so it is left out unless a job overrides something,
   and then it is the runtime's resources (GPUs, RDMA devices, CPU, memory, ephemeral storage) with
   the overrides merged in (`merge_resources`); the runtime must then be passed in (`read_runtime`).
@@ -37,6 +38,11 @@ Design (ecosystem.md §2.4):
 * **The final model leaves the pod.** The trainer writes `<output_dir>/final` on node 0; with
   `upload_final_to` the container runs `torchrun ... && python -m chunkgrpo.k8s.trainjob upload-final`
   on node rank 0, which uploads it with `ArtifactStore.put_folder` (manifest last).
+* **Fail fast.** `launch(..., probe_factory=diagnose.JobProbe.for_job)` reads the job's pods and
+  events on every poll: FailedCreate (PodSecurity, quota), unschedulable past a grace period, image
+  pull errors, OOMKilled and evictions end the step in one line with the fix (JobBlockedError) and
+  delete the job unless `keep_failed`; `logs=trainjob_log_tail` prints node 0's last log lines
+  (Kubeflow SDK `TrainerClient.get_job_logs`) before a failure is raised.
 * **Cancellation.** `delete_on_cancel` installs SIGTERM/SIGINT handlers (KFP/Argo stop a cancelled
   step with SIGTERM) that delete the job before exiting.
 
