@@ -46,6 +46,7 @@ def test_compiled_package_parses_on_every_backend_it_targets(tmp_path, monkeypat
     spec, platform = _compile(tmp_path, name, trainer, target)
     executors = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
     assert executors and all(e.get("secretAsEnv") for e in executors.values())
+    assert target in BACKEND_PROTOS, f"--target-kfp {target} has no vendored protos to prove it loads there"
     for backend, protos in BACKEND_PROTOS.items():
         if _v(backend) < _v(target):
             continue
