@@ -180,6 +180,23 @@ def test_event_watch_keeps_this_jobs_warnings_since_its_creation():
     assert core.calls[-1][2:] == (True, "918400")  # then the watch from the list's resourceVersion
 
 
+def test_event_watch_restarts_from_now_after_410_gone():
+    """An expired resourceVersion (the API's ERROR event, code 410) is not an error: the next stream
+    starts without one."""
+    core = FakeCore(events=[event("podsecurity")])
+    w = dg.EventWatch(core, NS, JOB, since="2026-11-25T13:05:00Z")
+    w.pump()
+    assert w._resource_version == "918273"
+    gone = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 410, "reason": "Expired",
+            "message": "too old resource version: 918273 (925000)"}
+    resp = FakeWatchResponse([])
+    resp.lines = [json.dumps({"type": "ERROR", "object": gone}).encode() + b"\n"]
+    core.list_namespaced_event = lambda namespace, **kw: resp
+    core.list_namespaced_event.__doc__ = ":return: CoreV1EventList"
+    w.pump()
+    assert w._resource_version is None and resp.closed and len(w.events()) == 1
+
+
 def test_probe_for_job_reads_pods_by_the_jobset_label_and_streams_events():
     core = FakeCore(pods=[pod("running")], events=[event("podsecurity")])
     obj = {"kind": "TrainJob",
