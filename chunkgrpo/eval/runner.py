@@ -785,7 +785,9 @@ STAT_METRICS = {"delta_ci_low": "ci_low", "delta_ci_high": "ci_high", "win_rate"
 
 
 def flat_metrics(benchmarks: dict) -> dict[str, float]:
-    """`<benchmark>.<metric>.<label>` (+ `.delta` = trained − base) for MLflow, plus the paired statistics
+    """`<benchmark>.<metric>.<label>` (each label's own mean, as the benchmark reports it) and `.delta`, the
+    **paired** trained − base (`statistics.<metric>.delta`: the mean difference over the pairs with both
+    sides scored, the same pairs as its CI; absent without a statistics cell) for MLflow, plus the paired statistics
     `.delta_ci_low` / `.delta_ci_high` (bootstrap CI of the delta), `.win_rate` (+ `_ci_low/_ci_high`)
     and `.n_pairs`: a promotion gate or the nightly regression check can name e.g.
     `hpdv2.hpsv3.delta_ci_low` (registered as `eval.hpdv2.hpsv3.delta_ci_low`)."""
@@ -806,13 +808,12 @@ def flat_metrics(benchmarks: dict) -> dict[str, float]:
                 for cat, c in (r.get("categories") or {}).items():
                     if c.get("wiscore") is not None:
                         out[f"wise.{cat}.{lb}"] = c["wiscore"]
-    for key in list(out):
-        if key.endswith(".trained"):
-            stem = key[: -len(".trained")]
-            if f"{stem}.base" in out and _finite(out[key]) and _finite(out[f"{stem}.base"]):
-                out[f"{stem}.delta"] = out[key] - out[f"{stem}.base"]
     for bench, b in benchmarks.items():
         for metric, cell in (b.get("statistics") or {}).items():
+            # the delta of the same pairs as its CI (each label's own mean above may use other items,
+            # e.g. when some judgements failed for one label only)
+            if _finite(cell.get("delta")):
+                out[f"{bench}.{metric}.delta"] = cell["delta"]
             for suffix, field in STAT_METRICS.items():
                 v = cell.get(field)
                 if _finite(v):
