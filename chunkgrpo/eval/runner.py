@@ -24,7 +24,7 @@ Comparability (`benchmarks.<b>.comparable_to_official` + `comparable_notes`, the
 paper's sampling, the official prompt set complete, every image present and scored, published scorer
 weights/architectures (a random or tiny CLIP is never labelled as the published metric), the official
 GenEval detector, rules and colour classifier, and for WISE all 1,000 prompt ids judged and scored by
-gpt-4o-2024-05-13.
+gpt-4o-2024-05-13 on the original (not rewritten) prompts, parsed by the official parser.
 """
 
 from __future__ import annotations
@@ -56,6 +56,7 @@ PAPER_SAMPLING = {"steps": 50, "trained_steps": 30, "height": 1024, "width": 102
                   "schedule": "dynamic"}
 OFFICIAL_SCORERS = ("hpsv3", "imagereward", "hpsv2.1", "hpsv2", "pickscore", "clip")
 OFFICIAL_WISE_JUDGE = "gpt-4o-2024-05-13"
+OFFICIAL_WISE_VARIANT = "original"  # WISE_legacy README: gpt_eval.py --json_path data/<category>.json
 
 
 @dataclasses.dataclass
@@ -673,6 +674,9 @@ def _comparability(cfg: EvalConfig, bench: str, ctx: dict, results: dict) -> tup
                 notes.append(color.get("note") or "colour classifier is not CLIP ViT-L/14 (openai)")
     elif bench == "wise":
         n_ids = ctx["n_prompts"]
+        if ctx.get("variant", cfg.wise_variant) != OFFICIAL_WISE_VARIANT:
+            notes.append(f"WISE prompt variant {ctx.get('variant', cfg.wise_variant)!r} (the official gpt_eval.py "
+                         f"usage and the WISE leaderboard judge the {OFFICIAL_WISE_VARIANT!r} prompts)")
         if n_ids != 1000:
             notes.append(f"{n_ids} of 1000 WISE prompt ids evaluated (the official Calculate.py needs all 1000)")
         for lb, r in results.items():
@@ -688,7 +692,8 @@ def _comparability(cfg: EvalConfig, bench: str, ctx: dict, results: dict) -> tup
             if judge.get("model") != OFFICIAL_WISE_JUDGE:
                 notes.append(f"judge {judge.get('model')} (paper: {OFFICIAL_WISE_JUDGE})")
             if judge.get("parser", "official") != "official":
-                notes.append(f"judge answers parsed with the {judge.get('parser')} parser (official: lenient)")
+                notes.append(f"judge answers parsed with the {judge.get('parser')} parser (official: WISE "
+                             "extract_scores, parser=official)")
     notes = list(dict.fromkeys(notes))
     return not notes, notes
 
