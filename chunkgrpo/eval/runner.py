@@ -17,8 +17,10 @@ Phases (each model = a label: "trained" = hybrid inference, "base" = the base mo
    and overall, WISE per category and overall) -> `benchmarks.<b>.statistics` and flat metrics
    `<b>.<metric>.delta_ci_low|delta_ci_high|win_rate|...` (what promotion gates can name).
 4. outputs: `metrics.json`, `report.html` (self-contained), `grids/*.png`, per-image `scores.jsonl`;
-   MLflow stage run "evaluate" (metrics `hpdv2.hpsv3.trained`, …; report, metrics and grids as artifacts);
-   `output_uri=s3://…` uploads the whole folder as a folder artifact (manifest last).
+   `output_uri=s3://…` uploads the whole folder as a folder artifact (manifest last); then the MLflow stage
+   run "evaluate" (metrics `hpdv2.hpsv3.trained`, …; report, metrics and grids as artifacts), fed from a
+   background thread: MLflow down or dying never stops or delays the evaluation by more than
+   `tracking_flush_timeout_s` at the end, and what it did not take is named in one warning line.
 
 Comparability (`benchmarks.<b>.comparable_to_official` + `comparable_notes`, the reasons) is strict: the
 paper's sampling, the official prompt set complete, every image present and scored, published scorer
@@ -116,6 +118,11 @@ class EvalConfig(Config):
     ci_level: float = option(0.95, "confidence level of the delta and win-rate intervals")
     experiment: str = option("chunkgrpo", "MLflow experiment when there is no parent run")
     parent_run_id: str = option("", "MLflow parent run id (default $CHUNKGRPO_MLFLOW_PARENT_RUN_ID)")
+    tracking_timeout_s: int = option(10, "seconds per MLflow request; MLflow is fed from a background thread, "
+                                         "evaluation never waits on it")
+    tracking_flush_timeout_s: float = option(30.0, "after metrics.json is written (and uploaded), seconds to wait "
+                                                   "for MLflow to take the metrics and artifacts; then one warning "
+                                                   "line and exit 0 (the results are in metrics.json / output_uri)")
 
     def __post_init__(self) -> None:
         unknown = [b for b in self.benchmarks if b not in BENCHMARKS]
@@ -140,6 +147,9 @@ class EvalConfig(Config):
                           ("report_max_prompts", 0), ("report_thumb_size", 16)):
             if getattr(self, key) < what:
                 raise UserError(f"{key}={getattr(self, key)} must be >= {what}")
+        if self.tracking_timeout_s < 1 or not 0 <= self.tracking_flush_timeout_s <= 600:
+            raise UserError(f"tracking_timeout_s={self.tracking_timeout_s} must be >= 1 and tracking_flush_timeout_s="
+                            f"{self.tracking_flush_timeout_s} in [0, 600]")
         if self.bootstrap_samples < 100:
             raise UserError(f"bootstrap_samples={self.bootstrap_samples} must be >= 100")
         if not 0.5 <= self.ci_level < 1:
@@ -890,8 +900,13 @@ def run_evaluation(cfg: EvalConfig, *, detector=None, color_fn: Callable | None 
 
     params = tracking.flatten({k: v for k, v in cfg.to_dict().items()})
     tags = {"chunkgrpo.model": cfg.model or "(base only)", "chunkgrpo.base_model": base_model}
-    with tracking.stage_run("evaluate", parent_run_id=cfg.parent_run_id or None, experiment=cfg.experiment,
-                            params=params, tags=tags) as tracker:
+    # MLflow is fed from a background thread (as in training): an unreachable or dying tracking server never
+    # blocks or fails the evaluation. The results are written and uploaded first, then handed to MLflow,
+    # which gets at most tracking_flush_timeout_s more (then one warning line; the results stay intact).
+    where = f"{out / 'metrics.json'}" + (f" and {cfg.output_uri}" if cfg.output_uri else "")
+    with tracking.background_stage_run("evaluate", parent_run_id=cfg.parent_run_id or None, experiment=cfg.experiment,
+                                       params=params, tags=tags, timeout_s=cfg.tracking_timeout_s,
+                                       flush_timeout_s=cfg.tracking_flush_timeout_s, kept_in=where) as tracker:
         gen_stats = _generate(cfg, out, jobs, labels, trained, base_model)
         log.info("generation: %s", gen_stats)
         benchmarks: dict[str, dict] = {}
@@ -950,7 +965,7 @@ def run_evaluation(cfg: EvalConfig, *, detector=None, color_fn: Callable | None 
             "report": "report.html",
             "output_dir": str(out),
             "output_uri": cfg.output_uri or None,
-            "mlflow_run_id": tracker.run_id,
+            "mlflow_run_id": _run_id(tracker, cfg.tracking_timeout_s),
             "config": cfg.to_dict(),
         }
         grids = _grids(out, jobs, labels)
@@ -961,18 +976,29 @@ def run_evaluation(cfg: EvalConfig, *, detector=None, color_fn: Callable | None 
                      max_prompts=cfg.report_max_prompts, thumb=cfg.report_thumb_size)
         result["timing"]["total_s"] = round(time.perf_counter() - t_start, 3)
         (out / "metrics.json").write_text(json.dumps(result, indent=1, default=_json_default))
+        if cfg.output_uri:  # the results are safe in S3 before MLflow is asked for anything more
+            from chunkgrpo.store import ArtifactStore
+
+            ArtifactStore().put_folder(out, cfg.output_uri, meta={"kind": "eval", "model": cfg.model or base_model})
+            log.info("uploaded %s to %s", out, cfg.output_uri)
         if metrics:
             tracker.log_metrics(metrics)
         tracker.log_artifact(out / "metrics.json")
         tracker.log_artifact(out / "report.html")
         for g in grids:
             tracker.log_artifact(g, "grids")
-    if cfg.output_uri:
-        from chunkgrpo.store import ArtifactStore
-
-        ArtifactStore().put_folder(out, cfg.output_uri, meta={"kind": "eval", "model": cfg.model or base_model})
-        log.info("uploaded %s to %s", out, cfg.output_uri)
     return result
+
+
+def _run_id(tracker, wait_s: float) -> str | None:
+    """The MLflow run id for metrics.json: the background thread normally created the run long before
+    (during generation); a server that is up but slow gets at most `wait_s`; a failing one none."""
+    if not getattr(tracker, "enabled", False) or tracker.run_id:
+        return tracker.run_id
+    deadline = time.monotonic() + wait_s
+    while tracker.run_id is None and not getattr(tracker, "failures", 0) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return tracker.run_id
 
 
 def summary_lines(result: dict) -> list[str]:
