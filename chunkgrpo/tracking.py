@@ -440,7 +440,8 @@ def background_stage_run(name: str, parent_run_id: str | None = None, experiment
         run = client.create_run(experiment_id, run_name=name, tags=all_tags)
         return run.info.run_id, experiment_id
 
-    tracker = BackgroundTracker(open_run, timeout_s=timeout_s, flush_timeout_s=flush_timeout_s, kept_in=kept_in)
+    tracker = BackgroundTracker(open_run, timeout_s=timeout_s, flush_timeout_s=flush_timeout_s,
+                                kept_in=kept_in)
     if params:
         tracker.log_params(params)
     status, wait = "FINISHED", flush_timeout_s

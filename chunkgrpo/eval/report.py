@@ -96,11 +96,13 @@ def delta_cell(cell: Mapping | None, digits: int = 4) -> str:
         return "<td class=num>–</td>"
     if not _finite(cell.get("ci_low"), cell.get("ci_high")):
         return (f"<td class='num neutral' title='{_e(cell.get('note') or 'no interval')}'>{cell['delta']:+.{digits}f}"
-                f"<br><span class=ci>{_e(cell.get('note') or 'no interval')}</span>{_paired_means(cell, digits)}</td>")
+                f"<br><span class=ci>{_e(cell.get('note') or 'no interval')}</span>"
+                f"{_paired_means(cell, digits)}</td>")
     sig = _sig(cell)
     level = round(100 * float(cell.get("level", 0.95)))
     return (f"<td class='num {SIG_CLASS[sig]}' title='{_e(SIG_WORD[sig])}'>{cell['delta']:+.{digits}f}"
-            f"<br><span class=ci>{level}% CI [{cell['ci_low']:+.{digits}f}, {cell['ci_high']:+.{digits}f}]</span>"
+            f"<br><span class=ci>{level}% CI [{cell['ci_low']:+.{digits}f}, "
+            f"{cell['ci_high']:+.{digits}f}]</span>"
             f"{_paired_means(cell, digits)}</td>")
 
 
@@ -109,8 +111,8 @@ def _paired_means(cell: Mapping, digits: int) -> str:
     beside, may cover other items, e.g. when a judgement failed for one label only)."""
     if not _finite(cell.get("mean_base"), cell.get("mean_trained")):
         return ""
-    return (f"<br><span class=ci>paired means {cell['mean_base']:.{digits}f} → {cell['mean_trained']:.{digits}f} "
-            f"(n={cell.get('n')})</span>")
+    return (f"<br><span class=ci>paired means {cell['mean_base']:.{digits}f} → "
+            f"{cell['mean_trained']:.{digits}f} (n={cell.get('n')})</span>")
 
 
 def win_cell(cell: Mapping | None) -> str:
@@ -321,9 +323,10 @@ def _summary(result: Mapping) -> str:
         head += "<th>trained − base (paired bootstrap CI)</th><th>win rate [CI]</th><th>n</th>"
     legend = ("<p class=muted>Green / red only when the confidence interval of the delta lies entirely above / "
               "below 0; grey = the interval contains 0 (no significant difference). Win rate = share of prompts "
-              "where trained scores strictly higher than base (same prompt and seed). The base / trained columns are "
-              "each model's own mean over what it scored; the delta, its CI and the paired means below it use only "
-              "the prompts scored for both (they differ when e.g. a judgement failed for one model).</p>") if len(labels) == 2 else ""
+              "where trained scores strictly higher than base (same prompt and seed). The base / trained "
+              "columns are each model's own mean over what it scored; the delta, its CI and the paired "
+              "means below it use only the prompts scored for both (they differ when e.g. a judgement "
+              "failed for one model).</p>") if len(labels) == 2 else ""
     return f"<table><tr><th>metric</th>{head}</tr>{''.join(rows)}</table>{legend}"
 
 

@@ -118,11 +118,12 @@ class EvalConfig(Config):
     ci_level: float = option(0.95, "confidence level of the delta and win-rate intervals")
     experiment: str = option("chunkgrpo", "MLflow experiment when there is no parent run")
     parent_run_id: str = option("", "MLflow parent run id (default $CHUNKGRPO_MLFLOW_PARENT_RUN_ID)")
-    tracking_timeout_s: int = option(10, "seconds per MLflow request; MLflow is fed from a background thread, "
-                                         "evaluation never waits on it")
-    tracking_flush_timeout_s: float = option(30.0, "after metrics.json is written (and uploaded), seconds to wait "
-                                                   "for MLflow to take the metrics and artifacts; then one warning "
-                                                   "line and exit 0 (the results are in metrics.json / output_uri)")
+    tracking_timeout_s: int = option(10, "seconds per MLflow request; MLflow is fed from a background "
+                                         "thread, evaluation never waits on it")
+    tracking_flush_timeout_s: float = option(
+        30.0, "after metrics.json is written (and uploaded), seconds to wait for MLflow to take the "
+              "metrics and artifacts; then one warning line and exit 0 (the results are in metrics.json / "
+              "output_uri)")
 
     def __post_init__(self) -> None:
         unknown = [b for b in self.benchmarks if b not in BENCHMARKS]
@@ -148,8 +149,8 @@ class EvalConfig(Config):
             if getattr(self, key) < what:
                 raise UserError(f"{key}={getattr(self, key)} must be >= {what}")
         if self.tracking_timeout_s < 1 or not 0 <= self.tracking_flush_timeout_s <= 600:
-            raise UserError(f"tracking_timeout_s={self.tracking_timeout_s} must be >= 1 and tracking_flush_timeout_s="
-                            f"{self.tracking_flush_timeout_s} in [0, 600]")
+            raise UserError(f"tracking_timeout_s={self.tracking_timeout_s} must be >= 1 and "
+                            f"tracking_flush_timeout_s={self.tracking_flush_timeout_s} in [0, 600]")
         if self.bootstrap_samples < 100:
             raise UserError(f"bootstrap_samples={self.bootstrap_samples} must be >= 100")
         if not 0.5 <= self.ci_level < 1:
@@ -684,9 +685,10 @@ def _comparability(cfg: EvalConfig, bench: str, ctx: dict, results: dict) -> tup
                 notes.append(color.get("note") or "colour classifier is not CLIP ViT-L/14 (openai)")
     elif bench == "wise":
         n_ids = ctx["n_prompts"]
-        if ctx.get("variant", cfg.wise_variant) != OFFICIAL_WISE_VARIANT:
-            notes.append(f"WISE prompt variant {ctx.get('variant', cfg.wise_variant)!r} (the official gpt_eval.py "
-                         f"usage and the WISE leaderboard judge the {OFFICIAL_WISE_VARIANT!r} prompts)")
+        variant = ctx.get("variant", cfg.wise_variant)
+        if variant != OFFICIAL_WISE_VARIANT:
+            notes.append(f"WISE prompt variant {variant!r} (the official gpt_eval.py usage and the WISE "
+                         f"leaderboard judge the {OFFICIAL_WISE_VARIANT!r} prompts)")
         if n_ids != 1000:
             notes.append(f"{n_ids} of 1000 WISE prompt ids evaluated (the official Calculate.py needs all 1000)")
         for lb, r in results.items():
@@ -802,7 +804,8 @@ STAT_METRICS = {"delta_ci_low": "ci_low", "delta_ci_high": "ci_high", "win_rate"
 def flat_metrics(benchmarks: dict) -> dict[str, float]:
     """`<benchmark>.<metric>.<label>` (each label's own mean, as the benchmark reports it) and `.delta`, the
     **paired** trained − base (`statistics.<metric>.delta`: the mean difference over the pairs with both
-    sides scored, the same pairs as its CI; absent without a statistics cell) for MLflow, plus the paired statistics
+    sides scored, the same pairs as its CI; absent without a statistics cell) for MLflow, plus the paired
+    statistics
     `.delta_ci_low` / `.delta_ci_high` (bootstrap CI of the delta), `.win_rate` (+ `_ci_low/_ci_high`)
     and `.n_pairs`: a promotion gate or the nightly regression check can name e.g.
     `hpdv2.hpsv3.delta_ci_low` (registered as `eval.hpdv2.hpsv3.delta_ci_low`)."""
@@ -904,9 +907,10 @@ def run_evaluation(cfg: EvalConfig, *, detector=None, color_fn: Callable | None 
     # blocks or fails the evaluation. The results are written and uploaded first, then handed to MLflow,
     # which gets at most tracking_flush_timeout_s more (then one warning line; the results stay intact).
     where = f"{out / 'metrics.json'}" + (f" and {cfg.output_uri}" if cfg.output_uri else "")
-    with tracking.background_stage_run("evaluate", parent_run_id=cfg.parent_run_id or None, experiment=cfg.experiment,
-                                       params=params, tags=tags, timeout_s=cfg.tracking_timeout_s,
-                                       flush_timeout_s=cfg.tracking_flush_timeout_s, kept_in=where) as tracker:
+    with tracking.background_stage_run("evaluate", parent_run_id=cfg.parent_run_id or None,
+                                       experiment=cfg.experiment, params=params, tags=tags,
+                                       timeout_s=cfg.tracking_timeout_s, kept_in=where,
+                                       flush_timeout_s=cfg.tracking_flush_timeout_s) as tracker:
         gen_stats = _generate(cfg, out, jobs, labels, trained, base_model)
         log.info("generation: %s", gen_stats)
         benchmarks: dict[str, dict] = {}
@@ -979,7 +983,8 @@ def run_evaluation(cfg: EvalConfig, *, detector=None, color_fn: Callable | None 
         if cfg.output_uri:  # the results are safe in S3 before MLflow is asked for anything more
             from chunkgrpo.store import ArtifactStore
 
-            ArtifactStore().put_folder(out, cfg.output_uri, meta={"kind": "eval", "model": cfg.model or base_model})
+            ArtifactStore().put_folder(out, cfg.output_uri,
+                                       meta={"kind": "eval", "model": cfg.model or base_model})
             log.info("uploaded %s to %s", out, cfg.output_uri)
         if metrics:
             tracker.log_metrics(metrics)

@@ -51,7 +51,7 @@ _EPS = float(np.finfo(np.float64).eps)
 
 def significance(ci_low: float | None, ci_high: float | None) -> int:
     """+1 if the interval lies strictly above 0, −1 if strictly below, 0 if it contains or touches 0 (or is
-    unknown). Bounds from `paired_bootstrap` are exact zeros where exact arithmetic gives 0 (see module doc)."""
+    unknown). Bounds from `paired_bootstrap` are exact zeros where exact arithmetic gives 0 (module doc)."""
     if ci_low is None or ci_high is None or not (math.isfinite(ci_low) and math.isfinite(ci_high)):
         return 0
     if ci_low > 0:
@@ -123,7 +123,8 @@ def paired_bootstrap(trained: Sequence[float], base: Sequence[float], *,
         return float(sum(wg * x[m].mean() for wg, m in zip(w, members)))
 
     out.update({"mean_trained": stat(t), "mean_base": stat(b), "delta": exact(stat(d)),
-                "win_rate": float(win.mean()), "tie_rate": float((d == 0).mean()), "loss_rate": float((d < 0).mean())})
+                "win_rate": float(win.mean()), "tie_rate": float((d == 0).mean()),
+                "loss_rate": float((d < 0).mean())})
     if n < min_pairs:
         out.update({"ci_low": None, "ci_high": None, "win_ci_low": None, "win_ci_high": None, "significance": 0,
                     "note": f"{n} pairs (< {min_pairs}): no interval"})

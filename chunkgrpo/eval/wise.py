@@ -316,9 +316,9 @@ class JudgeConfig(Config):
     timeout_s: float = option(120.0, "HTTP timeout per request")
     workers: int = option(4, "parallel requests")
     failed_policy: str = option("exclude", "failed items: 'exclude' from the means, or score them 'zero'")
-    parser: str = option("official", "answer parser: 'official' (WISE extract_scores: last match, values as given, "
-                                     "first three bare 0-2 lines only when no name matched) or 'strict' (first "
-                                     "match, 0-2 only, else retried)")
+    parser: str = option("official", "answer parser: 'official' (WISE extract_scores: last match, values "
+                                     "as given, first three bare 0-2 lines only when no name matched) or "
+                                     "'strict' (first match, 0-2 only, else retried)")
     extra_body: dict = option({}, "extra JSON fields for the request, e.g. {chat_template_kwargs: {enable_thinking: false}}")
 
     def __post_init__(self) -> None:

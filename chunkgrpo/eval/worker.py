@@ -380,10 +380,11 @@ class HPSv2Backend(Backend):
     def info(self) -> dict:
         return {"name": self.name, "backend": f"hpsv2 package (vendored open_clip {self.arch})",
                 "device": self.device, "higher_is_better": True,
-                "preprocessing": "hpsv2 preprocess_val (light_augmentation=True, as hpsv2.score): RGB to a float "
-                                 "tensor, resize the LONGEST side to 224 (bicubic on the tensor, torchvision's "
-                                 "antialias), pad the other side to 224 with 0 (black), centred, no crop; OpenAI "
-                                 "CLIP mean/std; text: open_clip SimpleTokenizer, 77 tokens; amp on CUDA",
+                "preprocessing": ("hpsv2 preprocess_val (light_augmentation=True, as hpsv2.score): RGB to "
+                                  "a float tensor, resize the LONGEST side to 224 (bicubic on the tensor, "
+                                  "torchvision's antialias), pad the other side to 224 with 0 (black), "
+                                  "centred, no crop; OpenAI CLIP mean/std; text: open_clip SimpleTokenizer, "
+                                  "77 tokens; amp on CUDA"),
                 "scale": "cosine of L2-normalised features, as hpsv2.score returns (~0.2-0.37; x100 in HPSv2 tables)"}
 
 
@@ -406,8 +407,11 @@ def load_state_strict(model, state: Any, what: str) -> None:
         return ", ".join(keys[:8]) + (f", … (+{len(keys) - 8})" if len(keys) > 8 else "")
 
     if missing or unexpected:
-        parts = ([f"lacks {len(missing)} of the model's {len(expected)} weights ({some(missing)})"] if missing else [])
-        parts += [f"has {len(unexpected)} weights the model does not ({some(unexpected)})"] if unexpected else []
+        parts = []
+        if missing:
+            parts.append(f"lacks {len(missing)} of the model's {len(expected)} weights ({some(missing)})")
+        if unexpected:
+            parts.append(f"has {len(unexpected)} weights the model does not ({some(unexpected)})")
         raise SpecError(f"{what} does not fit the model: it {' and '.join(parts)}")
     try:
         model.load_state_dict(state, strict=True)
