@@ -237,12 +237,13 @@ class BackgroundTracker(NullTracker):
 
     def __init__(self, open_run: Callable[[Any], tuple[str, str]], *, timeout_s: int = 10,
                  flush_timeout_s: float = 60.0, max_pending: int = 100_000, backoff_s: float = 1.0,
-                 max_backoff_s: float = 30.0):
+                 max_backoff_s: float = 30.0, kept_in: str = "the run's train_summary.json"):
         import threading
 
         self._open_run = open_run
         self.timeout_s = max(1, int(timeout_s))
         self.flush_timeout_s = flush_timeout_s
+        self.kept_in = kept_in  # where the undelivered values are kept (named in the one-line warning)
         self.max_pending = max_pending
         self.backoff_s, self.max_backoff_s = backoff_s, max_backoff_s
         self._ops: collections.deque = collections.deque()
@@ -351,8 +352,8 @@ class BackgroundTracker(NullTracker):
         if not done:
             where = f"run {self.run_id} stays RUNNING" if self.run_id else "the run was never created"
             log.warning("MLflow at %s unreachable (%s): %d tracking calls not delivered, %s; the metrics are in "
-                        "the run's train_summary.json", os.environ.get("MLFLOW_TRACKING_URI"), self.last_error or "no answer",
-                        left, where)
+                        "%s", os.environ.get("MLFLOW_TRACKING_URI"), self.last_error or "no answer",
+                        left, where, self.kept_in)
         return done
 
     def _loop(self) -> None:
@@ -415,7 +416,8 @@ _BOUNDED_ENV = ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT"
 def background_stage_run(name: str, parent_run_id: str | None = None, experiment: str | None = None,
                          params: Mapping[str, Any] | None = None, tags: Mapping[str, Any] | None = None,
                          timeout_s: int = 10, flush_timeout_s: float = 60.0,
-                         kill_flush_timeout_s: float = 10.0) -> Iterator[NullTracker]:
+                         kill_flush_timeout_s: float = 10.0,
+                         kept_in: str = "the run's train_summary.json") -> Iterator[NullTracker]:
     """Like `stage_run`, but nothing waits on MLflow (see `BackgroundTracker`): the run is created,
     fed and ended from a background thread. The run ends FINISHED, FAILED on an exception, or
     KILLED on SIGTERM (`Terminated`) / Ctrl-C, then waits at most `flush_timeout_s`
@@ -438,7 +440,8 @@ def background_stage_run(name: str, parent_run_id: str | None = None, experiment
         run = client.create_run(experiment_id, run_name=name, tags=all_tags)
         return run.info.run_id, experiment_id
 
-    tracker = BackgroundTracker(open_run, timeout_s=timeout_s, flush_timeout_s=flush_timeout_s)
+    tracker = BackgroundTracker(open_run, timeout_s=timeout_s, flush_timeout_s=flush_timeout_s,
+                                kept_in=kept_in)
     if params:
         tracker.log_params(params)
     status, wait = "FINISHED", flush_timeout_s

@@ -96,11 +96,23 @@ def delta_cell(cell: Mapping | None, digits: int = 4) -> str:
         return "<td class=num>–</td>"
     if not _finite(cell.get("ci_low"), cell.get("ci_high")):
         return (f"<td class='num neutral' title='{_e(cell.get('note') or 'no interval')}'>{cell['delta']:+.{digits}f}"
-                f"<br><span class=ci>{_e(cell.get('note') or 'no interval')}</span></td>")
+                f"<br><span class=ci>{_e(cell.get('note') or 'no interval')}</span>"
+                f"{_paired_means(cell, digits)}</td>")
     sig = _sig(cell)
     level = round(100 * float(cell.get("level", 0.95)))
     return (f"<td class='num {SIG_CLASS[sig]}' title='{_e(SIG_WORD[sig])}'>{cell['delta']:+.{digits}f}"
-            f"<br><span class=ci>{level}% CI [{cell['ci_low']:+.{digits}f}, {cell['ci_high']:+.{digits}f}]</span></td>")
+            f"<br><span class=ci>{level}% CI [{cell['ci_low']:+.{digits}f}, "
+            f"{cell['ci_high']:+.{digits}f}]</span>"
+            f"{_paired_means(cell, digits)}</td>")
+
+
+def _paired_means(cell: Mapping, digits: int) -> str:
+    """base → trained means over the pairs the delta and its CI use (each label's own mean, in the columns
+    beside, may cover other items, e.g. when a judgement failed for one label only)."""
+    if not _finite(cell.get("mean_base"), cell.get("mean_trained")):
+        return ""
+    return (f"<br><span class=ci>paired means {cell['mean_base']:.{digits}f} → "
+            f"{cell['mean_trained']:.{digits}f} (n={cell.get('n')})</span>")
 
 
 def win_cell(cell: Mapping | None) -> str:
@@ -301,9 +313,8 @@ def _summary(result: Mapping) -> str:
                 c = stats.get(s)
                 if c:
                     cells += delta_cell(c) + win_cell(c) + f"<td class=num>{c.get('n')}</td>"
-                else:
-                    d = (metrics.get(f"{bench}.{s}.trained"), metrics.get(f"{bench}.{s}.base"))
-                    cells += (f"<td class=num>{d[0] - d[1]:+.4f}</td>" if _finite(*d) else "<td>–</td>") + "<td>–</td><td>–</td>"
+                else:  # no pairs: no delta (an unpaired difference is never shown as the delta)
+                    cells += "<td>–</td><td>–</td><td>–</td>"
             rows.append(f"<tr><td>{_e(bench)}.{_e(s)}</td>{cells}</tr>")
     if not rows:
         return "<p class=muted>No metrics (images generated only).</p>"
@@ -312,7 +323,10 @@ def _summary(result: Mapping) -> str:
         head += "<th>trained − base (paired bootstrap CI)</th><th>win rate [CI]</th><th>n</th>"
     legend = ("<p class=muted>Green / red only when the confidence interval of the delta lies entirely above / "
               "below 0; grey = the interval contains 0 (no significant difference). Win rate = share of prompts "
-              "where trained scores strictly higher than base (same prompt and seed).</p>") if len(labels) == 2 else ""
+              "where trained scores strictly higher than base (same prompt and seed). The base / trained "
+              "columns are each model's own mean over what it scored; the delta, its CI and the paired "
+              "means below it use only the prompts scored for both (they differ when e.g. a judgement "
+              "failed for one model).</p>") if len(labels) == 2 else ""
     return f"<table><tr><th>metric</th>{head}</tr>{''.join(rows)}</table>{legend}"
 
 

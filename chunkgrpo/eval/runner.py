@@ -17,14 +17,16 @@ Phases (each model = a label: "trained" = hybrid inference, "base" = the base mo
    and overall, WISE per category and overall) -> `benchmarks.<b>.statistics` and flat metrics
    `<b>.<metric>.delta_ci_low|delta_ci_high|win_rate|...` (what promotion gates can name).
 4. outputs: `metrics.json`, `report.html` (self-contained), `grids/*.png`, per-image `scores.jsonl`;
-   MLflow stage run "evaluate" (metrics `hpdv2.hpsv3.trained`, …; report, metrics and grids as artifacts);
-   `output_uri=s3://…` uploads the whole folder as a folder artifact (manifest last).
+   `output_uri=s3://…` uploads the whole folder as a folder artifact (manifest last); then the MLflow stage
+   run "evaluate" (metrics `hpdv2.hpsv3.trained`, …; report, metrics and grids as artifacts), fed from a
+   background thread: MLflow down or dying never stops or delays the evaluation by more than
+   `tracking_flush_timeout_s` at the end, and what it did not take is named in one warning line.
 
 Comparability (`benchmarks.<b>.comparable_to_official` + `comparable_notes`, the reasons) is strict: the
 paper's sampling, the official prompt set complete, every image present and scored, published scorer
 weights/architectures (a random or tiny CLIP is never labelled as the published metric), the official
 GenEval detector, rules and colour classifier, and for WISE all 1,000 prompt ids judged and scored by
-gpt-4o-2024-05-13.
+gpt-4o-2024-05-13 on the original (not rewritten) prompts, parsed by the official parser.
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ PAPER_SAMPLING = {"steps": 50, "trained_steps": 30, "height": 1024, "width": 102
                   "schedule": "dynamic"}
 OFFICIAL_SCORERS = ("hpsv3", "imagereward", "hpsv2.1", "hpsv2", "pickscore", "clip")
 OFFICIAL_WISE_JUDGE = "gpt-4o-2024-05-13"
+OFFICIAL_WISE_VARIANT = "original"  # WISE_legacy README: gpt_eval.py --json_path data/<category>.json
 
 
 @dataclasses.dataclass
@@ -115,6 +118,12 @@ class EvalConfig(Config):
     ci_level: float = option(0.95, "confidence level of the delta and win-rate intervals")
     experiment: str = option("chunkgrpo", "MLflow experiment when there is no parent run")
     parent_run_id: str = option("", "MLflow parent run id (default $CHUNKGRPO_MLFLOW_PARENT_RUN_ID)")
+    tracking_timeout_s: int = option(10, "seconds per MLflow request; MLflow is fed from a background "
+                                         "thread, evaluation never waits on it")
+    tracking_flush_timeout_s: float = option(
+        30.0, "after metrics.json is written (and uploaded), seconds to wait for MLflow to take the "
+              "metrics and artifacts; then one warning line and exit 0 (the results are in metrics.json / "
+              "output_uri)")
 
     def __post_init__(self) -> None:
         unknown = [b for b in self.benchmarks if b not in BENCHMARKS]
@@ -139,6 +148,9 @@ class EvalConfig(Config):
                           ("report_max_prompts", 0), ("report_thumb_size", 16)):
             if getattr(self, key) < what:
                 raise UserError(f"{key}={getattr(self, key)} must be >= {what}")
+        if self.tracking_timeout_s < 1 or not 0 <= self.tracking_flush_timeout_s <= 600:
+            raise UserError(f"tracking_timeout_s={self.tracking_timeout_s} must be >= 1 and "
+                            f"tracking_flush_timeout_s={self.tracking_flush_timeout_s} in [0, 600]")
         if self.bootstrap_samples < 100:
             raise UserError(f"bootstrap_samples={self.bootstrap_samples} must be >= 100")
         if not 0.5 <= self.ci_level < 1:
@@ -673,6 +685,10 @@ def _comparability(cfg: EvalConfig, bench: str, ctx: dict, results: dict) -> tup
                 notes.append(color.get("note") or "colour classifier is not CLIP ViT-L/14 (openai)")
     elif bench == "wise":
         n_ids = ctx["n_prompts"]
+        variant = ctx.get("variant", cfg.wise_variant)
+        if variant != OFFICIAL_WISE_VARIANT:
+            notes.append(f"WISE prompt variant {variant!r} (the official gpt_eval.py usage and the WISE "
+                         f"leaderboard judge the {OFFICIAL_WISE_VARIANT!r} prompts)")
         if n_ids != 1000:
             notes.append(f"{n_ids} of 1000 WISE prompt ids evaluated (the official Calculate.py needs all 1000)")
         for lb, r in results.items():
@@ -688,7 +704,8 @@ def _comparability(cfg: EvalConfig, bench: str, ctx: dict, results: dict) -> tup
             if judge.get("model") != OFFICIAL_WISE_JUDGE:
                 notes.append(f"judge {judge.get('model')} (paper: {OFFICIAL_WISE_JUDGE})")
             if judge.get("parser", "official") != "official":
-                notes.append(f"judge answers parsed with the {judge.get('parser')} parser (official: lenient)")
+                notes.append(f"judge answers parsed with the {judge.get('parser')} parser (official: WISE "
+                             "extract_scores, parser=official)")
     notes = list(dict.fromkeys(notes))
     return not notes, notes
 
@@ -785,7 +802,10 @@ STAT_METRICS = {"delta_ci_low": "ci_low", "delta_ci_high": "ci_high", "win_rate"
 
 
 def flat_metrics(benchmarks: dict) -> dict[str, float]:
-    """`<benchmark>.<metric>.<label>` (+ `.delta` = trained − base) for MLflow, plus the paired statistics
+    """`<benchmark>.<metric>.<label>` (each label's own mean, as the benchmark reports it) and `.delta`, the
+    **paired** trained − base (`statistics.<metric>.delta`: the mean difference over the pairs with both
+    sides scored, the same pairs as its CI; absent without a statistics cell) for MLflow, plus the paired
+    statistics
     `.delta_ci_low` / `.delta_ci_high` (bootstrap CI of the delta), `.win_rate` (+ `_ci_low/_ci_high`)
     and `.n_pairs`: a promotion gate or the nightly regression check can name e.g.
     `hpdv2.hpsv3.delta_ci_low` (registered as `eval.hpdv2.hpsv3.delta_ci_low`)."""
@@ -806,13 +826,12 @@ def flat_metrics(benchmarks: dict) -> dict[str, float]:
                 for cat, c in (r.get("categories") or {}).items():
                     if c.get("wiscore") is not None:
                         out[f"wise.{cat}.{lb}"] = c["wiscore"]
-    for key in list(out):
-        if key.endswith(".trained"):
-            stem = key[: -len(".trained")]
-            if f"{stem}.base" in out and _finite(out[key]) and _finite(out[f"{stem}.base"]):
-                out[f"{stem}.delta"] = out[key] - out[f"{stem}.base"]
     for bench, b in benchmarks.items():
         for metric, cell in (b.get("statistics") or {}).items():
+            # the delta of the same pairs as its CI (each label's own mean above may use other items,
+            # e.g. when some judgements failed for one label only)
+            if _finite(cell.get("delta")):
+                out[f"{bench}.{metric}.delta"] = cell["delta"]
             for suffix, field in STAT_METRICS.items():
                 v = cell.get(field)
                 if _finite(v):
@@ -884,8 +903,14 @@ def run_evaluation(cfg: EvalConfig, *, detector=None, color_fn: Callable | None 
 
     params = tracking.flatten({k: v for k, v in cfg.to_dict().items()})
     tags = {"chunkgrpo.model": cfg.model or "(base only)", "chunkgrpo.base_model": base_model}
-    with tracking.stage_run("evaluate", parent_run_id=cfg.parent_run_id or None, experiment=cfg.experiment,
-                            params=params, tags=tags) as tracker:
+    # MLflow is fed from a background thread (as in training): an unreachable or dying tracking server never
+    # blocks or fails the evaluation. The results are written and uploaded first, then handed to MLflow,
+    # which gets at most tracking_flush_timeout_s more (then one warning line; the results stay intact).
+    where = f"{out / 'metrics.json'}" + (f" and {cfg.output_uri}" if cfg.output_uri else "")
+    with tracking.background_stage_run("evaluate", parent_run_id=cfg.parent_run_id or None,
+                                       experiment=cfg.experiment, params=params, tags=tags,
+                                       timeout_s=cfg.tracking_timeout_s, kept_in=where,
+                                       flush_timeout_s=cfg.tracking_flush_timeout_s) as tracker:
         gen_stats = _generate(cfg, out, jobs, labels, trained, base_model)
         log.info("generation: %s", gen_stats)
         benchmarks: dict[str, dict] = {}
@@ -944,7 +969,7 @@ def run_evaluation(cfg: EvalConfig, *, detector=None, color_fn: Callable | None 
             "report": "report.html",
             "output_dir": str(out),
             "output_uri": cfg.output_uri or None,
-            "mlflow_run_id": tracker.run_id,
+            "mlflow_run_id": _run_id(tracker, cfg.tracking_timeout_s),
             "config": cfg.to_dict(),
         }
         grids = _grids(out, jobs, labels)
@@ -955,18 +980,30 @@ def run_evaluation(cfg: EvalConfig, *, detector=None, color_fn: Callable | None 
                      max_prompts=cfg.report_max_prompts, thumb=cfg.report_thumb_size)
         result["timing"]["total_s"] = round(time.perf_counter() - t_start, 3)
         (out / "metrics.json").write_text(json.dumps(result, indent=1, default=_json_default))
+        if cfg.output_uri:  # the results are safe in S3 before MLflow is asked for anything more
+            from chunkgrpo.store import ArtifactStore
+
+            ArtifactStore().put_folder(out, cfg.output_uri,
+                                       meta={"kind": "eval", "model": cfg.model or base_model})
+            log.info("uploaded %s to %s", out, cfg.output_uri)
         if metrics:
             tracker.log_metrics(metrics)
         tracker.log_artifact(out / "metrics.json")
         tracker.log_artifact(out / "report.html")
         for g in grids:
             tracker.log_artifact(g, "grids")
-    if cfg.output_uri:
-        from chunkgrpo.store import ArtifactStore
-
-        ArtifactStore().put_folder(out, cfg.output_uri, meta={"kind": "eval", "model": cfg.model or base_model})
-        log.info("uploaded %s to %s", out, cfg.output_uri)
     return result
+
+
+def _run_id(tracker, wait_s: float) -> str | None:
+    """The MLflow run id for metrics.json: the background thread normally created the run long before
+    (during generation); a server that is up but slow gets at most `wait_s`; a failing one none."""
+    if not getattr(tracker, "enabled", False) or tracker.run_id:
+        return tracker.run_id
+    deadline = time.monotonic() + wait_s
+    while tracker.run_id is None and not getattr(tracker, "failures", 0) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return tracker.run_id
 
 
 def summary_lines(result: dict) -> list[str]:

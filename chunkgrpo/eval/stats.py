@@ -16,8 +16,18 @@ category weights) resample within each stratum, so every bootstrap replicate kee
 stratum sizes. The resampling is seeded: the same inputs give the same interval.
 
 `significance(ci_low, ci_high)` is +1 / −1 when the CI lies entirely above / below 0 and 0 when it
-contains 0: reports show such deltas neutral (neither green nor red), and gates can use the bound
-(`<metric>.delta_ci_low`).
+contains or touches 0: reports show such deltas neutral (neither green nor red), and gates can use the
+bound (`<metric>.delta_ci_low`, which must exceed the margin: a bound of exactly 0 never passes margin 0).
+
+**Exact zeros.** Discrete metrics (WISE sub-scores, GenEval's correct/incorrect) tie often, and float
+arithmetic can turn a tie into residue: WiScores (0.7·1 + 0.2·2 + 0.1·0)/2 and (0.7·1 + 0.2·1 + 0.1·2)/2
+are both 0.45 but differ by 1.1e-16 as floats, and a bootstrap mean of such differences is a "bound" of
++2e-17 that would read as significant. So every value that is 0 in exact arithmetic is made exactly 0:
+
+* a pair whose |trained − base| <= `RESIDUE_ULPS` · eps · max(|trained|, |base|) is a tie (difference 0);
+  distinct float32 scores differ by at least one float32 ulp (~6e-8 relative), 10⁸ times more;
+* the delta and both CI bounds within `RESIDUE_ULPS` · (n + 1) · eps · max|score| of 0 (the rounding
+  error bound of a mean of n differences) are 0.
 """
 
 from __future__ import annotations
@@ -35,10 +45,13 @@ DEFAULT_LEVEL = 0.95
 DEFAULT_SEED = 0
 MIN_PAIRS = 5  # fewer pairs: no interval (a bootstrap of 1-4 pairs is degenerate, e.g. [x, x] for one pair)
 _CHUNK = 256  # bootstrap replicates per vectorised block (bounds memory: _CHUNK x n indices)
+RESIDUE_ULPS = 4  # float64 rounding slack (in units of eps x the score scale) treated as exact 0
+_EPS = float(np.finfo(np.float64).eps)
 
 
 def significance(ci_low: float | None, ci_high: float | None) -> int:
-    """+1 if the interval lies above 0, −1 if below, 0 if it contains 0 (or is unknown)."""
+    """+1 if the interval lies strictly above 0, −1 if strictly below, 0 if it contains or touches 0 (or is
+    unknown). Bounds from `paired_bootstrap` are exact zeros where exact arithmetic gives 0 (module doc)."""
     if ci_low is None or ci_high is None or not (math.isfinite(ci_low) and math.isfinite(ci_high)):
         return 0
     if ci_low > 0:
@@ -98,13 +111,20 @@ def paired_bootstrap(trained: Sequence[float], base: Sequence[float], *,
     w = raw_w / raw_w.sum()
     members = [np.flatnonzero(labels == g) for g in groups]
     d = t - b
-    win = (t > b).astype(np.float64)
+    d[np.abs(d) <= RESIDUE_ULPS * _EPS * np.maximum(np.abs(t), np.abs(b))] = 0.0  # float residue of a tie
+    zero_tol = RESIDUE_ULPS * (n + 1) * _EPS * float(np.max(np.maximum(np.abs(t), np.abs(b))))
+
+    def exact(x: float) -> float:
+        return 0.0 if abs(x) <= zero_tol else x
+
+    win = (d > 0).astype(np.float64)
     # the statistic: sum_g w_g mean_{i in g} x_i   (plain mean when there is one stratum)
     def stat(x: np.ndarray) -> float:
         return float(sum(wg * x[m].mean() for wg, m in zip(w, members)))
 
-    out.update({"mean_trained": stat(t), "mean_base": stat(b), "delta": stat(d), "win_rate": float(win.mean()),
-                "tie_rate": float((t == b).mean()), "loss_rate": float((t < b).mean())})
+    out.update({"mean_trained": stat(t), "mean_base": stat(b), "delta": exact(stat(d)),
+                "win_rate": float(win.mean()), "tie_rate": float((d == 0).mean()),
+                "loss_rate": float((d < 0).mean())})
     if n < min_pairs:
         out.update({"ci_low": None, "ci_high": None, "win_ci_low": None, "win_ci_high": None, "significance": 0,
                     "note": f"{n} pairs (< {min_pairs}): no interval"})
@@ -121,7 +141,7 @@ def paired_bootstrap(trained: Sequence[float], base: Sequence[float], *,
             boot_d[start:stop] += wg * dm[idx].mean(axis=1)
             boot_w[start:stop] += (size / n) * wm[idx].mean(axis=1)
     q = [(1 - level) / 2, (1 + level) / 2]
-    lo, hi = (float(v) for v in np.quantile(boot_d, q))
+    lo, hi = (exact(float(v)) for v in np.quantile(boot_d, q))
     wlo, whi = (float(v) for v in np.quantile(boot_w, q))
     out.update({"ci_low": lo, "ci_high": hi, "win_ci_low": wlo, "win_ci_high": whi,
                 "significance": significance(lo, hi)})
@@ -138,4 +158,4 @@ def cell(trained: Sequence[float], base: Sequence[float], **kw: Any) -> dict[str
 
 
 __all__ = ["paired_bootstrap", "cell", "significance", "DEFAULT_SAMPLES", "DEFAULT_LEVEL", "DEFAULT_SEED",
-           "MIN_PAIRS"]
+           "MIN_PAIRS", "RESIDUE_ULPS"]

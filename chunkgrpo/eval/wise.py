@@ -10,12 +10,12 @@
   vLLM-served open VLM - different judge, numbers not comparable). The rubric and system prompt are the
   official `gpt_eval.py` text; temperature 0, image sent as a base64 PNG data URL. The API key is read from
   an environment variable (`JudgeConfig.api_key_env`) and never logged or stored.
-- Three 0-2 scores (Consistency, Realism, Aesthetic Quality) parsed like the official `extract_scores`
-  (`parser="official"`, the default): the official regex over the whole answer, the LAST match of each
-  name wins, values taken as given (a "3" stays 3 and is flagged `out_of_range`), and when the names are
-  missing, three bare digit lines among other text (the last three) in the order C, R, A. `parser="strict"`
-  keeps the earlier behaviour: first match, 0-2 only, the answer must be exactly three bare lines for the
-  fallback; anything else is unparsable. `<think>` blocks of reasoning judges are stripped first.
+- Three 0-2 scores (Consistency, Realism, Aesthetic Quality) parsed as the official `extract_scores` of
+  `WISE_legacy/gpt_eval.py` parses them, on every input (`parser="official"`, the default; re-implemented
+  - the WISE repository has no licence - and checked against the official function on a committed table
+  of cases, `tests/unit/eval/wise_extract_scores_cases.json`): see `parse_scores`. `parser="strict"`
+  keeps the project's earlier reading: `<think>` blocks stripped, first match, 0-2 only, and the fallback
+  needs an answer of exactly three bare lines; anything else is unparsable (and retried).
 - HTTP/network errors, refusals (an OpenAI `refusal` instead of content) and unparsable answers are retried
   with exponential backoff; items still failing are counted and listed in the result (`failed`), never
   silently dropped, and excluded from the means (`failed_policy="exclude"`) or scored 0 (`"zero"`).
@@ -127,9 +127,12 @@ PROMPT: "{prompt}"
 EXPLANATION: "{explanation}"
 Please strictly adhere to the scoring criteria and follow the template format when providing your results."""
 
+# official: a name (any case, up to two '*' either side), an optional ASCII ':' with whitespace (\s, which
+# spans line breaks) around it, then ONE digit (\d: any Unicode decimal digit, e.g. '٣' reads 3)
+_OFFICIAL_RE = re.compile(r"\*{0,2}(Consistency|Realism|Aesthetic Quality)\*{0,2}\s*:?\s*(\d)", re.IGNORECASE)
+_OFFICIAL_BARE_RE = re.compile(r"^\s*([0-2])\s*$", re.MULTILINE)  # a line holding only 0, 1 or 2
 _SCORE_RE = re.compile(r"\*{0,2}(Consistency|Realism|Aesthetic Quality)\*{0,2}\s*[:：]?\s*(\d)", re.IGNORECASE)
 _THINK_RE = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE)
-_BARE_RE = re.compile(r"\d")
 _REFUSAL_RE = re.compile(r"^\W*(i'm sorry|i am sorry|sorry|i can(?:no|')t|i'm unable|i am unable|i won't)",
                          re.IGNORECASE)
 
@@ -228,39 +231,54 @@ def _bare_lines(text: str) -> list[str]:
     return [ln.strip().strip("*").strip() for ln in text.strip().splitlines() if ln.strip()]
 
 
-def parse_scores(text: str | None, parser: str = "official") -> dict[str, int] | None:
-    """The three scores from a judge answer, or None when they cannot be read.
+def _parse_official(text: str) -> dict[str, int] | None:
+    """WISE `extract_scores` + the completeness check of `evaluate_image` (all three names or a retry)."""
+    found: dict[str, int] = {}
+    for name, digit in _OFFICIAL_RE.findall(text):
+        # the key is the matched text lower-cased, as the official: a case-folded match such as 'ſ' for
+        # 's' gives a key that is not a score name, so the answer is incomplete
+        found[name.lower().replace(" ", "_")] = int(digit)  # the last match of a name wins
+    if not found:  # the fallback runs only when no name matched at all
+        bare = _OFFICIAL_BARE_RE.findall(text)
+        if len(bare) >= 3:  # the FIRST three bare 0/1/2 lines, in the order C, R, A
+            found = dict(zip(SCORE_KEYS, (int(v) for v in bare[:3])))
+    if any(k not in found for k in SCORE_KEYS):
+        return None
+    return {k: found[k] for k in SCORE_KEYS}
 
-    `official` (the WISE `extract_scores` behaviour): every `Name: d` match counts and the last one of each
-    name wins; digits are taken as given (0-9, a single digit as the official regex captures); if a name is
-    missing, the last three lines that are a bare digit (among any other text) give C, R, A in that order.
-    `strict`: first match of each name, values must be 0-2, and the fallback needs an answer of exactly three
-    bare 0-2 lines."""
+
+def _parse_strict(text: str) -> dict[str, int] | None:
+    text = _THINK_RE.sub("", text)
+    found: dict[str, int] = {}
+    for key, value in _SCORE_RE.findall(text):
+        found.setdefault(key.lower().replace(" ", "_"), int(value))  # the first match wins
+    if any(k not in found for k in SCORE_KEYS):
+        lines = _bare_lines(text)
+        if len(lines) == 3 and all(re.fullmatch(r"[0-2]", ln) for ln in lines):
+            found = dict(zip(SCORE_KEYS, (int(ln) for ln in lines)))
+    if any(k not in found or not 0 <= found[k] <= 2 for k in SCORE_KEYS):
+        return None
+    return {k: found[k] for k in SCORE_KEYS}
+
+
+def parse_scores(text: str | None, parser: str = "official") -> dict[str, int] | None:
+    """The three scores from a judge answer, or None when they cannot be read (the judge is asked again).
+
+    `official` = WISE `extract_scores` (gpt_eval.py) with its caller's check, on every input:
+    1. every match of `*{0,2}(Consistency|Realism|Aesthetic Quality)*{0,2}\\s*:?\\s*(\\d)` (case-insensitive,
+       ASCII colon only, one digit) over the whole answer, the LAST match of each name winning; values are
+       taken as given (0-9: a "3" stays 3, flagged by `out_of_range`; "10" reads 1);
+    2. only if NO name matched: the FIRST three lines that are a bare `0`/`1`/`2` (surrounding whitespace
+       allowed, nothing else: `**2**` or `3` do not count) give C, R, A;
+    3. an answer without all three scores fails (the official retries it, up to 3 attempts).
+    Nothing is stripped first (no `<think>` removal: the official does not). `strict`: `<think>` blocks
+    removed, first match of each name, values 0-2 only, the fallback only for an answer of exactly three
+    bare 0-2 lines (`*` around them allowed)."""
     if parser not in PARSERS:
         raise UserError(f"WISE parser={parser!r} must be one of {', '.join(PARSERS)}")
     if not text:
         return None
-    text = _THINK_RE.sub("", text)
-    found: dict[str, int] = {}
-    for key, value in _SCORE_RE.findall(text):
-        k = key.lower().replace(" ", "_")
-        if parser == "official":
-            found[k] = int(value)  # the last match wins
-        else:
-            found.setdefault(k, int(value))
-    if any(k not in found for k in SCORE_KEYS):
-        lines = _bare_lines(text)
-        if parser == "official":
-            bare = [ln for ln in lines if _BARE_RE.fullmatch(ln)]
-            if len(bare) >= 3:
-                found = dict(zip(SCORE_KEYS, (int(ln) for ln in bare[-3:])))
-        elif len(lines) == 3 and all(re.fullmatch(r"[0-2]", ln) for ln in lines):
-            found = dict(zip(SCORE_KEYS, (int(ln) for ln in lines)))
-    if any(k not in found for k in SCORE_KEYS):
-        return None
-    if parser == "strict" and any(not 0 <= found[k] <= 2 for k in SCORE_KEYS):
-        return None
-    return {k: found[k] for k in SCORE_KEYS}
+    return _parse_official(text) if parser == "official" else _parse_strict(text)
 
 
 def out_of_range(scores: dict[str, int] | None) -> list[str]:
@@ -298,8 +316,9 @@ class JudgeConfig(Config):
     timeout_s: float = option(120.0, "HTTP timeout per request")
     workers: int = option(4, "parallel requests")
     failed_policy: str = option("exclude", "failed items: 'exclude' from the means, or score them 'zero'")
-    parser: str = option("official", "answer parser: 'official' (WISE extract_scores: last match, values as given, "
-                                     "bare-line fallback) or 'strict' (first match, 0-2 only, else retried)")
+    parser: str = option("official", "answer parser: 'official' (WISE extract_scores: last match, values "
+                                     "as given, first three bare 0-2 lines only when no name matched) or "
+                                     "'strict' (first match, 0-2 only, else retried)")
     extra_body: dict = option({}, "extra JSON fields for the request, e.g. {chat_template_kwargs: {enable_thinking: false}}")
 
     def __post_init__(self) -> None:

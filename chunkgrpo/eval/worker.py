@@ -380,8 +380,11 @@ class HPSv2Backend(Backend):
     def info(self) -> dict:
         return {"name": self.name, "backend": f"hpsv2 package (vendored open_clip {self.arch})",
                 "device": self.device, "higher_is_better": True,
-                "preprocessing": "open_clip preprocess_val: resize shortest side 224 bicubic, center-crop 224 (round), "
-                                 "OpenAI CLIP mean/std; text: open_clip SimpleTokenizer, 77 tokens; amp on CUDA",
+                "preprocessing": ("hpsv2 preprocess_val (light_augmentation=True, as hpsv2.score): RGB to "
+                                  "a float tensor, resize the LONGEST side to 224 (bicubic on the tensor, "
+                                  "torchvision's antialias), pad the other side to 224 with 0 (black), "
+                                  "centred, no crop; OpenAI CLIP mean/std; text: open_clip SimpleTokenizer, "
+                                  "77 tokens; amp on CUDA"),
                 "scale": "cosine of L2-normalised features, as hpsv2.score returns (~0.2-0.37; x100 in HPSv2 tables)"}
 
 
@@ -390,10 +393,39 @@ _HPSV2_VOCAB_HINT = (
     "the open-clip-torch package into hpsv2/src/open_clip/ (scripts/reward-envs.sh and the eval image do this)")
 
 
+def load_state_strict(model, state: Any, what: str) -> None:
+    """`model.load_state_dict(state, strict=True)`, failing in one line that names what does not fit: the
+    weights the checkpoint lacks (a truncated or different checkpoint would otherwise leave them at their
+    random initialisation and still score), those it has in excess, or a shape that differs."""
+    if not isinstance(state, dict):
+        raise SpecError(f"{what} is not a state dict (got {type(state).__name__})")
+    expected = set(model.state_dict())
+    missing = sorted(expected - set(state))
+    unexpected = sorted(set(state) - expected)
+
+    def some(keys: list[str]) -> str:
+        return ", ".join(keys[:8]) + (f", … (+{len(keys) - 8})" if len(keys) > 8 else "")
+
+    if missing or unexpected:
+        parts = []
+        if missing:
+            parts.append(f"lacks {len(missing)} of the model's {len(expected)} weights ({some(missing)})")
+        if unexpected:
+            parts.append(f"has {len(unexpected)} weights the model does not ({some(unexpected)})")
+        raise SpecError(f"{what} does not fit the model: it {' and '.join(parts)}")
+    try:
+        model.load_state_dict(state, strict=True)
+    except RuntimeError as e:  # shapes
+        msg = " ".join(ln.strip() for ln in str(e).splitlines()[1:3] if ln.strip()) or str(e).splitlines()[0]
+        raise SpecError(f"{what} does not fit the model: {msg[:400]}") from None
+
+
 class ImageRewardBackend(Backend):
-    """ImageReward-v1.0 through the `image-reward` package: `ImageReward.load(<checkpoint file>, med_config=...)`
-    builds the package's `ImageReward` model (BLIP ViT-L + BERT + MLP head); a batch is scored per prompt with
-    `inference_rank(prompt, images)` (a single image with `score(prompt, image)`)."""
+    """ImageReward-v1.0 with the `image-reward` package's own `ImageReward` model (BLIP ViT-L + BERT + MLP
+    head, built from `med_config.json`), loaded as `ImageReward.load(<checkpoint>, med_config=...)` does but
+    with the checkpoint read by `safe_torch_load` and loaded **strictly** (the package passes strict=False,
+    which scores a checkpoint missing its head with random weights): see `load_state_strict`. A batch is
+    scored per prompt with `inference_rank(prompt, images)` (a single image with `score(prompt, image)`)."""
 
     name = "imagereward"
 
@@ -406,8 +438,10 @@ class ImageRewardBackend(Backend):
         if problem:
             raise SpecError(problem)
         self.device = resolve_device(device)
-        self.model = rm.load(str(ckpt), device=self.device, med_config=str(med))
-        self.model.eval()
+        state = safe_torch_load(ckpt, "imagereward: checkpoint")
+        model = rm.ImageReward(device=self.device, med_config=str(med))
+        load_state_strict(model, state, f"imagereward: checkpoint {str(ckpt)!r}")
+        self.model = model.to(self.device).eval()
 
     def _score(self, images, prompts):
         import torch
@@ -555,6 +589,8 @@ def runtime_info(name: str, backend: Backend | None = None) -> dict:
             info["package_version"] = None
     if "torch" in sys.modules:
         info["torch"] = sys.modules["torch"].__version__
+    if "torchvision" in sys.modules:  # its resize (antialias) shapes the pixels HPSv2 / open_clip score
+        info["torchvision"] = sys.modules["torchvision"].__version__
     if backend is not None and backend.model is not None:
         cls = type(backend.model)
         info["model_class"] = f"{cls.__module__}.{cls.__qualname__}"

@@ -152,6 +152,45 @@ def test_hpsv2_matches_the_packages_own_score_function(hpsv2, images, tmp_path):
     torch.testing.assert_close(ours, official.float(), rtol=1e-5, atol=1e-5)
 
 
+def test_hpsv2_preprocessing_record_is_what_the_package_does(hpsv2):
+    """The recorded preprocessing is the package's own `preprocess_val` (light_augmentation=True): the
+    LONGEST side resized to 224 and the other padded with black, centred - no crop (a 300x200 landscape
+    image keeps all its content in rows 37..186). torchvision, whose resize antialiasing moves these pixels,
+    is the one the torch lock pins and is recorded with the scorer's runtime."""
+    venv, tiny, scorer = hpsv2
+    script = textwrap.dedent(f"""
+        import json
+        import numpy as np
+        from PIL import Image
+        from hpsv2.src import open_clip as oc
+        oc.add_model_config({tiny["model_config"]!r})
+        _, _, pre = oc.create_model_and_transforms(
+            "tiny-hpsv2", None, precision="amp", device="cpu", jit=False, force_quick_gelu=False,
+            force_custom_text=False, force_patch_dropout=False, force_image_size=None, pretrained_image=False,
+            image_mean=None, image_std=None, light_augmentation=True, aug_cfg={{}}, output_dict=True,
+            with_score_predictor=False, with_region_predictor=False)
+        x = pre(Image.new("RGB", (300, 200), (255, 255, 255))).numpy()   # white, 3:2 landscape
+        black = (0 - np.array(oc.OPENAI_DATASET_MEAN)) / np.array(oc.OPENAI_DATASET_STD)
+        rows = [bool(np.allclose(x[:, r, :], black[:, None], atol=1e-5)) for r in range(x.shape[1])]
+        print(json.dumps({{"shape": list(x.shape), "black_rows": [r for r, b in enumerate(rows) if b]}}))
+    """)
+    res = subprocess.run([str(venv / "bin" / "python"), "-c", script], capture_output=True, text=True,
+                         env=WC.worker_env(), timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    # 300x200 -> 224x149 (longest side 224), padded by 37 rows above and 38 below
+    assert out["shape"] == [3, 224, 224] and out["black_rows"] == list(range(37)) + list(range(186, 224))
+    text = scorer.info["preprocessing"]
+    assert "LONGEST side to 224" in text and "pad" in text and "crop" not in text.replace("no crop", "")
+    sys.path.insert(0, str(Path(__file__).parent))
+    try:
+        from test_reward_locks import parse_lock
+    finally:
+        sys.path.pop(0)
+    pinned = parse_lock(REPO / "images" / "eval" / "requirements-torch.lock")["torchvision"][0]
+    assert scorer.info["runtime"]["torchvision"].split("+")[0] == pinned  # 0.29.1+cu130: the CUDA wheel
+
+
 def test_hpsv2_v20_name_and_checkpoint_file(hpsv2, images, tmp_path):
     venv, tiny, scorer = hpsv2
     with pytest.raises(UserError, match="HPS_v2_compressed.pt"):  # v2.0 looks for its own file name
@@ -301,3 +340,21 @@ def test_grpo_trains_on_hpsv3_through_its_venv(hpsv3, tiny_model_dir, tmp_path):
         t.close()
         for fn in t.reward_fns.values():
             fn.close()
+
+
+def test_imagereward_checkpoint_missing_weights_fails_naming_them(imagereward, tmp_path):
+    """The package loads with strict=False: a checkpoint without its MLP head used to load and score
+    (with the head at random init) without a word. Loaded strictly, it fails in one line naming the keys."""
+    venv, tiny, _ = imagereward
+    state = torch.load(tiny["weights"], map_location="cpu", weights_only=True)
+    head = sorted(k for k in state if k.startswith("mlp."))
+    assert head  # the real model has an MLP head
+    folder = tmp_path / "no-head"
+    folder.mkdir()
+    torch.save({k: v for k, v in state.items() if not k.startswith("mlp.")}, folder / Path(tiny["weights"]).name)
+    shutil.copy(tiny["med_config"], folder / "med_config.json")
+    with pytest.raises(UserError) as e:
+        S.get_scorer("imagereward", weights=str(folder), venv=str(venv), device="cpu")
+    msg = str(e.value)
+    assert "\n" not in msg and f"lacks {len(head)} of the model's" in msg and head[0] in msg
+    assert "no-head" in msg

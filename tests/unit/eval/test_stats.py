@@ -112,3 +112,50 @@ def test_too_few_pairs_give_no_interval():
     assert "no interval" in c["note"]
     c = stats.paired_bootstrap([1, 2, 3, 4, 5], [0, 1, 2, 3, 4], samples=200)
     assert c["ci_low"] == c["ci_high"] == 1.0 and c["significance"] == 1  # 5 identical differences
+
+
+# ---- float residue: a tie must stay a tie (issue 24 item 2) ----------------------------------------------
+# WISE sub-scores (1, 2, 0) and (1, 1, 2) have the same WiScore, 0.45, in exact arithmetic, but
+# (0.7*1 + 0.2*2 + 0.1*0) / 2 and (0.7*1 + 0.2*1 + 0.1*2) / 2 differ by 1.1e-16 in floats.
+TIE_T, TIE_B = (1, 2, 0), (1, 1, 2)
+
+
+def _biology(n_tied=15, n_better=3, n_same=2):
+    """A WISE category where most prompts tie (different sub-scores, same WiScore) and a few improve."""
+    from chunkgrpo.eval.wise import wiscore
+
+    t = [wiscore(*TIE_T)] * n_tied + [wiscore(2, 2, 2)] * n_better + [0.0] * n_same
+    b = [wiscore(*TIE_B)] * n_tied + [wiscore(1, 1, 1)] * n_better + [0.0] * n_same
+    return t, b
+
+
+def test_discrete_ties_with_float_residue_are_ties_and_not_significant():
+    """The lower bound is 0 in exact arithmetic (most bootstrap replicates are all ties): it must be
+    exactly 0, the cell not significant, and the tied prompts ties, not wins."""
+    t, b = _biology()
+    c = stats.paired_bootstrap(t, b)
+    assert c["ci_low"] == 0.0 and c["ci_high"] > 0
+    assert c["significance"] == 0
+    assert c["tie_rate"] == pytest.approx(17 / 20) and c["win_rate"] == pytest.approx(3 / 20)
+    # the same data mirrored: the upper bound touches 0 from below
+    m = stats.paired_bootstrap(b, t)
+    assert m["ci_high"] == 0.0 and m["significance"] == 0
+
+
+def test_all_ties_give_an_exact_zero_delta():
+    t, b = _biology(n_tied=20, n_better=0, n_same=0)
+    c = stats.paired_bootstrap(t, b)
+    assert (c["delta"], c["ci_low"], c["ci_high"]) == (0.0, 0.0, 0.0) and c["significance"] == 0
+
+
+def test_significance_treats_a_touching_bound_as_zero():
+    assert stats.significance(0.0, 0.3) == 0 and stats.significance(-0.2, 0.0) == 0
+    assert stats.significance(1e-3, 0.3) == 1 and stats.significance(-0.3, -1e-3) == -1
+
+
+def test_tolerance_does_not_swallow_real_small_differences():
+    """float32 scores one float32 ulp apart are a real (tiny) difference, far above float64 residue."""
+    base = np.full(50, 10.0, dtype=np.float32).astype(np.float64)
+    trained = np.nextafter(np.float32(10.0), np.float32(11.0)).astype(np.float64) * np.ones(50)
+    c = stats.paired_bootstrap(trained, base)
+    assert c["win_rate"] == 1.0 and c["ci_low"] > 0 and c["significance"] == 1

@@ -128,7 +128,7 @@ def test_load_prompts_errors(tmp_path, monkeypatch):
     (GOOD, {"consistency": 2, "realism": 1, "aesthetic_quality": 1}),
     ("**Consistency**: 1\n**Realism**: 0\n**Aesthetic Quality**: 2", {"consistency": 1, "realism": 0,
                                                                      "aesthetic_quality": 2}),
-    ("consistency：0 realism：0 aesthetic quality：1", {"consistency": 0, "realism": 0, "aesthetic_quality": 1}),
+    ("consistency:0 realism: 0 aesthetic quality :1", {"consistency": 0, "realism": 0, "aesthetic_quality": 1}),
     ("<think>Consistency: 0 maybe</think>\nConsistency: 2\nRealism: 2\nAesthetic Quality: 2",
      {"consistency": 2, "realism": 2, "aesthetic_quality": 2}),
     ("1\n2\n0", {"consistency": 1, "realism": 2, "aesthetic_quality": 0}),

@@ -1,9 +1,14 @@
-"""WISE parity with the official `extract_scores` (gpt_eval.py): the last match of each name wins, values are
-taken as given (also outside 0-2, one digit as the regex captures), and three bare digit lines among
-other text are the fallback. The strict parser (the project's earlier behaviour) stays available.
-Also: refusals and malformed answers over real HTTP, and comparability of partial runs."""
+"""WISE parity with the official `extract_scores` (WISE_legacy/gpt_eval.py) on every input: the last match of
+each name wins, values are taken as given (also outside 0-2, one digit as the regex captures), and only
+when no name matched at all do the first three bare 0/1/2 lines count. Checked against a committed table
+of answers whose expected outputs come from running the official function (its code is not shipped: no
+licence). The strict parser (the project's earlier behaviour) stays available. Also: refusals and
+malformed answers over real HTTP, and comparability of partial runs."""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import pytest
 from PIL import Image
@@ -12,6 +17,32 @@ from chunkgrpo.eval import wise as W
 from tests.unit.eval.judge_server import JudgeServer
 
 GOOD = "Consistency: 2\nRealism: 1\nAesthetic Quality: 1"
+
+
+CASES = Path(__file__).with_name("wise_extract_scores_cases.json")
+
+
+def _tuple(d):
+    return None if d is None else tuple(d[k] for k in W.SCORE_KEYS)
+
+
+def test_official_parser_matches_extract_scores_on_the_committed_table():
+    """Every answer of the table (issue examples, edge cases, 2,000 generated answers) reads exactly as the
+    official function read it - scores or an incomplete answer the official retries."""
+    table = json.loads(CASES.read_text(encoding="utf-8"))["cases"]
+    assert len(table) > 2000 and sum(c["official"] is None for c in table) > 900
+    wrong = [(c["text"], c["official"], _tuple(W.parse_scores(c["text"]))) for c in table
+             if _tuple(W.parse_scores(c["text"])) != (None if c["official"] is None else tuple(c["official"]))]
+    assert not wrong, f"{len(wrong)} answers differ from the official, e.g. {wrong[:3]}"
+
+
+@pytest.mark.parametrize("text,official", [
+    ("Consistency: 2\n1\n1\n0", None),   # a name matched: no fallback, two names missing -> retried
+    ("2\n1\n0\n1", (2, 1, 0)),            # the FIRST three bare lines
+    ("3\n1\n0", None),                    # a bare line must be 0, 1 or 2
+])
+def test_issue_examples(text, official):
+    assert _tuple(W.parse_scores(text)) == official
 
 
 @pytest.mark.parametrize("text,official,strict", [
@@ -24,21 +55,23 @@ GOOD = "Consistency: 2\nRealism: 1\nAesthetic Quality: 1"
     ("Consistency: 10\nRealism: 0\nAesthetic Quality: 0", (1, 0, 0), (1, 0, 0)),
     # bare lines among other text: the official falls back to them; strict needs exactly three lines
     ("Here is my assessment of the image.\n2\n1\n0\nThank you.", (2, 1, 0), None),
-    ("**2**\n**1**\n**1**", (2, 1, 1), (2, 1, 1)),
-    # more than three bare lines: the last three (the answer follows any numbered reasoning)
-    ("Steps considered: 4\n3\n1\n2\n0\n1", (2, 0, 1), None),
+    # bold digits are not bare lines for the official; strict strips the '*'
+    ("**2**\n**1**\n**1**", None, (2, 1, 1)),
+    # more than three bare lines: the official takes the FIRST three 0-2 lines ('3' is not one)
+    ("Steps considered: 4\n3\n1\n2\n0\n1", (1, 2, 0), None),
     # names present but one missing and no bare lines: unreadable for both
     ("Consistency: 2\nRealism: 1", None, None),
     # labels win over bare lines when all three are present
     ("7\nConsistency: 0\nRealism: 0\nAesthetic Quality: 1", (0, 0, 1), (0, 0, 1)),
+    # a full-width colon is not the official ':' (strict accepts it)
+    ("Consistency：2\nRealism：1\nAesthetic Quality：0", None, (2, 1, 0)),
+    # the official does not remove <think> blocks: a name inside one blocks the bare-line fallback
+    ("<think>Consistency: 1</think>\n2\n1\n0", None, (2, 1, 0)),
 ])
 def test_parser_official_vs_strict(text, official, strict):
-    def as_tuple(d):
-        return None if d is None else tuple(d[k] for k in W.SCORE_KEYS)
-
-    assert as_tuple(W.parse_scores(text)) == official
-    assert as_tuple(W.parse_scores(text, "official")) == official
-    assert as_tuple(W.parse_scores(text, "strict")) == strict
+    assert _tuple(W.parse_scores(text)) == official
+    assert _tuple(W.parse_scores(text, "official")) == official
+    assert _tuple(W.parse_scores(text, "strict")) == strict
 
 
 def test_out_of_range_values_flow_into_wiscore_as_given():
@@ -118,3 +151,20 @@ def test_all_ids_scored_needs_the_full_1000():
     failed = recs[:-1] + [{"prompt_id": 1000, "category": "chemistry", "error": "unparsable answer"}]
     res = W.aggregate(failed)
     assert res["all_ids_scored"] is False and res["complete"] is True  # all categories, but one id unscored
+
+
+@pytest.mark.parametrize("variant", ["rewrite", "original"])
+def test_prompt_variant_enters_comparability(variant):
+    """A complete WISE run (1,000 ids, gpt-4o-2024-05-13, official parser) is comparable with the leaderboard
+    only on the original prompts, the official usage; the rewritten prompts are named as the reason."""
+    from chunkgrpo.eval.runner import EvalConfig, _comparability
+
+    cfg = EvalConfig(base_model="m", benchmarks=["wise"], wise_variant=variant)
+    res = {"all_ids_scored": True, "missing": [], "n_failed": 0,
+           "judge": {"model": "gpt-4o-2024-05-13", "parser": "official"}}
+    ok, notes = _comparability(cfg, "wise", {"n_prompts": 1000, "variant": variant}, {"base": res})
+    if variant == "original":
+        assert ok and notes == []
+    else:
+        assert not ok and notes == ["WISE prompt variant 'rewrite' (the official gpt_eval.py usage and the WISE "
+                                    "leaderboard judge the 'original' prompts)"]
