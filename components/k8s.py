@@ -57,7 +57,8 @@ POOLS = {
     "h100": Pool("h100", product="NVIDIA-H100-80GB-HBM3"),
     "h800": Pool("h800", product="NVIDIA-H800"),
     "gpu": Pool("gpu"),  # any NVIDIA GPU node (no product selector): single-GPU-type clusters
-    "cpu": Pool("cpu", accelerator="", tolerations=(), shm_size="2Gi", cache_size="40Gi", train_cache_size="40Gi"),
+    "cpu": Pool("cpu", accelerator="", tolerations=(), shm_size="2Gi", cache_size="40Gi",
+                train_cache_size="40Gi"),
 }
 POOL_ENV = "CHUNKGRPO_GPU_POOL"  # the overlay's pool (manifests set it in the training pods too)
 

@@ -212,8 +212,8 @@ class Trainer:
         if self.info.local_rank != 0:
             entry = cached_folder_entry(self.cfg.model, "models")
             if not (entry / ".manifest-sha256").exists():
-                raise UserError(f"model {self.cfg.model}: local rank 0 reported it cached, but {entry} is not "
-                                "(CHUNKGRPO_CACHE must be the same for every rank of a node)")
+                raise UserError(f"model {self.cfg.model}: local rank 0 reported it cached, but {entry} is "
+                                "not (CHUNKGRPO_CACHE must be the same for every rank of a node)")
             path = resolve_model_source(entry)
         return path
 

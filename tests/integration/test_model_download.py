@@ -81,7 +81,8 @@ class CountingProxy:
         self.server.server_close()
 
     def gets(self, prefix: str) -> collections.Counter:
-        return collections.Counter({p: n for (m, p), n in self.requests.items() if m == "GET" and prefix in p})
+        hits = {p: n for (m, p), n in self.requests.items() if m == "GET" and prefix in p}
+        return collections.Counter(hits)
 
 
 def test_two_ranks_download_the_s3_model_once(services, tiny_model_dir, tmp_path):
@@ -101,7 +102,8 @@ def test_two_ranks_download_the_s3_model_once(services, tiny_model_dir, tmp_path
                     "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"})
         (port,) = free_ports(1)
         cmd = [TORCHRUN, "--nproc_per_node=2", "--master_addr=127.0.0.1", f"--master_port={port}", "-m",
-               "chunkgrpo.train", "--config", "tiny_cpu", f"model=s3://{bucket}/models/{name}", f"prompts={prompts}",
+               "chunkgrpo.train", "--config", "tiny_cpu", f"model=s3://{bucket}/models/{name}",
+               f"prompts={prompts}",
                f"output_dir={tmp_path / 'out'}", "progress=false", "max_steps=1"]
         r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
         assert r.returncode == 0, r.stderr[-3000:]
