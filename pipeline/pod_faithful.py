@@ -205,7 +205,7 @@ class Layout:
         env["PYTHONDONTWRITEBYTECODE"] = "1"
         if hook_dir is not None and log is not None:
             env["PYTHONPATH"] = os.pathsep.join(p for p in (str(hook_dir), env.get("PYTHONPATH", "")) if p)
-            allowed = [*map(str, dirs.values()), *self.allow, "/dev", "/proc"]
+            allowed = [*map(str, dirs.values()), *self.allow, str(log), str(hook_dir), "/dev", "/proc"]
             env["CHUNKGRPO_AUDIT_LOG"] = str(log)
             env["CHUNKGRPO_AUDIT_ALLOW"] = os.pathsep.join(allowed)
         return env

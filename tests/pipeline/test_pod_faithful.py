@@ -76,7 +76,8 @@ def test_audit_flags_a_write_outside_the_volumes(tmp_path):
     cmd = [sys.executable, "-c", code, "--function_to_execute", "work"]
     rc = lay.run(lambda **kw: pytest.fail("faithful mode must not use kfp's runner"), cmd, {})
     assert rc != 0
-    assert lay.failures and f"{outside} (12345 bytes) outside its pod's volumes" in lay.failures[0]
+    assert len(lay.failures) == 1 and lay.failures[0] == (
+        f"chunkgrpo pod-faithful: error: task work wrote {outside} (12345 bytes) outside its pod's volumes")
     cache = lay.root / "01-work" / "cache" / "chunkgrpo" / "x"
     assert cache.read_text() == "ok"  # CHUNKGRPO_CACHE was mapped into the task's /cache folder
 
