@@ -38,6 +38,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 # diffusers FLUX.1-dev as synced to S3: transformer 11.90e9 params bf16 (23.8 GB) + T5-XXL encoder
@@ -50,6 +51,7 @@ TMP = "/tmp"
 HOST_ONLY = ("HOME", "TMPDIR", "TMP", "TEMP", "CHUNKGRPO_CACHE", "CHUNKGRPO_CACHE_DIR", "HF_HOME",
              "TORCH_HOME", "XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME", "TRITON_CACHE_DIR",
              "TORCHINDUCTOR_CACHE_DIR", "MPLCONFIGDIR", "PYTHONPYCACHEPREFIX")
+_LOCK = threading.Lock()
 _UNITS = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40,
           "K": 1e3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
 
@@ -182,8 +184,9 @@ class Layout:
         spec = self.specs.get(fn) or PodSpec({}, {})
         if not self.faithful:
             return {m: self.root / _name(m) for m in spec.volumes}
-        self._n += 1
-        base = self.root / f"{self._n:02d}-{fn}"
+        with _LOCK:  # tasks may run concurrently
+            self._n += 1
+            base = self.root / f"{self._n:02d}-{fn}"
         if base.exists():
             shutil.rmtree(base)
         return {m: base / _name(m) for m in [*spec.volumes, TMP]}
