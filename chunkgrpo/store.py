@@ -789,12 +789,14 @@ def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
 
 @contextlib.contextmanager
 def _entry_lock(entry: Path):
-    """An exclusive lock on one cache entry (`<entry>.lock`, fcntl): processes sharing the cache (the
-    ranks of a node, or the nodes of a shared volume) fill an entry once; the others wait and reuse it."""
+    """An exclusive lock on one cache entry (fcntl, `<cache root>/.locks/<kind>-<entry>.lock`, beside the
+    entries so a listing of a kind shows only entries): processes sharing the cache (the ranks of a node,
+    or the nodes of a shared volume) fill an entry once; the others wait and reuse it."""
     import fcntl
 
-    entry.parent.mkdir(parents=True, exist_ok=True)
-    with open(entry.parent / f"{entry.name}.lock", "a+") as f:
+    locks = entry.parent.parent / ".locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    with open(locks / f"{entry.parent.name}-{entry.name}.lock", "a+") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
         try:
             yield
