@@ -288,7 +288,7 @@ def _cmd_run(args) -> int:
         try:
             r = run_local(args.pipeline, params, home=args.home, keep_services=args.keep_services,
                           s3_port=args.s3_port, mlflow_port=args.mlflow_port, verbose=args.verbose,
-                          demo=args.demo, pod_faithful=args.pod_faithful)
+                          demo=args.demo, pod_faithful=getattr(args, "pod_faithful", False))
         except TaskFailed as e:  # one line: task, reason, log path; 2 = bad input, 1 = internal failure
             print(f"chunkgrpo pipeline: error: {e}", file=sys.stderr)
             return 2 if e.user_error else 1
