@@ -11,7 +11,10 @@
    GPUs, node selector, tolerations, /dev/shm and secrets are ignored by kfp.local with a warning),
    pipeline root <home>/kfp. Task retries are switched off locally (the cluster keeps them): against
    local services a failure is a real one, and a bad parameter must fail at once, not after minutes
-   of retry back-off;
+   of retry back-off. The pod volumes the tasks' compiled env points at (`/cache`: TMPDIR, CHUNKGRPO_CACHE,
+   ...) are mapped to folders under <home>/pod-volumes; `pod_faithful=True` (`--pod-faithful`) instead runs
+   each task in fresh volume folders with its exact compiled env and audits its writes
+   (pipeline/pod_faithful.py);
 5. prints where every artifact is (local paths, s3:// URIs), the MLflow run and the registry outcome.
 
 Console and log: every line the tasks and kfp print goes to `<home>/logs/<pipeline>-<time>.log`; the
