@@ -1,7 +1,10 @@
 """Kubernetes settings for pipeline tasks (kfp-kubernetes): GPU pool placement, a memory-backed
-`/dev/shm`, and credentials/endpoints as env from the Secret/ConfigMap that manifests/base/pipeline
+`/dev/shm`, a `/cache` volume sized for the model (with the env that points every large path at it),
+and credentials/endpoints as env from the Secret/ConfigMap that manifests/base/pipeline
 creates in the pipeline namespace. All of this is compiled into the IR's platform spec; `kfp.local`
-ignores it (with a warning) and the local run gets the same variables from the process env.
+ignores it (with a warning) and the local run gets the same variables from the process env;
+`chunkgrpo pipeline run --local` maps `/cache` to a local folder (pipeline/pod_faithful.py), and
+`--pod-faithful` runs every task with exactly the env and volumes compiled here.
 """
 
 from __future__ import annotations
@@ -42,6 +45,8 @@ class Pool:
     shm_size: str = "64Gi"
     cpu_per_gpu: int = 12
     memory_per_gpu_gi: int = 120
+    cache_size: str = "200Gi"              # /cache of profile/evaluate: model + trained model + scorers
+    train_cache_size: str = "800Gi"        # /cache of the torchrun train step (= the runtime's, README)
 
     @property
     def node_selector(self) -> dict[str, str]:
@@ -52,7 +57,8 @@ POOLS = {
     "h100": Pool("h100", product="NVIDIA-H100-80GB-HBM3"),
     "h800": Pool("h800", product="NVIDIA-H800"),
     "gpu": Pool("gpu"),  # any NVIDIA GPU node (no product selector): single-GPU-type clusters
-    "cpu": Pool("cpu", accelerator="", tolerations=(), shm_size="2Gi"),
+    "cpu": Pool("cpu", accelerator="", tolerations=(), shm_size="2Gi", cache_size="40Gi",
+                train_cache_size="40Gi"),
 }
 POOL_ENV = "CHUNKGRPO_GPU_POOL"  # the overlay's pool (manifests set it in the training pods too)
 
@@ -69,11 +75,31 @@ def with_shm(task, size: str = "64Gi"):
     return task
 
 
-def on_pool(task, pool: Pool, gpus, *, gpus_static: int | None = None):
-    """GPU request + node selector + toleration + /dev/shm + CPU/memory for a GPU step.
+# Where a GPU step's large files go: an emptyDir at /cache (node-local disk, sized per step, see
+# manifests/README.md "Storage layout"). TMPDIR is the volume's root (it exists on an empty volume),
+# so the components' tempfile.mkdtemp outputs (training output_dir with checkpoints and text
+# embeddings, evaluation images) land there too; HOME=/tmp keeps only small dotfiles.
+CACHE_MOUNT = "/cache"
+STEP_ENV = {"HOME": "/tmp", "TMPDIR": CACHE_MOUNT, "CHUNKGRPO_CACHE": f"{CACHE_MOUNT}/chunkgrpo",
+            "HF_HOME": f"{CACHE_MOUNT}/huggingface", "XDG_CACHE_HOME": f"{CACHE_MOUNT}/xdg",
+            "TORCH_HOME": f"{CACHE_MOUNT}/torch", "TRITON_CACHE_DIR": f"{CACHE_MOUNT}/triton",
+            "TORCHINDUCTOR_CACHE_DIR": f"{CACHE_MOUNT}/inductor"}
+
+
+def with_cache(task, size: str):
+    """The /cache emptyDir (sizeLimit `size`) and STEP_ENV pointing every large path at it."""
+    kubernetes.empty_dir_mount(task, volume_name="cache", mount_path=CACHE_MOUNT, size_limit=size)
+    for key, value in STEP_ENV.items():
+        task.set_env_variable(key, value)
+    return task
+
+
+def on_pool(task, pool: Pool, gpus, *, gpus_static: int | None = None, cache_size: str = ""):
+    """GPU request + node selector + toleration + /dev/shm + CPU/memory + /cache for a GPU step.
 
     `gpus` may be a pipeline parameter (the accelerator count is then resolved per run);
-    `gpus_static` sizes CPU/memory requests at compile time (default: 8, a full HGX node).
+    `gpus_static` sizes CPU/memory requests at compile time (default: 8, a full HGX node);
+    `cache_size`: the /cache volume ('' = the pool's `cache_size`).
     """
     if pool.accelerator:
         task.set_accelerator_type(pool.accelerator).set_accelerator_limit(gpus)
@@ -87,6 +113,7 @@ def on_pool(task, pool: Pool, gpus, *, gpus_static: int | None = None):
     for t in pool.tolerations:
         kubernetes.add_toleration(task, key=t["key"], operator=t["operator"], effect=t["effect"])
     with_shm(task, pool.shm_size)
+    with_cache(task, cache_size or pool.cache_size)
     return task
 
 

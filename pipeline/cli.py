@@ -220,6 +220,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--demo", choices=DEMOS, default="toy",
                    help="--local: toy = the pretrained toy-world model that visibly learns (default); tiny = the "
                         "random-weight tiny model, a seconds-long wiring check")
+    p.add_argument("--pod-faithful", action="store_true",
+                   help="--local: run every task with its pod's compiled env in fresh folders for its volumes and "
+                        "fail a task that writes outside them or beyond their sizeLimits scaled to the local model")
     p.add_argument("-v", "--verbose", action="store_true",
                    help="--local: stream every task's output (default: one line per task; all of it in the log file)")
     p.add_argument("--s3-port", type=int, default=8333, help="--local: S3 port (default 8333)")
@@ -287,7 +290,7 @@ def _cmd_run(args) -> int:
         try:
             r = run_local(args.pipeline, params, home=args.home, keep_services=args.keep_services,
                           s3_port=args.s3_port, mlflow_port=args.mlflow_port, verbose=args.verbose,
-                          demo=args.demo)
+                          demo=args.demo, pod_faithful=getattr(args, "pod_faithful", False))
         except TaskFailed as e:  # one line: task, reason, log path; 2 = bad input, 1 = internal failure
             print(f"chunkgrpo pipeline: error: {e}", file=sys.stderr)
             return 2 if e.user_error else 1

@@ -11,7 +11,10 @@
    GPUs, node selector, tolerations, /dev/shm and secrets are ignored by kfp.local with a warning),
    pipeline root <home>/kfp. Task retries are switched off locally (the cluster keeps them): against
    local services a failure is a real one, and a bad parameter must fail at once, not after minutes
-   of retry back-off;
+   of retry back-off. The pod volumes the tasks' compiled env points at (`/cache`: TMPDIR, CHUNKGRPO_CACHE,
+   ...) are mapped to folders under <home>/pod-volumes; `pod_faithful=True` (`--pod-faithful`) instead runs
+   each task in fresh volume folders with its exact compiled env and audits its writes
+   (pipeline/pod_faithful.py);
 5. prints where every artifact is (local paths, s3:// URIs), the MLflow run and the registry outcome.
 
 Console and log: every line the tasks and kfp print goes to `<home>/logs/<pipeline>-<time>.log`; the
@@ -84,6 +87,7 @@ class LocalRun:
     services_kept: bool
     mlflow_url: str = ""   # UI URL of the pipeline's MLflow parent run
     log_path: Path | None = None  # everything the tasks and kfp printed
+    pod_report: list | None = None  # --pod-faithful: per task, bytes used per volume and its scaled limit
 
     @property
     def mlflow_run_id(self) -> str:
@@ -124,6 +128,19 @@ def toy_eval_overrides(model: Path) -> list[str]:
 
     files = read_meta(model)["files"]
     return [f"geneval_metadata={model / files['heldout_metadata']}", f"hpdv2_prompts={model / files['heldout_prompts']}"]
+
+
+def model_to_s3(model: Path, services_env: dict) -> str:
+    """Upload a local model folder to the local S3 (once per content) and return its `s3://` URI, so that a
+    pod-faithful run fetches it into each task's cache volume as the cluster's pods do."""
+    from chunkgrpo.store import ArtifactStore, build_manifest
+
+    digest = build_manifest(model).sha256[:12]
+    uri = f"s3://{services_env.get('CHUNKGRPO_S3_BUCKET') or 'chunkgrpo'}/models/local/{model.name}-{digest}"
+    store = ArtifactStore()
+    if store.read_manifest(uri) is None:
+        store.put_folder(model, uri, meta={"kind": "model"})
+    return uri
 
 
 def read_task_outputs(run_dir: Path) -> dict:
@@ -266,10 +283,14 @@ def without_retries(func) -> int:
 
 def run_local(pipeline: str = "train_and_evaluate", params: dict | None = None, *, home: str | Path = ".chunkgrpo",
               keep_services: bool = False, s3_port: int = 8333, mlflow_port: int = 5000,
-              services_env: dict | None = None, verbose: bool = False, demo: str = "toy") -> LocalRun:
+              services_env: dict | None = None, verbose: bool = False, demo: str = "toy",
+              pod_faithful: bool = False) -> LocalRun:
     """Run a pipeline end to end with kfp.local. `services_env` = use already running services (tests).
     `demo`: toy (the pretrained toy-world model, default) or tiny (the random-weight tiny model: a
-    seconds-long wiring check). Raises `TaskFailed` when a task fails (the reason is read from the run's log)."""
+    seconds-long wiring check). `pod_faithful`: every task runs with its pod's compiled env in fresh
+    folders standing for its volumes, and every write is audited against the volumes' sizeLimits
+    scaled to the local model (pipeline/pod_faithful.py). Raises `TaskFailed` when a task fails (the
+    reason is read from the run's log)."""
     from kfp import local
 
     from chunkgrpo.local_services import LocalServices, LocalServicesConfig
@@ -321,6 +342,15 @@ def run_local(pipeline: str = "train_and_evaluate", params: dict | None = None, 
         root.mkdir(exist_ok=True)
         before = set(root.glob("*"))
         local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(root), raise_on_error=True)
+        from kfp.local import subprocess_task_handler as kfp_subprocess
+
+        from pipeline.pod_faithful import layout_for, write_report
+
+        model_dir = Path(str(full.get("model") or full.get("ablation_model") or ""))
+        layout = layout_for(pipeline, func, home, faithful=pod_faithful, model_dir=model_dir, allow=[root])
+        if pod_faithful and pipeline == "train_and_evaluate" and not str(full["model"]).startswith("s3://"):
+            full["model"] = model_to_s3(model_dir, services_env)  # as on the cluster: pods download it
+        original = kfp_subprocess.run_local_subprocess
         print("note: kfp.local ignores the Kubernetes settings (GPUs, node selector, tolerations, /dev/shm, "
               "secret env); tasks run in this Python environment with the local services' env, without retries",
               flush=True)
@@ -334,7 +364,13 @@ def run_local(pipeline: str = "train_and_evaluate", params: dict | None = None, 
             out = _ConsoleLog(log, sys.stdout, verbose)
             try:
                 with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
-                    func(**full)
+                    kfp_subprocess.run_local_subprocess = lambda full_command, env_vars=None: layout.run(
+                        original, full_command, env_vars)
+                    try:
+                        func(**full)
+                    finally:
+                        kfp_subprocess.run_local_subprocess = original
+                        write_report(layout)
             except RuntimeError as e:
                 if "finished with status" not in str(e):
                     raise
@@ -344,6 +380,7 @@ def run_local(pipeline: str = "train_and_evaluate", params: dict | None = None, 
         run_dir = _latest_run_dir(root, func.name, before)
         result = LocalRun(pipeline, run_dir, wall, read_task_outputs(run_dir), dict(services_env), full,
                           services_kept=svc is None or keep_services or not started, log_path=log_path)
+        result.pod_report = layout.report if pod_faithful else None
         result.mlflow_url = _mlflow_url(services_env.get("MLFLOW_TRACKING_URI", ""), result.mlflow_run_id)
         return result
     finally:

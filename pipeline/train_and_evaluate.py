@@ -170,8 +170,8 @@ def make_train_and_evaluate(pool: str = "cpu", trainer: str = "torchrun"):
                            overrides=train_overrides, artifact_root=artifact_root,
                            run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, experiment=experiment, parent_run_id=opened.output,
                            reward_weights=reward_weights)
-                configure(on_pool(tr, gpu_pool, nproc_per_node), display_name="train (torchrun)", cache=False,
-                          retries=1, backoff="120s")
+                on_pool(tr, gpu_pool, nproc_per_node, cache_size=gpu_pool.train_cache_size)
+                configure(tr, display_name="train (torchrun)", cache=False, retries=1, backoff="120s")
                 _after_training(p, gpu_pool, opened, planned, tr)
 
         train_and_evaluate.__doc__ = ("Train with Chunk-GRPO (torchrun inside the train step), evaluate, "

@@ -30,7 +30,8 @@ def run(args):
 
     if args.dry_run:
         t = Trainer(cfg)
-        print(json.dumps({"ok": True, "model": t.model_path, "prompts": len(t.prompts), "chunk_sizes": t.sizes}))
+        print(json.dumps({"ok": True, "model": t.model_path or cfg.model, "prompts": len(t.prompts),
+                          "chunk_sizes": t.sizes}))
         return 0
     summary = run_training(cfg)
     if summary:

@@ -160,7 +160,7 @@ class JobSpec:
     image: str
     namespace: str = "kubeflow"
     train_args: list[str] = dataclasses.field(default_factory=list)  # after `-m chunkgrpo.train`
-    output_dir: str = "/tmp/train"                                  # in the pod (emptyDir /tmp)
+    output_dir: str = "/cache/train"                                # in the pod: the runtime's /cache volume
     command: list[str] = dataclasses.field(default_factory=lambda: list(DEFAULT_COMMAND))
     num_nodes: int = 1
     nproc_per_node: int = 1

@@ -141,11 +141,18 @@ def prune(root: Path, keep: int, mirror: "Mirror | None" = None, backlog: int = 
     """Delete complete checkpoints older than the newest `keep` (0 = keep all) — never one that is not
     in S3 yet. Up to `backlog` of those are kept beyond `keep`; for older ones the mirror is waited
     for while it is working (upload lag is normal); if it is failing (S3 unreachable) that would be
-    data loss: `MirrorBacklogError`, and nothing is deleted."""
+    data loss: `MirrorBacklogError`, and nothing is deleted.
+
+    With a mirror, a checkpoint it has uploaded is not kept locally beyond the newest one (resume
+    downloads it again when needed): the node's disk holds the newest checkpoint plus those still on
+    their way to S3, at most `keep` (+ `backlog` during an outage), not `keep` full copies. For
+    FLUX.1-dev full fine-tuning one checkpoint is ~133 GiB (manifests/README.md, "Storage layout")."""
     if keep <= 0:
         return []
-    old = complete_checkpoints(root)[:-keep]
+    complete = complete_checkpoints(root)
+    old = complete[:-keep]
     if mirror is not None:
+        in_s3 = [p for p in complete[:-1] if p not in old and mirror.is_mirrored(p)]
         held = [p for p in old if mirror.is_pending(p)]
         lost = [p for p in held[:max(0, len(held) - backlog)] if mirror.settle(p)]
         if lost:
@@ -153,7 +160,7 @@ def prune(root: Path, keep: int, mirror: "Mirror | None" = None, backlog: int = 
                 f"checkpoint.keep={keep} would delete {', '.join(p.name for p in lost)}, not yet mirrored to S3 "
                 f"({mirror.last_error or 'S3 unreachable'}; checkpoint.mirror_backlog={backlog}); stopping instead "
                 f"of losing them — they are intact in {root}")
-        old = [p for p in old if not mirror.is_pending(p)]
+        old = [p for p in old if not mirror.is_pending(p)] + in_s3
     for p in old:
         shutil.rmtree(p, ignore_errors=True)
     return old
@@ -323,6 +330,7 @@ class Mirror:
         self._cv = threading.Condition()
         self._closing = False
         self.uploaded: list[str] = []
+        self._mirrored: set[Path] = set()  # local folders whose upload completed (manifest in S3)
         self.failures = 0
         self.failing = False  # the last attempt failed (S3 unreachable); cleared by the next success
         self.last_error = ""
@@ -342,6 +350,11 @@ class Mirror:
     def is_pending(self, path: Path) -> bool:
         with self._cv:
             return path in self._queue
+
+    def is_mirrored(self, path: Path) -> bool:
+        """`path` was uploaded by this mirror (its manifest is in S3) and has not been queued again."""
+        with self._cv:
+            return path in self._mirrored and path not in self._queue
 
     def settle(self, path: Path) -> bool:
         """Wait while `path` is queued and the mirror is working (not failing); True if it is still
@@ -413,6 +426,8 @@ class Mirror:
                     self._queue.popleft()
                 self.failing = False
                 self.uploaded.append(uri)
+                if uri != "(gone)":
+                    self._mirrored.add(path)
                 self._cv.notify_all()
             if uri != "(gone)":
                 log.info("checkpoint %s → %s", path.name, uri)

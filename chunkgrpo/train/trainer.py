@@ -97,7 +97,8 @@ class Trainer:
             raise UserError("train needs a prompt file (prompts=FILE)")
         if cfg.device.startswith("cuda") and not torch.cuda.is_available():
             raise UserError(f"device={cfg.device} but no CUDA device is available (use device=auto or device=cpu)")
-        self.model_path = resolve_model_source(cfg.model)
+        # an s3:// model is fetched in setup(), once per node (`_fetch_model`); a local one is checked now
+        self.model_path = "" if str(cfg.model).startswith("s3://") else resolve_model_source(cfg.model)
         self.prompts = load_prompts(cfg.prompts)
         self.sizes = resolve_chunk_sizes(cfg)
         self.ranges = obj.chunk_ranges(self.sizes)
@@ -121,6 +122,8 @@ class Trainer:
         self.info = D.setup(cfg.device)
         if self.info.is_main:
             self._lock_output_dir()  # before any heavy work: a second run on this output_dir stops here
+        if not self.model_path:
+            self.model_path = self._fetch_model()
         dev = self.info.device
         self.bf16 = cfg.mixed_precision == "bf16" or (cfg.mixed_precision == "auto" and dev.type == "cuda")
         self.reward_fns = {r.name: get_reward(r.name, r.options, device=str(dev)) for r in cfg.rewards}
@@ -184,6 +187,35 @@ class Trainer:
             self.mirror = ckpt.Mirror(cfg.checkpoint.s3_prefix)
         if cfg.checkpoint.resume:
             self._resume()
+
+    def _fetch_model(self) -> str:
+        """One download per node: local rank 0 fills the node's model cache (`$CHUNKGRPO_CACHE`, on the
+        pod's /cache volume; `store.cached_folder` verifies every file) while the other ranks wait in a
+        collective; then they read the same files, without touching S3. A failed download fails every
+        rank (the others with one line pointing at it). Nodes sharing one cache volume are serialised by
+        the cache entry's lock, so a shared cache is filled once too."""
+        from chunkgrpo.flux import resolve_model_source
+        from chunkgrpo.store import cached_folder_entry
+
+        err: BaseException | None = None
+        path = ""
+        if self.info.local_rank == 0:
+            try:
+                path = resolve_model_source(self.cfg.model)
+            except Exception as e:  # noqa: BLE001 - re-raised below, after the other ranks know
+                err = e
+        if _any_rank(err is not None, self.info.device):  # a collective: the barrier of the other ranks
+            if err is not None:
+                raise err
+            raise UserError(f"model {self.cfg.model} could not be fetched by local rank 0 of some node "
+                            "(its error is in that rank's log)")
+        if self.info.local_rank != 0:
+            entry = cached_folder_entry(self.cfg.model, "models")
+            if not (entry / ".manifest-sha256").exists():
+                raise UserError(f"model {self.cfg.model}: local rank 0 reported it cached, but {entry} is "
+                                "not (CHUNKGRPO_CACHE must be the same for every rank of a node)")
+            path = resolve_model_source(entry)
+        return path
 
     def _lock_output_dir(self) -> None:
         """One training process tree per output_dir: a second one (e.g. a restart while orphaned ranks

@@ -139,8 +139,8 @@ def test_trainjob_validates_and_carries_placement_secrets_and_command():
     script = tr["command"][2]
     assert tr["command"][:2] == ["/bin/sh", "-c"] and "torchrun -m chunkgrpo.train \"$@\"" in script
     assert "fetch s3://chunkgrpo-data/prompts/train.txt /tmp/inputs/prompts.txt" in script
-    assert "upload-final /tmp/train/final s3://chunkgrpo-checkpoints" in script and "PET_NODE_RANK" in script
-    assert tr["args"][:2] == ["--config", "chunk_grpo_flux"] and tr["args"][-1] == "output_dir=/tmp/train"
+    assert "upload-final /cache/train/final s3://chunkgrpo-checkpoints" in script and "PET_NODE_RANK" in script
+    assert tr["args"][:2] == ["--config", "chunk_grpo_flux"] and tr["args"][-1] == "output_dir=/cache/train"
     (patch,) = s["runtimePatches"]
     assert patch["manager"] == tj.MANAGER
     (rj,) = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
@@ -240,7 +240,7 @@ def test_pytorchjob_from_the_template_merges_resources(nodes):
     for rs in reps.values():
         pod = rs["template"]["spec"]
         (c,) = pod["containers"]
-        assert c["name"] == "pytorch" and c["image"] == spec().image and c["args"][-1] == "output_dir=/tmp/train"
+        assert c["name"] == "pytorch" and c["image"] == spec().image and c["args"][-1] == "output_dir=/cache/train"
         lim = c["resources"]["limits"]
         assert lim["nvidia.com/gpu"] == 8 and lim["rdma/rdma_shared_device_a"] == 1  # RDMA survives
         assert tj.quantity(lim["memory"]) == tj.quantity("1200Gi")

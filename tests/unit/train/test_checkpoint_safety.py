@@ -266,6 +266,9 @@ class FakeMirror:
     def is_pending(self, p):
         return p in self.pending
 
+    def is_mirrored(self, p):  # nothing uploaded in this mirror's lifetime (see test_checkpoint_prune.py)
+        return False
+
     def settle(self, p):
         self.waited.append(p.name)
         if not self.failing:

@@ -1,0 +1,324 @@
+"""Local tasks that run as their pods would: the compiled env, the pod's volumes, an audit of every write.
+
+kfp.local passes a task's compiled container env to its subprocess but ignores the platform spec, so
+`/cache/...` paths (components/k8s.py `STEP_ENV`) would point at the local root filesystem. Every local
+run therefore maps each pod volume's mount path to a local folder (`Layout`):
+
+* plain `--local`: one shared folder per volume under `<home>/pod-volumes/` (a warm cache between
+  tasks and runs, like a PVC);
+* `--pod-faithful` (`run_local(pod_faithful=True)`): each task gets fresh, empty folders (an emptyDir
+  starts empty), `/tmp` and `$HOME` (the container's writable layer) map to `<task>/tmp`, the env is
+  exactly the compiled one (host-only variables such as CHUNKGRPO_CACHE, TMPDIR, HF_HOME, XDG_* are
+  dropped, so an unset variable falls back to `$HOME` as in the pod), no bytecode is written
+  (read-only code), and a Python audit hook (`sys.addaudithook`, installed through `sitecustomize`
+  in every Python process of the task, torchrun ranks included) records every path opened for
+  writing, created, renamed or copied outside the allowed folders. After the task:
+
+      used(volume) <= sizeLimit(volume) * r      for every emptyDir of the pod (not memory-backed)
+      used(/tmp + $HOME) <= CONTAINER_LAYER * r
+      no audited write outside the volumes, /tmp, the KFP pipeline root, /dev and /proc
+
+  with r = bytes of the local model / bytes of FLUX.1-dev (`FLUX_DEV_BYTES`): the limits are those
+  of the production pool (`SIZE_POOL`, h100) scaled to the model the demo runs, with a floor of
+  `MIN_LIMIT` for the model-independent bits (logs, MLflow, prompt files). A breach fails the task
+  with one line naming the path and its bytes (`chunkgrpo pod-faithful: error: ...`).
+
+Limits: without root there is no private mount namespace, so the check is an audit, not an
+enforcement; writes from native code that bypass Python's `open`/`os` (e.g. safetensors' Rust
+writer) are seen only through the volume sizes, and sizes are measured when the task ends
+(a transient peak deleted before the end is not seen).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+# diffusers FLUX.1-dev as synced to S3: transformer 11.90e9 params bf16 (23.8 GB) + T5-XXL encoder
+# 4.76e9 bf16 (9.52 GB) + CLIP-L (0.25 GB) + VAE (0.17 GB) + tokenizers/configs.
+FLUX_DEV_BYTES = 33_740_000_000
+CONTAINER_LAYER = 10 * 2**30   # /tmp and $HOME of a KFP step (= the training runtime's /tmp emptyDir)
+MIN_LIMIT = 256 * 2**10        # floor of every scaled limit: logs, MLflow client files, prompt files
+SIZE_POOL = "h100"             # the pool whose compiled volume sizes are scaled
+TMP = "/tmp"
+HOST_ONLY = ("HOME", "TMPDIR", "TMP", "TEMP", "CHUNKGRPO_CACHE", "CHUNKGRPO_CACHE_DIR", "HF_HOME",
+             "TORCH_HOME", "XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME", "TRITON_CACHE_DIR",
+             "TORCHINDUCTOR_CACHE_DIR", "MPLCONFIGDIR", "PYTHONPYCACHEPREFIX")
+_LOCK = threading.Lock()
+_UNITS = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40,
+          "K": 1e3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
+
+HOOK = '''"""chunkgrpo pod-faithful audit hook (written by pipeline/pod_faithful.py)."""
+import os
+import sys
+
+
+def _install():
+    log = os.environ.get("CHUNKGRPO_AUDIT_LOG")
+    if not log:
+        return
+    allowed = os.environ.get("CHUNKGRPO_AUDIT_ALLOW", "").split(os.pathsep)
+    allow = tuple(p.rstrip(os.sep) + os.sep for p in allowed if p)
+    seen = set()
+    writing = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
+
+    def record(path):
+        if path is None or isinstance(path, int):
+            return
+        try:
+            p = os.path.abspath(os.fsdecode(path))
+        except Exception:
+            return
+        if p in seen or (p + os.sep).startswith(allow):
+            return
+        seen.add(p)
+        with open(log, "a") as f:
+            f.write(p + "\\n")
+
+    def hook(event, args):
+        if event == "open":
+            path, mode, flags = (list(args) + [None, None, 0])[:3]
+            by_mode = isinstance(mode, str) and any(c in mode for c in "wax+")
+            if by_mode or (mode is None and (flags or 0) & writing):
+                record(path)
+        elif event in ("os.mkdir", "os.symlink", "os.link"):
+            record(args[0] if event == "os.mkdir" else args[1])
+        elif event in ("os.rename", "shutil.copyfile", "shutil.copymode", "shutil.move"):
+            record(args[1])
+
+    sys.addaudithook(hook)
+
+
+_install()
+'''
+
+
+def quantity(text: str) -> int:
+    """A Kubernetes quantity (`10Gi`, `800G`) in bytes."""
+    m = re.fullmatch(r"([0-9.]+)([A-Za-z]*)", str(text).strip())
+    if not m or (m.group(2) and m.group(2) not in _UNITS):
+        raise ValueError(f"bad quantity {text!r}")
+    return int(float(m.group(1)) * _UNITS.get(m.group(2), 1))
+
+
+@dataclasses.dataclass
+class PodSpec:
+    """What a task's pod declares: its container env and its emptyDir volumes (mount path -> sizeLimit
+    bytes, 0 = none; memory-backed ones are not disk and are left out)."""
+
+    env: dict[str, str]
+    volumes: dict[str, int]
+
+
+def pod_specs(func) -> dict[str, PodSpec]:
+    """{component function name: PodSpec} from a pipeline function's compiled IR and platform spec."""
+    from google.protobuf import json_format
+
+    spec = json_format.MessageToDict(func.pipeline_spec)
+    platform = json_format.MessageToDict(func.platform_spec) if getattr(func, "platform_spec", None) else {}
+    k8s = platform.get("platforms", {}).get("kubernetes", {}).get("deploymentSpec", {}).get("executors", {})
+    out: dict[str, PodSpec] = {}
+    for name, ex in spec.get("deploymentSpec", {}).get("executors", {}).items():
+        c = ex.get("container") or {}
+        args = c.get("args") or []
+        fn = args[args.index("--function_to_execute") + 1] if "--function_to_execute" in args else name
+        mounts = k8s.get(name, {}).get("emptyDirMounts", [])
+        vols = {m["mountPath"]: quantity(m.get("sizeLimit") or "0") for m in mounts
+                if m.get("medium") != "Memory"}
+        out.setdefault(fn, PodSpec({e["name"]: e.get("value", "") for e in c.get("env") or []}, vols))
+    return out
+
+
+def function_of(full_command: list[str]) -> str:
+    cmd = list(full_command)
+    return cmd[cmd.index("--function_to_execute") + 1] if "--function_to_execute" in cmd else ""
+
+
+def dir_bytes(path: Path) -> int:
+    if path.is_file() or path.is_symlink():
+        return path.lstat().st_size
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for f in files:
+            try:
+                total += os.lstat(os.path.join(root, f)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def remap(value: str, mapping: dict[str, Path]) -> str:
+    """`value` with a leading pod mount path replaced by its local folder (longest mount first)."""
+    for mount in sorted(mapping, key=len, reverse=True):
+        if value == mount or value.startswith(mount.rstrip("/") + "/"):
+            return str(mapping[mount]) + value[len(mount.rstrip("/")):]
+    return value
+
+
+def _name(mount: str) -> str:
+    return mount.strip("/").replace("/", "-") or "root"
+
+
+@dataclasses.dataclass
+class Layout:
+    """Local folders standing in for the pods' volumes; `faithful` adds the env isolation and audit."""
+
+    root: Path
+    specs: dict[str, PodSpec]
+    faithful: bool = False
+    limits: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)  # fn -> mount -> bytes
+    scale: float = 1.0
+    allow: tuple[str, ...] = ()      # further allowed roots (the KFP pipeline root)
+    failures: list[str] = dataclasses.field(default_factory=list)
+    report: list[dict] = dataclasses.field(default_factory=list)  # per task: used bytes per volume
+    _n: int = 0
+
+    def task_dirs(self, fn: str) -> dict[str, Path]:
+        spec = self.specs.get(fn) or PodSpec({}, {})
+        if not self.faithful:
+            return {m: self.root / _name(m) for m in spec.volumes}
+        with _LOCK:  # tasks may run concurrently
+            self._n += 1
+            base = self.root / f"{self._n:02d}-{fn}"
+        if base.exists():
+            shutil.rmtree(base)
+        return {m: base / _name(m) for m in [*spec.volumes, TMP]}
+
+    def env(self, fn: str, dirs: dict[str, Path], hook_dir: Path | None = None,
+            log: Path | None = None) -> dict:
+        spec = self.specs.get(fn) or PodSpec({}, {})
+        for d in dirs.values():
+            d.mkdir(parents=True, exist_ok=True)
+        mapped = {k: remap(v, dirs) for k, v in spec.env.items()}
+        if not self.faithful:  # the host's HOME: /tmp is no volume, and a plain run is not audited
+            if "HOME" in mapped and "HOME" in os.environ:
+                mapped["HOME"] = os.environ["HOME"]
+            return mapped
+        env = {k: v for k, v in os.environ.items() if k not in HOST_ONLY}
+        env["HOME"] = str(dirs[TMP])  # the image's HOME=/tmp unless the step sets one
+        env["TMPDIR"] = str(dirs[TMP])
+        env.update(mapped)
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
+        if hook_dir is not None and log is not None:
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (str(hook_dir), env.get("PYTHONPATH", "")) if p)
+            allowed = [*map(str, dirs.values()), *self.allow, str(log), str(hook_dir), "/dev", "/proc"]
+            env["CHUNKGRPO_AUDIT_LOG"] = str(log)
+            env["CHUNKGRPO_AUDIT_ALLOW"] = os.pathsep.join(allowed)
+        return env
+
+    def audit(self, fn: str, dirs: dict[str, Path], log: Path | None) -> list[str]:
+        """Problems of one finished task, largest first: volumes over their scaled sizeLimit, /tmp+$HOME
+        over the scaled container layer, writes outside every allowed folder (path and bytes)."""
+        problems: list[tuple[int, str]] = []
+        limits = self.limits.get(fn, {})
+        used = {}
+        for mount, d in dirs.items():
+            n = dir_bytes(d)
+            used[mount] = n
+            limit = limits.get(mount, 0)
+            what = "/tmp and $HOME (the container layer)" if mount == TMP else f"volume {mount}"
+            if limit and n > limit:
+                problems.append((n, f"task {fn} wrote {n} bytes to {what} > {limit} bytes (its limit scaled "
+                                    f"to the local model, r={self.scale:.3g}); largest: {_largest(d)}"))
+        self.report.append({"task": fn, "used": used, "limits": dict(limits)})
+        if log is not None and log.exists():
+            for p in dict.fromkeys(log.read_text().splitlines()):
+                path = Path(p)
+                if path.exists() and not path.is_dir():
+                    n = dir_bytes(path)
+                    problems.append((n, f"task {fn} wrote {p} ({n} bytes) outside its pod's volumes"))
+                elif not path.exists() and not path.name.endswith((".lock", ".tmp", ".part")):
+                    problems.append((0, f"task {fn} wrote {p} (0 bytes, since removed) outside its pod's "
+                                        "volumes"))
+        return [m for _, m in sorted(problems, key=lambda t: -t[0])]
+
+    def run(self, original, full_command: list[str], env_vars: dict | None = None) -> int:
+        """The kfp.local subprocess runner, with the task's volumes mapped (and audited when faithful)."""
+        fn = function_of(full_command)
+        if fn not in self.specs:
+            return original(full_command=full_command, env_vars=env_vars)
+        dirs = self.task_dirs(fn)
+        if not self.faithful:
+            return original(full_command=full_command, env_vars={**(env_vars or {}), **self.env(fn, dirs)})
+        base = next(iter(dirs.values())).parent
+        hook_dir = base / ".audit-hook"
+        hook_dir.mkdir(parents=True, exist_ok=True)
+        (hook_dir / "sitecustomize.py").write_text(HOOK)
+        log = base / "audit.log"
+        env = self.env(fn, dirs, hook_dir, log)
+        proc = subprocess.Popen(full_command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, errors="replace")
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            sys.stdout.write(line)
+        rc = proc.wait()
+        problems = self.audit(fn, dirs, log)
+        if problems:
+            more = f" (+{len(problems) - 1} more, see {base})" if len(problems) > 1 else ""
+            line = f"chunkgrpo pod-faithful: error: {problems[0]}{more}"
+            self.failures.append(line)
+            print(line, flush=True)
+            return rc or 3
+        return rc
+
+
+def _largest(d: Path) -> str:
+    best, size = None, -1
+    for root, _dirs, files in os.walk(d):
+        for f in files:
+            p = os.path.join(root, f)
+            try:
+                n = os.lstat(p).st_size
+            except OSError:
+                continue
+            if n > size:
+                best, size = p, n
+    return f"{best} ({size} bytes)" if best else "(empty)"
+
+
+def scaled_limits(specs: dict[str, PodSpec], scale: float) -> dict[str, dict[str, int]]:
+    """Per task: every volume's sizeLimit and the container layer, times `scale` (at least MIN_LIMIT)."""
+    out = {}
+    for fn, spec in specs.items():
+        lim = {m: max(MIN_LIMIT, int(b * scale)) for m, b in spec.volumes.items() if b}
+        lim[TMP] = max(MIN_LIMIT, int(CONTAINER_LAYER * scale))
+        out[fn] = lim
+    return out
+
+
+def layout_for(pipeline: str, func, home: Path, *, faithful: bool, model_dir: Path | None,
+               allow=()) -> Layout:
+    """The Layout of a local run. Faithful: sizes from the `SIZE_POOL` compile of the same pipeline,
+    scaled by r = bytes(model_dir) / FLUX_DEV_BYTES."""
+    specs = pod_specs(func)
+    if not faithful:
+        return Layout(home / "pod-volumes", specs)
+    from pipeline.compile import pipeline_func
+
+    sized, _ = pipeline_func(pipeline, pool=SIZE_POOL, trainer="torchrun")
+    big = pod_specs(sized)
+    for fn, spec in specs.items():  # local env (cpu pool) with the production pool's volume sizes
+        if fn in big:
+            spec.volumes = {m: big[fn].volumes.get(m, b) for m, b in spec.volumes.items()}
+    scale = dir_bytes(model_dir) / FLUX_DEV_BYTES if model_dir is not None and model_dir.exists() else 1e-4
+    pods = home / "pods"
+    runs = pods / f"run-{os.getpid()}-{len(list(pods.glob('run-*'))) if pods.exists() else 0}"
+    return Layout(runs, specs, faithful=True, limits=scaled_limits(specs, scale), scale=scale,
+                  allow=tuple(str(a) for a in allow))
+
+
+def write_report(layout: Layout) -> Path | None:
+    if not layout.faithful:
+        return None
+    layout.root.mkdir(parents=True, exist_ok=True)
+    path = layout.root / "pod-faithful.json"
+    body = {"scale": layout.scale, "tasks": layout.report, "failures": layout.failures}
+    path.write_text(json.dumps(body, indent=1))
+    return path
