@@ -136,6 +136,7 @@ class GateResult:
     passed: bool
     reason: str
     improvement: float | None = None
+    values: dict = dataclasses.field(default_factory=dict)  # the trusted candidate/champion values compared
 
 
 DEFAULT_GATE_METRIC = "eval.hpdv2.hpsv3"
@@ -931,13 +932,15 @@ def effective_gate(client, name: str, mv, requested: GateConfig | None = None) -
 
 
 def _decide(client, name: str, version: str, champion: str | None, gate: GateConfig) -> GateResult:
-    """The gate decision on trusted values; UserError when the comparison cannot be made."""
+    """The gate decision on trusted values (kept in `.values`); UserError when it cannot be made."""
     candidate = trusted_metric(client, name, version, gate.metric)
-    if not champion:
-        return gate_decision(candidate, None, gate)
-    reference = trusted_metric(client, name, champion, gate.metric)
-    _same_protocol(client, name, version, champion)
-    return gate_decision(candidate, reference, gate)
+    reference = None
+    if champion:
+        reference = trusted_metric(client, name, champion, gate.metric)
+        _same_protocol(client, name, version, champion)
+    result = gate_decision(candidate, reference, gate)
+    result.values = {"candidate": candidate, "champion": reference}
+    return result
 
 
 def gate_check(name: str, version: str | int, gate: GateConfig | None = None, *, client=None,
@@ -996,7 +999,7 @@ def promote(name: str, version: str | int, gate: GateConfig | None = None, *, fo
             eff = GateConfig(metric=requested.metric or "", margin=requested.margin)
             decision = GateResult(False, f"not comparable ({e})")
         gate_desc = {"metric": eff.metric, "direction": eff.direction, "margin": eff.margin,
-                     "champion_version": champ}
+                     "champion_version": champ, **decision.values}
         if not decision.passed and not force:
             _set_tags(client, name, version, {
                 "promotion.status": "rejected", "promotion.reason": decision.reason, "promotion.by": user,
