@@ -10,7 +10,14 @@ aliases, through this small HTTP service:
         env: MLFLOW_TRACKING_URI, MLFLOW_TRACKING_USERNAME/PASSWORD = the promoter identity
 
     POST /promote  {"name": ..., "version": ..., "metric": "", "margin": 0.0, "why": ...}
+    POST /versions {"name": ..., "source": <artifact URI of an MLflow model in the caller's run>,
+                    "run_id": ..., "eval_run_id": ..., "tags": {...}}
         Authorization: Basic <the caller's MLflow credentials>
+
+Creating a version also needs EDIT on the registered model in MLflow (and EDIT moves aliases), so
+registration's privileged half runs here too (`chunkgrpo.registry.create_version`): the caller logs the
+MLflow model in its own run, the promoter creates the version and computes every tag promotion relies
+on (evaluation run link and metrics, gate at registration, model files' digest) itself.
 
 The caller is authenticated by MLflow itself (its credentials must read the registered model), the
 gate runs here with the registry's rules (`chunkgrpo.registry.promote`: trusted metrics from the
@@ -40,8 +47,9 @@ _MAX_BODY = 64 * 1024
 _LOCK = threading.Lock()  # one promotion at a time in this process (the registry's lock spans processes)
 
 
-def _caller(header: str | None, name: str) -> str:
-    """The MLflow user named by a Basic Authorization header, if MLflow accepts it and it can read `name`."""
+def _caller(header: str | None, name: str, path: str = "registered-models/get", key: str = "name") -> str:
+    """The MLflow user named by a Basic Authorization header, if MLflow accepts it and lets it read
+    `name` (a registered model, or with path="runs/get", key="run_id", a run)."""
     if not header or not header.startswith("Basic "):
         raise PermissionError("credentials required (HTTP Basic, the caller's MLflow user)")
     try:
@@ -50,7 +58,7 @@ def _caller(header: str | None, name: str) -> str:
         raise PermissionError("malformed Authorization header") from None
     uri = os.environ["MLFLOW_TRACKING_URI"].rstrip("/")
     req = urllib.request.Request(
-        f"{uri}/api/2.0/mlflow/registered-models/get?{urllib.parse.urlencode({'name': name})}",
+        f"{uri}/api/2.0/mlflow/{path}?{urllib.parse.urlencode({key: name})}",
         headers={"Authorization": header})
     try:
         with urllib.request.urlopen(req, timeout=10):
@@ -81,6 +89,8 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self):  # noqa: N802
         from chunkgrpo.registry import GateConfig, promote
 
+        if self.path == "/versions":
+            return self._create_version()
         if self.path != "/promote":
             return self._answer(404, {"error": "not found"})
         try:
@@ -105,6 +115,47 @@ class _Handler(BaseHTTPRequestHandler):
                                   "previous": res.previous, "reason": res.reason})
 
 
+    def _read(self) -> dict:
+        length = int(self.headers.get("Content-Length") or 0)
+        if not 0 < length <= _MAX_BODY:
+            raise UserError(f"request body of {length} bytes (1..{_MAX_BODY})")
+        req = json.loads(self.rfile.read(length))
+        if not isinstance(req, dict):
+            raise UserError("expected a JSON object")
+        return req
+
+    def _create_version(self):
+        """A version of a registered model from an MLflow model the caller logged in its own run."""
+        from chunkgrpo.registry import _client, create_version
+
+        try:
+            req = self._read()
+            name, source, run_id = str(req.get("name") or ""), str(req.get("source") or ""), str(req.get("run_id") or "")
+            if not (name and source and run_id):
+                raise UserError("expected {\"name\", \"source\", \"run_id\", \"tags\", \"eval_run_id\"}")
+            who = _caller(self.headers.get("Authorization"), run_id, "runs/get", "run_id")
+            client = _client()
+            run = client.get_run(run_id)
+            if not source.startswith(run.info.artifact_uri.rstrip("/") + "/"):
+                raise UserError(f"source {source!r} is not an artifact of run {run_id}")
+            tags = {str(k): str(v) for k, v in (req.get("tags") or {}).items()}
+            with _LOCK:
+                mv = create_version(client, name, source, run_id, {**tags, "registered_by": who},
+                                    eval_run_id=req.get("eval_run_id") or None,
+                                    gate_metric=req.get("gate_metric") or None,
+                                    gate_direction=req.get("gate_direction") or None,
+                                    challenger_alias=req.get("challenger_alias"))
+        except PermissionError as e:
+            return self._answer(403, {"error": str(e)})
+        except (UserError, ValueError, TypeError) as e:
+            return self._answer(400, {"error": str(e)})
+        except Exception as e:  # noqa: BLE001 - answer, keep serving
+            log.exception("version creation failed")
+            return self._answer(500, {"error": f"{type(e).__name__}: {e}"})
+        return self._answer(200, {"name": mv.name, "version": str(mv.version), "source": mv.source,
+                                  "run_id": mv.run_id, "tags": dict(mv.tags or {})})
+
+
 def serve(host: str, port: int) -> ThreadingHTTPServer:
     """A started promoter server (call .shutdown() to stop); the process's MLflow identity is the promoter's."""
     from chunkgrpo.registry import _client, current_identity
@@ -117,23 +168,18 @@ def serve(host: str, port: int) -> ThreadingHTTPServer:
     return server
 
 
-def request_promotion(url: str, name: str, version: str, gate=None, why: str = ""):
-    """Ask the promoter service at `url` to promote `name` v`version` (as `chunkgrpo promote` does
-    when $CHUNKGRPO_PROMOTER_URL is set), authenticated with this process's MLflow credentials."""
-    from chunkgrpo.registry import PromotionResult
+def _call(url: str, path: str, body: dict) -> dict:
     from chunkgrpo.tracking import credentials_from_uri, redact_uri
 
     credentials_from_uri()
     user, password = os.environ.get("MLFLOW_TRACKING_USERNAME", ""), os.environ.get("MLFLOW_TRACKING_PASSWORD", "")
-    body = json.dumps({"name": name, "version": str(version), "why": why,
-                       "metric": getattr(gate, "metric", "") or "", "margin": getattr(gate, "margin", 0.0)}).encode()
-    req = urllib.request.Request(url.rstrip("/") + "/promote", data=body, method="POST",
+    req = urllib.request.Request(url.rstrip("/") + path, data=json.dumps(body).encode(), method="POST",
                                  headers={"Content-Type": "application/json"})
     if user:
         req.add_header("Authorization", "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode())
     try:
-        with urllib.request.urlopen(req, timeout=300) as r:
-            out = json.loads(r.read())
+        with urllib.request.urlopen(req, timeout=600) as r:
+            return json.loads(r.read())
     except urllib.error.HTTPError as e:
         try:
             reason = json.loads(e.read()).get("error", "")
@@ -142,6 +188,28 @@ def request_promotion(url: str, name: str, version: str, gate=None, why: str = "
         raise UserError(f"the promoter at {redact_uri(url)} refused: {reason or f'HTTP {e.code}'}") from None
     except (urllib.error.URLError, OSError) as e:
         raise UserError(f"the promoter at {redact_uri(url)} is unreachable ({getattr(e, 'reason', e)})") from None
+
+
+def request_version(url: str, name: str, source: str, run_id: str, tags: dict, *, eval_run_id=None,
+                    gate_metric=None, gate_direction=None, challenger_alias="challenger"):
+    """Ask the promoter to create a version of `name` from the MLflow model at `source` (logged in this
+    identity's run `run_id`): the registry half a READ-only pipeline user cannot do itself."""
+    from types import SimpleNamespace
+
+    out = _call(url, "/versions", {"name": name, "source": source, "run_id": run_id, "tags": tags,
+                                    "eval_run_id": eval_run_id, "gate_metric": gate_metric,
+                                    "gate_direction": gate_direction, "challenger_alias": challenger_alias})
+    return SimpleNamespace(name=out["name"], version=out["version"], source=out["source"], run_id=out["run_id"],
+                           tags=out["tags"])
+
+
+def request_promotion(url: str, name: str, version: str, gate=None, why: str = ""):
+    """Ask the promoter service at `url` to promote `name` v`version` (as `chunkgrpo promote` does
+    when $CHUNKGRPO_PROMOTER_URL is set), authenticated with this process's MLflow credentials."""
+    from chunkgrpo.registry import PromotionResult
+
+    out = _call(url, "/promote", {"name": name, "version": str(version), "why": why,
+                                  "metric": getattr(gate, "metric", "") or "", "margin": getattr(gate, "margin", 0.0)})
     return PromotionResult(out["action"], out["name"], out["version"], out.get("previous"), out["reason"])
 
 

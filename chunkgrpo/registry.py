@@ -614,9 +614,11 @@ def register_model(name: str, model_dir: str | Path | None = None, *, kind: Lite
             raise UserError(f"evaluation run {eval_run_id} logged non-finite values ({', '.join(bad[:3])}): "
                             "not registered")
         flat = {**flat, **run_metrics}
-    # The registered model (and its gate) first: an invalid name fails here, before any upload.
-    _ensure_registered_model(client, name)
-    _init_gate(client, name, gate_metric or None, gate_direction or None)
+    promoter_url = os.environ.get("CHUNKGRPO_PROMOTER_URL", "")
+    if not promoter_url:
+        # The registered model (and its gate) first: an invalid name fails here, before any upload.
+        _ensure_registered_model(client, name)
+        _init_gate(client, name, gate_metric or None, gate_direction or None)
 
     manifest: Manifest | None = None
     manifest_sha = None
@@ -672,8 +674,6 @@ def register_model(name: str, model_dir: str | Path | None = None, *, kind: Lite
         **({PROTOCOL_TAG: json.dumps(eval_protocol, sort_keys=True, default=str),
             PROTOCOL_HASH_TAG: protocol_hash(eval_protocol)} if eval_protocol else {}),
         **{str(k): v for k, v in (tags or {}).items()},
-        **({EVAL_RUN_TAG: eval_run_id} if eval_run_id else {}),
-        GATE_SNAPSHOT_TAG: json.dumps(gate_snapshot(client, name), sort_keys=True),
     }
     version_tags = {k: _tag(v) for k, v in version_tags.items()}
 
@@ -694,9 +694,15 @@ def register_model(name: str, model_dir: str | Path | None = None, *, kind: Lite
             if flat:
                 run.log_metrics(flat)
             source = f"{run.artifact_uri}/{artifact_path}"
-            _ensure_registered_model(client, name)
-            return client.create_model_version(name, source=source, run_id=run.run_id,
-                                               tags={**version_tags, TREE_TAG: tree_sha256(folder)})
+            if promoter_url:  # the promoter identity creates the version (pipeline users: READ on models)
+                from chunkgrpo.promoter import request_version
+
+                return request_version(promoter_url, name, source, run.run_id, version_tags, eval_run_id=eval_run_id,
+                                       gate_metric=gate_metric, gate_direction=gate_direction,
+                                       challenger_alias=challenger_alias)
+            return create_version(client, name, source, run.run_id, version_tags, eval_run_id=eval_run_id,
+                                  gate_metric=gate_metric, gate_direction=gate_direction,
+                                  challenger_alias=challenger_alias, tree=tree_sha256(folder))
 
         if run_id:
             from chunkgrpo.tracking import MlflowTracker
@@ -706,10 +712,45 @@ def register_model(name: str, model_dir: str | Path | None = None, *, kind: Lite
         else:
             with stage_run("register", experiment=experiment, tags={"chunkgrpo.model": name}) as run:
                 mv = log_and_create(run, "model")
-    if challenger_alias:
-        client.set_registered_model_alias(name, challenger_alias, mv.version)
     log.info("registered %s version %s (%s, base %s) from %s", name, mv.version, kind, base_model, mv.source)
     return RegisteredVersion(name, str(mv.version), mv.source, mv.run_id, dict(mv.tags or version_tags))
+
+
+TRUSTED_TAGS = (EVAL_RUN_TAG, GATE_SNAPSHOT_TAG, TREE_TAG, METRIC_TAG, "promotion.", "gate.")
+
+
+def create_version(client, name: str, source: str, run_id: str, tags: Mapping[str, str], *,
+                   eval_run_id: str | None = None, gate_metric: str | None = None, gate_direction: str | None = None,
+                   challenger_alias: str | None = "challenger", tree: str | None = None):
+    """The privileged half of registration (the promoter identity's, see `chunkgrpo.promoter`): create the
+    registered model and its gate if new, and a version of it from `source` (an MLflow model logged in
+    run `run_id`). The tags promotion relies on are computed here, never taken from the caller: the
+    evaluation run link and its metrics (`metric.*`), the gate in force (`gate.at_registration`) and the
+    model files' digest (`model.tree_sha256`, from `tree` when the caller is this process, else from the
+    downloaded source)."""
+    import mlflow
+
+    check_name(name)
+    _ensure_registered_model(client, name)
+    _init_gate(client, name, gate_metric or None, gate_direction or None)
+    clean = {k: v for k, v in tags.items() if not k.startswith(TRUSTED_TAGS)}
+    if eval_run_id:
+        run_metrics = eval_run_metrics(client, eval_run_id)
+        bad = sorted(k for k, v in run_metrics.items() if not _finite(v))
+        if bad:
+            raise UserError(f"evaluation run {eval_run_id} logged non-finite values ({', '.join(bad[:3])}): "
+                            "not registered")
+        clean.update({f"{METRIC_TAG}{k}": repr(v) for k, v in run_metrics.items()})
+        clean[EVAL_RUN_TAG] = eval_run_id
+    clean[GATE_SNAPSHOT_TAG] = json.dumps(gate_snapshot(client, name), sort_keys=True)
+    if tree is None:
+        with tempfile.TemporaryDirectory(prefix="chunkgrpo-verify-") as tmp:
+            tree = tree_sha256(mlflow.artifacts.download_artifacts(artifact_uri=source, dst_path=tmp))
+    clean[TREE_TAG] = tree
+    mv = client.create_model_version(name, source=source, run_id=run_id, tags={k: _tag(v) for k, v in clean.items()})
+    if challenger_alias:
+        client.set_registered_model_alias(name, challenger_alias, mv.version)
+    return mv
 
 
 def _save_pyfunc(folder: Path, payload: Path) -> None:

@@ -17,7 +17,8 @@ def check_gate(model_name: str, version: str, metric: str, margin: float) -> boo
     Args:
         model_name: registered model name.
         version: candidate version (from register).
-        metric: gate metric, a version tag `metric.<name>`; must be the model's gate.metric ('' = that one).
+        metric: gate metric ('' = the one recorded at the version's registration; only that or its CI bound);
+            values come from each version's evaluation run (tag eval.run_id), never from tags.
         margin: the candidate must beat the champion by more than this.
 
     Returns:

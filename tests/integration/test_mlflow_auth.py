@@ -151,17 +151,7 @@ def test_pipeline_users_cannot_move_champion_but_the_promoter_service_gates_for_
     _as(monkeypatch, url, pipe, pipe_pw)
     good = eval_run({"hpdv2.hpsv3.trained": 0.5}, experiment=f"pipe-eval-{pipe}")
     worse = eval_run({"hpdv2.hpsv3.trained": 0.3}, experiment=f"pipe-eval-{pipe}")
-    # ... the promoter identity owns the registered model (MANAGE as its creator) and creates versions
-    _as(monkeypatch, url, promoter, promoter_pw)
     name = f"flux-gate-{uuid.uuid4().hex[:6]}"
-    versions = []
-    for i, run in enumerate((good, worse)):
-        d = tmp_path / f"lora{i}"
-        d.mkdir()
-        (d / "pytorch_lora_weights.safetensors").write_bytes(bytes([i + 1]) * 1024)
-        versions.append(register_model(name, d, kind="lora", base_model="tiny-flux", eval_run_id=run,
-                                       eval_protocol={"preset": "eval_tiny"}, experiment=f"reg-{promoter}").version)
-    v_good, v_worse = versions
     port = free_port()
     env = {**os.environ, "MLFLOW_TRACKING_URI": url, "MLFLOW_TRACKING_USERNAME": promoter,
            "MLFLOW_TRACKING_PASSWORD": promoter_pw, "MLFLOW_DISABLE_TELEMETRY": "true"}
@@ -177,6 +167,27 @@ def test_pipeline_users_cannot_move_champion_but_the_promoter_service_gates_for_
             except (urllib.error.URLError, OSError):
                 assert service.poll() is None and time.monotonic() < deadline, "promoter did not start"
                 time.sleep(0.3)
+        # the pipeline registers through the promoter: it logs the MLflow model in its own run, the
+        # promoter identity creates the registered model (MANAGE as its creator) and the versions
+        monkeypatch.setenv("CHUNKGRPO_PROMOTER_URL", promoter_url)
+        versions = []
+        for i, run in enumerate((good, worse)):
+            d = tmp_path / f"lora{i}"
+            d.mkdir()
+            (d / "pytorch_lora_weights.safetensors").write_bytes(bytes([i + 1]) * 1024)
+            rv = register_model(name, d, kind="lora", base_model="tiny-flux", eval_run_id=run,
+                                eval_protocol={"preset": "eval_tiny"}, experiment=f"reg-{pipe}",
+                                tags={"metric.eval.hpdv2.hpsv3": "0.99", "eval.run_id": good})  # ignored
+            versions.append(rv.version)
+        monkeypatch.delenv("CHUNKGRPO_PROMOTER_URL")
+        v_good, v_worse = versions
+        tags = MlflowClient().get_model_version(name, v_worse).tags
+        assert tags["eval.run_id"] == worse and float(tags["metric.eval.hpdv2.hpsv3"]) == 0.3
+        assert tags["registered_by"] == pipe and len(tags["model.tree_sha256"]) == 64
+        assert MlflowClient().get_registered_model(name).tags["promoter"] == promoter
+        with pytest.raises(Exception, match="(?i)permission|403"):  # no version creation around the promoter
+            MlflowClient().create_model_version(name, source=MlflowClient().get_model_version(name, v_good).source,
+                                                run_id=MlflowClient().get_model_version(name, v_good).run_id)
         # the pipeline user: may read, may not move champion itself (the server says no)
         _as(monkeypatch, url, pipe, pipe_pw)
         with pytest.raises(Exception, match="(?i)permission|403"):
