@@ -103,7 +103,8 @@ class _Handler(BaseHTTPRequestHandler):
             who = _caller(self.headers.get("Authorization"), str(req["name"]))
             gate = GateConfig(metric=str(req.get("metric") or ""), margin=float(req.get("margin") or 0.0))
             with _LOCK:
-                res = promote(str(req["name"]), str(req["version"]), gate, who=who, why=str(req.get("why") or ""))
+                res = promote(str(req["name"]), str(req["version"]), gate, who=who,
+                              why=str(req.get("why") or ""))
         except PermissionError as e:
             return self._answer(403, {"error": str(e)})
         except (UserError, ValueError, TypeError) as e:
@@ -130,7 +131,7 @@ class _Handler(BaseHTTPRequestHandler):
 
         try:
             req = self._read()
-            name, source, run_id = str(req.get("name") or ""), str(req.get("source") or ""), str(req.get("run_id") or "")
+            name, source, run_id = (str(req.get(k) or "") for k in ("name", "source", "run_id"))
             if not (name and source and run_id):
                 raise UserError("expected {\"name\", \"source\", \"run_id\", \"tags\", \"eval_run_id\"}")
             who = _caller(self.headers.get("Authorization"), run_id, "runs/get", "run_id")
@@ -157,12 +158,13 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 def serve(host: str, port: int) -> ThreadingHTTPServer:
-    """A started promoter server (call .shutdown() to stop); the process's MLflow identity is the promoter's."""
+    """A started promoter server (.shutdown() stops it); this process's MLflow identity is the promoter's."""
     from chunkgrpo.registry import _client, current_identity
 
     _client()  # MLflow reachable, credentials out of the URI
     if not current_identity():
-        log.warning("promoter started without MLFLOW_TRACKING_USERNAME: on a basic-auth MLflow it can move nothing")
+        log.warning("promoter started without MLFLOW_TRACKING_USERNAME: "
+                    "on a basic-auth MLflow it can move nothing")
     server = ThreadingHTTPServer((host, port), _Handler)
     threading.Thread(target=server.serve_forever, name="promoter", daemon=True).start()
     return server
@@ -172,7 +174,8 @@ def _call(url: str, path: str, body: dict) -> dict:
     from chunkgrpo.tracking import credentials_from_uri, redact_uri
 
     credentials_from_uri()
-    user, password = os.environ.get("MLFLOW_TRACKING_USERNAME", ""), os.environ.get("MLFLOW_TRACKING_PASSWORD", "")
+    user = os.environ.get("MLFLOW_TRACKING_USERNAME", "")
+    password = os.environ.get("MLFLOW_TRACKING_PASSWORD", "")
     req = urllib.request.Request(url.rstrip("/") + path, data=json.dumps(body).encode(), method="POST",
                                  headers={"Content-Type": "application/json"})
     if user:
@@ -187,7 +190,8 @@ def _call(url: str, path: str, body: dict) -> dict:
             reason = ""
         raise UserError(f"the promoter at {redact_uri(url)} refused: {reason or f'HTTP {e.code}'}") from None
     except (urllib.error.URLError, OSError) as e:
-        raise UserError(f"the promoter at {redact_uri(url)} is unreachable ({getattr(e, 'reason', e)})") from None
+        raise UserError(f"the promoter at {redact_uri(url)} is unreachable "
+                        f"({getattr(e, 'reason', e)})") from None
 
 
 def request_version(url: str, name: str, source: str, run_id: str, tags: dict, *, eval_run_id=None,
@@ -199,8 +203,8 @@ def request_version(url: str, name: str, source: str, run_id: str, tags: dict, *
     out = _call(url, "/versions", {"name": name, "source": source, "run_id": run_id, "tags": tags,
                                     "eval_run_id": eval_run_id, "gate_metric": gate_metric,
                                     "gate_direction": gate_direction, "challenger_alias": challenger_alias})
-    return SimpleNamespace(name=out["name"], version=out["version"], source=out["source"], run_id=out["run_id"],
-                           tags=out["tags"])
+    return SimpleNamespace(name=out["name"], version=out["version"], source=out["source"],
+                           run_id=out["run_id"], tags=out["tags"])
 
 
 def request_promotion(url: str, name: str, version: str, gate=None, why: str = ""):
@@ -209,7 +213,8 @@ def request_promotion(url: str, name: str, version: str, gate=None, why: str = "
     from chunkgrpo.registry import PromotionResult
 
     out = _call(url, "/promote", {"name": name, "version": str(version), "why": why,
-                                  "metric": getattr(gate, "metric", "") or "", "margin": getattr(gate, "margin", 0.0)})
+                                  "metric": getattr(gate, "metric", "") or "",
+                                  "margin": getattr(gate, "margin", 0.0)})
     return PromotionResult(out["action"], out["name"], out["version"], out.get("previous"), out["reason"])
 
 

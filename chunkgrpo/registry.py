@@ -21,8 +21,10 @@ works in any environment with `chunkgrpo` installed (the pyfunc's pip requiremen
 diffusers `FluxPipeline` from it.
 
 **Promotion** uses aliases (stages are deprecated): `champion` moves only if the candidate beats
-the current champion on the gate metric (read from `metric.<name>` version tags) by more than
-`margin`. **The direction (and the metric) belong to the registered model**, not to the caller:
+the current champion on the gate metric by more than `margin`. The values come only from each
+version's **evaluation run** (tag `eval.run_id`, written at registration from metrics.json's
+`mlflow_run_id`; `trusted_metric`): never from a `metric.*` tag or a file a registering user wrote.
+**The direction (and the metric) belong to the registered model**, not to the caller:
 tags `gate.metric` / `gate.direction` are written when the model is first registered (or by an
 explicit, logged `set_gate`), otherwise the direction of a known metric is used; a caller that
 asks for another direction or metric is refused, so no flag can crown a worse model. The one
@@ -35,6 +37,15 @@ protocols** (preset, benchmarks, prompt counts, seeds, sampling, scorers: tag
 written as tags (who, why, metrics, time) on the version and appended to the registered model's
 `promotion.log` tag. Promoting the current champion again is a no-op; `force=True` skips the gate
 and is recorded. `rollback` moves `champion` back to `previous`.
+
+**Integrity.** A version is judged by the gate recorded at its registration (`gate.at_registration`);
+`set_gate`, `force` and `rollback` are the promoter identity's (tag `promoter` of the registered
+model, = the MLflow user that created it) and need a reason. Promotions hold `promotion_lock` (an
+atomically created registered model) and re-read `champion` after moving it. `create_version` is the
+privileged half of registration: on a basic-auth MLflow only the promoter identity may create
+versions or move aliases (MLflow checks EDIT on the model for both), so pipeline users go through
+`chunkgrpo.promoter`. Each version records `model.tree_sha256` (every file of the MLflow model, code
+included); `load_pyfunc` refuses a version whose files changed in the artifact store.
 """
 
 from __future__ import annotations
@@ -78,7 +89,7 @@ KNOWN_DIRECTIONS = {name: "max" for name in (
     "brightness", "contrast", "color", "reward_mean")}
 _MAX_TAG = 5000
 _LOG_ENTRIES = 20
-EVAL_RUN_TAG = "eval.run_id"               # version tag: the evaluation stage's MLflow run (the trusted metrics)
+EVAL_RUN_TAG = "eval.run_id"               # version tag: the evaluation stage's run (the trusted metrics)
 GATE_SNAPSHOT_TAG = "gate.at_registration"  # version tag: the model's gate when the version was created
 TREE_TAG = "model.tree_sha256"             # version tag: digest of every file of the MLflow model (code too)
 PROMOTER_TAG = "promoter"                  # registered-model tag: the identity that owns promotion
@@ -268,7 +279,8 @@ def _flat_metrics(metrics: Mapping[str, Any] | None, what: str = "metrics") -> d
     from chunkgrpo.tracking import flatten
 
     if metrics is not None and not isinstance(metrics, Mapping):
-        raise UserError(f"{what} must be a JSON object of metric name -> number, got {type(metrics).__name__}")
+        raise UserError(f"{what} must be a JSON object of metric name -> number, "
+                        f"got {type(metrics).__name__}")
     out = {}
     for k, v in flatten(metrics or {}).items():
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(float(v)):
@@ -348,7 +360,8 @@ def check_reachable(uri: str, timeout_s: float = 5.0) -> None:
         return  # it answered (an auth proxy may guard /health): the real call says what is wrong
     except (urllib.error.URLError, OSError) as e:
         reason = getattr(e, "reason", e)
-        raise UserError(f"MLflow at {redact_uri(uri)} is unreachable ({reason}); nothing was changed") from None
+        raise UserError(f"MLflow at {redact_uri(uri)} is unreachable ({reason}); "
+                        "nothing was changed") from None
 
 
 def _not_found(e: Exception) -> bool:
@@ -479,7 +492,8 @@ def set_gate(name: str, metric: str, direction: str, *, margin: float = 0.0, who
     if not math.isfinite(margin) or margin < 0:
         raise UserError(f"gate margin {margin!r} must be a finite number >= 0")
     if not why.strip():
-        raise UserError("changing the gate changes how every future promotion is judged: give a reason (--why)")
+        raise UserError("changing the gate changes how every future promotion is judged: "
+                        "give a reason (--why)")
     known = known_direction(metric)
     if known and known != direction:
         raise UserError(f"{metric} is {'higher' if known == 'max' else 'lower'}-is-better by definition; "
@@ -510,7 +524,8 @@ def version_gate(client, name: str, mv) -> GateConfig:
     except json.JSONDecodeError:
         snap = None
     if isinstance(snap, dict) and snap.get("metric") and snap.get("direction") in ("max", "min"):
-        return GateConfig(metric=snap["metric"], direction=snap["direction"], margin=float(snap.get("margin") or 0))
+        return GateConfig(metric=snap["metric"], direction=snap["direction"],
+                          margin=float(snap.get("margin") or 0))
     return resolve_gate(client, name)
 
 
@@ -584,8 +599,9 @@ def register_model(name: str, model_dir: str | Path | None = None, *, kind: Lite
       eval.protocol (+ .sha256); promotion never compares across protocols.
     sampling: hybrid-inference settings the pyfunc generates with (default: chunkgrpo.eval.hybrid's).
     eval_run_id: the evaluation stage's MLflow run (metrics.json `mlflow_run_id`): tag eval.run_id.
-      Promotion trusts only that run's metrics (`trusted_metric`); `metrics` become informational
-      `metric.*` tags, and where both are given they must agree. Non-finite values are refused.
+      Promotion trusts only that run's metrics (`trusted_metric`), which become the `metric.*` tags;
+      `metrics` (a caller's numbers) must agree with the run where both name a value, and are otherwise
+      only logged on the registration run and in MODEL_INFO. Non-finite values are refused.
     """
     from chunkgrpo.tracking import stage_run
 
@@ -747,7 +763,8 @@ def create_version(client, name: str, source: str, run_id: str, tags: Mapping[st
         with tempfile.TemporaryDirectory(prefix="chunkgrpo-verify-") as tmp:
             tree = tree_sha256(mlflow.artifacts.download_artifacts(artifact_uri=source, dst_path=tmp))
     clean[TREE_TAG] = tree
-    mv = client.create_model_version(name, source=source, run_id=run_id, tags={k: _tag(v) for k, v in clean.items()})
+    mv = client.create_model_version(name, source=source, run_id=run_id,
+                                     tags={k: _tag(v) for k, v in clean.items()})
     if challenger_alias:
         client.set_registered_model_alias(name, challenger_alias, mv.version)
     return mv
@@ -811,7 +828,8 @@ def _eval_run(client, run_id: str):
         raise UserError(f"evaluation run {run_id!r} cannot be read: {str(e.message).splitlines()[0]}") from None
     stage = (run.data.tags or {}).get("chunkgrpo.stage")
     if stage != "evaluate":
-        raise UserError(f"run {run_id} is not an evaluation run (tag chunkgrpo.stage={stage!r}, expected 'evaluate')")
+        raise UserError(f"run {run_id} is not an evaluation run "
+                        f"(tag chunkgrpo.stage={stage!r}, expected 'evaluate')")
     if run.info.status != "FINISHED":
         raise UserError(f"evaluation run {run_id} is {run.info.status}, not FINISHED: its metrics are not final")
     return run
@@ -914,7 +932,7 @@ class PromotionResult:
 
 
 def version_metric(client, name: str, version: str, metric: str) -> float | None:
-    """The trusted gate metric of a version (its evaluation run's, see `trusted_metric`), None if it has none."""
+    """The trusted gate metric of a version (its evaluation run's, `trusted_metric`); None if none."""
     try:
         return trusted_metric(client, name, version, metric)
     except UserError:

@@ -78,8 +78,8 @@ def credentials_from_uri() -> None:
     user, password = unquote(user), unquote(password)
     for key, value in (("MLFLOW_TRACKING_USERNAME", user), ("MLFLOW_TRACKING_PASSWORD", password)):
         if value and os.environ.get(key) and os.environ[key] != value:
-            raise UserError(f"MLFLOW_TRACKING_URI {redact_uri(uri)!r} embeds credentials that differ from ${key}: "
-                            "give them once (preferably in MLFLOW_TRACKING_USERNAME/PASSWORD, from a Secret)")
+            raise UserError(f"MLFLOW_TRACKING_URI {redact_uri(uri)!r} embeds credentials that differ from "
+                            f"${key}: give them once (preferably in MLFLOW_TRACKING_USERNAME/PASSWORD, from a Secret)")
         if value:
             os.environ[key] = value
     os.environ["MLFLOW_TRACKING_URI"] = urlunsplit(parts._replace(netloc=host))
@@ -406,7 +406,8 @@ class BackgroundTracker(NullTracker):
         if not done:
             where = f"run {self.run_id} stays RUNNING" if self.run_id else "the run was never created"
             log.warning("MLflow at %s unreachable (%s): %d tracking calls not delivered, %s; the metrics are in "
-                        "the run's train_summary.json", redact_uri(os.environ.get("MLFLOW_TRACKING_URI")), self.last_error or "no answer",
+                        "the run's train_summary.json", redact_uri(os.environ.get("MLFLOW_TRACKING_URI")),
+                        self.last_error or "no answer",
                         left, where)
         return done
 

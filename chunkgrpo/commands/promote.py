@@ -41,7 +41,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="assert the gate metric (must equal the model's gate.metric tag; default: that tag)")
     parser.add_argument("--margin", type=float, default=None, help="required improvement (default 0)")
     parser.add_argument("--force", action="store_true",
-                        help="promoter identity only, with --why: skip the gate (recorded: who, why, previous)")
+                        help="promoter identity only, with --why: skip the gate "
+                             "(recorded: who, why, previous)")
     parser.add_argument("--why", default="", help="reason, stored as a tag")
     parser.add_argument("--who", default=None, help="actor recorded in tags (default: $CHUNKGRPO_USER or login)")
     parser.add_argument("--strict", action="store_true", help="exit 1 when the gate rejects the version")
@@ -66,8 +67,10 @@ def run(args: argparse.Namespace) -> int:
         from chunkgrpo.registry import promotion_history
 
         for e in promotion_history(args.model):
-            extra = {k: v for k, v in e.items() if k not in ("at", "action", "version", "by", "identity", "why")}
-            print(f"{e.get('at', '?')}  {e.get('action', '?'):9s} v{e.get('version', '-')}  by {e.get('by', '?')}"
+            shown = ("at", "action", "version", "by", "identity", "why")
+            extra = {k: v for k, v in e.items() if k not in shown}
+            print(f"{e.get('at', '?')}  {e.get('action', '?'):9s} v{e.get('version', '-')}"
+                  f"  by {e.get('by', '?')}"
                   f"{' (' + e['identity'] + ')' if e.get('identity') else ''}"
                   f"{'  why: ' + e['why'] if e.get('why') else ''}  {json.dumps(extra, sort_keys=True)}")
         return 0
@@ -83,7 +86,8 @@ def run(args: argparse.Namespace) -> int:
     if os.environ.get("CHUNKGRPO_PROMOTER_URL") and not args.force:
         from chunkgrpo.promoter import request_promotion
 
-        res = request_promotion(os.environ["CHUNKGRPO_PROMOTER_URL"], args.model, args.version, gate, why=args.why)
+        res = request_promotion(os.environ["CHUNKGRPO_PROMOTER_URL"], args.model, args.version, gate,
+                                why=args.why)
     else:
         res = promote(args.model, args.version, gate, force=args.force, who=args.who, why=args.why)
     print(res.line())

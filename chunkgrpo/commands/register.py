@@ -9,10 +9,12 @@ also the recorded checkpoint URI). Tags: git sha, config hash, chunk plan, eval 
 (`metric.<name>`), checkpoint URI, base model, kind. The new version gets the alias `challenger`.
 A `--metrics` file written by `chunkgrpo evaluate` (format chunkgrpo.eval-metrics/v1) is recognised:
 its `mlflow_run_id` (the evaluation stage's run) is linked as tag `eval.run_id` and promotion trusts
-only that run's metrics (a file's numbers are informational `metric.*` tags and must agree with the
-run); its eval protocol (preset, prompt counts, seeds, sampling) is recorded, so promotion compares
-like with like. NaN, ±Infinity, non-numeric values or a non-object file are refused (exit 2). The
-version is an MLflow pyfunc: `mlflow.pyfunc.load_model("models:/NAME/V")` generates images.
+only that run's metrics, which the version's `metric.*` tags repeat (a file's numbers must agree with
+the run and are otherwise only logged on the registration run); its eval protocol (preset, prompt
+counts, seeds, sampling) is recorded, so promotion compares like with like. NaN, ±Infinity,
+non-numeric values or a non-object file are refused (exit 2). The version is an MLflow pyfunc:
+`chunkgrpo.registry.load_pyfunc("models:/NAME/V")` (verified) generates images. With
+$CHUNKGRPO_PROMOTER_URL set, the promoter service creates the version (pipeline users: READ only).
 `--gate-metric/--gate-direction` set the promotion gate of a NEW registered model only.
 """
 
@@ -45,7 +47,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="direction of --gate-metric for a new registered model (default: the metric's known one)")
     parser.add_argument("--eval-preset", default="", help="evaluation preset the --metrics file came from (protocol)")
     parser.add_argument("--eval-run-id", default=None,
-                        help="the evaluation stage's MLflow run (default: the --metrics file's mlflow_run_id); "
+                        help="the evaluation stage's MLflow run (default: the --metrics file's "
+                             "mlflow_run_id); "
                              "promotion trusts only that run's metrics")
 
 

@@ -1,4 +1,4 @@
-"""Single-node training inside the KFP task: torchrun (rendezvous on 127.0.0.1), final model -> S3, pointer artifact."""
+"""Single-node training inside the KFP task: torchrun (rendezvous on 127.0.0.1), final model -> S3, pointer."""
 
 from kfp import dsl
 from kfp.dsl import Metrics, Model, Output
@@ -55,7 +55,7 @@ def train(model: str, prompts: str, preset: str, method: str, chunks: str, max_i
             f"tracking.run_name=train-{run_id[:8]}"]
     from chunkgrpo.torchrun_local import command
 
-    # torchrun on one node with its rendezvous store on 127.0.0.1 only (--standalone listens on every interface)
+    # torchrun on one node, rendezvous store on 127.0.0.1 only (--standalone listens on every interface)
     cmd = command(nproc_per_node, "-m", "chunkgrpo.train", "--config", preset, *args)
     print("+ torchrun " + shlex.join(cmd[3:]), flush=True)
     from chunkgrpo.torchrun import run_torchrun
