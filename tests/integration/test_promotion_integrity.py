@@ -224,3 +224,16 @@ def test_credentials_in_the_tracking_uri_are_never_printed(services_env, tmp_pat
     assert "Pa55-secret" not in r.stdout + r.stderr
     r = cli("promote", "--model", "no-such-model-xyz", "--version", "1", env={"MLFLOW_TRACKING_URI": url})
     assert r.returncode == 2 and "Pa55-secret" not in r.stdout + r.stderr
+
+
+def test_preflight_never_prints_credentials_from_the_uri(monkeypatch):
+    """The preflight names the MLflow URI in its problems: without the credentials embedded in it."""
+    from chunkgrpo.local_services import free_port
+    from chunkgrpo.preflight import _check_mlflow
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://someone:Pa55-secret@127.0.0.1:{free_port()}")
+    monkeypatch.delenv("MLFLOW_TRACKING_USERNAME", raising=False)
+    monkeypatch.delenv("MLFLOW_TRACKING_PASSWORD", raising=False)
+    problem = _check_mlflow(3.0)
+    assert problem and "Pa55-secret" not in problem and "127.0.0.1" in problem
+    assert os.environ["MLFLOW_TRACKING_PASSWORD"] == "Pa55-secret"  # moved where MLflow's client reads it
