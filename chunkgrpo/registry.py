@@ -95,7 +95,11 @@ TREE_TAG = "model.tree_sha256"             # version tag: digest of every file o
 PROMOTER_TAG = "promoter"                  # registered-model tag: the identity that owns promotion
 LOCK_SUFFIX = ".promotion-lock"            # registered model created/deleted as the promotion mutex
 MAX_NAME_LEN = 200                         # MLflow's name column is 256 wide; the lock adds 15
-MLFLOW_TIMEOUT_S, MLFLOW_RETRIES = 20, 2   # registry calls: bounded (MLflow's defaults: 120 s x 7 retries)
+# Registry calls: MLflow's defaults retry 7 times with backoff (~250 s on a dead server). A dead or hung
+# server is caught first by a 5 s /health probe (`check_reachable`); the per-request read timeout stays
+# long enough for the MLflow artifact proxy to finish storing a large upload (a FLUX LoRA, or inline
+# full-model weights) after its last byte.
+MLFLOW_TIMEOUT_S, MLFLOW_RETRIES = 120, 2
 
 
 # ---------------------------------------------------------------------------------------- config
@@ -743,7 +747,8 @@ def create_version(client, name: str, source: str, run_id: str, tags: Mapping[st
     run `run_id`). The tags promotion relies on are computed here, never taken from the caller: the
     evaluation run link and its metrics (`metric.*`), the gate in force (`gate.at_registration`) and the
     model files' digest (`model.tree_sha256`, from `tree` when the caller is this process, else from the
-    downloaded source)."""
+    downloaded source: the code, MLmodel and a LoRA of up to a few hundred MB; full FLUX transformers
+    are registered with external weights, so only their checksum-pinned pointer is downloaded)."""
     import mlflow
 
     check_name(name)
