@@ -109,6 +109,9 @@ def _mlflow_request(path: str, body: dict | None = None) -> urllib.request.Reque
 
 
 def _check_mlflow(timeout_s: float) -> str | None:
+    from chunkgrpo.tracking import credentials_from_uri
+
+    credentials_from_uri()  # user:password in the URI -> MLFLOW_TRACKING_USERNAME/PASSWORD, never printed
     uri = os.environ.get("MLFLOW_TRACKING_URI", "")
     if not uri:
         return None  # tracking off (open_run says so)

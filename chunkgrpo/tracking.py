@@ -26,6 +26,8 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from chunkgrpo.errors import UserError
+
 log = logging.getLogger(__name__)
 
 PARENT_ENV = "CHUNKGRPO_MLFLOW_PARENT_RUN_ID"
@@ -36,7 +38,58 @@ _BATCH = 100  # MLflow accepts at most 100 params / 1000 metrics per log_batch
 
 def tracking_enabled() -> bool:
     """True when MLFLOW_TRACKING_URI is set (the only way tracking is switched on)."""
-    return bool(os.environ.get("MLFLOW_TRACKING_URI"))
+    if not os.environ.get("MLFLOW_TRACKING_URI"):
+        return False
+    credentials_from_uri()
+    return True
+
+
+def redact_uri(uri: str | None) -> str:
+    """`uri` without the user:password part (`http://u:pw@host/x` -> `http://***@host/x`): for printing."""
+    if not uri:
+        return str(uri)
+    from urllib.parse import urlsplit, urlunsplit
+
+    try:
+        parts = urlsplit(uri)
+    except ValueError:
+        return "<unparseable URI>"
+    if "@" not in parts.netloc:
+        return uri
+    return urlunsplit(parts._replace(netloc="***@" + parts.netloc.rsplit("@", 1)[1]))
+
+
+def credentials_from_uri() -> None:
+    """Move credentials embedded in $MLFLOW_TRACKING_URI (`http://user:pw@host`) into
+    MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD and strip them from the URI, so that nothing
+    MLflow or chunkgrpo prints (MLflow's "View run at <uri>" line, log lines, errors) contains them.
+    Both given and different -> UserError (which one is meant is not ours to guess)."""
+    uri = os.environ.get("MLFLOW_TRACKING_URI", "")
+    from urllib.parse import unquote, urlsplit, urlunsplit
+
+    try:
+        parts = urlsplit(uri)
+    except ValueError:
+        raise UserError(f"MLFLOW_TRACKING_URI {redact_uri(uri)!r} is not a valid URI") from None
+    if parts.scheme not in ("http", "https") or "@" not in parts.netloc:
+        return
+    userinfo, host = parts.netloc.rsplit("@", 1)
+    user, _, password = userinfo.partition(":")
+    user, password = unquote(user), unquote(password)
+    for key, value in (("MLFLOW_TRACKING_USERNAME", user), ("MLFLOW_TRACKING_PASSWORD", password)):
+        if value and os.environ.get(key) and os.environ[key] != value:
+            raise UserError(f"MLFLOW_TRACKING_URI {redact_uri(uri)!r} embeds credentials that differ from "
+                            f"${key}: give them once (preferably in MLFLOW_TRACKING_USERNAME/PASSWORD, from a Secret)")
+        if value:
+            os.environ[key] = value
+    os.environ["MLFLOW_TRACKING_URI"] = urlunsplit(parts._replace(netloc=host))
+    try:  # a tracking URI MLflow already resolved from the environment
+        import mlflow
+
+        if "@" in (mlflow.get_tracking_uri() or ""):
+            mlflow.set_tracking_uri(os.environ["MLFLOW_TRACKING_URI"])
+    except Exception:  # noqa: BLE001 - MLflow absent: nothing cached
+        pass
 
 
 def flatten(d: Mapping[str, Any], prefix: str = "", sep: str = ".") -> dict[str, Any]:
@@ -157,6 +210,7 @@ class MlflowTracker(NullTracker):
 def _client():
     from mlflow import MlflowClient
 
+    credentials_from_uri()
     return MlflowClient()
 
 
@@ -204,7 +258,8 @@ def start_pipeline_run(experiment: str, run_name: str, tags: Mapping[str, Any] |
     client = _client()
     with _run(client, _experiment_id(client, experiment), run_name,
               {"chunkgrpo.kind": "pipeline", **(tags or {})}, params=params) as run:
-        log.info("MLflow run %s (experiment %r) at %s", run.run_id, experiment, os.environ["MLFLOW_TRACKING_URI"])
+        log.info("MLflow run %s (experiment %r) at %s", run.run_id, experiment,
+                 redact_uri(os.environ["MLFLOW_TRACKING_URI"]))
         yield run
 
 
@@ -352,7 +407,7 @@ class BackgroundTracker(NullTracker):
         if not done:
             where = f"run {self.run_id} stays RUNNING" if self.run_id else "the run was never created"
             log.warning("MLflow at %s unreachable (%s): %d tracking calls not delivered, %s; the metrics are in "
-                        "%s", os.environ.get("MLFLOW_TRACKING_URI"), self.last_error or "no answer",
+                        "%s", redact_uri(os.environ.get("MLFLOW_TRACKING_URI")), self.last_error or "no answer",
                         left, where, self.kept_in)
         return done
 

@@ -10,13 +10,17 @@ at its first registration or by `--set-gate`), never a flag of this command, so 
 crown a worse model; values come from the versions' `metric.<name>` tags and must have been
 measured under the same eval protocol. `--metric` may only repeat the model's gate metric. The old
 champion becomes `previous`. Who/why/metrics are written as tags. Re-running is idempotent.
-`--force` skips the gate and is recorded. `--rollback` moves champion back to `previous`. Exit 0
+`--force` (skip the gate) and `--rollback` (champion back to `previous`) are reserved to the
+promoter identity, need `--why`, and are recorded with who/why/previous champion: `--history` shows
+the audit log. With $CHUNKGRPO_PROMOTER_URL set, a gated promotion is asked of the promoter service
+(`chunkgrpo.promoter`), which alone holds the rights to move `champion`. Exit 0
 also when the gate rejects (the decision is printed), unless `--strict`.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 
 NAME = "promote"
@@ -29,11 +33,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--version", help="model version to promote")
     g.add_argument("--rollback", action="store_true", help="move champion back to the previous version")
     g.add_argument("--set-gate", metavar="METRIC:max|min",
-                   help="record the gate metric and its direction on the registered model (logged)")
+                   help="promoter identity only: record the gate metric and direction of FUTURE versions "
+                        "(--margin sets its margin; audited, needs --why)")
+    g.add_argument("--history", action="store_true",
+                   help="print the audit log: gate changes, promotions, forced promotions, rollbacks")
     parser.add_argument("--metric", default=None,
                         help="assert the gate metric (must equal the model's gate.metric tag; default: that tag)")
     parser.add_argument("--margin", type=float, default=None, help="required improvement (default 0)")
-    parser.add_argument("--force", action="store_true", help="skip the gate (recorded as a tag)")
+    parser.add_argument("--force", action="store_true",
+                        help="promoter identity only, with --why: skip the gate "
+                             "(recorded: who, why, previous)")
     parser.add_argument("--why", default="", help="reason, stored as a tag")
     parser.add_argument("--who", default=None, help="actor recorded in tags (default: $CHUNKGRPO_USER or login)")
     parser.add_argument("--strict", action="store_true", help="exit 1 when the gate rejects the version")
@@ -50,8 +59,20 @@ def run(args: argparse.Namespace) -> int:
             raise UserError(f"--set-gate {args.set_gate!r}: expected METRIC:max or METRIC:min")
         if not args.why:
             raise UserError("--set-gate changes how every future promotion is judged: say why with --why")
-        set_gate(args.model, metric, direction, who=args.who, why=args.why)
-        print(f"{args.model}: gate = {metric} ({'higher' if direction == 'max' else 'lower'} is better)")
+        set_gate(args.model, metric, direction, margin=args.margin or 0.0, who=args.who, why=args.why)
+        print(f"{args.model}: gate = {metric} ({'higher' if direction == 'max' else 'lower'} is better, "
+              f"margin {args.margin or 0.0:g}) for versions registered from now on")
+        return 0
+    if args.history:
+        from chunkgrpo.registry import promotion_history
+
+        for e in promotion_history(args.model):
+            shown = ("at", "action", "version", "by", "identity", "why")
+            extra = {k: v for k, v in e.items() if k not in shown}
+            print(f"{e.get('at', '?')}  {e.get('action', '?'):9s} v{e.get('version', '-')}"
+                  f"  by {e.get('by', '?')}"
+                  f"{' (' + e['identity'] + ')' if e.get('identity') else ''}"
+                  f"{'  why: ' + e['why'] if e.get('why') else ''}  {json.dumps(extra, sort_keys=True)}")
         return 0
     if args.rollback:
         if args.force or args.metric or args.margin is not None:
@@ -60,6 +81,14 @@ def run(args: argparse.Namespace) -> int:
         return 0
     gate = GateConfig.from_dict({k: v for k, v in {"metric": args.metric, "margin": args.margin}.items()
                                  if v is not None})
-    res = promote(args.model, args.version, gate, force=args.force, who=args.who, why=args.why)
+    import os
+
+    if os.environ.get("CHUNKGRPO_PROMOTER_URL") and not args.force:
+        from chunkgrpo.promoter import request_promotion
+
+        res = request_promotion(os.environ["CHUNKGRPO_PROMOTER_URL"], args.model, args.version, gate,
+                                why=args.why)
+    else:
+        res = promote(args.model, args.version, gate, force=args.force, who=args.who, why=args.why)
     print(res.line())
     return 1 if (args.strict and res.action == "rejected") else 0

@@ -8,9 +8,13 @@
 also the recorded checkpoint URI). Tags: git sha, config hash, chunk plan, eval metrics
 (`metric.<name>`), checkpoint URI, base model, kind. The new version gets the alias `challenger`.
 A `--metrics` file written by `chunkgrpo evaluate` (format chunkgrpo.eval-metrics/v1) is recognised:
-its `<bench>.<metric>.trained` values become `metric.eval.<bench>.<metric>` and its eval protocol
-(preset, prompt counts, seeds, sampling) is recorded, so promotion compares like with like. The
-version is an MLflow pyfunc: `mlflow.pyfunc.load_model("models:/NAME/V")` generates images.
+its `mlflow_run_id` (the evaluation stage's run) is linked as tag `eval.run_id` and promotion trusts
+only that run's metrics, which the version's `metric.*` tags repeat (a file's numbers must agree with
+the run and are otherwise only logged on the registration run); its eval protocol (preset, prompt
+counts, seeds, sampling) is recorded, so promotion compares like with like. NaN, ±Infinity,
+non-numeric values or a non-object file are refused (exit 2). The version is an MLflow pyfunc:
+`chunkgrpo.registry.load_pyfunc("models:/NAME/V")` (verified) generates images. With
+$CHUNKGRPO_PROMOTER_URL set, the promoter service creates the version (pipeline users: READ only).
 `--gate-metric/--gate-direction` set the promotion gate of a NEW registered model only.
 """
 
@@ -42,6 +46,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gate-direction", choices=["max", "min"], default=None,
                         help="direction of --gate-metric for a new registered model (default: the metric's known one)")
     parser.add_argument("--eval-preset", default="", help="evaluation preset the --metrics file came from (protocol)")
+    parser.add_argument("--eval-run-id", default=None,
+                        help="the evaluation stage's MLflow run (default: the --metrics file's "
+                             "mlflow_run_id); "
+                             "promotion trusts only that run's metrics")
 
 
 def _read_json(path: str | None, what: str):
@@ -55,10 +63,12 @@ def _read_json(path: str | None, what: str):
 def check_model_name(name: str) -> None:
     """MLflow's registered-model name rules, checked before anything is uploaded."""
     from chunkgrpo.errors import UserError
+    from chunkgrpo.registry import check_name
 
-    if not name.strip() or any(c in name for c in "/:") or name != name.strip() or ".." in name.split("/"):
-        raise UserError(f"--name {name!r} is not a valid registered model name (non-empty, no '/' or ':', "
-                        "no leading/trailing spaces)")
+    try:
+        check_name(name)
+    except UserError as e:
+        raise UserError(f"--name: {e}") from None
     try:
         from mlflow.exceptions import MlflowException
         from mlflow.utils.validation import _validate_model_name
@@ -79,10 +89,19 @@ def run(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     check_model_name(args.name)  # before any upload or run is created
+    from chunkgrpo.errors import UserError
+    from chunkgrpo.registry import _flat_metrics
+
     metrics, plan = _read_json(args.metrics, "metrics"), _read_json(args.plan, "plan")
+    if metrics is not None and not isinstance(metrics, dict):
+        raise UserError(f"--metrics {args.metrics}: expected a JSON object (an evaluation's metrics.json), "
+                        f"got a JSON {type(metrics).__name__}")
     protocol = sampling = None
-    if isinstance(metrics, dict) and metrics.get("format", "").startswith("chunkgrpo.eval-metrics/"):
+    eval_run_id = args.eval_run_id
+    if isinstance(metrics, dict) and str(metrics.get("format", "")).startswith("chunkgrpo.eval-metrics/"):
+        eval_run_id = eval_run_id or metrics.get("mlflow_run_id") or None
         metrics, protocol, sampling = metrics_from_eval(metrics, args.eval_preset)
+    _flat_metrics(metrics, f"--metrics {args.metrics}")  # NaN/inf/non-numeric: one line, before any upload
     checkpoint = args.checkpoint_uri
     with tempfile.TemporaryDirectory(prefix="chunkgrpo-ckpt-") as tmp:
         model_dir = args.model_dir
@@ -98,6 +117,7 @@ def run(args: argparse.Namespace) -> int:
                             checkpoint_uri=checkpoint, metrics=metrics, plan=plan, git=args.git_sha,
                             cfg_hash=args.config_hash, include_weights=False if args.external_weights else None,
                             experiment=args.experiment, gate_metric=args.gate_metric,
-                            gate_direction=args.gate_direction, eval_protocol=protocol, sampling=sampling)
+                            gate_direction=args.gate_direction, eval_protocol=protocol, sampling=sampling,
+                            eval_run_id=eval_run_id)
     print(f"{rv.name} version {rv.version}{' (existing, same content)' if rv.reused else ''}: {rv.uri}  source {rv.source}")
     return 0

@@ -17,7 +17,8 @@ def check_gate(model_name: str, version: str, metric: str, margin: float) -> boo
     Args:
         model_name: registered model name.
         version: candidate version (from register).
-        metric: gate metric, a version tag `metric.<name>`; must be the model's gate.metric ('' = that one).
+        metric: gate metric ('' = the one recorded at the version's registration; only that or its CI bound);
+            values come from each version's evaluation run (tag eval.run_id), never from tags.
         margin: the candidate must beat the champion by more than this.
 
     Returns:
@@ -35,6 +36,8 @@ def check_gate(model_name: str, version: str, metric: str, margin: float) -> boo
 def promote(model_name: str, version: str, metric: str, margin: float, who: str, why: str,
             decision: Output[Markdown]) -> str:
     """Move the `champion` alias to `version` if it (still) passes the gate; old champion -> `previous`.
+    With $CHUNKGRPO_PROMOTER_URL set (a cluster with the promoter service), the promoter identity does
+    it and runs the gate; this step's credentials only read the registered model.
 
     Args:
         model_name: registered model name.
@@ -53,7 +56,15 @@ def promote(model_name: str, version: str, metric: str, margin: float, who: str,
     from chunkgrpo.registry import GateConfig
     from chunkgrpo.registry import promote as do_promote
 
-    res = do_promote(model_name, version, GateConfig(metric=metric, margin=margin), who=who, why=why)
+    import os
+
+    gate = GateConfig(metric=metric, margin=margin)
+    if os.environ.get("CHUNKGRPO_PROMOTER_URL"):  # the promoter identity moves champion (server-side gate)
+        from chunkgrpo.promoter import request_promotion
+
+        res = request_promotion(os.environ["CHUNKGRPO_PROMOTER_URL"], model_name, version, gate, why=why)
+    else:
+        res = do_promote(model_name, version, gate, who=who, why=why)
     Path(decision.path).write_text(f"# Promotion\n\n`{res.line()}`\n")
     decision.metadata.update({"action": res.action, "version": res.version, "previous": res.previous or ""})
     print(res.line())

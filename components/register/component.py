@@ -21,7 +21,9 @@ def register(model_name: str, experiment: str, run_id: str, parent_run_id: str, 
         run_id: KFP run id (version tag kfp.run_id).
         parent_run_id: MLflow parent run id; the registration run nests under it.
         model: model pointer from train / launch_trainjob (weights in S3).
-        eval_results: metrics.json from evaluate; `<bench>.<metric>.trained` -> version tag `metric.eval.<bench>.<metric>`.
+        eval_results: metrics.json from evaluate; its `mlflow_run_id` (the evaluate stage's run) becomes tag
+            eval.run_id, the only source promotion trusts; `<bench>.<metric>.trained` -> informational
+            version tag `metric.eval.<bench>.<metric>`.
         plan_json: chunk plan (version tag chunk_plan).
         gate_metric: promotion gate metric of a NEW registered model (an existing model keeps its own).
         gate_direction: max | min for gate_metric of a new registered model ('' = the metric's known direction).
@@ -39,7 +41,8 @@ def register(model_name: str, experiment: str, run_id: str, parent_run_id: str, 
     from chunkgrpo.store import ArtifactStore, read_pointer
 
     pointer = read_pointer(Path(model.path).read_text())
-    metrics, protocol, sampling = metrics_from_eval(json.loads(Path(eval_results.path).read_text()), eval_preset)
+    evaluation = json.loads(Path(eval_results.path).read_text())
+    metrics, protocol, sampling = metrics_from_eval(evaluation, eval_preset)
     plan = json.loads(Path(plan_json.path).read_text()) if Path(plan_json.path).exists() else None
     with tempfile.TemporaryDirectory(prefix="chunkgrpo-register-") as tmp:
         manifest = ArtifactStore().get_folder(pointer["uri"], tmp)
@@ -50,7 +53,8 @@ def register(model_name: str, experiment: str, run_id: str, parent_run_id: str, 
                             cfg_hash=pointer.get("config_hash", ""), experiment=experiment,
                             tags={"kfp.run_id": run_id, "method": pointer.get("method", "")},
                             gate_metric=gate_metric or None, gate_direction=gate_direction or None,
-                            eval_protocol=protocol, sampling=sampling)
+                            eval_protocol=protocol, sampling=sampling,
+                            eval_run_id=evaluation.get("mlflow_run_id") or None)  # the gate's only source
     info = {"name": rv.name, "version": rv.version, "uri": rv.uri, "source": rv.source,
             "run_id": rv.run_id or "", "reused": rv.reused, "checkpoint_uri": pointer["uri"]}
     Path(registered.path).write_text(json.dumps(info, indent=1))

@@ -1,4 +1,4 @@
-"""Single-node training inside the KFP task: `torchrun --standalone`, final model -> S3, pointer artifact."""
+"""Single-node training inside the KFP task: torchrun (rendezvous on 127.0.0.1), final model -> S3, pointer."""
 
 from kfp import dsl
 from kfp.dsl import Metrics, Model, Output
@@ -12,7 +12,8 @@ from components.images import RUNTIME_IMAGE
 def train(model: str, prompts: str, preset: str, method: str, chunks: str, max_iterations: int, nproc_per_node: int,
           overrides: list, artifact_root: str, run_id: str, experiment: str, parent_run_id: str,
           trained_model: Output[Model], metrics: Output[Metrics], reward_weights: dict = {}):  # noqa: B006
-    """GRPO fine-tuning with `torchrun --standalone --nproc_per_node=N -m chunkgrpo.train`.
+    """GRPO fine-tuning with `python -m chunkgrpo.torchrun_local --nproc-per-node=N -m chunkgrpo.train` (torchrun,
+    rendezvous store listening on 127.0.0.1 only).
 
     Args:
         model: base model (diffusers folder, s3:// folder artifact or cached hub id).
@@ -52,8 +53,10 @@ def train(model: str, prompts: str, preset: str, method: str, chunks: str, max_i
             f"checkpoint.s3_prefix={prefix}/checkpoints",  # a retried task resumes from here
             f"tracking.experiment={experiment}", f"tracking.parent_run_id={parent_run_id}",
             f"tracking.run_name=train-{run_id[:8]}"]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc_per_node}",
-           "-m", "chunkgrpo.train", "--config", preset, *args]
+    from chunkgrpo.torchrun_local import command
+
+    # torchrun on one node, rendezvous store on 127.0.0.1 only (--standalone listens on every interface)
+    cmd = command(nproc_per_node, "-m", "chunkgrpo.train", "--config", preset, *args)
     print("+ torchrun " + shlex.join(cmd[3:]), flush=True)
     from chunkgrpo.torchrun import run_torchrun
 

@@ -1,7 +1,9 @@
 """MLflow with the basic-auth app, as manifests/base/mlflow runs it: a real `mlflow server --app-name
 basic-auth` on 127.0.0.1 (sqlite tracking + auth DB, admin credentials from the environment as the
 Deployment takes them from Secret `mlflow-auth`). An unauthenticated request to move an alias is
-refused, so is a read-only user's; chunkgrpo's registry works with the pipeline's credentials."""
+refused, so is a read-only user's. The server-side gate: pipeline users hold READ on the registered model
+(MLflow lets EDIT move any alias), only the promoter identity moves `champion`, through the promoter
+service (`chunkgrpo.promoter`), which runs the gate."""
 
 from __future__ import annotations
 
@@ -18,6 +20,8 @@ from base64 import b64encode
 from pathlib import Path
 
 import pytest
+
+from tests.registry_helpers import eval_run
 
 pytestmark = pytest.mark.integration
 ADMIN, ADMIN_PW = "chunkgrpo-admin", "s3cret-" + uuid.uuid4().hex[:12]
@@ -101,7 +105,8 @@ def test_alias_moves_need_credentials_and_permission(auth_server, monkeypatch, t
     (lora / "pytorch_lora_weights.safetensors").write_bytes(b"\x01" * 2048)
     protocol = {"preset": "eval_tiny", "seed": 42}
     rv = register_model(name, lora, kind="lora", base_model="tiny-flux", metrics={"eval.hpdv2.hpsv3": 0.3},
-                        eval_protocol=protocol, experiment="auth-test")
+                        eval_protocol=protocol, experiment="auth-test",
+                        eval_run_id=eval_run({"hpdv2.hpsv3.trained": 0.3}))
     assert promote(name, rv.version, who="admin").action == "promoted"
 
     body = {"name": name, "alias": "champion", "version": rv.version}
@@ -122,3 +127,94 @@ def test_alias_moves_need_credentials_and_permission(auth_server, monkeypatch, t
     # health stays unauthenticated (the Deployment's probes)
     with urllib.request.urlopen(f"{url}/health", timeout=5) as r:
         assert r.status == 200
+
+
+def test_pipeline_users_cannot_move_champion_but_the_promoter_service_gates_for_them(auth_server, monkeypatch,
+                                                                                     tmp_path):
+    """#24.1: a pipeline user's direct `set_registered_model_alias` is refused by the server (403), while
+    `chunkgrpo promote` through the promoter service promotes a better version and rejects a worse one;
+    --force and --set-gate stay the promoter identity's."""
+    from mlflow import MlflowClient
+    from mlflow.server.auth.client import AuthServiceClient
+
+    from chunkgrpo.local_services import free_port
+    from chunkgrpo.registry import register_model
+
+    url = auth_server
+    _as(monkeypatch, url, ADMIN, ADMIN_PW)
+    users = AuthServiceClient(url)
+    promoter_pw, pipe_pw = "p-" + uuid.uuid4().hex[:12], "q-" + uuid.uuid4().hex[:12]
+    promoter, pipe = f"promoter-{uuid.uuid4().hex[:4]}", f"pipeline-{uuid.uuid4().hex[:4]}"
+    users.create_user(promoter, promoter_pw)
+    users.create_user(pipe, pipe_pw)
+    # the pipeline evaluates (its own experiment, its own runs) ...
+    _as(monkeypatch, url, pipe, pipe_pw)
+    good = eval_run({"hpdv2.hpsv3.trained": 0.5}, experiment=f"pipe-eval-{pipe}")
+    worse = eval_run({"hpdv2.hpsv3.trained": 0.3}, experiment=f"pipe-eval-{pipe}")
+    name = f"flux-gate-{uuid.uuid4().hex[:6]}"
+    port = free_port()
+    env = {**os.environ, "MLFLOW_TRACKING_URI": url, "MLFLOW_TRACKING_USERNAME": promoter,
+           "MLFLOW_TRACKING_PASSWORD": promoter_pw, "MLFLOW_DISABLE_TELEMETRY": "true"}
+    service = subprocess.Popen([sys.executable, "-m", "chunkgrpo.promoter", "--host", "127.0.0.1", "--port", str(port)],
+                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        promoter_url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"{promoter_url}/health", timeout=2):
+                    break
+            except (urllib.error.URLError, OSError):
+                assert service.poll() is None and time.monotonic() < deadline, "promoter did not start"
+                time.sleep(0.3)
+        # the pipeline registers through the promoter: it logs the MLflow model in its own run, the
+        # promoter identity creates the registered model (MANAGE as its creator) and the versions
+        monkeypatch.setenv("CHUNKGRPO_PROMOTER_URL", promoter_url)
+        versions = []
+        for i, run in enumerate((good, worse)):
+            d = tmp_path / f"lora{i}"
+            d.mkdir()
+            (d / "pytorch_lora_weights.safetensors").write_bytes(bytes([i + 1]) * 1024)
+            rv = register_model(name, d, kind="lora", base_model="tiny-flux", eval_run_id=run,
+                                eval_protocol={"preset": "eval_tiny"}, experiment=f"reg-{pipe}",
+                                tags={"metric.eval.hpdv2.hpsv3": "0.99", "eval.run_id": good})  # ignored
+            versions.append(rv.version)
+        monkeypatch.delenv("CHUNKGRPO_PROMOTER_URL")
+        v_good, v_worse = versions
+        tags = MlflowClient().get_model_version(name, v_worse).tags
+        assert tags["eval.run_id"] == worse and float(tags["metric.eval.hpdv2.hpsv3"]) == 0.3
+        assert tags["registered_by"] == pipe and len(tags["model.tree_sha256"]) == 64
+        assert MlflowClient().get_registered_model(name).tags["promoter"] == promoter
+        with pytest.raises(Exception, match="(?i)permission|403"):  # no version creation around the promoter
+            MlflowClient().create_model_version(name, source=MlflowClient().get_model_version(name, v_good).source,
+                                                run_id=MlflowClient().get_model_version(name, v_good).run_id)
+        # the pipeline user: may read, may not move champion itself (the server says no)
+        _as(monkeypatch, url, pipe, pipe_pw)
+        with pytest.raises(Exception, match="(?i)permission|403"):
+            MlflowClient().set_registered_model_alias(name, "champion", v_worse)
+        with pytest.raises(Exception, match="(?i)permission|403"):
+            MlflowClient().set_model_version_tag(name, v_worse, "eval.run_id", good)
+        assert "champion" not in MlflowClient().get_registered_model(name).aliases
+        # unauthenticated or wrong credentials at the promoter: refused
+        assert _post(promoter_url, "/promote", {"name": name, "version": v_worse}) == 403
+        assert _post(promoter_url, "/promote", {"name": name, "version": v_worse}, (pipe, "wrong")) == 403
+
+        def promote_cli(*args):
+            return subprocess.run([sys.executable, "-m", "chunkgrpo.cli", "promote", "--model", name, *args],
+                                  capture_output=True, text=True, timeout=120,
+                                  env={**os.environ, "CHUNKGRPO_PROMOTER_URL": promoter_url})
+
+        r = promote_cli("--version", v_good, "--why", "nightly")
+        assert r.returncode == 0 and "promoted" in r.stdout, r.stdout + r.stderr
+        r = promote_cli("--version", v_worse, "--why", "try")
+        assert r.returncode == 0 and "rejected" in r.stdout, r.stdout + r.stderr
+        for args in (["--version", v_worse, "--force", "--why", "x"], ["--rollback", "--why", "x"],
+                     ["--set-gate", "eval.other:max", "--why", "x"]):
+            r = promote_cli(*args)
+            assert r.returncode == 2 and "promoter identity" in r.stderr, (args, r.stderr)
+        mv = MlflowClient().get_model_version(name, v_good)
+        assert MlflowClient().get_registered_model(name).aliases["champion"] == v_good
+        assert mv.tags["promotion.by"] == pipe and mv.tags["promotion.identity"] == promoter
+    finally:
+        os.killpg(service.pid, signal.SIGTERM)
+        service.wait(timeout=30)

@@ -13,6 +13,7 @@ from chunkgrpo.registry import (
     MODEL_INFO, GateConfig, load_registered_model, promote, register_model, rollback,
 )
 from chunkgrpo.store import ArtifactStore
+from tests.registry_helpers import eval_run, eval_run_for
 
 pytestmark = pytest.mark.integration
 METRIC = "eval.hpdv2.hpsv3"
@@ -42,10 +43,11 @@ def _fake_lora(root, seed: int):
 
 
 def _register(name, tmp_path, seed: int, score: float, **kw):
+    run = eval_run_for({METRIC: score, "eval.clip": 0.2})  # promotion trusts only the evaluation run
     return register_model(name, _fake_lora(tmp_path / f"lora-{seed}", seed), kind="lora", base_model="tiny-flux",
                           metrics={"eval": {"hpdv2": {"hpsv3": score}}, "eval.clip": 0.2}, git="abc123",
                           cfg_hash="cfg0001", plan={"boundaries": [0, 4, 8, 16], "seed": seed},
-                          **{"eval_protocol": PROTOCOL, **kw})
+                          **{"eval_protocol": PROTOCOL, "eval_run_id": run, **kw})
 
 
 def test_register_promote_gate_rollback(services_env, tmp_path):
@@ -131,7 +133,7 @@ def test_register_promote_gate_rollback(services_env, tmp_path):
     assert _aliases(name)["champion"] == v2.version and "previous" not in _aliases(name)
     assert _tags(name, v3.version)["promotion.status"] == "rolled_back"
     with pytest.raises(UserError, match="nothing to roll back"):
-        rollback(name)
+        rollback(name, why="again")
     log = json.loads(_client().get_registered_model(name).tags["promotion.log"])
     assert [e["action"] for e in log] == ["set_gate", "promoted", "promoted", "rejected", "rejected", "rejected",
                                          "forced", "rollback"]
@@ -150,7 +152,9 @@ def test_cli_register_promote_and_external_weights(services_env, tmp_path, capsy
     (full / "transformer" / "config.json").write_text("{}")
     ckpt = store.uri(f"ckpts/{name}/step-5")
     store.put_folder(full, ckpt)
-    (tmp_path / "metrics.json").write_text(json.dumps({"eval": {"hpdv2": {"hpsv3": 0.4}}}))
+    (tmp_path / "metrics.json").write_text(json.dumps({  # an evaluation's metrics.json names its run
+        "format": "chunkgrpo.eval-metrics/v1", "metrics": {"hpdv2.hpsv3.trained": 0.4},
+        "mlflow_run_id": eval_run({"hpdv2.hpsv3.trained": 0.4})}))
     (tmp_path / "plan.json").write_text(json.dumps({"boundaries": [0, 10, 28]}))
     assert main(["register", "--model-dir", ckpt, "--name", name, "--base-model", "tiny-flux", "--kind", "full",
                  "--metrics", str(tmp_path / "metrics.json"), "--plan", str(tmp_path / "plan.json"),
@@ -164,7 +168,7 @@ def test_cli_register_promote_and_external_weights(services_env, tmp_path, capsy
     assert main(["promote", "--model", name, "--version", "1", "--why", "first"]) == 0
     assert "promoted" in capsys.readouterr().out
     assert _aliases(name)["champion"] == "1"
-    assert main(["promote", "--model", name, "--rollback"]) == 2  # no previous: one-line error
+    assert main(["promote", "--model", name, "--rollback", "--why", "x"]) == 2  # no previous: one-line error
     assert "nothing to roll back" in capsys.readouterr().err
     # --direction no longer exists: the direction is the registered model's
     with pytest.raises(SystemExit) as exc:
@@ -226,7 +230,7 @@ def test_registered_lora_loads_into_a_diffusers_pipeline(services_env, tmp_path,
     sampling = {"num_steps": 2, "trained_steps": 1, "height": 64, "width": 64, "guidance": 3.5,
                 "max_sequence_length": 32}
     rv = register_model(name, lora, kind="lora", base_model=str(tiny_model_dir), metrics={METRIC: 0.1},
-                        eval_protocol=PROTOCOL, sampling=sampling)
+                        eval_protocol=PROTOCOL, sampling=sampling, eval_run_id=eval_run_for({METRIC: 0.1}))
     promote(name, rv.version)
     loaded = load_pipeline(f"models:/{name}@champion")
     assert (load_registered_model(f"models:/{name}@champion", tmp_path / "m").path / MODEL_INFO).exists()
@@ -287,7 +291,7 @@ def test_registered_version_is_an_mlflow_pyfunc(services_env, tmp_path, tiny_mod
     sampling = {"num_steps": 3, "trained_steps": 2, "height": 64, "width": 64, "guidance": 3.5,
                 "max_sequence_length": 32}
     rv = register_model(name, lora, kind="lora", base_model=str(tiny_model_dir), metrics={METRIC: 0.2},
-                        eval_protocol=PROTOCOL, sampling=sampling)
+                        eval_protocol=PROTOCOL, sampling=sampling, eval_run_id=eval_run_for({METRIC: 0.2}))
     assert promote(name, rv.version).action == "promoted"
     model = mlflow.pyfunc.load_model(f"models:/{name}@champion")
     assert model.metadata.flavors["python_function"]["loader_module"] == "mlflow.pyfunc.loaders.code_model"  # no pickle

@@ -16,6 +16,7 @@ def test_register_locally(local_runner, text_artifact, tmp_path):
     from mlflow import MlflowClient
 
     from chunkgrpo.store import ArtifactStore, make_pointer
+    from tests.registry_helpers import eval_run
 
     lora = tmp_path / "final"
     lora.mkdir()
@@ -27,7 +28,8 @@ def test_register_locally(local_runner, text_artifact, tmp_path):
     pointer = make_pointer(uri, manifest.sha256, "lora", base_model="tiny", method="chunk")
     evaluation = {"format": "chunkgrpo.eval-metrics/v1", "metrics": {"hpdv2.brightness.trained": 0.6}, "seed": 42,
                   "config": {"scorers": ["brightness"]}, "sampling": {"num_steps": 4, "trained_steps": 2},
-                  "benchmarks": {"hpdv2": {"n_prompts": 8}}}
+                  "benchmarks": {"hpdv2": {"n_prompts": 8}},
+                  "mlflow_run_id": eval_run({"hpdv2.brightness.trained": 0.6})}  # the evaluate stage's run
     name = f"comp-register-{uuid.uuid4().hex[:6]}"
 
     @dsl.pipeline(name="register-local")
@@ -41,6 +43,7 @@ def test_register_locally(local_runner, text_artifact, tmp_path):
     c = MlflowClient()
     mv = c.get_model_version(name, version)
     assert float(mv.tags["metric.eval.hpdv2.brightness"]) == 0.6 and mv.tags["eval.protocol.sha256"]
+    assert mv.tags["eval.run_id"] == evaluation["mlflow_run_id"]  # promotion reads the metrics from that run
     assert json.loads(mv.tags["eval.protocol"])["preset"] == "eval_tiny"
     assert c.get_registered_model(name).tags["gate.direction"] == "max"
     assert [a.path for a in c.list_artifacts(mv.run_id, "model") if a.path.endswith("MLmodel")]  # an MLflow Model

@@ -46,7 +46,8 @@ def test_torchrun_command_and_pointer(monkeypatch, artifact):
     model, metrics = artifact("model.json"), artifact("metrics")
     train.python_func(trained_model=model, metrics=metrics, **_args())
     cmd = ran["cmd"]
-    assert cmd[1:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=8"]
+    assert cmd[1:3] == ["-m", "chunkgrpo.torchrun_local"] and "--standalone" not in cmd
+    assert "--master-addr=127.0.0.1" in cmd and "--rdzv-backend=static" in cmd and "--nproc-per-node=8" in cmd
     assert "rewards.0.options.weights=s3://bkt/models/MizzenAI/HPSv3" in cmd
     assert "rewards.0.options.processor=s3://bkt/models/Qwen/Qwen2-VL-7B-Instruct" in cmd
     assert "checkpoint.s3_prefix=s3://bkt/runs/run-1/train/checkpoints" in cmd  # a retry resumes from here

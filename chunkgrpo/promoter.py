@@ -1,0 +1,238 @@
+"""The promoter service: the one identity allowed to move `champion`, running the gate server-side.
+
+MLflow's basic-auth app checks EDIT on the registered model for `set_registered_model_alias` (not
+which version or which alias), so any identity that may edit the model may crown any version. The
+pipeline identities therefore get READ on the registered model only, and the **promoter identity**
+(its own Secret, MANAGE on the model, in a namespace the pipeline namespaces cannot read) moves
+aliases, through this small HTTP service:
+
+    chunkgrpo-promoter: python -m chunkgrpo.promoter --host 0.0.0.0 --port 8080
+        env: MLFLOW_TRACKING_URI, MLFLOW_TRACKING_USERNAME/PASSWORD = the promoter identity
+
+    POST /promote  {"name": ..., "version": ..., "metric": "", "margin": 0.0, "why": ...}
+    POST /versions {"name": ..., "source": <artifact URI of an MLflow model in the caller's run>,
+                    "run_id": ..., "eval_run_id": ..., "tags": {...}}
+        Authorization: Basic <the caller's MLflow credentials>
+
+Creating a version also needs EDIT on the registered model in MLflow (and EDIT moves aliases), so
+registration's privileged half runs here too (`chunkgrpo.registry.create_version`): the caller logs the
+MLflow model in its own run, the promoter creates the version and computes every tag promotion relies
+on (evaluation run link and metrics, gate at registration, model files' digest) itself.
+
+The caller is authenticated by MLflow itself (its credentials must read the registered model), the
+gate runs here with the registry's rules (`chunkgrpo.registry.promote`: trusted metrics from the
+evaluation run, the gate recorded at registration, the promotion lock), and the caller is recorded as
+`promotion.by`. The service never forces and never rolls back: those are actions of a person holding
+the promoter credentials (`chunkgrpo promote --force/--rollback --why ...`). `chunkgrpo promote` sends
+its request here when $CHUNKGRPO_PROMOTER_URL is set (`request_promotion`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import logging
+import os
+import threading
+import urllib.error
+import urllib.parse
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from chunkgrpo.errors import UserError
+
+log = logging.getLogger(__name__)
+_MAX_BODY = 64 * 1024
+_LOCK = threading.Lock()  # one promotion at a time in this process (the registry's lock spans processes)
+
+
+def _caller(header: str | None, name: str, path: str = "registered-models/get", key: str = "name") -> str:
+    """The MLflow user named by a Basic Authorization header, if MLflow accepts it and lets it read
+    `name` (a registered model, or with path="runs/get", key="run_id", a run)."""
+    if not header or not header.startswith("Basic "):
+        raise PermissionError("credentials required (HTTP Basic, the caller's MLflow user)")
+    try:
+        user = base64.b64decode(header[6:]).decode().split(":", 1)[0]
+    except (ValueError, UnicodeDecodeError):
+        raise PermissionError("malformed Authorization header") from None
+    uri = os.environ["MLFLOW_TRACKING_URI"].rstrip("/")
+    req = urllib.request.Request(
+        f"{uri}/api/2.0/mlflow/{path}?{urllib.parse.urlencode({key: name})}",
+        headers={"Authorization": header})
+    try:
+        with urllib.request.urlopen(req, timeout=10):
+            return user
+    except urllib.error.HTTPError as e:
+        raise PermissionError(f"MLflow refused {user!r} reading {name!r} (HTTP {e.code})") from None
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server_version = "chunkgrpo-promoter"
+
+    def log_message(self, fmt, *args):  # noqa: D401 - no credentials are in the request line
+        log.info("%s %s", self.address_string(), fmt % args)
+
+    def _answer(self, code: int, body: dict) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):  # noqa: N802
+        if self.path == "/health":
+            return self._answer(200, {"status": "ok"})
+        return self._answer(404, {"error": "not found"})
+
+    def do_POST(self):  # noqa: N802
+        from chunkgrpo.registry import GateConfig, promote
+
+        if self.path == "/versions":
+            return self._create_version()
+        if self.path != "/promote":
+            return self._answer(404, {"error": "not found"})
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+            if not 0 < length <= _MAX_BODY:
+                raise UserError(f"request body of {length} bytes (1..{_MAX_BODY})")
+            req = json.loads(self.rfile.read(length))
+            if not isinstance(req, dict) or not req.get("name") or not str(req.get("version", "")).isdigit():
+                raise UserError("expected {\"name\": ..., \"version\": N, \"why\": ...}")
+            who = _caller(self.headers.get("Authorization"), str(req["name"]))
+            gate = GateConfig(metric=str(req.get("metric") or ""), margin=float(req.get("margin") or 0.0))
+            with _LOCK:
+                res = promote(str(req["name"]), str(req["version"]), gate, who=who,
+                              why=str(req.get("why") or ""))
+        except PermissionError as e:
+            return self._answer(403, {"error": str(e)})
+        except (UserError, ValueError, TypeError) as e:
+            return self._answer(400, {"error": str(e)})
+        except Exception as e:  # noqa: BLE001 - answer, keep serving
+            log.exception("promotion failed")
+            return self._answer(500, {"error": f"{type(e).__name__}: {e}"})
+        return self._answer(200, {"action": res.action, "name": res.name, "version": res.version,
+                                  "previous": res.previous, "reason": res.reason})
+
+
+    def _read(self) -> dict:
+        length = int(self.headers.get("Content-Length") or 0)
+        if not 0 < length <= _MAX_BODY:
+            raise UserError(f"request body of {length} bytes (1..{_MAX_BODY})")
+        req = json.loads(self.rfile.read(length))
+        if not isinstance(req, dict):
+            raise UserError("expected a JSON object")
+        return req
+
+    def _create_version(self):
+        """A version of a registered model from an MLflow model the caller logged in its own run."""
+        from chunkgrpo.registry import _client, create_version
+
+        try:
+            req = self._read()
+            name, source, run_id = (str(req.get(k) or "") for k in ("name", "source", "run_id"))
+            if not (name and source and run_id):
+                raise UserError("expected {\"name\", \"source\", \"run_id\", \"tags\", \"eval_run_id\"}")
+            who = _caller(self.headers.get("Authorization"), run_id, "runs/get", "run_id")
+            client = _client()
+            run = client.get_run(run_id)
+            if not source.startswith(run.info.artifact_uri.rstrip("/") + "/"):
+                raise UserError(f"source {source!r} is not an artifact of run {run_id}")
+            tags = {str(k): str(v) for k, v in (req.get("tags") or {}).items()}
+            with _LOCK:
+                mv = create_version(client, name, source, run_id, {**tags, "registered_by": who},
+                                    eval_run_id=req.get("eval_run_id") or None,
+                                    gate_metric=req.get("gate_metric") or None,
+                                    gate_direction=req.get("gate_direction") or None,
+                                    challenger_alias=req.get("challenger_alias"))
+        except PermissionError as e:
+            return self._answer(403, {"error": str(e)})
+        except (UserError, ValueError, TypeError) as e:
+            return self._answer(400, {"error": str(e)})
+        except Exception as e:  # noqa: BLE001 - answer, keep serving
+            log.exception("version creation failed")
+            return self._answer(500, {"error": f"{type(e).__name__}: {e}"})
+        return self._answer(200, {"name": mv.name, "version": str(mv.version), "source": mv.source,
+                                  "run_id": mv.run_id, "tags": dict(mv.tags or {})})
+
+
+def serve(host: str, port: int) -> ThreadingHTTPServer:
+    """A started promoter server (.shutdown() stops it); this process's MLflow identity is the promoter's."""
+    from chunkgrpo.registry import _client, current_identity
+
+    _client()  # MLflow reachable, credentials out of the URI
+    if not current_identity():
+        log.warning("promoter started without MLFLOW_TRACKING_USERNAME: "
+                    "on a basic-auth MLflow it can move nothing")
+    server = ThreadingHTTPServer((host, port), _Handler)
+    threading.Thread(target=server.serve_forever, name="promoter", daemon=True).start()
+    return server
+
+
+def _call(url: str, path: str, body: dict) -> dict:
+    from chunkgrpo.tracking import credentials_from_uri, redact_uri
+
+    credentials_from_uri()
+    user = os.environ.get("MLFLOW_TRACKING_USERNAME", "")
+    password = os.environ.get("MLFLOW_TRACKING_PASSWORD", "")
+    req = urllib.request.Request(url.rstrip("/") + path, data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    if user:
+        req.add_header("Authorization", "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode())
+    try:
+        with urllib.request.urlopen(req, timeout=600) as r:
+            return json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        try:
+            reason = json.loads(e.read()).get("error", "")
+        except (ValueError, AttributeError):
+            reason = ""
+        raise UserError(f"the promoter at {redact_uri(url)} refused: {reason or f'HTTP {e.code}'}") from None
+    except (urllib.error.URLError, OSError) as e:
+        raise UserError(f"the promoter at {redact_uri(url)} is unreachable "
+                        f"({getattr(e, 'reason', e)})") from None
+
+
+def request_version(url: str, name: str, source: str, run_id: str, tags: dict, *, eval_run_id=None,
+                    gate_metric=None, gate_direction=None, challenger_alias="challenger"):
+    """Ask the promoter to create a version of `name` from the MLflow model at `source` (logged in this
+    identity's run `run_id`): the registry half a READ-only pipeline user cannot do itself."""
+    from types import SimpleNamespace
+
+    out = _call(url, "/versions", {"name": name, "source": source, "run_id": run_id, "tags": tags,
+                                    "eval_run_id": eval_run_id, "gate_metric": gate_metric,
+                                    "gate_direction": gate_direction, "challenger_alias": challenger_alias})
+    return SimpleNamespace(name=out["name"], version=out["version"], source=out["source"],
+                           run_id=out["run_id"], tags=out["tags"])
+
+
+def request_promotion(url: str, name: str, version: str, gate=None, why: str = ""):
+    """Ask the promoter service at `url` to promote `name` v`version` (as `chunkgrpo promote` does
+    when $CHUNKGRPO_PROMOTER_URL is set), authenticated with this process's MLflow credentials."""
+    from chunkgrpo.registry import PromotionResult
+
+    out = _call(url, "/promote", {"name": name, "version": str(version), "why": why,
+                                  "metric": getattr(gate, "metric", "") or "",
+                                  "margin": getattr(gate, "margin", 0.0)})
+    return PromotionResult(out["action"], out["name"], out["version"], out.get("previous"), out["reason"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m chunkgrpo.promoter", description=__doc__.splitlines()[0])
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8080)
+    a = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    server = serve(a.host, a.port)
+    try:
+        threading.Event().wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,64 @@
+"""#27: the local torchrun launch (components/train, `chunkgrpo.torchrun_local`) listens on 127.0.0.1 only;
+`torchrun --standalone` (what it replaced) listens on every interface."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from chunkgrpo.torchrun_local import command
+
+pytestmark = pytest.mark.integration
+WORKER = """
+import os, time, torch.distributed as dist
+dist.init_process_group("gloo")
+open(os.path.join(os.environ["READY_DIR"], os.environ["RANK"]), "w").close()
+while not os.path.exists(os.path.join(os.environ["READY_DIR"], "stop")):
+    time.sleep(0.1)
+dist.destroy_process_group()
+"""
+
+
+def _listening(cmd, tmp_path) -> set[tuple[str, int]]:
+    """Addresses the launcher and its 2 ranks listen on while the process group is up."""
+    import psutil
+
+    tmp_path.mkdir(parents=True)
+    (tmp_path / "w.py").write_text(WORKER)
+    ready = tmp_path / "ready"
+    ready.mkdir()
+    env = {**os.environ, "READY_DIR": str(ready), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([*cmd, str(tmp_path / "w.py")], env=env, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while not ((ready / "0").exists() and (ready / "1").exists()):
+            assert proc.poll() is None and time.monotonic() < deadline, "torchrun did not start its 2 ranks"
+            time.sleep(0.2)
+        agent = psutil.Process(proc.pid)
+        return {(c.laddr.ip, c.laddr.port) for p in [agent, *agent.children(recursive=True)]
+                for c in p.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN}
+    finally:
+        (ready / "stop").touch()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def test_local_torchrun_listens_on_loopback_only(tmp_path):
+    sockets = _listening(command(2), tmp_path / "local")
+    assert sockets and all(ip == "127.0.0.1" for ip, _ in sockets), sockets
+
+
+def test_standalone_would_listen_on_every_interface(tmp_path):
+    """The check above can fail: `--standalone` exposes the rendezvous store beyond loopback."""
+    sockets = _listening([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"],
+                         tmp_path / "standalone")
+    assert any(ip not in ("127.0.0.1", "::1") for ip, _ in sockets), sockets
