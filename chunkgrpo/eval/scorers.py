@@ -97,7 +97,7 @@ class ScorerConfig(Config):
     device: str = option("auto", "torch device: auto (cuda if available), cpu, cuda, cuda:1 ...")
     dtype: str = option("float32", "model dtype for pickscore/clip: float32, bfloat16, float16")
     batch_size: int = option(16, "images per forward pass (and per request to a worker)")
-    cache_dir: str | None = option(None, f"where s3:// weights are downloaded (default ${CACHE_ENV} or ~/.cache/chunkgrpo)")
+    cache_dir: str | None = option(None, f"where s3:// weights are downloaded (default ${CACHE_ENV}, else $CHUNKGRPO_CACHE, else ~/.cache/chunkgrpo)")
     multiplier: float = option(1.0, "clip only: multiply the cosine by this (1.0 = plain cosine, 100 = torchmetrics)")
     model_config: str | None = option(
         None, "hpsv2/hpsv2.1 only: an open_clip model-config JSON to build instead of ViT-H-14 (its file name "
@@ -164,7 +164,12 @@ def _check_pairs(images: Sequence, prompts: Sequence[str]) -> None:
 
 
 def _default_cache_dir() -> Path:
-    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "chunkgrpo")
+    """${CHUNKGRPO_CACHE_DIR} if set, else the store's download cache ($CHUNKGRPO_CACHE, which the pods point
+    at their `/cache` volume): scorer weights (HPSv3 alone is ~15 GiB) never land in `$HOME` (= `/tmp`
+    in the pods) when only CHUNKGRPO_CACHE is set."""
+    from chunkgrpo import store
+
+    return Path(os.environ[CACHE_ENV]) if os.environ.get(CACHE_ENV) else store.cache_root()
 
 
 def _s3_download(uri: str, dest: Path) -> None:

@@ -238,3 +238,16 @@ def test_s3_weights_through_chunkgrpo_store(monkeypatch, tiny_clip, tmp_path):
     assert (one / "HPS_v2.1_compressed.pt").is_file()
     with pytest.raises(UserError, match="nothing is stored under"):
         S.resolve_weights("s3://models/none", what="clip", cache_dir=str(tmp_path))
+
+
+def test_scorer_weights_follow_the_store_cache_when_only_chunkgrpo_cache_is_set(tmp_path, monkeypatch):
+    """Pods set CHUNKGRPO_CACHE to their /cache volume and HOME=/tmp: scorer weights (HPSv3 ~15 GiB) must
+    go to that volume, not to ~/.cache. CHUNKGRPO_CACHE_DIR, when set, still wins."""
+    from chunkgrpo.eval import scorers
+
+    monkeypatch.delenv(scorers.CACHE_ENV, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("CHUNKGRPO_CACHE", str(tmp_path / "volume"))
+    assert scorers._default_cache_dir() == tmp_path / "volume"
+    monkeypatch.setenv(scorers.CACHE_ENV, str(tmp_path / "explicit"))
+    assert scorers._default_cache_dir() == tmp_path / "explicit"
