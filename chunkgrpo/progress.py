@@ -53,6 +53,7 @@ class LineProgress(tqdm):
         self._every_s, self._every_pct = every_s, every_pct
         self._last_t: float | None = None
         self._last_n: float | None = None
+        self._last_postfix: str | None = None
         self._last_step = -1
         self._closing = False
         total = kwargs.get("total")
@@ -78,11 +79,11 @@ class LineProgress(tqdm):
         self.fp.write(str(self).strip() + "\n")
         self.fp.flush()
         self._last_t = now if now is not None else time.monotonic()
-        self._last_n, self._last_step = self.n, self._step()
+        self._last_n, self._last_step, self._last_postfix = self.n, self._step(), self.postfix
 
     def close(self):
         if not self.disable and not self._closing:
-            if self.n != self._last_n:
+            if self.n != self._last_n or self.postfix != self._last_postfix:  # the end, with the last postfix
                 self._emit()
             self._closing = True
         super().close()
