@@ -168,6 +168,8 @@ def measure(args) -> dict:
             rows.append({"policy": policy, "workload": workload, "alone_s": alone, "contended_s": busy,
                          "slowdown_median": statistics.median(ratios), "slowdown_worst": max(ratios),
                          "competitor_policy": args.competitor_policy or policy})
+            print(f"  {policy} {workload}: alone {base:.3f} s, slowdown {rows[-1]['slowdown_median']:.2f}× "
+                  f"(worst {rows[-1]['slowdown_worst']:.2f}×)", file=sys.stderr, flush=True)
     return {"rows": rows, "threads": args.threads, "competitor_threads": args.competitor_threads,
             "cores_available": len(os.sched_getaffinity(0)), "samples": args.samples}
 
