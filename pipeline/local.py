@@ -110,19 +110,19 @@ def prepare_inputs(home: Path) -> tuple[Path, Path]:
     """The pretrained toy model under `home` and its training prompt file: the copy shipped with the
     package (`chunkgrpo.toy.pretrained`) when it is the current default model, else `chunkgrpo toy-model`
     (content-hash cached: pretrained once, ≈ 5.5 minutes on 2 cores)."""
-    from chunkgrpo.toy.model import ToyModelConfig, build_toy_model, model_key, read_meta
+    from chunkgrpo.toy.model import build_toy_model, read_meta
+
+    from chunkgrpo.toy.pretrained import install, is_current
 
     model = home / "models" / "toy"
     meta = read_meta(model)
-    if meta is None or meta.get("key") != model_key(ToyModelConfig()):
-        from chunkgrpo.toy.pretrained import install
-
-        if meta is None and install(model):  # the pretrained copy shipped with the package (≈ 3 MB)
-            print(f"toy-world base model: the pretrained copy shipped with chunkgrpo -> {_rel(str(model))}", flush=True)
-        else:
-            print(f"building the toy-world base model in {_rel(str(model))} (one-time pretraining, cached) ...",
-                  flush=True)
-    build_toy_model(model)
+    if meta is None and install(model):  # the pretrained copy shipped with the package (≈ 3 MB)
+        print(f"toy-world base model: the pretrained copy shipped with chunkgrpo -> {_rel(str(model))}", flush=True)
+        meta = read_meta(model)
+    if not is_current(meta):  # absent or stale: pretrain (cached by content hash)
+        print(f"building the toy-world base model in {_rel(str(model))} (one-time pretraining, cached) ...",
+              flush=True)
+        build_toy_model(model)
     return model, model / read_meta(model)["files"]["train_prompts"]
 
 

@@ -11,10 +11,12 @@ project's own command (`chunkgrpo toy-model`, which records the config and the c
 gives other floating-point rounding, so the shipped copy is *the* reference build, not a bit-exact
 reproduction target; what must hold is that it is the model the current code would build:
 
-* `packaged()` returns the shipped folder only when its recorded key equals
-  `model_key(ToyModelConfig())` (the config and the source of `world.py` and `model.py`) and every
-  file matches `SHA256SUMS`; otherwise None, and the demo pretrains as before (a test fails while the
-  shipped copy is stale, so it is refreshed with the command above in the same change).
+* `packaged()` returns the shipped folder only when it is current (`is_current`: its recorded key is
+  `model_key` of the default `ToyModelConfig()` — the config and the source of `world.py` and
+  `model.py` — with, at most, another `threads`, the one field that changes only the floating-point
+  summation order, not what is learned) and every file matches `SHA256SUMS`; otherwise None, and the
+  demo pretrains as before (a test fails while the shipped copy is stale, so it is refreshed with the
+  command above in the same change).
 * `install(out)` copies it atomically (a temporary sibling, then one rename) and verifies the copy.
 """
 
@@ -75,6 +77,25 @@ def verify(folder: Path) -> str | None:
     return None
 
 
+RUNTIME_FIELDS = ("threads",)  # config fields that do not change the model (only float rounding)
+
+
+def is_current(meta: dict | None) -> bool:
+    """Whether a toy model folder's `toy_model.json` is the default model of the current code (up to
+    `RUNTIME_FIELDS`)."""
+    from chunkgrpo.toy.model import ToyModelConfig, model_key
+
+    if not meta or not isinstance(meta.get("config"), dict):
+        return False
+    default = ToyModelConfig().to_dict()
+    runtime = {k: meta["config"][k] for k in RUNTIME_FIELDS if k in meta["config"]}
+    try:
+        cfg = ToyModelConfig(**{**default, **runtime})
+    except (TypeError, UserError):
+        return False
+    return meta.get("key") == model_key(cfg)
+
+
 def packaged(folder: Path | None = None) -> Path | None:
     """The shipped toy model folder if it is the current default model and intact, else None."""
     from chunkgrpo.toy.model import ToyModelConfig, model_key, read_meta
@@ -83,7 +104,7 @@ def packaged(folder: Path | None = None) -> Path | None:
     meta = read_meta(folder)
     if meta is None:
         return None
-    if meta.get("key") != model_key(ToyModelConfig()):
+    if not is_current(meta):
         log.warning("the shipped toy model %s is stale (key %s, current %s); pretraining instead", folder,
                     meta.get("key"), model_key(ToyModelConfig()))
         return None
@@ -126,7 +147,7 @@ def ship(built: Path, dest: Path = PACKAGED) -> Path:
     meta = read_meta(built)
     if meta is None:
         raise UserError(f"{built} is not a toy model folder (no toy_model.json)")
-    if meta.get("key") != model_key(ToyModelConfig()):
+    if not is_current(meta):
         raise UserError(f"{built} was built with key {meta.get('key')}, the current default is "
                         f"{model_key(ToyModelConfig())}: rebuild it with `chunkgrpo toy-model --out {built}`")
     staging = Path(tempfile.mkdtemp(prefix=".pretrained-", dir=dest.parent))

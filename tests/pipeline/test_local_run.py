@@ -4,8 +4,8 @@ SUCCEEDED with a promoted model that beats the base on held-out toy-world accura
 base's own seed-to-seed spread; then the nightly benchmark (with the reduced toy ablation) runs on that
 champion.
 
-The real `train_and_evaluate` pipeline under kfp.local (SubprocessRunner): the toy base model pretrained
-by the command itself (`chunkgrpo.toy`), Chunk-GRPO with 2 torchrun processes on the exact GenEval
+The real `train_and_evaluate` pipeline under kfp.local (SubprocessRunner): the toy base model shipped with
+the package (`chunkgrpo.toy.pretrained`; pretrained by the command itself when no current copy ships), Chunk-GRPO with 2 torchrun processes on the exact GenEval
 reward, local SeaweedFS + MLflow started by the command itself; the clone's `.venv` reuses this
 environment's third-party packages but has the clone's own chunkgrpo installed (`tests/repo_copy.py`)."""
 
@@ -150,11 +150,12 @@ def test_the_pretrained_base_beats_the_random_init_model(clone_run, tmp_path):
     """The toy base model the main job pretrained (the full default pretraining) satisfies clearly more
     held-out captions than the same architecture with random weights, scored the same way."""
     from chunkgrpo.toy.model import ToyModelConfig, build_toy_model, read_meta
+    from chunkgrpo.toy.pretrained import is_current
 
     if clone_run["result"].returncode != 0:
         pytest.skip("the main job failed (reported by test_main_job_from_a_clone_succeeds_and_promotes)")
     meta = read_meta(clone_run["clone"] / ".chunkgrpo" / "models" / "toy")
-    assert meta["config"] == ToyModelConfig().to_dict()
+    assert is_current(meta)  # the default toy model (shipped with the package or pretrained by the command)
     rand = read_meta(build_toy_model(tmp_path / "random", ToyModelConfig(steps=0), cache_dir=tmp_path / "cache",
                                      progress=False))
     base, noise = meta["base_accuracy"], rand["base_accuracy"]

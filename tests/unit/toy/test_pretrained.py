@@ -14,14 +14,14 @@ from chunkgrpo.toy import pretrained
 from chunkgrpo.toy.model import META_FILE, ToyModelConfig, model_key, read_meta
 
 
-def _fake_model(folder: Path, key: str | None = None) -> Path:
+def _fake_model(folder: Path, key: str | None = None, **config) -> Path:
     """A folder shaped like a toy model (meta, weights, prompt files), without pretraining."""
+    cfg = ToyModelConfig(**config)
     (folder / "transformer").mkdir(parents=True)
     (folder / "transformer" / "diffusion_pytorch_model.safetensors").write_bytes(b"\x00weights" * 100)
     (folder / "toy").mkdir()
     (folder / "toy" / "train_prompts.txt").write_text("a red circle\n")
-    (folder / META_FILE).write_text(json.dumps({"key": key or model_key(ToyModelConfig()),
-                                                "config": ToyModelConfig().to_dict(),
+    (folder / META_FILE).write_text(json.dumps({"key": key or model_key(cfg), "config": cfg.to_dict(),
                                                 "files": {"train_prompts": "toy/train_prompts.txt"}}))
     return folder
 
@@ -53,6 +53,13 @@ def test_a_stale_or_damaged_copy_is_not_used(tmp_path):
     assert "extra.bin" in pretrained.verify(damaged)
 
 
+def test_current_means_the_default_config_up_to_the_thread_count(tmp_path):
+    assert pretrained.is_current(read_meta(_fake_model(tmp_path / "a", threads=1)))
+    assert not pretrained.is_current(read_meta(_fake_model(tmp_path / "b", steps=10)))  # another model
+    assert not pretrained.is_current(read_meta(_fake_model(tmp_path / "c", key="0123456789abcdef")))  # other code
+    assert not pretrained.is_current(None) and not pretrained.is_current({"key": "x"})
+
+
 def test_ship_refuses_a_model_of_another_config_and_install_an_unrelated_folder(tmp_path):
     with pytest.raises(UserError, match="current default"):
         pretrained.ship(_fake_model(tmp_path / "old", key="feedfacefeedface"), tmp_path / "pkg")
@@ -70,7 +77,7 @@ def test_the_shipped_copy_is_the_current_default_model():
     (`python -m chunkgrpo.toy.pretrained --from <a folder built by chunkgrpo toy-model>`)."""
     if read_meta(pretrained.PACKAGED) is None:
         pytest.skip("no toy model shipped in this checkout (chunkgrpo/toy/pretrained)")
-    assert read_meta(pretrained.PACKAGED)["key"] == model_key(ToyModelConfig())
+    assert pretrained.is_current(read_meta(pretrained.PACKAGED))
     assert pretrained.verify(pretrained.PACKAGED) is None
 
 
