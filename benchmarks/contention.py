@@ -40,7 +40,7 @@ def policy_env(policy: str, threads: int) -> dict:
     env.update({"CHUNKGRPO_THREAD_POLICY": policy, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1",
                 "TRANSFORMERS_VERBOSITY": "error", "CHUNKGRPO_PROGRESS": "off"})
     if policy == "legacy":
-        env["OMP_NUM_THREADS"] = str(threads)  # the old code set threads per job; waits spin (libgomp default)
+        env["OMP_NUM_THREADS"] = str(threads)  # threads set per job; waits spin (libgomp's default)
     else:
         env["CHUNKGRPO_THREADS"] = str(threads)
     return env
@@ -75,7 +75,8 @@ def worker_step(samples: int, threads: int) -> list[float]:
         model = build_tiny_flux(tmp / "model", seed=0)
         prompts = tmp / "p.txt"
         prompts.write_text("a red apple\na blue car\na cat on a chair\nthree balloons\n")
-        cfg = TrainConfig.load("tiny_cpu", [f"model={model}", f"prompts={prompts}", f"output_dir={tmp / 'run'}",
+        cfg = TrainConfig.load("tiny_cpu", [f"model={model}", f"prompts={prompts}",
+                                            f"output_dir={tmp / 'run'}",
                                             "progress=false", "checkpoint.every=0", "checkpoint.resume=false",
                                             "tracking.image_every=0", f"max_steps={10**6}"])
         t = Trainer(cfg)
@@ -92,7 +93,8 @@ def worker_step(samples: int, threads: int) -> list[float]:
 
 
 def worker_pretrain(samples: int, threads: int, steps: int) -> list[float]:
-    """Seconds per `steps` pretraining optimizer steps of the default toy model (data preparation excluded)."""
+    """Seconds per `steps` pretraining optimizer steps of the default toy model (data preparation
+    excluded)."""
     import tempfile
 
     _worker_setup(threads)
@@ -129,7 +131,8 @@ def worker_competitor(threads: int) -> None:
 def _run_worker(workload: str, policy: str, args) -> list[float]:
     cmd = [sys.executable, __file__, "--worker", workload, "--samples", str(args.samples),
            "--threads", str(args.threads), "--pretrain-steps", str(args.pretrain_steps)]
-    r = subprocess.run(cmd, capture_output=True, text=True, env=policy_env(policy, args.threads), timeout=args.timeout)
+    r = subprocess.run(cmd, capture_output=True, text=True, env=policy_env(policy, args.threads),
+                       timeout=args.timeout)
     if r.returncode != 0:
         raise RuntimeError(f"{workload} worker ({policy}) failed:\n{r.stderr[-3000:]}")
     return json.loads(r.stdout.strip().splitlines()[-1])
@@ -184,7 +187,8 @@ def _uptime() -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workloads", default=",".join(WORKLOADS), help="comma list: step, pretrain")
-    ap.add_argument("--policies", default=",".join(POLICIES), help="comma list: legacy (before), passive (after)")
+    ap.add_argument("--policies", default=",".join(POLICIES),
+                    help="comma list: legacy (before), passive (after)")
     ap.add_argument("--competitor-policy", default="", choices=["", *POLICIES],
                     help="the competitor's policy (default: the measured job's)")
     ap.add_argument("--samples", type=int, default=5, help="timed units per run")
@@ -200,7 +204,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.worker:
         fn = {"step": lambda: worker_step(args.samples, args.threads),
-              "pretrain": lambda: worker_pretrain(args.samples, args.threads, args.pretrain_steps)}[args.worker]
+              "pretrain": lambda: worker_pretrain(args.samples, args.threads, args.pretrain_steps),
+              }[args.worker]
         print(json.dumps(fn()))
         return 0
     args.workloads = [w for w in args.workloads.split(",") if w]
@@ -208,18 +213,22 @@ def main(argv: list[str] | None = None) -> int:
     for name, values, known in (("workload", args.workloads, WORKLOADS), ("policy", args.policies, POLICIES)):
         bad = [v for v in values if v not in known]
         if bad:
-            print(f"contention: error: unknown {name} {bad[0]!r} (known: {', '.join(known)})", file=sys.stderr)
+            print(f"contention: error: unknown {name} {bad[0]!r} (known: {', '.join(known)})",
+                  file=sys.stderr)
             return 2
     before = _uptime()
     t0 = time.perf_counter()
     res = measure(args)
-    res.update({"uptime_before": before, "uptime_after": _uptime(), "wall_s": round(time.perf_counter() - t0, 1)})
+    res.update({"uptime_before": before, "uptime_after": _uptime(),
+                "wall_s": round(time.perf_counter() - t0, 1)})
     print(f"contention: {args.threads}-thread job beside a {args.competitor_threads}-thread torch job, "
           f"{res['cores_available']} cores available")
-    print(f"{'policy':<8} {'workload':<9} {'alone (median)':>15} {'contended':>10} {'slowdown':>9} {'worst':>7}")
+    print(f"{'policy':<8} {'workload':<9} {'alone (median)':>15} {'contended':>10} {'slowdown':>9} "
+          f"{'worst':>7}")
     for r in res["rows"]:
         print(f"{r['policy']:<8} {r['workload']:<9} {statistics.median(r['alone_s']):>13.3f} s "
-              f"{statistics.median(r['contended_s']):>8.3f} s {r['slowdown_median']:>8.2f}× {r['slowdown_worst']:>6.2f}×")
+              f"{statistics.median(r['contended_s']):>8.3f} s {r['slowdown_median']:>8.2f}× "
+              f"{r['slowdown_worst']:>6.2f}×")
     print(f"load before: {before}\nload after:  {res['uptime_after']}")
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1))

@@ -39,7 +39,8 @@ POLICIES = ("passive", "legacy")
 
 def policy(environ=None) -> str:
     """`passive` (default) or `legacy`; ValueError naming a bad $CHUNKGRPO_THREAD_POLICY."""
-    value = (environ if environ is not None else os.environ).get(ENV_POLICY, "passive").strip().lower() or "passive"
+    env = environ if environ is not None else os.environ
+    value = env.get(ENV_POLICY, "passive").strip().lower() or "passive"
     if value not in POLICIES:
         raise ValueError(f"{ENV_POLICY}={value!r} must be one of {', '.join(POLICIES)}")
     return value
@@ -128,5 +129,6 @@ def describe() -> str:
     """One line for logs and benchmark output."""
     import torch
 
-    return (f"threads policy={policy()} torch_threads={torch.get_num_threads()} cores_available={available_cores()} "
+    return (f"threads policy={policy()} torch_threads={torch.get_num_threads()} "
+            f"cores_available={available_cores()} "
             f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', '(unset)')}")

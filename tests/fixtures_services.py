@@ -7,13 +7,14 @@
     def test_y(services_env):        # the same, with services.env applied to os.environ for the test
 
 Servers are stopped at the end of the session, also when tests fail (context manager + atexit), on a
-pytest-timeout and when the session gets SIGTERM (tests/conftest.py turns it into KeyboardInterrupt, so
-every fixture's teardown runs).
+pytest-timeout and when the session gets SIGTERM (this plugin's `pytest_configure` turns it into
+KeyboardInterrupt, so every fixture's teardown runs).
 
 A test that runs a whole `chunkgrpo pipeline run --local` command (which starts its own servers):
 
     with services_stopped_after(home / ".chunkgrpo" / "local", s3, mlflow) as svc:
-        r = run_command(f"chunkgrpo pipeline run --local --s3-port {s3} --mlflow-port {mlflow} --keep-services",
+        r = run_command(f"chunkgrpo pipeline run --local --s3-port {s3} --mlflow-port {mlflow} "
+                        "--keep-services",
                         cwd=..., env=..., timeout=3600)
         ...                          # the servers stay up for the test; stopped on leaving the block
 
@@ -114,7 +115,8 @@ def services_stopped_after(home: str | Path, s3_port: int, mlflow_port: int):
 
 
 def stop_process_group(proc: subprocess.Popen, grace_s: float = STOP_GRACE_S) -> None:
-    """SIGTERM to `proc`'s process group (its own: started with start_new_session), SIGKILL after `grace_s`."""
+    """SIGTERM to `proc`'s process group (its own: started with start_new_session), SIGKILL after
+    `grace_s`."""
     for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, sig)

@@ -163,7 +163,8 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
 
     ap = argparse.ArgumentParser(description="Refresh the toy model shipped in chunkgrpo/toy/pretrained")
-    ap.add_argument("--from", dest="built", required=True, help="a folder built by `chunkgrpo toy-model --out DIR`")
+    ap.add_argument("--from", dest="built", required=True,
+                    help="a folder built by `chunkgrpo toy-model --out DIR`")
     args = ap.parse_args(argv)
     try:
         dest = ship(Path(args.built))

@@ -44,8 +44,8 @@ def _wait_for(pred, timeout_s: float, what: str) -> None:
 
 
 def _command(home: Path, s3: int, mlflow: int) -> list[str]:
-    return [sys.executable, "-m", "chunkgrpo", "pipeline", "run", "--local", "--demo", "tiny", "--home", str(home),
-            "--s3-port", str(s3), "--mlflow-port", str(mlflow)]
+    return [sys.executable, "-m", "chunkgrpo", "pipeline", "run", "--local", "--demo", "tiny",
+            "--home", str(home), "--s3-port", str(s3), "--mlflow-port", str(mlflow)]
 
 
 def _tree(pid: int) -> list:
@@ -94,7 +94,8 @@ def test_sigterm_stops_the_running_task_and_the_services_like_ctrl_c(tmp_path):
         assert "chunkgrpo pipeline: interrupted" in err.read_text()
         _wait_for(lambda: not _alive(tree), 30, f"the run's processes to end: {_alive(tree)}")
         assert not _listening(s3) and not _listening(mlflow)
-        status = LocalServices(LocalServicesConfig(home=str(home / "local"), s3_port=s3, mlflow_port=mlflow)).status()
+        cfg = LocalServicesConfig(home=str(home / "local"), s3_port=s3, mlflow_port=mlflow)
+        status = LocalServices(cfg).status()
         assert {s.state for s in status.values()} == {"stopped"}, status
     finally:  # whatever the outcome, nothing of this test stays behind
         if proc.poll() is None:
@@ -120,12 +121,14 @@ def test_a_fixture_whose_pipeline_times_out_leaves_no_server_behind(tmp_path):
     main = threading.get_ident()
 
     def time_out_when_running():
-        """Once the servers answer, snapshot the command's processes and raise the timeout in the main thread."""
+        """Once the servers answer, snapshot the command's processes, then raise the timeout in the main
+        thread."""
         try:
             _wait_for(lambda: _listening(s3) and _listening(mlflow), 900, "the servers")
             time.sleep(2)
             me = psutil.Process()
-            seen.extend(p for p in psutil.process_iter() if p.pid != me.pid and str(home) in " ".join(_cmdline(p)))
+            seen.extend(p for p in psutil.process_iter()
+                        if p.pid != me.pid and str(home) in " ".join(_cmdline(p)))
             for p in list(seen):
                 seen.extend(_tree(p.pid)[1:])
             names.extend(" ".join(_cmdline(p)) for p in seen)
@@ -144,7 +147,8 @@ def test_a_fixture_whose_pipeline_times_out_leaves_no_server_behind(tmp_path):
         signal.signal(signal.SIGALRM, previous)
         watcher.join(timeout=60)
     seen_names = " ".join(names)
-    assert all(w in seen_names for w in ("weed", "mlflow", "pipeline run --local")), seen_names  # the snapshot saw them
+    # the snapshot saw them all
+    assert all(w in seen_names for w in ("weed", "mlflow", "pipeline run --local")), seen_names
     _wait_for(lambda: not _alive(seen), 30, f"the processes to end: {_alive(seen)}")
     assert not _listening(s3) and not _listening(mlflow)
 

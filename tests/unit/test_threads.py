@@ -25,9 +25,10 @@ def test_importing_chunkgrpo_sets_the_passive_wait_policy_before_torch_loads():
     r = _py("import chunkgrpo, os, sys; print(os.environ.get('OMP_WAIT_POLICY'), 'torch' in sys.modules)")
     assert r.stdout.split() == ["PASSIVE", "False"], r.stderr
     # the user's own choice is kept; the legacy policy (for before/after measurements) sets nothing
-    assert _py("import chunkgrpo, os; print(os.environ['OMP_WAIT_POLICY'])", OMP_WAIT_POLICY="ACTIVE").stdout.strip() \
-        == "ACTIVE"
-    r = _py("import chunkgrpo, os; print(os.environ.get('OMP_WAIT_POLICY'))", CHUNKGRPO_THREAD_POLICY="legacy")
+    kept = _py("import chunkgrpo, os; print(os.environ['OMP_WAIT_POLICY'])", OMP_WAIT_POLICY="ACTIVE")
+    assert kept.stdout.strip() == "ACTIVE"
+    r = _py("import chunkgrpo, os; print(os.environ.get('OMP_WAIT_POLICY'))",
+            CHUNKGRPO_THREAD_POLICY="legacy")
     assert r.stdout.strip() == "None"
 
 
@@ -55,18 +56,20 @@ def test_available_cores_is_the_affinity_mask_not_the_machine():
 
 
 def test_configure_applies_the_override_before_and_after_torch_loads():
-    before = _py("from chunkgrpo import threads; threads.configure(); import torch; print(torch.get_num_threads())",
-                 CHUNKGRPO_THREADS="1")
-    after = _py("import torch; from chunkgrpo import threads; threads.configure(); print(torch.get_num_threads())",
-                CHUNKGRPO_THREADS="1")
+    before = _py("from chunkgrpo import threads; threads.configure(); import torch; "
+                 "print(torch.get_num_threads())", CHUNKGRPO_THREADS="1")
+    after = _py("import torch; from chunkgrpo import threads; threads.configure(); "
+                "print(torch.get_num_threads())", CHUNKGRPO_THREADS="1")
     assert before.stdout.strip() == after.stdout.strip() == "1", (before.stderr, after.stderr)
 
 
 @pytest.mark.parametrize("env, bad", [({"CHUNKGRPO_THREADS": "two"}, "CHUNKGRPO_THREADS='two'"),
                                       ({"CHUNKGRPO_THREADS": "-1"}, "CHUNKGRPO_THREADS='-1'"),
-                                      ({"CHUNKGRPO_THREAD_POLICY": "spin"}, "CHUNKGRPO_THREAD_POLICY='spin'")])
+                                      ({"CHUNKGRPO_THREAD_POLICY": "spin"},
+                                       "CHUNKGRPO_THREAD_POLICY='spin'")])
 def test_a_bad_setting_is_one_line_exit_2(env, bad):
-    r = subprocess.run([sys.executable, "-m", "chunkgrpo", "local", "status", "--home", "/nonexistent-chunkgrpo"],
-                       capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT), **env})
+    r = subprocess.run([sys.executable, "-m", "chunkgrpo", "local", "status", "--home", "/nonexistent-x"],
+                       capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": str(ROOT), **env})
     assert r.returncode == 2, (r.stdout, r.stderr)
     assert r.stderr.strip().count("\n") == 0 and bad in r.stderr and "Traceback" not in r.stderr

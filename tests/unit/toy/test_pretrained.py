@@ -56,7 +56,8 @@ def test_a_stale_or_damaged_copy_is_not_used(tmp_path):
 def test_current_means_the_default_config_up_to_the_thread_count(tmp_path):
     assert pretrained.is_current(read_meta(_fake_model(tmp_path / "a", threads=1)))
     assert not pretrained.is_current(read_meta(_fake_model(tmp_path / "b", steps=10)))  # another model
-    assert not pretrained.is_current(read_meta(_fake_model(tmp_path / "c", key="0123456789abcdef")))  # other code
+    other_code = _fake_model(tmp_path / "c", key="0123456789abcdef")
+    assert not pretrained.is_current(read_meta(other_code))
     assert not pretrained.is_current(None) and not pretrained.is_current({"key": "x"})
 
 
@@ -87,7 +88,8 @@ def test_the_demo_uses_the_shipped_copy_instead_of_pretraining(tmp_path, monkeyp
 
     shipped = pretrained.ship(_fake_model(tmp_path / "built"), tmp_path / "pkg")
     monkeypatch.setattr(pretrained, "PACKAGED", shipped)
-    monkeypatch.setattr(toy_model, "_build", lambda *a, **k: pytest.fail("pretrained although a copy is shipped"))
+    monkeypatch.setattr(toy_model, "_build",
+                        lambda *a, **k: pytest.fail("pretrained although a copy is shipped"))
     model, prompts = prepare_inputs(tmp_path / "home")
     assert model == tmp_path / "home" / "models" / "toy" and prompts.read_text() == "a red circle\n"
     assert "shipped with chunkgrpo" in capsys.readouterr().out
