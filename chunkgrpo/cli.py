@@ -13,7 +13,7 @@ import os
 import pkgutil
 import sys
 
-from chunkgrpo import __version__
+from chunkgrpo import __version__, threads
 from chunkgrpo.errors import Terminated, UserError, print_user_error
 
 
@@ -79,6 +79,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not getattr(args, "_run", None):
         parser.print_help()
+        return 2
+    try:  # the thread policy (chunkgrpo.threads) before any command loads torch
+        threads.configure()
+    except ValueError as e:
+        print_user_error(f"chunkgrpo {args.command}: error: {e}")
         return 2
     try:
         rc = args._run(args)

@@ -21,11 +21,11 @@ from pathlib import Path
 from typing import Literal
 
 import torch
-from tqdm import tqdm
 
 from chunkgrpo.config import Config, option
 from chunkgrpo.errors import UserError
 from chunkgrpo.objectives import l1rel
+from chunkgrpo.progress import progress_bar
 from chunkgrpo.rollout import SamplingConfig, rollout_group
 
 
@@ -68,7 +68,7 @@ def profile_model(model, prompts: list[str], cfg: ProfileConfig, progress: bool 
     timesteps = s.timesteps(sigmas)
     kinds = {"ode": s.replace(stochastic="none"), "sde": s}
     runs: dict[str, list] = {k: [] for k in kinds}
-    bar = tqdm(total=cfg.seeds * len(cond_all) * len(kinds), desc="profile", disable=not progress)
+    bar = progress_bar(total=cfg.seeds * len(cond_all) * len(kinds), desc="profile", disable=not progress)
     for seed in range(cfg.seeds):
         for bi, cond in enumerate(cond_all):
             for kind, sampling in kinds.items():  # the same generator seed: same initial noise for both

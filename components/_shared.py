@@ -28,6 +28,9 @@ def stage_env(parent_run_id: str) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    from chunkgrpo import threads
+
+    threads.configure()  # torch threads capped at the task's cores; its children wait passively
     if parent_run_id:
         os.environ["CHUNKGRPO_MLFLOW_PARENT_RUN_ID"] = parent_run_id
 

@@ -88,6 +88,7 @@ class LocalRun:
     mlflow_url: str = ""   # UI URL of the pipeline's MLflow parent run
     log_path: Path | None = None  # everything the tasks and kfp printed
     pod_report: list | None = None  # --pod-faithful: per task, bytes used per volume and its scaled limit
+    stages: dict = dataclasses.field(default_factory=dict)  # stage -> seconds (services, model, tasks, total)
 
     @property
     def mlflow_run_id(self) -> str:
@@ -110,15 +111,22 @@ def prepare_tiny_inputs(home: Path) -> tuple[Path, Path]:
 
 
 def prepare_inputs(home: Path) -> tuple[Path, Path]:
-    """The pretrained toy model (`chunkgrpo toy-model`, content-hash cached: pretrained once, a few
-    minutes on 2 cores) under `home`, and its training prompt file."""
-    from chunkgrpo.toy.model import ToyModelConfig, build_toy_model, model_key, read_meta
+    """The pretrained toy model under `home` and its training prompt file: the copy shipped with the
+    package (`chunkgrpo.toy.pretrained`) when it is the current default model, else `chunkgrpo toy-model`
+    (content-hash cached: pretrained once, ≈ 5.5 minutes on 2 cores)."""
+    from chunkgrpo.toy.model import build_toy_model, read_meta
+
+    from chunkgrpo.toy.pretrained import install, is_current
 
     model = home / "models" / "toy"
     meta = read_meta(model)
-    if meta is None or meta.get("key") != model_key(ToyModelConfig()):
-        print(f"building the toy-world base model in {_rel(str(model))} (one-time pretraining, cached) ...", flush=True)
-    build_toy_model(model)
+    if meta is None and install(model):  # the pretrained copy shipped with the package (≈ 3 MB)
+        print(f"toy-world base model: the pretrained copy shipped with chunkgrpo -> {_rel(str(model))}", flush=True)
+        meta = read_meta(model)
+    if not is_current(meta):  # absent or stale: pretrain (cached by content hash)
+        print(f"building the toy-world base model in {_rel(str(model))} (one-time pretraining, cached) ...",
+              flush=True)
+        build_toy_model(model)
     return model, model / read_meta(model)["files"]["train_prompts"]
 
 
@@ -218,6 +226,7 @@ class _ConsoleLog(io.TextIOBase):
         self._log, self._console, self._verbose = log, console, verbose
         self._buf = ""
         self._started: dict[str, float] = {}
+        self.took: dict[str, float] = {}  # task -> seconds, in finishing order
 
     def writable(self) -> bool:
         return True
@@ -237,13 +246,16 @@ class _ConsoleLog(io.TextIOBase):
         self._console.flush()
 
     def _progress(self, line: str) -> None:
+        if m := _TASK_START.search(line):
+            self._started[m.group(1)] = time.perf_counter()
+        elif m := _TASK_END.search(line):
+            self.took[m.group(1)] = time.perf_counter() - self._started.get(m.group(1), time.perf_counter())
         if self._verbose:
             return
         if m := _TASK_START.search(line):
-            self._started[m.group(1)] = time.perf_counter()
             self._console.write(f"  {m.group(1)} ...\n")
         elif m := _TASK_END.search(line):
-            took = time.perf_counter() - self._started.get(m.group(1), time.perf_counter())
+            took = self.took[m.group(1)]
             word = "done" if m.group(2) == "SUCCESS" else m.group(2).lower()
             self._console.write(f"  {m.group(1)}: {word} ({took:.0f} s)\n")
         else:
@@ -312,12 +324,22 @@ def run_local(pipeline: str = "train_and_evaluate", params: dict | None = None, 
             raise UserError(f"-p {e}") from None
     home = Path(home).resolve()
     home.mkdir(parents=True, exist_ok=True)
+    t_start = time.perf_counter()
+    stages: dict[str, float] = {}  # where the wall time went: printed by summary_lines
+    restore_sigterm = _sigterm_as_interrupt()
     svc, started = None, False
     if services_env is None:
         svc = LocalServices(LocalServicesConfig(home=str(home / "local"), s3_port=s3_port, mlflow_port=mlflow_port))
         started = any(s.state != "running" for s in svc.status().values())
-        svc.up()
+        try:
+            svc.up()
+        except BaseException:  # interrupted or failed while starting: stop what this call started
+            restore_sigterm()
+            if started and not keep_services:
+                svc.down()
+            raise
         services_env = svc.env()
+        stages["services"] = time.perf_counter() - t_start
     saved = {k: os.environ.get(k) for k in [*services_env, "CHUNKGRPO_CACHE", "MLFLOW_DISABLE_TELEMETRY"]}
     try:
         os.environ.update(services_env)
@@ -336,6 +358,7 @@ def run_local(pipeline: str = "train_and_evaluate", params: dict | None = None, 
                 full = {**TOY_TRAIN, **toy, "model": str(model), "prompts": str(prompts), **(params or {})}
             else:
                 full = {**TOY_NIGHTLY, **toy, "ablation_model": str(model), **(params or {})}
+        stages["model"] = time.perf_counter() - t_start - sum(stages.values())
         for k, v in full.items():
             check_literal(k, v, literals)
         root = home / "kfp"
@@ -377,13 +400,18 @@ def run_local(pipeline: str = "train_and_evaluate", params: dict | None = None, 
                 log.flush()
                 raise task_failure(log_path.read_text(encoding="utf-8"), pipeline, log_path, str(e)) from None
         wall = time.perf_counter() - t0
+        stages["pipeline"] = wall
+        stages.update({f"task {name}": s for name, s in out.took.items()})
         run_dir = _latest_run_dir(root, func.name, before)
         result = LocalRun(pipeline, run_dir, wall, read_task_outputs(run_dir), dict(services_env), full,
-                          services_kept=svc is None or keep_services or not started, log_path=log_path)
+                          services_kept=svc is None or keep_services or not started, log_path=log_path,
+                          stages=stages)
         result.pod_report = layout.report if pod_faithful else None
         result.mlflow_url = _mlflow_url(services_env.get("MLFLOW_TRACKING_URI", ""), result.mlflow_run_id)
+        stages["total"] = time.perf_counter() - t_start
         return result
     finally:
+        restore_sigterm()
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
@@ -391,6 +419,69 @@ def run_local(pipeline: str = "train_and_evaluate", params: dict | None = None, 
                 os.environ[k] = v
         if svc is not None and started and not keep_services:
             svc.down()
+
+
+def _sigterm_as_interrupt():
+    """Until the returned function is called, SIGTERM (a `kill`, a CI job's timeout, a test fixture
+    stopping the run) is handled like Ctrl-C: the running tasks' processes (kfp.local's task subprocess
+    and its torchrun workers; in a terminal Ctrl-C reaches their process group, a `kill` only this
+    process) get SIGTERM, then `KeyboardInterrupt` unwinds this process, so the services it started
+    are stopped. Main thread only (elsewhere a no-op)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def on_term(signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the clean-up short
+        _terminate_children()
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    return lambda: signal.signal(signal.SIGTERM, previous)
+
+
+def _terminate_children(grace_s: float = 10.0) -> None:
+    """SIGTERM to every descendant of this process in its session (by pid: the kfp.local task and its
+    torchrun workers), SIGKILL to those alive after `grace_s`. The servers run in their own session and
+    are stopped (or kept, `--keep-services`) by `LocalServices`."""
+    import psutil
+
+    try:
+        sid = os.getsid(0)
+        children = [p for p in psutil.Process().children(recursive=True) if _sid(p.pid) == sid]
+    except psutil.Error:
+        return
+    for p in children:
+        with contextlib.suppress(psutil.Error):
+            p.terminate()
+    _, alive = psutil.wait_procs(children, timeout=grace_s)
+    for p in alive:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+
+
+def _sid(pid: int) -> int:
+    try:
+        return os.getsid(pid)
+    except OSError:
+        return -1
+
+
+def stage_lines(stages: dict) -> list[str]:
+    """The per-stage time breakdown of a local run (seconds, with the share of the total)."""
+    total = stages.get("total") or sum(v for k, v in stages.items() if k in ("services", "model", "pipeline"))
+    if not total:
+        return []
+    out = ["  time breakdown   (where the wall time went)"]
+    for name, s in stages.items():
+        if name == "total":
+            continue
+        indent = "      " if name.startswith("task ") else "    "
+        out.append(f"{indent}{name:<24} {s:7.1f} s  {100 * s / total:5.1f} %")
+    out.append(f"    {'total':<24} {total:7.1f} s")
+    return out
 
 
 def _mlflow_url(tracking_uri: str, run_id: str) -> str:
@@ -460,6 +551,7 @@ def summary_lines(r: LocalRun) -> list[str]:
     if "check-regression" in t:
         lines.append(f"  regression       {'REGRESSION' if par('check-regression', 'Output') else 'none'}  "
                      f"(summary: {_rel(art('check-regression', 'summary')['uri'])})")
+    lines += stage_lines(r.stages)
     s3 = env.get("CHUNKGRPO_S3_ENDPOINT", "")
     state = "still running" if r.services_kept else "stopped"
     lines.append(f"  services         S3 {s3} (bucket {env.get('CHUNKGRPO_S3_BUCKET', '')}), MLflow {mlflow}: {state}")

@@ -2,6 +2,8 @@
 
 import os
 
+import chunkgrpo  # noqa: F401 - the thread policy (chunkgrpo.threads) before anything loads torch
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")

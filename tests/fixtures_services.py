@@ -6,16 +6,53 @@
 
     def test_y(services_env):        # the same, with services.env applied to os.environ for the test
 
-Servers are stopped at the end of the session, also when tests fail (context manager + atexit).
+Servers are stopped at the end of the session, also when tests fail (context manager + atexit), on a
+pytest-timeout and when the session gets SIGTERM (this plugin's `pytest_configure` turns it into
+KeyboardInterrupt, so every fixture's teardown runs).
+
+A test that runs a whole `chunkgrpo pipeline run --local` command (which starts its own servers):
+
+    with services_stopped_after(home / ".chunkgrpo" / "local", s3, mlflow) as svc:
+        r = run_command(f"chunkgrpo pipeline run --local --s3-port {s3} --mlflow-port {mlflow} "
+                        "--keep-services",
+                        cwd=..., env=..., timeout=3600)
+        ...                          # the servers stay up for the test; stopped on leaving the block
+
+`run_command` runs the command in its own process group and, on a timeout or any interruption, stops
+the whole group (SIGTERM, which the pipeline command handles like Ctrl-C, then SIGKILL); the servers
+run in their own sessions and are stopped by `services_stopped_after` from the state file they recorded.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import dataclasses
+import os
+import signal
+import subprocess
 from pathlib import Path
 
 import pytest
+
+import chunkgrpo  # noqa: F401 - sets the OpenMP wait policy (chunkgrpo.threads) before anything loads torch
+
+STOP_GRACE_S = 60.0  # a terminated pipeline command stops its tasks (10 s) and its servers (MLflow ~ seconds)
+
+
+def _sigterm_as_interrupt(signum, frame):
+    """SIGTERM to the test session (a CI job's timeout, `kill`) unwinds it like Ctrl-C, so every fixture's
+    teardown runs and stops the servers it started."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends the session at once
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def pytest_configure(config):
+    """Session-wide (tests/ and components/ both load this plugin): the thread policy and SIGTERM."""
+    from chunkgrpo import threads
+
+    threads.configure()  # torch threads capped at the available cores ($CHUNKGRPO_THREADS to choose)
+    signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
 
 
 @dataclasses.dataclass
@@ -60,3 +97,50 @@ def services_env(services, monkeypatch):
         monkeypatch.setenv(key, value)
     monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
     return services
+
+
+@contextlib.contextmanager
+def services_stopped_after(home: str | Path, s3_port: int, mlflow_port: int):
+    """The `LocalServices` a pipeline command records under `home` (its `<home>/local`), stopped when the
+    block is left in any way (also by an exception, a pytest-timeout or KeyboardInterrupt) and at exit."""
+    from chunkgrpo.local_services import LocalServices, LocalServicesConfig
+
+    svc = LocalServices(LocalServicesConfig(home=str(home), s3_port=s3_port, mlflow_port=mlflow_port))
+    atexit.register(svc.down)
+    try:
+        yield svc
+    finally:
+        svc.down()
+        atexit.unregister(svc.down)
+
+
+def stop_process_group(proc: subprocess.Popen, grace_s: float = STOP_GRACE_S) -> None:
+    """SIGTERM to `proc`'s process group (its own: started with start_new_session), SIGKILL after
+    `grace_s`."""
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, sig)
+        try:
+            proc.communicate(timeout=wait_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+        except ValueError:  # streams already closed by an interrupted communicate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=wait_s)
+            if proc.returncode is not None:
+                return
+
+
+def run_command(command: str, *, cwd: str | Path, env: dict, timeout: float) -> subprocess.CompletedProcess:
+    """`bash -c command` like `subprocess.run(..., capture_output=True, text=True, timeout=...)`, but in its
+    own process group that is stopped (`stop_process_group`) on a timeout or any interruption, so no
+    task, torchrun worker or pipeline command outlives the test. Raises subprocess.TimeoutExpired."""
+    proc = subprocess.Popen(["bash", "-c", command], cwd=cwd, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except BaseException:
+        stop_process_group(proc)
+        raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)

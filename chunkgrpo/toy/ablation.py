@@ -320,10 +320,10 @@ def run_ablation(cfg: AblationConfig) -> dict:
 
 
 def _execute(specs: list[dict], cfg: AblationConfig) -> None:
-    from tqdm import tqdm
+    from chunkgrpo.progress import progress_bar
 
     fn = {True: base_one, False: run_one}
-    bar = tqdm(total=len(specs), desc="ablation runs", disable=not cfg.progress)
+    bar = progress_bar(total=len(specs), desc="ablation runs", disable=not cfg.progress)
     if cfg.jobs == 1:
         for spec in specs:
             res = fn[spec["method"] == "base"](spec)

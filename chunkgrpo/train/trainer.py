@@ -510,9 +510,8 @@ class Trainer:
         return self.cfg.max_steps, self.opt_step, "step"
 
     def train(self) -> dict:
-        from tqdm import tqdm
-
         from chunkgrpo import tracking
+        from chunkgrpo.progress import progress_bar
 
         cfg, info = self.cfg, self.info
         # MLflow is fed from a background thread: an outage never blocks or stops training
@@ -527,8 +526,8 @@ class Trainer:
             if info.is_main:
                 tracker.log_dict({"sizes": self.sizes, "ranges": self.ranges, "method": cfg.method}, "chunk_plan.json")
             total, initial, unit = self._progress()
-            bar = tqdm(total=total, initial=initial, desc=f"train {cfg.method}", unit=unit,
-                       disable=not (info.is_main and cfg.progress))
+            bar = progress_bar(total=total, initial=initial, desc=f"train {cfg.method}", unit=unit,
+                               disable=not (info.is_main and cfg.progress))
             while not self.done():
                 t_it = time.perf_counter()
                 try:

@@ -4,8 +4,8 @@ SUCCEEDED with a promoted model that beats the base on held-out toy-world accura
 base's own seed-to-seed spread; then the nightly benchmark (with the reduced toy ablation) runs on that
 champion.
 
-The real `train_and_evaluate` pipeline under kfp.local (SubprocessRunner): the toy base model pretrained
-by the command itself (`chunkgrpo.toy`), Chunk-GRPO with 2 torchrun processes on the exact GenEval
+The real `train_and_evaluate` pipeline under kfp.local (SubprocessRunner): the toy base model shipped with
+the package (`chunkgrpo.toy.pretrained`; pretrained by the command itself when no current copy ships), Chunk-GRPO with 2 torchrun processes on the exact GenEval
 reward, local SeaweedFS + MLflow started by the command itself; the clone's `.venv` reuses this
 environment's third-party packages but has the clone's own chunkgrpo installed (`tests/repo_copy.py`)."""
 
@@ -14,14 +14,19 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 from pathlib import Path
 
 import pytest
 
+from tests.fixtures_services import run_command, services_stopped_after
 from tests.repo_copy import ROOT, export_repo, overlay_venv
 
-pytestmark = pytest.mark.integration
+# Time limits with a margin for a busy CI machine: the first main job (toy pretraining + pipeline) takes
+# ~7.5 min on 2 idle cores; at a load of 4 on 2 cores it gets about a third of them (passive OpenMP waits,
+# chunkgrpo.threads), so ~25 min. The fixture runs inside the first test, hence the test's limit > the job's.
+MAIN_JOB_TIMEOUT_S = 3600
+NIGHTLY_TIMEOUT_S = 2400
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(MAIN_JOB_TIMEOUT_S + 600)]
 
 TAGS = ("single_object", "two_object", "counting", "colors", "position", "color_attr")
 
@@ -41,7 +46,7 @@ def _clean_env() -> dict:
 
 @pytest.fixture(scope="module")
 def clone_run(tmp_path_factory):
-    from chunkgrpo.local_services import LocalServices, LocalServicesConfig, free_ports
+    from chunkgrpo.local_services import free_ports
 
     clone = export_repo(tmp_path_factory.mktemp("user"))
     assert not (clone.parent / "shared").exists() and not (clone / "data").exists()
@@ -50,13 +55,11 @@ def clone_run(tmp_path_factory):
     assert "pipeline run --local" in main_job, f"README's main job changed shape: {main_job!r}"
     s3, mlflow = free_ports(2)
     ports = f"--s3-port {s3} --mlflow-port {mlflow}"
-    r = subprocess.run(["bash", "-c", f"{main_job} {ports} --keep-services"], cwd=clone, env=_clean_env(),
-                       capture_output=True, text=True, timeout=1800)
-    svc = LocalServices(LocalServicesConfig(home=str(clone / ".chunkgrpo" / "local"), s3_port=s3, mlflow_port=mlflow))
-    try:
+    # the servers the command starts (kept for the tests) are stopped when the module's tests end, and also
+    # when the command times out or the session is interrupted (run_command stops the command's process group)
+    with services_stopped_after(clone / ".chunkgrpo" / "local", s3, mlflow) as svc:
+        r = run_command(f"{main_job} {ports} --keep-services", cwd=clone, env=_clean_env(), timeout=MAIN_JOB_TIMEOUT_S)
         yield {"clone": clone, "result": r, "ports": ports, "services": svc}
-    finally:
-        svc.down()
 
 
 def _run_dir(clone: Path, stdout: str) -> Path:
@@ -112,8 +115,9 @@ def test_main_job_from_a_clone_succeeds_and_promotes(clone_run):
     assert parent.info.status == "FINISHED" and parent.data.tags["kfp.state"] == "SUCCEEDED"
     children = client.search_runs([parent.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent_id}'")
     assert {"train", "evaluate", "register"} <= {c.data.tags.get("chunkgrpo.stage") or c.info.run_name for c in children}
-    # the summary names every artifact location and the full log
-    for needle in (pointer["uri"], f"models:/{name}/{version}", parent_id, "promoted", "full log"):
+    # the summary names every artifact location and the full log, and where the time went
+    for needle in (pointer["uri"], f"models:/{name}/{version}", parent_id, "promoted", "full log", "time breakdown",
+                   "task train", "services", "model"):
         assert needle in r.stdout
     log = re.search(r"full log\s+(\S+)", r.stdout).group(1)
     assert (clone / log).is_file() and "Executing task" in (clone / log).read_text()
@@ -146,11 +150,12 @@ def test_the_pretrained_base_beats_the_random_init_model(clone_run, tmp_path):
     """The toy base model the main job pretrained (the full default pretraining) satisfies clearly more
     held-out captions than the same architecture with random weights, scored the same way."""
     from chunkgrpo.toy.model import ToyModelConfig, build_toy_model, read_meta
+    from chunkgrpo.toy.pretrained import is_current
 
     if clone_run["result"].returncode != 0:
         pytest.skip("the main job failed (reported by test_main_job_from_a_clone_succeeds_and_promotes)")
     meta = read_meta(clone_run["clone"] / ".chunkgrpo" / "models" / "toy")
-    assert meta["config"] == ToyModelConfig().to_dict()
+    assert is_current(meta)  # the default toy model (shipped with the package or pretrained by the command)
     rand = read_meta(build_toy_model(tmp_path / "random", ToyModelConfig(steps=0), cache_dir=tmp_path / "cache",
                                      progress=False))
     base, noise = meta["base_accuracy"], rand["base_accuracy"]
@@ -168,9 +173,8 @@ def test_nightly_benchmark_on_the_champion(clone_run):
     clone = clone_run["clone"]
     if clone_run["result"].returncode != 0:
         pytest.skip("the main job failed (reported by test_main_job_from_a_clone_succeeds_and_promotes)")
-    r = subprocess.run(["bash", "-c", f".venv/bin/chunkgrpo pipeline run --local --pipeline nightly_benchmark "
-                                      f"{clone_run['ports']}"],
-                       cwd=clone, env=_clean_env(), capture_output=True, text=True, timeout=1200)
+    r = run_command(f".venv/bin/chunkgrpo pipeline run --local --pipeline nightly_benchmark {clone_run['ports']}",
+                    cwd=clone, env=_clean_env(), timeout=NIGHTLY_TIMEOUT_S)
     assert r.returncode == 0, (r.stdout[-4000:], r.stderr[-4000:])
     t = read_task_outputs(_run_dir(clone, r.stdout))
     assert {"open-run", "evaluate", "check-regression", "close-run"} <= set(t)
