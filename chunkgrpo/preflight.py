@@ -38,6 +38,7 @@ class PreflightSpec:
     judge_key_env: str = "OPENAI_API_KEY"
     mlflow: bool = True
     timeout_s: float = 10.0
+    extra_problems: list[str] = dataclasses.field(default_factory=list)  # found elsewhere (the capacity plan)
 
 
 def _store():
@@ -212,10 +213,32 @@ def check(spec: PreflightSpec) -> list[str]:
                         "(Secret chunkgrpo-judge, key OPENAI_API_KEY)")
     if mlflow_problem:
         problems.append(mlflow_problem)
-    return problems
+    return problems + list(spec.extra_problems)
 
 
 def require(spec: PreflightSpec) -> None:
     problems = check(spec)
     if problems:
         raise UserError(f"preflight: {len(problems)} problem(s): " + "; ".join(problems))
+
+
+GPU_POOLS = ("h800", "h100")  # pools with an overlay (manifests/overlays/prod-<pool>) and a known GPU size
+
+
+def capacity_check(preset: str, overrides: list[str], model: str, pool: str, method: str = "chunk",
+                   nodes: int = 1) -> tuple[str, list[str]]:
+    """(Markdown, problems) of the training run's capacity plan (`chunkgrpo.capacity`) on `pool`: for an
+    H800/H100 pool against its training runtime (the repository's overlay, or in a pod the cluster's
+    ClusterTrainingRuntime), otherwise (cpu, gpu) on this machine's CPU with nothing limited. Each problem
+    is one sentence `capacity: <resource> (<phase>): needs X of Y (+Z over)`."""
+    from chunkgrpo.capacity import capacity_plan, load_pool, local_pool, render_markdown
+    from chunkgrpo.recipes import preset_for
+    from chunkgrpo.train.config import TrainConfig
+
+    preset = preset_for(method, preset)
+    cfg = TrainConfig.load(preset, [*overrides, *([f"model={model}"] if model else [])])
+    if pool in GPU_POOLS:
+        plan = capacity_plan(cfg, load_pool(pool), nodes=nodes, preset=preset)
+    else:
+        plan = capacity_plan(cfg, local_pool(), device="cpu", preset=preset)
+    return render_markdown(plan), [f"capacity: {p}" for p in plan.problems()]
