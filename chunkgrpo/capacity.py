@@ -20,20 +20,24 @@ which changes what is saved (block inputs only, then one block recomputed in bac
 gradients are pre-allocated outside the count (they are accounted below, sharded or not); the
 transient gradient tensors of each op are inside it. Attention is counted as a flash / memory-efficient
 kernel: it keeps q, k, v, the output and an fp32 log-sum-exp (B, H, L) — O(L), never the L×L matrix
-(what PyTorch's CUDA SDPA and its CPU flash kernel do). Activation bytes per token per block follow:
-`activation_bytes_per_token_per_block` (reported in the plan).
+(what PyTorch's CUDA SDPA and its CPU flash kernel do). The plan reports the result as
+`activation_bytes_per_token_per_block`: what autograd keeps per token (image + text) and block without
+checkpointing (FLUX.1-dev in bf16: 162,415 bytes ≈ 26 × the 3072-wide hidden state in bf16).
 
 **Memory per rank** (P = trainable params, W = transformer params, n = world size, b_c = 2 for bf16
 compute on GPU, 4 for fp32; every term in bytes):
   resident   = transformer weights (FSDP full FT: 4·W/n fp32 master shards; DDP full FT: 4·W;
                LoRA: b_base·W + 4·P) + AdamW 8·P (/n under FSDP) + EMA 4·P (/n) + VAE + reward models
                + prompt-embedding cache (every prompt of the run, kept on the device, model dtype)
-  setup      = every pipeline component in the load dtype at once (`load_flux` moves the pipeline to the
-               device before FSDP sharding and before the text encoders are freed) + reward models
-  rollout    = resident + trajectory 4·B·(N+1)·L·C + max(no-grad transformer forward of B = P·G inputs,
-               VAE decode of B images) + FSDP's unsharded block params (current + prefetched, b_c each)
-  policy     = resident + gradients 4·P (/n under FSDP; DDP: + 4·P flat all-reduce buffer)
-               + trajectory + forward+backward of n_pol inputs (chunk/step methods: the policy window,
+  load       = every pipeline component in the load dtype at once (`load_flux` moves the whole pipeline to
+               the device before FSDP sharding; fp32 for full fine-tuning) + reward models
+  text enc.  = resident transformer weights + text encoders + VAE + reward models + embeddings + T5 forward
+  rollout    = resident + trajectory 4·B·(N+1)·L·C + no-grad transformer forward of B = P·G inputs
+               + FSDP's unsharded block params (current + prefetched, b_c each)
+  decode     = resident + trajectory + VAE decode of the B images in one call (the VAE in the load dtype)
+  policy     = resident + gradients 4·P (/n under FSDP; DDP: + 4·P flat all-reduce buffer; resident while a
+               window's forward runs, as an accumulation window has several) + trajectory
+               + forward+backward of n_pol inputs (chunk/step methods: the policy window,
                `grpo.policy_layout`; branching methods: P anchors with grad while their P·G·|λ| children
                complete without grad) + FSDP unsharded block params and fp32 block gradients
 The largest phase must fit the GPU's memory less `reserve_bytes` (CUDA context, NCCL, allocator slack).
@@ -279,7 +283,7 @@ def _block_params(transformer: torch.nn.Module) -> int:
 
 def transformer_activation_peak(tr: torch.nn.Module, batch: int, img_tokens: int, txt_tokens: int,
                                 dtype: torch.dtype, *, grad: bool, checkpointing: bool,
-                                count_grads: bool = False) -> tuple[int, int]:
+                                count_grads: bool = False, backward: bool = True) -> tuple[int, int]:
     """(peak, after-forward) live activation bytes of one transformer call on `batch` inputs, simulated on
     the meta device; with `grad` the backward is included. Parameter gradients are pre-allocated (not
     counted: FSDP shards them) unless `count_grads`, when they are allocated as backward produces them
@@ -308,7 +312,8 @@ def transformer_activation_peak(tr: torch.nn.Module, batch: int, img_tokens: int
         out = tr(**kw, return_dict=False)[0].float()
         if grad:
             after = m.live
-            out.sum().backward()
+            if backward:
+                out.sum().backward()
         del out
     for p, flag in zip(tr.parameters(), trainable):
         p.grad = None
@@ -591,7 +596,10 @@ def capacity_plan(cfg, pool: Pool, *, nodes: int = 1, output_dir: str = "", pres
     t5 = arch.build("text_encoder_2", torch.bfloat16 if b_base == 2 else torch.float32)
     encode = text_encode_peak(t5, min(8, n_prompts), T)
     blocks = len(getattr(tr, "transformer_blocks", [])) + len(getattr(tr, "single_transformer_blocks", []))
-    per_token_block = policy_act / max(1, n_pol * (L + T) * max(1, blocks)) if not cfg.gradient_checkpointing else None
+    # what autograd keeps per token and block without checkpointing (the saved set of one forward, batch 1)
+    _, saved_1 = transformer_activation_peak(tr, 1, L, T, compute_dtype, grad=True, checkpointing=False,
+                                             backward=False)
+    per_token_block = saved_1 / ((L + T) * max(1, blocks))
 
     # ---- per-rank GPU memory
     rewards = sum(REWARD_MODELS.get(r.name, (0, 0))[0] * REWARD_MODELS.get(r.name, (0, 0))[1] for r in cfg.rewards)
