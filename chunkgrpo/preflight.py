@@ -38,7 +38,6 @@ class PreflightSpec:
     judge_key_env: str = "OPENAI_API_KEY"
     mlflow: bool = True
     timeout_s: float = 10.0
-    extra_problems: list[str] = dataclasses.field(default_factory=list)  # found elsewhere (the capacity plan)
 
 
 def _store():
@@ -213,7 +212,7 @@ def check(spec: PreflightSpec) -> list[str]:
                         "(Secret chunkgrpo-judge, key OPENAI_API_KEY)")
     if mlflow_problem:
         problems.append(mlflow_problem)
-    return problems + list(spec.extra_problems)
+    return problems
 
 
 def require(spec: PreflightSpec) -> None:

@@ -34,13 +34,12 @@ def preflight(model: str, prompts: str, preset: str, train_overrides: list, rewa
     stage_env("")
     from pathlib import Path
 
+    from chunkgrpo.errors import UserError
     from chunkgrpo.models import used_reward_weights
     from chunkgrpo.preflight import PreflightSpec, capacity_check, evaluation_inputs, require
     from chunkgrpo.recipes import preset_for
 
     preset = preset_for(method, preset)
-    report, capacity_problems = capacity_check(preset, list(train_overrides), model, pool, method)
-    Path(capacity.path).write_text(report)
 
     benchmarks, scorers = evaluation_inputs(eval_preset, list(eval_benchmarks), list(eval_overrides),
                                             dict(scorer_weights))
@@ -48,8 +47,12 @@ def preflight(model: str, prompts: str, preset: str, train_overrides: list, rewa
                                                                     dict(reward_weights)).items()},
                **scorers}
     spec = PreflightSpec(model=model, prompts=prompts, weights=weights, benchmarks=benchmarks,
-                         artifact_root=artifact_root, extra_problems=capacity_problems)
+                         artifact_root=artifact_root)
     require(spec)
+    report, problems = capacity_check(preset, list(train_overrides), model, pool, method)  # the model is there now
+    Path(capacity.path).write_text(report)
+    if problems:
+        raise UserError(f"preflight: {len(problems)} problem(s): " + "; ".join(problems))
     print(f"preflight ok: model {model}, prompts {prompts}, {len(spec.weights)} weight URI(s), benchmarks {benchmarks}")
     return "ok"
 
