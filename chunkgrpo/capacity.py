@@ -134,7 +134,8 @@ class LiveBytes(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        inputs = {t.untyped_storage()._cdata for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)}
+        inputs = {t.untyped_storage()._cdata for t in tree_flatten((args, kwargs))[0]
+                  if isinstance(t, torch.Tensor)}
         for t in tree_flatten(out)[0]:
             if isinstance(t, torch.Tensor):
                 key = t.untyped_storage()._cdata
@@ -181,7 +182,8 @@ def _traced(grad: bool):
     torch.nn.functional.scaled_dot_product_attention = _flash_sdpa
     mode = LiveBytes()
     try:
-        with torch.set_grad_enabled(grad), torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t), mode:
+        keep_saved = torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t)
+        with torch.set_grad_enabled(grad), keep_saved, mode:
             yield mode
     finally:
         torch.nn.functional.scaled_dot_product_attention = _ORIGINAL_SDPA
@@ -501,11 +503,13 @@ class CapacityPlan:
 
     def problems(self) -> list[str]:
         """One sentence per resource that does not fit, naming it and by how much."""
-        return [f"{i.resource} ({i.what}): needs {_gib(i.need)} of {_gib(i.have)} (+{_gib(i.need - i.have)} over)"
+        return [f"{i.resource} ({i.what}): needs {_gib(i.need)} of {_gib(i.have)} "
+                f"(+{_gib(i.need - i.have)} over)"
                 for i in self.items if not i.fits]
 
     def to_dict(self) -> dict:
-        return {"preset": self.preset, "pool": {k: v for k, v in dataclasses.asdict(self.pool).items() if k != "env"},
+        pool = {k: v for k, v in dataclasses.asdict(self.pool).items() if k != "env"}
+        return {"preset": self.preset, "pool": pool,
                 "world": self.world, "facts": self.facts, "fits": not self.problems(), "problems": self.problems(),
                 "items": [{**dataclasses.asdict(i), "fits": i.fits} for i in self.items]}
 
@@ -602,7 +606,7 @@ def capacity_plan(cfg, pool: Pool, *, nodes: int = 1, output_dir: str = "", pres
     per_token_block = saved_1 / ((L + T) * max(1, blocks))
 
     # ---- per-rank GPU memory
-    rewards = sum(REWARD_MODELS.get(r.name, (0, 0))[0] * REWARD_MODELS.get(r.name, (0, 0))[1] for r in cfg.rewards)
+    rewards = sum(math.prod(REWARD_MODELS.get(r.name, (0, 0))) for r in cfg.rewards)
     weights = (4 * W // shard) if not lora else (b_base * W + 4 * P) // shard
     adam = 8 * P // shard
     ema = (4 * P // shard) if cfg.ema.decay > 0 else 0
@@ -615,8 +619,9 @@ def capacity_plan(cfg, pool: Pool, *, nodes: int = 1, output_dir: str = "", pres
     unsharded_fwd = 2 * block * b_c if fsdp else 0
     grads = 4 * P // shard + (4 * P if (not fsdp and world > 1) else 0)
     load = {"pipeline in load dtype": (W + sum(counts.values())) * b_base, "reward models": rewards}
-    encode_phase = {"transformer weights": weights, "text encoders": (counts["text_encoder"] + counts["text_encoder_2"])
-                    * b_base, "VAE": vae_w, "reward models": rewards, "prompt embeddings": embeds, "T5 forward": encode}
+    text_encoders = (counts["text_encoder"] + counts["text_encoder_2"]) * b_base
+    encode_phase = {"transformer weights": weights, "text encoders": text_encoders, "VAE": vae_w,
+                    "reward models": rewards, "prompt embeddings": embeds, "T5 forward": encode}
     rollout = {**resident, "trajectory": traj, "transformer no-grad forward": roll_fwd,
                "FSDP unsharded blocks": unsharded_fwd}
     decoding = {**resident, "trajectory": traj, f"VAE decode of {decode_batch} images": decode}
@@ -628,7 +633,8 @@ def capacity_plan(cfg, pool: Pool, *, nodes: int = 1, output_dir: str = "", pres
     phases = (("load", load), ("text encoding", encode_phase), ("rollout", rollout), ("decode", decoding),
               ("policy", policy))
     cap = (pool.gpu_memory - reserve_bytes) if (gpu and pool.gpu_memory) else None
-    items = [Item("GPU memory per rank", f"{phase} phase", sum(parts.values()), cap, parts) for phase, parts in phases]
+    items = [Item("GPU memory per rank", f"{phase} phase", sum(parts.values()), cap, parts)
+             for phase, parts in phases]
 
     # ---- host memory per pod
     load_host = (W + sum(counts.values())) * b_base
@@ -647,7 +653,8 @@ def capacity_plan(cfg, pool: Pool, *, nodes: int = 1, output_dir: str = "", pres
     reward_files = sum(REWARD_MODELS.get(r.name, (0, 0))[0] * 2 for r in cfg.rewards)
     checkpoint = 4 * P + 8 * P + (4 * P if cfg.ema.decay > 0 else 0)
     keep = cfg.checkpoint.keep
-    n_ckpt = (keep + 1) if keep else max(1, math.ceil(iterations * _steps_per_iteration(cfg) / max(1, cfg.checkpoint.every or 10**9)))
+    total_steps = iterations * _steps_per_iteration(cfg)
+    n_ckpt = (keep + 1) if keep else max(1, math.ceil(total_steps / max(1, cfg.checkpoint.every or 10**9)))
     out_dir = output_dir or _default_output_dir()
     home = pool.env.get("HOME", str(Path.home()))
     cache_dir = pool.env.get("CHUNKGRPO_CACHE") or f"{home.rstrip('/')}/.cache/chunkgrpo"
@@ -700,8 +707,9 @@ def render_table(plan: CapacityPlan) -> str:
     f = plan.facts
     head = (f"capacity plan: {plan.preset or 'config'} on pool {plan.pool.name} ({plan.pool.source}); "
             f"{f['world']} rank(s), {f['ranks_per_node']} per node, {plan.pool.gpu_product or 'CPU'}; "
-            f"{'FSDP' if f['fsdp'] else 'DDP/single'}, {'LoRA' if f['lora'] else 'full FT'}, compute {f['compute_dtype']}, "
-            f"load {f['load_dtype']}; transformer {f['transformer_params']:,} params, trainable {f['trainable_params']:,}; "
+            f"{'FSDP' if f['fsdp'] else 'DDP/single'}, {'LoRA' if f['lora'] else 'full FT'}, "
+            f"compute {f['compute_dtype']}, load {f['load_dtype']}; transformer {f['transformer_params']:,} params, "
+            f"trainable {f['trainable_params']:,}; "
             f"{f['image_tokens']} image + {f['text_tokens']} text tokens; rollout batch {f['rollout_batch']}, "
             f"policy inputs per forward {f['policy_inputs_per_forward']}")
     rows = [("resource", "phase / limit", "need", "have", "fits", "largest parts")]
@@ -730,7 +738,8 @@ def render_markdown(plan: CapacityPlan) -> str:
     verdict = "**fits**" if not probs else "**does not fit**: " + "; ".join(probs)
     return (f"# Capacity plan: {plan.preset or 'config'} on {plan.pool.name}\n\n{verdict}\n\n"
             f"{f['world']} rank(s) ({f['ranks_per_node']} per node, {plan.pool.gpu_product or 'CPU'}), "
-            f"{'FSDP' if f['fsdp'] else 'DDP'}, {'LoRA' if f['lora'] else 'full fine-tuning'}, compute {f['compute_dtype']}; "
+            f"{'FSDP' if f['fsdp'] else 'DDP'}, {'LoRA' if f['lora'] else 'full fine-tuning'}, "
+            f"compute {f['compute_dtype']}; "
             f"transformer {f['transformer_params']:,} parameters ({f['architecture']}), trainable "
             f"{f['trainable_params']:,}; pool from {plan.pool.source}.\n\n"
             f"| resource | phase / limit | need | have | fits | parts |\n|---|---|---|---|---|---|\n{rows}\n")

@@ -86,7 +86,8 @@ def test_meta_simulation_equals_real_cpu_allocations(tiny_model_dir, checkpointi
     for p in real.parameters():
         p.grad = torch.zeros_like(p)
     c = real.config
-    kw = dict(hidden_states=torch.randn(3, 64, c.in_channels), encoder_hidden_states=torch.randn(3, 16, c.joint_attention_dim),
+    kw = dict(hidden_states=torch.randn(3, 64, c.in_channels),
+              encoder_hidden_states=torch.randn(3, 16, c.joint_attention_dim),
               pooled_projections=torch.randn(3, c.pooled_projection_dim), timestep=torch.rand(3),
               img_ids=torch.zeros(64, 3), txt_ids=torch.zeros(16, 3), guidance=None)
 
