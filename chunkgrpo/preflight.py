@@ -222,3 +222,25 @@ def require(spec: PreflightSpec) -> None:
     problems = check(spec)
     if problems:
         raise UserError(f"preflight: {len(problems)} problem(s): " + "; ".join(problems))
+
+
+GPU_POOLS = ("h800", "h100")  # pools with an overlay (manifests/overlays/prod-<pool>) and a known GPU size
+
+
+def capacity_check(preset: str, overrides: list[str], model: str, pool: str, method: str = "chunk",
+                   nodes: int = 1) -> tuple[str, list[str]]:
+    """(Markdown, problems) of the training run's capacity plan (`chunkgrpo.capacity`) on `pool`: for an
+    H800/H100 pool against its training runtime (the repository's overlay, or in a pod the cluster's
+    ClusterTrainingRuntime), otherwise (cpu, gpu) on this machine's CPU with nothing limited. Each problem
+    is one sentence `capacity: <resource> (<phase>): needs X of Y (+Z over)`."""
+    from chunkgrpo.capacity import capacity_plan, load_pool, local_pool, render_markdown
+    from chunkgrpo.recipes import preset_for
+    from chunkgrpo.train.config import TrainConfig
+
+    preset = preset_for(method, preset)
+    cfg = TrainConfig.load(preset, [*overrides, *([f"model={model}"] if model else [])])
+    if pool in GPU_POOLS:
+        plan = capacity_plan(cfg, load_pool(pool), nodes=nodes, preset=preset)
+    else:
+        plan = capacity_plan(cfg, local_pool(), device="cpu", preset=preset)
+    return render_markdown(plan), [f"capacity: {p}" for p in plan.problems()]

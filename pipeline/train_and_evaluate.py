@@ -104,8 +104,9 @@ def _before_training(p: dict, pool: Pool):
     pre = preflight(model=p["model"], prompts=p["prompts"], preset=p["preset"], train_overrides=p["train_overrides"],
                     reward_weights=p["reward_weights"], scorer_weights=p["scorer_weights"],
                     eval_preset=p["eval_preset"], eval_benchmarks=p["eval_benchmarks"],
-                    eval_overrides=p["eval_overrides"], artifact_root=p["artifact_root"])
-    with_judge(configure(small(pre, "2G"), display_name="preflight", cache=False, retries=0))
+                    eval_overrides=p["eval_overrides"], artifact_root=p["artifact_root"], method=p["method"],
+                    pool=pool.name)
+    with_judge(configure(small(pre, "4G"), display_name="preflight", cache=False, retries=0))
     opened = open_run(experiment=p["experiment"], run_name=dsl.PIPELINE_JOB_NAME_PLACEHOLDER,
                       kfp_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, pipeline=NAME)
     configure(small(opened), display_name="mlflow run", cache=False, retries=3, backoff="10s")

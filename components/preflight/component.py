@@ -1,6 +1,7 @@
 """Preflight: fail a run in seconds, with one line naming what is missing, before any GPU is requested."""
 
 from kfp import dsl
+from kfp.dsl import Markdown, Output
 
 from components._shared import stage_env
 from components.images import RUNTIME_IMAGE
@@ -9,8 +10,8 @@ from components.images import RUNTIME_IMAGE
 @dsl.component(base_image=RUNTIME_IMAGE, install_kfp_package=False, additional_funcs=[stage_env])
 def preflight(model: str, prompts: str, preset: str, train_overrides: list, reward_weights: dict,
               scorer_weights: dict, eval_preset: str, eval_benchmarks: list, eval_overrides: list,
-              artifact_root: str) -> str:
-    """Check the base model, prompts, reward/scorer weights, S3, MLflow and the WISE judge key.
+              artifact_root: str, capacity: Output[Markdown], method: str = "chunk", pool: str = "") -> str:
+    """Check the base model, prompts, reward/scorer weights, S3, MLflow, the WISE judge key and the capacity plan.
 
     Args:
         model: base model (s3:// folder artifact, folder in the image/PVC, or hub id in the image's cache).
@@ -23,13 +24,22 @@ def preflight(model: str, prompts: str, preset: str, train_overrides: list, rewa
         eval_benchmarks: benchmark suites of this run ([] = the preset's).
         eval_overrides: evaluation overrides (key=value).
         artifact_root: s3:// prefix for the run's outputs (its bucket must exist).
+        capacity: the capacity plan (per-rank GPU memory, host memory, bytes per volume) as Markdown.
+        method: training method (its own preset when `preset` is '').
+        pool: GPU pool of the train step (h800 | h100: checked against its training runtime; else CPU, unchecked).
 
     Returns:
         "ok" (the step fails with one line listing every problem otherwise).
     """
     stage_env("")
+    from pathlib import Path
+
+    from chunkgrpo.errors import UserError
     from chunkgrpo.models import used_reward_weights
-    from chunkgrpo.preflight import PreflightSpec, evaluation_inputs, require
+    from chunkgrpo.preflight import PreflightSpec, capacity_check, evaluation_inputs, require
+    from chunkgrpo.recipes import preset_for
+
+    preset = preset_for(method, preset)
 
     benchmarks, scorers = evaluation_inputs(eval_preset, list(eval_benchmarks), list(eval_overrides),
                                             dict(scorer_weights))
@@ -39,6 +49,10 @@ def preflight(model: str, prompts: str, preset: str, train_overrides: list, rewa
     spec = PreflightSpec(model=model, prompts=prompts, weights=weights, benchmarks=benchmarks,
                          artifact_root=artifact_root)
     require(spec)
+    report, problems = capacity_check(preset, list(train_overrides), model, pool, method)  # the model is there now
+    Path(capacity.path).write_text(report)
+    if problems:
+        raise UserError(f"preflight: {len(problems)} problem(s): " + "; ".join(problems))
     print(f"preflight ok: model {model}, prompts {prompts}, {len(spec.weights)} weight URI(s), benchmarks {benchmarks}")
     return "ok"
 

@@ -7,8 +7,12 @@ from components.preflight.component import benchmark_preflight, preflight
 
 
 def _run(**kw):
+    import tempfile
+    from types import SimpleNamespace
+
+    report = SimpleNamespace(path=tempfile.mkstemp(suffix=".md")[1])
     base = dict(model="", prompts="", preset="tiny_cpu", train_overrides=[], reward_weights={}, scorer_weights={},
-                eval_preset="eval_tiny", eval_benchmarks=[], eval_overrides=[], artifact_root="")
+                eval_preset="eval_tiny", eval_benchmarks=[], eval_overrides=[], artifact_root="", capacity=report)
     return preflight.python_func(**{**base, **kw})
 
 
@@ -40,3 +44,23 @@ def test_benchmark_preflight_names_everything_in_one_line(tmp_path, monkeypatch)
     msg = str(exc.value)
     assert "\n" not in msg and "3 problem(s)" in msg
     assert "m@champion needs an MLflow server" in msg and "no-base" in msg and "OPENAI_API_KEY" in msg
+
+
+def test_capacity_plan_is_a_markdown_artifact_and_a_problem_when_it_does_not_fit(tiny_model_dir, tmp_path,
+                                                                                 monkeypatch):
+    """On the H800 pool (its rendered training runtime) a recipe whose rollout decode cannot fit 80 GB fails
+    the preflight in one line naming the resource and by how much; the plan is written first."""
+    from types import SimpleNamespace
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("a cat\n")
+    report = SimpleNamespace(path=str(tmp_path / "capacity.md"))
+    assert _run(model=str(tiny_model_dir), prompts=str(prompts), pool="h800", capacity=report) == "ok"
+    assert "# Capacity plan: tiny_cpu on h800" in (tmp_path / "capacity.md").read_text()
+    huge = ["sampling.height=8192", "sampling.width=8192", "group_size=64", "grad_accum=64"]
+    with pytest.raises(UserError) as exc:
+        _run(model=str(tiny_model_dir), prompts=str(prompts), pool="h800", capacity=report, train_overrides=huge)
+    msg = str(exc.value)
+    assert "\n" not in msg and "capacity: GPU memory per rank (decode phase): needs" in msg and "over)" in msg
+    assert "does not fit" in (tmp_path / "capacity.md").read_text()
