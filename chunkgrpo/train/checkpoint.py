@@ -239,7 +239,45 @@ def read(path: Path, rank: int = 0) -> CheckpointData:
             raise ValueError("not an RNG state of this version")
     except Exception as e:  # noqa: BLE001 - any failure to read a file means the checkpoint is unusable
         raise CorruptCheckpointError(f"{path.name}/{current}: {_short(e)}") from None
-    return CheckpointData(path, state, weights, optim, sched, rng, ema)
+    data = CheckpointData(path, state, weights, optim, sched, rng, ema)
+    check_contents(data)
+    return data
+
+
+def check_contents(data: CheckpointData) -> None:
+    """What a manifest cannot vouch for (whoever rewrites a file rewrites the manifest too): every
+    floating tensor finite (trainable weights, EMA, optimizer moments), and a trainer state that agrees
+    with the files — `optimizer_step` = the N of the folder `step-N` = the LR scheduler's step count
+    = the largest AdamW `step`; `iteration` ≥ 0 with one history entry per iteration. Raises
+    CorruptCheckpointError naming the first disagreement."""
+    name = data.path.name
+    for label, tensors in (("trainable.safetensors", data.weights), ("ema.safetensors", data.ema or {}),
+                           ("optimizer.pt", optimizer_tensors(data.optimizer))):
+        bad = non_finite(tensors)
+        if bad:
+            raise CorruptCheckpointError(f"{name}/{label}: non-finite values in {len(bad)} tensor(s), e.g. {bad[0]}")
+    state = data.state
+    step, iteration = state["optimizer_step"], state["iteration"]
+    m = _STEP_RE.match(name)
+    if step < 0 or iteration < 0:
+        raise CorruptCheckpointError(f"{name}/trainer_state.json: negative optimizer_step={step} or "
+                                     f"iteration={iteration}")
+    if m and int(m.group(1)) != step:
+        raise CorruptCheckpointError(f"{name}/trainer_state.json: optimizer_step={step} but the folder is step "
+                                     f"{int(m.group(1))}")
+    epoch = data.scheduler.get("last_epoch")
+    if isinstance(epoch, int) and epoch != step:
+        raise CorruptCheckpointError(f"{name}/trainer_state.json: optimizer_step={step} but scheduler.pt has taken "
+                                     f"{epoch} steps")
+    adam = [int(t.max()) if torch.is_tensor(t) else int(t) for slots in (data.optimizer.get("state") or {}).values()
+            for k, t in (slots or {}).items() if k == "step" and (torch.is_tensor(t) or isinstance(t, (int, float)))]
+    if adam and max(adam) != step:
+        raise CorruptCheckpointError(f"{name}/trainer_state.json: optimizer_step={step} but optimizer.pt has taken "
+                                     f"{max(adam)} steps")
+    history = state.get("history")
+    if not isinstance(history, list) or len(history) != iteration:
+        n = len(history) if isinstance(history, list) else "no"
+        raise CorruptCheckpointError(f"{name}/trainer_state.json: iteration={iteration} but {n} history entries")
 
 
 def load_trainer_state(path: Path) -> dict:

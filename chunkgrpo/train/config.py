@@ -59,10 +59,14 @@ class CheckpointConfig(Config):
     resume: bool = option(True, "resume from the newest checkpoint in output_dir (or S3) that verifies against its manifest")
     mirror_backlog: int = option(0, "S3 outage: checkpoints not yet in S3 kept beyond `keep`; one more stops training instead of deleting it")
     mirror_wait_s: float = option(600.0, "at the end of training, seconds to wait for the S3 mirror to catch up before failing")
+    allow_config_change: bool = option(False, "resume even though the checkpoint was trained with another base "
+                                       "model, method, lr, optimizer, LoRA, sampling, rewards or seed (refused otherwise)")
+    s3_wait_s: float = option(120.0, "resume: seconds to keep retrying (with backoff) an unreachable S3 before "
+                              "failing; training never starts from scratch while S3 may hold its checkpoints")
 
     def __post_init__(self) -> None:
         check_finite(self, "checkpoint.")
-        for name in ("every", "keep", "mirror_backlog", "mirror_wait_s"):
+        for name in ("every", "keep", "mirror_backlog", "mirror_wait_s", "s3_wait_s"):
             if getattr(self, name) < 0:
                 raise UserError(f"checkpoint.{name} must be >= 0, got {getattr(self, name)}")
         if self.s3_prefix:

@@ -42,6 +42,25 @@ def config_hash(cfg: TrainConfig) -> str:
     return hashlib.sha256(json.dumps(cfg.to_dict(), sort_keys=True).encode()).hexdigest()[:12]
 
 
+# what a resumed run must share with its checkpoint (the rest — length, checkpointing, logging — may change)
+RESUME_FIXED = ("model", "method", "chunks", "lr", "betas", "weight_decay", "warmup_steps", "group_size",
+                "timestep_fraction", "seed", "sampling", "rewards", "lora")
+
+
+def resume_config(cfg: TrainConfig) -> dict:
+    """The RESUME_FIXED fields, recorded in every checkpoint's trainer_state.json."""
+    d = cfg.to_dict()
+    return {k: d[k] for k in RESUME_FIXED}
+
+
+def config_changes(recorded: dict, cfg: TrainConfig) -> list[str]:
+    """`key: was → now` for every RESUME_FIXED field (nested ones by dotted name) that differs."""
+    from chunkgrpo.tracking import flatten
+
+    was, now = flatten(recorded), flatten(resume_config(cfg))
+    return [f"{k}: {was.get(k)!r} → {now.get(k)!r}" for k in sorted(set(was) | set(now)) if was.get(k) != now.get(k)]
+
+
 def resolve_chunk_sizes(cfg: TrainConfig) -> list[int]:
     """The chunk sizes for the run (all 1 for step-level `dance`; the branching methods train single steps
     and ignore `chunks`), checked against num_steps − 1."""
@@ -285,6 +304,16 @@ class Trainer:
 
     def _apply_checkpoint(self, data: ckpt.CheckpointData) -> None:
         state = data.state
+        limit_steps = self.num_iterations * self.steps_per_iteration
+        if state["optimizer_step"] > limit_steps or state["iteration"] > self.num_iterations:
+            raise UserError(f"checkpoint {data.path} is at optimizer_step={state['optimizer_step']} (iteration "
+                            f"{state['iteration']}), beyond this run's end ({self._progress()[0]} "
+                            f"{self._progress()[2]}s); raise max_steps/max_iterations or use another output_dir")
+        changes = config_changes(state["config"], self.cfg) if isinstance(state.get("config"), dict) else []
+        if changes and not self.cfg.checkpoint.allow_config_change:
+            raise UserError(f"checkpoint {data.path} was trained with another config ({'; '.join(changes)}); "
+                            "refusing to resume (checkpoint.allow_config_change=true to resume anyway, or another "
+                            "output_dir)")
         if state.get("config_hash") != config_hash(self.cfg):
             log.warning("resuming from %s written with a different config (hash %s, now %s)", data.path,
                         state.get("config_hash"), config_hash(self.cfg))
@@ -393,7 +422,8 @@ class Trainer:
                 torch.save(optim, staging / "optimizer.pt")
                 torch.save(self.scheduler.state_dict(), staging / "scheduler.pt")
                 state = {"iteration": self.iteration_idx, "optimizer_step": self.opt_step,
-                         "config_hash": config_hash(self.cfg), "history": self.history,
+                         "config_hash": config_hash(self.cfg), "config": resume_config(self.cfg),
+                         "history": self.history,
                          "world_size": self.info.world, "chunk_sizes": self.sizes,
                          "ema_updates": self.ema.updates if self.ema is not None else 0}
                 (staging / "trainer_state.json").write_text(json.dumps(state, indent=1))
