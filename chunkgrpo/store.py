@@ -430,6 +430,10 @@ class ArtifactStore:
                         f"S3 authentication failed at {c.url} for access key id {c.access_key!r} while {what}: "
                         f"{getattr(exc, 'code', '') or type(exc).__name__} — check AWS_ACCESS_KEY_ID/"
                         "AWS_SECRET_ACCESS_KEY (the Kubernetes Secret) and the bucket policy") from None
+                if getattr(exc, "code", "") == "RequestTimeTooSkewed":
+                    raise UserError(
+                        f"S3 at {c.url} refused the request while {what}: this machine's clock differs from the "
+                        "server's by more than S3 allows (RequestTimeTooSkewed, 15 min); fix the clock (NTP)") from None
                 if kind == "missing" and getattr(exc, "code", "") == "NoSuchBucket":
                     raise UserError(
                         f"bucket {getattr(exc, 'bucket_name', None) or self.bucket!r} does not exist at {c.url} "

@@ -234,13 +234,7 @@ class Trainer:
         cfg, info = self.cfg, self.info
         remote: dict[int, str] = {}
         if cfg.checkpoint.s3_prefix and info.local_rank == 0:
-            try:
-                remote = ckpt.remote_checkpoints(cfg.checkpoint.s3_prefix)
-            except Exception as e:  # noqa: BLE001 - S3 down: local checkpoints may still do
-                if not ckpt.complete_checkpoints(self.ckpt_root) or isinstance(e, UserError):
-                    raise
-                log.warning("cannot list S3 checkpoints at %s (%s); resuming from local ones",
-                            cfg.checkpoint.s3_prefix, e)
+            remote = self._remote_checkpoints()
         local = [ckpt.step_of(p) for p in ckpt.complete_checkpoints(self.ckpt_root)] if info.local_rank == 0 else []
         # (step, source) newest first; the local copy of a step before its S3 copy
         candidates = sorted({(st, "local") for st in local} | {(st, "s3") for st in remote},
@@ -301,6 +295,44 @@ class Trainer:
             return
         if rejected and info.is_main:
             log.warning("no checkpoint verifies (%s set aside); starting from scratch", ", ".join(rejected))
+
+    def _remote_checkpoints(self, sleep=time.sleep) -> dict[int, str]:
+        """The S3 checkpoints, retried with exponential backoff (1 s doubling to 30 s) for
+        `checkpoint.s3_wait_s` while S3 is unreachable or hung (each request bounded by a 30 s read
+        timeout of s3_wait_s/4 capped at 30 s, not the store's upload-sized one). Still unreachable then: with local checkpoints, one
+        line and those are used; without, one line and a StoreError — never a silent start from
+        scratch while S3 may hold this run's checkpoints."""
+        import dataclasses
+
+        from chunkgrpo.store import ArtifactStore, StoreConfig, StoreError
+
+        cfg = self.cfg.checkpoint
+        base = StoreConfig()
+        timeout = max(1.0, min(30.0, cfg.s3_wait_s / 4))
+        store = ArtifactStore(dataclasses.replace(base, retries=1, read_timeout_s=min(base.read_timeout_s, timeout),
+                                                  connect_timeout_s=min(base.connect_timeout_s, timeout)))
+        t0, delay = time.monotonic(), 1.0
+        while True:
+            try:
+                return ckpt.remote_checkpoints(cfg.s3_prefix, store)
+            except StoreError as e:
+                error = e
+            waited = time.monotonic() - t0
+            if waited + delay > cfg.s3_wait_s:
+                break
+            log.warning("cannot list checkpoints at %s (%s); retrying in %.0fs (checkpoint.s3_wait_s=%.0f)",
+                        cfg.s3_prefix, str(error).splitlines()[0][:200], delay, cfg.s3_wait_s)
+            sleep(delay)
+            delay = min(30.0, delay * 2)
+        waited = time.monotonic() - t0
+        reason = str(error).splitlines()[0][:300]
+        if ckpt.complete_checkpoints(self.ckpt_root):
+            log.warning("S3 unreachable for %.0fs (%s): resuming from the local checkpoints in %s; S3 may hold "
+                        "newer ones", waited, reason, self.ckpt_root)
+            return {}
+        raise StoreError(f"cannot list checkpoints at {cfg.s3_prefix} for {waited:.0f}s ({reason}); refusing to "
+                         "start from scratch while S3 may hold this run's checkpoints — re-run once S3 answers, or "
+                         "checkpoint.resume=false to start over") from None
 
     def _apply_checkpoint(self, data: ckpt.CheckpointData) -> None:
         state = data.state
