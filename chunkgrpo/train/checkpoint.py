@@ -20,6 +20,7 @@ the trainer falls back to the newest one that passes.
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import logging
 import random
@@ -43,6 +44,32 @@ _STEP_RE = re.compile(r"^step-(\d+)$")
 
 class CorruptCheckpointError(Exception):
     """A checkpoint folder that fails verification or cannot be read; the message names the file."""
+
+
+class CheckpointWriteError(RuntimeError):
+    """A checkpoint could not be written (full disk, read-only folder); the staging folder is removed and
+    the last complete checkpoint stays the newest."""
+
+
+class _Failed:
+    error: "CheckpointWriteError | None" = None
+
+
+@contextlib.contextmanager
+def writing(staging: Path):
+    """Catch a write failure into `box.error` (a one-line CheckpointWriteError) instead of raising it, so
+    every rank reaches the next collective; a failure that is not I/O (a bug) still raises."""
+    box = _Failed()
+    try:
+        yield box
+    except Exception as e:  # noqa: BLE001 - filtered: only write failures are caught
+        name = type(e).__name__
+        io = isinstance(e, OSError) or name == "SafetensorError" or (
+            isinstance(e, RuntimeError) and ("write" in str(e).lower() or "serializ" in str(e).lower()))
+        if not io:
+            raise
+        box.error = CheckpointWriteError(f"cannot write checkpoint {staging.name} in {staging.parent}: {_short(e)}; "
+                                         "the last complete checkpoint is intact")
 
 
 class MirrorBacklogError(RuntimeError):

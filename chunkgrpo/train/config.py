@@ -185,6 +185,11 @@ class TrainConfig(Config):
 
     def __post_init__(self) -> None:
         check_finite(self)  # NaN/inf pass every `< 0` check below
+        if not str(self.output_dir).strip():
+            raise UserError("output_dir='' is empty; name the run's folder (e.g. output_dir=runs/train) — an empty "
+                            "one would write into the current directory")
+        if not 0 <= self.seed < 2**32:
+            raise UserError(f"seed={self.seed} must be in 0..{2**32 - 1}")
         if self.device not in ("auto", "cpu", "cuda") and not re.fullmatch(r"cuda:\d+", self.device):
             raise UserError(f"device={self.device!r} is not one of auto, cpu, cuda, cuda:N")
         if self.max_grad_norm < 0:

@@ -16,6 +16,7 @@ import hashlib
 import json
 import logging
 import math
+import shutil
 import time
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
@@ -153,8 +154,12 @@ class Trainer:
         if cfg.lora.enabled:
             from peft import LoraConfig
 
-            tr.add_adapter(LoraConfig(r=cfg.lora.rank, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
-                                      target_modules=list(cfg.lora.targets), init_lora_weights=True))
+            try:
+                tr.add_adapter(LoraConfig(r=cfg.lora.rank, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
+                                          target_modules=list(cfg.lora.targets), init_lora_weights=True))
+            except ValueError as e:  # peft's NoMatchingPeftModuleError is a ValueError
+                raise UserError(f"lora.targets={list(cfg.lora.targets)} match no module of the transformer "
+                                f"({str(e).splitlines()[0][:200]})") from None
             for n, p in tr.named_parameters():
                 p.requires_grad_("lora_" in n)
         else:
@@ -210,8 +215,11 @@ class Trainer:
         import fcntl
         import os
 
+        self._made = [] if self.out.exists() else [self.out]  # what close() may remove if setup writes nothing else
         self.out.mkdir(parents=True, exist_ok=True)
         path = self.out / ".train.lock"
+        if not path.exists():
+            self._made.insert(0, path)
         self._lock_file = open(path, "a+")
         try:
             fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -418,12 +426,26 @@ class Trainer:
             return
         self.optimizer.load_state_dict(state)
 
+    def _write_checkpoint_files(self, staging: Path, weights: dict, ema_weights: dict | None, optim: dict) -> None:
+        """Rank 0's files of a checkpoint, into its staging folder (the manifest comes later)."""
+        from safetensors.torch import save_file
+
+        save_file(weights, str(staging / "trainable.safetensors"))
+        if ema_weights is not None:
+            save_file(ema_weights, str(staging / "ema.safetensors"))
+        torch.save(optim, staging / "optimizer.pt")
+        torch.save(self.scheduler.state_dict(), staging / "scheduler.pt")
+        state = {"iteration": self.iteration_idx, "optimizer_step": self.opt_step,
+                 "config_hash": config_hash(self.cfg), "config": resume_config(self.cfg), "history": self.history,
+                 "world_size": self.info.world, "chunk_sizes": self.sizes,
+                 "ema_updates": self.ema.updates if self.ema is not None else 0}
+        (staging / "trainer_state.json").write_text(json.dumps(state, indent=1))
+
     def save_checkpoint(self) -> Path | None:
         """All ranks call this (FSDP gathers are collective); rank 0 writes; manifest last. Weights and
         optimizer state must be finite: a NaN/inf is never committed (NonFiniteLossError instead, the
-        previous checkpoint stays the latest). A SIGTERM arriving meanwhile waits until it is done."""
-        from safetensors.torch import save_file
-
+        previous checkpoint stays the latest). A full or read-only file system is one line
+        (CheckpointWriteError), the staging folder removed. A SIGTERM arriving meanwhile waits until it is done."""
         self._saving = True
         try:
             ema_weights = None
@@ -441,26 +463,25 @@ class Trainer:
                     f"non-finite values at optimizer step {self.opt_step} "
                     f"({f'{len(bad)} tensors, e.g. {bad[0]}' if bad else 'on rank 0'}); checkpoint not written — "
                     f"the last complete one in {self.ckpt_root} is intact")
-            if self.info.is_main:
-                ckpt.stage_dir(self.ckpt_root, self.opt_step)
-            D.barrier()  # rank 0 has created a fresh staging folder
             staging = ckpt.staging_path(self.ckpt_root, self.opt_step)
-            torch.save(ckpt.rng_state(), staging / "rng" / f"rank{self.info.rank}.pt")
             final, error = None, None
-            if self.info.is_main:
-                save_file(weights, str(staging / "trainable.safetensors"))
-                if ema_weights is not None:
-                    save_file(ema_weights, str(staging / "ema.safetensors"))
-                torch.save(optim, staging / "optimizer.pt")
-                torch.save(self.scheduler.state_dict(), staging / "scheduler.pt")
-                state = {"iteration": self.iteration_idx, "optimizer_step": self.opt_step,
-                         "config_hash": config_hash(self.cfg), "config": resume_config(self.cfg),
-                         "history": self.history,
-                         "world_size": self.info.world, "chunk_sizes": self.sizes,
-                         "ema_updates": self.ema.updates if self.ema is not None else 0}
-                (staging / "trainer_state.json").write_text(json.dumps(state, indent=1))
-            D.barrier()  # every rank's RNG file is in place
-            if self.info.is_main:
+            with ckpt.writing(staging) as failed:
+                if self.info.is_main:
+                    ckpt.stage_dir(self.ckpt_root, self.opt_step)
+            if _any_rank(failed.error is not None, self.info.device):  # rank 0 has a fresh staging folder
+                if self.info.is_main:
+                    shutil.rmtree(staging, ignore_errors=True)
+                raise failed.error or ckpt.CheckpointWriteError("rank 0 could not create the staging folder")
+            with ckpt.writing(staging) as failed:
+                torch.save(ckpt.rng_state(), staging / "rng" / f"rank{self.info.rank}.pt")
+            if self.info.is_main and failed.error is None:
+                with ckpt.writing(staging) as failed:
+                    self._write_checkpoint_files(staging, weights, ema_weights, optim)
+            if _any_rank(failed.error is not None, self.info.device):
+                if self.info.is_main:
+                    shutil.rmtree(staging, ignore_errors=True)
+                raise failed.error or ckpt.CheckpointWriteError("checkpoint write failed on another rank (see its log)")
+            if self.info.is_main:  # every rank's RNG file is in place (the all-reduce above)
                 mirror = self.mirror
                 try:
                     final = ckpt.finalize(staging, self.ckpt_root, self.opt_step,
@@ -469,7 +490,12 @@ class Trainer:
                 except ckpt.MirrorBacklogError as e:
                     error = e
                     final = ckpt.step_dir(self.ckpt_root, self.opt_step)
-                if mirror is not None:
+                except OSError as e:  # the manifest or the rename: a full or read-only file system
+                    shutil.rmtree(staging, ignore_errors=True)
+                    error = ckpt.CheckpointWriteError(f"cannot write checkpoint {staging.name}: {ckpt._short(e)}; the "
+                                                      f"last complete checkpoint in {self.ckpt_root} is intact")
+                    final = None
+                if mirror is not None and final is not None:
                     mirror.submit(final)
             if _any_rank(error is not None, self.info.device):
                 if error is not None:
@@ -722,6 +748,11 @@ class Trainer:
             self.mirror.close(timeout=0)  # an unfinished upload has no manifest in S3: never read as complete
         lock = getattr(self, "_lock_file", None)
         if lock is not None:
+            # a run that failed before writing anything (bad model, LoRA targets, ...) leaves nothing behind
+            made = getattr(self, "_made", [])
+            if made and {p.name for p in self.out.iterdir()} <= {".train.lock"}:
+                for p in made:
+                    p.unlink() if p.is_file() else p.rmdir()
             lock.close()  # releases the output_dir lock
             self._lock_file = None
         D.teardown()
