@@ -452,6 +452,14 @@ class ArtifactStore:
 
     # ------------------------------------------------------------------------------- buckets
 
+    def require_bucket(self, uri: str) -> None:
+        """UserError naming the bucket if the bucket of `uri` does not exist: an upload must not create one
+        silently (SeaweedFS does on the first PUT) nor be reported as done (checked before any work)."""
+        bucket, _ = self._loc(uri)
+        if not self._retry(f"checking bucket {bucket!r}", lambda: self._client.bucket_exists(bucket)):
+            raise UserError(f"bucket {bucket!r} of {uri} does not exist at {self.config.url}; create it first "
+                            "(or fix the URI)")
+
     def ensure_bucket(self, bucket: str | None = None) -> None:
         """Create the bucket if it does not exist (idempotent, safe against a concurrent create)."""
         from minio.error import S3Error
