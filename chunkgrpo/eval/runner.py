@@ -867,13 +867,13 @@ def run_evaluation(cfg: EvalConfig, *, detector=None, color_fn: Callable | None 
 
         ArtifactStore().require_bucket(cfg.output_uri)
     out = Path(cfg.output_dir).expanduser()
-    out.mkdir(parents=True, exist_ok=True)
     labels = cfg.labels()
     trained = None
     if cfg.model:
         from chunkgrpo.eval.hybrid import load_trained
 
-        trained = load_trained(cfg.model, cache_dir=cfg.cache_dir or None)
+        trained = load_trained(cfg.model, cache_dir=cfg.cache_dir or None)  # verified before output_dir exists
+    out.mkdir(parents=True, exist_ok=True)
     base_model = cfg.base_model or (trained.base_model if trained else "")
     if not base_model:
         raise UserError(f"the trained model {cfg.model!r} does not record its base model; set base_model=…")
