@@ -394,3 +394,36 @@ def test_valid_devices_are_accepted(device):
     from chunkgrpo.train.config import TrainConfig
 
     assert TrainConfig.load("tiny_cpu", [f"device={device}"]).device == device
+
+
+@pytest.mark.parametrize("record", ["no start time", "another command line", "another process group"])
+def test_local_down_never_signals_a_process_it_did_not_start(record, tmp_path, capsys):
+    """A state.json naming an unrelated live process (issue #24 item 10): exit 2, one line naming the
+    pid, the process untouched, the state file untouched."""
+    import subprocess
+    import sys
+
+    import psutil
+
+    victim = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    try:
+        rec = {"pid": victim.pid, "pgid": victim.pid, "port": 1, "cmd": ["weed", "mini"], "log": "x",
+               "create_time": psutil.Process(victim.pid).create_time()}
+        if record == "no start time":
+            rec.pop("create_time")
+        elif record == "another process group":
+            rec["pgid"] = os.getpgid(0)
+        home = tmp_path / "home"
+        home.mkdir()
+        (home / "state.json").write_text(json.dumps({"services": {"s3": rec}}))
+        before = (home / "state.json").read_bytes()
+        rc = main(["local", "down", "--home", str(home)])
+        err = capsys.readouterr().err
+        lines = [ln for ln in err.splitlines() if ln.strip()]
+        assert rc == 2 and "Traceback" not in err and len(lines) == 1, err
+        assert f"pid {victim.pid}" in lines[0] and "not signalling it" in lines[0]
+        assert victim.poll() is None  # still running
+        assert (home / "state.json").read_bytes() == before
+    finally:
+        victim.kill()
+        victim.wait()

@@ -453,3 +453,62 @@ def test_resume_with_another_lr_or_base_model_is_refused(change, two_checkpoints
     summary = run_training(_cfg(model, prompts_file, two_checkpoints, "max_steps=3", *cfg_args,
                                 "checkpoint.allow_config_change=true"))
     assert summary["history"][0]["optimizer_step"] == 1 and summary["optimizer_steps"] == 3
+
+
+# ---------------------------------------------------------------- issue #24 item 12: full / read-only disks
+
+
+@pytest.mark.parametrize("fault", ["ENOSPC in torch.save", "ENOSPC in safetensors", "EROFS creating the staging",
+                                   "ENOSPC writing the manifest"])
+def test_checkpoint_write_failures_are_one_line_and_leave_the_last_checkpoint(fault, tiny_model_dir, prompts_file,
+                                                                               tmp_path, monkeypatch, capsys):
+    """A disk that fills (or turns read-only) at step 2, simulated at the write boundary: the CLI says so
+    in one line (exit 2), the staging folder is gone, step-1 is intact and a re-run resumes from it."""
+    import errno
+
+    import safetensors.torch
+
+    from chunkgrpo.cli import main
+
+    out = tmp_path / "run"
+    args = ["train", "--config", "tiny_cpu", f"model={tiny_model_dir}", f"prompts={prompts_file}",
+            f"output_dir={out}", "progress=false", "checkpoint.every=1", "checkpoint.keep=10",
+            "tracking.image_every=0", "max_steps=3"]
+
+    def at_step_2(real, exc):
+        def wrapped(*a, **k):
+            if (out / "checkpoints" / "step-000001").exists() and not (out / "checkpoints" / "step-000002").exists():
+                raise exc
+            return real(*a, **k)
+        return wrapped
+
+    if fault == "ENOSPC in torch.save":
+        real = torch.save
+        monkeypatch.setattr(torch, "save", lambda obj, f, *a, **k: (
+            at_step_2(real, RuntimeError("[enforce fail at inline_container.cc:603] . unexpected pos 64 vs 0: "
+                                         "PytorchStreamWriter failed writing file data/0: file write failed"))
+            (obj, f, *a, **k)) if str(f).endswith("optimizer.pt") else real(obj, f, *a, **k))
+        needle = "file write failed"
+    elif fault == "ENOSPC in safetensors":
+        monkeypatch.setattr(safetensors.torch, "save_file", at_step_2(
+            safetensors.torch.save_file, OSError(errno.ENOSPC, "No space left on device", "trainable.safetensors")))
+        needle = "No space left on device"
+    elif fault == "EROFS creating the staging":
+        monkeypatch.setattr(ckpt, "stage_dir", at_step_2(
+            ckpt.stage_dir, OSError(errno.EROFS, "Read-only file system", str(out / "checkpoints"))))
+        needle = "Read-only file system"
+    else:
+        monkeypatch.setattr(ckpt, "write_manifest", at_step_2(
+            ckpt.write_manifest, OSError(errno.ENOSPC, "No space left on device", "MANIFEST.json.tmp")))
+        needle = "No space left on device"
+    rc = main(args)
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.strip() and not ln.startswith(("train ", "\r"))]
+    assert rc == 2 and "Traceback" not in err, err
+    assert len(lines) == 1 and lines[0].startswith("chunkgrpo train: error: cannot write checkpoint"), err
+    assert needle in lines[0]
+    assert [p.name for p in (out / "checkpoints").iterdir()] == ["step-000001"]  # no staging left
+    ckpt.verify(out / "checkpoints" / "step-000001")
+    monkeypatch.undo()
+    assert main(args) == 0
+    assert json.loads((out / "train_summary.json").read_text())["history"][0]["optimizer_step"] == 1
