@@ -261,7 +261,8 @@ def plan_from_profile(profile_path: str | Path, strategy: str, out: str | Path, 
     from chunkgrpo.inputs import check_output_file
 
     if Path(out).is_dir():
-        raise UserError(f"plan output {out} is a directory; give a file name (e.g. {Path(out) / 'plan.json'})")
+        raise UserError(f"plan output {out} is a directory; give a file name "
+                        f"(e.g. {Path(out) / 'plan.json'})")
     check_output_file(out, "plan output")
     if plot:
         check_output_file(Path(out).with_suffix(".png"), "plan plot")

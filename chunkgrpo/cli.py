@@ -122,8 +122,9 @@ _ONE_LINE = {
 }
 
 
-_FS_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EEXIST, errno.ENAMETOOLONG, errno.EFBIG, errno.ELOOP,
-              errno.ENOTEMPTY, errno.EXDEV, errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.EISDIR, errno.EMLINK}
+_FS_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EEXIST, errno.ENAMETOOLONG, errno.EFBIG,
+              errno.ELOOP, errno.ENOTEMPTY, errno.EXDEV, errno.EACCES, errno.EPERM, errno.ENOTDIR,
+              errno.EISDIR, errno.EMLINK}
 
 
 def one_line_error(e: BaseException) -> str | None:

@@ -160,7 +160,8 @@ def load_profile(path: str | Path) -> dict:
         raise UserError(f"profile {path}: l1rel must be >= 2 finite numbers")
     neg = [(i, v) for i, v in enumerate(prof["l1rel"]) if v < 0]
     if neg:
-        raise UserError(f"profile {path}: l1rel[{neg[0][0]}]={neg[0][1]} is negative (a relative L1 change is >= 0)")
+        raise UserError(f"profile {path}: l1rel[{neg[0][0]}]={neg[0][1]} is negative "
+                        "(a relative L1 change is >= 0)")
     return prof
 
 

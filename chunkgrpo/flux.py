@@ -156,7 +156,8 @@ def load_flux(source: str | os.PathLike, *, device: str | torch.device = "cpu", 
         if isinstance(e, (UserError, MemoryError)) or (isinstance(e, RuntimeError) and "CUDA" in str(e)):
             raise
         text = " ".join(str(e).split())[:240]
-        raise UserError(f"model dir {path} is not a loadable FLUX pipeline folder ({type(e).__name__}: {text})") from None
+        raise UserError(f"model dir {path} is not a loadable FLUX pipeline folder "
+                        f"({type(e).__name__}: {text})") from None
     pipe.set_progress_bar_config(disable=True)
     for name in ("transformer", "vae", "text_encoder", "text_encoder_2"):
         module = getattr(pipe, name, None)

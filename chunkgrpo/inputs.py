@@ -50,8 +50,8 @@ def check_output_file(path: str | Path, what: str = "output") -> Path:
     if path.is_dir():
         raise UserError(f"{what} {path} is a directory; give a file name")
     if path.exists() and not path.is_file():
-        raise UserError(f"{what} {path} exists and is not a regular file (a FIFO, socket or device); refusing "
-                        "to replace it")
+        raise UserError(f"{what} {path} exists and is not a regular file (a FIFO, socket or device); "
+                        "refusing to replace it")
     return path
 
 

@@ -497,8 +497,9 @@ class LocalServices:
             return
         why = _not_ours(rec)
         if why:
-            raise UserError(f"{self.state_file} names pid {pid} for local {name}, but {why}; not signalling it "
-                            f"(stop that process yourself if it is the server, then remove {self.state_file})")
+            raise UserError(f"{self.state_file} names pid {pid} for local {name}, but {why}; not "
+                            "signalling it (stop that process yourself if it is the server, then remove "
+                            f"{self.state_file})")
         try:
             import psutil
 

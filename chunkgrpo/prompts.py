@@ -29,7 +29,8 @@ def _fetch(uri: str) -> Path:
     from chunkgrpo.store import cached_file, parse_s3_uri
 
     if not parse_s3_uri(uri)[1].strip("/") or uri.endswith("/"):
-        raise UserError(f"prompts={uri} names a bucket or folder, not a prompt file (s3://bucket/path/prompts.txt)")
+        raise UserError(f"prompts={uri} names a bucket or folder, not a prompt file "
+                        "(s3://bucket/path/prompts.txt)")
     return cached_file(uri, "prompts", "prompt file")
 
 

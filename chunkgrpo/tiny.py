@@ -121,13 +121,13 @@ def _check_target(out: Path, overwrite: bool) -> None:
                         "refusing to delete it even with --overwrite")
     foreign = _foreign_files(out)
     if foreign:
-        raise UserError(f"--out {out} is an earlier tiny model but holds {len(foreign)} file(s) `chunkgrpo tiny-model` "
-                        f"did not write or that changed since (e.g. {foreign[0]}); refusing to delete them even with "
-                        "--overwrite")
+        raise UserError(f"--out {out} is an earlier tiny model but holds {len(foreign)} file(s) "
+                        f"`chunkgrpo tiny-model` did not write or that changed since (e.g. {foreign[0]}); "
+                        "refusing to delete them even with --overwrite")
 
 
-_TINY_PARTS = {"model_index.json", MARKER, "scheduler", "text_encoder", "text_encoder_2", "tokenizer", "tokenizer_2",
-               "transformer", "vae"}
+_TINY_PARTS = {"model_index.json", MARKER, "scheduler", "text_encoder", "text_encoder_2", "tokenizer",
+               "tokenizer_2", "transformer", "vae"}
 
 
 def _file_list(folder: Path) -> dict[str, str]:
@@ -198,7 +198,8 @@ def build_tiny_flux(out_dir: str | Path, *, seed: int = 0, size: str = "tiny", o
         staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
         try:
             pipe.save_pretrained(staging)
-            (staging / MARKER).write_text(json.dumps({"size": size, "seed": seed, "files": _file_list(staging)}))
+            marker = {"size": size, "seed": seed, "files": _file_list(staging)}
+            (staging / MARKER).write_text(json.dumps(marker))
             _check_target(out, overwrite)  # again: something may have appeared meanwhile
             if out.exists():
                 old = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=out.parent))

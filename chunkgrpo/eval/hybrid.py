@@ -155,13 +155,15 @@ def _verify_trained_files(path: Path, kind: str) -> None:
             files = json.loads((path / MANIFEST_NAME).read_text(encoding="utf-8"))["files"]
             entries = [(rel, int(e["size"]), str(e["sha256"])) for rel, e in files.items()]
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-            raise UserError(f"{path / MANIFEST_NAME} is not a readable manifest ({type(e).__name__})") from None
+            raise UserError(f"{path / MANIFEST_NAME} is not a readable manifest "
+                            f"({type(e).__name__})") from None
         for rel, size, sha in entries:
             f = path / rel
             if not f.is_file():
                 raise UserError(f"{f}: missing (listed in {MANIFEST_NAME})")
             if f.stat().st_size != size:
-                raise UserError(f"{f}: {f.stat().st_size} bytes, {MANIFEST_NAME} says {size} (truncated or replaced)")
+                raise UserError(f"{f}: {f.stat().st_size} bytes, {MANIFEST_NAME} says {size} "
+                                "(truncated or replaced)")
             if file_sha256(f) != sha:
                 raise UserError(f"{f}: sha256 differs from {MANIFEST_NAME} (damaged or replaced)")
     weights = [path / LORA_FILE] if kind == "lora" else sorted((path / "transformer").glob("*.safetensors"))

@@ -872,7 +872,8 @@ def run_evaluation(cfg: EvalConfig, *, detector=None, color_fn: Callable | None 
     if cfg.model:
         from chunkgrpo.eval.hybrid import load_trained
 
-        trained = load_trained(cfg.model, cache_dir=cfg.cache_dir or None)  # verified before output_dir exists
+        # verified before output_dir exists
+        trained = load_trained(cfg.model, cache_dir=cfg.cache_dir or None)
     out.mkdir(parents=True, exist_ok=True)
     base_model = cfg.base_model or (trained.base_model if trained else "")
     if not base_model:

@@ -68,8 +68,8 @@ def writing(staging: Path):
             isinstance(e, RuntimeError) and ("write" in str(e).lower() or "serializ" in str(e).lower()))
         if not io:
             raise
-        box.error = CheckpointWriteError(f"cannot write checkpoint {staging.name} in {staging.parent}: {_short(e)}; "
-                                         "the last complete checkpoint is intact")
+        box.error = CheckpointWriteError(f"cannot write checkpoint {staging.name} in {staging.parent}: "
+                                         f"{_short(e)}; the last complete checkpoint is intact")
 
 
 class MirrorBacklogError(RuntimeError):
@@ -282,7 +282,8 @@ def check_contents(data: CheckpointData) -> None:
                            ("optimizer.pt", optimizer_tensors(data.optimizer))):
         bad = non_finite(tensors)
         if bad:
-            raise CorruptCheckpointError(f"{name}/{label}: non-finite values in {len(bad)} tensor(s), e.g. {bad[0]}")
+            raise CorruptCheckpointError(f"{name}/{label}: non-finite values in {len(bad)} tensor(s), "
+                                         f"e.g. {bad[0]}")
     state = data.state
     step, iteration = state["optimizer_step"], state["iteration"]
     m = _STEP_RE.match(name)
@@ -290,21 +291,23 @@ def check_contents(data: CheckpointData) -> None:
         raise CorruptCheckpointError(f"{name}/trainer_state.json: negative optimizer_step={step} or "
                                      f"iteration={iteration}")
     if m and int(m.group(1)) != step:
-        raise CorruptCheckpointError(f"{name}/trainer_state.json: optimizer_step={step} but the folder is step "
-                                     f"{int(m.group(1))}")
+        raise CorruptCheckpointError(f"{name}/trainer_state.json: optimizer_step={step} but the folder is "
+                                     f"step {int(m.group(1))}")
     epoch = data.scheduler.get("last_epoch")
     if isinstance(epoch, int) and epoch != step:
-        raise CorruptCheckpointError(f"{name}/trainer_state.json: optimizer_step={step} but scheduler.pt has taken "
-                                     f"{epoch} steps")
-    adam = [int(t.max()) if torch.is_tensor(t) else int(t) for slots in (data.optimizer.get("state") or {}).values()
-            for k, t in (slots or {}).items() if k == "step" and (torch.is_tensor(t) or isinstance(t, (int, float)))]
+        raise CorruptCheckpointError(f"{name}/trainer_state.json: optimizer_step={step} but scheduler.pt has "
+                                     f"taken {epoch} steps")
+    adam = [int(t.max()) if torch.is_tensor(t) else int(t)
+            for slots in (data.optimizer.get("state") or {}).values() for k, t in (slots or {}).items()
+            if k == "step" and (torch.is_tensor(t) or isinstance(t, (int, float)))]
     if adam and max(adam) != step:
-        raise CorruptCheckpointError(f"{name}/trainer_state.json: optimizer_step={step} but optimizer.pt has taken "
-                                     f"{max(adam)} steps")
+        raise CorruptCheckpointError(f"{name}/trainer_state.json: optimizer_step={step} but optimizer.pt has "
+                                     f"taken {max(adam)} steps")
     history = state.get("history")
     if not isinstance(history, list) or len(history) != iteration:
         n = len(history) if isinstance(history, list) else "no"
-        raise CorruptCheckpointError(f"{name}/trainer_state.json: iteration={iteration} but {n} history entries")
+        raise CorruptCheckpointError(f"{name}/trainer_state.json: iteration={iteration} but {n} history "
+                                     "entries")
 
 
 def load_trainer_state(path: Path) -> dict:

@@ -138,13 +138,15 @@ class EmbeddingCache:
             raise CorruptEmbeddingError(f"{path.name}: not a cache file of this version ({len(raw)} bytes)")
         digest, payload = raw[len(_MAGIC):head - 1].decode("ascii", "replace"), raw[head:]
         if hashlib.sha256(payload).hexdigest() != digest:
-            raise CorruptEmbeddingError(f"{path.name}: sha256 differs from the one recorded ({len(raw)} bytes)")
+            raise CorruptEmbeddingError(f"{path.name}: sha256 differs from the one recorded "
+                                        f"({len(raw)} bytes)")
         try:
             d = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
             emb = PromptEmbeds(d["prompt_embeds"], d["pooled"], d["text_ids"])
-            ok = (d.get("prompt") == prompt and emb.prompt_embeds.ndim == 3 and emb.prompt_embeds.shape[0] == 1
-                  and emb.prompt_embeds.shape[1] == self.msl and emb.pooled.shape[0] == 1
-                  and bool(torch.isfinite(emb.prompt_embeds).all()) and bool(torch.isfinite(emb.pooled).all()))
+            pe = emb.prompt_embeds
+            ok = (d.get("prompt") == prompt and pe.ndim == 3 and pe.shape[0] == 1 and pe.shape[1] == self.msl
+                  and emb.pooled.shape[0] == 1 and bool(torch.isfinite(pe).all())
+                  and bool(torch.isfinite(emb.pooled).all()))
         except Exception as e:  # noqa: BLE001 - any unreadable payload is a cache miss to rebuild
             raise CorruptEmbeddingError(f"{path.name}: unreadable ({type(e).__name__})") from None
         if not ok:

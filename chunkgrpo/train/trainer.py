@@ -43,8 +43,9 @@ def config_hash(cfg: TrainConfig) -> str:
     return hashlib.sha256(json.dumps(cfg.to_dict(), sort_keys=True).encode()).hexdigest()[:12]
 
 
-# what a resumed run must share with its checkpoint (the rest — length, checkpointing, logging — may change)
-RESUME_FIXED = ("model", "method", "chunks", "lr", "betas", "weight_decay", "warmup_steps", "group_size",
+# what a resumed run must share with its checkpoint (the rest — length, checkpointing, logging — may
+# change); the chunk plan is compared by its sizes (a plan file's path may differ between retries)
+RESUME_FIXED = ("model", "method", "lr", "betas", "weight_decay", "warmup_steps", "group_size",
                 "timestep_fraction", "seed", "sampling", "rewards", "lora")
 
 
@@ -59,7 +60,8 @@ def config_changes(recorded: dict, cfg: TrainConfig) -> list[str]:
     from chunkgrpo.tracking import flatten
 
     was, now = flatten(recorded), flatten(resume_config(cfg))
-    return [f"{k}: {was.get(k)!r} → {now.get(k)!r}" for k in sorted(set(was) | set(now)) if was.get(k) != now.get(k)]
+    return [f"{k}: {was.get(k)!r} → {now.get(k)!r}" for k in sorted(set(was) | set(now))
+            if was.get(k) != now.get(k)]
 
 
 def resolve_chunk_sizes(cfg: TrainConfig) -> list[int]:
@@ -155,7 +157,8 @@ class Trainer:
             from peft import LoraConfig
 
             try:
-                tr.add_adapter(LoraConfig(r=cfg.lora.rank, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
+                tr.add_adapter(LoraConfig(r=cfg.lora.rank, lora_alpha=cfg.lora.alpha,
+                                          lora_dropout=cfg.lora.dropout,
                                           target_modules=list(cfg.lora.targets), init_lora_weights=True))
             except ValueError as e:  # peft's NoMatchingPeftModuleError is a ValueError
                 raise UserError(f"lora.targets={list(cfg.lora.targets)} match no module of the transformer "
@@ -215,7 +218,8 @@ class Trainer:
         import fcntl
         import os
 
-        self._made = [] if self.out.exists() else [self.out]  # what close() may remove if setup writes nothing else
+        # what close() may remove if setup fails before writing anything else
+        self._made = [] if self.out.exists() else [self.out]
         self.out.mkdir(parents=True, exist_ok=True)
         path = self.out / ".train.lock"
         if not path.exists():
@@ -306,10 +310,10 @@ class Trainer:
 
     def _remote_checkpoints(self, sleep=time.sleep) -> dict[int, str]:
         """The S3 checkpoints, retried with exponential backoff (1 s doubling to 30 s) for
-        `checkpoint.s3_wait_s` while S3 is unreachable or hung (each request bounded by a 30 s read
-        timeout of s3_wait_s/4 capped at 30 s, not the store's upload-sized one). Still unreachable then: with local checkpoints, one
-        line and those are used; without, one line and a StoreError — never a silent start from
-        scratch while S3 may hold this run's checkpoints."""
+        `checkpoint.s3_wait_s` while S3 is unreachable or hung (each request bounded by a read timeout
+        of s3_wait_s/4 capped at 30 s, not the store's upload-sized one). Still unreachable then: with
+        local checkpoints, one line and those are used; without, one line and a StoreError — never a
+        silent start from scratch while S3 may hold this run's checkpoints."""
         import dataclasses
 
         from chunkgrpo.store import ArtifactStore, StoreConfig, StoreError
@@ -317,7 +321,8 @@ class Trainer:
         cfg = self.cfg.checkpoint
         base = StoreConfig()
         timeout = max(1.0, min(30.0, cfg.s3_wait_s / 4))
-        store = ArtifactStore(dataclasses.replace(base, retries=1, read_timeout_s=min(base.read_timeout_s, timeout),
+        store = ArtifactStore(dataclasses.replace(base, retries=1,
+                                                  read_timeout_s=min(base.read_timeout_s, timeout),
                                                   connect_timeout_s=min(base.connect_timeout_s, timeout)))
         t0, delay = time.monotonic(), 1.0
         while True:
@@ -335,25 +340,28 @@ class Trainer:
         waited = time.monotonic() - t0
         reason = str(error).splitlines()[0][:300]
         if ckpt.complete_checkpoints(self.ckpt_root):
-            log.warning("S3 unreachable for %.0fs (%s): resuming from the local checkpoints in %s; S3 may hold "
-                        "newer ones", waited, reason, self.ckpt_root)
+            log.warning("S3 unreachable for %.0fs (%s): resuming from the local checkpoints in %s; S3 may "
+                        "hold newer ones", waited, reason, self.ckpt_root)
             return {}
-        raise StoreError(f"cannot list checkpoints at {cfg.s3_prefix} for {waited:.0f}s ({reason}); refusing to "
-                         "start from scratch while S3 may hold this run's checkpoints — re-run once S3 answers, or "
-                         "checkpoint.resume=false to start over") from None
+        raise StoreError(f"cannot list checkpoints at {cfg.s3_prefix} for {waited:.0f}s ({reason}); refusing "
+                         "to start from scratch while S3 may hold this run's checkpoints — re-run once S3 "
+                         "answers, or checkpoint.resume=false to start over") from None
 
     def _apply_checkpoint(self, data: ckpt.CheckpointData) -> None:
         state = data.state
         limit_steps = self.num_iterations * self.steps_per_iteration
         if state["optimizer_step"] > limit_steps or state["iteration"] > self.num_iterations:
-            raise UserError(f"checkpoint {data.path} is at optimizer_step={state['optimizer_step']} (iteration "
-                            f"{state['iteration']}), beyond this run's end ({self._progress()[0]} "
-                            f"{self._progress()[2]}s); raise max_steps/max_iterations or use another output_dir")
+            total, _, unit = self._progress()
+            raise UserError(f"checkpoint {data.path} is at optimizer_step={state['optimizer_step']} "
+                            f"(iteration {state['iteration']}), beyond this run's end ({total} {unit}s); "
+                            "raise max_steps/max_iterations or use another output_dir")
         changes = config_changes(state["config"], self.cfg) if isinstance(state.get("config"), dict) else []
+        if isinstance(state.get("chunk_sizes"), list) and state["chunk_sizes"] != self.sizes:
+            changes.append(f"chunk sizes: {state['chunk_sizes']} → {self.sizes}")
         if changes and not self.cfg.checkpoint.allow_config_change:
             raise UserError(f"checkpoint {data.path} was trained with another config ({'; '.join(changes)}); "
-                            "refusing to resume (checkpoint.allow_config_change=true to resume anyway, or another "
-                            "output_dir)")
+                            "refusing to resume (checkpoint.allow_config_change=true to resume anyway, or "
+                            "another output_dir)")
         if state.get("config_hash") != config_hash(self.cfg):
             log.warning("resuming from %s written with a different config (hash %s, now %s)", data.path,
                         state.get("config_hash"), config_hash(self.cfg))
@@ -426,7 +434,8 @@ class Trainer:
             return
         self.optimizer.load_state_dict(state)
 
-    def _write_checkpoint_files(self, staging: Path, weights: dict, ema_weights: dict | None, optim: dict) -> None:
+    def _write_checkpoint_files(self, staging: Path, weights: dict, ema_weights: dict | None,
+                                optim: dict) -> None:
         """Rank 0's files of a checkpoint, into its staging folder (the manifest comes later)."""
         from safetensors.torch import save_file
 
@@ -436,7 +445,8 @@ class Trainer:
         torch.save(optim, staging / "optimizer.pt")
         torch.save(self.scheduler.state_dict(), staging / "scheduler.pt")
         state = {"iteration": self.iteration_idx, "optimizer_step": self.opt_step,
-                 "config_hash": config_hash(self.cfg), "config": resume_config(self.cfg), "history": self.history,
+                 "config_hash": config_hash(self.cfg), "config": resume_config(self.cfg),
+                 "history": self.history,
                  "world_size": self.info.world, "chunk_sizes": self.sizes,
                  "ema_updates": self.ema.updates if self.ema is not None else 0}
         (staging / "trainer_state.json").write_text(json.dumps(state, indent=1))
@@ -445,7 +455,8 @@ class Trainer:
         """All ranks call this (FSDP gathers are collective); rank 0 writes; manifest last. Weights and
         optimizer state must be finite: a NaN/inf is never committed (NonFiniteLossError instead, the
         previous checkpoint stays the latest). A full or read-only file system is one line
-        (CheckpointWriteError), the staging folder removed. A SIGTERM arriving meanwhile waits until it is done."""
+        (CheckpointWriteError), the staging folder removed. A SIGTERM arriving meanwhile waits until it
+        is done."""
         self._saving = True
         try:
             ema_weights = None
@@ -480,7 +491,8 @@ class Trainer:
             if _any_rank(failed.error is not None, self.info.device):
                 if self.info.is_main:
                     shutil.rmtree(staging, ignore_errors=True)
-                raise failed.error or ckpt.CheckpointWriteError("checkpoint write failed on another rank (see its log)")
+                raise failed.error or ckpt.CheckpointWriteError(
+                    "checkpoint write failed on another rank (see its log)")
             if self.info.is_main:  # every rank's RNG file is in place (the all-reduce above)
                 mirror = self.mirror
                 try:
@@ -492,8 +504,9 @@ class Trainer:
                     final = ckpt.step_dir(self.ckpt_root, self.opt_step)
                 except OSError as e:  # the manifest or the rename: a full or read-only file system
                     shutil.rmtree(staging, ignore_errors=True)
-                    error = ckpt.CheckpointWriteError(f"cannot write checkpoint {staging.name}: {ckpt._short(e)}; the "
-                                                      f"last complete checkpoint in {self.ckpt_root} is intact")
+                    error = ckpt.CheckpointWriteError(
+                        f"cannot write checkpoint {staging.name}: {ckpt._short(e)}; the last complete "
+                        f"checkpoint in {self.ckpt_root} is intact")
                     final = None
                 if mirror is not None and final is not None:
                     mirror.submit(final)
