@@ -52,6 +52,9 @@ def check_output_file(path: str | Path, what: str = "output") -> Path:
     if path.exists() and not path.is_file():
         raise UserError(f"{what} {path} exists and is not a regular file (a FIFO, socket or device); "
                         "refusing to replace it")
+    parent = next((p for p in path.absolute().parents if p.exists()), None)
+    if parent is not None and not parent.is_dir():
+        raise UserError(f"{what} {path}: {parent} is a file, not a directory")
     return path
 
 
