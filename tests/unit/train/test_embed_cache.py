@@ -21,8 +21,9 @@ def _damage(f, how: str) -> None:
     raw = bytearray(f.read_bytes())
     if how == "truncated":
         f.write_bytes(bytes(raw[: len(raw) // 2]))
-    else:  # one bit in the middle (tensor data): the old cache loaded it silently
-        raw[len(raw) // 2] ^= 0x01
+    else:  # one bit in each of 16 bytes in the middle (tensor data, exponents included): still loadable
+        for k in range(16):
+            raw[len(raw) // 2 + k] ^= 0x40
         f.write_bytes(bytes(raw))
 
 
@@ -77,13 +78,18 @@ def test_another_base_model_or_length_is_another_key(tiny_model, tiny_model_dir,
     assert encoder_identity(copy, 16, torch.float32) != encoder_identity(tiny_model_dir, 16, torch.float32)
 
 
-@pytest.mark.parametrize("how", ["truncated", "bit-flip"])
+@pytest.mark.parametrize("how", ["truncated", "bit-flip", "swapped"])
 def test_resume_with_a_damaged_cache_ends_exactly_as_an_uninterrupted_run(how, two_checkpoints, tiny_model_dir,
                                                                          prompts_file, reference):
     files = sorted((two_checkpoints / "embeds").rglob("*.pt"))
-    assert files
-    for f in files:
-        _damage(f, how)
+    assert len(files) >= 2
+    if how == "swapped":  # valid files under each other's names (what the old cache loaded silently)
+        a, b = files[0].read_bytes(), files[1].read_bytes()
+        files[0].write_bytes(b)
+        files[1].write_bytes(a)
+    else:
+        for f in files:
+            _damage(f, how)
     summary = run_training(_cfg(tiny_model_dir, prompts_file, two_checkpoints, "max_steps=3"))
     assert summary["optimizer_steps"] == 3
     assert _same(load_file(str(two_checkpoints / "final" / "pytorch_lora_weights.safetensors")), reference)
