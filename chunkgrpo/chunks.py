@@ -218,9 +218,12 @@ def plan_dynamics(p: list[float], *, max_chunk: int = 5, last_fraction: float = 
 
 
 def write_plan(plan_dict: dict, out: str | Path) -> Path:
+    from chunkgrpo.inputs import check_output_file
+
     out = Path(out)
     if out.is_dir():
         raise UserError(f"plan output {out} is a directory; give a file name (e.g. {out / 'plan.json'})")
+    check_output_file(out, "plan output")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(out.suffix + ".tmp")
     try:
@@ -255,7 +258,14 @@ def plan_from_profile(profile_path: str | Path, strategy: str, out: str | Path, 
     """Load a profile, plan over its N−1 trainable steps on its SDE or ODE curve (`trajectories`, default
     the profile's own choice), write the plan JSON (+ PNG of both curves with the chunks)."""
     from chunkgrpo.dynamics import load_profile, plot_profile, select_trajectories
+    from chunkgrpo.inputs import check_output_file
 
+    if Path(out).is_dir():
+        raise UserError(f"plan output {out} is a directory; give a file name "
+                        f"(e.g. {Path(out) / 'plan.json'})")
+    check_output_file(out, "plan output")
+    if plot:
+        check_output_file(Path(out).with_suffix(".png"), "plan plot")
     profile = load_profile(profile_path)
     curve, kind = select_trajectories(profile, trajectories)
     trainable = len(curve) - 1

@@ -8,6 +8,7 @@ User errors (`UserError`, missing files) print one line and exit 2; no traceback
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import os
 import pkgutil
@@ -115,6 +116,7 @@ _ONE_LINE = {
     "chunkgrpo.train.context.NonFiniteLossError": "",
     "chunkgrpo.train.checkpoint.CorruptCheckpointError": "corrupt checkpoint: ",
     "chunkgrpo.train.checkpoint.MirrorBacklogError": "",
+    "chunkgrpo.train.checkpoint.CheckpointWriteError": "",
     "mlflow.exceptions.MlflowException": "MLflow: ",
     "requests.exceptions.ConnectionError": "cannot connect: ",
     "requests.exceptions.Timeout": "timed out: ",
@@ -125,10 +127,17 @@ _ONE_LINE = {
 }
 
 
+_FS_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EEXIST, errno.ENAMETOOLONG, errno.EFBIG,
+              errno.ELOOP, errno.ENOTEMPTY, errno.EXDEV, errno.EACCES, errno.EPERM, errno.ENOTDIR,
+              errno.EISDIR, errno.EMLINK}
+
+
 def one_line_error(e: BaseException) -> str | None:
     """The one-line message for a known kind of failure, or None (a bug: keep the traceback)."""
     if isinstance(e, (IsADirectoryError, NotADirectoryError, PermissionError)):
         return f"{e.strerror or e}: {e.filename}" if e.filename else str(e)
+    if isinstance(e, OSError) and e.errno in _FS_ERRNOS:  # a full, read-only or odd output location
+        return f"{e.strerror or os.strerror(e.errno)}: {e.filename}" if e.filename else f"{e.strerror or e}"
     if isinstance(e, UnicodeDecodeError):
         return f"input is not UTF-8 text (bad byte at offset {e.start})"
     for cls in type(e).__mro__:

@@ -118,7 +118,11 @@ def select_trajectories(profile: dict, trajectories: str | None = None) -> tuple
 
 def write_profile(profile: dict, out: str | Path, plot: bool = True) -> Path:
     """Write the profile JSON atomically, and a PNG plot next to it."""
-    out = Path(out)
+    from chunkgrpo.inputs import check_output_file
+
+    out = check_output_file(out, "profile output")
+    if plot:
+        check_output_file(out.with_suffix(".png"), "profile plot")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(out.suffix + ".tmp")
     try:
@@ -129,6 +133,9 @@ def write_profile(profile: dict, out: str | Path, plot: bool = True) -> Path:
     if plot:
         plot_profile(profile, out.with_suffix(".png"))
     return out
+
+
+MAX_PROFILE_STEPS = 4096
 
 
 def load_profile(path: str | Path) -> dict:
@@ -146,8 +153,15 @@ def load_profile(path: str | Path) -> dict:
     n = len(prof["l1rel"])
     if len(prof["sigmas"]) != n + 1:
         raise UserError(f"profile {path}: {len(prof['sigmas'])} sigmas for {n} transitions (expected {n + 1})")
+    if n > MAX_PROFILE_STEPS:
+        raise UserError(f"profile {path} has {n} transitions; at most {MAX_PROFILE_STEPS} sampling steps are "
+                        "supported (FLUX samples 16–50)")
     if n < 2 or not all(isinstance(v, (int, float)) and math.isfinite(v) for v in prof["l1rel"]):
         raise UserError(f"profile {path}: l1rel must be >= 2 finite numbers")
+    neg = [(i, v) for i, v in enumerate(prof["l1rel"]) if v < 0]
+    if neg:
+        raise UserError(f"profile {path}: l1rel[{neg[0][0]}]={neg[0][1]} is negative "
+                        "(a relative L1 change is >= 0)")
     return prof
 
 
@@ -205,6 +219,10 @@ def run_profile(cfg: ProfileConfig, progress: bool = True) -> tuple[dict, Path]:
         raise UserError("profile needs a prompt file (--prompts FILE)")
     if Path(cfg.out).is_dir():
         raise UserError(f"profile output {cfg.out} is a directory; give a file name (e.g. {Path(cfg.out) / 'profile.json'})")
+    from chunkgrpo.inputs import check_output_file
+
+    check_output_file(cfg.out, "profile output")  # before minutes of sampling
+    check_output_file(Path(cfg.out).with_suffix(".png"), "profile plot")
     prompts = load_prompts(cfg.prompts, limit=cfg.num_prompts)
     model = load_flux(cfg.model, device=cfg.device)
     prof = profile_model(model, prompts, cfg, progress=progress)

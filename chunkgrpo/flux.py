@@ -150,7 +150,14 @@ def load_flux(source: str | os.PathLike, *, device: str | torch.device = "cpu", 
         kwargs.update(text_encoder=None, text_encoder_2=None)
     if not with_vae:
         kwargs["vae"] = None
-    pipe = FluxPipeline.from_pretrained(path, dtype=dtype, **kwargs)
+    try:
+        pipe = FluxPipeline.from_pretrained(path, dtype=dtype, **kwargs)
+    except Exception as e:  # noqa: BLE001 - a damaged folder: missing keys, truncated weights, bad JSON
+        if isinstance(e, (UserError, MemoryError)) or (isinstance(e, RuntimeError) and "CUDA" in str(e)):
+            raise
+        text = " ".join(str(e).split())[:240]
+        raise UserError(f"model dir {path} is not a loadable FLUX pipeline folder "
+                        f"({type(e).__name__}: {text})") from None
     pipe.set_progress_bar_config(disable=True)
     for name in ("transformer", "vae", "text_encoder", "text_encoder_2"):
         module = getattr(pipe, name, None)

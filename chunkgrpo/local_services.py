@@ -495,6 +495,11 @@ class LocalServices:
             _reap(pid)
             _remove_weed_sockets(rec)
             return
+        why = _not_ours(rec)
+        if why:
+            raise UserError(f"{self.state_file} names pid {pid} for local {name}, but {why}; not "
+                            "signalling it (stop that process yourself if it is the server, then remove "
+                            f"{self.state_file})")
         try:
             import psutil
 
@@ -541,6 +546,25 @@ class LocalServices:
         if self.config.mlflow:
             out["MLFLOW_TRACKING_URI"] = f"http://{HOST}:{mlflow_port}"
         return out
+
+
+def _not_ours(rec: dict) -> str:
+    """Why the live process `rec` names is not one `local up` started ('' if it is): its start time and
+    command line must be the recorded ones and its process group its own (servers run in a new session)."""
+    pid, pgid = rec.get("pid"), rec.get("pgid")
+    if not isinstance(pid, int) or pid <= 1 or (pgid is not None and pgid != pid):
+        return f"the record is not one `local up` writes (pid {pid!r}, process group {pgid!r})"
+    if rec.get("create_time") is None:
+        return "the record has no start time to verify that process by"
+    try:
+        import psutil
+
+        cmdline = psutil.Process(pid).cmdline()
+    except Exception as e:  # noqa: BLE001 - AccessDenied: not ours either
+        return f"its command line cannot be read ({type(e).__name__})"
+    if rec.get("cmd") and cmdline != rec["cmd"]:
+        return f"it runs {' '.join(cmdline)[:120]!r}, not the recorded server command"
+    return ""
 
 
 def _signal_group(pgid: int | None, pid: int, sig: int) -> None:

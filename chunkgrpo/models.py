@@ -73,8 +73,9 @@ def sync(source: str, dest: str | None = None, *, download: bool = False, revisi
         dest = model_uri(source)
     if not dest.startswith("s3://"):
         raise UserError(f"destination {dest!r} must be an s3:// URI")
-    local = _local_source(source, download, revision)
     store = store or ArtifactStore()
+    store.require_bucket(dest)  # before any download: a missing bucket is never "uploaded"
+    local = _local_source(source, download, revision)
     want = build_manifest(local)
     if not want.files:
         raise UserError(f"{local} is empty")

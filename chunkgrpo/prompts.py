@@ -26,8 +26,11 @@ def _pick(row: dict, where: str) -> str:
 
 def _fetch(uri: str) -> Path:
     """Download an s3:// prompt file into the cache (re-downloaded when its size/etag changes)."""
-    from chunkgrpo.store import cached_file
+    from chunkgrpo.store import cached_file, parse_s3_uri
 
+    if not parse_s3_uri(uri)[1].strip("/") or uri.endswith("/"):
+        raise UserError(f"prompts={uri} names a bucket or folder, not a prompt file "
+                        "(s3://bucket/path/prompts.txt)")
     return cached_file(uri, "prompts", "prompt file")
 
 
@@ -39,6 +42,9 @@ def load_prompts(path: str | Path, limit: int = 0) -> list[str]:
         raise UserError(f"prompt file {path} does not exist")
     if path.is_dir():
         raise UserError(f"prompt file {path} is a directory, expected a .txt/.jsonl/.tsv/.parquet file")
+    from chunkgrpo.inputs import check_regular
+
+    check_regular(path, "prompt file")
     suffix = path.suffix.lower()
     prompts: list[str] = []
     if suffix == ".jsonl":
@@ -68,6 +74,9 @@ def load_prompts(path: str | Path, limit: int = 0) -> list[str]:
         prompts = [ln.strip() for ln in read_text(path, "prompt file").splitlines()
                    if ln.strip() and not ln.lstrip().startswith("#")]
     prompts = [p.strip() for p in prompts]
+    nul = [i for i, p in enumerate(prompts) if "\x00" in p]
+    if nul:
+        raise UserError(f"{path}: prompt at entry {nul[0]} contains a NUL character")
     empty = [i for i, p in enumerate(prompts) if not p]
     if empty:
         raise UserError(f"{path}: empty prompt at entry {empty[0]}")

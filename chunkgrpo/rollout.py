@@ -55,6 +55,9 @@ class SamplingConfig(Config):
             raise UserError(f"sampling.shift must be > 0, got {self.shift}")
         if self.height <= 0 or self.width <= 0:
             raise UserError(f"height/width must be positive, got {self.height}x{self.width}")
+        if not 1 <= self.max_sequence_length <= 512:
+            raise UserError(f"sampling.max_sequence_length={self.max_sequence_length} must be in 1..512 "
+                            "(T5 tokens per prompt; FLUX.1-dev uses 512)")
         self.stochastic_mask()  # validates the spec
 
     def sigmas(self, image_seq_len: int = 4096) -> torch.Tensor:

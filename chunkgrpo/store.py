@@ -431,6 +431,11 @@ class ArtifactStore:
                         f"S3 authentication failed at {c.url} for access key id {c.access_key!r} while {what}: "
                         f"{getattr(exc, 'code', '') or type(exc).__name__} — check AWS_ACCESS_KEY_ID/"
                         "AWS_SECRET_ACCESS_KEY (the Kubernetes Secret) and the bucket policy") from None
+                if getattr(exc, "code", "") == "RequestTimeTooSkewed":
+                    raise UserError(
+                        f"S3 at {c.url} refused the request while {what}: this machine's clock differs "
+                        "from the server's by more than S3 allows (RequestTimeTooSkewed, 15 min); fix the "
+                        "clock (NTP)") from None
                 if kind == "missing" and getattr(exc, "code", "") == "NoSuchBucket":
                     raise UserError(
                         f"bucket {getattr(exc, 'bucket_name', None) or self.bucket!r} does not exist at {c.url} "
@@ -448,6 +453,14 @@ class ArtifactStore:
         raise AssertionError("unreachable")
 
     # ------------------------------------------------------------------------------- buckets
+
+    def require_bucket(self, uri: str) -> None:
+        """UserError naming the bucket if the bucket of `uri` does not exist: an upload must not create one
+        silently (SeaweedFS does on the first PUT) nor be reported as done (checked before any work)."""
+        bucket, _ = self._loc(uri)
+        if not self._retry(f"checking bucket {bucket!r}", lambda: self._client.bucket_exists(bucket)):
+            raise UserError(f"bucket {bucket!r} of {uri} does not exist at {self.config.url}; create it "
+                            "first (or fix the URI)")
 
     def ensure_bucket(self, bucket: str | None = None) -> None:
         """Create the bucket if it does not exist (idempotent, safe against a concurrent create)."""

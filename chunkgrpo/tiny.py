@@ -119,6 +119,38 @@ def _check_target(out: Path, overwrite: bool) -> None:
     if not (out / MARKER).is_file():
         raise UserError(f"--out {out} is a non-empty directory not made by `chunkgrpo tiny-model` (no {MARKER}); "
                         "refusing to delete it even with --overwrite")
+    foreign = _foreign_files(out)
+    if foreign:
+        raise UserError(f"--out {out} is an earlier tiny model but holds {len(foreign)} file(s) "
+                        f"`chunkgrpo tiny-model` did not write or that changed since (e.g. {foreign[0]}); "
+                        "refusing to delete them even with --overwrite")
+
+
+_TINY_PARTS = {"model_index.json", MARKER, "scheduler", "text_encoder", "text_encoder_2", "tokenizer",
+               "tokenizer_2", "transformer", "vae"}
+
+
+def _file_list(folder: Path) -> dict[str, str]:
+    """{relative path: sha256} of every file under `folder` except the marker."""
+    import hashlib
+
+    return {p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if (p.is_file() or p.is_symlink()) and p.name != MARKER}
+
+
+def _foreign_files(out: Path) -> list[str]:
+    """Files in an earlier tiny-model folder that its marker does not record (added, or changed since);
+    markers written before the file list was recorded: anything outside the pipeline's own parts."""
+    try:
+        recorded = json.loads((out / MARKER).read_text(encoding="utf-8")).get("files")
+    except (OSError, ValueError, AttributeError):
+        recorded = None
+    present = {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file() or p.is_symlink()}
+    present.discard(MARKER)
+    if not isinstance(recorded, dict):
+        return sorted(p for p in present if p.split("/")[0] not in _TINY_PARTS)
+    now = _file_list(out)
+    return sorted(p for p in present if recorded.get(p) != now.get(p))
 
 
 def build_tiny_flux(out_dir: str | Path, *, seed: int = 0, size: str = "tiny", overwrite: bool = True) -> Path:
@@ -166,7 +198,8 @@ def build_tiny_flux(out_dir: str | Path, *, seed: int = 0, size: str = "tiny", o
         staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
         try:
             pipe.save_pretrained(staging)
-            (staging / MARKER).write_text(json.dumps({"size": size, "seed": seed}))
+            marker = {"size": size, "seed": seed, "files": _file_list(staging)}
+            (staging / MARKER).write_text(json.dumps(marker))
             _check_target(out, overwrite)  # again: something may have appeared meanwhile
             if out.exists():
                 old = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=out.parent))

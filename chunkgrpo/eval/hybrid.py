@@ -142,6 +142,41 @@ def _download(uri: str, cache_dir: str | os.PathLike | None) -> Path:
     return cached_folder(uri, "trained", cache_dir)
 
 
+def _verify_trained_files(path: Path, kind: str) -> None:
+    """A trained folder is checked before any GPU time: every file against the folder's MANIFEST.json
+    when it has one (the trainer writes it), and its safetensors weights readable (a truncated file
+    fails its header/length check) — a UserError naming the file, never a traceback mid-evaluation."""
+    from safetensors import safe_open
+
+    from chunkgrpo.store import MANIFEST_NAME, file_sha256
+
+    if (path / MANIFEST_NAME).is_file():
+        try:
+            files = json.loads((path / MANIFEST_NAME).read_text(encoding="utf-8"))["files"]
+            entries = [(rel, int(e["size"]), str(e["sha256"])) for rel, e in files.items()]
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            raise UserError(f"{path / MANIFEST_NAME} is not a readable manifest "
+                            f"({type(e).__name__})") from None
+        for rel, size, sha in entries:
+            f = path / rel
+            if not f.is_file():
+                raise UserError(f"{f}: missing (listed in {MANIFEST_NAME})")
+            if f.stat().st_size != size:
+                raise UserError(f"{f}: {f.stat().st_size} bytes, {MANIFEST_NAME} says {size} "
+                                "(truncated or replaced)")
+            if file_sha256(f) != sha:
+                raise UserError(f"{f}: sha256 differs from {MANIFEST_NAME} (damaged or replaced)")
+    weights = [path / LORA_FILE] if kind == "lora" else sorted((path / "transformer").glob("*.safetensors"))
+    for f in weights:
+        try:
+            with safe_open(str(f), framework="pt") as fh:
+                for key in fh.keys():
+                    fh.get_slice(key)
+        except Exception as e:  # noqa: BLE001 - SafetensorError, OSError: unreadable weights
+            raise UserError(f"{f} is not a readable safetensors file ({' '.join(str(e).split())[:160]}); "
+                            "truncated or damaged?") from None
+
+
 def load_trained(source: str | os.PathLike, *, cache_dir: str | os.PathLike | None = None) -> TrainedModel:
     """Resolve a trained model: a local folder (the trainer's `final/`, or its output_dir holding `final/`),
     an `s3://` folder artifact (downloaded and checksum-verified into a cache), or a model-pointer JSON file
@@ -192,6 +227,7 @@ def load_trained(source: str | os.PathLike, *, cache_dir: str | os.PathLike | No
         raise UserError(f"{path}: kind 'lora' but {LORA_FILE} is missing")
     if kind == "full" and not (path / "transformer" / "config.json").exists():
         raise UserError(f"{path}: kind 'full' but transformer/config.json is missing")
+    _verify_trained_files(path, kind)
     base = str(meta.get("base_model") or (pointer or {}).get("base_model") or "")
     return TrainedModel(kind=kind, path=path, base_model=base, meta=meta, source=str(source))
 

@@ -37,6 +37,7 @@ import hashlib
 import json
 import logging
 import math
+import re
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -157,6 +158,10 @@ class EvalConfig(Config):
             raise UserError(f"ci_level={self.ci_level} must be in [0.5, 1)")
         if self.output_uri and not self.output_uri.startswith("s3://"):
             raise UserError(f"output_uri={self.output_uri!r} must be an s3://bucket/prefix URI (or empty)")
+        for key in ("device", "scorer_device"):
+            dev = getattr(self, key)
+            if dev not in ("auto", "cpu", "cuda") and not re.fullmatch(r"cuda:\d+", dev):
+                raise UserError(f"{key}={dev!r} is not one of auto, cpu, cuda, cuda:N")
         if not self.output_dir:
             raise UserError("output_dir must be set")
         if not self.model and not self.base_model:
@@ -876,14 +881,19 @@ def run_evaluation(cfg: EvalConfig, *, detector=None, color_fn: Callable | None 
     from chunkgrpo import tracking
 
     t_start = time.perf_counter()
+    if cfg.output_uri:  # before any work: results must never be "uploaded" to a bucket that does not exist
+        from chunkgrpo.store import ArtifactStore
+
+        ArtifactStore().require_bucket(cfg.output_uri)
     out = Path(cfg.output_dir).expanduser()
-    out.mkdir(parents=True, exist_ok=True)
     labels = cfg.labels()
     trained = None
     if cfg.model:
         from chunkgrpo.eval.hybrid import load_trained
 
+        # verified before output_dir exists
         trained = load_trained(cfg.model, cache_dir=cfg.cache_dir or None)
+    out.mkdir(parents=True, exist_ok=True)
     base_model = cfg.base_model or (trained.base_model if trained else "")
     if not base_model:
         raise UserError(f"the trained model {cfg.model!r} does not record its base model; set base_model=…")

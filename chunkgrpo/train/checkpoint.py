@@ -20,6 +20,7 @@ the trainer falls back to the newest one that passes.
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import logging
 import random
@@ -43,6 +44,32 @@ _STEP_RE = re.compile(r"^step-(\d+)$")
 
 class CorruptCheckpointError(Exception):
     """A checkpoint folder that fails verification or cannot be read; the message names the file."""
+
+
+class CheckpointWriteError(RuntimeError):
+    """A checkpoint could not be written (full disk, read-only folder); the staging folder is removed and
+    the last complete checkpoint stays the newest."""
+
+
+class _Failed:
+    error: "CheckpointWriteError | None" = None
+
+
+@contextlib.contextmanager
+def writing(staging: Path):
+    """Catch a write failure into `box.error` (a one-line CheckpointWriteError) instead of raising it, so
+    every rank reaches the next collective; a failure that is not I/O (a bug) still raises."""
+    box = _Failed()
+    try:
+        yield box
+    except Exception as e:  # noqa: BLE001 - filtered: only write failures are caught
+        name = type(e).__name__
+        io = isinstance(e, OSError) or name == "SafetensorError" or (
+            isinstance(e, RuntimeError) and ("write" in str(e).lower() or "serializ" in str(e).lower()))
+        if not io:
+            raise
+        box.error = CheckpointWriteError(f"cannot write checkpoint {staging.name} in {staging.parent}: "
+                                         f"{_short(e)}; the last complete checkpoint is intact")
 
 
 class MirrorBacklogError(RuntimeError):
@@ -246,7 +273,48 @@ def read(path: Path, rank: int = 0) -> CheckpointData:
             raise ValueError("not an RNG state of this version")
     except Exception as e:  # noqa: BLE001 - any failure to read a file means the checkpoint is unusable
         raise CorruptCheckpointError(f"{path.name}/{current}: {_short(e)}") from None
-    return CheckpointData(path, state, weights, optim, sched, rng, ema)
+    data = CheckpointData(path, state, weights, optim, sched, rng, ema)
+    check_contents(data)
+    return data
+
+
+def check_contents(data: CheckpointData) -> None:
+    """What a manifest cannot vouch for (whoever rewrites a file rewrites the manifest too): every
+    floating tensor finite (trainable weights, EMA, optimizer moments), and a trainer state that agrees
+    with the files — `optimizer_step` = the N of the folder `step-N` = the LR scheduler's step count
+    = the largest AdamW `step`; `iteration` ≥ 0 with one history entry per iteration. Raises
+    CorruptCheckpointError naming the first disagreement."""
+    name = data.path.name
+    for label, tensors in (("trainable.safetensors", data.weights), ("ema.safetensors", data.ema or {}),
+                           ("optimizer.pt", optimizer_tensors(data.optimizer))):
+        bad = non_finite(tensors)
+        if bad:
+            raise CorruptCheckpointError(f"{name}/{label}: non-finite values in {len(bad)} tensor(s), "
+                                         f"e.g. {bad[0]}")
+    state = data.state
+    step, iteration = state["optimizer_step"], state["iteration"]
+    m = _STEP_RE.match(name)
+    if step < 0 or iteration < 0:
+        raise CorruptCheckpointError(f"{name}/trainer_state.json: negative optimizer_step={step} or "
+                                     f"iteration={iteration}")
+    if m and int(m.group(1)) != step:
+        raise CorruptCheckpointError(f"{name}/trainer_state.json: optimizer_step={step} but the folder is "
+                                     f"step {int(m.group(1))}")
+    epoch = data.scheduler.get("last_epoch")
+    if isinstance(epoch, int) and epoch != step:
+        raise CorruptCheckpointError(f"{name}/trainer_state.json: optimizer_step={step} but scheduler.pt has "
+                                     f"taken {epoch} steps")
+    adam = [int(t.max()) if torch.is_tensor(t) else int(t)
+            for slots in (data.optimizer.get("state") or {}).values() for k, t in (slots or {}).items()
+            if k == "step" and (torch.is_tensor(t) or isinstance(t, (int, float)))]
+    if adam and max(adam) != step:
+        raise CorruptCheckpointError(f"{name}/trainer_state.json: optimizer_step={step} but optimizer.pt has "
+                                     f"taken {max(adam)} steps")
+    history = state.get("history")
+    if not isinstance(history, list) or len(history) != iteration:
+        n = len(history) if isinstance(history, list) else "no"
+        raise CorruptCheckpointError(f"{name}/trainer_state.json: iteration={iteration} but {n} history "
+                                     "entries")
 
 
 def load_trainer_state(path: Path) -> dict:

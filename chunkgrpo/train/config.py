@@ -59,10 +59,16 @@ class CheckpointConfig(Config):
     resume: bool = option(True, "resume from the newest checkpoint in output_dir (or S3) that verifies against its manifest")
     mirror_backlog: int = option(0, "S3 outage: checkpoints not yet in S3 kept beyond `keep`; one more stops training instead of deleting it")
     mirror_wait_s: float = option(600.0, "at the end of training, seconds to wait for the S3 mirror to catch up before failing")
+    allow_config_change: bool = option(False, "resume even though the checkpoint was trained with another "
+                                       "base model, method, lr, optimizer, LoRA, sampling, rewards, seed or "
+                                       "chunk sizes (refused otherwise)")
+    s3_wait_s: float = option(120.0, "resume: seconds to keep retrying (with backoff) an unreachable S3 "
+                              "before failing; training never starts from scratch while S3 may hold its "
+                              "checkpoints")
 
     def __post_init__(self) -> None:
         check_finite(self, "checkpoint.")
-        for name in ("every", "keep", "mirror_backlog", "mirror_wait_s"):
+        for name in ("every", "keep", "mirror_backlog", "mirror_wait_s", "s3_wait_s"):
             if getattr(self, name) < 0:
                 raise UserError(f"checkpoint.{name} must be >= 0, got {getattr(self, name)}")
         if self.s3_prefix:
@@ -181,6 +187,11 @@ class TrainConfig(Config):
 
     def __post_init__(self) -> None:
         check_finite(self)  # NaN/inf pass every `< 0` check below
+        if not str(self.output_dir).strip():
+            raise UserError("output_dir='' is empty; name the run's folder (e.g. output_dir=runs/train) — "
+                            "an empty one would write into the current directory")
+        if not 0 <= self.seed < 2**32:
+            raise UserError(f"seed={self.seed} must be in 0..{2**32 - 1}")
         if self.device not in ("auto", "cpu", "cuda") and not re.fullmatch(r"cuda:\d+", self.device):
             raise UserError(f"device={self.device!r} is not one of auto, cpu, cuda, cuda:N")
         if self.max_grad_norm < 0:

@@ -16,6 +16,7 @@ import hashlib
 import json
 import logging
 import math
+import shutil
 import time
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
@@ -40,6 +41,27 @@ log = logging.getLogger(__name__)
 
 def config_hash(cfg: TrainConfig) -> str:
     return hashlib.sha256(json.dumps(cfg.to_dict(), sort_keys=True).encode()).hexdigest()[:12]
+
+
+# what a resumed run must share with its checkpoint (the rest — length, checkpointing, logging — may
+# change); the chunk plan is compared by its sizes (a plan file's path may differ between retries)
+RESUME_FIXED = ("model", "method", "lr", "betas", "weight_decay", "warmup_steps", "group_size",
+                "timestep_fraction", "seed", "sampling", "rewards", "lora")
+
+
+def resume_config(cfg: TrainConfig) -> dict:
+    """The RESUME_FIXED fields, recorded in every checkpoint's trainer_state.json."""
+    d = cfg.to_dict()
+    return {k: d[k] for k in RESUME_FIXED}
+
+
+def config_changes(recorded: dict, cfg: TrainConfig) -> list[str]:
+    """`key: was → now` for every RESUME_FIXED field (nested ones by dotted name) that differs."""
+    from chunkgrpo.tracking import flatten
+
+    was, now = flatten(recorded), flatten(resume_config(cfg))
+    return [f"{k}: {was.get(k)!r} → {now.get(k)!r}" for k in sorted(set(was) | set(now))
+            if was.get(k) != now.get(k)]
 
 
 def resolve_chunk_sizes(cfg: TrainConfig) -> list[int]:
@@ -137,8 +159,13 @@ class Trainer:
         if cfg.lora.enabled:
             from peft import LoraConfig
 
-            tr.add_adapter(LoraConfig(r=cfg.lora.rank, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
-                                      target_modules=list(cfg.lora.targets), init_lora_weights=True))
+            try:
+                tr.add_adapter(LoraConfig(r=cfg.lora.rank, lora_alpha=cfg.lora.alpha,
+                                          lora_dropout=cfg.lora.dropout,
+                                          target_modules=list(cfg.lora.targets), init_lora_weights=True))
+            except ValueError as e:  # peft's NoMatchingPeftModuleError is a ValueError
+                raise UserError(f"lora.targets={list(cfg.lora.targets)} match no module of the transformer "
+                                f"({str(e).splitlines()[0][:200]})") from None
             for n, p in tr.named_parameters():
                 p.requires_grad_("lora_" in n)
         else:
@@ -223,8 +250,12 @@ class Trainer:
         import fcntl
         import os
 
+        # what close() may remove if setup fails before writing anything else
+        self._made = [] if self.out.exists() else [self.out]
         self.out.mkdir(parents=True, exist_ok=True)
         path = self.out / ".train.lock"
+        if not path.exists():
+            self._made.insert(0, path)
         self._lock_file = open(path, "a+")
         try:
             fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -247,13 +278,7 @@ class Trainer:
         cfg, info = self.cfg, self.info
         remote: dict[int, str] = {}
         if cfg.checkpoint.s3_prefix and info.local_rank == 0:
-            try:
-                remote = ckpt.remote_checkpoints(cfg.checkpoint.s3_prefix)
-            except Exception as e:  # noqa: BLE001 - S3 down: local checkpoints may still do
-                if not ckpt.complete_checkpoints(self.ckpt_root) or isinstance(e, UserError):
-                    raise
-                log.warning("cannot list S3 checkpoints at %s (%s); resuming from local ones",
-                            cfg.checkpoint.s3_prefix, e)
+            remote = self._remote_checkpoints()
         local = [ckpt.step_of(p) for p in ckpt.complete_checkpoints(self.ckpt_root)] if info.local_rank == 0 else []
         # (step, source) newest first; the local copy of a step before its S3 copy
         candidates = sorted({(st, "local") for st in local} | {(st, "s3") for st in remote},
@@ -315,8 +340,60 @@ class Trainer:
         if rejected and info.is_main:
             log.warning("no checkpoint verifies (%s set aside); starting from scratch", ", ".join(rejected))
 
+    def _remote_checkpoints(self, sleep=time.sleep) -> dict[int, str]:
+        """The S3 checkpoints, retried with exponential backoff (1 s doubling to 30 s) for
+        `checkpoint.s3_wait_s` while S3 is unreachable or hung (each request bounded by a read timeout
+        of s3_wait_s/4 capped at 30 s, not the store's upload-sized one). Still unreachable then: with
+        local checkpoints, one line and those are used; without, one line and a StoreError — never a
+        silent start from scratch while S3 may hold this run's checkpoints."""
+        import dataclasses
+
+        from chunkgrpo.store import ArtifactStore, StoreConfig, StoreError
+
+        cfg = self.cfg.checkpoint
+        base = StoreConfig()
+        timeout = max(1.0, min(30.0, cfg.s3_wait_s / 4))
+        store = ArtifactStore(dataclasses.replace(base, retries=1,
+                                                  read_timeout_s=min(base.read_timeout_s, timeout),
+                                                  connect_timeout_s=min(base.connect_timeout_s, timeout)))
+        t0, delay = time.monotonic(), 1.0
+        while True:
+            try:
+                return ckpt.remote_checkpoints(cfg.s3_prefix, store)
+            except StoreError as e:
+                error = e
+            waited = time.monotonic() - t0
+            if waited + delay > cfg.s3_wait_s:
+                break
+            log.warning("cannot list checkpoints at %s (%s); retrying in %.0fs (checkpoint.s3_wait_s=%.0f)",
+                        cfg.s3_prefix, str(error).splitlines()[0][:200], delay, cfg.s3_wait_s)
+            sleep(delay)
+            delay = min(30.0, delay * 2)
+        waited = time.monotonic() - t0
+        reason = str(error).splitlines()[0][:300]
+        if ckpt.complete_checkpoints(self.ckpt_root):
+            log.warning("S3 unreachable for %.0fs (%s): resuming from the local checkpoints in %s; S3 may "
+                        "hold newer ones", waited, reason, self.ckpt_root)
+            return {}
+        raise StoreError(f"cannot list checkpoints at {cfg.s3_prefix} for {waited:.0f}s ({reason}); refusing "
+                         "to start from scratch while S3 may hold this run's checkpoints — re-run once S3 "
+                         "answers, or checkpoint.resume=false to start over") from None
+
     def _apply_checkpoint(self, data: ckpt.CheckpointData) -> None:
         state = data.state
+        limit_steps = self.num_iterations * self.steps_per_iteration
+        if state["optimizer_step"] > limit_steps or state["iteration"] > self.num_iterations:
+            total, _, unit = self._progress()
+            raise UserError(f"checkpoint {data.path} is at optimizer_step={state['optimizer_step']} "
+                            f"(iteration {state['iteration']}), beyond this run's end ({total} {unit}s); "
+                            "raise max_steps/max_iterations or use another output_dir")
+        changes = config_changes(state["config"], self.cfg) if isinstance(state.get("config"), dict) else []
+        if isinstance(state.get("chunk_sizes"), list) and state["chunk_sizes"] != self.sizes:
+            changes.append(f"chunk sizes: {state['chunk_sizes']} → {self.sizes}")
+        if changes and not self.cfg.checkpoint.allow_config_change:
+            raise UserError(f"checkpoint {data.path} was trained with another config ({'; '.join(changes)}); "
+                            "refusing to resume (checkpoint.allow_config_change=true to resume anyway, or "
+                            "another output_dir)")
         if state.get("config_hash") != config_hash(self.cfg):
             log.warning("resuming from %s written with a different config (hash %s, now %s)", data.path,
                         state.get("config_hash"), config_hash(self.cfg))
@@ -389,12 +466,29 @@ class Trainer:
             return
         self.optimizer.load_state_dict(state)
 
+    def _write_checkpoint_files(self, staging: Path, weights: dict, ema_weights: dict | None,
+                                optim: dict) -> None:
+        """Rank 0's files of a checkpoint, into its staging folder (the manifest comes later)."""
+        from safetensors.torch import save_file
+
+        save_file(weights, str(staging / "trainable.safetensors"))
+        if ema_weights is not None:
+            save_file(ema_weights, str(staging / "ema.safetensors"))
+        torch.save(optim, staging / "optimizer.pt")
+        torch.save(self.scheduler.state_dict(), staging / "scheduler.pt")
+        state = {"iteration": self.iteration_idx, "optimizer_step": self.opt_step,
+                 "config_hash": config_hash(self.cfg), "config": resume_config(self.cfg),
+                 "history": self.history,
+                 "world_size": self.info.world, "chunk_sizes": self.sizes,
+                 "ema_updates": self.ema.updates if self.ema is not None else 0}
+        (staging / "trainer_state.json").write_text(json.dumps(state, indent=1))
+
     def save_checkpoint(self) -> Path | None:
         """All ranks call this (FSDP gathers are collective); rank 0 writes; manifest last. Weights and
         optimizer state must be finite: a NaN/inf is never committed (NonFiniteLossError instead, the
-        previous checkpoint stays the latest). A SIGTERM arriving meanwhile waits until it is done."""
-        from safetensors.torch import save_file
-
+        previous checkpoint stays the latest). A full or read-only file system is one line
+        (CheckpointWriteError), the staging folder removed. A SIGTERM arriving meanwhile waits until it
+        is done."""
         self._saving = True
         try:
             ema_weights = None
@@ -412,25 +506,26 @@ class Trainer:
                     f"non-finite values at optimizer step {self.opt_step} "
                     f"({f'{len(bad)} tensors, e.g. {bad[0]}' if bad else 'on rank 0'}); checkpoint not written — "
                     f"the last complete one in {self.ckpt_root} is intact")
-            if self.info.is_main:
-                ckpt.stage_dir(self.ckpt_root, self.opt_step)
-            D.barrier()  # rank 0 has created a fresh staging folder
             staging = ckpt.staging_path(self.ckpt_root, self.opt_step)
-            torch.save(ckpt.rng_state(), staging / "rng" / f"rank{self.info.rank}.pt")
             final, error = None, None
-            if self.info.is_main:
-                save_file(weights, str(staging / "trainable.safetensors"))
-                if ema_weights is not None:
-                    save_file(ema_weights, str(staging / "ema.safetensors"))
-                torch.save(optim, staging / "optimizer.pt")
-                torch.save(self.scheduler.state_dict(), staging / "scheduler.pt")
-                state = {"iteration": self.iteration_idx, "optimizer_step": self.opt_step,
-                         "config_hash": config_hash(self.cfg), "history": self.history,
-                         "world_size": self.info.world, "chunk_sizes": self.sizes,
-                         "ema_updates": self.ema.updates if self.ema is not None else 0}
-                (staging / "trainer_state.json").write_text(json.dumps(state, indent=1))
-            D.barrier()  # every rank's RNG file is in place
-            if self.info.is_main:
+            with ckpt.writing(staging) as failed:
+                if self.info.is_main:
+                    ckpt.stage_dir(self.ckpt_root, self.opt_step)
+            if _any_rank(failed.error is not None, self.info.device):  # rank 0 has a fresh staging folder
+                if self.info.is_main:
+                    shutil.rmtree(staging, ignore_errors=True)
+                raise failed.error or ckpt.CheckpointWriteError("rank 0 could not create the staging folder")
+            with ckpt.writing(staging) as failed:
+                torch.save(ckpt.rng_state(), staging / "rng" / f"rank{self.info.rank}.pt")
+            if self.info.is_main and failed.error is None:
+                with ckpt.writing(staging) as failed:
+                    self._write_checkpoint_files(staging, weights, ema_weights, optim)
+            if _any_rank(failed.error is not None, self.info.device):
+                if self.info.is_main:
+                    shutil.rmtree(staging, ignore_errors=True)
+                raise failed.error or ckpt.CheckpointWriteError(
+                    "checkpoint write failed on another rank (see its log)")
+            if self.info.is_main:  # every rank's RNG file is in place (the all-reduce above)
                 mirror = self.mirror
                 try:
                     final = ckpt.finalize(staging, self.ckpt_root, self.opt_step,
@@ -439,7 +534,13 @@ class Trainer:
                 except ckpt.MirrorBacklogError as e:
                     error = e
                     final = ckpt.step_dir(self.ckpt_root, self.opt_step)
-                if mirror is not None:
+                except OSError as e:  # the manifest or the rename: a full or read-only file system
+                    shutil.rmtree(staging, ignore_errors=True)
+                    error = ckpt.CheckpointWriteError(
+                        f"cannot write checkpoint {staging.name}: {ckpt._short(e)}; the last complete "
+                        f"checkpoint in {self.ckpt_root} is intact")
+                    final = None
+                if mirror is not None and final is not None:
                     mirror.submit(final)
             if _any_rank(error is not None, self.info.device):
                 if error is not None:
@@ -691,6 +792,11 @@ class Trainer:
             self.mirror.close(timeout=0)  # an unfinished upload has no manifest in S3: never read as complete
         lock = getattr(self, "_lock_file", None)
         if lock is not None:
+            # a run that failed before writing anything (bad model, LoRA targets, ...) leaves nothing behind
+            made = getattr(self, "_made", [])
+            if made and {p.name for p in self.out.iterdir()} <= {".train.lock"}:
+                for p in made:
+                    p.unlink() if p.is_file() else p.rmdir()
             lock.close()  # releases the output_dir lock
             self._lock_file = None
         D.teardown()

@@ -73,3 +73,27 @@ def test_bad_strategy_and_empty_prompt_file(tmp_path, tiny_model_dir):
     empty.write_text("\n# only a comment\n")
     r = _cli("profile", "--model", tiny_model_dir, "--prompts", empty, "--out", tmp_path / "x.json")
     assert r.returncode == 2 and "contains no prompts" in r.stderr
+
+
+@pytest.mark.parametrize("case", ["evaluate output_uri", "models sync --to"])
+def test_upload_to_a_bucket_that_does_not_exist_is_refused_before_any_work(case, services_env, tiny_model_dir,
+                                                                            tmp_path, capsys):
+    """Issue #24 item 13, against the real SeaweedFS (which would create the bucket on the first PUT):
+    exit 2, one line naming the bucket, nothing written locally, no bucket created, never 'uploaded'."""
+    from chunkgrpo.cli import main
+    from chunkgrpo.store import ArtifactStore
+
+    bucket = "no-such-bucket-24"
+    if case == "evaluate output_uri":
+        argv = ["evaluate", "--config", "eval_tiny", f"base_model={tiny_model_dir}", "num_prompts=1",
+                f"output_uri=s3://{bucket}/eval", f"output_dir={tmp_path / 'eval'}"]
+    else:
+        argv = ["models", "sync", str(tiny_model_dir), "--to", f"s3://{bucket}/models/tiny"]
+    rc = main(argv)
+    captured = capsys.readouterr()
+    lines = [ln for ln in captured.err.splitlines() if ln.strip()]
+    assert rc == 2 and "Traceback" not in captured.err and len(lines) == 1, captured.err
+    assert f"bucket '{bucket}'" in lines[0] and "does not exist" in lines[0]
+    assert "uploaded" not in captured.out + captured.err and " -> " not in captured.out
+    assert not (tmp_path / "eval").exists()
+    assert not ArtifactStore(services_env.store_config)._client.bucket_exists(bucket)

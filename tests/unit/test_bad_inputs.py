@@ -178,18 +178,125 @@ BAD_INPUTS = {
     "profile --out <existing dir>": (lambda ws: ["profile", "--model", str(ws / "model"), "--prompts",
                                                  str(ws / "prompts.txt"), "--out", str(ws / "adir")], "is a directory"),
 }
+
+
+# ---- issue #24 items 10-13 (train/plan/profile/tiny-model/evaluate side) ----
+def _fifo(ws: Path, name: str = "fifo.txt") -> str:
+    path = ws / name
+    if not path.exists():
+        os.mkfifo(path)
+    return str(path)
+
+
+_TINY: dict = {}  # {"dir": callable → the session's tiny model folder}, set by the test (fixture on demand)
+
+
+def _real_model(ws: Path, damage: str | None = None) -> str:
+    """A real tiny FLUX folder copied into the workspace (from the session fixture), optionally damaged."""
+    import shutil
+
+    target = ws / "real-model"
+    if not target.exists():
+        shutil.copytree(_TINY["dir"](), target)
+    if damage == "truncated safetensors":
+        f = target / "transformer" / "diffusion_pytorch_model.safetensors"
+        f.write_bytes(f.read_bytes()[:1000])
+    return str(target)
+
+
+def _earlier_tiny_model_with_a_user_file(ws: Path) -> list[str]:
+    from chunkgrpo.tiny import build_tiny_flux
+
+    out = ws / "tm"
+    if not out.exists():
+        build_tiny_flux(out, seed=0)
+        (out / "transformer" / "my-notes.txt").write_text("not made by tiny-model")
+    return ["tiny-model", "--out", str(out), "--overwrite", "--seed", "1"]
+
+
+def _truncated_lora(ws: Path) -> list[str]:
+    from safetensors.torch import save_file
+
+    lora = ws / "lora"
+    lora.mkdir(exist_ok=True)
+    f = lora / "pytorch_lora_weights.safetensors"
+    if not f.exists():
+        import torch
+
+        save_file({"transformer.x.lora_A.weight": torch.zeros(64, 64)}, str(f))
+        f.write_bytes(f.read_bytes()[:-4000])
+        (lora / "chunkgrpo_model.json").write_text(json.dumps({"kind": "lora", "base_model": str(ws / "model")}))
+    return ["evaluate", "--config", "eval_tiny", f"model={lora}", f"base_model={ws / 'model'}",
+            f"output_dir={ws / 'eval-out'}"]
+
+
+BAD_INPUTS.update({
+    # destructive (item 10)
+    "tiny-model --overwrite over a user file in an earlier model": (_earlier_tiny_model_with_a_user_file,
+                                                                    "transformer/my-notes.txt"),
+    "train output_dir=''": (_train("output_dir="), "output_dir='' is empty"),
+    # hangs (item 11)
+    "plan: a 2M-step profile": (_profile("big.json", '{"sigmas": [' + ",".join(["0.5"] * 2_000_001) + '], "l1rel": ['
+                                         + ",".join(["0.1"] * 2_000_000) + "]}"), "2000000 transitions"),
+    "prompts: a FIFO": (lambda ws: _train(f"prompts={_fifo(ws)}")(ws), "is not a regular file"),
+    "profile: a FIFO": (lambda ws: ["plan", "--profile", _fifo(ws, "prof.json"), "--strategy", "step",
+                                    "--out", str(ws / "plan.json")], "is not a regular file"),
+    # tracebacks (item 12)
+    "plan --out a FIFO (rename would replace it)": (lambda ws: ["plan", "--profile", str(ws / "profile.json"),
+                                                                "--strategy", "step", "--out", _fifo(ws, "o.json")],
+                                                    "not a regular file"),
+    "profile --out a FIFO": (lambda ws: ["profile", "--model", str(ws / "model"), "--prompts", str(ws / "prompts.txt"),
+                                         "--out", _fifo(ws, "o.json")], "not a regular file"),
+    "plan --out under a file": (lambda ws: ["plan", "--profile", str(ws / "profile.json"), "--strategy", "step",
+                                            "--out", str(ws / "adir" / "keep.txt" / "plan.json")], "keep.txt"),
+    "tiny-model --out under a file": (lambda ws: ["tiny-model", "--out", str(ws / "adir" / "keep.txt" / "m")],
+                                      "keep.txt"),
+    "local up --home under a file": (lambda ws: ["local", "up", "--home", str(ws / "adir" / "keep.txt" / "h")],
+                                     "keep.txt"),
+    "profile --out under a file": (lambda ws: ["profile", "--model", str(ws / "model"), "--prompts",
+                                               str(ws / "prompts.txt"), "--out", str(ws / "adir" / "keep.txt" / "p.json")],
+                                   "keep.txt is a file"),
+    "train output_dir under a file": (lambda ws: [a for a in _train(f"output_dir={ws / 'adir' / 'keep.txt' / 'r'}",
+                                                                    "max_steps=1")(ws) if a != "--dry-run"], "keep.txt"),
+    "evaluate output_dir under a file": (lambda ws: ["evaluate", "--config", "eval_tiny", f"base_model={ws / 'model'}",
+                                                     f"output_dir={ws / 'adir' / 'keep.txt' / 'e'}"], "keep.txt"),
+    "seed=2**80": (_train(f"seed={2**80}"), f"seed={2**80}"),
+    "train: model_index.json {}": (lambda ws: [a for a in _train("max_steps=1")(ws) if a != "--dry-run"],
+                                   "not a loadable FLUX pipeline folder"),
+    "train: truncated transformer safetensors": (
+        lambda ws: [a for a in _train(f"model={_real_model(ws, 'truncated safetensors')}", "max_steps=1")(ws)
+                    if a != "--dry-run"], "not a loadable FLUX pipeline folder"),
+    "train lora.targets=[no_such_module]": (
+        lambda ws: [a for a in _train(f"model={_real_model(ws)}", "max_steps=1", "lora.targets=[no_such_module]")(ws)
+                    if a != "--dry-run"], "lora.targets=['no_such_module']"),
+    "prompts=s3://bucket (bucket root)": (_train("prompts=s3://chunkgrpo"), "prompts=s3://chunkgrpo names a bucket"),
+    "evaluate device=tpu": (lambda ws: ["evaluate", "--config", "eval_tiny", f"base_model={ws / 'model'}",
+                                        "device=tpu", f"output_dir={ws / 'e'}"], "device='tpu'"),
+    "evaluate: a truncated LoRA": (_truncated_lora, "pytorch_lora_weights.safetensors is not a readable safetensors"),
+    # silently accepted (item 13)
+    "profile: negative l1rel": (_profile("prof.json", '{"sigmas": [1, 0.8, 0.5, 0], "l1rel": [0.3, -0.2, 0.1]}'),
+                                "l1rel[1]=-0.2 is negative"),
+    "sampling.max_sequence_length=0": (_train("sampling.max_sequence_length=0"), "sampling.max_sequence_length=0"),
+    "prompts: NUL byte past the first 8 KiB": (_prompts("p.txt", "a cat\n" * 2000 + "a d\x00og\n"),
+                                               "NUL byte at offset 12003"),
+    "prompts: NUL inside a .jsonl prompt": (_prompts("p.jsonl", '{"prompt": "a\\u0000cat"}\n'),
+                                            "contains a NUL character"),
+})
 BAD_INPUTS["register from an S3 key with '..'"] = (
     lambda ws: ["register", "--model-dir", "s3://chunkgrpo/runs/../x", "--name", "ok", "--base-model", "tiny"],
     "'..' are not allowed")
 
 
 def _snapshot(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+    """Every entry under `root`: files by content, folders and FIFOs by kind (a created folder is a change)."""
+    return {str(p.relative_to(root)): (p.read_bytes() if p.is_file() else "dir" if p.is_dir() else "other")
+            for p in sorted(root.rglob("*"))}
 
 
 @pytest.mark.parametrize("case", list(BAD_INPUTS))
-def test_bad_input_is_one_line_exit_2_and_loses_nothing(case, ws, capsys, monkeypatch):
+def test_bad_input_is_one_line_exit_2_and_loses_nothing(case, ws, capsys, monkeypatch, request):
     argv_fn, needle = BAD_INPUTS[case]
+    _TINY["dir"] = lambda: request.getfixturevalue("tiny_model_dir")
     # S3 / MLflow point at a closed port: a case that reached the network would fail differently
     monkeypatch.setenv("CHUNKGRPO_S3_ENDPOINT", "http://127.0.0.1:9")
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
@@ -197,6 +304,7 @@ def test_bad_input_is_one_line_exit_2_and_loses_nothing(case, ws, capsys, monkey
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:9")
     argv = argv_fn(ws)
     before = _snapshot(ws)
+    capsys.readouterr()  # what preparing the workspace printed
     rc = main(argv)
     err = capsys.readouterr().err
     lines = [ln for ln in err.splitlines() if ln.strip()]
@@ -293,3 +401,36 @@ def test_valid_devices_are_accepted(device):
     from chunkgrpo.train.config import TrainConfig
 
     assert TrainConfig.load("tiny_cpu", [f"device={device}"]).device == device
+
+
+@pytest.mark.parametrize("record", ["no start time", "another command line", "another process group"])
+def test_local_down_never_signals_a_process_it_did_not_start(record, tmp_path, capsys):
+    """A state.json naming an unrelated live process (issue #24 item 10): exit 2, one line naming the
+    pid, the process untouched, the state file untouched."""
+    import subprocess
+    import sys
+
+    import psutil
+
+    victim = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    try:
+        rec = {"pid": victim.pid, "pgid": victim.pid, "port": 1, "cmd": ["weed", "mini"], "log": "x",
+               "create_time": psutil.Process(victim.pid).create_time()}
+        if record == "no start time":
+            rec.pop("create_time")
+        elif record == "another process group":
+            rec["pgid"] = os.getpgid(0)
+        home = tmp_path / "home"
+        home.mkdir()
+        (home / "state.json").write_text(json.dumps({"services": {"s3": rec}}))
+        before = (home / "state.json").read_bytes()
+        rc = main(["local", "down", "--home", str(home)])
+        err = capsys.readouterr().err
+        lines = [ln for ln in err.splitlines() if ln.strip()]
+        assert rc == 2 and "Traceback" not in err and len(lines) == 1, err
+        assert f"pid {victim.pid}" in lines[0] and "not signalling it" in lines[0]
+        assert victim.poll() is None  # still running
+        assert (home / "state.json").read_bytes() == before
+    finally:
+        victim.kill()
+        victim.wait()

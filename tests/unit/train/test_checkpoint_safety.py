@@ -365,3 +365,153 @@ def test_no_code_in_the_package_can_unpickle_code():
     root = Path(chunkgrpo.__file__).parent
     found = {str(p.relative_to(root)): b for p in sorted(root.rglob("*.py")) if (b := _unsafe_loads(p.read_text()))}
     assert not found, found
+
+
+# ---------------------------------------------------------------- issue #24 item 7: contents, not just checksums
+
+
+def _rewrite_state(step_dir: Path, **changes) -> None:
+    f = step_dir / "trainer_state.json"
+    state = json.loads(f.read_text())
+    state.update(changes)
+    f.write_text(json.dumps(state))
+    ckpt.write_manifest(step_dir, {"kind": "checkpoint"})
+
+
+@pytest.mark.parametrize("damage", ["nan weights", "inf optimizer moment", "optimizer_step=1000",
+                                    "optimizer_step=-1", "iteration disagrees with history"])
+def test_checkpoint_contents_are_checked_and_the_older_one_is_used(damage, two_checkpoints, tiny_model_dir,
+                                                                   prompts_file, reference, caplog):
+    """The manifest is rewritten to match every planted change (whoever plants files writes it too):
+    only a check of the contents can refuse the checkpoint."""
+    from safetensors.torch import save_file
+
+    step2 = two_checkpoints / "checkpoints" / "step-000002"
+    if damage == "nan weights":
+        w = load_file(str(step2 / "trainable.safetensors"))
+        name = sorted(w)[0]
+        w[name][0] = float("nan")
+        save_file(w, str(step2 / "trainable.safetensors"))
+        ckpt.write_manifest(step2, {"kind": "checkpoint"})
+        expect = "non-finite values"
+    elif damage == "inf optimizer moment":
+        opt = torch.load(step2 / "optimizer.pt", weights_only=True)
+        first = next(iter(opt["state"].values()))
+        first["exp_avg_sq"].view(-1)[0] = float("inf")
+        _plant(step2, "optimizer.pt", opt)
+        expect = "optimizer.pt: non-finite"
+    elif damage == "optimizer_step=1000":
+        _rewrite_state(step2, optimizer_step=1000)
+        expect = "optimizer_step=1000 but the folder is step 2"
+    elif damage == "optimizer_step=-1":
+        _rewrite_state(step2, optimizer_step=-1)
+        expect = "negative optimizer_step=-1"
+    else:
+        _rewrite_state(step2, iteration=7)
+        expect = "iteration=7 but 2 history entries"
+    with pytest.raises(ckpt.CorruptCheckpointError, match=expect):
+        ckpt.read(step2, 0)
+    summary, final = _resume(tiny_model_dir, prompts_file, two_checkpoints, caplog)
+    assert expect in caplog.text and "fell back to step-000001" in caplog.text
+    assert (two_checkpoints / "checkpoints" / "step-000002.bad-1").is_dir()  # kept aside, not deleted
+    assert summary["optimizer_steps"] == 3
+    assert _same(final, reference)
+
+
+def test_step_count_must_agree_with_the_scheduler_and_optimizer(two_checkpoints):
+    """A folder renamed together with its trainer_state (step-2 → step-9) still disagrees with the
+    LR scheduler's and AdamW's own step counters."""
+    src = two_checkpoints / "checkpoints" / "step-000002"
+    moved = src.rename(src.with_name("step-000009"))
+    _rewrite_state(moved, optimizer_step=9)
+    with pytest.raises(ckpt.CorruptCheckpointError, match="optimizer_step=9 but scheduler.pt has taken 2 steps"):
+        ckpt.read(moved, 0)
+
+
+def test_a_checkpoint_beyond_the_run_end_is_refused_not_finished(two_checkpoints, tiny_model_dir, prompts_file):
+    """A genuine step-2 checkpoint and max_steps=1: one line, nothing set aside, nothing 'finished'."""
+    from chunkgrpo.errors import UserError
+
+    with pytest.raises(UserError, match="optimizer_step=2 .*beyond this run's end"):
+        run_training(_cfg(tiny_model_dir, prompts_file, two_checkpoints, "max_steps=1"))
+    names = sorted(p.name for p in (two_checkpoints / "checkpoints").iterdir())
+    assert names == ["step-000001", "step-000002"] and not (two_checkpoints / "final").exists()
+
+
+@pytest.mark.parametrize("change", ["lr=0.5", "model"])
+def test_resume_with_another_lr_or_base_model_is_refused(change, two_checkpoints, tiny_model_dir, prompts_file,
+                                                         tmp_path, caplog):
+    from chunkgrpo.errors import UserError
+
+    if change == "model":
+        other = tmp_path / "other-model"
+        shutil.copytree(tiny_model_dir, other)
+        cfg_args, model, needle = (), other, "model: "
+    else:
+        cfg_args, model, needle = (change,), tiny_model_dir, "lr: "
+    before = sorted(p.name for p in (two_checkpoints / "checkpoints").iterdir())
+    with pytest.raises(UserError, match=f"trained with another config \\({needle}.*allow_config_change"):
+        run_training(_cfg(model, prompts_file, two_checkpoints, "max_steps=3", *cfg_args))
+    assert sorted(p.name for p in (two_checkpoints / "checkpoints").iterdir()) == before
+    summary = run_training(_cfg(model, prompts_file, two_checkpoints, "max_steps=3", *cfg_args,
+                                "checkpoint.allow_config_change=true"))
+    assert summary["history"][0]["optimizer_step"] == 1 and summary["optimizer_steps"] == 3
+
+
+# ---------------------------------------------------------------- issue #24 item 12: full / read-only disks
+
+
+@pytest.mark.parametrize("fault", ["ENOSPC in torch.save", "ENOSPC in safetensors", "EROFS creating the staging",
+                                   "ENOSPC writing the manifest"])
+def test_checkpoint_write_failures_are_one_line_and_leave_the_last_checkpoint(fault, tiny_model_dir, prompts_file,
+                                                                               tmp_path, monkeypatch, capsys):
+    """A disk that fills (or turns read-only) at step 2, simulated at the write boundary: the CLI says so
+    in one line (exit 2), the staging folder is gone, step-1 is intact and a re-run resumes from it."""
+    import errno
+
+    import safetensors.torch
+
+    from chunkgrpo.cli import main
+
+    out = tmp_path / "run"
+    args = ["train", "--config", "tiny_cpu", f"model={tiny_model_dir}", f"prompts={prompts_file}",
+            f"output_dir={out}", "progress=false", "checkpoint.every=1", "checkpoint.keep=10",
+            "tracking.image_every=0", "max_steps=3"]
+
+    def at_step_2(real, exc):
+        def wrapped(*a, **k):
+            if (out / "checkpoints" / "step-000001").exists() and not (out / "checkpoints" / "step-000002").exists():
+                raise exc
+            return real(*a, **k)
+        return wrapped
+
+    if fault == "ENOSPC in torch.save":
+        real = torch.save
+        monkeypatch.setattr(torch, "save", lambda obj, f, *a, **k: (
+            at_step_2(real, RuntimeError("[enforce fail at inline_container.cc:603] . unexpected pos 64 vs 0: "
+                                         "PytorchStreamWriter failed writing file data/0: file write failed"))
+            (obj, f, *a, **k)) if str(f).endswith("optimizer.pt") else real(obj, f, *a, **k))
+        needle = "file write failed"
+    elif fault == "ENOSPC in safetensors":
+        monkeypatch.setattr(safetensors.torch, "save_file", at_step_2(
+            safetensors.torch.save_file, OSError(errno.ENOSPC, "No space left on device", "trainable.safetensors")))
+        needle = "No space left on device"
+    elif fault == "EROFS creating the staging":
+        monkeypatch.setattr(ckpt, "stage_dir", at_step_2(
+            ckpt.stage_dir, OSError(errno.EROFS, "Read-only file system", str(out / "checkpoints"))))
+        needle = "Read-only file system"
+    else:
+        monkeypatch.setattr(ckpt, "write_manifest", at_step_2(
+            ckpt.write_manifest, OSError(errno.ENOSPC, "No space left on device", "MANIFEST.json.tmp")))
+        needle = "No space left on device"
+    rc = main(args)
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.strip() and not ln.startswith(("train ", "\r"))]
+    assert rc == 2 and "Traceback" not in err, err
+    assert len(lines) == 1 and lines[0].startswith("chunkgrpo train: error: cannot write checkpoint"), err
+    assert needle in lines[0]
+    assert [p.name for p in (out / "checkpoints").iterdir()] == ["step-000001"]  # no staging left
+    ckpt.verify(out / "checkpoints" / "step-000001")
+    monkeypatch.undo()
+    assert main(args) == 0
+    assert json.loads((out / "train_summary.json").read_text())["history"][0]["optimizer_step"] == 1
