@@ -29,12 +29,13 @@ compute on GPU, 4 for fp32; every term in bytes):
   resident   = transformer weights (FSDP full FT: 4·W/n fp32 master shards; DDP full FT: 4·W;
                LoRA: b_base·W + 4·P) + AdamW 8·P (/n under FSDP) + EMA 4·P (/n) + VAE + reward models
                + prompt-embedding cache (every prompt of the run, kept on the device, model dtype)
-  load       = every pipeline component in the load dtype at once (`load_flux` moves the whole pipeline to
-               the device before FSDP sharding; fp32 for full fine-tuning) + reward models
+  load       = every pipeline component at once (`load_flux` moves the whole pipeline to the device before
+               FSDP sharding): the transformer in the load dtype (fp32 for full fine-tuning), the frozen
+               text encoders and VAE in bf16 under bf16 mixed precision (`frozen_dtype`) + reward models
   text enc.  = resident transformer weights + text encoders + VAE + reward models + embeddings + T5 forward
   rollout    = resident + trajectory 4·B·(N+1)·L·C + no-grad transformer forward of B = P·G inputs
                + FSDP's unsharded block params (current + prefetched, b_c each)
-  decode     = resident + trajectory + VAE decode of the B images in one call (the VAE in the load dtype)
+  decode     = resident + trajectory + VAE decode of the B images in one call (the VAE in the frozen dtype)
   policy     = resident + gradients 4·P (/n under FSDP; DDP: + 4·P flat all-reduce buffer; resident while a
                window's forward runs, as an accumulation window has several) + trajectory
                + forward+backward of n_pol inputs (chunk/step methods: the policy window,
@@ -534,7 +535,8 @@ def capacity_plan(cfg, pool: Pool, *, nodes: int = 1, output_dir: str = "", pres
     bf16 = cfg.mixed_precision == "bf16" or (cfg.mixed_precision == "auto" and gpu)
     b_c = 2 if bf16 else 4                                   # compute (activation) bytes
     lora = cfg.lora.enabled
-    b_base = 2 if (bf16 and lora) else 4                     # load dtype of the pipeline (`Trainer.setup`)
+    b_base = 2 if (bf16 and lora) else 4                     # load dtype of the transformer (`Trainer.setup`)
+    b_frozen = 2 if bf16 else 4                              # text encoders + VAE (`load_flux(frozen_dtype=)`)
     fsdp = cfg.distributed == "fsdp" and world > 1
     shard = world if fsdp else 1
     s = cfg.sampling
@@ -595,9 +597,10 @@ def capacity_plan(cfg, pool: Pool, *, nodes: int = 1, output_dir: str = "", pres
         policy_act, pol_saved = transformer_activation_peak(tr, n_pol, L, T, compute_dtype, grad=True,
                                                             checkpointing=cfg.gradient_checkpointing)
         decode_batch = B
-    vae = arch.build("vae", torch.bfloat16 if b_base == 2 else torch.float32)
-    decode = vae_decode_peak(vae, decode_batch, s.height, s.width, torch.bfloat16 if b_base == 2 else torch.float32)
-    t5 = arch.build("text_encoder_2", torch.bfloat16 if b_base == 2 else torch.float32)
+    frozen_dtype = torch.bfloat16 if b_frozen == 2 else torch.float32
+    vae = arch.build("vae", frozen_dtype)
+    decode = vae_decode_peak(vae, decode_batch, s.height, s.width, frozen_dtype)
+    t5 = arch.build("text_encoder_2", frozen_dtype)
     encode = text_encode_peak(t5, min(8, n_prompts), T)
     blocks = len(getattr(tr, "transformer_blocks", [])) + len(getattr(tr, "single_transformer_blocks", []))
     # what autograd keeps per token and block without checkpointing (the saved set of one forward, batch 1)
@@ -611,15 +614,15 @@ def capacity_plan(cfg, pool: Pool, *, nodes: int = 1, output_dir: str = "", pres
     adam = 8 * P // shard
     ema = (4 * P // shard) if cfg.ema.decay > 0 else 0
     embeds = n_prompts * (T * D_txt + D_pool) * b_base
-    vae_w = counts["vae"] * b_base
+    vae_w = counts["vae"] * b_frozen
     resident = {"transformer weights": weights, "AdamW state": adam, "EMA": ema, "VAE": vae_w,
                 "reward models": rewards, "prompt embeddings": embeds}
     traj = 4 * B * (N + 1) * L * C + 4 * B * N
     block = _block_params(tr)
     unsharded_fwd = 2 * block * b_c if fsdp else 0
     grads = 4 * P // shard + (4 * P if (not fsdp and world > 1) else 0)
-    load = {"pipeline in load dtype": (W + sum(counts.values())) * b_base, "reward models": rewards}
-    text_encoders = (counts["text_encoder"] + counts["text_encoder_2"]) * b_base
+    load = {"pipeline in load dtype": W * b_base + sum(counts.values()) * b_frozen, "reward models": rewards}
+    text_encoders = (counts["text_encoder"] + counts["text_encoder_2"]) * b_frozen
     encode_phase = {"transformer weights": weights, "text encoders": text_encoders, "VAE": vae_w,
                     "reward models": rewards, "prompt embeddings": embeds, "T5 forward": encode}
     rollout = {**resident, "trajectory": traj, "transformer no-grad forward": roll_fwd,
@@ -637,7 +640,7 @@ def capacity_plan(cfg, pool: Pool, *, nodes: int = 1, output_dir: str = "", pres
              for phase, parts in phases]
 
     # ---- host memory per pod
-    load_host = (W + sum(counts.values())) * b_base
+    load_host = W * b_base + sum(counts.values()) * b_frozen
     ckpt_host = 4 * P + 8 * P + (4 * P if cfg.ema.decay > 0 else 0)
     host = {"processes": ranks_per_node * PROCESS_HOST_BYTES,
             "peak of load / checkpoint": max(ranks_per_node * load_host, ckpt_host)}

@@ -132,8 +132,14 @@ def resolve_model_source(source: str | os.PathLike, cache_dir: str | os.PathLike
 
 
 def load_flux(source: str | os.PathLike, *, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
-              with_text_encoders: bool = True, with_vae: bool = True) -> "FluxModel":
-    """Load a FLUX pipeline folder (see `resolve_model_source`) into a `FluxModel`."""
+              with_text_encoders: bool = True, with_vae: bool = True,
+              frozen_dtype: torch.dtype | None = None) -> "FluxModel":
+    """Load a FLUX pipeline folder (see `resolve_model_source`) into a `FluxModel`.
+
+    `frozen_dtype`: the dtype of the components that are never trained (CLIP, T5, VAE), cast before they
+    move to `device` (default: `dtype`). Full fine-tuning loads the transformer in fp32 (master weights)
+    but its frozen text encoders in bf16: T5-XXL in fp32 alone is 19 GB per GPU, the difference between
+    fitting an 80 GB GPU and not (`chunkgrpo capacity`, load phase). Their outputs are cast to `dtype`."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import diffusers.utils.logging as dlog
     import transformers.utils.logging as tlog
@@ -162,6 +168,8 @@ def load_flux(source: str | os.PathLike, *, device: str | torch.device = "cpu", 
     for name in ("transformer", "vae", "text_encoder", "text_encoder_2"):
         module = getattr(pipe, name, None)
         if module is not None:
+            if frozen_dtype is not None and name != "transformer":
+                module.to(frozen_dtype)
             module.to(device)
             module.requires_grad_(False)
             module.eval()

@@ -152,7 +152,9 @@ class Trainer:
         from chunkgrpo.flux import load_flux
 
         base_dtype = torch.bfloat16 if (self.bf16 and cfg.lora.enabled) else torch.float32
-        self.model = load_flux(self.model_path, device=dev, dtype=base_dtype)
+        # frozen parts (text encoders, VAE) in bf16 under bf16 mixed precision, also for full fine-tuning
+        self.model = load_flux(self.model_path, device=dev, dtype=base_dtype,
+                               frozen_dtype=torch.bfloat16 if self.bf16 else None)
         self.model.source = cfg.model
         tr = self.model.transformer
         torch.manual_seed(cfg.seed)  # identical LoRA init on every rank

@@ -216,3 +216,23 @@ def test_flux_full_finetune_plan_shards_weights_and_counts_checkpoints():
     assert gpu["load phase"].parts["pipeline in load dtype"] >= 4 * W
     assert plan.facts["checkpoint_bytes"] == 12 * W
     assert all(i.need > 0 for i in plan.items)
+    # the frozen text encoders and VAE load in bf16 (`load_flux(frozen_dtype=)`): with them in fp32 the load
+    # phase needed 78.3 GiB of the H800's 76.6 usable, so the default recipe did not fit
+    load = gpu["load phase"]
+    assert load.parts["pipeline in load dtype"] < 4 * W + 2 * 5_000_000_000
+    assert load.need <= load.have, f"load phase {load.need / 2**30:.1f} GiB > {load.have / 2**30:.1f} GiB"
+    assert all(i.need <= i.have for i in plan.items if i.have), [i.what for i in plan.items if i.need > (i.have or 1e30)]
+
+
+def test_frozen_components_load_in_the_frozen_dtype(tiny_model_dir):
+    """Full fine-tuning keeps the transformer in fp32 (master weights) and its frozen parts in bf16."""
+    import torch
+
+    from chunkgrpo.flux import load_flux
+
+    m = load_flux(tiny_model_dir, dtype=torch.float32, frozen_dtype=torch.bfloat16)
+    assert next(m.pipe.transformer.parameters()).dtype == torch.float32
+    for name in ("text_encoder", "text_encoder_2", "vae"):
+        assert next(getattr(m.pipe, name).parameters()).dtype == torch.bfloat16, name
+    emb = m.encode_prompts(["a red cube"], max_sequence_length=16)
+    assert emb.prompt_embeds.dtype == torch.float32 and torch.isfinite(emb.prompt_embeds).all()
