@@ -58,7 +58,8 @@ def clone_run(tmp_path_factory):
     # the servers the command starts (kept for the tests) are stopped when the module's tests end, and also
     # when the command times out or the session is interrupted (run_command stops the command's process group)
     with services_stopped_after(clone / ".chunkgrpo" / "local", s3, mlflow) as svc:
-        r = run_command(f"{main_job} {ports} --keep-services", cwd=clone, env=_clean_env(), timeout=MAIN_JOB_TIMEOUT_S)
+        # pod-faithful (pipeline/pod_faithful.py): each task with its pod's env and volumes, every write audited
+        r = run_command(f"{main_job} {ports} --keep-services --pod-faithful", cwd=clone, env=_clean_env(), timeout=MAIN_JOB_TIMEOUT_S)
         yield {"clone": clone, "result": r, "ports": ports, "services": svc}
 
 
@@ -81,6 +82,11 @@ def test_main_job_from_a_clone_succeeds_and_promotes(clone_run):
     t = read_task_outputs(_run_dir(clone, r.stdout))
     assert {"open-run", "profile", "plan", "train", "evaluate", "register", "check-gate", "promote",
             "close-run"} <= set(t)
+    # the demo ran as its pods would: each task's writes stayed inside its volumes and their scaled limits
+    reports = sorted((clone / ".chunkgrpo").rglob("pod-faithful.json"))
+    assert reports, "the demo did not run pod-faithful"
+    audit = json.loads(reports[-1].read_text())
+    assert audit["failures"] == [] and len(audit["tasks"]) >= 5, audit
     env = clone_run["services"].env()
     client = MlflowClient(env["MLFLOW_TRACKING_URI"])
     # a promoted model: the registered version carries the champion alias
