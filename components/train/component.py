@@ -33,7 +33,6 @@ def train(model: str, prompts: str, preset: str, method: str, chunks: str, max_i
     """
     import json
     import shlex
-    import sys
     import tempfile
     from pathlib import Path
 

@@ -5,7 +5,6 @@ register/promote inputs end in one line (issue #24 items 6, 11-13)."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys

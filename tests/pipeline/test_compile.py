@@ -4,7 +4,6 @@ the CLI helpers (cron, parameters, upload/schedule against a fake kfp.Client).""
 
 import argparse
 import datetime as dt
-from pathlib import Path
 
 import pytest
 import yaml

@@ -60,7 +60,6 @@ def test_todays_tmp_layout_fails_the_pod_faithful_check(services, tmp_path, monk
 def test_audit_flags_a_write_outside_the_volumes(tmp_path):
     """The audit hook in a real subprocess: a file written outside every allowed folder is reported with
     its path and size; one inside a volume is not."""
-    import subprocess
     import sys
 
     from pipeline.pod_faithful import Layout, PodSpec
