@@ -157,3 +157,22 @@ def test_two_seed_two_checkpoint_ablation_writes_curves_endpoint_and_resumes(tin
     again = run_ablation(cfg)
     assert again["computed_runs"] == 0
     assert again["methods"]["chunk_dynamics"]["overall"] == methods["chunk_dynamics"]["overall"]
+
+
+def test_series_key_changes_with_engine_or_configuration_not_with_seeds(monkeypatch):
+    """The nightly series: more seeds extend the same series; a changed engine, budget or override starts a
+    new one (cached runs keyed by it are never mixed across)."""
+    import dataclasses
+
+    import chunkgrpo.toy.ablation as ablation
+
+    cfg = AblationConfig()
+    prep = {"meta": {"key": "toy-1"}, "plan": {"sizes": [2, 3, 4]},
+            "design": design(cfg, TrainConfig.load("toy_cpu", []), [2, 3, 4])}
+    key = ablation.series_key(cfg, prep)
+    assert ablation.series_key(dataclasses.replace(cfg, seeds=40, first_seed=3), prep) == key
+    assert ablation.series_key(dataclasses.replace(cfg, steps=144), prep) != key
+    assert ablation.series_key(dataclasses.replace(cfg, overrides=["lr=0.002"]), prep) != key
+    assert ablation.series_key(cfg, {**prep, "meta": {"key": "toy-2"}}) != key  # another base model
+    monkeypatch.setattr(ablation, "engine_fingerprint", lambda: "changed-engine")
+    assert ablation.series_key(cfg, prep) != key
