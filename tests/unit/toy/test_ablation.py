@@ -176,3 +176,18 @@ def test_series_key_changes_with_engine_or_configuration_not_with_seeds(monkeypa
     assert ablation.series_key(cfg, {**prep, "meta": {"key": "toy-2"}}) != key  # another base model
     monkeypatch.setattr(ablation, "engine_fingerprint", lambda: "changed-engine")
     assert ablation.series_key(cfg, prep) != key
+
+
+def test_the_committed_n10_plan_is_the_planners_on_the_committed_sde_profile():
+    """benchmarks/results/ablation-toy-v2/n10: the toy model's SDE profile at N = 10 (η 0.7, rule flow) is not its
+    ODE profile, and the planner on the SDE curve gives the committed plan, [2, 3, 4]."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[3] / "benchmarks" / "results" / "ablation-toy-v2" / "n10"
+    prof = json.loads((root / "profile.json").read_text())
+    plan = json.loads((root / "plan.json").read_text())
+    assert prof["sampling"]["stochastic"] == "all" and prof["sampling"]["eta"] == 0.7 and prof["num_steps"] == 10
+    assert prof["l1rel_sde"][0] > 10 * prof["l1rel_ode"][0]  # early SDE steps are noise-dominated, ODE ones are not
+    assert plan["trajectories"] == "sde" and plan["sizes"] == [2, 3, 4]
+    assert plan_chunks("dynamics", 9, prof["l1rel_sde"]).sizes == [2, 3, 4]
+    assert plan_chunks("dynamics", 9, prof["l1rel_ode"]).sizes != [2, 3, 4]  # v1's plan came from this curve
