@@ -10,6 +10,7 @@ computes what is missing or stale; the report is rewritten after every finished 
     .venv/bin/python benchmarks/ablation.py --jobs 2                      # the pre-registered design (N = 10)
     .venv/bin/python benchmarks/ablation.py --jobs 2 sequential=true      # add seeds until the stop rule holds
     .venv/bin/python benchmarks/ablation.py --report-only --out DIR       # rebuild the report from the cache
+    .venv/bin/python benchmarks/ablation.py --report-only --out DIR engine_pin=HASH   # ... of an older engine
     .venv/bin/python benchmarks/ablation.py --seeds 2 --steps 4 --out /tmp/abl eval_samples=2   # a quick look
     .venv/bin/python benchmarks/ablation.py --out DIR sampling.num_steps=17 timestep_fraction=0.5 \
         plan=sizes:2,3,4,7 uniform=uniform:4                            # the paper's N = 17 setting

@@ -134,6 +134,8 @@ class AblationConfig(Config):
     max_seeds: int = option(80, "sequential: most primary seeds")
     stop_half_width: float = option(0.015, "sequential: stop once the primary 95 % CI half-width is below this")
     compute: bool = option(True, "false = only rebuild the report from the cached runs (nothing is trained)")
+    engine_pin: str = option("", "report-only: read the cached runs of this engine fingerprint (ablation.json "
+                                 "settings.engine) although the source has changed since; '' = this source's")
     jobs: int = option(1, "runs in parallel (processes); each uses `threads` torch threads")
     threads: int = option(1, "torch threads per run")
     progress: bool = option(True, "progress output")
@@ -162,6 +164,9 @@ class AblationConfig(Config):
                 raise UserError(f"{name}={v} must be a positive number")
         if not 0 < self.power < 1 or not 0 < self.alpha < 1:
             raise UserError(f"power={self.power} and alpha={self.alpha} must be in (0, 1)")
+        if self.engine_pin and self.compute and self.engine_pin != engine_fingerprint():
+            raise UserError(f"engine_pin={self.engine_pin!r} is not this source's engine ({engine_fingerprint()}): "
+                            f"only a report-only run (compute=false) may read another engine's runs")
         if self.steps % self.eval_points:
             raise UserError(f"steps={self.steps} must be a multiple of eval_points={self.eval_points}")
 
@@ -452,7 +457,7 @@ def dynamics_plan(cfg: AblationConfig, model_dir: str, prompts: list[str], out: 
 
     s = train_cfg.sampling
     key = _key({"model": model_dir, "n": cfg.profile_prompts, "seeds": cfg.profile_seeds, "plan": cfg.plan,
-                "sampling": s.to_dict(), "trajectories": "sde", "engine": engine_fingerprint()})
+                "sampling": s.to_dict(), "trajectories": "sde", "engine": cfg.engine_pin or engine_fingerprint()})
     plan_path = out / "plan.json"
     if plan_path.exists():
         old = json.loads(plan_path.read_text())
@@ -505,7 +510,8 @@ def series_key(cfg: AblationConfig, prep: dict) -> str:
     """What a seed's runs depend on besides the seed: a changed engine, model or design starts a new series."""
     return _key({"model_key": prep["meta"]["key"], "preset": cfg.preset, "overrides": cfg.overrides,
                  "steps": cfg.steps, "eval": [cfg.eval_per_category, cfg.eval_samples, cfg.eval_points],
-                 "engine": engine_fingerprint(), "plan": prep["plan"]["sizes"] if prep["plan"] else None,
+                 "engine": cfg.engine_pin or engine_fingerprint(),
+                 "plan": prep["plan"]["sizes"] if prep["plan"] else None,
                  "design": prep["design"]["arms"], "uniform": cfg.uniform})
 
 
@@ -691,7 +697,8 @@ def report(cfg: AblationConfig, prep: dict, state: dict) -> dict:
     result["model"] = {"path": prep["model_dir"], "key": meta["key"], "pretraining": meta.get("pretraining"),
                        "base_accuracy": meta.get("base_accuracy")}
     result["settings"] = {**cfg.to_dict(), "train_config": prep["base_cfg"].to_dict(),
-                          "eval_prompts": [md["prompt"] for md in prep["eval_md"]], "engine": engine_fingerprint(),
+                          "eval_prompts": [md["prompt"] for md in prep["eval_md"]],
+                          "engine": cfg.engine_pin or engine_fingerprint(),
                           "series": series_key(cfg, prep)}
     result["elapsed_s"] = round(time.perf_counter() - state["t_start"], 1)
     result["computed_runs"] = state["computed"]
@@ -886,17 +893,22 @@ def markdown(result: dict) -> str:
     lines += ["", "## Budgets (from the configs; measured means in parentheses)", "", des["rule"] + ".", "",
               "| arm | chunks | fraction | transitions / sample | optimizer steps | rewarded images | transformer samples |",
               "|---|---|---|---|---|---|---|"]
-    for m, e in result["methods"].items():
-        if m == "base":
-            continue
-        a = e["design"]
+    for m, a in des["arms"].items():  # every arm of the design, with the measured means once it has runs
+        e = result["methods"].get(m, {})
         tps = a.get("transitions_per_sample")
         meas = e.get("transitions_per_sample")
-        tcol = (f"{tps:g}" if tps is not None else "weighted") + (f" ({meas['mean']:.2f})" if meas else "")
+        tcol = (f"{tps:g}" if tps is not None else "weighted" if a["kind"] == "chunk" else "one per branching step") + (
+            f" ({meas['mean']:.2f})" if meas else "")
         frac = f"{a['timestep_fraction']:.4g}" if a.get("timestep_fraction") else "–"
-        lines.append(f"| `{m}` | {e['chunk_sizes'] if a['kind'] != 'step' and a['kind'] != 'branch' else a['kind']} | "
-                     f"{frac} | {tcol} | {'/'.join(map(str, e['optimizer_steps']))} | {e['rewards']['mean']:.0f} | "
-                     f"{e['transformer_samples']['mean']:.0f} |")
+        steps = (f"{a['optimizer_steps']}" if a.get("optimizer_steps") else "until the sample budget") + (
+            f" ({'/'.join(map(str, e['optimizer_steps']))})" if e.get("optimizer_steps") else "")
+        rew = (f"{a['rewards_per_step'] * a['optimizer_steps']}" if a.get("rewards_per_step") else "–") + (
+            f" ({e['rewards']['mean']:.0f})" if e.get("rewards") else "")
+        smp = (f"≤ {a['samples_per_step'] * a['optimizer_steps']}" if a.get("samples_per_step")
+               else f"{a['sample_budget']}") + (f" ({e['transformer_samples']['mean']:.0f})"
+                                                  if e.get("transformer_samples") else "")
+        chunks = a["chunk_sizes"] if a["kind"] == "chunk" else a["kind"]
+        lines.append(f"| `{m}` | {chunks} | {frac} | {tcol} | {steps} | {rew} | {smp} |")
     head = ["method", "seeds", "overall (final)", *[t.replace("_", " ") for t in result["tags"]], "gain vs base",
             "wall s"]
     lines += ["", "## Held-out accuracy at the endpoint", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]

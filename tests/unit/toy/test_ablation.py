@@ -191,3 +191,9 @@ def test_the_committed_n10_plan_is_the_planners_on_the_committed_sde_profile():
     assert plan["trajectories"] == "sde" and plan["sizes"] == [2, 3, 4]
     assert plan_chunks("dynamics", 9, prof["l1rel_sde"]).sizes == [2, 3, 4]
     assert plan_chunks("dynamics", 9, prof["l1rel_ode"]).sizes != [2, 3, 4]  # v1's plan came from this curve
+
+
+def test_engine_pin_is_for_reports_only():
+    with pytest.raises(UserError, match="only a report-only run"):
+        AblationConfig(engine_pin="0123456789abcdef")
+    assert AblationConfig(engine_pin="0123456789abcdef", compute=False).engine_pin == "0123456789abcdef"
