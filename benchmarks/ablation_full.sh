@@ -8,8 +8,9 @@
 #   WAIT_LOG=/tmp/toy.log ...   # wait for `rc=0` in a toy-model build log first
 #   .venv/bin/python benchmarks/ablation.py --report-only --model M --out benchmarks/results/ablation-toy-v2/n10
 #
-# Budget (2 idle cores, measured per run in the results README): ≈ 1.1 h for the primary pair at N = 10
-# (27 seeds), ≈ 0.75 h for the 5 secondary arms × 8 seeds, ≈ 0.9 h for the N = 17 setting.
+# Budget (2 idle cores; measured: one N = 10 run ≈ 170 CPU-s, the base evaluation ≈ 20): ≈ 1.35 h for the
+# primary pair at N = 10 (27 seeds), ≈ 0.7 h for the 5 secondary arms × 6 seeds, ≈ 0.8 h for N = 17
+# (8 + 4 seeds, ≈ 1.6× per run): ≈ 2.9 h in all.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MODEL=${MODEL:-.chunkgrpo/models/toy}
@@ -32,10 +33,10 @@ if ! $PY benchmarks/ablation.py --model "$MODEL" --out "$OUT/n10" --report-only 
   echo "$(date -u +%FT%TZ) design refused at fraction 2/3; fallback: timestep_fraction=1.0"
 fi
 rm -f "$OUT.design.err"
-echo "$(date -u +%FT%TZ) N = 10: primary pair (27 seeds, power calculation), then 5 secondary arms × 8 seeds"
-$PY benchmarks/ablation.py --model "$MODEL" --out "$OUT/n10" --jobs "$JOBS" secondary_seeds=8 timestep_fraction=$FRACTION
-echo "$(date -u +%FT%TZ) N = 17, the paper's [2, 3, 4, 7]: 2 of 4 chunks vs 8 of 16 steps; 10 + 5 seeds"
-$PY benchmarks/ablation.py --model "$MODEL" --out "$OUT/n17" --jobs "$JOBS" --seeds 10 \
-  --methods step_flow,chunk_dynamics,chunk_uniform secondary_seeds=5 sampling.num_steps=17 \
+echo "$(date -u +%FT%TZ) N = 10: primary pair (27 seeds, power calculation), then 5 secondary arms × 6 seeds"
+$PY benchmarks/ablation.py --model "$MODEL" --out "$OUT/n10" --jobs "$JOBS" secondary_seeds=6 timestep_fraction=$FRACTION
+echo "$(date -u +%FT%TZ) N = 17, the paper's [2, 3, 4, 7]: 2 of 4 chunks vs 8 of 16 steps; 8 + 4 seeds"
+$PY benchmarks/ablation.py --model "$MODEL" --out "$OUT/n17" --jobs "$JOBS" --seeds 8 \
+  --methods step_flow,chunk_dynamics,chunk_uniform secondary_seeds=4 sampling.num_steps=17 \
   timestep_fraction=0.5 plan=sizes:2,3,4,7 uniform=uniform:4
 echo "$(date -u +%FT%TZ) done"
