@@ -1,16 +1,22 @@
-"""The paper's ablation on the toy world (step-level vs chunk-level GRPO, TempFlow, Granular), with error bars.
+"""The paper's ablation on the toy world, budget-matched and powered: chunk (SDE dynamics plan) vs step-level GRPO.
 
-Same pretrained toy base model, equal optimizer steps and sampling budget, several seeds per method;
-held-out GenEval accuracy per category by the exact toy detector, mean ± 95 % CI over seeds, wall time,
-transformer sample-evaluations, paired chunk-vs-step differences. Cached per (method, seed): re-running
-the same command resumes and only computes what is missing or stale (changed settings / engine source).
+Same pretrained toy base model; step and chunk arms train the same expected transitions per sample on the
+same rollouts, branching arms (TempFlow, Granular) stop at the same cumulative transformer samples;
+pre-registered primary endpoint (held-out accuracy at the final point, chunk_dynamics − step_flow, paired
+by seed), seeds from the power calculation (or `sequential=true`), Holm-corrected secondaries, learning
+curves at `eval_points` points. Cached per (method, seed): re-running the same command resumes and only
+computes what is missing or stale; the report is rewritten after every finished run.
 
-    .venv/bin/python benchmarks/ablation.py                               # the full run: 7 methods × 5 seeds
-    .venv/bin/python benchmarks/ablation.py --jobs 2                      # two runs at a time (2 quiet cores)
-    .venv/bin/python benchmarks/ablation.py --seeds 2 --steps 4 --out /tmp/abl   # a quick look
-    .venv/bin/python benchmarks/ablation.py methods=[step_flow,chunk_dynamics] lr=0.002   # any AblationConfig field
+    .venv/bin/python benchmarks/ablation.py --jobs 2                      # the pre-registered design (N = 10)
+    .venv/bin/python benchmarks/ablation.py --jobs 2 sequential=true      # add seeds until the stop rule holds
+    .venv/bin/python benchmarks/ablation.py --report-only --out DIR       # rebuild the report from the cache
+    .venv/bin/python benchmarks/ablation.py --report-only --out DIR engine_pin=HASH   # ... of an older engine
+    .venv/bin/python benchmarks/ablation.py --seeds 2 --steps 4 --out /tmp/abl eval_samples=2   # a quick look
+    .venv/bin/python benchmarks/ablation.py --out DIR sampling.num_steps=17 timestep_fraction=0.5 \
+        plan=sizes:2,3,4,7 uniform=uniform:4                            # the paper's N = 17 setting
 
-Writes <out>/ablation.json, ablation.md, reward_curves.png, profile.json/png, plan.json and runs/<method>/seed-<s>.json.
+Writes <out>/ablation.json, ablation.md, curves.png, reward_curves.png, profile.json/png, plan.json and
+runs/<method>/seed-<s>.json.
 """
 
 from __future__ import annotations
@@ -33,10 +39,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", help="toy model folder (default: build/reuse .chunkgrpo/models/toy)")
     ap.add_argument("--out", help="results folder (default benchmarks/results/ablation)")
-    ap.add_argument("--seeds", type=int, help="seeds per method (default 5)")
+    ap.add_argument("--seeds", type=int, help="seeds of the primary pair (default: the power calculation's)")
     ap.add_argument("--steps", type=int, help="optimizer steps per run (default 72)")
     ap.add_argument("--jobs", type=int, help="runs in parallel (default 1)")
     ap.add_argument("--methods", help="comma-separated subset of the methods")
+    ap.add_argument("--report-only", action="store_true", help="rebuild the report from the cached runs only")
     ap.add_argument("overrides", nargs="*", help="AblationConfig key=value; other keys are training overrides")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -48,6 +55,8 @@ def main(argv: list[str] | None = None) -> int:
             own.append(f"{key}={getattr(args, flag)}")
     if args.methods:
         own.append(f"methods=[{args.methods}]")
+    if args.report_only:
+        own.append("compute=false")
     try:
         cfg = AblationConfig.load(None, own)
         if train:

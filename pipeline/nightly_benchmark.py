@@ -1,8 +1,9 @@
 """Nightly benchmark: evaluate the registry champion (hybrid inference) and the base model on the
 benchmark suites with fixed seeds, log to MLflow, flag a regression against the champion's own
-registered score; optionally (`ablation_model`) the reduced toy-world ablation (step-level vs
-chunk-level GRPO from the same toy base model, with CIs: `components/ablation`) as a check that the
-engine still learns. Scheduled by `chunkgrpo pipeline schedule` (default 02:00 UTC).
+registered score; optionally (`ablation_model`) the toy-world ablation (chunk with the SDE dynamics plan vs
+step-level GRPO from the same toy base model: `components/ablation`), which adds `ablation_seeds` seeds
+per night to one series in S3, so each morning shows the primary difference with its CI, the seeds so
+far and the minimum detectable effect at that count. Scheduled by `chunkgrpo pipeline schedule` (default 02:00 UTC).
 
 Caching is off on every step (a benchmark that is served from cache measures nothing). The first step,
 `benchmark_preflight`, checks in seconds that the alias exists and that its base model, the scorer
@@ -45,6 +46,7 @@ def make_nightly_benchmark(pool: str = "cpu"):
         ablation_methods: list = ["step_flow", "chunk_dynamics"],  # noqa: B006
         ablation_seeds: int = 2,
         ablation_steps: int = 8,
+        ablation_series_root: str = "",
     ):
         from components.tracking.component import open_run
 
@@ -73,7 +75,8 @@ def make_nightly_benchmark(pool: str = "cpu"):
             with dsl.If(ablation_model != "", name="toy-ablation"):
                 ab = toy_ablation(model=ablation_model, methods=ablation_methods, seeds=ablation_seeds,
                                   steps=ablation_steps, artifact_root=artifact_root,
-                                  run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, parent_run_id=opened.output)
+                                  run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, parent_run_id=opened.output,
+                                  series_root=ablation_series_root)
                 configure(small(ab, "16G").set_cpu_request("2"), display_name="toy ablation (step vs chunk)",
                           cache=False, retries=1)
                 ab.after(pre)
@@ -96,10 +99,11 @@ def make_nightly_benchmark(pool: str = "cpu"):
         fail_on_regression: Also fail the run on a regression (it is always flagged in MLflow and the UI).
         experiment: MLflow experiment of the nightly runs.
         artifact_root: s3:// prefix for the benchmark images and reports (<root>/<run id>/benchmark).
-        ablation_model: Toy base model (`chunkgrpo toy-model` folder or s3:// folder) for the reduced step-vs-chunk ablation; '' = skip it.
-        ablation_methods: Ablation methods as a JSON list (step_flow, step_dance, chunk_uniform, chunk_dynamics, chunk_ws, tempflow, granular).
-        ablation_seeds: Training seeds per ablation method.
-        ablation_steps: Optimizer steps per ablation run.
+        ablation_model: Toy base model (`chunkgrpo toy-model` folder or s3:// folder) for the accumulating step-vs-chunk ablation; '' = skip it.
+        ablation_methods: Ablation methods as a JSON list (step_flow, step_dance, chunk_uniform, chunk_dynamics, chunk_ws, tempflow, granular); must hold chunk_dynamics and step_flow (the primary pair).
+        ablation_seeds: Seeds added to the ablation series each night (earlier nights' seeds are reused from S3).
+        ablation_steps: Optimizer steps per ablation run (a multiple of 2: two evaluation points per run).
+        ablation_series_root: s3:// prefix of the accumulating ablation series ('' = <artifact_root>/ablation-series); a changed engine or configuration starts a new series under it.
     """
     return dsl.pipeline(name=NAME, description="Nightly: champion vs base model on HPDv2/GenEval/WISE; "
                         "logs to MLflow and flags regressions.")(nightly_benchmark)

@@ -24,6 +24,9 @@ class LoraConfig(Config):
     rank: int = option(32, "LoRA rank r")
     alpha: float = option(64.0, "LoRA alpha (scale = alpha / rank)")
     dropout: float = option(0.0, "LoRA dropout")
+    init: Literal["default", "gaussian"] = option(
+        "default", "initialisation of A (B = 0 either way): default = peft's Kaiming-uniform, sd 1/sqrt(3·fan_in) "
+        "(≈ 0.010 on FLUX's 3072-wide layers); gaussian = N(0, (1/r)²), TempFlow-GRPO's reference")
     targets: list[str] = option(["to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj",
                                  "to_add_out"], "module names to adapt (FLUX attention projections by default)")
 
@@ -35,6 +38,8 @@ class LoraConfig(Config):
             raise UserError(f"lora.rank must be >= 1, got {self.rank}")
         if self.enabled and not self.targets:
             raise UserError("lora.targets is empty; name at least one module (e.g. to_q)")
+        if self.init not in ("default", "gaussian"):
+            raise UserError(f"lora.init={self.init!r} must be 'default' or 'gaussian'")
 
 
 @dataclass
@@ -160,8 +165,9 @@ class TrainConfig(Config):
                                      "tempflow all trainable steps 0..N-2, granular the first half 0..N/2-1)")
     granularities: list[int] = option([1, 2], "granular: ODE granularities λ for multi-granularity advantages")
     branch_update: Literal["auto", "per_step", "per_iteration"] = option(
-        "auto", "tempflow/granular: per_step = one optimizer step per trained branching step k (G2RPO); "
-        "per_iteration = gradients of all k accumulated, one optimizer step per iteration (TempFlow); "
+        "auto", "tempflow/granular: per_step = one optimizer step per trained branching step k (G2RPO's per-k "
+        "released trainer, train_g2rpo_hps.py); per_iteration = the loss of each k divided by K, one optimizer step "
+        "per iteration (TempFlow; G2RPO's Eq. 9 / Algorithm 1 and train_g2rpo_hps_clip.py @0e69799); "
         "auto = per_step for granular, per_iteration for tempflow")
     noise_weight_c: float = option(0.0, "tempflow: c in the step weight c·std_k (0 = 1/mean(std over trained "
                                    "steps), weights average 1 as in the paper; TempFlow's released FLUX code: 1.73)")

@@ -78,6 +78,15 @@ def resolve_chunk_sizes(cfg: TrainConfig) -> list[int]:
     return plan_chunks(spec, S).sizes
 
 
+def peft_lora_config(lc):
+    """peft's LoraConfig for `lora` (LoraConfig of this package): rank, alpha, dropout, targets and the A
+    initialisation (`default`: peft's Kaiming-uniform; `gaussian`: N(0, (1/r)²), TempFlow-GRPO's)."""
+    from peft import LoraConfig
+
+    return LoraConfig(r=lc.rank, lora_alpha=lc.alpha, lora_dropout=lc.dropout, target_modules=list(lc.targets),
+                      init_lora_weights=True if lc.init == "default" else "gaussian")
+
+
 def check_trained_units(cfg: TrainConfig, sizes: list[int]) -> None:
     """Chunk/step methods train int(K·timestep_fraction) units per sample (the references' count); a plan
     where that is 0 (e.g. `whole` with fraction 0.5: GCPO trains nothing) is rejected, not silently raised to 1."""
@@ -159,12 +168,8 @@ class Trainer:
         tr = self.model.transformer
         torch.manual_seed(cfg.seed)  # identical LoRA init on every rank
         if cfg.lora.enabled:
-            from peft import LoraConfig
-
             try:
-                tr.add_adapter(LoraConfig(r=cfg.lora.rank, lora_alpha=cfg.lora.alpha,
-                                          lora_dropout=cfg.lora.dropout,
-                                          target_modules=list(cfg.lora.targets), init_lora_weights=True))
+                tr.add_adapter(peft_lora_config(cfg.lora))
             except ValueError as e:  # peft's NoMatchingPeftModuleError is a ValueError
                 raise UserError(f"lora.targets={list(cfg.lora.targets)} match no module of the transformer "
                                 f"({str(e).splitlines()[0][:200]})") from None

@@ -1,5 +1,5 @@
 """toy_ablation under kfp.local (SubprocessRunner) against local SeaweedFS + MLflow, on a toy model with a
-few pretraining steps: two methods × two seeds × one optimizer step, for real."""
+few pretraining steps: two methods × two seeds × two optimizer steps (two evaluation points), for real."""
 
 import json
 
@@ -24,8 +24,9 @@ def toy_model(tmp_path_factory):
 def test_ablation_runs_locally(local_runner, toy_model):
     @dsl.pipeline(name="ablation-local")
     def p(model: str):
-        toy_ablation(model=model, methods=["step_flow", "chunk_dynamics"], seeds=2, steps=1,
-                     artifact_root="s3://chunkgrpo/ablation-local", run_id="local", parent_run_id="")
+        toy_ablation(model=model, methods=["step_flow", "chunk_dynamics"], seeds=2, steps=2,
+                     artifact_root="s3://chunkgrpo/ablation-local", run_id="local", parent_run_id="",
+                     plan="sizes:2,3,4", eval_per_category=1, eval_samples=1)
 
     p(model=str(toy_model))
     from chunkgrpo.store import ArtifactStore
