@@ -31,7 +31,8 @@ PULL_SECRETS_ENV = "CHUNKGRPO_IMAGE_PULL_SECRETS"   # comma-separated Secret nam
 MODEL_PVC_ENV = "CHUNKGRPO_MODEL_PVC"               # PVC with models, mounted read-only at /models
 ENV_CONFIG_MAP = "chunkgrpo-env"
 ENV_CONFIG_KEYS = ("CHUNKGRPO_S3_ENDPOINT", "AWS_DEFAULT_REGION", "MLFLOW_TRACKING_URI", "MLFLOW_S3_ENDPOINT_URL",
-                   "MLFLOW_DISABLE_TELEMETRY", "PYTHONUNBUFFERED")
+                   "MLFLOW_DISABLE_TELEMETRY", "PYTHONUNBUFFERED",
+                   "CHUNKGRPO_PROMOTER_URL")  # register/promote through the promoter service (server-side gate)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -708,7 +708,7 @@ def test_network_policies(variant):
     namespaces = pipeline_namespaces(variant)
     deny = find(docs, "NetworkPolicy", "default-deny-ingress")
     assert deny["spec"]["podSelector"] == {} and deny["spec"]["policyTypes"] == ["Ingress"]
-    for name in ("minio", "mlflow"):
+    for name in ("minio", "mlflow", "chunkgrpo-promoter"):
         np_ = find(docs, "NetworkPolicy", name)
         assert np_["metadata"]["namespace"] == SERVICES_NS
         peers = [p for rule in np_["spec"]["ingress"] for p in rule["from"]]
@@ -987,3 +987,28 @@ def test_cuda12_runtime_variant_is_consistent():
         {"name": i["name"], "tag": i["tag"]} for i in digests.load_lock()["images"]]
     cu = "cu" + "".join(tag.split(".")[:2])
     assert args["TORCH_INDEX_URL"].endswith("/" + cu)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_the_promoter_holds_its_own_secret_and_only_pipelines_and_the_promoter_reach_mlflow(variant):
+    """The server-side gate on the cluster: the promoter service runs in the services namespace with the
+    promoter identity's Secret (which no pipeline-namespace object references), the pipeline tasks get its
+    URL, and MLflow's ingress admits the promoter pods beside the pipeline namespaces."""
+    docs = render(variant)
+    dep = find(docs, "Deployment", "chunkgrpo-promoter")
+    assert dep["metadata"]["namespace"] == SERVICES_NS
+    c = dep["spec"]["template"]["spec"]["containers"][0]
+    assert c["command"][:3] == ["python", "-m", "chunkgrpo.promoter"]
+    secrets = {e["valueFrom"]["secretKeyRef"]["name"] for e in c["env"] if "valueFrom" in e}
+    assert secrets == {"chunkgrpo-promoter"}
+    in_pipeline_ns = json.dumps([d for d in docs if d["metadata"].get("namespace") != SERVICES_NS])
+    assert "chunkgrpo-promoter\"" not in in_pipeline_ns.replace("chunkgrpo-promoter.chunkgrpo", "")
+    svc = find(docs, "Service", "chunkgrpo-promoter")
+    port = svc["spec"]["ports"][0]["port"]
+    envs = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "chunkgrpo-env"]
+    assert envs and all(e["data"]["CHUNKGRPO_PROMOTER_URL"] ==
+                        f"http://chunkgrpo-promoter.{SERVICES_NS}.svc.cluster.local:{port}" for e in envs)
+    mlflow_np = find(docs, "NetworkPolicy", "mlflow")
+    pod_peers = [p["podSelector"]["matchLabels"] for r in mlflow_np["spec"]["ingress"] for p in r["from"]
+                 if "podSelector" in p]
+    assert dep["spec"]["template"]["metadata"]["labels"] in pod_peers
