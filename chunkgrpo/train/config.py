@@ -70,12 +70,17 @@ class CheckpointConfig(Config):
     s3_wait_s: float = option(120.0, "resume: seconds to keep retrying (with backoff) an unreachable S3 "
                               "before failing; training never starts from scratch while S3 may hold its "
                               "checkpoints")
+    mirror_timeout_s: float = option(120.0, "S3 mirror: read timeout of each upload request (one part, "
+                                     "<= 64 MiB); a hung S3 server fails the attempt after this instead of "
+                                     "stalling training, and the mirror retries with backoff")
 
     def __post_init__(self) -> None:
         check_finite(self, "checkpoint.")
         for name in ("every", "keep", "mirror_backlog", "mirror_wait_s", "s3_wait_s"):
             if getattr(self, name) < 0:
                 raise UserError(f"checkpoint.{name} must be >= 0, got {getattr(self, name)}")
+        if self.mirror_timeout_s <= 0:
+            raise UserError(f"checkpoint.mirror_timeout_s must be > 0, got {self.mirror_timeout_s}")
         if self.s3_prefix:
             if not self.s3_prefix.startswith("s3://"):
                 raise UserError(f"checkpoint.s3_prefix={self.s3_prefix!r} is not an S3 URI (expected s3://bucket/prefix)")

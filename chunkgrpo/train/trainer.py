@@ -218,7 +218,7 @@ class Trainer:
             self.ckpt_root.mkdir(parents=True, exist_ok=True)
         D.barrier()
         if cfg.checkpoint.s3_prefix and self.info.is_main:
-            self.mirror = ckpt.Mirror(cfg.checkpoint.s3_prefix)
+            self.mirror = ckpt.Mirror(cfg.checkpoint.s3_prefix, store_factory=self._mirror_store)
         if cfg.checkpoint.resume:
             self._resume()
 
@@ -346,6 +346,18 @@ class Trainer:
             return
         if rejected and info.is_main:
             log.warning("no checkpoint verifies (%s set aside); starting from scratch", ", ".join(rejected))
+
+    def _mirror_store(self):
+        """The mirror's S3 client: each request bounded by `checkpoint.mirror_timeout_s` (a hung server
+        fails the attempt; the store's own read timeout is sized for whole-folder work) and one attempt
+        per upload (the mirror's loop retries with backoff and tells pruning it is failing)."""
+        import dataclasses
+
+        from chunkgrpo.store import ArtifactStore, StoreConfig
+
+        base, t = StoreConfig(), self.cfg.checkpoint.mirror_timeout_s
+        return ArtifactStore(dataclasses.replace(base, retries=1, read_timeout_s=min(base.read_timeout_s, t),
+                                                 connect_timeout_s=min(base.connect_timeout_s, t)))
 
     def _remote_checkpoints(self, sleep=time.sleep) -> dict[int, str]:
         """The S3 checkpoints, retried with exponential backoff (1 s doubling to 30 s) for

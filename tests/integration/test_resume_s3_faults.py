@@ -103,3 +103,34 @@ def test_clock_skew_is_one_line(own_s3, monkeypatch):
     with pytest.raises(UserError, match="RequestTimeTooSkewed") as e:
         ArtifactStore().list("s3://chunkgrpo/runs/")
     assert len(str(e.value).splitlines()) == 1
+
+
+def test_hung_s3_during_training_fails_the_mirror_attempt_within_its_timeout(own_s3, tmp_path):
+    """A frozen S3 (SIGSTOP: connections accepted, never answered) while a checkpoint uploads: the
+    trainer's mirror client gives up on the request after `checkpoint.mirror_timeout_s` and reports
+    failing, so pruning decides (keep beyond `keep` within the backlog, or stop in one line) instead of
+    training stalling on the socket for the store's upload-sized timeout × its retries."""
+    from chunkgrpo.train import checkpoint as ckpt
+    from chunkgrpo.train.trainer import Trainer
+
+    folder = tmp_path / "step-000001"
+    folder.mkdir()
+    (folder / "weights.bin").write_bytes(os.urandom(1 << 20))
+    t = Trainer.__new__(Trainer)
+    t.cfg = TrainConfig.load("tiny_cpu", ["checkpoint.mirror_timeout_s=3"])
+    store = t._mirror_store()
+    assert store.config.read_timeout_s == 3 and store.config.retries == 1
+    pgid = own_s3._load_state()["services"]["s3"]["pgid"]
+    os.killpg(pgid, signal.SIGSTOP)
+    mirror = ckpt.Mirror("s3://chunkgrpo/runs/hung", store_factory=t._mirror_store, backoff_s=30)
+    try:
+        t0 = time.monotonic()
+        mirror.submit(folder)
+        still_pending = mirror.settle(folder)
+        took = time.monotonic() - t0
+    finally:
+        os.killpg(pgid, signal.SIGCONT)
+        mirror.close()
+    assert still_pending and mirror.failing, (still_pending, mirror.failing, mirror.last_error)
+    assert 2.5 <= took < 60, took  # it waited on the frozen server for the 3 s timeout, not 300 s × 6 attempts
+    assert folder.exists()  # nothing deleted
