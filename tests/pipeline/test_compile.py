@@ -247,6 +247,13 @@ def test_compile_cli(tmp_path, capsys):
     assert "chunkgrpo-runtime:" in capsys.readouterr().out
     assert main(["pipeline", "compile", "--out", str(tmp_path)]) == 2
     assert "no GPU pool" in capsys.readouterr().err
+    # an --out that cannot be a folder (a file is in the way): one line naming it, exit 2, the file untouched
+    blocker = tmp_path / "a-file"
+    blocker.write_text("mine")
+    assert main(["pipeline", "compile", "--out", str(blocker / "sub"), "--pool", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert str(blocker / "sub") in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert blocker.read_text() == "mine"
 
 
 def test_preflight_first_defaults_from_the_model_cache_and_judge_secret(tae):
