@@ -78,6 +78,18 @@ def resolve_chunk_sizes(cfg: TrainConfig) -> list[int]:
     return plan_chunks(spec, S).sizes
 
 
+def _bounded_store(timeout_s: float):
+    """An S3 client whose every request gives up after `timeout_s` (connect and read; the store's own
+    defaults are sized for whole-folder work), one attempt per call: the caller's loop owns the retries."""
+    import dataclasses
+
+    from chunkgrpo.store import ArtifactStore, StoreConfig
+
+    base = StoreConfig()
+    return ArtifactStore(dataclasses.replace(base, retries=1, read_timeout_s=min(base.read_timeout_s, timeout_s),
+                                             connect_timeout_s=min(base.connect_timeout_s, timeout_s)))
+
+
 def peft_lora_config(lc):
     """peft's LoraConfig for `lora` (LoraConfig of this package): rank, alpha, dropout, targets and the A
     initialisation (`default`: peft's Kaiming-uniform; `gaussian`: N(0, (1/r)²), TempFlow-GRPO's)."""
@@ -351,13 +363,7 @@ class Trainer:
         """The mirror's S3 client: each request bounded by `checkpoint.mirror_timeout_s` (a hung server
         fails the attempt; the store's own read timeout is sized for whole-folder work) and one attempt
         per upload (the mirror's loop retries with backoff and tells pruning it is failing)."""
-        import dataclasses
-
-        from chunkgrpo.store import ArtifactStore, StoreConfig
-
-        base, t = StoreConfig(), self.cfg.checkpoint.mirror_timeout_s
-        return ArtifactStore(dataclasses.replace(base, retries=1, read_timeout_s=min(base.read_timeout_s, t),
-                                                 connect_timeout_s=min(base.connect_timeout_s, t)))
+        return _bounded_store(self.cfg.checkpoint.mirror_timeout_s)
 
     def _remote_checkpoints(self, sleep=time.sleep) -> dict[int, str]:
         """The S3 checkpoints, retried with exponential backoff (1 s doubling to 30 s) for
@@ -365,16 +371,10 @@ class Trainer:
         of s3_wait_s/4 capped at 30 s, not the store's upload-sized one). Still unreachable then: with
         local checkpoints, one line and those are used; without, one line and a StoreError — never a
         silent start from scratch while S3 may hold this run's checkpoints."""
-        import dataclasses
-
-        from chunkgrpo.store import ArtifactStore, StoreConfig, StoreError
+        from chunkgrpo.store import StoreError
 
         cfg = self.cfg.checkpoint
-        base = StoreConfig()
-        timeout = max(1.0, min(30.0, cfg.s3_wait_s / 4))
-        store = ArtifactStore(dataclasses.replace(base, retries=1,
-                                                  read_timeout_s=min(base.read_timeout_s, timeout),
-                                                  connect_timeout_s=min(base.connect_timeout_s, timeout)))
+        store = _bounded_store(max(1.0, min(30.0, cfg.s3_wait_s / 4)))
         t0, delay = time.monotonic(), 1.0
         while True:
             try:
