@@ -84,7 +84,8 @@ def test_sigterm_stops_the_running_task_and_the_services_like_ctrl_c(tmp_path):
         # killed while training: the kfp.local task and its torchrun workers are running
         _wait_for(lambda: "  train ..." in out.read_text() or proc.poll() is not None, 900, "the train task")
         assert proc.poll() is None, (out.read_text()[-2000:], err.read_text()[-2000:])
-        _wait_for(lambda: any("torch.distributed.run" in " ".join(p.cmdline()) for p in _tree(proc.pid)[1:]
+        # the train task's launcher (`python -m chunkgrpo.torchrun_local`: torchrun on 127.0.0.1)
+        _wait_for(lambda: any("chunkgrpo.torchrun_local" in " ".join(p.cmdline()) for p in _tree(proc.pid)[1:]
                               if p.is_running()), 300, "torchrun")
         tree = _tree(proc.pid)
         assert _listening(s3) and _listening(mlflow)
