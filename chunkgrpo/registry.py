@@ -555,7 +555,7 @@ def _init_gate(client, name: str, metric: str | None, direction: str | None) -> 
 def check_name(name: str) -> None:
     """A registered model name MLflow stores faithfully (and leaves room for the promotion lock)."""
     if not isinstance(name, str) or not name.strip() or name != name.strip() or any(c in name for c in "/:\0"):
-        raise UserError(f"registered model name {name!r} is not valid (non-empty, no '/', ':' or NUL, "
+        raise UserError(f"{name!r} is not a valid registered model name (non-empty, no '/', ':' or NUL, "
                         "no leading/trailing spaces)")
     if len(name) > MAX_NAME_LEN:
         raise UserError(f"registered model name {name[:40]!r}... is {len(name)} characters; at most {MAX_NAME_LEN}")

@@ -165,8 +165,11 @@ def _runtime_yaml(tmp_path, gpu_mem_product="NVIDIA-H800", tmp_size="10Gi", memo
             "nodeSelector": {"nvidia.com/gpu.product": gpu_mem_product},
             "containers": [{"name": "node", "env": [{"name": "HOME", "value": "/tmp"}],
                             "resources": {"limits": {"nvidia.com/gpu": 2, "memory": memory}},
-                            "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}]}],
-            "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": tmp_size}}]}}}}}]}}}}
+                            "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"},
+                                             {"name": "cache", "mountPath": "/cache"}]}],
+            # /cache: where the launcher's output_dir (/cache/train) lives, as in the real runtime
+            "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": tmp_size}},
+                        {"name": "cache", "emptyDir": {"sizeLimit": "40Gi"}}]}}}}}]}}}}
     path = tmp_path / "runtime.yaml"
     path.write_text(yaml.safe_dump(rt))
     return path
