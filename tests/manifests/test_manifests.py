@@ -513,12 +513,14 @@ def test_mlflow_server(variant):
     assert job["spec"]["template"]["spec"]["containers"][0]["command"][:3] == ["mlflow", "db", "upgrade"]
     init = deploy["spec"]["template"]["spec"]["initContainers"][0]
     assert init["name"] == "wait-for-schema" and "_verify_schema" in init["args"][0]
-    for d in docs:  # trainer pods (and only secrets) carry the pipeline's MLflow credentials
+    for d in docs:  # trainer pods (and only secrets) carry the pipeline's MLflow credentials; the promoter its own
+        promoter = d["kind"] == "Deployment" and d["metadata"]["name"] == "chunkgrpo-promoter"
         for where, t in pod_templates(d):
             for c in t["spec"]["containers"]:
                 for e in c.get("env", []):
-                    if e["name"].startswith("MLFLOW_TRACKING_"):
-                        assert e["valueFrom"]["secretKeyRef"]["name"] == "chunkgrpo-mlflow", where
+                    if e["name"].startswith("MLFLOW_TRACKING_") and e["name"] != "MLFLOW_TRACKING_URI":
+                        secret = e["valueFrom"]["secretKeyRef"]["name"]
+                        assert secret == ("chunkgrpo-promoter" if promoter else "chunkgrpo-mlflow"), where
     pg = find(docs, "StatefulSet", "postgres")
     assert pg["spec"]["volumeClaimTemplates"]
 
