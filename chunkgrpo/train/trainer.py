@@ -683,8 +683,10 @@ class Trainer:
                            "config_hash": config_hash(cfg)}
                 (self.out / "train_summary.json").write_text(json.dumps(summary, indent=1))
                 tracker.log_dict(summary, "train_summary.json")
-                if getattr(tracker, "run_id", None):
-                    summary["mlflow_run_id"] = tracker.run_id
+        # after the tracker's flush: a run first created while MLflow was coming back from an outage has
+        # its id only now (reading it inside the block raced with the background thread)
+        if info.is_main and summary and getattr(tracker, "run_id", None):
+            summary["mlflow_run_id"] = tracker.run_id
         return summary
 
     @contextmanager
