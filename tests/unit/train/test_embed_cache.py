@@ -79,8 +79,8 @@ def test_another_base_model_or_length_is_another_key(tiny_model, tiny_model_dir,
 
 
 @pytest.mark.parametrize("how", ["truncated", "bit-flip", "swapped"])
-def test_resume_with_a_damaged_cache_ends_exactly_as_an_uninterrupted_run(how, two_checkpoints, tiny_model_dir,
-                                                                         prompts_file, reference):
+def test_resume_with_a_damaged_cache_ends_exactly_as_an_uninterrupted_run(  # noqa: F811 - pytest fixtures
+        how, two_checkpoints, tiny_model_dir, prompts_file, reference):  # noqa: F811
     files = sorted((two_checkpoints / "embeds").rglob("*.pt"))
     assert len(files) >= 2
     if how == "swapped":  # valid files under each other's names (what the old cache loaded silently)
