@@ -87,34 +87,21 @@ class _Handler(BaseHTTPRequestHandler):
         return self._answer(404, {"error": "not found"})
 
     def do_POST(self):  # noqa: N802
-        from chunkgrpo.registry import GateConfig, promote
-
-        if self.path == "/versions":
-            return self._create_version()
-        if self.path != "/promote":
+        """One route per path; every route reads the same bounded JSON body and maps errors the same way:
+        403 not allowed, 400 bad request, 500 anything else (logged; the service keeps serving)."""
+        route = {"/promote": self._promote, "/versions": self._create_version}.get(self.path)
+        if route is None:
             return self._answer(404, {"error": "not found"})
         try:
-            length = int(self.headers.get("Content-Length") or 0)
-            if not 0 < length <= _MAX_BODY:
-                raise UserError(f"request body of {length} bytes (1..{_MAX_BODY})")
-            req = json.loads(self.rfile.read(length))
-            if not isinstance(req, dict) or not req.get("name") or not str(req.get("version", "")).isdigit():
-                raise UserError("expected {\"name\": ..., \"version\": N, \"why\": ...}")
-            who = _caller(self.headers.get("Authorization"), str(req["name"]))
-            gate = GateConfig(metric=str(req.get("metric") or ""), margin=float(req.get("margin") or 0.0))
-            with _LOCK:
-                res = promote(str(req["name"]), str(req["version"]), gate, who=who,
-                              why=str(req.get("why") or ""))
+            body = route(self._read())
         except PermissionError as e:
             return self._answer(403, {"error": str(e)})
         except (UserError, ValueError, TypeError) as e:
             return self._answer(400, {"error": str(e)})
         except Exception as e:  # noqa: BLE001 - answer, keep serving
-            log.exception("promotion failed")
+            log.exception("%s failed", self.path)
             return self._answer(500, {"error": f"{type(e).__name__}: {e}"})
-        return self._answer(200, {"action": res.action, "name": res.name, "version": res.version,
-                                  "previous": res.previous, "reason": res.reason})
-
+        return self._answer(200, body)
 
     def _read(self) -> dict:
         length = int(self.headers.get("Content-Length") or 0)
@@ -125,36 +112,40 @@ class _Handler(BaseHTTPRequestHandler):
             raise UserError("expected a JSON object")
         return req
 
-    def _create_version(self):
+    def _promote(self, req: dict) -> dict:
+        """The gate, run here with the promoter's rights, for a caller who may read the model."""
+        from chunkgrpo.registry import GateConfig, promote
+
+        if not req.get("name") or not str(req.get("version", "")).isdigit():
+            raise UserError("expected {\"name\": ..., \"version\": N, \"why\": ...}")
+        who = _caller(self.headers.get("Authorization"), str(req["name"]))
+        gate = GateConfig(metric=str(req.get("metric") or ""), margin=float(req.get("margin") or 0.0))
+        with _LOCK:
+            res = promote(str(req["name"]), str(req["version"]), gate, who=who, why=str(req.get("why") or ""))
+        return {"action": res.action, "name": res.name, "version": res.version, "previous": res.previous,
+                "reason": res.reason}
+
+    def _create_version(self, req: dict) -> dict:
         """A version of a registered model from an MLflow model the caller logged in its own run."""
         from chunkgrpo.registry import _client, create_version
 
-        try:
-            req = self._read()
-            name, source, run_id = (str(req.get(k) or "") for k in ("name", "source", "run_id"))
-            if not (name and source and run_id):
-                raise UserError("expected {\"name\", \"source\", \"run_id\", \"tags\", \"eval_run_id\"}")
-            who = _caller(self.headers.get("Authorization"), run_id, "runs/get", "run_id")
-            client = _client()
-            run = client.get_run(run_id)
-            if not source.startswith(run.info.artifact_uri.rstrip("/") + "/"):
-                raise UserError(f"source {source!r} is not an artifact of run {run_id}")
-            tags = {str(k): str(v) for k, v in (req.get("tags") or {}).items()}
-            with _LOCK:
-                mv = create_version(client, name, source, run_id, {**tags, "registered_by": who},
-                                    eval_run_id=req.get("eval_run_id") or None,
-                                    gate_metric=req.get("gate_metric") or None,
-                                    gate_direction=req.get("gate_direction") or None,
-                                    challenger_alias=req.get("challenger_alias"))
-        except PermissionError as e:
-            return self._answer(403, {"error": str(e)})
-        except (UserError, ValueError, TypeError) as e:
-            return self._answer(400, {"error": str(e)})
-        except Exception as e:  # noqa: BLE001 - answer, keep serving
-            log.exception("version creation failed")
-            return self._answer(500, {"error": f"{type(e).__name__}: {e}"})
-        return self._answer(200, {"name": mv.name, "version": str(mv.version), "source": mv.source,
-                                  "run_id": mv.run_id, "tags": dict(mv.tags or {})})
+        name, source, run_id = (str(req.get(k) or "") for k in ("name", "source", "run_id"))
+        if not (name and source and run_id):
+            raise UserError("expected {\"name\", \"source\", \"run_id\", \"tags\", \"eval_run_id\"}")
+        who = _caller(self.headers.get("Authorization"), run_id, "runs/get", "run_id")
+        client = _client()
+        run = client.get_run(run_id)
+        if not source.startswith(run.info.artifact_uri.rstrip("/") + "/"):
+            raise UserError(f"source {source!r} is not an artifact of run {run_id}")
+        tags = {str(k): str(v) for k, v in (req.get("tags") or {}).items()}
+        with _LOCK:
+            mv = create_version(client, name, source, run_id, {**tags, "registered_by": who},
+                                eval_run_id=req.get("eval_run_id") or None,
+                                gate_metric=req.get("gate_metric") or None,
+                                gate_direction=req.get("gate_direction") or None,
+                                challenger_alias=req.get("challenger_alias"))
+        return {"name": mv.name, "version": str(mv.version), "source": mv.source, "run_id": mv.run_id,
+                "tags": dict(mv.tags or {})}
 
 
 def serve(host: str, port: int) -> ThreadingHTTPServer:
