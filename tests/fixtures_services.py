@@ -114,6 +114,20 @@ def services_stopped_after(home: str | Path, s3_port: int, mlflow_port: int):
         atexit.unregister(svc.down)
 
 
+def kill_service(svc, name: str) -> None:
+    """A crash of one of `svc`'s local services: SIGKILL its whole process group, wait until its port is free."""
+    import time
+
+    from chunkgrpo.local_services import port_in_use
+
+    st = svc.status()[name]
+    os.killpg(st.pid, signal.SIGKILL)
+    port = int(st.url.rsplit(":", 1)[1])
+    deadline = time.monotonic() + 30
+    while port_in_use(port) and time.monotonic() < deadline:
+        time.sleep(0.2)
+
+
 def stop_process_group(proc: subprocess.Popen, grace_s: float = STOP_GRACE_S) -> None:
     """SIGTERM to `proc`'s process group (its own: started with start_new_session), SIGKILL after
     `grace_s`."""

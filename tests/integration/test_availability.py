@@ -18,10 +18,11 @@ import time
 
 import pytest
 
-from chunkgrpo.local_services import free_port, local_services, port_in_use
+from chunkgrpo.local_services import free_port, local_services
 from chunkgrpo.train import checkpoint as ckpt
 from chunkgrpo.train.config import TrainConfig
 from chunkgrpo.train.trainer import Trainer, run_training
+from tests.fixtures_services import kill_service
 
 pytestmark = pytest.mark.integration
 
@@ -60,16 +61,6 @@ def _on_iteration(monkeypatch, hooks: dict[int, callable]) -> None:
     monkeypatch.setattr(Trainer, "iteration", iteration)
 
 
-def _kill_service(svc, name: str) -> None:
-    """A crash: SIGKILL the service's whole process group, wait until its port is free."""
-    st = svc.status()[name]
-    os.killpg(st.pid, signal.SIGKILL)
-    port = int(st.url.rsplit(":", 1)[1])
-    deadline = time.monotonic() + 30
-    while port_in_use(port) and time.monotonic() < deadline:
-        time.sleep(0.2)
-
-
 def _later(delay_s: float, fn) -> threading.Thread:
     t = threading.Thread(target=lambda: (time.sleep(delay_s), fn()), daemon=True)
     t.start()
@@ -96,7 +87,7 @@ def test_mlflow_crash_mid_run_loses_no_metric(tiny_model_dir, prompts_file, tmp_
         env(svc.env())
         restarted = []
         _on_iteration(monkeypatch, {
-            1: lambda: _kill_service(svc, "mlflow"),  # down for iterations 1..3 at least
+            1: lambda: kill_service(svc, "mlflow"),  # down for iterations 1..3 at least
             2: lambda: restarted.append(_later(3.0, svc.up)),  # back while training goes on
         })
         summary = run_training(_cfg(tiny_model_dir, prompts_file, tmp_path / "run", "max_steps=5",

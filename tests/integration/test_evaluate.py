@@ -20,16 +20,6 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def trained_dir(tiny_model_dir, tmp_path_factory):
-    sys.path.insert(0, str(REPO / "tests" / "unit" / "eval"))
-    try:
-        from test_hybrid import make_lora_dir
-    finally:
-        sys.path.pop(0)
-    return make_lora_dir(tiny_model_dir, tmp_path_factory.mktemp("trained") / "final", seed=1)
-
-
-@pytest.fixture(scope="module")
 def tiny_clip(tmp_path_factory):
     from chunkgrpo.eval.scorers import make_tiny_clip
 

@@ -11,8 +11,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import signal
-import sys
 import threading
 import time
 from pathlib import Path
@@ -21,21 +19,10 @@ import pytest
 
 from chunkgrpo.eval import runner
 from chunkgrpo.eval.runner import EvalConfig, run_evaluation
-from chunkgrpo.local_services import free_port, local_services, port_in_use
+from chunkgrpo.local_services import free_port, local_services
+from tests.fixtures_services import kill_service
 
 pytestmark = pytest.mark.integration
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def trained_dir(tiny_model_dir, tmp_path_factory):
-    sys.path.insert(0, str(REPO / "tests" / "unit" / "eval"))
-    try:
-        from test_hybrid import make_lora_dir
-    finally:
-        sys.path.pop(0)
-    return make_lora_dir(tiny_model_dir, tmp_path_factory.mktemp("trained") / "final", seed=1)
 
 
 @pytest.fixture
@@ -53,15 +40,6 @@ def _cfg(trained_dir, out: Path, uri: str, *over: str) -> EvalConfig:
                                          f"output_dir={out}", f"output_uri={uri}", "experiment=eval-outage", *over])
 
 
-def _kill(svc, name: str) -> None:
-    st = svc.status()[name]
-    os.killpg(st.pid, signal.SIGKILL)
-    port = int(st.url.rsplit(":", 1)[1])
-    deadline = time.monotonic() + 30
-    while port_in_use(port) and time.monotonic() < deadline:
-        time.sleep(0.2)
-
-
 def _kill_mlflow_when_generation_starts(monkeypatch, svc, then=None) -> None:
     real = runner._generate
 
@@ -73,7 +51,7 @@ def _kill_mlflow_when_generation_starts(monkeypatch, svc, then=None) -> None:
                 [e.experiment_id for e in MlflowClient().search_experiments() if e.name == "eval-outage"] or ["0"],
                 filter_string="tags.`chunkgrpo.stage` = 'evaluate'"):
             time.sleep(0.2)
-        _kill(svc, "mlflow")
+        kill_service(svc, "mlflow")
         if then is not None:
             then()
         return real(*a, **kw)

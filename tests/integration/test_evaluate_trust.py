@@ -11,20 +11,16 @@
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
 from chunkgrpo.errors import UserError
 from chunkgrpo.eval import geneval as G
-from chunkgrpo.eval import wise as W
 from chunkgrpo.eval.runner import EvalConfig, run_evaluation, summary_lines
 from tests.unit.eval.judge_server import JudgeServer
 from tests.unit.eval.tiny_mask2former import make_tiny_mask2former
 
 pytestmark = pytest.mark.integration
-REPO = Path(__file__).resolve().parents[2]
 
 METADATA = [
     {"tag": "single_object", "include": [{"class": "dog", "count": 1}], "prompt": "a photo of a dog"},
@@ -40,16 +36,6 @@ METADATA = [
                                       {"class": "dog", "count": 1, "color": "red"}],
      "prompt": "a photo of a blue car and a red dog"},
 ]
-
-
-@pytest.fixture(scope="module")
-def trained_dir(tiny_model_dir, tmp_path_factory):
-    sys.path.insert(0, str(REPO / "tests" / "unit" / "eval"))
-    try:
-        from test_hybrid import make_lora_dir
-    finally:
-        sys.path.pop(0)
-    return make_lora_dir(tiny_model_dir, tmp_path_factory.mktemp("trained") / "final", seed=1)
 
 
 @pytest.fixture(scope="module")

@@ -1003,8 +1003,15 @@ def test_the_promoter_holds_its_own_secret_and_only_pipelines_and_the_promoter_r
     assert c["command"][:3] == ["python", "-m", "chunkgrpo.promoter"]
     secrets = {e["valueFrom"]["secretKeyRef"]["name"] for e in c["env"] if "valueFrom" in e}
     assert secrets == {"chunkgrpo-promoter"}
-    in_pipeline_ns = json.dumps([d for d in docs if d["metadata"].get("namespace") != SERVICES_NS])
-    assert "chunkgrpo-promoter\"" not in in_pipeline_ns.replace("chunkgrpo-promoter.chunkgrpo", "")
+    for d in docs:  # no pod outside the services namespace is handed the promoter's Secret
+        if d["metadata"].get("namespace") == SERVICES_NS:
+            continue
+        for where, t in pod_templates(d):
+            for c in [*t["spec"].get("containers", []), *t["spec"].get("initContainers", [])]:
+                refs = {e["valueFrom"]["secretKeyRef"]["name"] for e in c.get("env", [])
+                        if "secretKeyRef" in e.get("valueFrom", {})}
+                refs |= {e["secretRef"]["name"] for e in c.get("envFrom", []) if "secretRef" in e}
+                assert "chunkgrpo-promoter" not in refs, where
     svc = find(docs, "Service", "chunkgrpo-promoter")
     port = svc["spec"]["ports"][0]["port"]
     envs = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "chunkgrpo-env"]
