@@ -1,7 +1,7 @@
 """Kubernetes helpers that are plain library code (no kfp import; the `kubernetes` client is
 imported lazily): building, submitting, watching, cancelling and cleaning up distributed training
-jobs (`trainjob`), failing fast on blocked pods (`diagnose`), and the image digests of the
-manifests (`digests`).
+jobs (`trainjob`) and failing fast on blocked pods (`diagnose`). The image-digest release tool is
+`scripts/digests.py`.
 
     from chunkgrpo.k8s import JobSpec, build_trainjob, launch
 """
