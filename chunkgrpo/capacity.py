@@ -448,7 +448,7 @@ def load_pool(pool: str, runtime: str = "") -> Pool:
         from kubernetes import client, config
 
         config.load_incluster_config()
-        from chunkgrpo.k8s.trainjob import read_runtime
+        from chunkgrpo.k8s.launcher import read_runtime
 
         doc = read_runtime(client.CustomObjectsApi())
     except Exception as e:  # noqa: BLE001 - not in a cluster, no RBAC: one line
@@ -700,7 +700,7 @@ def _steps_per_iteration(cfg) -> int:
 
 
 def _default_output_dir() -> str:
-    from chunkgrpo.k8s.trainjob import JobSpec
+    from chunkgrpo.k8s.jobspec import JobSpec
 
     return next(f.default for f in dataclasses.fields(JobSpec) if f.name == "output_dir")
 
