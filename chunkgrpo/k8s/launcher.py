@@ -1,7 +1,7 @@
 """The launcher's side of a training job: read the runtime / template, submit idempotently, watch,
 fail fast, delete on cancellation, clean up a run's jobs.
 
-    api = load_api()                                   # kubernetes CustomObjectsApi (in-cluster or kubeconfig)
+    api = load_api()                     # kubernetes CustomObjectsApi (in-cluster or kubeconfig)
     final = launch(api, build_job("TrainJob", spec, runtime), timeout_s=48 * 3600)
 
 Contracts: the API boundary is any object with the `CustomObjectsApi` methods
@@ -45,6 +45,9 @@ log = logging.getLogger(__name__)
 _NS_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
 
+# ---------------------------------------------------------------------------------------- build
+
+
 def build_job(kind: str, spec: JobSpec, template: dict | None = None) -> dict:
     """TrainJob (`template` = the runtime, needed only for resource overrides) or PyTorchJob (`template` = its template)."""
     if kind == "TrainJob":
@@ -52,15 +55,6 @@ def build_job(kind: str, spec: JobSpec, template: dict | None = None) -> dict:
     if kind == "PyTorchJob":
         return build_pytorchjob(spec, template)
     raise ValueError(f"kind={kind!r} must be one of {sorted(KINDS)}")
-
-
-def current_namespace(default: str = "default") -> str:
-    """The pod's namespace (service-account mount), else `default`."""
-    try:
-        with open(_NS_FILE) as f:
-            return f.read().strip() or default
-    except OSError:
-        return default
 
 
 # ---------------------------------------------------------------------------------------- status
@@ -314,6 +308,9 @@ def launch(api, obj: dict, *, timeout_s: float, poll_s: float = 15.0, recreate_f
             probe.close()
 
 
+# ------------------------------------------------------------------ the cluster's runtime, template, owner
+
+
 def _read(api, kind: Kind, name: str, namespace: str | None, what: str, install_hint: str) -> dict:
     try:
         if namespace is None:  # cluster-scoped
@@ -395,6 +392,18 @@ def cleanup_run(api, namespace: str, run_id: str, *, kinds: tuple[str, ...] = ("
             if delete(api, obj):
                 deleted.append(f"{kind_name}/{obj['metadata']['name']}")
     return deleted
+
+
+# ------------------------------------------------------------------------------------------ clients
+
+
+def current_namespace(default: str = "default") -> str:
+    """The pod's namespace (service-account mount), else `default`."""
+    try:
+        with open(_NS_FILE) as f:
+            return f.read().strip() or default
+    except OSError:
+        return default
 
 
 def _load_config() -> None:

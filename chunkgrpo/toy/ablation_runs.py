@@ -22,7 +22,8 @@ from chunkgrpo.toy.ablation_design import METHODS
 
 # The engine: the training and evaluation code the runs execute (the library's top-level modules, train/,
 # the rewards in scoring/, the toy world, model, detector and this harness) and the presets they start from.
-# The ablation's report (aggregation, Markdown, plots) is not part of it: a changed report never makes runs stale.
+# The ablation's report (aggregation, Markdown, plots) is not part of it: a changed report never makes
+# runs stale.
 ENGINE_DIRS = (".", "train", "scoring", "toy")
 NOT_ENGINE = ("toy/ablation_report.py",)
 
