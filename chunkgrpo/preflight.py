@@ -233,7 +233,8 @@ def capacity_check(preset: str, overrides: list[str], model: str, pool: str, met
     H800/H100 pool against its training runtime (the repository's overlay, or in a pod the cluster's
     ClusterTrainingRuntime), otherwise (cpu, gpu) on this machine's CPU with nothing limited. Each problem
     is one sentence `capacity: <resource> (<phase>): needs X of Y (+Z over)`."""
-    from chunkgrpo.capacity import capacity_plan, load_pool, local_pool, render_markdown
+    from chunkgrpo.capacity.plan import capacity_plan, render_markdown
+    from chunkgrpo.capacity.pool import load_pool, local_pool
     from chunkgrpo.recipes import preset_for
     from chunkgrpo.train.config import TrainConfig
 

@@ -5,7 +5,7 @@
     chunkgrpo pipeline upload   --host URL --pool P [--version NAME]     # new pipeline version(s)
     chunkgrpo pipeline run --local [-p key=value ...] [--keep-services]  # kfp.local, local S3 + MLflow, toy-world model
     chunkgrpo pipeline run      --host URL [-p key=value ...]            # one run on a cluster
-    chunkgrpo pipeline schedule --host URL [--cron '0 0 2 * * *'] [--timezone Europe/Berlin]
+    chunkgrpo pipeline schedule --host URL [--cron '0 0 2 * * *']  # in KFP's cronScheduleTimezone (UTC)
 
 `--host` defaults to $KFP_HOST; a bearer token is taken from $KFP_TOKEN if set. Parameters are
 `-p name=value`, the value parsed as YAML (`-p max_iterations=10 -p train_overrides='["lr=1e-5"]'`).
@@ -64,34 +64,6 @@ def validate_cron(expr: str) -> str:
     if len(fields) != 6:
         raise UserError(f"cron {expr!r} must have 6 fields: second minute hour day-of-month month day-of-week")
     return " ".join(fields)
-
-
-def convert_cron(expr: str, from_tz: str, to_tz: str = "UTC", now: _dt.datetime | None = None) -> str:
-    """Shift the minute/hour fields of a daily-style cron from `from_tz` to the scheduler's `to_tz`.
-
-    KFP evaluates cron in one cluster-wide zone (`pipeline-install-config.cronScheduleTimezone`,
-    default UTC). The offset is the one in effect `now`: across a DST change the run moves by an
-    hour (re-run `schedule`, or set the cluster's zone instead). Only numeric minute/hour fields can
-    be shifted; a day change (e.g. 01:00 Europe/Berlin = 23:00 UTC the day before) is only allowed
-    when day-of-month, month and day-of-week are all '*' (or '?').
-    """
-    from zoneinfo import ZoneInfo
-
-    from chunkgrpo.errors import UserError
-
-    expr = validate_cron(expr)
-    if from_tz == to_tz:
-        return expr
-    sec, minute, hour, dom, month, dow = expr.split()
-    if not (minute.isdigit() and hour.isdigit()):
-        raise UserError(f"--timezone needs numeric minute and hour fields to convert {expr!r}; "
-                        "set the cluster's cronScheduleTimezone instead")
-    now = now or _dt.datetime.now(_dt.timezone.utc)
-    local = now.astimezone(ZoneInfo(from_tz)).replace(hour=int(hour), minute=int(minute), second=0, microsecond=0)
-    target = local.astimezone(ZoneInfo(to_tz))
-    if target.date() != local.date() and not all(f in ("*", "?") for f in (dom, month, dow)):
-        raise UserError(f"{expr!r} in {from_tz} falls on another day in {to_tz}; write the cron in {to_tz}")
-    return f"{sec} {target.minute} {target.hour} {dom} {month} {dow}"
 
 
 def _kfp_client(args):
@@ -237,10 +209,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     p = sub.add_parser("schedule", help="create a recurring run (default: nightly benchmark at 02:00 UTC)")
     common(p, which_default="nightly_benchmark", remote=True)
-    p.add_argument("--cron", default=DEFAULT_CRON, help=f"6-field cron with seconds (default '{DEFAULT_CRON}')")
-    p.add_argument("--timezone", default="UTC", help="zone the cron is written in (IANA name, default UTC)")
-    p.add_argument("--cluster-timezone", default="UTC",
-                   help="KFP's cronScheduleTimezone (pipeline-install-config; default UTC)")
+    p.add_argument("--cron", default=DEFAULT_CRON,
+                   help=f"6-field cron with seconds (default '{DEFAULT_CRON}'), in KFP's cronScheduleTimezone "
+                        "(pipeline-install-config; default UTC)")
     p.add_argument("--name", default="", help="recurring run name (default <pipeline>-nightly)")
     p.add_argument("--experiment", default="chunkgrpo-nightly", help="KFP experiment")
     p.add_argument("--version", default="", help="pipeline version name to upload and pin")
@@ -309,10 +280,7 @@ def _cmd_run(args) -> int:
 
 
 def _cmd_schedule(args) -> int:
-    cron = convert_cron(args.cron, args.timezone, args.cluster_timezone)
-    if cron != validate_cron(args.cron):
-        print(f"cron {args.cron!r} ({args.timezone}) -> {cron!r} ({args.cluster_timezone}, offset as of today; "
-              "re-run after a DST change)")
+    cron = validate_cron(args.cron)
     params = parse_params(args.param)
     client = _kfp_client(args)
     name = args.name or f"{_pipeline_display(args, args.pipeline)}-nightly"
@@ -332,7 +300,7 @@ def _cmd_schedule(args) -> int:
         cron_expression=cron, max_concurrency=args.max_concurrency, no_catchup=not args.catchup,
         params=params, pipeline_id=pid, version_id=vid, enabled=True, enable_caching=False,
         service_account=args.service_account or None)
-    print(f"recurring run {name!r} ({rr.recurring_run_id}): {cron} [{args.cluster_timezone}], "
+    print(f"recurring run {name!r} ({rr.recurring_run_id}): {cron} [KFP's cronScheduleTimezone], "
           f"pipeline version {version!r}")
     return 0
 

@@ -23,7 +23,8 @@ def add_arguments(p):
 def run(args):
     import json
 
-    from chunkgrpo.capacity import capacity_plan, load_pool, render_table
+    from chunkgrpo.capacity.plan import capacity_plan, render_table
+    from chunkgrpo.capacity.pool import load_pool
     from chunkgrpo.cli import load_stage_config
     from chunkgrpo.errors import UserError
     from chunkgrpo.train.config import TrainConfig

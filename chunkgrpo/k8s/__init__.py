@@ -1,33 +1,15 @@
 """Kubernetes helpers that are plain library code (no kfp import; the `kubernetes` client is
-imported lazily): building, submitting, watching, cancelling and cleaning up distributed training
-jobs (`trainjob`), failing fast on blocked pods (`diagnose`), and the image digests of the
-manifests (`digests`).
+imported lazily):
 
-    from chunkgrpo.k8s import JobSpec, build_trainjob, launch
+- `jobspec`: what a distributed training job runs, where (`JobSpec`, names, kinds, errors);
+- `trainjob`: the Kubeflow Trainer v2 TrainJob built from it; `pytorchjob`: the Training Operator v1
+  PyTorchJob;
+- `launcher`: reading the runtime/template, submitting, watching, cancelling and cleaning up jobs;
+- `pod`: the commands the training container runs around torchrun (fetch inputs, upload final/);
+- `diagnose`: failing fast on blocked pods.
+
+    from chunkgrpo.k8s.jobspec import JobSpec
+    from chunkgrpo.k8s.launcher import build_job, launch, load_api
+
+The image-digest release tool is `scripts/digests.py`.
 """
-
-from chunkgrpo.k8s.trainjob import (  # noqa: F401
-    KINDS,
-    JobBlockedError,
-    JobFailedError,
-    JobSpec,
-    TemplateError,
-    build_job,
-    build_pytorchjob,
-    build_trainjob,
-    cleanup_run,
-    delete,
-    delete_on_cancel,
-    job_name,
-    job_state,
-    launch,
-    load_api,
-    merge_resources,
-    merge_tolerations,
-    needs_runtime,
-    owner_from_pod,
-    read_runtime,
-    read_template,
-    submit_or_attach,
-    wait,
-)

@@ -4,7 +4,7 @@ fix themselves (or not within minutes) into ONE line naming the cause and the fi
 A TrainJob's conditions say nothing while its pods cannot be created (PodSecurity, quota), cannot
 be scheduled, cannot pull their image, or are OOM-killed / evicted and restarted by JobSet: the
 launcher would wait until `activeDeadlineSeconds` (48 h) with GPUs reserved. `JobProbe.check()`
-is called on every poll of `trainjob.wait`; a non-None `Finding` ends the step.
+is called on every poll of `launcher.wait`; a non-None `Finding` ends the step.
 
     probe = JobProbe.for_job(core_v1, obj, schedule_grace_s=900)   # core_v1: kubernetes CoreV1Api
     finding = probe.check(now)                                      # None or Finding(cause, fix)

@@ -58,7 +58,7 @@ def launch_trainjob(kind: str, namespace: str, image: str, num_nodes: int, nproc
     from pathlib import Path
 
     stage_env(parent_run_id)
-    from chunkgrpo.k8s import trainjob as tj
+    from chunkgrpo.k8s import jobspec, launcher, trainjob
     from chunkgrpo.k8s.diagnose import JobProbe
     from chunkgrpo.models import reward_weight_overrides
     from chunkgrpo.store import ArtifactStore, make_pointer
@@ -67,10 +67,10 @@ def launch_trainjob(kind: str, namespace: str, image: str, num_nodes: int, nproc
     preset = preset_for(method, preset)
 
     prefix = run_prefix(artifact_root, run_id, "train")
-    ns = namespace or tj.current_namespace("kubeflow")
+    ns = namespace or launcher.current_namespace("kubeflow")
     prompts_path = "/tmp/inputs/prompts" + (Path(prompts).suffix or ".txt") if prompts.startswith("s3://") else prompts
-    spec = tj.JobSpec(
-        name=tj.job_name(run_id, "train"), namespace=ns, image=image, num_nodes=num_nodes,
+    spec = jobspec.JobSpec(
+        name=jobspec.job_name(run_id, "train"), namespace=ns, image=image, num_nodes=num_nodes,
         nproc_per_node=nproc_per_node, gpus_per_node=gpus_per_node, node_selector=dict(node_selector),
         tolerations=list(tolerations), shm_size=shm_size, run_id=run_id, upload_final_to=f"{prefix}/final",
         fetch={prompts_path: prompts} if prompts.startswith("s3://") else {},
@@ -85,25 +85,25 @@ def launch_trainjob(kind: str, namespace: str, image: str, num_nodes: int, nproc
                     "progress=false",
                     f"checkpoint.s3_prefix={prefix}/checkpoints", f"tracking.experiment={experiment}",
                     f"tracking.parent_run_id={parent_run_id}", f"tracking.run_name=train-{run_id[:8]}"])
-    api = tj.load_api()
+    api = launcher.load_api()
     try:  # ownerReference to the run's Argo Workflow: deleting the run deletes the job
-        spec.owner = tj.owner_from_pod(tj.this_pod_getter(ns))
+        spec.owner = launcher.owner_from_pod(launcher.this_pod_getter(ns))
     except Exception as e:  # noqa: BLE001 - the exit handler's cleanup_run still covers this run
         print(f"warning: no ownerReference for the job ({type(e).__name__}: {e})", flush=True)
     if kind == "PyTorchJob":
-        template = tj.read_template(api, ns)  # TemplateError (one line) if missing or forbidden
-    elif tj.needs_runtime(spec):  # resource overrides / extra tolerations are merged into the runtime's
-        template = tj.read_runtime(api, spec.runtime_name, spec.runtime_kind, ns)
+        template = launcher.read_template(api, ns)  # TemplateError (one line) if missing or forbidden
+    elif trainjob.needs_runtime(spec):  # resource overrides / extra tolerations are merged into the runtime's
+        template = launcher.read_runtime(api, spec.runtime_name, spec.runtime_kind, ns)
     else:
         template = None
-    obj = tj.build_job(kind, spec, template)
-    core = tj.load_core_api()  # the job's pods and events: blockers end the step in one line
+    obj = launcher.build_job(kind, spec, template)
+    core = launcher.load_core_api()  # the job's pods and events: blockers end the step in one line
 
     def probe(created: dict):
         return JobProbe.for_job(core, created, schedule_grace_s=schedule_grace_minutes * 60)
 
-    tj.launch(api, obj, timeout_s=timeout_hours * 3600, poll_s=20, probe_factory=probe,
-              keep_failed=keep_failed, logs=tj.trainjob_log_tail,  # node 0's log tail (kubeflow SDK)
+    launcher.launch(api, obj, timeout_s=timeout_hours * 3600, poll_s=20, probe_factory=probe,
+              keep_failed=keep_failed, logs=trainjob.trainjob_log_tail,  # node 0's log tail (kubeflow SDK)
               on_status=lambda line: print(line, flush=True))
 
     store = ArtifactStore()

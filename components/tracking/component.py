@@ -56,11 +56,11 @@ def close_run(experiment: str, kfp_run_id: str, status: dsl.PipelineTaskFinalSta
     import os
 
     if cleanup_jobs:
-        from chunkgrpo.k8s import trainjob as tj
+        from chunkgrpo.k8s import launcher
 
-        ns = job_namespace or tj.current_namespace("kubeflow")
+        ns = job_namespace or launcher.current_namespace("kubeflow")
         try:
-            deleted = tj.cleanup_run(tj.load_api(), ns, kfp_run_id)
+            deleted = launcher.cleanup_run(launcher.load_api(), ns, kfp_run_id)
             print(f"deleted orphaned training jobs: {', '.join(deleted)}" if deleted else "no active training jobs left")
         except Exception as e:  # noqa: BLE001 - the MLflow status must still be recorded; the error is shown
             print(f"ERROR: could not clean up the training jobs of run {kfp_run_id} in {ns}: {e}", flush=True)

@@ -175,7 +175,7 @@ DIGEST = re.compile(r"@sha256:[0-9a-f]{64}$")
 
 def _image_violations(where: str, image: str) -> list[str]:
     """Release tag always (never `latest`); a digest only if the resolver recorded it (no placeholders)."""
-    from chunkgrpo.k8s import digests
+    from scripts import digests
 
     out = []
     name = image.split("@", 1)[0]
@@ -884,7 +884,7 @@ def test_dockerfile_conventions(dockerfile):
         tag = name.rsplit(":", 1)[1] if ":" in name.rsplit("/", 1)[-1] else None
         assert tag and tag != "latest", f"{dockerfile}: base image {ref} has no release tag"
         if str(dockerfile.relative_to(REPO)) in _locked_dockerfiles():  # digests only from the resolver
-            from chunkgrpo.k8s import digests
+            from scripts import digests
 
             assert not digests.unrecorded_digests({ref: ref}, digests.load_lock()), ref
     users = re.findall(r"^USER\s+(\S+)", text, re.M)
@@ -897,7 +897,7 @@ def test_dockerfile_conventions(dockerfile):
 
 
 def _locked_dockerfiles() -> set[str]:
-    from chunkgrpo.k8s import digests
+    from scripts import digests
 
     return {d["path"] for i in digests.load_lock()["images"] for d in i.get("dockerfiles") or []}
 
@@ -905,12 +905,12 @@ def _locked_dockerfiles() -> set[str]:
 def test_prod_overlays_carry_no_unrecorded_digest():
     """The repo's own prod overlays pass honestly: every digest in them was written by the resolver
     (today there is none: images are referenced by tag until `digests resolve` has run)."""
-    from chunkgrpo.k8s import digests
+    from scripts import digests
 
     assert digests.check(REPO) == []
     unresolved = digests.unresolved(digests.load_lock())
     assert digests.check(REPO, strict=True) == [
-        f"{ref}: not resolved to a digest (run `python -m chunkgrpo.k8s.digests resolve`)" for ref in unresolved]
+        f"{ref}: not resolved to a digest (run `python scripts/digests.py resolve`)" for ref in unresolved]
     lock_names = {i["name"] for i in digests.load_lock()["images"]}
     for variant in ("prod-h800", "prod-h100"):
         for _, t in all_pods(render(variant)):
@@ -918,65 +918,10 @@ def test_prod_overlays_carry_no_unrecorded_digest():
                 assert c["image"].split("@")[0].rsplit(":", 1)[0] in lock_names, c["image"]
 
 
-def _manifests_copy(tmp_path) -> Path:
-    root = tmp_path / "repo"
-    shutil.copytree(MANIFESTS, root / "manifests")
-    shutil.copytree(IMAGES, root / "images")
-    return root
-
-
-def test_a_placeholder_digest_in_a_prod_overlay_fails_the_check(tmp_path):
-    from chunkgrpo.k8s import digests
-
-    root = _manifests_copy(tmp_path)
-    comp = root / "manifests" / "components" / "pinned-images" / "kustomization.yaml"
-    comp.write_text(comp.read_text().replace("images: []", "images:\n- name: ghcr.io/mlflow/mlflow\n  newTag: v3.17.2-full\n"
-                                             "  digest: sha256:5772fa203d85ce2176105f755d84c44b57526104560741bd62097126618df20c\n"))
-    problems = digests.check(root)
-    assert problems and all("was not written by `digests resolve`" in p for p in problems)
-    assert any(p.startswith("overlays/prod-h100") for p in problems)
-
-
-def test_resolver_writes_lock_component_and_dockerfiles_then_check_passes(tmp_path, monkeypatch):
-    """`digests resolve` with a stand-in `docker` (no Docker engine here): every image gets a digest with
-    provenance, the prod overlays pin exactly those, Dockerfile ARGs too, and the strict check passes."""
-    import datetime as dt
-    import hashlib
-
-    from chunkgrpo.k8s import digests
-
-    root = _manifests_copy(tmp_path)
-    bindir = tmp_path / "bin"
-    bindir.mkdir()
-    fake = bindir / "docker"
-    fake.write_text("#!/usr/bin/env python3\nimport hashlib, json, sys\n"
-                    "assert sys.argv[1:4] == ['buildx', 'imagetools', 'inspect'], sys.argv\n"
-                    "print(json.dumps('sha256:' + hashlib.sha256(sys.argv[4].encode()).hexdigest()))\n")
-    fake.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bindir}:{__import__('os').environ['PATH']}")
-    lock = digests.resolve(root / "manifests" / "images.lock.yaml", repo=root,
-                           pinned=root / "manifests" / "components" / "pinned-images" / "kustomization.yaml",
-                           now=dt.datetime(2026, 1, 2, tzinfo=dt.timezone.utc))
-    want = {f"{i['name']}:{i['tag']}": "sha256:" + hashlib.sha256(f"{i['name']}:{i['tag']}".encode()).hexdigest()
-            for i in lock["images"]}
-    reread = digests.load_lock(root / "manifests" / "images.lock.yaml")
-    for img in reread["images"]:
-        ref = f"{img['name']}:{img['tag']}"
-        assert img["digest"] == want[ref] and "imagetools inspect" in img["resolved_by"] and img["resolved_at"]
-    rendered = digests._render(root / "manifests" / "overlays" / "prod-h100")
-    assert f"ghcr.io/mlflow/mlflow:v3.17.2-full@{want['ghcr.io/mlflow/mlflow:v3.17.2-full']}" in rendered
-    assert f"python:3.11-slim-bookworm@{want['python:3.11-slim-bookworm']}" in (root / "images/launcher/Dockerfile").read_text()
-    assert digests.check(root, strict=True) == []
-    # a digest edited by hand afterwards is caught again
-    comp = root / "manifests" / "components" / "pinned-images" / "kustomization.yaml"
-    comp.write_text(comp.read_text().replace(want["ghcr.io/mlflow/mlflow:v3.17.2-full"], "sha256:" + "0" * 64))
-    assert any("not written by" in p for p in digests.check(root))
-
-
 def test_cuda12_runtime_variant_is_consistent():
     """The R535-R570 build-arg set names only ARGs the runtime Dockerfile has, a CUDA 12 base that is in
     the image lock (so the resolver pins it), and the matching torch wheel index."""
-    from chunkgrpo.k8s import digests
+    from scripts import digests
 
     text = (IMAGES / "runtime" / "Dockerfile").read_text()
     args = dict(line.split("=", 1) for line in (IMAGES / "runtime" / "cuda12.build-args").read_text().splitlines()

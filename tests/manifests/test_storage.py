@@ -89,7 +89,7 @@ def test_training_pods_put_large_paths_on_a_sized_volume(variant):
 def test_launcher_output_dir_is_on_the_cache_volume():
     """The launcher pins `output_dir` (checkpoints, text-embedding cache, final model) in the TrainJob /
     PyTorchJob args: it must be on the runtime's sized volume, not /tmp."""
-    from chunkgrpo.k8s.trainjob import JobSpec
+    from chunkgrpo.k8s.jobspec import JobSpec
 
     out = JobSpec(name="j", image="i").output_dir
     for where, spec, c in _training_pods("prod-h100"):

@@ -3,7 +3,6 @@ secret env, caching and retry settings, UI parameter defaults/descriptions/dropd
 the CLI helpers (cron, parameters, upload/schedule against a fake kfp.Client)."""
 
 import argparse
-import datetime as dt
 
 import pytest
 import yaml
@@ -151,18 +150,11 @@ def test_images_follow_registry_override(tmp_path, monkeypatch):
 
 def test_cron_helpers():
     from chunkgrpo.errors import UserError
-    from pipeline.cli import DEFAULT_CRON, convert_cron, validate_cron
+    from pipeline.cli import DEFAULT_CRON, validate_cron
 
     assert DEFAULT_CRON == "0 0 2 * * *"
     with pytest.raises(UserError, match="6"):
         validate_cron("0 2 * * *")
-    winter, summer = dt.datetime(2026, 1, 15, tzinfo=dt.timezone.utc), dt.datetime(2026, 7, 15, tzinfo=dt.timezone.utc)
-    assert convert_cron("0 0 2 * * *", "Europe/Berlin", "UTC", winter) == "0 0 1 * * *"
-    assert convert_cron("0 0 2 * * *", "Europe/Berlin", "UTC", summer) == "0 0 0 * * *"
-    assert convert_cron("0 30 1 * * *", "Europe/Berlin", "UTC", summer) == "0 30 23 * * *"
-    with pytest.raises(UserError):
-        convert_cron("0 30 1 * * 1-5", "Europe/Berlin", "UTC", summer)  # would change the weekday
-    assert convert_cron("0 0 2 * * *", "UTC", "UTC") == "0 0 2 * * *"
 
 
 def test_params_are_yaml_typed():
@@ -211,7 +203,7 @@ def test_schedule_creates_a_pinned_nightly_recurring_run(monkeypatch, capsys):
 
     fake = FakeClient()
     monkeypatch.setattr(cli, "_kfp_client", lambda args: fake)
-    assert main(["pipeline", "schedule", "--version", "v-test", "--timezone", "UTC", "-p", "tolerance=0.01",
+    assert main(["pipeline", "schedule", "--version", "v-test", "-p", "tolerance=0.01",
                  "--pool", "h800"]) == 0
     kinds = [c[0] for c in fake.calls]
     assert kinds == ["get_pipeline_id", "upload_pipeline", "upload_pipeline_version", "delete_recurring_run",

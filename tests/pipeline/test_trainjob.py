@@ -1,7 +1,7 @@
-"""chunkgrpo.k8s.trainjob: TrainJob / PyTorchJob objects validated against the vendored upstream
-API schemas + CEL rules (tests/k8s_schemas.py: Trainer v2.2/v2.3, Training Operator v1.9.4),
-resources merged with the runtime's (RDMA, memory, /dev/shm survive), deterministic names,
-submit-or-attach, status streaming, failure reasons, cancellation, orphan cleanup.
+"""chunkgrpo.k8s (jobspec, trainjob, pytorchjob, launcher): TrainJob / PyTorchJob objects validated
+against the vendored upstream API schemas + CEL rules (tests/k8s_schemas.py: Trainer v2.2/v2.3,
+Training Operator v1.9.4), resources merged with the runtime's (RDMA, memory, /dev/shm survive),
+deterministic names, submit-or-attach, status streaming, failure reasons, cancellation, orphan cleanup.
 
 No cluster exists here: the Kubernetes API is a FAKE (`FakeApi`, the CustomObjectsApi methods the
 launcher uses, with 404/409 errors carrying `.status` like kubernetes.client.ApiException). These
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from chunkgrpo.k8s import trainjob as tj
+from chunkgrpo.k8s import jobspec, launcher, pytorchjob, trainjob
 from tests import k8s_schemas
 
 REPO = Path(__file__).resolve().parents[2]
@@ -44,8 +44,8 @@ def prod_template() -> dict:
     return rendered(COMPOSED, "PyTorchJob", "chunkgrpo-torch-template")
 
 
-def spec(**kw) -> tj.JobSpec:
-    base = dict(name=tj.job_name(RUN_ID, "train"), namespace="kubeflow", image="ghcr.io/chunkgrpo/chunkgrpo-runtime:0.1.0",
+def spec(**kw) -> jobspec.JobSpec:
+    base = dict(name=jobspec.job_name(RUN_ID, "train"), namespace="kubeflow", image="ghcr.io/chunkgrpo/chunkgrpo-runtime:0.1.0",
                 num_nodes=2, nproc_per_node=8, gpus_per_node=8, cpu="96", memory="960Gi",
                 node_selector={"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
                 tolerations=[],  # the runtime's GPU toleration stays; extra ones need the runtime (merged)
@@ -57,21 +57,21 @@ def spec(**kw) -> tj.JobSpec:
                 fetch={"/tmp/inputs/prompts.txt": "s3://chunkgrpo-data/prompts/train.txt"},
                 active_deadline_seconds=172800)
     base.update(kw)
-    return tj.JobSpec(**base)
+    return jobspec.JobSpec(**base)
 
 
 # ------------------------------------------------------------------------------------------ names
 
 
 def test_job_name_is_deterministic_dns1123_and_short():
-    a, b = tj.job_name(RUN_ID, "train"), tj.job_name(RUN_ID, "train")
+    a, b = jobspec.job_name(RUN_ID, "train"), jobspec.job_name(RUN_ID, "train")
     assert a == b and a.startswith("cg-") and a.endswith("-train") and len(a) <= 40
-    assert tj._DNS1123_LABEL.match(a)
-    assert tj.job_name(RUN_ID, "train") != tj.job_name(RUN_ID + "x", "train") != tj.job_name(RUN_ID, "train-2")
-    weird = tj.job_name("Run ID/with spaces" * 10, "Train Step #1 (8xH100) and a very long suffix")
-    assert tj._DNS1123_LABEL.match(weird) and len(weird) <= 40
+    assert jobspec._DNS1123_LABEL.match(a)
+    assert jobspec.job_name(RUN_ID, "train") != jobspec.job_name(RUN_ID + "x", "train") != jobspec.job_name(RUN_ID, "train-2")
+    weird = jobspec.job_name("Run ID/with spaces" * 10, "Train Step #1 (8xH100) and a very long suffix")
+    assert jobspec._DNS1123_LABEL.match(weird) and len(weird) <= 40
     with pytest.raises(ValueError):
-        tj.job_name("", "train")
+        jobspec.job_name("", "train")
 
 
 # --------------------------------------------------------------------------------------- builders
@@ -125,7 +125,7 @@ def _vol(pod: dict, name: str) -> dict:
 
 
 def test_trainjob_validates_and_carries_placement_secrets_and_command():
-    obj = tj.build_trainjob(spec(gpus_per_node=0, cpu="", memory=""))
+    obj = trainjob.build_trainjob(spec(gpus_per_node=0, cpu="", memory=""))
     validate(obj)
     assert k8s_schemas.validate(obj, "2.1.0"), "runtimePatches/activeDeadlineSeconds do not exist in Trainer v2.1"
     s = obj["spec"]
@@ -142,26 +142,26 @@ def test_trainjob_validates_and_carries_placement_secrets_and_command():
     assert "upload-final /cache/train/final s3://chunkgrpo-checkpoints" in script and "PET_NODE_RANK" in script
     assert tr["args"][:2] == ["--config", "chunk_grpo_flux"] and tr["args"][-1] == "output_dir=/cache/train"
     (patch,) = s["runtimePatches"]
-    assert patch["manager"] == tj.MANAGER
+    assert patch["manager"] == trainjob.MANAGER
     (rj,) = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
     assert rj["name"] == "node"
     pod = rj["template"]["spec"]["template"]
-    assert pod["metadata"]["labels"][tj.LABEL_RUN] == RUN_ID
+    assert pod["metadata"]["labels"][jobspec.LABEL_RUN] == RUN_ID
     assert pod["metadata"]["annotations"]["sidecar.istio.io/inject"] == "false"
     assert pod["spec"]["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
     assert "tolerations" not in pod["spec"], "the runtime's stay (a patch's list would replace them)"
     assert "volumes" not in pod["spec"], "no shm override by default: the runtime's /dev/shm stays"
     assert s["activeDeadlineSeconds"] == 172800
-    assert obj["metadata"]["annotations"][tj.SPEC_HASH]
+    assert obj["metadata"]["annotations"][jobspec.SPEC_HASH]
 
 
 def test_default_trainjob_keeps_the_prod_runtimes_rdma_memory_and_shm():
     runtime = prod_runtime()
-    job = tj.build_trainjob(spec(gpus_per_node=0, cpu="", memory=""))
+    job = trainjob.build_trainjob(spec(gpus_per_node=0, cpu="", memory=""))
     pod = effective_trainer_pod(runtime, job)
     res = pod["spec"]["containers"][0]["resources"]
     assert res["limits"]["nvidia.com/gpu"] == 8 and res["limits"]["rdma/rdma_shared_device_a"] == 1
-    assert tj.quantity(res["requests"]["memory"]) == tj.quantity("960Gi")
+    assert jobspec.quantity(res["requests"]["memory"]) == jobspec.quantity("960Gi")
     assert _vol(pod, "dshm")["emptyDir"] == {"medium": "Memory", "sizeLimit": "128Gi"}
     assert pod["metadata"]["annotations"]["sidecar.istio.io/inject"] == "false"
 
@@ -170,32 +170,32 @@ def test_resource_overrides_are_merged_into_the_runtimes():
     """Trainer v2.2 replaces container resources wholesale from resourcesPerNode: the job must carry
     the runtime's RDMA device, memory and ephemeral storage along with its override."""
     runtime = prod_runtime()
-    job = tj.build_trainjob(spec(gpus_per_node=4, cpu="", memory="", nproc_per_node=4), runtime)
+    job = trainjob.build_trainjob(spec(gpus_per_node=4, cpu="", memory="", nproc_per_node=4), runtime)
     validate(job)
     res = job["spec"]["trainer"]["resourcesPerNode"]
     for bound in ("requests", "limits"):
         assert res[bound]["nvidia.com/gpu"] == 4
         assert res[bound]["rdma/rdma_shared_device_a"] == 1
         assert res[bound]["ephemeral-storage"]
-    assert tj.quantity(res["limits"]["memory"]) == tj.quantity("1200Gi")
+    assert jobspec.quantity(res["limits"]["memory"]) == jobspec.quantity("1200Gi")
     pod = effective_trainer_pod(runtime, job)
     assert pod["spec"]["containers"][0]["resources"]["limits"]["rdma/rdma_shared_device_a"] == 1
     with pytest.raises(ValueError, match="runtime"):
-        tj.build_trainjob(spec(gpus_per_node=8))  # an override without the runtime would drop RDMA
+        trainjob.build_trainjob(spec(gpus_per_node=8))  # an override without the runtime would drop RDMA
 
 
 def test_merge_resources_keeps_unnamed_keys_and_raises_limits_to_requests():
     base = {"requests": {"cpu": "96", "memory": "960Gi", "rdma/x": 1}, "limits": {"cpu": "160", "memory": "1200Gi", "rdma/x": 1}}
-    out = tj.merge_resources(base, {"requests": {"cpu": "200", "nvidia.com/gpu": 2}, "limits": {"nvidia.com/gpu": 2}})
+    out = jobspec.merge_resources(base, {"requests": {"cpu": "200", "nvidia.com/gpu": 2}, "limits": {"nvidia.com/gpu": 2}})
     assert out["requests"] == {"cpu": "200", "memory": "960Gi", "rdma/x": 1, "nvidia.com/gpu": 2}
     assert out["limits"]["cpu"] == "200" and out["limits"]["rdma/x"] == 1  # limit raised to the new request
     assert base["requests"]["cpu"] == "96"  # input untouched
     with pytest.raises(ValueError):
-        tj.quantity("lots")
+        jobspec.quantity("lots")
 
 
 def test_explicit_shm_is_a_runtime_patch():
-    job = tj.build_trainjob(spec(gpus_per_node=0, cpu="", memory="", shm_size="256Gi"))
+    job = trainjob.build_trainjob(spec(gpus_per_node=0, cpu="", memory="", shm_size="256Gi"))
     validate(job)
     pod = effective_trainer_pod(prod_runtime(), job)
     assert _vol(pod, "dshm")["emptyDir"]["sizeLimit"] == "256Gi"
@@ -204,21 +204,21 @@ def test_explicit_shm_is_a_runtime_patch():
 def test_kueue_queue_pull_secrets_and_owner():
     owner = {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow", "name": "wf", "uid": "u-1",
              "controller": False, "blockOwnerDeletion": False}
-    job = tj.build_trainjob(spec(gpus_per_node=0, cpu="", memory="", queue_name="gpu-team-a",
+    job = trainjob.build_trainjob(spec(gpus_per_node=0, cpu="", memory="", queue_name="gpu-team-a",
                                  image_pull_secrets=["regcred"], owner=owner))
     validate(job)
-    assert job["metadata"]["labels"][tj.LABEL_QUEUE] == "gpu-team-a" and job["spec"]["suspend"] is True
+    assert job["metadata"]["labels"][jobspec.LABEL_QUEUE] == "gpu-team-a" and job["spec"]["suspend"] is True
     assert job["metadata"]["ownerReferences"] == [owner]
     pod = job["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]
     assert pod["template"]["spec"]["template"]["spec"]["imagePullSecrets"] == [{"name": "regcred"}]
-    pj = tj.build_pytorchjob(spec(queue_name="gpu-team-a", image_pull_secrets=["regcred"], owner=owner), prod_template())
+    pj = pytorchjob.build_pytorchjob(spec(queue_name="gpu-team-a", image_pull_secrets=["regcred"], owner=owner), prod_template())
     validate(pj)
-    assert pj["spec"]["runPolicy"]["suspend"] is True and pj["metadata"]["labels"][tj.LABEL_QUEUE] == "gpu-team-a"
+    assert pj["spec"]["runPolicy"]["suspend"] is True and pj["metadata"]["labels"][jobspec.LABEL_QUEUE] == "gpu-team-a"
     assert {"name": "regcred"} in pj["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["imagePullSecrets"]
 
 
 def test_minimal_trainjob_is_plain_torchrun_and_matches_example_shape():
-    obj = tj.build_trainjob(tj.JobSpec(name="cg-0123456789-train", image="img:1"))
+    obj = trainjob.build_trainjob(jobspec.JobSpec(name="cg-0123456789-train", image="img:1"))
     validate(obj)
     assert obj["spec"]["trainer"]["command"] == ["torchrun", "-m", "chunkgrpo.train"]
     example = yaml.safe_load((REPO / "manifests" / "examples" / "trainjob-h100.yaml").read_text())
@@ -231,7 +231,7 @@ def test_minimal_trainjob_is_plain_torchrun_and_matches_example_shape():
 @pytest.mark.parametrize("nodes", [1, 3])
 def test_pytorchjob_from_the_template_merges_resources(nodes):
     template = prod_template()
-    obj = tj.build_pytorchjob(spec(num_nodes=nodes, gpus_per_node=8, cpu="", memory=""), template)
+    obj = pytorchjob.build_pytorchjob(spec(num_nodes=nodes, gpus_per_node=8, cpu="", memory=""), template)
     validate(obj)
     reps = obj["spec"]["pytorchReplicaSpecs"]
     assert reps["Master"]["replicas"] == 1
@@ -243,7 +243,7 @@ def test_pytorchjob_from_the_template_merges_resources(nodes):
         assert c["name"] == "pytorch" and c["image"] == spec().image and c["args"][-1] == "output_dir=/cache/train"
         lim = c["resources"]["limits"]
         assert lim["nvidia.com/gpu"] == 8 and lim["rdma/rdma_shared_device_a"] == 1  # RDMA survives
-        assert tj.quantity(lim["memory"]) == tj.quantity("1200Gi")
+        assert jobspec.quantity(lim["memory"]) == jobspec.quantity("1200Gi")
         assert c["securityContext"]["capabilities"]["add"] == ["IPC_LOCK"]
         assert _vol(rs["template"], "dshm")["emptyDir"]["sizeLimit"] == "128Gi"  # the overlay's, not 64Gi
         assert rs["template"]["metadata"]["annotations"]["sidecar.istio.io/inject"] == "false"
@@ -253,8 +253,8 @@ def test_pytorchjob_from_the_template_merges_resources(nodes):
 
 
 def test_pytorchjob_needs_its_template():
-    with pytest.raises(tj.TemplateError, match="training-operator-v1"):
-        tj.build_pytorchjob(spec(), None)
+    with pytest.raises(jobspec.TemplateError, match="training-operator-v1"):
+        pytorchjob.build_pytorchjob(spec(), None)
 
 
 @pytest.mark.parametrize("kw", [dict(name="Bad_Name"), dict(nproc_per_node=16), dict(upload_final_to="/local"),
@@ -265,7 +265,7 @@ def test_invalid_specs_are_rejected(kw):
 
 
 def test_schemas_reject_stale_and_unknown_fields():
-    obj = tj.build_trainjob(spec(gpus_per_node=0, cpu="", memory=""))
+    obj = trainjob.build_trainjob(spec(gpus_per_node=0, cpu="", memory=""))
     for field in ("podSpecOverrides", "podTemplateOverrides"):  # Trainer 2.0 / 2.1 fields, gone since 2.2
         bad = copy.deepcopy(obj)
         bad["spec"][field] = []
@@ -355,32 +355,32 @@ NO_SLEEP = dict(sleep=lambda s: None)
 
 def job(**kw) -> dict:
     """A TrainJob that keeps the runtime's resources (what the pipeline's launcher builds)."""
-    return tj.build_trainjob(spec(**{"gpus_per_node": 0, "cpu": "", "memory": "", **kw}))
+    return trainjob.build_trainjob(spec(**{"gpus_per_node": 0, "cpu": "", "memory": "", **kw}))
 
 
 def test_submit_then_retry_reattaches_instead_of_duplicating():
     api = FakeApi()
     obj = job()
-    first, attached = tj.submit_or_attach(api, obj)
+    first, attached = launcher.submit_or_attach(api, obj)
     assert not attached
-    again, attached = tj.submit_or_attach(api, job())  # a retried launcher: same name
+    again, attached = launcher.submit_or_attach(api, job())  # a retried launcher: same name
     assert attached and again["metadata"]["name"] == obj["metadata"]["name"]
     assert len(api.objects) == 1 and [c[0] for c in api.calls] == ["create", "create", "get"]
 
 
 def test_attach_refuses_a_job_with_another_spec():
     api = FakeApi()
-    tj.submit_or_attach(api, job())
-    with pytest.raises(tj.JobFailedError, match="different spec"):
-        tj.submit_or_attach(api, job(train_args=["--config", "dance_grpo_flux"]))
+    launcher.submit_or_attach(api, job())
+    with pytest.raises(jobspec.JobFailedError, match="different spec"):
+        launcher.submit_or_attach(api, job(train_args=["--config", "dance_grpo_flux"]))
 
 
 def test_attach_to_a_failed_job_recreates_it():
     api = FakeApi()
     obj = job()
-    tj.submit_or_attach(api, obj)
+    launcher.submit_or_attach(api, obj)
     api.statuses = [cond("Failed", "BackoffLimitExceeded")]
-    cur, attached = tj.submit_or_attach(api, obj, **NO_SLEEP)
+    cur, attached = launcher.submit_or_attach(api, obj, **NO_SLEEP)
     assert not attached and ("delete", obj["metadata"]["name"], "Background") in api.calls
     assert len(api.objects) == 1 and "status" not in next(iter(api.objects.values()))
 
@@ -389,36 +389,36 @@ def test_wait_streams_status_changes_and_returns_on_success():
     api = FakeApi(statuses=[{}, RUNNING_V2, RUNNING_V2, cond("Complete", "JobSetCompleted", "done")],
                   get_errors=[])
     obj = job()
-    tj.submit_or_attach(api, obj)
+    launcher.submit_or_attach(api, obj)
     seen = []
-    final = tj.wait(api, obj, timeout_s=60, on_status=seen.append, **NO_SLEEP)
-    assert tj.job_state(final)[0] == "Succeeded"
+    final = launcher.wait(api, obj, timeout_s=60, on_status=seen.append, **NO_SLEEP)
+    assert launcher.job_state(final)[0] == "Succeeded"
     assert [s.split(": ", 1)[1] for s in seen] == ["Pending", "Running", "Succeeded (JobSetCompleted): done"]
 
 
 def test_wait_survives_transient_api_errors():
     api = FakeApi(statuses=[RUNNING_V2, cond("Complete")])
     obj = job()
-    tj.submit_or_attach(api, obj)
+    launcher.submit_or_attach(api, obj)
     api.get_errors = [503, 500]
-    assert tj.job_state(tj.wait(api, obj, timeout_s=60, **NO_SLEEP))[0] == "Succeeded"
+    assert launcher.job_state(launcher.wait(api, obj, timeout_s=60, **NO_SLEEP))[0] == "Succeeded"
 
 
 def test_failure_reason_surfaces():
     api = FakeApi(statuses=[RUNNING_V2, cond("Failed", "DeadlineExceeded", "TrainJob exceeded activeDeadlineSeconds")])
     obj = job()
-    tj.submit_or_attach(api, obj)
-    with pytest.raises(tj.JobFailedError, match="DeadlineExceeded: TrainJob exceeded activeDeadlineSeconds"):
-        tj.wait(api, obj, timeout_s=60, **NO_SLEEP)
+    launcher.submit_or_attach(api, obj)
+    with pytest.raises(jobspec.JobFailedError, match="DeadlineExceeded: TrainJob exceeded activeDeadlineSeconds"):
+        launcher.wait(api, obj, timeout_s=60, **NO_SLEEP)
 
 
 def test_pytorchjob_conditions():
     api = FakeApi(statuses=[cond("Created"), cond("Running"), cond("Failed", "PyTorchJobFailed", "pod OOMKilled")])
-    obj = tj.build_pytorchjob(spec(), prod_template())
-    tj.submit_or_attach(api, obj)
+    obj = pytorchjob.build_pytorchjob(spec(), prod_template())
+    launcher.submit_or_attach(api, obj)
     seen = []
-    with pytest.raises(tj.JobFailedError, match="PyTorchJobFailed: pod OOMKilled"):
-        tj.wait(api, obj, timeout_s=60, on_status=seen.append, **NO_SLEEP)
+    with pytest.raises(jobspec.JobFailedError, match="PyTorchJobFailed: pod OOMKilled"):
+        launcher.wait(api, obj, timeout_s=60, on_status=seen.append, **NO_SLEEP)
     assert [s.split(": ")[1].split(" ")[0] for s in seen] == ["Pending", "Running", "Failed"]
 
 
@@ -426,18 +426,18 @@ def test_timeout():
     clock = iter(range(0, 10_000, 100))
     api = FakeApi(statuses=[RUNNING_V2] * 100)
     obj = job()
-    tj.submit_or_attach(api, obj)
+    launcher.submit_or_attach(api, obj)
     with pytest.raises(TimeoutError):
-        tj.wait(api, obj, timeout_s=250, clock=lambda: next(clock), **NO_SLEEP)
+        launcher.wait(api, obj, timeout_s=250, clock=lambda: next(clock), **NO_SLEEP)
 
 
 def test_deleted_outside_fails_the_wait():
     api = FakeApi()
     obj = job()
-    tj.submit_or_attach(api, obj)
+    launcher.submit_or_attach(api, obj)
     api.objects.clear()
-    with pytest.raises(tj.JobFailedError, match="disappeared"):
-        tj.wait(api, obj, timeout_s=60, **NO_SLEEP)
+    with pytest.raises(jobspec.JobFailedError, match="disappeared"):
+        launcher.wait(api, obj, timeout_s=60, **NO_SLEEP)
 
 
 def test_cancellation_sigterm_deletes_the_job():
@@ -452,8 +452,8 @@ def test_cancellation_sigterm_deletes_the_job():
             os.kill(os.getpid(), signal.SIGTERM)
 
     before = signal.getsignal(signal.SIGTERM)
-    with pytest.raises(tj.JobCancelledError) as exc:
-        tj.launch(api, obj, timeout_s=3600, sleep=sleep)
+    with pytest.raises(jobspec.JobCancelledError) as exc:
+        launcher.launch(api, obj, timeout_s=3600, sleep=sleep)
     assert exc.value.code == 128 + signal.SIGTERM
     assert ("delete", obj["metadata"]["name"], "Background") in api.calls and not api.objects
     assert signal.getsignal(signal.SIGTERM) is before  # handler restored
@@ -463,23 +463,24 @@ def test_launch_success_leaves_the_job_and_restores_handlers():
     api = FakeApi(statuses=[RUNNING_V2, cond("Complete")])
     obj = job()
     before = signal.getsignal(signal.SIGTERM)
-    final = tj.launch(api, obj, timeout_s=60, **NO_SLEEP)
-    assert tj.job_state(final)[0] == "Succeeded" and len(api.objects) == 1
+    final = launcher.launch(api, obj, timeout_s=60, **NO_SLEEP)
+    assert launcher.job_state(final)[0] == "Succeeded" and len(api.objects) == 1
     assert signal.getsignal(signal.SIGTERM) is before
 
 
 def test_delete_is_idempotent():
     api = FakeApi()
     obj = job()
-    tj.submit_or_attach(api, obj)
-    assert tj.delete(api, obj) is True and tj.delete(api, obj) is False
+    launcher.submit_or_attach(api, obj)
+    assert launcher.delete(api, obj) is True and launcher.delete(api, obj) is False
 
 
 def test_library_module_has_no_kfp_and_lazy_kubernetes_imports():
-    src = Path(tj.__file__).read_text()
-    assert "import kfp" not in src and "from kfp" not in src
-    top_level = [line for line in src.splitlines() if line.startswith(("import ", "from "))]
-    assert not any("kubernetes" in line for line in top_level)
+    for path in sorted(Path(launcher.__file__).parent.glob("*.py")):  # every module of chunkgrpo.k8s
+        src = path.read_text()
+        assert "import kfp" not in src and "from kfp" not in src, path
+        top_level = [line for line in src.splitlines() if line.startswith(("import ", "from "))]
+        assert not any("kubernetes" in line for line in top_level), path
 
 
 # ------------------------------------------------------------------------------ templates, orphans
@@ -489,29 +490,29 @@ def test_library_module_has_no_kfp_and_lazy_kubernetes_imports():
                                           (403, "not allowed to read PyTorchJob template")])
 def test_unreadable_template_fails_loudly(status, match):
     api = FakeApi(get_errors=[status])
-    with pytest.raises(tj.TemplateError, match=match):
-        tj.read_template(api, "kubeflow")
+    with pytest.raises(jobspec.TemplateError, match=match):
+        launcher.read_template(api, "kubeflow")
 
 
 def test_read_runtime_cluster_scoped():
     api = FakeApi()
-    with pytest.raises(tj.TemplateError, match="ClusterTrainingRuntime 'chunkgrpo-torch' not found"):
-        tj.read_runtime(api)
+    with pytest.raises(jobspec.TemplateError, match="ClusterTrainingRuntime 'chunkgrpo-torch' not found"):
+        launcher.read_runtime(api)
     api.cluster_status = 403
-    with pytest.raises(tj.TemplateError, match="chunkgrpo-runtime-reader"):
-        tj.read_runtime(api)
+    with pytest.raises(jobspec.TemplateError, match="chunkgrpo-runtime-reader"):
+        launcher.read_runtime(api)
     api.objects[("trainer.kubeflow.org", "v1alpha1", None, "clustertrainingruntimes", "chunkgrpo-torch")] = prod_runtime()
-    assert tj.read_runtime(api)["kind"] == "ClusterTrainingRuntime"
+    assert launcher.read_runtime(api)["kind"] == "ClusterTrainingRuntime"
 
 
 def test_owner_reference_is_the_runs_workflow():
     pod = {"metadata": {"name": "wf-abc-launch", "ownerReferences": [
         {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow", "name": "train-and-evaluate-x7",
          "uid": "9c1d", "controller": True, "blockOwnerDeletion": True}]}}
-    ref = tj.owner_from_pod(lambda: pod)
+    ref = launcher.owner_from_pod(lambda: pod)
     assert ref == {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow", "name": "train-and-evaluate-x7",
                    "uid": "9c1d", "controller": False, "blockOwnerDeletion": False}
-    assert tj.owner_from_pod(lambda: {"metadata": {"name": "p"}}) is None
+    assert launcher.owner_from_pod(lambda: {"metadata": {"name": "p"}}) is None
 
 
 def test_cleanup_deletes_the_runs_active_jobs_only():
@@ -519,17 +520,17 @@ def test_cleanup_deletes_the_runs_active_jobs_only():
     jobs and other runs' jobs stay; a kind whose CRD is not installed is skipped."""
     api = FakeApi()
     mine = job()
-    tj.submit_or_attach(api, mine)
-    done = job(name=tj.job_name(RUN_ID, "train-old"))
-    tj.submit_or_attach(api, done)
+    launcher.submit_or_attach(api, mine)
+    done = job(name=jobspec.job_name(RUN_ID, "train-old"))
+    launcher.submit_or_attach(api, done)
     api.objects[next(k for k in api.objects if k[-1] == done["metadata"]["name"])]["status"] = cond("Complete")
     other_run = "0000-other"
-    other = job(name=tj.job_name(other_run, "train"), run_id=other_run)
-    tj.submit_or_attach(api, other)
+    other = job(name=jobspec.job_name(other_run, "train"), run_id=other_run)
+    launcher.submit_or_attach(api, other)
     api.missing_plurals = {"pytorchjobs"}
-    deleted = tj.cleanup_run(api, "kubeflow", RUN_ID)
+    deleted = launcher.cleanup_run(api, "kubeflow", RUN_ID)
     assert deleted == [f"TrainJob/{mine['metadata']['name']}"]
     names = {k[-1] for k in api.objects}
     assert names == {done["metadata"]["name"], other["metadata"]["name"]}
-    assert ("list", "trainjobs", f"{tj.LABEL_RUN}={RUN_ID}") in api.calls
-    assert tj.cleanup_run(api, "kubeflow", RUN_ID, only_active=False) == [f"TrainJob/{done['metadata']['name']}"]
+    assert ("list", "trainjobs", f"{jobspec.LABEL_RUN}={RUN_ID}") in api.calls
+    assert launcher.cleanup_run(api, "kubeflow", RUN_ID, only_active=False) == [f"TrainJob/{done['metadata']['name']}"]

@@ -1,4 +1,4 @@
-"""Fail fast on the cluster (chunkgrpo.k8s.diagnose + trainjob.wait/launch) and tolerations merged
+"""Fail fast on the cluster (chunkgrpo.k8s.diagnose + launcher.wait/launch) and tolerations merged
 the way Trainer merges them.
 
 No cluster exists here. The pods and events are API-shaped objects (tests/fixtures/k8s/failfast.yaml,
@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from chunkgrpo.k8s import diagnose as dg
-from chunkgrpo.k8s import trainjob as tj
+from chunkgrpo.k8s import jobspec, launcher, trainjob
 from tests.pipeline.test_trainjob import (MERGE_KEYS, RUNNING_V2, FakeApi, cond, effective_trainer_pod,
                                           prod_runtime, spec, strategic_merge)
 
@@ -227,7 +227,7 @@ class StaticProbe:
 
 
 def _job():
-    return tj.build_trainjob(spec(name=JOB, namespace=NS, gpus_per_node=0, cpu="", memory="", tolerations=[]))
+    return trainjob.build_trainjob(spec(name=JOB, namespace=NS, gpus_per_node=0, cpu="", memory="", tolerations=[]))
 
 
 @pytest.mark.parametrize("blocker,kind", [(dict(events=[event("podsecurity")]), "PodSecurity"),
@@ -238,8 +238,8 @@ def test_launch_ends_in_one_line_and_deletes_the_job(blocker, kind):
     api = FakeApi(statuses=[{}] * 50)
     probe = StaticProbe(**blocker)
     t = iter(range(0, 100_000, 20))
-    with pytest.raises(tj.JobBlockedError) as e:
-        tj.launch(api, _job(), timeout_s=48 * 3600, poll_s=20, probe_factory=lambda created: probe,
+    with pytest.raises(jobspec.JobBlockedError) as e:
+        launcher.launch(api, _job(), timeout_s=48 * 3600, poll_s=20, probe_factory=lambda created: probe,
                   clock=lambda: float(next(t)), **NO_SLEEP)
     msg = str(e.value)
     assert kind in msg and "fix:" in msg and msg.endswith("(job deleted)") and "\n" not in msg
@@ -254,8 +254,8 @@ def test_unschedulable_ends_after_the_grace_period_not_the_deadline():
     def sleep(s):
         now[0] += s
 
-    with pytest.raises(tj.JobBlockedError, match="cannot be scheduled"):
-        tj.launch(api, _job(), timeout_s=48 * 3600, poll_s=20,
+    with pytest.raises(jobspec.JobBlockedError, match="cannot be scheduled"):
+        launcher.launch(api, _job(), timeout_s=48 * 3600, poll_s=20,
                   probe_factory=lambda c: StaticProbe([pod("unschedulable")]), clock=lambda: now[0],
                   sleep=sleep)
     assert 600 <= now[0] <= 620  # the grace period (10 min here), not the 48 h deadline
@@ -264,8 +264,8 @@ def test_unschedulable_ends_after_the_grace_period_not_the_deadline():
 
 def test_keep_failed_keeps_the_job_and_says_how_to_delete_it():
     api = FakeApi(statuses=[{}] * 5)
-    with pytest.raises(tj.JobBlockedError, match="job kept") as e:
-        tj.launch(api, _job(), timeout_s=3600, keep_failed=True,
+    with pytest.raises(jobspec.JobBlockedError, match="job kept") as e:
+        launcher.launch(api, _job(), timeout_s=3600, keep_failed=True,
                   probe_factory=lambda c: StaticProbe(events=[event("podsecurity")]), **NO_SLEEP)
     assert f"kubectl -n {NS} delete trainjob {JOB}" in str(e.value)
     assert not any(c[0] == "delete" for c in api.calls) and len(api.objects) == 1
@@ -280,9 +280,9 @@ def test_a_healthy_job_is_not_disturbed_and_suspended_jobs_are_not_probed():
             return super().check(now)
 
     api = FakeApi(statuses=[cond("Suspended", "Suspended"), RUNNING_V2, RUNNING_V2, cond("Complete")])
-    final = tj.launch(api, _job(), timeout_s=3600, probe_factory=lambda c: Counting([pod("running")]),
+    final = launcher.launch(api, _job(), timeout_s=3600, probe_factory=lambda c: Counting([pod("running")]),
                       **NO_SLEEP)
-    assert tj.job_state(final)[0] == "Succeeded" and len(checks) == 2
+    assert launcher.job_state(final)[0] == "Succeeded" and len(checks) == 2
 
 
 def test_probe_errors_never_fail_a_running_job():
@@ -291,8 +291,8 @@ def test_probe_errors_never_fail_a_running_job():
             raise RuntimeError("connection reset")
 
     api = FakeApi(statuses=[RUNNING_V2, cond("Complete")])
-    final = tj.launch(api, _job(), timeout_s=60, probe_factory=lambda c: Broken(), **NO_SLEEP)
-    assert tj.job_state(final)[0] == "Succeeded"
+    final = launcher.launch(api, _job(), timeout_s=60, probe_factory=lambda c: Broken(), **NO_SLEEP)
+    assert launcher.job_state(final)[0] == "Succeeded"
 
 
 # ------------------------------------------------------------------------------------ tolerations
@@ -312,13 +312,13 @@ def test_extra_tolerations_are_added_to_the_runtimes_never_replace_them():
     runtime = prod_runtime()
     gpu = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
     extra = {"key": "team", "operator": "Equal", "value": "vision", "effect": "NoSchedule"}
-    rt_tol = tj.runtime_pod_spec(runtime)["tolerations"]
+    rt_tol = trainjob.runtime_pod_spec(runtime)["tolerations"]
     assert gpu in rt_tol
     s = spec(gpus_per_node=0, cpu="", memory="", tolerations=[extra, gpu])  # gpu: already the runtime's
-    assert tj.needs_runtime(s)
+    assert trainjob.needs_runtime(s)
     with pytest.raises(ValueError, match="tolerations need the runtime"):
-        tj.build_trainjob(s)
-    job = tj.build_trainjob(s, runtime)
+        trainjob.build_trainjob(s)
+    job = trainjob.build_trainjob(s, runtime)
     tols = effective_trainer_pod(runtime, job)["spec"]["tolerations"]
     assert tols == [*rt_tol, extra]  # the runtime's first, each once, then the extra one
     from tests import k8s_schemas
@@ -330,7 +330,7 @@ def test_the_old_patch_would_have_dropped_the_gpu_toleration():
     """What a patch with only the extra toleration does under Trainer's merge (the bug)."""
     runtime = prod_runtime()
     extra = {"key": "team", "operator": "Equal", "value": "vision", "effect": "NoSchedule"}
-    job = tj.build_trainjob(spec(gpus_per_node=0, cpu="", memory="", tolerations=[extra]), runtime)
+    job = trainjob.build_trainjob(spec(gpus_per_node=0, cpu="", memory="", tolerations=[extra]), runtime)
     rj = job["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]
     rj["template"]["spec"]["template"]["spec"]["tolerations"] = [extra]
     tols = effective_trainer_pod(runtime, job)["spec"]["tolerations"]
@@ -339,19 +339,19 @@ def test_the_old_patch_would_have_dropped_the_gpu_toleration():
 
 def test_no_extra_tolerations_no_runtime_read_and_no_toleration_patch():
     s = spec(gpus_per_node=0, cpu="", memory="", tolerations=[])
-    assert not tj.needs_runtime(s)
-    job = tj.build_trainjob(s)
+    assert not trainjob.needs_runtime(s)
+    job = trainjob.build_trainjob(s)
     rj = job["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]
     assert "tolerations" not in rj["template"]["spec"]["template"].get("spec", {})
     runtime = prod_runtime()
     tols = effective_trainer_pod(runtime, job)["spec"]["tolerations"]
-    assert tols == tj.runtime_pod_spec(runtime)["tolerations"]
+    assert tols == trainjob.runtime_pod_spec(runtime)["tolerations"]
 
 
 def test_quantities_use_the_kubernetes_parser():
-    assert tj.quantity("1600Gi") == 1600 * 2**30 and tj.quantity("500m") * 2 == 1 and tj.quantity(8) == 8
+    assert jobspec.quantity("1600Gi") == 1600 * 2**30 and jobspec.quantity("500m") * 2 == 1 and jobspec.quantity(8) == 8
     with pytest.raises(ValueError, match="not a Kubernetes quantity"):
-        tj.quantity("lots")
+        jobspec.quantity("lots")
 
 
 def test_timestamps():
@@ -417,24 +417,24 @@ def test_log_tail_through_the_kubeflow_sdk_trainer_client():
 
     from kubeflow.trainer import KubernetesBackendConfig, TrainerClient
 
-    trainjob = {**_job(), "metadata": {**_job()["metadata"], "creationTimestamp": "2026-11-25T13:05:00Z"}}
+    job_obj = {**_job(), "metadata": {**_job()["metadata"], "creationTimestamp": "2026-11-25T13:05:00Z"}}
     node0 = pod("oom")
     node0["metadata"]["labels"].update({"jobset.sigs.k8s.io/replicatedjob-name": "node",
                                         "batch.kubernetes.io/job-completion-index": "0"})
     node0["metadata"]["creationTimestamp"] = "2026-11-25T13:05:09Z"
     log_text = "\n".join(f"iteration {i}: reward 0.{i}" for i in range(100))
     log_text += "\ntorch.OutOfMemoryError: boom\n"
-    api = _FakeTrainerAPI(trainjob, prod_runtime(), [node0], log_text)
+    api = _FakeTrainerAPI(job_obj, prod_runtime(), [node0], log_text)
     try:
         cfg = Configuration(host=api.host)
         client = TrainerClient(KubernetesBackendConfig(namespace=NS, client_configuration=cfg))
-        tail = tj.trainjob_log_tail(trainjob, lines=5, client=client)
+        tail = trainjob.trainjob_log_tail(job_obj, lines=5, client=client)
         assert tail[-1] == "torch.OutOfMemoryError: boom" and tail[0] == "iteration 96: reward 0.96"
         assert len(tail) == 5
         assert any(p.startswith(f"/api/v1/namespaces/{NS}/pods?") and "jobset-name" in p for p in api.paths)
         log_path = f"/api/v1/namespaces/{NS}/pods/{node0['metadata']['name']}/log"
         assert any(p.startswith(log_path) for p in api.paths)
-        assert tj.trainjob_log_tail({**trainjob, "kind": "PyTorchJob"}, client=client) == []
+        assert trainjob.trainjob_log_tail({**job_obj, "kind": "PyTorchJob"}, client=client) == []
     finally:
         api.close()
 
@@ -442,14 +442,14 @@ def test_log_tail_through_the_kubeflow_sdk_trainer_client():
         def get_job_logs(self, name):
             raise RuntimeError(f"Failed to get TrainJob: {NS}/{name}")  # what the SDK raises
 
-    assert tj.trainjob_log_tail(trainjob, client=Unreachable()) == []  # a warning, not an error
+    assert trainjob.trainjob_log_tail(job_obj, client=Unreachable()) == []  # a warning, not an error
 
 
 def test_a_failed_job_prints_its_log_tail_before_the_one_line_error():
     api = FakeApi(statuses=[RUNNING_V2, cond("Failed", "BackoffLimitExceeded", "node-0 exited 1")])
     seen = []
-    with pytest.raises(tj.JobFailedError, match="BackoffLimitExceeded") as e:
-        tj.launch(api, _job(), timeout_s=60, on_status=seen.append,
+    with pytest.raises(jobspec.JobFailedError, match="BackoffLimitExceeded") as e:
+        launcher.launch(api, _job(), timeout_s=60, on_status=seen.append,
                   logs=lambda o: ["step 3", "Traceback: boom"], **NO_SLEEP)
     assert "\n" not in str(e.value)
     assert seen[-3:] == [f"last 2 log lines of {JOB} node 0:", "  | step 3", "  | Traceback: boom"]

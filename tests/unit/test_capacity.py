@@ -1,4 +1,4 @@
-"""The capacity plan (chunkgrpo/capacity.py): exact parameter counts on the meta device, the meta simulation
+"""The capacity plan (chunkgrpo/capacity/): exact parameter counts on the meta device, the meta simulation
 of activation memory against real CPU allocations, the pool read from the rendered manifests, one-line
 failures, and the prediction against a real training iteration of the project's trainer on the CPU.
 
@@ -23,7 +23,16 @@ import pytest
 import torch
 import yaml
 
-from chunkgrpo import capacity as C
+from chunkgrpo.capacity.arch import (
+    FLUX_DEV,
+    FLUX_DEV_TRANSFORMER_PARAMS,
+    LiveBytes,
+    ModelArch,
+    param_count,
+    transformer_activation_peak,
+)
+from chunkgrpo.capacity.plan import capacity_plan
+from chunkgrpo.capacity.pool import load_pool, local_pool
 from chunkgrpo.errors import UserError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -32,18 +41,18 @@ RESIDENT = {"transformer weights", "AdamW state", "EMA", "VAE", "reward models",
 
 
 def test_flux_dev_parameter_counts_are_the_published_ones():
-    arch = C.ModelArch(**C.FLUX_DEV)
+    arch = ModelArch(**FLUX_DEV)
     tr = arch.build("transformer")
     assert all(p.device.type == "meta" for p in tr.parameters())  # no weights were allocated
-    assert C.param_count(tr) == C.FLUX_DEV_TRANSFORMER_PARAMS == 11_901_408_320
-    assert C.param_count(arch.build("text_encoder_2")) == 4_762_310_656  # T5 v1.1 XXL encoder
-    assert C.param_count(arch.build("text_encoder")) == 123_060_480      # CLIP ViT-L/14 text model
-    assert C.param_count(arch.build("vae")) == 83_819_683
+    assert param_count(tr) == FLUX_DEV_TRANSFORMER_PARAMS == 11_901_408_320
+    assert param_count(arch.build("text_encoder_2")) == 4_762_310_656  # T5 v1.1 XXL encoder
+    assert param_count(arch.build("text_encoder")) == 123_060_480      # CLIP ViT-L/14 text model
+    assert param_count(arch.build("vae")) == 83_819_683
 
 
 def test_live_bytes_counts_new_storages_once_and_frees_them():
     param = torch.zeros(1000)
-    with C.LiveBytes() as m:
+    with LiveBytes() as m:
         a = torch.empty(1000)          # 4000 bytes
         v = a.view(10, 100).t()        # a view: no new storage
         w = param.t()                  # a view of a storage made outside: not counted
@@ -75,10 +84,10 @@ def test_meta_simulation_equals_real_cpu_allocations(tiny_model_dir, checkpointi
     simulation predicts (parameter gradients pre-allocated in both)."""
     from diffusers import FluxTransformer2DModel
 
-    arch = C.ModelArch.from_folder(tiny_model_dir)
+    arch = ModelArch.from_folder(tiny_model_dir)
     meta = arch.build("transformer")
     meta.requires_grad_(True)
-    predicted, _ = C.transformer_activation_peak(meta, 3, 64, 16, torch.float32, grad=True,
+    predicted, _ = transformer_activation_peak(meta, 3, 64, 16, torch.float32, grad=True,
                                                  checkpointing=checkpointing)
     real = FluxTransformer2DModel.from_config(arch.transformer)
     if checkpointing:
@@ -125,7 +134,7 @@ def test_prediction_matches_a_real_training_iteration(tmp_path, size, gc, lora):
         measured = _real_peak(trainer.iteration)
     finally:
         trainer.close()
-    plan = C.capacity_plan(cfg, C.local_pool(), device="cpu", arch=C.ModelArch.from_folder(model))
+    plan = capacity_plan(cfg, local_pool(), device="cpu", arch=ModelArch.from_folder(model))
     work = {i.what: sum(v for k, v in i.parts.items() if k not in RESIDENT)
             for i in plan.items if i.resource == "GPU memory per rank"}
     predicted = max(work["rollout phase"], work["decode phase"], work["policy phase"])
@@ -147,7 +156,7 @@ def test_pool_is_read_from_the_rendered_overlay():
     rt = next(d for d in yaml.safe_load_all(out.stdout) if d and d.get("kind") == "ClusterTrainingRuntime")
     pod = rt["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
     limits = pod["containers"][0]["resources"]["limits"]
-    pool = C.load_pool("h800")
+    pool = load_pool("h800")
     assert pool.gpu_product == pod["nodeSelector"]["nvidia.com/gpu.product"] == "NVIDIA-H800"
     assert pool.gpus_per_node == int(limits["nvidia.com/gpu"]) == 8
     assert pool.memory_limit == int(parse_quantity(limits["memory"]))
@@ -198,11 +207,11 @@ def test_cli_fails_in_one_line_naming_the_resource_and_the_excess(tiny_model_dir
 
 def test_bad_pool_inputs_are_one_line_user_errors(tmp_path):
     with pytest.raises(UserError, match="no overlay"):
-        C.load_pool("h900")
+        load_pool("h900")
     with pytest.raises(UserError, match="no known memory size"):
-        C.load_pool("x", str(_runtime_yaml(tmp_path, gpu_mem_product="NVIDIA-X1")))
+        load_pool("x", str(_runtime_yaml(tmp_path, gpu_mem_product="NVIDIA-X1")))
     with pytest.raises(UserError, match="does not exist"):
-        C.load_pool("h800", str(tmp_path / "absent.yaml"))
+        load_pool("h800", str(tmp_path / "absent.yaml"))
 
 
 def test_flux_full_finetune_plan_shards_weights_and_counts_checkpoints():
@@ -210,8 +219,8 @@ def test_flux_full_finetune_plan_shards_weights_and_counts_checkpoints():
     the load phase holds the whole fp32 pipeline, a checkpoint is weights + AdamW (16 bytes/param)."""
     from chunkgrpo.train.config import TrainConfig
 
-    plan = C.capacity_plan(TrainConfig.load("chunk_grpo_flux"), C.load_pool("h800"), preset="chunk_grpo_flux")
-    W = C.FLUX_DEV_TRANSFORMER_PARAMS
+    plan = capacity_plan(TrainConfig.load("chunk_grpo_flux"), load_pool("h800"), preset="chunk_grpo_flux")
+    W = FLUX_DEV_TRANSFORMER_PARAMS
     gpu = {i.what: i for i in plan.items if i.resource == "GPU memory per rank"}
     assert plan.world == 8 and plan.facts["fsdp"] and plan.facts["policy_inputs_per_forward"] == 7
     assert gpu["policy phase"].parts["transformer weights"] == 4 * W // 8

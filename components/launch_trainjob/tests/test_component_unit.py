@@ -5,7 +5,7 @@ import types
 
 import pytest
 
-from chunkgrpo.k8s import trainjob as tj
+from chunkgrpo.k8s import jobspec, launcher, pytorchjob, trainjob
 from components.launch_trainjob.component import launch_trainjob
 from tests.pipeline.test_trainjob import FakeApi, cond, effective_trainer_pod, prod_runtime, prod_template
 from tests.pipeline.test_trainjob_failfast import FakeCore, event, pod
@@ -40,11 +40,11 @@ def fake_cluster(monkeypatch):
 
     api = FakeApi(statuses=[cond("Complete")] * 5)
     api.core = FakeCore(pods=[pod("running")])
-    monkeypatch.setattr(tj, "load_api", lambda: api)
-    monkeypatch.setattr(tj, "load_core_api", lambda: api.core)
+    monkeypatch.setattr(launcher, "load_api", lambda: api)
+    monkeypatch.setattr(launcher, "load_core_api", lambda: api.core)
     oom = ["torch.OutOfMemoryError: CUDA out of memory"]
-    monkeypatch.setattr(tj, "trainjob_log_tail", lambda obj, lines=40: oom)
-    monkeypatch.setattr(tj, "this_pod_getter", lambda ns: (lambda: POD))
+    monkeypatch.setattr(trainjob, "trainjob_log_tail", lambda obj, lines=40: oom)
+    monkeypatch.setattr(launcher, "this_pod_getter", lambda ns: (lambda: POD))
     monkeypatch.setattr(store, "ArtifactStore", FakeStore)
     return api
 
@@ -55,7 +55,7 @@ def test_trainjob_keeps_runtime_resources_and_is_owned_by_the_run(fake_cluster, 
     (obj,) = fake_cluster.objects.values()
     assert obj["kind"] == "TrainJob" and "resourcesPerNode" not in obj["spec"]["trainer"]
     assert obj["metadata"]["ownerReferences"][0]["name"] == "wf"
-    assert obj["metadata"]["labels"][tj.LABEL_QUEUE] == "team-a" and obj["spec"]["suspend"] is True
+    assert obj["metadata"]["labels"][jobspec.LABEL_QUEUE] == "team-a" and obj["spec"]["suspend"] is True
     assert "rewards.0.options.weights=s3://bkt/models/MizzenAI/HPSv3" in obj["spec"]["trainer"]["args"]
     from tests import k8s_schemas
 
@@ -64,12 +64,12 @@ def test_trainjob_keeps_runtime_resources_and_is_owned_by_the_run(fake_cluster, 
 
 
 def test_pytorchjob_needs_the_template(fake_cluster, artifact):
-    with pytest.raises(tj.TemplateError, match="training-operator-v1"):
+    with pytest.raises(jobspec.TemplateError, match="training-operator-v1"):
         launch_trainjob.python_func(trained_model=artifact("m.json"), metrics=artifact("x"), **_args(kind="PyTorchJob"))
-    fake_cluster.objects[("kubeflow.org", "v1", "kubeflow", "pytorchjobs", tj.PYTORCHJOB_TEMPLATE)] = prod_template()
+    fake_cluster.objects[("kubeflow.org", "v1", "kubeflow", "pytorchjobs", pytorchjob.PYTORCHJOB_TEMPLATE)] = prod_template()
     fake_cluster.statuses = [cond("Succeeded")] * 5  # Training Operator v1 condition names
     launch_trainjob.python_func(trained_model=artifact("m.json"), metrics=artifact("x"), **_args(kind="PyTorchJob"))
-    job = next(o for k, o in fake_cluster.objects.items() if k[-1] != tj.PYTORCHJOB_TEMPLATE)
+    job = next(o for k, o in fake_cluster.objects.items() if k[-1] != pytorchjob.PYTORCHJOB_TEMPLATE)
     master = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
     assert master["resources"]["limits"]["rdma/rdma_shared_device_a"] == 1
 
@@ -79,9 +79,9 @@ def test_a_podsecurity_rejection_ends_the_step_in_one_line_and_deletes_the_job(f
     ends the step at the first poll (not the 48 h deadline) and the job is deleted."""
     fake_cluster.statuses = [{}] * 5  # TrainJob conditions say nothing: no pods exist
     fake_cluster.core = FakeCore(events=[{**event("podsecurity"), "involvedObject": {
-        **event("podsecurity")["involvedObject"], "name": tj.job_name("run-9", "train") + "-node-0"}}])
+        **event("podsecurity")["involvedObject"], "name": jobspec.job_name("run-9", "train") + "-node-0"}}])
     blocked = r"PodSecurity \"restricted\".*IPC_LOCK.*fix:.*\(job deleted\)"
-    with pytest.raises(tj.JobBlockedError, match=blocked):
+    with pytest.raises(jobspec.JobBlockedError, match=blocked):
         launch_trainjob.python_func(trained_model=artifact("m.json"), metrics=artifact("x"),
                                     **_args(queue_name="", timeout_hours=48.0))
     assert not fake_cluster.objects and any(c[0] == "delete" for c in fake_cluster.calls)
@@ -91,7 +91,7 @@ def test_a_podsecurity_rejection_ends_the_step_in_one_line_and_deletes_the_job(f
 def test_keep_failed(fake_cluster, artifact, capsys):
     fake_cluster.statuses = [{}] * 5
     fake_cluster.core = FakeCore(pods=[pod("oom")])
-    with pytest.raises(tj.JobBlockedError, match="OOMKilled.*job kept"):
+    with pytest.raises(jobspec.JobBlockedError, match="OOMKilled.*job kept"):
         launch_trainjob.python_func(trained_model=artifact("m.json"), metrics=artifact("x"),
                                     **_args(queue_name="", keep_failed=True))
     assert len(fake_cluster.objects) == 1

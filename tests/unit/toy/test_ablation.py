@@ -11,8 +11,10 @@ import torch
 from chunkgrpo.chunks import plan_chunks
 from chunkgrpo.errors import UserError
 from chunkgrpo.objectives import select_units
-from chunkgrpo.toy.ablation import (PRIMARY, AblationConfig, _train_overrides, design, dynamics_plan,
-                                    expected_transitions, mean_ci, run_ablation)
+from chunkgrpo.toy.ablation import AblationConfig, dynamics_plan, run_ablation
+from chunkgrpo.toy.ablation_design import PRIMARY, design, expected_transitions
+from chunkgrpo.toy.ablation_runs import _train_overrides
+from chunkgrpo.toy.power import mean_ci
 from chunkgrpo.toy.model import ToyModelConfig, build_toy_model
 from chunkgrpo.train.config import TrainConfig
 from chunkgrpo.train.trainer import resolve_chunk_sizes
@@ -191,6 +193,21 @@ def test_the_committed_n10_plan_is_the_planners_on_the_committed_sde_profile():
     assert plan["trajectories"] == "sde" and plan["sizes"] == [2, 3, 4]
     assert plan_chunks("dynamics", 9, prof["l1rel_sde"]).sizes == [2, 3, 4]
     assert plan_chunks("dynamics", 9, prof["l1rel_ode"]).sizes != [2, 3, 4]  # v1's plan came from this curve
+
+
+def test_the_engine_fingerprint_covers_training_and_evaluation_not_the_report():
+    """What makes cached runs stale: the training/evaluation code and presets (the runs' own harness
+    included), never the report (aggregation, Markdown, plots)."""
+    from pathlib import Path
+
+    import chunkgrpo
+    from chunkgrpo.toy.ablation_runs import engine_files
+
+    root = Path(chunkgrpo.__file__).resolve().parent
+    names = {f.relative_to(root).as_posix() for f in engine_files()}
+    assert {"config.py", "train/trainer.py", "toy/model.py", "toy/ablation_runs.py", "toy/ablation_design.py",
+            "presets/toy_cpu.yaml"} <= names
+    assert "toy/ablation_report.py" not in names
 
 
 def test_engine_pin_is_for_reports_only():
