@@ -3,10 +3,11 @@
     <venv>/bin/python -m chunkgrpo.testing.tiny_scorers hpsv2|imagereward|hpsv3 OUT_DIR [--seed N]
 
 Runs inside the package's reward venv (staged next to `chunkgrpo.scoring.worker` by
-`chunkgrpo.scoring.client.run_module(venv, "chunkgrpo.testing.tiny_scorers", ...)`) and imports only the standard library, numpy, torch and the
-reward package with its own dependencies (transformers, tokenizers). Nothing is downloaded: tokenizers are
-built here, and each model is the package's real class built from the package's own config (reduced where
-the real one does not fit a CPU test) and saved in the layout the package's loader reads:
+`chunkgrpo.scoring.client.run_module(venv, "chunkgrpo.testing.tiny_scorers", ...)`) and imports only the
+standard library, numpy, torch and the reward package with its own dependencies (transformers,
+tokenizers). Nothing is downloaded: tokenizers are built here, and each model is the package's real
+class built from the package's own config (reduced where the real one does not fit a CPU test) and saved
+in the layout the package's loader reads:
 
 - hpsv2 : `tiny-hpsv2.json` (an open_clip model config: the ViT-H-14 layout with 2 layers, width 64) and
           `HPS_v2.1_compressed.pt` = {"state_dict": ...} of the CLIP built by `hpsv2.src.open_clip`. The
