@@ -339,8 +339,8 @@ class PickScoreScorer(_HFClipScorer):
 
 
 class InProcessScorer(Scorer):
-    """A reward-package backend (`chunkgrpo.scoring.backends.load_backend`) in this process: the package must be
-    importable here."""
+    """A reward-package backend (`chunkgrpo.scoring.backends.load_backend`) in this process: the package
+    must be importable here."""
 
     def __init__(self, name: str, spec: dict, *, batch_size: int = 16, weights_source: str | None = None) -> None:
         self.name = name
@@ -359,8 +359,8 @@ class InProcessScorer(Scorer):
 
 
 class WorkerScorer(Scorer):
-    """A scorer whose model lives in a worker process in its own venv (`chunkgrpo.scoring.worker`): loaded once,
-    batches of RGB pixels + prompts sent over pipes, scores back. A worker that crashes is restarted (model
+    """A scorer whose model lives in a worker process in its own venv (`chunkgrpo.scoring.worker`): loaded
+    once, batches of RGB pixels + prompts sent over pipes, scores back. A worker that crashes is restarted (model
     reloaded) and the batch retried up to `restarts` times; a batch that takes longer than `timeout` stops
     the worker and raises. Either way the caller gets `ScorerWorkerError`, never a hang."""
 

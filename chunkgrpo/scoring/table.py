@@ -69,7 +69,8 @@ SCORERS: dict[str, ScorerEntry] = {
     "hpsv2": ScorerEntry("cosine of HPSv2.0's open_clip ViT-H-14 features", pip="hpsv2"),
     "pickscore": ScorerEntry("logit_scale.exp() x cosine, the raw PickScore logit (FLUX ~22-23)",
                         aliases=("pick", "pick_score")),
-    "clip": ScorerEntry("cosine of L2-normalised CLIP embeddings (x multiplier)", aliases=("clipscore", "clip_score")),
+    "clip": ScorerEntry("cosine of L2-normalised CLIP embeddings (x multiplier)",
+                        aliases=("clipscore", "clip_score")),
 }
 
 SCORER_NAMES = tuple(SCORERS)

@@ -172,7 +172,8 @@ def serve(name: str, inp, out) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) != 1 or args[0] not in PACKAGES:
-        sys.stderr.write(f"usage: python -m chunkgrpo.scoring.worker <scorer>  (scorer: {', '.join(PACKAGES)})\n")
+        sys.stderr.write(f"usage: python -m chunkgrpo.scoring.worker <scorer>  "
+                         f"(scorer: {', '.join(PACKAGES)})\n")
         return 2
     # Replies go to the original stdout; anything printed later (packages print) goes to stderr.
     out = os.fdopen(os.dup(1), "wb")

@@ -220,7 +220,8 @@ def main(argv: list[str] | None = None) -> int:
         seed = int(args[i + 1])
         del args[i : i + 2]
     if len(args) != 2 or args[0] not in BUILDERS:
-        sys.stderr.write(f"usage: python -m chunkgrpo.testing.tiny_scorers {{{','.join(BUILDERS)}}} OUT_DIR [--seed N]\n")
+        sys.stderr.write(f"usage: python -m chunkgrpo.testing.tiny_scorers {{{','.join(BUILDERS)}}} "
+                         "OUT_DIR [--seed N]\n")
         return 2
     out = Path(args[1])
     out.mkdir(parents=True, exist_ok=True)

@@ -260,7 +260,8 @@ def test_s3_weights_notice_a_changed_remote(monkeypatch, tmp_path):
 
         def list(self, prefix):
             _, key = store_mod.parse_s3_uri(prefix)
-            return [store_mod.ObjectEntry(k, len(v), None) for k, v in sorted(objects.items()) if k.startswith(key)]
+            return [store_mod.ObjectEntry(k, len(v), None) for k, v in sorted(objects.items())
+                    if k.startswith(key)]
 
         def exists(self, uri):
             return store_mod.parse_s3_uri(uri)[1] in objects
