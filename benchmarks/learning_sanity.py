@@ -23,9 +23,9 @@ import torch  # noqa: E402
 
 from chunkgrpo.flux import load_flux  # noqa: E402
 from chunkgrpo.rollout import rollout_group  # noqa: E402
+from chunkgrpo.scoring.rewards import get_reward  # noqa: E402
 from chunkgrpo.tiny import build_tiny_flux  # noqa: E402
 from chunkgrpo.train.config import TrainConfig  # noqa: E402
-from chunkgrpo.train.rewards import get_reward  # noqa: E402
 from chunkgrpo.train.trainer import run_training  # noqa: E402
 
 PROMPTS = ["a cat on a chair", "a red car", "three apples", "a bowl of fruit", "a dog in the park", "a city at night"]

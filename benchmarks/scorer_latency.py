@@ -4,7 +4,7 @@
     .venv/bin/python benchmarks/scorer_latency.py --scorers hpsv2.1,clip --images 16 --batch 8 --res 1024
 
 For each scorer: build its random-weight model with the package's own classes
-(`chunkgrpo.eval.tiny_scorers`, in the reward venv), start its worker, score one warm-up batch, then time
+(`chunkgrpo.testing.tiny_scorers`, in the reward venv), start its worker, score one warm-up batch, then time
 `--images` images of `--res`x`--res` in batches of `--batch`. Prints one JSON object: per scorer the
 worker start + model load time, seconds per image, the venv, the model class, and for CLIP/PickScore the
 same scorer in-process (so the pipe overhead is visible). The models are reduced where the real ones do
@@ -29,7 +29,7 @@ sys.path.insert(0, str(REPO))
 
 
 def _venv(name: str) -> Path | None:
-    from chunkgrpo.eval import worker_client as WC
+    from chunkgrpo.scoring import client as WC
 
     var = WC.venv_var(name)
     root = Path(os.environ.get("CHUNKGRPO_REWARD_ENVS") or REPO / ".reward-envs")
@@ -60,8 +60,9 @@ def main() -> None:
     ap.add_argument("--res", type=int, default=512)
     args = ap.parse_args()
 
-    from chunkgrpo.eval import scorers as S
-    from chunkgrpo.eval import worker_client as WC
+    from chunkgrpo.scoring import client as WC
+    from chunkgrpo.scoring import scorers as S
+    from chunkgrpo.testing.clip import make_tiny_clip
 
     images = _images(args.images, args.res)
     prompts = [f"a photo of a cat number {i}" for i in range(args.images)]
@@ -72,7 +73,7 @@ def main() -> None:
             row: dict = {}
             try:
                 if name in ("clip", "pickscore"):
-                    clip_dir = S.make_tiny_clip(Path(tmp) / f"tiny-{name}")
+                    clip_dir = make_tiny_clip(Path(tmp) / f"tiny-{name}")
                     local = S.get_scorer(name, weights=str(clip_dir), device="cpu", batch_size=args.batch, venv="")
                     row["in_process_s_per_image"] = _time(local, images, prompts, args.batch)
                     cfg, venv, env = {"weights": str(clip_dir)}, Path(sys.prefix), {}
@@ -83,7 +84,8 @@ def main() -> None:
                         row["skipped"] = f"no venv for {name}: run `bash scripts/reward-envs.sh`"
                         result["scorers"][name] = row
                         continue
-                    out = WC.run_module(venv, "tiny_scorers", [pkg, str(Path(tmp) / pkg)], timeout=3600)
+                    out = WC.run_module(venv, "chunkgrpo.testing.tiny_scorers", [pkg, str(Path(tmp) / pkg)],
+                                        timeout=3600)
                     tiny = json.loads(out.strip().splitlines()[-1])
                     cfg = {"weights": str(Path(tiny["weights"]).parent)}
                     cfg.update({k: tiny[k] for k in ("model_config", "processor") if k in tiny})

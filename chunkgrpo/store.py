@@ -817,16 +817,16 @@ def _entry_lock(entry: Path):
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def cached_file(uri: str, kind: str, what: str = "file") -> Path:
+def cached_file(uri: str, kind: str, what: str = "file", cache_dir: str | Path | None = None) -> Path:
     """Download one `s3://` object into `<cache root>/<kind>/` and return the local path; a changed object
     (size/etag) is downloaded again, an unchanged one reused. A missing object is a UserError naming `what`.
-    Concurrent callers on one cache download it once (entry lock)."""
+    Concurrent callers on one cache download it once (entry lock). Cache root: `cache_root(cache_dir)`."""
     store = ArtifactStore()
     meta = store.stat(uri)
     if meta is None:
         raise UserError(f"{what} {uri} does not exist")
     key = hashlib.sha256(f"{uri}\0{meta.get('etag')}\0{meta.get('size')}".encode()).hexdigest()[:16]
-    local = cache_root() / kind / key / uri.rstrip("/").rsplit("/", 1)[-1]
+    local = cache_root(cache_dir) / kind / key / uri.rstrip("/").rsplit("/", 1)[-1]
     with _entry_lock(local.parent):
         if not local.exists():
             store.get_file(uri, local)
@@ -853,4 +853,28 @@ def cached_folder(uri: str, kind: str = "artifacts", cache_dir: str | Path | Non
         if not (stamp.exists() and stamp.read_text() == manifest.sha256):
             store.get_folder(uri, target)  # verifies every file's sha256
             stamp.write_text(manifest.sha256)
+    return target
+
+
+def cached_prefix(uri: str, kind: str = "artifacts", cache_dir: str | Path | None = None) -> Path | None:
+    """Every object under an `s3://` prefix that is not a complete folder (no MANIFEST.json: e.g. weights
+    copied there with `aws s3 sync`) into a local cache entry, and its path; None when nothing is stored
+    under the prefix. The entry is keyed by the listing (keys, sizes, modification times): a changed
+    prefix is downloaded again into a new entry, an unchanged one reused. Cache root and locking as
+    `cached_folder`."""
+    store = ArtifactStore()
+    bucket, key = parse_s3_uri(uri)
+    base = _folder_prefix(key)
+    entries = [e for e in store.list(s3_uri(bucket, base)) if not e.is_dir]
+    if not entries:
+        return None
+    listing = "".join(f"{e.key}\0{e.size}\0{e.last_modified}\n" for e in entries)
+    target = cache_root(cache_dir) / kind / hashlib.sha256(f"{uri}\0{listing}".encode()).hexdigest()[:16]
+    stamp = target / ".listing-sha256"
+    digest = hashlib.sha256(listing.encode()).hexdigest()
+    with _entry_lock(target):
+        if not (stamp.exists() and stamp.read_text() == digest):
+            for e in entries:
+                store.get_file(s3_uri(bucket, e.key), target / e.key[len(base):])
+            stamp.write_text(digest)
     return target

@@ -48,7 +48,7 @@ CONTAINER_LAYER = 10 * 2**30   # /tmp and $HOME of a KFP step (= the training ru
 MIN_LIMIT = 256 * 2**10        # floor of every scaled limit: logs, MLflow client files, prompt files
 SIZE_POOL = "h100"             # the pool whose compiled volume sizes are scaled
 TMP = "/tmp"
-HOST_ONLY = ("HOME", "TMPDIR", "TMP", "TEMP", "CHUNKGRPO_CACHE", "CHUNKGRPO_CACHE_DIR", "HF_HOME",
+HOST_ONLY = ("HOME", "TMPDIR", "TMP", "TEMP", "CHUNKGRPO_CACHE", "HF_HOME",
              "TORCH_HOME", "XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME", "TRITON_CACHE_DIR",
              "TORCHINDUCTOR_CACHE_DIR", "MPLCONFIGDIR", "PYTHONPYCACHEPREFIX")
 _LOCK = threading.Lock()

@@ -6,7 +6,8 @@
 #   venv-hpsv3        hpsv3        (+ its undeclared matplotlib / tensorboard)
 # Each reward venv is installed from its lock file (every package pinned with hashes, no resolution) and sees
 # the one shared torch through a `zz-shared-torch.pth` file, appended after its own site-packages so its own
-# pins still win. chunkgrpo is NOT installed in them: scorers run there as `python -m chunkgrpo.eval.worker`.
+# pins still win. chunkgrpo is NOT installed in them: scorers run there as
+# `python -m chunkgrpo.scoring.worker`.
 #
 #   bash scripts/reward-envs.sh [hpsv2 imagereward hpsv3]       # default: all three
 #   eval "$(bash scripts/reward-envs.sh --print-env)"           # export CHUNKGRPO_VENV_* for this shell

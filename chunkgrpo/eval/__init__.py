@@ -1,8 +1,6 @@
-"""Evaluation: reward scorers, HPDv2 test prompts, GenEval rules and WISE judging.
+"""Evaluation: HPDv2 test prompts, GenEval rules and WISE judging, over the scorers of `chunkgrpo.scoring`.
 
 Modules (import the one you need; this package import stays light, no torch):
-- `chunkgrpo.eval.scorers`  - `get_scorer(name, **cfg)`: HPSv3, ImageReward, HPSv2(.1), PickScore, CLIP
-                              behind one batch API `score(images, prompts) -> float32 tensor (n,)`.
 - `chunkgrpo.eval.hpdv2`    - the 400 HPDv2 test prompts, one fixed seed per prompt, scorer means.
 - `chunkgrpo.eval.geneval`  - GenEval layout, detector backends, the official scoring rules, aggregation.
 - `chunkgrpo.eval.wise`     - WISE prompts (user-supplied), OpenAI-compatible judge, WiScore aggregation.

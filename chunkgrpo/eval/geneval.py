@@ -587,7 +587,8 @@ class ClipColorClassifier:
 
     def __init__(self, model_dir: str | os.PathLike, *, device: str = "auto", dtype: str = "float32",
                  rules: GenEvalRules | None = None, batch_size: int = 16) -> None:
-        from chunkgrpo.eval.scorers import ClipScorer, resolve_weights
+        from chunkgrpo.scoring.scorers import ClipScorer
+        from chunkgrpo.scoring.weights import resolve_weights
 
         path = resolve_weights(model_dir, what="geneval colour CLIP")
         self._clip = ClipScorer(path, device=device, dtype=dtype, batch_size=batch_size)
@@ -659,9 +660,10 @@ class TransformersMask2FormerDetector:
 
     def __init__(self, model_dir: str | os.PathLike, *, class_names: Sequence[str] | None = None,
                  device: str = "auto", max_per_image: int = 100, min_score: float = 0.0) -> None:
-        from chunkgrpo.eval.scorers import _offline, resolve_device, resolve_weights
+        from chunkgrpo.scoring.backends import offline, resolve_device
+        from chunkgrpo.scoring.weights import resolve_weights
 
-        _offline()
+        offline()
         import torch
         from transformers import Mask2FormerForUniversalSegmentation
 
@@ -736,10 +738,11 @@ class MMDetDetector:
 
     def __init__(self, checkpoint: str | os.PathLike, *, config: str | os.PathLike | None = None,
                  class_names: Sequence[str] | None = None, device: str = "cuda") -> None:
-        from chunkgrpo.eval.scorers import _require, resolve_weights
+        from chunkgrpo.scoring.scorers import require_package
+        from chunkgrpo.scoring.weights import resolve_weights
 
-        mmdet = _require("mmdet", "geneval (mmdet detector)", "mmdet==2.28.2 mmcv-full==1.7.1")
-        apis = _require("mmdet.apis", "geneval (mmdet detector)", "mmdet==2.28.2 mmcv-full==1.7.1")
+        mmdet = require_package("mmdet", "geneval (mmdet detector)", "mmdet==2.28.2 mmcv-full==1.7.1")
+        apis = require_package("mmdet.apis", "geneval (mmdet detector)", "mmdet==2.28.2 mmcv-full==1.7.1")
         ckpt = resolve_weights(checkpoint, what="geneval mmdet checkpoint")
         if ckpt.is_dir():
             ckpt = ckpt / f"{OFFICIAL_MMDET_MODEL}.pth"

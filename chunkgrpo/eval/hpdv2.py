@@ -70,7 +70,8 @@ def plan(prompts: Sequence[str], base_seed: int = DEFAULT_SEED) -> list[HPDv2Ite
 
 def score_images(images: Sequence[Any], prompts: Sequence[str], scorers: Mapping[str, Any],
                  batch_size: int | None = None) -> dict[str, list[float]]:
-    """Run every scorer (`chunkgrpo.eval.scorers.Scorer`) over the aligned images/prompts; per-image scores."""
+    """Run every scorer (`chunkgrpo.scoring.scorers.Scorer`) over the aligned images/prompts; per-image
+    scores."""
     if len(images) != len(prompts):
         raise UserError(f"got {len(images)} images for {len(prompts)} prompts")
     out: dict[str, list[float]] = {}

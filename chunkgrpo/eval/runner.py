@@ -10,7 +10,7 @@ Phases (each model = a label: "trained" = hybrid inference, "base" = the base mo
    files under `<output_dir>/<benchmark>/<label>/` in each benchmark's official layout; with
    `resume=true` existing images made with the same generation settings (`generation.json`) are kept.
 2. scoring (skipped with `generate_only=true`, e.g. when generation and scoring run in different
-   images): scorers from `chunkgrpo.train.rewards.REWARDS` (programmatic) or `chunkgrpo.eval.scorers`;
+   images): scorers from `chunkgrpo.scoring.table.REWARDS` (programmatic) or `chunkgrpo.scoring.scorers`;
    GenEval detector + colour classifier; WISE judge.
 3. statistics (`chunkgrpo.eval.stats`): base and trained share prompts and seeds, so every trained − base
    delta gets a paired bootstrap 95% CI, a win rate with its CI and n (HPDv2 per scorer, GenEval per task
@@ -46,7 +46,8 @@ from typing import Any, Literal
 from chunkgrpo.config import Config, option
 from chunkgrpo.errors import UserError
 from chunkgrpo.eval.wise import JudgeConfig
-from chunkgrpo.eval.worker import resolve_device
+from chunkgrpo.scoring.adapters import RewardScorer
+from chunkgrpo.scoring.backends import resolve_device
 
 log = logging.getLogger(__name__)
 
@@ -133,10 +134,10 @@ class EvalConfig(Config):
         self.benchmarks = list(dict.fromkeys(self.benchmarks))
         if "hpdv2" in self.benchmarks and not self.scorers and not self.generate_only:
             raise UserError("scorers is empty: name at least one HPDv2 scorer (e.g. hpsv3, imagereward)")
-        from chunkgrpo.eval.scorers import canonical_name
+        from chunkgrpo.scoring.table import canonical_name
 
         try:
-            from chunkgrpo.train.rewards import REWARDS
+            from chunkgrpo.scoring.table import REWARDS
         except ImportError:  # a light (torch-less) environment validating a config: checked again at run time
             REWARDS = {"brightness": None, "color": None, "contrast": None}
         for name in self.scorers:
@@ -257,32 +258,18 @@ def _fingerprint(cfg: EvalConfig, trained, base_model: str) -> dict:
 # scorers
 
 
-class _ProgrammaticScorer:
-    def __init__(self, name: str, options: dict) -> None:
-        from chunkgrpo.train.rewards import REWARDS, get_reward
-
-        self.name = name
-        self.fn = get_reward(name, options)
-        doc = (REWARDS[name].__doc__ or "").strip().splitlines()
-        self.info = {"name": name, "backend": "chunkgrpo.train.rewards (programmatic)", "options": dict(options),
-                     "preprocessing": "RGB pixels / 255", "scale": doc[0] if doc else "",
-                     "higher_is_better": True}
-
-    def score(self, images, prompts):
-        return self.fn(list(images), list(prompts))
-
-
 def build_scorers(cfg: EvalConfig) -> dict[str, Any]:
     """name → object with `score(images, prompts)` and `info`."""
-    from chunkgrpo.train.rewards import REWARDS
+    from chunkgrpo.scoring.table import REWARDS
 
     out: dict[str, Any] = {}
     for name in cfg.scorers:
         opts = dict(cfg.scorer_options.get(name) or {})
         if name in REWARDS:
-            out[name] = _ProgrammaticScorer(name, opts)
+            out[name] = RewardScorer(name, opts)
             continue
-        from chunkgrpo.eval.scorers import canonical_name, get_scorer
+        from chunkgrpo.scoring.scorers import get_scorer
+        from chunkgrpo.scoring.table import canonical_name
 
         canon = canonical_name(name)
         weights = cfg.scorer_weights.get(name) or cfg.scorer_weights.get(canon) or opts.pop("weights", None)
@@ -311,8 +298,9 @@ def preflight(cfg: EvalConfig, *, scorers: dict | None = None, detector=None, co
     if cfg.generate_only:
         return built
     if "hpdv2" in cfg.benchmarks and scorers is None:
-        from chunkgrpo.eval.scorers import _require, canonical_name, resolve_weights
-        from chunkgrpo.train.rewards import REWARDS
+        from chunkgrpo.scoring.scorers import require_package
+        from chunkgrpo.scoring.table import REWARDS, canonical_name
+        from chunkgrpo.scoring.weights import resolve_weights
 
         packages = {"hpsv3": ("hpsv3", "hpsv3"), "imagereward": ("ImageReward", "image-reward"),
                     "hpsv2.1": ("hpsv2", "hpsv2"), "hpsv2": ("hpsv2", "hpsv2")}
@@ -327,7 +315,7 @@ def preflight(cfg: EvalConfig, *, scorers: dict | None = None, detector=None, co
             if not str(weights).startswith("s3://"):
                 resolve_weights(weights, what=canon)
             if canon in packages:
-                _require(packages[canon][0], canon, packages[canon][1])
+                require_package(packages[canon][0], canon, packages[canon][1])
     if "geneval" in cfg.benchmarks and cfg.geneval_detector == "toy":
         if color_fn is None:  # the toy world's exact palette classifier (chunkgrpo.toy); no weights
             from chunkgrpo.toy.detector import ToyColorClassifier
@@ -338,7 +326,7 @@ def preflight(cfg: EvalConfig, *, scorers: dict | None = None, detector=None, co
             raise UserError("geneval needs detector weights: set geneval_detector_weights=PATH "
                             "(or generate_only=true to score later)")
         if detector is None and not cfg.geneval_detector_weights.startswith("s3://"):
-            from chunkgrpo.eval.scorers import resolve_weights
+            from chunkgrpo.scoring.weights import resolve_weights
 
             resolve_weights(cfg.geneval_detector_weights, what="geneval detector")
         n_color = _color_clauses(cfg)
@@ -402,7 +390,7 @@ def clip_published_check(model, arch: str) -> str | None:
 
 def _published(name: str, scorer) -> tuple[bool, str]:
     """Is this scorer the published metric of that name? (flag, reason when not)."""
-    if isinstance(scorer, _ProgrammaticScorer):
+    if isinstance(scorer, RewardScorer):
         return False, f"{name} is a programmatic reward, not a published metric"
     info = getattr(scorer, "info", {}) or {}
     if info.get("name", name) not in OFFICIAL_SCORERS:

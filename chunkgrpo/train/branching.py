@@ -48,8 +48,8 @@ from chunkgrpo import objectives as obj
 from chunkgrpo import sde
 from chunkgrpo.advantages import aggregate_advantages
 from chunkgrpo.errors import UserError
+from chunkgrpo.scoring.rewards import compute_rewards
 from chunkgrpo.train.context import IterationContext, IterationResult, NonFiniteLossError
-from chunkgrpo.train.rewards import compute_rewards
 
 
 def branch_steps(cfg) -> list[int]:

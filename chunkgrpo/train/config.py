@@ -46,7 +46,8 @@ class LoraConfig(Config):
 class RewardSpec(Config):
     """One training reward: a registry name, its weight and its options."""
 
-    name: str = option("brightness", "reward name (see `chunkgrpo.train.rewards.REWARDS` or an eval scorer name)")
+    name: str = option("brightness", "reward name (see `chunkgrpo.scoring.table`: a programmatic reward or "
+                                     "a scorer name)")
     weight: float = option(1.0, "weight in the advantage aggregation")
     options: dict[str, str] = option({}, "reward-specific options (e.g. target=0.8, model=DIR)")
 

@@ -23,9 +23,9 @@ from chunkgrpo import checks
 from chunkgrpo import objectives as obj
 from chunkgrpo.advantages import aggregate_advantages
 from chunkgrpo.rollout import pair_log_probs, rollout_group
+from chunkgrpo.scoring.rewards import compute_rewards
 from chunkgrpo.train.config import TrainConfig
 from chunkgrpo.train.context import IterationContext, IterationResult, NonFiniteLossError
-from chunkgrpo.train.rewards import compute_rewards
 
 log = logging.getLogger(__name__)
 _warned: set[str] = set()

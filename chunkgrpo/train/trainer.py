@@ -27,12 +27,12 @@ from chunkgrpo import objectives as obj
 from chunkgrpo.advantages import resolve_weights
 from chunkgrpo.chunks import load_plan, plan_chunks
 from chunkgrpo.errors import UserError
+from chunkgrpo.scoring.rewards import get_reward
 from chunkgrpo.train import checkpoint as ckpt
 from chunkgrpo.train import dist as D
 from chunkgrpo.train.config import TrainConfig
 from chunkgrpo.train.context import IterationContext, NonFiniteLossError
 from chunkgrpo.train.methods import get_method
-from chunkgrpo.train.rewards import get_reward
 
 __all__ = ["NonFiniteLossError", "Trainer", "config_hash", "resolve_chunk_sizes", "run_training"]
 

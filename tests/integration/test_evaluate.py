@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def tiny_clip(tmp_path_factory):
-    from chunkgrpo.eval.scorers import make_tiny_clip
+    from chunkgrpo.testing.clip import make_tiny_clip
 
     return make_tiny_clip(tmp_path_factory.mktemp("clip") / "tiny-clip")
 

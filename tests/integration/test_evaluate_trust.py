@@ -40,7 +40,7 @@ METADATA = [
 
 @pytest.fixture(scope="module")
 def geneval_models(tmp_path_factory):
-    from chunkgrpo.eval.scorers import make_tiny_clip
+    from chunkgrpo.testing.clip import make_tiny_clip
 
     root = tmp_path_factory.mktemp("geneval-models")
     m2f = make_tiny_mask2former(root / "mask2former", G.load_object_names(), favour=["car", "dog"])

@@ -377,7 +377,7 @@ def test_transformers_mask2former_detector(tiny_mask2former):
 
 
 def test_clip_color_classifier_tiny(tmp_path):
-    from chunkgrpo.eval.scorers import make_tiny_clip
+    from chunkgrpo.testing.clip import make_tiny_clip
 
     make_tiny_clip(tmp_path / "clip")
     clf = G.ClipColorClassifier(tmp_path / "clip", device="cpu")

@@ -57,7 +57,8 @@ def test_aggregate():
 
 
 def test_score_images_with_tiny_clip(tmp_path):
-    from chunkgrpo.eval.scorers import get_scorer, make_tiny_clip
+    from chunkgrpo.scoring.scorers import get_scorer
+    from chunkgrpo.testing.clip import make_tiny_clip
 
     make_tiny_clip(tmp_path / "clip")
     scorers = {n: get_scorer(n, weights=str(tmp_path / "clip"), device="cpu") for n in ("clip", "pickscore")}

@@ -9,7 +9,8 @@ def test_random_clip_is_not_labelled_the_published_metric(tmp_path):
     from transformers import CLIPConfig
 
     from chunkgrpo.eval.runner import _published, clip_published_check
-    from chunkgrpo.eval.scorers import get_scorer, make_tiny_clip
+    from chunkgrpo.scoring.scorers import get_scorer
+    from chunkgrpo.testing.clip import make_tiny_clip
 
     tiny = get_scorer("clip", weights=make_tiny_clip(tmp_path / "clip"), device="cpu")
     ok, why = _published("clip", tiny)
@@ -30,9 +31,10 @@ def test_random_clip_is_not_labelled_the_published_metric(tmp_path):
 
 
 def test_programmatic_rewards_are_never_published():
-    from chunkgrpo.eval.runner import _ProgrammaticScorer, _published, _scorer_info
+    from chunkgrpo.eval.runner import _published, _scorer_info
+    from chunkgrpo.scoring.adapters import RewardScorer
 
-    s = _ProgrammaticScorer("brightness", {})
+    s = RewardScorer("brightness", {})
     assert _published("brightness", s) == (False, "brightness is a programmatic reward, not a published metric")
     info = _scorer_info(s, "brightness")
     assert info["comparable_to_official"] is False and "programmatic" in info["not_published_because"]

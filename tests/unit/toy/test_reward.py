@@ -5,8 +5,9 @@ import pytest
 import torch
 
 from chunkgrpo.errors import UserError
+from chunkgrpo.scoring.rewards import compute_rewards, get_reward
+from chunkgrpo.scoring.table import REWARDS
 from chunkgrpo.toy.world import World, metadata
-from chunkgrpo.train.rewards import REWARDS, compute_rewards, get_reward
 
 
 def test_registered_and_exact_on_rendered_scenes():

@@ -7,9 +7,10 @@ import torch
 from safetensors.torch import load_file
 
 from chunkgrpo.errors import UserError
+from chunkgrpo.scoring.rewards import compute_rewards
+from chunkgrpo.scoring.table import REWARDS
 from chunkgrpo.train import checkpoint as ckpt
 from chunkgrpo.train.config import TrainConfig
-from chunkgrpo.train.rewards import REWARDS, compute_rewards
 from chunkgrpo.train.trainer import NonFiniteLossError, Trainer, run_training
 
 

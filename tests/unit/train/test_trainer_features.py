@@ -41,7 +41,7 @@ def test_full_finetune_with_gradient_checkpointing_exports_transformer(tiny_mode
 
 
 def test_clip_similarity_reward_on_tiny_random_clip(tiny_model_dir, prompts_file, tmp_path):
-    from chunkgrpo.eval.scorers import make_tiny_clip
+    from chunkgrpo.testing.clip import make_tiny_clip
 
     clip_dir = make_tiny_clip(tmp_path / "clip")
     cfg = _cfg(tiny_model_dir, prompts_file, tmp_path / "run", "max_steps=1",

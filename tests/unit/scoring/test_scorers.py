@@ -15,7 +15,11 @@ import torch
 from PIL import Image
 
 from chunkgrpo.errors import UserError
-from chunkgrpo.eval import scorers as S
+from chunkgrpo.scoring import backends as B
+from chunkgrpo.scoring import scorers as S
+from chunkgrpo.scoring.table import canonical_name
+from chunkgrpo.scoring.weights import resolve_weights
+from chunkgrpo.testing.clip import make_tiny_clip
 from tests.cpu_kernels import tol
 
 PROMPTS = ["a photo of a cat", "a red dog", "the blue cat"]
@@ -23,7 +27,7 @@ PROMPTS = ["a photo of a cat", "a red dog", "the blue cat"]
 
 @pytest.fixture(scope="module")
 def tiny_clip(tmp_path_factory):
-    return S.make_tiny_clip(tmp_path_factory.mktemp("tiny_clip"), seed=0)
+    return make_tiny_clip(tmp_path_factory.mktemp("tiny_clip"), seed=0)
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +95,7 @@ def test_preprocess_matches_transformers_processor(tiny_clip, images):
     from transformers import CLIPImageProcessor
 
     ref = CLIPImageProcessor.from_pretrained(str(tiny_clip))(images=images, return_tensors="pt")["pixel_values"]
-    ours = S.ClipPreprocess.from_dir(tiny_clip)(images)
+    ours = B.ClipPreprocess.from_dir(tiny_clip)(images)
     torch.testing.assert_close(ours, ref, rtol=0, atol=1e-5)  # normalised pixels of order 1: ~100 ulp of fp32
 
 
@@ -121,7 +125,7 @@ def test_registry_errors(tmp_path):
         S.get_scorer("clip", weights=str(tmp_path), wieghts="x")
     with pytest.raises(UserError, match="cannot load a transformers CLIP"):
         S.get_scorer("clip", weights=str(tmp_path), device="cpu")
-    assert S.canonical_name("HPSv2_1") == "hpsv2.1" and S.canonical_name("ImageReward") == "imagereward"
+    assert canonical_name("HPSv2_1") == "hpsv2.1" and canonical_name("ImageReward") == "imagereward"
 
 
 def test_s3_weights_through_fetch_hook_and_cache(tiny_clip, tmp_path, images):
@@ -138,7 +142,7 @@ def test_s3_weights_through_fetch_hook_and_cache(tiny_clip, tmp_path, images):
     assert a.info["weights"] == "s3://models/scorers/tiny-clip"
     torch.testing.assert_close(a.score(images, PROMPTS), b.score(images, PROMPTS))
     with pytest.raises(UserError, match="unsupported weights URI"):
-        S.resolve_weights("gs://x/y", what="clip")
+        resolve_weights("gs://x/y", what="clip")
 
 
 # ---- reward-package scorers without their venv (the real packages run in tests/unit/eval/test_reward_packages.py)
@@ -147,7 +151,7 @@ def test_s3_weights_through_fetch_hook_and_cache(tiny_clip, tmp_path, images):
 @pytest.mark.parametrize("name,module", [("hpsv3", "hpsv3"), ("imagereward", "ImageReward"),
                                          ("hpsv2.1", "hpsv2"), ("hpsv2", "hpsv2")])
 def test_import_guard_messages(monkeypatch, tmp_path, name, module):
-    from chunkgrpo.eval import worker_client as WC
+    from chunkgrpo.scoring import client as WC
 
     monkeypatch.delenv(WC.venv_var(name), raising=False)  # in-process: the package must import here
     monkeypatch.setitem(sys.modules, module, None)  # makes `import module` raise ImportError
@@ -168,16 +172,14 @@ class _Payload:
 
 def test_checkpoint_loads_refuse_pickled_code(tmp_path):
     """Every checkpoint the scorers read with torch.load goes through weights_only=True."""
-    from chunkgrpo.eval import worker as W
-
     marker = tmp_path / "pwned"
     with open(tmp_path / "bad.pt", "wb") as f:
         pickle.dump({"state_dict": _Payload(marker)}, f)
-    with pytest.raises(W.SpecError, match=r"is refused \(weights_only=True\).*Re-save it as a plain state_dict"):
-        W.safe_torch_load(tmp_path / "bad.pt", "hpsv2.1: checkpoint")
+    with pytest.raises(B.SpecError, match=r"is refused \(weights_only=True\).*Re-save it as a plain state_dict"):
+        B.safe_torch_load(tmp_path / "bad.pt", "hpsv2.1: checkpoint")
     assert not marker.exists()
     torch.save({"state_dict": {"w": torch.ones(2)}}, tmp_path / "good.pt")
-    assert torch.equal(W.safe_torch_load(tmp_path / "good.pt", "x")["state_dict"]["w"], torch.ones(2))
+    assert torch.equal(B.safe_torch_load(tmp_path / "good.pt", "x")["state_dict"]["w"], torch.ones(2))
 
 
 def test_scorer_config_validation(tmp_path):
@@ -227,6 +229,10 @@ def test_s3_weights_through_chunkgrpo_store(monkeypatch, tiny_clip, tmp_path):
         def exists(self, uri):
             return store_mod.parse_s3_uri(uri)[1] in objects
 
+        def stat(self, uri):
+            key = store_mod.parse_s3_uri(uri)[1]
+            return {"size": objects[key].stat().st_size, "etag": None} if key in objects else None
+
         def get_file(self, uri, local_path):
             local_path.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy(objects[store_mod.parse_s3_uri(uri)[1]], local_path)
@@ -234,20 +240,65 @@ def test_s3_weights_through_chunkgrpo_store(monkeypatch, tiny_clip, tmp_path):
     monkeypatch.setattr(store_mod, "ArtifactStore", FakeStore)
     scorer = S.get_scorer("clip", weights="s3://models/scorers/tiny", cache_dir=str(tmp_path), device="cpu")
     assert scorer.score([Image.new("RGB", (40, 40))], ["a cat"]).shape == (1,)
-    one = S.resolve_weights("s3://models/scorers/HPS_v2.1_compressed.pt", what="hpsv2.1", cache_dir=str(tmp_path))
+    one = resolve_weights("s3://models/scorers/HPS_v2.1_compressed.pt", what="hpsv2.1", cache_dir=str(tmp_path))
     assert (one / "HPS_v2.1_compressed.pt").is_file()
     with pytest.raises(UserError, match="nothing is stored under"):
-        S.resolve_weights("s3://models/none", what="clip", cache_dir=str(tmp_path))
+        resolve_weights("s3://models/none", what="clip", cache_dir=str(tmp_path))
+
+
+def test_s3_weights_notice_a_changed_remote(monkeypatch, tmp_path):
+    """s3:// weights go through the store's cache: an unchanged prefix / object is reused, a changed one
+    (another listing, another size or etag) is downloaded again instead of served stale."""
+    import chunkgrpo.store as store_mod
+
+    objects = {"w/a.bin": b"v1", "one.pt": b"v1"}
+    gets = []
+
+    class FakeStore:
+        def is_complete(self, uri):
+            return False
+
+        def list(self, prefix):
+            _, key = store_mod.parse_s3_uri(prefix)
+            return [store_mod.ObjectEntry(k, len(v), None) for k, v in sorted(objects.items())
+                    if k.startswith(key)]
+
+        def exists(self, uri):
+            return store_mod.parse_s3_uri(uri)[1] in objects
+
+        def stat(self, uri):
+            key = store_mod.parse_s3_uri(uri)[1]
+            return {"size": len(objects[key]), "etag": objects[key].hex()} if key in objects else None
+
+        def get_file(self, uri, local_path):
+            gets.append(uri)
+            local_path.parent.mkdir(parents=True, exist_ok=True)
+            local_path.write_bytes(objects[store_mod.parse_s3_uri(uri)[1]])
+
+    monkeypatch.setattr(store_mod, "ArtifactStore", FakeStore)
+    monkeypatch.setenv("CHUNKGRPO_CACHE", str(tmp_path))
+    for uri, rel in (("s3://models/w", "a.bin"), ("s3://models/one.pt", "one.pt")):
+        first = resolve_weights(uri, what="clip")
+        assert first.is_relative_to(tmp_path / "weights") and (first / rel).read_bytes() == b"v1"
+        n = len(gets)
+        assert resolve_weights(uri, what="clip") == first and len(gets) == n  # unchanged: reused
+        objects["w/a.bin" if rel == "a.bin" else "one.pt"] = b"v2!"
+        second = resolve_weights(uri, what="clip")
+        assert len(gets) == n + 1 and (second / rel).read_bytes() == b"v2!"
 
 
 def test_scorer_weights_follow_the_store_cache_when_only_chunkgrpo_cache_is_set(tmp_path, monkeypatch):
     """Pods set CHUNKGRPO_CACHE to their /cache volume and HOME=/tmp: scorer weights (HPSv3 ~15 GiB) must
-    go to that volume, not to ~/.cache. CHUNKGRPO_CACHE_DIR, when set, still wins."""
-    from chunkgrpo.eval import scorers
+    go to that volume, not to ~/.cache. Setting CHUNKGRPO_CACHE moves them (one cache: the store's)."""
+    from chunkgrpo import store
 
-    monkeypatch.delenv(scorers.CACHE_ENV, raising=False)
+    def fetch(uri, dest):
+        (dest / "w.bin").write_bytes(b"w")
+
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.setenv("CHUNKGRPO_CACHE", str(tmp_path / "volume"))
-    assert scorers._default_cache_dir() == tmp_path / "volume"
-    monkeypatch.setenv(scorers.CACHE_ENV, str(tmp_path / "explicit"))
-    assert scorers._default_cache_dir() == tmp_path / "explicit"
+    assert store.cache_root() == tmp_path / "volume"
+    assert resolve_weights("s3://m/w", what="clip", fetch=fetch).parent.parent == tmp_path / "volume"
+    monkeypatch.setenv("CHUNKGRPO_CACHE", str(tmp_path / "explicit"))
+    assert store.cache_root() == tmp_path / "explicit"
+    assert resolve_weights("s3://m/w", what="clip", fetch=fetch).parent.parent == tmp_path / "explicit"

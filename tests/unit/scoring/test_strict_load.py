@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from chunkgrpo.eval.worker import SpecError, load_state_strict
+from chunkgrpo.scoring.backends import SpecError, load_state_strict
 
 
 class _Head(torch.nn.Module):

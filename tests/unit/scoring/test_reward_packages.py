@@ -3,7 +3,7 @@
 
 Models: each package's own class built from its own config with random weights (reduced where the real
 one does not fit a CPU test), saved in the layout its loader reads, loaded by its loading code
-(`chunkgrpo.eval.tiny_scorers`). Nothing in the scoring path is patched. The tests fail if a package were
+(`chunkgrpo.testing.tiny_scorers`). Nothing in the scoring path is patched. The tests fail if a package were
 faked: they check that the package and the model's class come from the venv's site-packages.
 
 Needs the venvs: `bash scripts/reward-envs.sh` (or CHUNKGRPO_VENV_HPSV2/IMAGEREWARD/HPSV3 pointing at
@@ -28,8 +28,8 @@ import torch
 from PIL import Image
 
 from chunkgrpo.errors import UserError
-from chunkgrpo.eval import scorers as S
-from chunkgrpo.eval import worker_client as WC
+from chunkgrpo.scoring import client as WC
+from chunkgrpo.scoring import scorers as S
 
 pytestmark = [pytest.mark.reward_envs, pytest.mark.integration]
 
@@ -53,7 +53,7 @@ def reward_venv(name: str) -> Path:
 
 
 def build_tiny(name: str, venv: Path, out: Path) -> dict:
-    stdout = WC.run_module(venv, "tiny_scorers", [name, str(out)], timeout=1800)
+    stdout = WC.run_module(venv, "chunkgrpo.testing.tiny_scorers", [name, str(out)], timeout=1800)
     return json.loads(stdout.strip().splitlines()[-1])
 
 
@@ -182,11 +182,8 @@ def test_hpsv2_preprocessing_record_is_what_the_package_does(hpsv2):
     assert out["shape"] == [3, 224, 224] and out["black_rows"] == list(range(37)) + list(range(186, 224))
     text = scorer.info["preprocessing"]
     assert "LONGEST side to 224" in text and "pad" in text and "crop" not in text.replace("no crop", "")
-    sys.path.insert(0, str(Path(__file__).parent))
-    try:
-        from test_reward_locks import parse_lock
-    finally:
-        sys.path.pop(0)
+    from tests.unit.eval.test_reward_locks import parse_lock
+
     pinned = parse_lock(REPO / "images" / "eval" / "requirements-torch.lock")["torchvision"][0]
     assert scorer.info["runtime"]["torchvision"].split("+")[0] == pinned  # 0.29.1+cu130: the CUDA wheel
 

@@ -1,4 +1,4 @@
-"""The parent side of the scorer boundary: run `chunkgrpo.eval.worker` in a reward-package venv.
+"""The parent side of the scorer boundary: run `chunkgrpo.scoring.worker` in a reward-package venv.
 
     proc = WorkerProcess("hpsv3", Path("/opt/venv-hpsv3"))
     proc.start()
@@ -7,10 +7,12 @@
     proc.close()
 
 Which venv: `$CHUNKGRPO_VENV_<NAME>` (HPSV2 for hpsv2 and hpsv2.1, IMAGEREWARD, HPSV3, and optionally
-PICKSCORE / CLIP), or an explicit path. chunkgrpo is not installed in those venvs: the worker module (one
-file that imports only the standard library, numpy, PIL, torch and the reward package) is copied into a
-private folder that becomes the worker's only PYTHONPATH entry, so the worker always speaks the parent's
-protocol version. The worker's stderr (everything the packages print) goes to a log file whose tail is
+PICKSCORE / CLIP), or an explicit path. chunkgrpo is not installed in those venvs: the worker's two files
+(`scoring/worker.py`, `scoring/backends.py`, which import only the standard library, numpy, PIL, torch and
+the reward package) are copied into a private folder that becomes the worker's only PYTHONPATH entry, so
+the worker always speaks the parent's protocol version. `run_module` stages one more such one-file module
+when it runs it (e.g. the random-weight model builders `chunkgrpo.testing.tiny_scorers`). The worker's
+stderr (everything the packages print) goes to a log file whose tail is
 quoted in errors. Timeouts are enforced on every read and write; a worker that dies is reported with its
 exit status instead of hanging the caller.
 """
@@ -25,20 +27,20 @@ import select
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 import weakref
 from pathlib import Path
 
 from chunkgrpo.errors import UserError
-from chunkgrpo.eval import worker as W
+from chunkgrpo.scoring import worker as W
 
 VENV_VARS = {"hpsv2": "CHUNKGRPO_VENV_HPSV2", "hpsv2.1": "CHUNKGRPO_VENV_HPSV2",
              "imagereward": "CHUNKGRPO_VENV_IMAGEREWARD", "hpsv3": "CHUNKGRPO_VENV_HPSV3",
              "pickscore": "CHUNKGRPO_VENV_PICKSCORE", "clip": "CHUNKGRPO_VENV_CLIP"}
-# modules staged next to the worker (all import only stdlib, numpy, PIL, torch and the reward packages)
-STAGED_MODULES = ("worker.py", "tiny_scorers.py")
+# the worker's modules, staged into the reward venvs (they import only stdlib, numpy, PIL, torch and the
+# reward packages)
+STAGED_MODULES = ("chunkgrpo.scoring.worker", "chunkgrpo.scoring.backends")
 # set by torchrun / torch.distributed: a worker must never join the trainer's process group
 _DIST_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
               "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT")
@@ -90,23 +92,39 @@ def venv_python(venv: Path) -> Path:
     return Path(venv) / "bin" / "python"
 
 
-def stage_modules() -> Path:
-    """A folder holding `chunkgrpo/eval/<STAGED_MODULES>` (and empty package `__init__`s), keyed by content.
-    A folder of that name is reused only when it is ours, not writable by others, and holds exactly these
-    bytes (it sits in the shared temp dir); otherwise a fresh private one is made."""
-    src = Path(W.__file__).parent
-    blobs = {m: (src / m).read_bytes() for m in STAGED_MODULES}
-    digest = hashlib.sha256(b"".join(blobs[m] for m in STAGED_MODULES)).hexdigest()[:16]
+def _module_file(module: str) -> Path:
+    """The source file of a one-file chunkgrpo module, by dotted name (nothing is imported)."""
+    parts = module.split(".")
+    if parts[0] != "chunkgrpo" or len(parts) < 2:
+        raise ValueError(f"{module!r} is not a chunkgrpo module")
+    return _PACKAGE_ROOT.joinpath(*parts[1:]).with_suffix(".py")
+
+
+_PACKAGE_ROOT = Path(__file__).resolve().parent.parent
+
+
+def stage_modules(extra: tuple[str, ...] = ()) -> Path:
+    """A folder holding the `STAGED_MODULES` and the one-file modules `extra` (dotted names) at their package
+    paths (`chunkgrpo/scoring/worker.py`, ...; each package `__init__` empty), keyed by content. A folder
+    of that name is reused only when it is ours, not writable by others, and holds exactly these bytes (it
+    sits in the shared temp dir); otherwise a fresh private one is made."""
+    modules = tuple(dict.fromkeys(STAGED_MODULES + tuple(extra)))
+    blobs = {"/".join(m.split(".")) + ".py": _module_file(m).read_bytes() for m in modules}
+    digest = hashlib.sha256(b"".join(rel.encode() + b"\0" + blob for rel, blob in blobs.items()))
+    digest = digest.hexdigest()[:16]
     root = Path(tempfile.gettempdir()) / f"chunkgrpo-worker-{os.getuid()}-{digest}"
     if _staged_ok(root, blobs):
         return root
     tmp = Path(tempfile.mkdtemp(prefix=root.name + ".", dir=root.parent))
-    pkg = tmp / "chunkgrpo" / "eval"
-    pkg.mkdir(parents=True)
-    (tmp / "chunkgrpo" / "__init__.py").write_text('"""Only the scorer worker is staged here (chunkgrpo.eval.worker_client)."""\n')
-    (pkg / "__init__.py").write_text("")
-    for m, blob in blobs.items():
-        (pkg / m).write_bytes(blob)
+    for rel, blob in blobs.items():
+        path = tmp / rel
+        for pkg in _package_dirs(rel):
+            (tmp / pkg).mkdir(exist_ok=True)
+            init = tmp / pkg / "__init__.py"
+            if not init.exists():
+                init.write_text('"""Only the scorer worker is staged here (chunkgrpo.scoring.client)."""\n'
+                                if pkg == "chunkgrpo" else "")
+        path.write_bytes(blob)
     (tmp / ".complete").write_text(digest + "\n")
     if root.exists() or os.path.lexists(root):
         return tmp  # a foreign or broken folder holds the name: use the private one
@@ -114,27 +132,35 @@ def stage_modules() -> Path:
         tmp.rename(root)
     except OSError:  # another process staged the same content first
         shutil.rmtree(tmp, ignore_errors=True)
-        return root if _staged_ok(root, blobs) else stage_modules()
+        return root if _staged_ok(root, blobs) else stage_modules(extra)
     return root
+
+
+def _package_dirs(rel: str) -> list[str]:
+    """"chunkgrpo/scoring/worker.py" -> ["chunkgrpo", "chunkgrpo/scoring"]."""
+    parts = rel.split("/")[:-1]
+    return ["/".join(parts[: i + 1]) for i in range(len(parts))]
 
 
 def _staged_ok(root: Path, blobs: dict[str, bytes]) -> bool:
     try:
-        for d in (root, root / "chunkgrpo", root / "chunkgrpo" / "eval"):
+        dirs = [root] + [root / d for d in dict.fromkeys(p for rel in blobs for p in _package_dirs(rel))]
+        for d in dirs:
             st = os.lstat(d)
             if st.st_uid != os.getuid() or st.st_mode & 0o022 or not os.path.isdir(d) or os.path.islink(d):
                 return False
         if not (root / ".complete").is_file():
             return False
-        return all((root / "chunkgrpo" / "eval" / m).read_bytes() == blob for m, blob in blobs.items())
+        return all((root / rel).read_bytes() == blob for rel, blob in blobs.items())
     except OSError:
         return False
 
 
-def worker_env(extra: dict | None = None) -> dict:
+def worker_env(extra: dict | None = None, modules: tuple[str, ...] = ()) -> dict:
     env = {k: v for k, v in os.environ.items()
            if k not in _DIST_VARS and not k.startswith("TORCHELASTIC_") and k not in ("PYTHONHOME", "VIRTUAL_ENV")}
-    env.update(PYTHONPATH=str(stage_modules()), PYTHONSAFEPATH="1", PYTHONNOUSERSITE="1", PYTHONUNBUFFERED="1",
+    env.update(PYTHONPATH=str(stage_modules(modules)), PYTHONSAFEPATH="1", PYTHONNOUSERSITE="1",
+               PYTHONUNBUFFERED="1",
                HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_HUB_DISABLE_TELEMETRY="1",
                TOKENIZERS_PARALLELISM=env.get("TOKENIZERS_PARALLELISM", "false"))
     env[W.PARENT_ENV] = str(os.getpid())
@@ -143,10 +169,12 @@ def worker_env(extra: dict | None = None) -> dict:
 
 
 def run_module(venv: Path, module: str, args: list[str], *, timeout: float, env: dict | None = None) -> str:
-    """Run `python -m chunkgrpo.eval.<module> ARGS` in `venv` with the staged modules; stdout on success."""
-    cmd = [str(venv_python(venv)), "-m", f"chunkgrpo.eval.{module}", *args]
+    """Run `python -m MODULE ARGS` in `venv`, MODULE (a one-file chunkgrpo module, e.g.
+    "chunkgrpo.testing.tiny_scorers") staged beside the worker's modules; stdout on success."""
+    cmd = [str(venv_python(venv)), "-m", module, *args]
     try:
-        res = subprocess.run(cmd, env=worker_env(env), capture_output=True, text=True, timeout=timeout)
+        res = subprocess.run(cmd, env=worker_env(env, (module,)), capture_output=True, text=True,
+                             timeout=timeout)
     except subprocess.TimeoutExpired:
         raise ScorerWorkerError(f"{' '.join(cmd)} did not finish within {timeout:g}s") from None
     if res.returncode != 0:
@@ -165,7 +193,7 @@ def _close_all() -> None:
 
 
 class WorkerProcess:
-    """One `python -m chunkgrpo.eval.worker <name>` process in `venv`, spoken to over its stdin/stdout."""
+    """One `python -m chunkgrpo.scoring.worker <name>` process in `venv`, spoken to over its stdin/stdout."""
 
     def __init__(self, name: str, venv: Path, *, env: dict | None = None) -> None:
         self.name = name
@@ -193,7 +221,7 @@ class WorkerProcess:
         fd, log = tempfile.mkstemp(prefix=f"chunkgrpo-{self.name}-worker-", suffix=".log")
         self.log_path, self._log = Path(log), os.fdopen(fd, "wb")
         self.proc = subprocess.Popen(
-            [str(venv_python(self.venv)), "-m", "chunkgrpo.eval.worker", self.name],
+            [str(venv_python(self.venv)), "-m", "chunkgrpo.scoring.worker", self.name],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, env=worker_env(self.extra_env),
             close_fds=True, start_new_session=True)
         os.set_blocking(self.proc.stdin.fileno(), False)

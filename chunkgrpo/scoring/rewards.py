@@ -1,12 +1,13 @@
 """Training rewards: name → callable(images, prompts) → float32 tensor (n,).
 
-Built in (deterministic, programmatic): `brightness` (mean luminance, or closeness to `target`),
-`color` (closeness of the mean colour to `rgb=R,G,B`), `contrast` (pixel std), `toy_geneval` (the toy
-world's exact GenEval reward, `chunkgrpo.toy.reward`). Any other name is
-looked up among the evaluation scorers (`chunkgrpo.eval.scorers.get_scorer`: clip, pickscore,
-hpsv2.1, hpsv3, imagereward), whose weights come from a local dir / S3 (`options.weights`). Those run
-through the same scorer boundary as evaluation: with `$CHUNKGRPO_VENV_<NAME>` set (or `options.venv`),
-the reward model lives in a worker process in its own venv (`chunkgrpo.eval.worker`); otherwise in-process.
+The names are those of `chunkgrpo.scoring.table`: a programmatic reward (`brightness`, `color`,
+`contrast` defined here; `toy_geneval`, the toy world's exact GenEval reward, named there by
+"module:attr") is built from its factory; any other name is a model scorer
+(`chunkgrpo.scoring.scorers.get_scorer`: clip, pickscore, hpsv2.1, hpsv3, imagereward), whose weights come
+from a local dir / S3 (`options.weights`), wrapped as a reward (`chunkgrpo.scoring.adapters.ScorerReward`).
+Those run through the same scorer boundary as evaluation: with `$CHUNKGRPO_VENV_<NAME>` set (or
+`options.venv`), the reward model lives in a worker process in its own venv (`chunkgrpo.scoring.worker`);
+otherwise in-process.
 """
 
 from __future__ import annotations
@@ -17,6 +18,9 @@ import numpy as np
 import torch
 
 from chunkgrpo.errors import UserError
+from chunkgrpo.scoring.adapters import ScorerReward
+from chunkgrpo.scoring.scorers import get_scorer
+from chunkgrpo.scoring.table import REWARDS, SCORER_NAMES, build_reward, known_names
 
 RewardFn = Callable[[Sequence, Sequence[str]], torch.Tensor]
 
@@ -60,45 +64,15 @@ def contrast() -> RewardFn:
     return fn
 
 
-def toy_geneval(dense: str | bool = True) -> RewardFn:
-    """GenEval correctness of a toy-world image for its caption (exact detector); dense=true: partial credit."""
-    from chunkgrpo.toy.reward import toy_geneval_reward
-
-    return toy_geneval_reward(dense)
-
-
-REWARDS: dict[str, Callable[..., RewardFn]] = {"brightness": brightness, "color": color, "contrast": contrast}
-REWARDS["toy_geneval"] = toy_geneval
-
-
 def get_reward(name: str, options: dict | None = None, device: str = "cpu") -> RewardFn:
-    """A reward callable by name (built-ins first, then the evaluation scorers)."""
+    """A reward callable by name (programmatic rewards first, then the model scorers)."""
     options = dict(options or {})
     if name in REWARDS:
-        try:
-            return REWARDS[name](**options)
-        except TypeError as e:
-            raise UserError(f"reward {name!r}: bad options {options} ({e})") from None
-    from chunkgrpo.eval.scorers import SCORER_NAMES, get_scorer
-
+        return build_reward(name, options)
     if name not in SCORER_NAMES:
-        known = sorted(REWARDS) + list(SCORER_NAMES)
-        raise UserError(f"unknown reward {name!r} (known: {', '.join(known)})")
+        raise UserError(f"unknown reward {name!r} (known: {', '.join(known_names())})")
     options.setdefault("device", device)
     return ScorerReward(get_scorer(name, **options))
-
-
-class ScorerReward:
-    """An evaluation scorer as a training reward; `close()` stops its worker process (if it has one)."""
-
-    def __init__(self, scorer) -> None:
-        self.scorer = scorer
-
-    def __call__(self, images, prompts) -> torch.Tensor:
-        return self.scorer.score(list(images), list(prompts)).float().cpu()
-
-    def close(self) -> None:
-        self.scorer.close()
 
 
 def compute_rewards(fns: dict[str, RewardFn], images, prompts) -> dict[str, torch.Tensor]:

@@ -1,6 +1,6 @@
-"""The scorer boundary (`chunkgrpo.eval.worker` + `worker_client`) with the main venv playing the reward venv:
+"""The scorer boundary (`chunkgrpo.scoring.worker` + `client`) with the main venv playing the reward venv:
 a tiny random-weight CLIP / PickScore scored through a real worker process. Covers the protocol, the
-staged single-file worker, crash restart, timeouts, clear errors, parent death, training rewards."""
+staged worker files, crash restart, timeouts, clear errors, parent death, training rewards."""
 
 from __future__ import annotations
 
@@ -18,9 +18,10 @@ import torch
 from PIL import Image
 
 from chunkgrpo.errors import UserError
-from chunkgrpo.eval import scorers as S
-from chunkgrpo.eval import worker as W
-from chunkgrpo.eval import worker_client as WC
+from chunkgrpo.scoring import client as WC
+from chunkgrpo.scoring import scorers as S
+from chunkgrpo.scoring import worker as W
+from chunkgrpo.testing.clip import make_tiny_clip
 
 pytestmark = pytest.mark.integration  # starts worker processes
 
@@ -30,7 +31,7 @@ MAIN_VENV = sys.prefix  # the test interpreter's venv stands in for a reward ven
 
 @pytest.fixture(scope="module")
 def tiny_clip(tmp_path_factory):
-    return S.make_tiny_clip(tmp_path_factory.mktemp("tiny_clip"), seed=0)
+    return make_tiny_clip(tmp_path_factory.mktemp("tiny_clip"), seed=0)
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +109,7 @@ def test_staged_worker_imports_only_stdlib_numpy_pil():
     probe = textwrap.dedent("""
         import sys, json
         before = set(sys.modules)  # what the interpreter and its site hooks loaded
-        import chunkgrpo.eval.worker as w
+        import chunkgrpo.scoring.worker as w
         top = {m.split('.')[0] for m in set(sys.modules) - before}
         extra = sorted(top - set(sys.stdlib_module_names) - {'numpy', 'PIL', 'chunkgrpo'})
         print(json.dumps({"extra": extra, "file": w.__file__}))
@@ -141,7 +142,7 @@ def test_crash_without_restarts_is_a_clear_error(tiny_clip, images):
     try:
         os.kill(s.pid, signal.SIGKILL)
         t0 = time.monotonic()
-        with pytest.raises(S.ScorerWorkerError) as exc:
+        with pytest.raises(WC.ScorerWorkerError) as exc:
             s.score(images, PROMPTS)
         assert time.monotonic() - t0 < 30  # no hang
         msg = str(exc.value)
@@ -173,11 +174,11 @@ def test_missing_venv_names_it(monkeypatch, tiny_clip, tmp_path):
 
 
 def test_package_missing_in_venv_is_a_preflight_error(monkeypatch, tmp_path):
-    """The runner's preflight (`_require`) checks the package in the scorer's venv, not in this process."""
+    """The runner's preflight (`require_package`) checks the package in the scorer's venv, not in this process."""
     monkeypatch.setenv("CHUNKGRPO_VENV_HPSV3", MAIN_VENV)  # the main venv has no hpsv3
     S._CHECKED.clear()
     with pytest.raises(UserError, match=r"scorer 'hpsv3': package `hpsv3` is not importable by .*/bin/python .*\[venv "):
-        S._require("hpsv3", "hpsv3", "hpsv3")
+        S.require_package("hpsv3", "hpsv3", "hpsv3")
     with pytest.raises(UserError, match="package `hpsv3` is not importable"):
         S.preflight_scorer("hpsv3", weights=str(tmp_path))
 
@@ -215,7 +216,7 @@ def test_worker_exits_when_its_parent_dies(tiny_clip, tmp_path):
     script = tmp_path / "parent.py"
     script.write_text(textwrap.dedent(f"""
         import sys, time
-        from chunkgrpo.eval import scorers as S
+        from chunkgrpo.scoring import scorers as S
         s = S.get_scorer("clip", weights={str(tiny_clip)!r}, device="cpu", venv={MAIN_VENV!r})
         print(s.pid, flush=True)
         time.sleep(600)
@@ -236,7 +237,7 @@ def test_worker_exits_when_its_parent_dies(tiny_clip, tmp_path):
 
 
 def test_training_reward_runs_through_the_worker(tiny_clip, images):
-    from chunkgrpo.train.rewards import compute_rewards, get_reward
+    from chunkgrpo.scoring.rewards import compute_rewards, get_reward
 
     fn = get_reward("pickscore", {"weights": str(tiny_clip), "venv": MAIN_VENV})
     try:

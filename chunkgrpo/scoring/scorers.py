@@ -5,7 +5,8 @@
     scorer.info                                 # name, model, weights, preprocessing, scale, backend, ...
     scorer.close()                              # stops its worker process, if any
 
-Names: `hpsv3`, `imagereward`, `hpsv2.1` (and `hpsv2` = v2.0), `pickscore`, `clip`.
+Names: `hpsv3`, `imagereward`, `hpsv2.1` (and `hpsv2` = v2.0), `pickscore`, `clip`, with their aliases in
+`chunkgrpo.scoring.table`.
 
 Scales (what `score` returns; recorded in `info["scale"]`):
 - pickscore : `logit_scale.exp() * cos(text, image)`, the raw PickScore logit as reported in papers
@@ -23,25 +24,21 @@ Where a scorer runs. HPSv2, HPSv3 and ImageReward need their own packages (`hpsv
 `image-reward`), whose pins conflict with the main stack, so each has its own venv (built by
 `scripts/reward-envs.sh`, or `/opt/venv-*` in the evaluation image). With `$CHUNKGRPO_VENV_<NAME>` set
 (HPSV2 for hpsv2 and hpsv2.1, IMAGEREWARD, HPSV3; optionally PICKSCORE, CLIP) or `venv=` given, the
-scorer starts `<venv>/bin/python -m chunkgrpo.eval.worker <name>` once, which loads the model once and
-scores batches streamed over pipes (`chunkgrpo.eval.worker_client`): a per-batch timeout, restart of a
+scorer starts `<venv>/bin/python -m chunkgrpo.scoring.worker <name>` once, which loads the model once and
+scores batches streamed over pipes (`chunkgrpo.scoring.client`): a per-batch timeout, restart of a
 crashed worker (the batch is retried), and errors that name the venv and quote the worker's log.
-Without a venv the same backend code (`chunkgrpo.eval.worker`) runs in-process. CLIP and PickScore run
-on `transformers` CLIPModel; their preprocessing is PIL + torch (`ClipPreprocess`; no torchvision).
+Without a venv the same backend code (`chunkgrpo.scoring.backends`) runs in-process. CLIP and PickScore
+run on `transformers` CLIPModel; their preprocessing is PIL + torch (`ClipPreprocess`; no torchvision).
 
-Weights always come from a local directory/file or an `s3://` prefix (downloaded once into a
-cache dir, in this process, before a worker starts); hub ids are never resolved (`HF_HUB_OFFLINE=1`).
+Weights always come from a local directory/file or an `s3://` prefix (downloaded through the store's
+cache, in this process, before a worker starts: `chunkgrpo.scoring.weights`); hub ids are never resolved
+(`HF_HUB_OFFLINE=1`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import hashlib
 import importlib
-import json
-import os
-import shutil
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -50,23 +47,15 @@ from PIL import Image
 
 from chunkgrpo.config import Config, option
 from chunkgrpo.errors import UserError
-from chunkgrpo.eval import worker as W
-from chunkgrpo.eval import worker_client as WC
-from chunkgrpo.eval.worker import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, ClipPreprocess, resolve_device  # noqa: F401
-from chunkgrpo.eval.worker_client import ScorerWorkerError  # noqa: F401  (re-exported)
+from chunkgrpo.scoring import backends as B
+from chunkgrpo.scoring import client as WC
+from chunkgrpo.scoring import worker as W
+from chunkgrpo.scoring.client import ScorerWorkerError
+from chunkgrpo.scoring.table import ALIASES, PACKAGE_SCORERS, SCORERS, canonical_name
+from chunkgrpo.scoring.weights import Fetch, resolve_weights
+from chunkgrpo.store import cache_root
 
-CACHE_ENV = "CHUNKGRPO_CACHE_DIR"
 EVAL_IMAGE_HINT = "the evaluation image (images/eval)"
-
-Fetch = Callable[[str, Path], Any]
-"""A weights fetch hook: `fetch(uri, dest_dir)` downloads everything under `uri` into `dest_dir`."""
-
-SCORER_NAMES = ("hpsv3", "imagereward", "hpsv2.1", "hpsv2", "pickscore", "clip")
-PACKAGE_SCORERS = ("hpsv3", "imagereward", "hpsv2.1", "hpsv2")
-_offline = W.offline
-_torch_dtype = W.torch_dtype
-_PIP_HINT = {"hpsv3": "hpsv3 matplotlib tensorboard", "imagereward": "image-reward openai-clip fairscale",
-             "hpsv2.1": "hpsv2", "hpsv2": "hpsv2"}
 
 
 class ScorerError(RuntimeError):
@@ -97,7 +86,8 @@ class ScorerConfig(Config):
     device: str = option("auto", "torch device: auto (cuda if available), cpu, cuda, cuda:1 ...")
     dtype: str = option("float32", "model dtype for pickscore/clip: float32, bfloat16, float16")
     batch_size: int = option(16, "images per forward pass (and per request to a worker)")
-    cache_dir: str | None = option(None, f"where s3:// weights are downloaded (default ${CACHE_ENV}, else $CHUNKGRPO_CACHE, else ~/.cache/chunkgrpo)")
+    cache_dir: str | None = option(None, "where s3:// weights are downloaded (default $CHUNKGRPO_CACHE, else "
+                                         "~/.cache/chunkgrpo)")
     multiplier: float = option(1.0, "clip only: multiply the cosine by this (1.0 = plain cosine, 100 = torchmetrics)")
     model_config: str | None = option(
         None, "hpsv2/hpsv2.1 only: an open_clip model-config JSON to build instead of ViT-H-14 (its file name "
@@ -131,7 +121,7 @@ _DTYPES = {"float32", "bfloat16", "float16"}
 
 
 # --------------------------------------------------------------------------------------------------
-# helpers: images, devices, weights
+# helpers: images and prompts
 
 
 def to_pil_list(images: Any) -> list[Image.Image]:
@@ -163,82 +153,7 @@ def _check_pairs(images: Sequence, prompts: Sequence[str]) -> None:
         raise UserError(f"got {len(images)} images but {len(prompts)} prompts; pass one prompt per image")
 
 
-def _default_cache_dir() -> Path:
-    """${CHUNKGRPO_CACHE_DIR} if set, else the store's download cache ($CHUNKGRPO_CACHE, which the pods point
-    at their `/cache` volume): scorer weights (HPSv3 alone is ~15 GiB) never land in `$HOME` (= `/tmp`
-    in the pods) when only CHUNKGRPO_CACHE is set."""
-    from chunkgrpo import store
-
-    return Path(os.environ[CACHE_ENV]) if os.environ.get(CACHE_ENV) else store.cache_root()
-
-
-def _s3_download(uri: str, dest: Path) -> None:
-    """Download `s3://bucket/prefix` into `dest` with `chunkgrpo.store.ArtifactStore` (endpoint and
-    credentials from the environment, see chunkgrpo.store). A complete folder artifact (with MANIFEST.json)
-    is fetched with checksum verification; otherwise every object under the prefix is copied (or the single
-    object when the URI names a file, e.g. `.../HPS_v2.1_compressed.pt`)."""
-    from chunkgrpo.store import ArtifactStore, parse_s3_uri, s3_uri
-
-    store = ArtifactStore()
-    if store.is_complete(uri):
-        store.get_folder(uri, dest)
-        return
-    bucket, key = parse_s3_uri(uri)
-    base = key.rstrip("/") + "/" if key else ""
-    entries = [e for e in store.list(s3_uri(bucket, base)) if not e.is_dir]
-    if entries:
-        for e in entries:
-            store.get_file(s3_uri(bucket, e.key), dest / e.key[len(base):])
-        return
-    if key and store.exists(uri):
-        store.get_file(uri, dest / key.rstrip("/").rsplit("/", 1)[-1])
-        return
-    raise UserError(f"nothing is stored under {uri}")
-
-
-def resolve_weights(
-    source: str | os.PathLike | None,
-    *,
-    what: str,
-    cache_dir: str | os.PathLike | None = None,
-    fetch: Fetch | None = None,
-) -> Path:
-    """A local path for `source`: an existing local file/dir, or an `s3://` prefix downloaded once into
-    `<cache_dir>/weights/<hash>` (a `.complete` marker makes later calls free). Hub ids are rejected."""
-    if source is None or str(source).strip() == "":
-        raise UserError(f"{what}: no weights given; set `weights` to a local directory or an s3:// prefix")
-    text = str(source)
-    if text.startswith("s3://"):
-        digest = hashlib.sha256(text.encode()).hexdigest()[:16]
-        dest = Path(cache_dir or _default_cache_dir()) / "weights" / f"{text.rstrip('/').rsplit('/', 1)[-1]}-{digest}"
-        marker = dest / ".complete"
-        if marker.exists():
-            return dest
-        tmp = dest.with_name(dest.name + ".partial")
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        (fetch or _s3_download)(text, tmp)
-        if not any(tmp.iterdir()):
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise UserError(f"{what}: {text} is empty (nothing was downloaded)")
-        shutil.rmtree(dest, ignore_errors=True)
-        tmp.rename(dest)
-        marker.write_text(text + "\n")
-        return dest
-    if "://" in text:
-        raise UserError(f"{what}: unsupported weights URI {text!r}; use a local path or s3://bucket/prefix")
-    path = Path(text).expanduser()
-    if not path.exists():
-        hint = (
-            " (this looks like a hub id; hub downloads are disabled: download it in advance and pass the folder)"
-            if text.count("/") == 1 and not text.startswith((".", "/", "~"))
-            else ""
-        )
-        raise UserError(f"{what}: weights path {text!r} does not exist{hint}")
-    return path
-
-
-def _require(module: str, scorer: str, pip_spec: str) -> Any:
+def require_package(module: str, scorer: str, pip_spec: str) -> Any:
     """Import an evaluation-image-only package, or raise an actionable UserError.
 
     For the reward-package scorers (hpsv2, hpsv2.1, imagereward, hpsv3) this is the package preflight:
@@ -246,7 +161,7 @@ def _require(module: str, scorer: str, pip_spec: str) -> Any:
     it also checks what the packages need besides weights (hpsv2's BPE vocabulary, ImageReward's
     bert-base-uncased tokenizer in the HF cache)."""
     key = str(scorer).strip().lower()
-    key = _ALIASES.get(key, key)
+    key = ALIASES.get(key, key)
     if key in PACKAGE_SCORERS:
         check_scorer_package(key)
         return importlib.import_module(module) if WC.venv_for(key) is None else None
@@ -274,7 +189,7 @@ def check_scorer_package(name: str, venv: str | None = None) -> None:
     if key in _CHECKED:
         return
     if path is None:
-        module = W.PACKAGES[name][0]
+        module = B.PACKAGES[name][0]
         try:
             importlib.import_module(module)
         except ImportError as e:
@@ -283,11 +198,11 @@ def check_scorer_package(name: str, venv: str | None = None) -> None:
                 f"scorer {name!r} needs the `{module}` package, which is not importable here ({e}). Its pins "
                 f"conflict with the training stack, so it runs in its own venv: set {var} to one (build them with "
                 f"`bash scripts/reward-envs.sh`; {EVAL_IMAGE_HINT} has them at /opt/venv-*), or "
-                f"`pip install {_PIP_HINT[name]}` in a separate venv (never the main one)."
+                f"`pip install {SCORERS[name].pip}` in a separate venv (never the main one)."
             ) from None
         except FileNotFoundError as e:  # hpsv2 without its vocabulary fails like this at import
-            raise UserError(W._HPSV2_VOCAB_HINT.format(err=e)) from None
-        problems = W.check(name)
+            raise UserError(B._HPSV2_VOCAB_HINT.format(err=e)) from None
+        problems = B.check(name)
     else:
         problems, _ = WC.check(name, path)
         problems = [f"{p} [venv {path}]" for p in problems]
@@ -368,12 +283,13 @@ class Scorer:
 def _spec_errors(fn: Callable[[], Any]) -> Any:
     try:
         return fn()
-    except W.SpecError as e:
+    except B.SpecError as e:
         raise UserError(str(e)) from None
 
 
 class _HFClipScorer(Scorer):
-    """Shared transformers-CLIP path for `clip` and `pickscore`, in this process (`chunkgrpo.eval.worker.ClipBackend`).
+    """Shared transformers-CLIP path for `clip` and `pickscore`, in this process
+    (`chunkgrpo.scoring.backends.ClipBackend`).
     `preprocess`, `embed_text`, `embed_images` and `cosine` are public (GenEval's colour classifier uses them)."""
 
     model_label = "CLIP"
@@ -383,7 +299,7 @@ class _HFClipScorer(Scorer):
                  multiplier: float = 1.0) -> None:
         self.batch_size = batch_size
         self.weights_source = weights_source or str(model_dir)
-        self.backend = _spec_errors(lambda: W.ClipBackend(
+        self.backend = _spec_errors(lambda: B.ClipBackend(
             self.name, str(model_dir), str(processor_dir) if processor_dir else None, device=device, dtype=dtype,
             multiplier=multiplier))
 
@@ -423,14 +339,14 @@ class PickScoreScorer(_HFClipScorer):
 
 
 class InProcessScorer(Scorer):
-    """A reward-package backend (`chunkgrpo.eval.worker.load_backend`) in this process: the package must be
-    importable here."""
+    """A reward-package backend (`chunkgrpo.scoring.backends.load_backend`) in this process: the package
+    must be importable here."""
 
     def __init__(self, name: str, spec: dict, *, batch_size: int = 16, weights_source: str | None = None) -> None:
         self.name = name
         self.batch_size = batch_size
         self.weights_source = weights_source or spec.get("weights")
-        self.backend = _spec_errors(lambda: W.load_backend(name, spec))
+        self.backend = _spec_errors(lambda: B.load_backend(name, spec))
         self.model = self.backend.model
 
     def _score_batch(self, images, prompts):
@@ -443,8 +359,8 @@ class InProcessScorer(Scorer):
 
 
 class WorkerScorer(Scorer):
-    """A scorer whose model lives in a worker process in its own venv (`chunkgrpo.eval.worker`): loaded once,
-    batches of RGB pixels + prompts sent over pipes, scores back. A worker that crashes is restarted (model
+    """A scorer whose model lives in a worker process in its own venv (`chunkgrpo.scoring.worker`): loaded
+    once, batches of RGB pixels + prompts sent over pipes, scores back. A worker that crashes is restarted (model
     reloaded) and the batch retried up to `restarts` times; a batch that takes longer than `timeout` stops
     the worker and raises. Either way the caller gets `ScorerWorkerError`, never a hang."""
 
@@ -512,22 +428,7 @@ class WorkerScorer(Scorer):
 
 
 # --------------------------------------------------------------------------------------------------
-# registry
-
-_ALIASES = {"hpsv2_1": "hpsv2.1", "hpsv21": "hpsv2.1", "hps": "hpsv2.1", "image_reward": "imagereward",
-            "image-reward": "imagereward", "pick": "pickscore", "pick_score": "pickscore", "clipscore": "clip",
-            "clip_score": "clip"}
-
-
-def canonical_name(name: str) -> str:
-    key = str(name).strip().lower()
-    key = _ALIASES.get(key, key)
-    if key not in SCORER_NAMES:
-        close = difflib.get_close_matches(key, SCORER_NAMES, n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise UserError(f"unknown scorer {name!r}{hint}; known: {', '.join(SCORER_NAMES)}")
-    return key
-
+# building a scorer by name
 
 def _local(path: Path, name: str, what: str) -> str:
     if not path.is_file():
@@ -564,7 +465,7 @@ def scorer_spec(conf: ScorerConfig, *, fetch: Fetch | None = None) -> dict:
         if base is None and w.is_dir() and (w / "Qwen2-VL-7B-Instruct").is_dir():
             base = w / "Qwen2-VL-7B-Instruct"
         spec["processor"] = str(base.resolve()) if base else None
-        config_dir = Path(conf.cache_dir or _default_cache_dir()) / "hpsv3"
+        config_dir = cache_root(conf.cache_dir) / "hpsv3"
         config_dir.mkdir(parents=True, exist_ok=True)
         spec["config_dir"] = str(config_dir)
     return spec
@@ -593,62 +494,3 @@ def get_scorer(name: str, *, fetch: Fetch | None = None, **cfg: Any) -> Scorer:
         return cls(Path(spec["weights"]), Path(spec["processor"]) if spec["processor"] else None, device=conf.device,
                    dtype=conf.dtype, batch_size=conf.batch_size, weights_source=src, multiplier=conf.multiplier)
     return InProcessScorer(n, spec, batch_size=conf.batch_size, weights_source=src)
-
-
-# --------------------------------------------------------------------------------------------------
-# tiny random-weight CLIP for tests
-
-from chunkgrpo.bpe import bytes_to_unicode  # noqa: E402
-
-
-def build_clip_bpe(words: Sequence[str] = ("a", "photo", "of", "the", "cat", "dog", "red", "blue")) -> tuple[dict, list]:
-    """A small byte-level CLIP BPE: 256 byte chars + their `</w>` forms + merges spelling `words` whole."""
-    chars = list(bytes_to_unicode().values())
-    vocab_list = chars + [c + "</w>" for c in chars]
-    merges: list[str] = []
-    for word in words:
-        parts = list(word[:-1]) + [word[-1] + "</w>"]
-        while len(parts) > 1:
-            a, b = parts[0], parts[1]
-            merged = a + b
-            if f"{a} {b}" not in merges:
-                merges.append(f"{a} {b}")
-            if merged not in vocab_list:
-                vocab_list.append(merged)
-            parts = [merged] + parts[2:]
-    vocab_list += ["<|startoftext|>", "<|endoftext|>"]
-    return {tok: i for i, tok in enumerate(vocab_list)}, merges
-
-
-def make_tiny_clip(folder: str | os.PathLike, *, seed: int = 0, image_size: int = 32, hidden: int = 32,
-                   projection_dim: int = 16, logit_scale: float = 4.6052) -> Path:
-    """Save a random-weight tiny `CLIPModel` + a locally built `CLIPTokenizer` + `preprocessor_config.json`
-    to `folder` (offline; ~1 MB). Loadable by `get_scorer("clip"|"pickscore", weights=folder)`."""
-    import torch
-    from transformers import CLIPConfig, CLIPModel, CLIPTokenizer
-
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    vocab, merges = build_clip_bpe()
-    (folder / "vocab.json").write_text(json.dumps(vocab))
-    (folder / "merges.txt").write_text("#version: 0.2\n" + "\n".join(merges) + "\n")
-    tok = CLIPTokenizer(vocab=str(folder / "vocab.json"), merges=str(folder / "merges.txt"), model_max_length=77)
-    tok.save_pretrained(str(folder))
-    eos = vocab["<|endoftext|>"]
-    torch.manual_seed(seed)
-    config = CLIPConfig(
-        text_config=dict(vocab_size=len(vocab), hidden_size=hidden, intermediate_size=2 * hidden,
-                         num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=77,
-                         bos_token_id=vocab["<|startoftext|>"], eos_token_id=eos, pad_token_id=eos),
-        vision_config=dict(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2,
-                           num_attention_heads=4, image_size=image_size, patch_size=8),
-        projection_dim=projection_dim, logit_scale_init_value=logit_scale,
-    )
-    CLIPModel(config).save_pretrained(str(folder))
-    (folder / "preprocessor_config.json").write_text(json.dumps({
-        "image_processor_type": "CLIPImageProcessor", "do_resize": True, "size": {"shortest_edge": image_size},
-        "do_center_crop": True, "crop_size": {"height": image_size, "width": image_size}, "do_rescale": True,
-        "rescale_factor": 1 / 255, "do_normalize": True, "image_mean": list(OPENAI_CLIP_MEAN),
-        "image_std": list(OPENAI_CLIP_STD), "resample": 3, "do_convert_rgb": True,
-    }, indent=2))
-    return folder

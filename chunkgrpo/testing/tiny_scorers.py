@@ -1,12 +1,13 @@
 """Random-weight reward models built with each package's own classes, for tests and CPU benchmarks.
 
-    <venv>/bin/python -m chunkgrpo.eval.tiny_scorers hpsv2|imagereward|hpsv3 OUT_DIR [--seed N]
+    <venv>/bin/python -m chunkgrpo.testing.tiny_scorers hpsv2|imagereward|hpsv3 OUT_DIR [--seed N]
 
-Runs inside the package's reward venv (staged next to `chunkgrpo.eval.worker`, see
-`chunkgrpo.eval.worker_client.run_module`) and imports only the standard library, numpy, torch and the
-reward package with its own dependencies (transformers, tokenizers). Nothing is downloaded: tokenizers are
-built here, and each model is the package's real class built from the package's own config (reduced where
-the real one does not fit a CPU test) and saved in the layout the package's loader reads:
+Runs inside the package's reward venv (staged next to `chunkgrpo.scoring.worker` by
+`chunkgrpo.scoring.client.run_module(venv, "chunkgrpo.testing.tiny_scorers", ...)`) and imports only the
+standard library, numpy, torch and the reward package with its own dependencies (transformers,
+tokenizers). Nothing is downloaded: tokenizers are built here, and each model is the package's real
+class built from the package's own config (reduced where the real one does not fit a CPU test) and saved
+in the layout the package's loader reads:
 
 - hpsv2 : `tiny-hpsv2.json` (an open_clip model config: the ViT-H-14 layout with 2 layers, width 64) and
           `HPS_v2.1_compressed.pt` = {"state_dict": ...} of the CLIP built by `hpsv2.src.open_clip`. The
@@ -219,7 +220,8 @@ def main(argv: list[str] | None = None) -> int:
         seed = int(args[i + 1])
         del args[i : i + 2]
     if len(args) != 2 or args[0] not in BUILDERS:
-        sys.stderr.write(f"usage: python -m chunkgrpo.eval.tiny_scorers {{{','.join(BUILDERS)}}} OUT_DIR [--seed N]\n")
+        sys.stderr.write(f"usage: python -m chunkgrpo.testing.tiny_scorers {{{','.join(BUILDERS)}}} "
+                         "OUT_DIR [--seed N]\n")
         return 2
     out = Path(args[1])
     out.mkdir(parents=True, exist_ok=True)
