@@ -99,7 +99,7 @@ def prepare_tiny_inputs(home: Path) -> tuple[Path, Path]:
     """The tiny random-weight model and a prompt file under `home` (built once, then reused)."""
     model = home / "models" / "tiny-flux"
     if not (model / "model_index.json").exists():
-        from chunkgrpo.tiny import build_tiny_flux
+        from chunkgrpo.testing.tiny import build_tiny_flux
 
         print(f"building the tiny FLUX model in {_rel(str(model))} ...", flush=True)
         build_tiny_flux(model, seed=0)

@@ -598,7 +598,7 @@ def get_scorer(name: str, *, fetch: Fetch | None = None, **cfg: Any) -> Scorer:
 # --------------------------------------------------------------------------------------------------
 # tiny random-weight CLIP for tests
 
-from chunkgrpo.bpe import bytes_to_unicode  # noqa: E402
+from chunkgrpo.testing.bpe import bytes_to_unicode  # noqa: E402
 
 
 def build_clip_bpe(words: Sequence[str] = ("a", "photo", "of", "the", "cat", "dog", "red", "blue")) -> tuple[dict, list]:
