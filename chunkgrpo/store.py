@@ -530,10 +530,6 @@ class ArtifactStore:
             bucket, key, io.BytesIO(data), len(data), content_type=content_type, metadata={"sha256": digest}))
         return {"uri": s3_uri(bucket, key), "key": key, "size": len(data), "sha256": digest}
 
-    def put_json(self, obj: Any, key: str) -> dict:
-        return self.put_bytes((json.dumps(obj, indent=1, sort_keys=True) + "\n").encode(), key,
-                              content_type="application/json")
-
     def get_bytes(self, key: str) -> bytes:
         """Download a small object into memory. Missing -> FileNotFoundError."""
         bucket, key = self._loc(key)
