@@ -7,7 +7,7 @@ HELP = "predict per-rank GPU memory, host memory and disk of a training config o
 
 
 def add_arguments(p):
-    from chunkgrpo.cli import add_config_arguments
+    from chunkgrpo.commands import add_config_arguments
 
     add_config_arguments(p, "lora.enabled=true policy_batch=8")
     p.add_argument("--pool", required=True,
@@ -24,7 +24,7 @@ def run(args):
     import json
 
     from chunkgrpo.capacity import capacity_plan, load_pool, render_table
-    from chunkgrpo.cli import load_stage_config
+    from chunkgrpo.commands import load_stage_config
     from chunkgrpo.errors import UserError
     from chunkgrpo.train.config import TrainConfig
 
