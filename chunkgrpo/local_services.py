@@ -28,7 +28,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
-import fcntl
 import json
 import logging
 import os
@@ -48,6 +47,7 @@ from typing import Any
 
 from chunkgrpo.config import Config, option
 from chunkgrpo.errors import UserError
+from chunkgrpo.locks import FileLock
 
 log = logging.getLogger(__name__)
 
@@ -270,12 +270,8 @@ class LocalServices:
     def _locked(self) -> Iterator[None]:
         self.home.mkdir(parents=True, exist_ok=True)
         os.chmod(self.home, 0o700)
-        with open(self.home / ".lock", "w") as f:
-            fcntl.flock(f, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(f, fcntl.LOCK_UN)
+        with FileLock(self.home / ".lock"):
+            yield
 
     def credentials(self) -> tuple[str, str]:
         """(access_key, secret_key): stored, else from the environment, else generated; stored 0600."""

@@ -21,7 +21,6 @@ the endpoint and access key id (never the secret).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import datetime as _dt
 import hashlib
@@ -41,6 +40,7 @@ from urllib.parse import urlsplit
 
 from chunkgrpo.config import Config, option
 from chunkgrpo.errors import UserError
+from chunkgrpo.locks import FileLock
 
 log = logging.getLogger(__name__)
 
@@ -796,21 +796,11 @@ def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
     return Path(cache_dir or os.environ.get("CHUNKGRPO_CACHE") or Path.home() / ".cache" / "chunkgrpo").expanduser()
 
 
-@contextlib.contextmanager
-def _entry_lock(entry: Path):
-    """An exclusive lock on one cache entry (fcntl, `<cache root>/.locks/<kind>-<entry>.lock`, beside the
+def _entry_lock(entry: Path) -> FileLock:
+    """The blocking lock on one cache entry (`<cache root>/.locks/<kind>-<entry>.lock`, beside the
     entries so a listing of a kind shows only entries): processes sharing the cache (the ranks of a node,
     or the nodes of a shared volume) fill an entry once; the others wait and reuse it."""
-    import fcntl
-
-    locks = entry.parent.parent / ".locks"
-    locks.mkdir(parents=True, exist_ok=True)
-    with open(locks / f"{entry.parent.name}-{entry.name}.lock", "a+") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+    return FileLock(entry.parent.parent / ".locks" / f"{entry.parent.name}-{entry.name}.lock")
 
 
 def cached_file(uri: str, kind: str, what: str = "file") -> Path:
