@@ -111,7 +111,7 @@ def resolve_model_source(source: str | os.PathLike, cache_dir: str | os.PathLike
     """A local folder path for `source` (local dir, s3:// URI, or hub id from the local cache)."""
     s = str(source)
     if s.startswith("s3://"):
-        from chunkgrpo.store import cached_folder  # lazy: only the S3 path needs minio
+        from chunkgrpo.store.cache import cached_folder  # lazy: only the S3 path needs minio
 
         target = cached_folder(s, "models", cache_dir)
         return resolve_model_source(target)

@@ -448,7 +448,7 @@ class LocalServices:
                         f"see {rec['log']}:\n{_tail(Path(rec['log']), 12)}")
 
     def _ensure_buckets(self, s3_port: int) -> None:
-        from chunkgrpo.store import ArtifactStore
+        from chunkgrpo.store.client import ArtifactStore
 
         store = ArtifactStore(self.store_config(port=s3_port))
         deadline = time.monotonic() + self.config.start_timeout_s
@@ -524,7 +524,7 @@ class LocalServices:
 
     def store_config(self, bucket: str | None = None, port: int | None = None):
         """A `StoreConfig` for the local S3 (credentials included)."""
-        from chunkgrpo.store import StoreConfig
+        from chunkgrpo.store.client import StoreConfig
 
         ak, sk = self.credentials()
         return StoreConfig(endpoint=f"http://{HOST}:{port or self._ports()[0]}", bucket=bucket or self.config.bucket,

@@ -41,7 +41,7 @@ class PreflightSpec:
 
 
 def _store():
-    from chunkgrpo.store import ArtifactStore
+    from chunkgrpo.store.client import ArtifactStore
 
     return ArtifactStore()
 

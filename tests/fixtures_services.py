@@ -59,7 +59,7 @@ def pytest_configure(config):
 class Services:
     home: Path
     env: dict[str, str]
-    store_config: object  # chunkgrpo.store.StoreConfig
+    store_config: object  # chunkgrpo.store.client.StoreConfig
     local: object         # chunkgrpo.local_services.LocalServices
 
     @property

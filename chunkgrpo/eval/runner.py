@@ -882,7 +882,7 @@ def run_evaluation(cfg: EvalConfig, *, detector=None, color_fn: Callable | None 
 
     t_start = time.perf_counter()
     if cfg.output_uri:  # before any work: results must never be "uploaded" to a bucket that does not exist
-        from chunkgrpo.store import ArtifactStore
+        from chunkgrpo.store.client import ArtifactStore
 
         ArtifactStore().require_bucket(cfg.output_uri)
     out = Path(cfg.output_dir).expanduser()
@@ -991,7 +991,7 @@ def run_evaluation(cfg: EvalConfig, *, detector=None, color_fn: Callable | None 
         result["timing"]["total_s"] = round(time.perf_counter() - t_start, 3)
         (out / "metrics.json").write_text(json.dumps(result, indent=1, default=_json_default))
         if cfg.output_uri:  # the results are safe in S3 before MLflow is asked for anything more
-            from chunkgrpo.store import ArtifactStore
+            from chunkgrpo.store.client import ArtifactStore
 
             ArtifactStore().put_folder(out, cfg.output_uri,
                                        meta={"kind": "eval", "model": cfg.model or base_model})

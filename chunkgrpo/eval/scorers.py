@@ -167,17 +167,18 @@ def _default_cache_dir() -> Path:
     """${CHUNKGRPO_CACHE_DIR} if set, else the store's download cache ($CHUNKGRPO_CACHE, which the pods point
     at their `/cache` volume): scorer weights (HPSv3 alone is ~15 GiB) never land in `$HOME` (= `/tmp`
     in the pods) when only CHUNKGRPO_CACHE is set."""
-    from chunkgrpo import store
+    from chunkgrpo.store.cache import cache_root
 
-    return Path(os.environ[CACHE_ENV]) if os.environ.get(CACHE_ENV) else store.cache_root()
+    return Path(os.environ[CACHE_ENV]) if os.environ.get(CACHE_ENV) else cache_root()
 
 
 def _s3_download(uri: str, dest: Path) -> None:
-    """Download `s3://bucket/prefix` into `dest` with `chunkgrpo.store.ArtifactStore` (endpoint and
-    credentials from the environment, see chunkgrpo.store). A complete folder artifact (with MANIFEST.json)
-    is fetched with checksum verification; otherwise every object under the prefix is copied (or the single
+    """Download `s3://bucket/prefix` into `dest` with `chunkgrpo.store.client.ArtifactStore` (endpoint
+    and credentials from the environment, see chunkgrpo.store). A complete folder artifact (with
+    MANIFEST.json) is fetched with checksum verification; otherwise every object under the prefix is copied (or the single
     object when the URI names a file, e.g. `.../HPS_v2.1_compressed.pt`)."""
-    from chunkgrpo.store import ArtifactStore, parse_s3_uri, s3_uri
+    from chunkgrpo.store import parse_s3_uri, s3_uri
+    from chunkgrpo.store.client import ArtifactStore
 
     store = ArtifactStore()
     if store.is_complete(uri):

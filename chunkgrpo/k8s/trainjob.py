@@ -864,7 +864,7 @@ def _upload_final(local_dir: str, uri: str) -> None:
     """Node-rank-0 step of the training container: upload `<output_dir>/final` (manifest last)."""
     from pathlib import Path
 
-    from chunkgrpo.store import ArtifactStore
+    from chunkgrpo.store.client import ArtifactStore
 
     final = Path(local_dir)
     if not (final / "chunkgrpo_model.json").exists():
@@ -885,7 +885,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             from pathlib import Path
 
-            from chunkgrpo.store import ArtifactStore
+            from chunkgrpo.store.client import ArtifactStore
 
             Path(argv[2]).parent.mkdir(parents=True, exist_ok=True)
             ArtifactStore().get_file(argv[1], argv[2])

@@ -479,7 +479,7 @@ def read_meta(path: str | os.PathLike) -> dict | None:
 
 
 def _cache_root(cache_dir: str | os.PathLike | None) -> Path:
-    from chunkgrpo.store import cache_root
+    from chunkgrpo.store.cache import cache_root
 
     return cache_root(cache_dir) / "toy-models"
 

@@ -47,7 +47,7 @@ def evaluate(preset: str, overrides: list, benchmarks: list, num_prompts: int, b
     elif registered_model:
         from mlflow import MlflowClient
 
-        from chunkgrpo.store import ArtifactStore
+        from chunkgrpo.store.client import ArtifactStore
 
         name, registered_model = registered_model, f"models:/{registered_model}@{alias or 'champion'}"
         try:

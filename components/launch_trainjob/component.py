@@ -61,7 +61,8 @@ def launch_trainjob(kind: str, namespace: str, image: str, num_nodes: int, nproc
     from chunkgrpo.k8s import trainjob as tj
     from chunkgrpo.k8s.diagnose import JobProbe
     from chunkgrpo.models import reward_weight_overrides
-    from chunkgrpo.store import ArtifactStore, make_pointer
+    from chunkgrpo.store.client import ArtifactStore
+    from chunkgrpo.store.manifest import make_pointer
     from chunkgrpo.recipes import preset_for
 
     preset = preset_for(method, preset)

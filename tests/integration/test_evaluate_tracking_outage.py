@@ -60,7 +60,7 @@ def _kill_mlflow_when_generation_starts(monkeypatch, svc, then=None) -> None:
 
 
 def _uploaded(svc, uri: str) -> dict:
-    from chunkgrpo.store import ArtifactStore
+    from chunkgrpo.store.client import ArtifactStore
 
     store = ArtifactStore(svc.store_config())
     assert store.is_complete(uri)
@@ -72,7 +72,7 @@ def test_mlflow_unreachable_results_first_then_one_line(trained_dir, tmp_path, e
         env(svc.env())
         env({"MLFLOW_TRACKING_URI": f"http://127.0.0.1:{free_port()}"})  # nothing listens there
         caplog.set_level(logging.WARNING)
-        from chunkgrpo.store import ArtifactStore
+        from chunkgrpo.store.client import ArtifactStore
 
         store = ArtifactStore(svc.store_config())
         store.ensure_bucket()
@@ -97,7 +97,7 @@ def test_mlflow_killed_mid_generation_and_back_gets_everything(trained_dir, tmp_
 
     with local_services(tmp_path / "svc") as svc:
         env(svc.env())
-        from chunkgrpo.store import ArtifactStore
+        from chunkgrpo.store.client import ArtifactStore
 
         store = ArtifactStore(svc.store_config())
         store.ensure_bucket()
@@ -127,7 +127,7 @@ def test_mlflow_killed_mid_generation_and_back_gets_everything(trained_dir, tmp_
 def test_mlflow_killed_mid_generation_and_gone_exits_with_results(trained_dir, tmp_path, env, monkeypatch, caplog):
     with local_services(tmp_path / "svc") as svc:
         env(svc.env())
-        from chunkgrpo.store import ArtifactStore
+        from chunkgrpo.store.client import ArtifactStore
 
         store = ArtifactStore(svc.store_config())
         store.ensure_bucket()

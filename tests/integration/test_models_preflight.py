@@ -33,7 +33,7 @@ def test_models_sync_from_the_hub_cache_then_preflight_passes(services_env, tmp_
     from chunkgrpo import models
     from chunkgrpo.flux import resolve_model_source
     from chunkgrpo.preflight import PreflightSpec, check, require
-    from chunkgrpo.store import ArtifactStore
+    from chunkgrpo.store.client import ArtifactStore
 
     store = ArtifactStore(services_env.store_config)
     root = store.uri(f"models-{uuid.uuid4().hex[:6]}")

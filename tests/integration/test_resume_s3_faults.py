@@ -13,7 +13,8 @@ import time
 import pytest
 
 from chunkgrpo.errors import UserError
-from chunkgrpo.store import ArtifactStore, StoreError
+from chunkgrpo.store import StoreError
+from chunkgrpo.store.client import ArtifactStore
 from chunkgrpo.train.config import TrainConfig
 from chunkgrpo.train.trainer import run_training
 from tests.fixtures_services import _need_weed
