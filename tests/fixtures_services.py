@@ -118,7 +118,7 @@ def kill_service(svc, name: str) -> None:
     """A crash of one of `svc`'s local services: SIGKILL its whole process group, wait until its port is free."""
     import time
 
-    from chunkgrpo.local_services import port_in_use
+    from chunkgrpo.local_processes import port_in_use
 
     st = svc.status()[name]
     os.killpg(st.pid, signal.SIGKILL)

@@ -19,7 +19,8 @@ import pytest
 
 from chunkgrpo.eval import runner
 from chunkgrpo.eval.runner import EvalConfig, run_evaluation
-from chunkgrpo.local_services import free_port, local_services
+from chunkgrpo.local_processes import free_port
+from chunkgrpo.local_services import local_services
 from tests.fixtures_services import kill_service
 
 pytestmark = pytest.mark.integration

@@ -46,7 +46,7 @@ def _clean_env() -> dict:
 
 @pytest.fixture(scope="module")
 def clone_run(tmp_path_factory):
-    from chunkgrpo.local_services import free_ports
+    from chunkgrpo.local_processes import free_ports
 
     clone = export_repo(tmp_path_factory.mktemp("user"))
     assert not (clone.parent / "shared").exists() and not (clone / "data").exists()
