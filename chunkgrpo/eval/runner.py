@@ -845,7 +845,7 @@ def flat_metrics(benchmarks: dict) -> dict[str, float]:
 
 
 def _grids(out: Path, jobs: list[Job], labels: list[str], n: int = 16) -> list[Path]:
-    from chunkgrpo.images import image_grid
+    from chunkgrpo.grids import image_grid
 
     paths = []
     (out / "grids").mkdir(exist_ok=True)

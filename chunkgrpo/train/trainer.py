@@ -748,7 +748,7 @@ class Trainer:
                                     "history": self.history}))
 
     def _log_grid(self, tracker) -> None:
-        from chunkgrpo.images import image_grid
+        from chunkgrpo.grids import image_grid
 
         grid = image_grid(self._last_images[: self.cfg.group_size], cols=min(self.cfg.group_size, 6))
         path = self.out / "samples" / f"iter-{self.iteration_idx:05d}.png"

@@ -60,7 +60,7 @@ def launch_trainjob(kind: str, namespace: str, image: str, num_nodes: int, nproc
     stage_env(parent_run_id)
     from chunkgrpo.k8s import trainjob as tj
     from chunkgrpo.k8s.diagnose import JobProbe
-    from chunkgrpo.models import reward_weight_overrides
+    from chunkgrpo.model_cache import reward_weight_overrides
     from chunkgrpo.store.client import ArtifactStore
     from chunkgrpo.store.manifest import make_pointer
     from chunkgrpo.recipes import preset_for
