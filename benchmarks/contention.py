@@ -66,7 +66,7 @@ def worker_step(samples: int, threads: int) -> list[float]:
     import tempfile
 
     _worker_setup(threads)
-    from chunkgrpo.tiny import build_tiny_flux
+    from chunkgrpo.testing.tiny import build_tiny_flux
     from chunkgrpo.train.config import TrainConfig
     from chunkgrpo.train.trainer import Trainer
 

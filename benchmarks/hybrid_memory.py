@@ -46,7 +46,7 @@ def prepare(size: str, root: Path, rank: int, alpha: float) -> tuple[Path, Path]
     """A `size` tiny-FLUX folder and a random non-zero LoRA for it (cached under root)."""
     import torch
 
-    from chunkgrpo.tiny import build_tiny_flux
+    from chunkgrpo.testing.tiny import build_tiny_flux
 
     model = root / f"flux-{size}"
     if not (model / "model_index.json").exists():

@@ -24,7 +24,7 @@ import torch  # noqa: E402
 from chunkgrpo.flux import load_flux  # noqa: E402
 from chunkgrpo.rollout import rollout_group  # noqa: E402
 from chunkgrpo.scoring.rewards import get_reward  # noqa: E402
-from chunkgrpo.tiny import build_tiny_flux  # noqa: E402
+from chunkgrpo.testing.tiny import build_tiny_flux  # noqa: E402
 from chunkgrpo.train.config import TrainConfig  # noqa: E402
 from chunkgrpo.train.trainer import run_training  # noqa: E402
 

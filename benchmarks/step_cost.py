@@ -111,7 +111,7 @@ def run_config(size: str, res: int, iterations: int, device: str, overrides: lis
     if threads:
         torch.set_num_threads(threads)
     from chunkgrpo import objectives
-    from chunkgrpo.tiny import build_tiny_flux
+    from chunkgrpo.testing.tiny import build_tiny_flux
     from chunkgrpo.train.config import TrainConfig
     from chunkgrpo.train.trainer import Trainer
 
@@ -242,7 +242,7 @@ def branching_report(cfg, rows: list[dict]) -> dict:
 
 def run_branching(args) -> int:
     """--method tempflow|granular: train a few optimizer steps of the method's tiny preset, count calls."""
-    from chunkgrpo.tiny import build_tiny_flux
+    from chunkgrpo.testing.tiny import build_tiny_flux
     from chunkgrpo.train.config import TrainConfig
     from chunkgrpo.train.trainer import Trainer
 

@@ -41,26 +41,6 @@ def _command_modules():
             yield mod
 
 
-def add_config_arguments(p: argparse.ArgumentParser, example: str) -> None:
-    """The arguments every config-driven stage command takes: --config, --help-config, overrides."""
-    p.add_argument("--config", help="preset name (chunkgrpo/presets) or YAML file")
-    p.add_argument("--help-config", action="store_true", help="list every option with its default and help")
-    p.add_argument("overrides", nargs="*", help=f"key=value overrides (e.g. {example})")
-
-
-def load_stage_config(cls, args):
-    """The stage config from --config + overrides; None after printing --help-config. Sets up logging."""
-    import logging
-
-    from chunkgrpo.config import describe
-
-    if args.help_config:
-        print(describe(cls))
-        return None
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    return cls.load(args.config, args.overrides)
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="chunkgrpo", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"chunkgrpo {__version__}")

@@ -164,10 +164,6 @@ class Config:
     """Base for stage configs. Subclasses are dataclasses whose fields all use `option()`."""
 
     @classmethod
-    def field_help(cls) -> dict[str, str]:
-        return {f.name: f.metadata.get("help", "") for f in dataclasses.fields(cls)}
-
-    @classmethod
     def from_dict(cls: type[T], data: dict | None, prefix: str = "") -> T:
         data = dict(data or {})
         hints = typing.get_type_hints(cls)

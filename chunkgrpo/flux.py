@@ -3,7 +3,7 @@
 `load_flux(source)` takes a local diffusers folder, an `s3://bucket/prefix` (downloaded through the
 artifact store into a local cache first), or a hub repo id resolved from the local hub cache only
 (`local_files_only=True`; nothing is downloaded at run time). The tiny random-weight FLUX built by
-`chunkgrpo.tiny` and a real FLUX.1-dev folder go through the same code.
+`chunkgrpo.testing.tiny` and a real FLUX.1-dev folder go through the same code.
 
 `FluxModel` wraps the components: prompt encoding, latent packing, the velocity call (with the
 integer-timestep convention of the shift schedule), x̂0 decoding, and a transformer call counter.
@@ -111,7 +111,7 @@ def resolve_model_source(source: str | os.PathLike, cache_dir: str | os.PathLike
     """A local folder path for `source` (local dir, s3:// URI, or hub id from the local cache)."""
     s = str(source)
     if s.startswith("s3://"):
-        from chunkgrpo.store import cached_folder  # lazy: only the S3 path needs minio
+        from chunkgrpo.store.cache import cached_folder  # lazy: only the S3 path needs minio
 
         target = cached_folder(s, "models", cache_dir)
         return resolve_model_source(target)

@@ -21,43 +21,40 @@ restarted (with a warning and its last log lines) by `up`.
 
 Credentials: reused from `credentials.json` if present; otherwise taken from
 `AWS_ACCESS_KEY_ID`/`AWS_SECRET_ACCESS_KEY` if both are set; otherwise generated with `secrets`.
+
+Ports, process identity and liveness, signals and reaping: `chunkgrpo.local_processes`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import errno
-import fcntl
 import json
 import logging
 import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from chunkgrpo.config import Config, option
 from chunkgrpo.errors import UserError
+from chunkgrpo.local_processes import (CHILDREN, HOST, alive, any_alive, free_port, free_ports, http_ok,
+                                       port_in_use, port_owner, reap, signal_group, start_time)
+from chunkgrpo.locks import FileLock
 
 log = logging.getLogger(__name__)
 
-HOST = "127.0.0.1"  # never bind anything else
 SERVICES = ("s3", "mlflow")
 # weed mini's sub-servers; each gets an explicit free port so two instances never collide.
 _WEED_PORT_FLAGS = ("s3.port.grpc", "master.port", "master.port.grpc", "volume.port", "volume.port.grpc",
                     "filer.port", "filer.port.grpc")
-
-_CHILDREN: dict[int, subprocess.Popen] = {}  # processes started by this Python process (to reap them)
 
 
 @dataclasses.dataclass
@@ -118,51 +115,6 @@ def weed_binary() -> str:
     return found
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
-
-
-def port_in_use(port: int) -> bool:
-    """Would a server fail to listen on 127.0.0.1:port? (SO_REUSEADDR like Go/uvicorn: TIME_WAIT is fine)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((HOST, port))
-        except OSError as e:
-            return e.errno in (errno.EADDRINUSE, errno.EACCES)
-        return False
-
-
-def _port_owner(port: int) -> str:
-    """Best-effort 'pid 123 (weed)' for a listening port (psutil; may need privileges)."""
-    try:
-        import psutil
-
-        for c in psutil.net_connections(kind="tcp"):
-            if c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN and c.pid:
-                return f"pid {c.pid} ({psutil.Process(c.pid).name()})"
-    except Exception:  # noqa: BLE001 - purely informative
-        pass
-    return "another process"
-
-
-def free_ports(n: int) -> list[int]:
-    """n distinct TCP ports on 127.0.0.1 that are free right now (held open together while picking)."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            socks.append(s)
-            s.bind((HOST, 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
 def _free_port_pair(offset: int = 10000) -> tuple[int, int]:
     """(p, p+offset) both free: weed's admin worker dials admin.port+10000 regardless of its flag."""
     for _ in range(200):
@@ -188,52 +140,6 @@ def _tail(path: Path, n: int = 8) -> str:
     except OSError:
         return ""
     return "\n".join("    " + line[:300] for line in lines[-n:])
-
-
-def _create_time(pid: int) -> float | None:
-    try:
-        import psutil
-
-        return psutil.Process(pid).create_time()
-    except Exception:  # noqa: BLE001
-        return None
-
-
-def _alive(pid: int | None, create_time: float | None = None) -> bool:
-    """Is this exact process (same start time) alive and not a zombie?"""
-    if not pid:
-        return False
-    child = _CHILDREN.get(pid)
-    if child is not None:
-        # our own child: gone only once reaped (a killed multi-threaded process keeps its sockets
-        # until its last thread exits, even while the leader already shows as a zombie)
-        if child.poll() is not None:
-            return False
-    try:
-        import psutil
-
-        p = psutil.Process(pid)
-        if p.status() == psutil.STATUS_ZOMBIE and child is None and p.num_threads() <= 1:
-            return False
-        return create_time is None or abs(p.create_time() - create_time) < 1.0
-    except ImportError:
-        try:
-            os.kill(pid, 0)
-            return True
-        except OSError:
-            return False
-    except Exception:  # noqa: BLE001 - NoSuchProcess, AccessDenied
-        return False
-
-
-def _http_ok(url: str, want_200: bool, timeout: float = 2.0) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
-            return r.status == 200 or not want_200
-    except urllib.error.HTTPError as e:
-        return not want_200 and e.code < 500
-    except (urllib.error.URLError, OSError, ValueError):
-        return False
 
 
 # ------------------------------------------------------------------------------------- services
@@ -270,12 +176,8 @@ class LocalServices:
     def _locked(self) -> Iterator[None]:
         self.home.mkdir(parents=True, exist_ok=True)
         os.chmod(self.home, 0o700)
-        with open(self.home / ".lock", "w") as f:
-            fcntl.flock(f, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(f, fcntl.LOCK_UN)
+        with FileLock(self.home / ".lock"):
+            yield
 
     def credentials(self) -> tuple[str, str]:
         """(access_key, secret_key): stored, else from the environment, else generated; stored 0600."""
@@ -303,15 +205,15 @@ class LocalServices:
 
     def _health(self, name: str, port: int) -> bool:
         if name == "s3":
-            return _http_ok(f"http://{HOST}:{port}/", want_200=False)
-        return _http_ok(f"http://{HOST}:{port}/health", want_200=True)
+            return http_ok(f"http://{HOST}:{port}/", want_200=False)
+        return http_ok(f"http://{HOST}:{port}/health", want_200=True)
 
     def _status_of(self, name: str, rec: dict | None) -> ServiceStatus:
         if not rec:
             return ServiceStatus(name, "stopped")
         url = f"http://{HOST}:{rec['port']}"
         logf = rec.get("log", "")
-        if not _alive(rec.get("pid"), rec.get("create_time")):
+        if not alive(rec.get("pid"), rec.get("create_time")):
             tail = _tail(Path(logf), 5)
             return ServiceStatus(name, "crashed", rec.get("pid"), url, logf,
                                  f"process gone; see {logf}" + (f"; last lines:\n{tail}" if tail else ""))
@@ -379,7 +281,7 @@ class LocalServices:
                 time.sleep(0.2)
             if port_in_use(port):
                 raise UserError(
-                    f"port {port} ({what}) on {HOST} is already in use by {_port_owner(port)}; stop it or "
+                    f"port {port} ({what}) on {HOST} is already in use by {port_owner(port)}; stop it or "
                     f"choose another port (chunkgrpo local up --{'mlflow' if 'MLflow' in what else 's3'}-port N)")
 
     def _spawn(self, name: str, cmd: list[str], env: dict[str, str], port: int, **extra: Any) -> dict:
@@ -391,9 +293,9 @@ class LocalServices:
             out.flush()
             proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     env=env, cwd=self.home, start_new_session=True)
-        _CHILDREN[proc.pid] = proc
+        CHILDREN[proc.pid] = proc
         log.info("started local %s (pid %d) on %s:%d; log %s", name, proc.pid, HOST, port, logf)
-        return {"pid": proc.pid, "pgid": proc.pid, "create_time": _create_time(proc.pid), "port": port,
+        return {"pid": proc.pid, "pgid": proc.pid, "create_time": start_time(proc.pid), "port": port,
                 "log": str(logf), "cmd": cmd, "started_at": time.time(), **extra}
 
     def _start_s3(self) -> dict:
@@ -439,8 +341,8 @@ class LocalServices:
         deadline = time.monotonic() + self.config.start_timeout_s
         t0 = time.monotonic()
         while time.monotonic() < deadline:
-            if not _alive(rec["pid"], rec.get("create_time")):
-                child = _CHILDREN.get(rec["pid"])
+            if not alive(rec["pid"], rec.get("create_time")):
+                child = CHILDREN.get(rec["pid"])
                 code = f" with code {child.returncode}" if child is not None else ""
                 raise UserError(f"local {name} exited{code} during startup; last lines of {rec['log']}:\n"
                                 f"{_tail(Path(rec['log']), 12)}")
@@ -452,7 +354,7 @@ class LocalServices:
                         f"see {rec['log']}:\n{_tail(Path(rec['log']), 12)}")
 
     def _ensure_buckets(self, s3_port: int) -> None:
-        from chunkgrpo.store import ArtifactStore
+        from chunkgrpo.store.client import ArtifactStore
 
         store = ArtifactStore(self.store_config(port=s3_port))
         deadline = time.monotonic() + self.config.start_timeout_s
@@ -491,8 +393,8 @@ class LocalServices:
 
     def _stop_record(self, name: str, rec: dict) -> None:
         pid, pgid = rec.get("pid"), rec.get("pgid")
-        if not _alive(pid, rec.get("create_time")):
-            _reap(pid)
+        if not alive(pid, rec.get("create_time")):
+            reap(pid)
             _remove_weed_sockets(rec)
             return
         why = _not_ours(rec)
@@ -508,27 +410,27 @@ class LocalServices:
         except Exception:  # noqa: BLE001
             psutil, procs = None, []
         log.info("stopping local %s (pid %d)", name, pid)
-        _signal_group(pgid, pid, signal.SIGTERM)
+        signal_group(pgid, pid, signal.SIGTERM)
         deadline = time.monotonic() + self.config.stop_timeout_s
-        while time.monotonic() < deadline and _any_alive(procs, pid):
+        while time.monotonic() < deadline and any_alive(procs, pid):
             time.sleep(0.1)
-        if _any_alive(procs, pid):
+        if any_alive(procs, pid):
             log.warning("local %s (pid %d) ignored SIGTERM for %.0fs; killing", name, pid, self.config.stop_timeout_s)
-            _signal_group(pgid, pid, signal.SIGKILL)
+            signal_group(pgid, pid, signal.SIGKILL)
             for p in procs:
                 with contextlib.suppress(Exception):
                     p.kill()
             end = time.monotonic() + 10
-            while time.monotonic() < end and _any_alive(procs, pid):
+            while time.monotonic() < end and any_alive(procs, pid):
                 time.sleep(0.1)
-        _reap(pid)
+        reap(pid)
         _remove_weed_sockets(rec)
 
     # -------------------------------------------------------------------------------- env
 
     def store_config(self, bucket: str | None = None, port: int | None = None):
         """A `StoreConfig` for the local S3 (credentials included)."""
-        from chunkgrpo.store import StoreConfig
+        from chunkgrpo.store.client import StoreConfig
 
         ak, sk = self.credentials()
         return StoreConfig(endpoint=f"http://{HOST}:{port or self._ports()[0]}", bucket=bucket or self.config.bucket,
@@ -567,16 +469,6 @@ def _not_ours(rec: dict) -> str:
     return ""
 
 
-def _signal_group(pgid: int | None, pid: int, sig: int) -> None:
-    try:
-        if pgid:
-            os.killpg(pgid, sig)
-        else:
-            os.kill(pid, sig)
-    except ProcessLookupError:
-        pass
-
-
 def _remove_weed_sockets(rec: dict) -> None:
     """weed leaves /tmp/seaweedfs-<kind>-grpc-<port>.sock behind; remove those of this (dead) instance."""
     for flag, port in (rec.get("internal_ports") or {}).items():
@@ -585,31 +477,6 @@ def _remove_weed_sockets(rec: dict) -> None:
             with contextlib.suppress(OSError):
                 if sock.is_socket():
                     sock.unlink()
-
-
-def _reap(pid: int | None) -> None:
-    """Collect the exit status of a process this Python process started (no zombie left)."""
-    child = _CHILDREN.pop(pid, None) if pid else None
-    if child is not None:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            child.wait(timeout=5)
-
-
-def _any_alive(procs: list, pid: int) -> bool:
-    child = _CHILDREN.get(pid)
-    if child is not None:
-        child.poll()  # reap our own child so it does not linger as a zombie
-    if not procs:
-        return _alive(pid)
-    import psutil
-
-    for p in procs:
-        try:
-            if p.is_running() and (p.status() != psutil.STATUS_ZOMBIE or p.num_threads() > 1):
-                return True  # a zombie leader with live threads still holds its sockets
-        except psutil.NoSuchProcess:
-            continue
-    return False
 
 
 # --------------------------------------------------------------------------- module-level API

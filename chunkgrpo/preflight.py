@@ -41,7 +41,7 @@ class PreflightSpec:
 
 
 def _store():
-    from chunkgrpo.store import ArtifactStore
+    from chunkgrpo.store.client import ArtifactStore
 
     return ArtifactStore()
 
@@ -65,7 +65,7 @@ def _check_folder(what: str, uri: str, store, hint: str) -> str | None:
 
 
 def _check_model(model: str, store) -> str | None:
-    from chunkgrpo.models import model_uri
+    from chunkgrpo.model_cache import model_uri
 
     if not model:
         return "no base model given"
@@ -158,7 +158,7 @@ def evaluation_inputs(eval_preset: str, eval_benchmarks: list, eval_overrides: l
     """What an evaluation stage will read: its benchmark suites (`eval_benchmarks`, else the preset's, else
     hpdv2) and the scorer weight URIs it uses, labelled `scorer <name>` for the preflight report."""
     from chunkgrpo.config import load_yaml
-    from chunkgrpo.models import used_scorer_weights
+    from chunkgrpo.model_cache import used_scorer_weights
 
     overrides = [*eval_overrides, *([f"benchmarks={json.dumps(list(eval_benchmarks))}"] if eval_benchmarks else [])]
     benchmarks = list(eval_benchmarks) or list(load_yaml(eval_preset).get("benchmarks") or ["hpdv2"])

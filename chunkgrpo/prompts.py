@@ -26,7 +26,8 @@ def _pick(row: dict, where: str) -> str:
 
 def _fetch(uri: str) -> Path:
     """Download an s3:// prompt file into the cache (re-downloaded when its size/etag changes)."""
-    from chunkgrpo.store import cached_file, parse_s3_uri
+    from chunkgrpo.store import parse_s3_uri
+    from chunkgrpo.store.cache import cached_file
 
     if not parse_s3_uri(uri)[1].strip("/") or uri.endswith("/"):
         raise UserError(f"prompts={uri} names a bucket or folder, not a prompt file "

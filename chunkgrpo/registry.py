@@ -71,7 +71,7 @@ from typing import Any, Literal
 
 from chunkgrpo.config import Config, option
 from chunkgrpo.errors import UserError
-from chunkgrpo.store import Manifest, build_manifest
+from chunkgrpo.store.manifest import Manifest, build_manifest
 
 log = logging.getLogger(__name__)
 
@@ -650,7 +650,7 @@ def register_model(name: str, model_dir: str | Path | None = None, *, kind: Lite
         if not manifest.files:
             raise UserError(f"model dir {model_dir} is empty")
     if checkpoint_uri:
-        from chunkgrpo.store import ArtifactStore
+        from chunkgrpo.store.client import ArtifactStore
 
         store = store or ArtifactStore()
         remote = store.read_manifest(checkpoint_uri)
@@ -1173,7 +1173,7 @@ def weights_from_payload(payload: Path, info: dict, store=None) -> Path:
             if hashlib.sha256((payload / rel).read_bytes()).hexdigest() != entry["sha256"]:
                 raise UserError(f"{payload}: {rel} does not match its recorded sha256")
         return payload
-    from chunkgrpo.store import ArtifactStore
+    from chunkgrpo.store.client import ArtifactStore
 
     store = store or ArtifactStore()
     weights = payload / "weights"

@@ -2,7 +2,7 @@
 
 Each runs on the project's own image (`components.images`, tag = package version) with
 `install_kfp_package=False`; the function body imports `chunkgrpo` and calls the library. Large
-outputs (checkpoints, image sets) go to S3 through `chunkgrpo.store.ArtifactStore`; the KFP
+outputs (checkpoints, image sets) go to S3 through `chunkgrpo.store.client.ArtifactStore`; the KFP
 artifacts are small pointers, `Metrics`, `HTML` and `Markdown` (rendered by the KFP UI).
 
     components/<stage>/component.py   the component      components/<stage>/README.md   what it does

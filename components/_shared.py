@@ -13,7 +13,7 @@ def local_file(path: str) -> str:
     import os
     import tempfile
 
-    from chunkgrpo.store import ArtifactStore
+    from chunkgrpo.store.client import ArtifactStore
 
     dst = os.path.join(tempfile.mkdtemp(prefix="chunkgrpo-input-"), path.rstrip("/").rsplit("/", 1)[-1])
     ArtifactStore().get_file(path, dst)

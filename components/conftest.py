@@ -14,7 +14,7 @@ pytest_plugins = ["tests.fixtures_services"]
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
-    from chunkgrpo.tiny import build_tiny_flux
+    from chunkgrpo.testing.tiny import build_tiny_flux
 
     return build_tiny_flux(tmp_path_factory.mktemp("models") / "tiny-flux", seed=0)
 

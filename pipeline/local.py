@@ -99,7 +99,7 @@ def prepare_tiny_inputs(home: Path) -> tuple[Path, Path]:
     """The tiny random-weight model and a prompt file under `home` (built once, then reused)."""
     model = home / "models" / "tiny-flux"
     if not (model / "model_index.json").exists():
-        from chunkgrpo.tiny import build_tiny_flux
+        from chunkgrpo.testing.tiny import build_tiny_flux
 
         print(f"building the tiny FLUX model in {_rel(str(model))} ...", flush=True)
         build_tiny_flux(model, seed=0)
@@ -141,7 +141,8 @@ def toy_eval_overrides(model: Path) -> list[str]:
 def model_to_s3(model: Path, services_env: dict) -> str:
     """Upload a local model folder to the local S3 (once per content) and return its `s3://` URI, so that a
     pod-faithful run fetches it into each task's cache volume as the cluster's pods do."""
-    from chunkgrpo.store import ArtifactStore, build_manifest
+    from chunkgrpo.store.client import ArtifactStore
+    from chunkgrpo.store.manifest import build_manifest
 
     digest = build_manifest(model).sha256[:12]
     uri = f"s3://{services_env.get('CHUNKGRPO_S3_BUCKET') or 'chunkgrpo'}/models/local/{model.name}-{digest}"

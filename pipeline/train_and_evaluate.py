@@ -30,7 +30,7 @@ at the S3 model cache that `chunkgrpo models sync` (or the `models_sync` pipelin
 
 from kfp import dsl
 
-from chunkgrpo.models import BASE_MODEL, default_weights, model_uri
+from chunkgrpo.model_cache import BASE_MODEL, default_weights, model_uri
 from components import (check_gate, close_run, evaluate, launch_trainjob, open_run, plan, preflight, profile, promote,
                         register, train)
 from components.images import RUNTIME_IMAGE

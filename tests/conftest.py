@@ -17,7 +17,7 @@ import pytest  # noqa: E402
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     """A tiny random-weight FLUX pipeline folder, built once per test session."""
-    from chunkgrpo.tiny import build_tiny_flux
+    from chunkgrpo.testing.tiny import build_tiny_flux
 
     return build_tiny_flux(tmp_path_factory.mktemp("models") / "tiny-flux", seed=0)
 

@@ -59,7 +59,7 @@ def pytest_configure(config):
 class Services:
     home: Path
     env: dict[str, str]
-    store_config: object  # chunkgrpo.store.StoreConfig
+    store_config: object  # chunkgrpo.store.client.StoreConfig
     local: object         # chunkgrpo.local_services.LocalServices
 
     @property
@@ -118,7 +118,7 @@ def kill_service(svc, name: str) -> None:
     """A crash of one of `svc`'s local services: SIGKILL its whole process group, wait until its port is free."""
     import time
 
-    from chunkgrpo.local_services import port_in_use
+    from chunkgrpo.local_processes import port_in_use
 
     st = svc.status()[name]
     os.killpg(st.pid, signal.SIGKILL)

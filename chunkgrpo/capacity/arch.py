@@ -177,7 +177,7 @@ class ModelArch:
     @classmethod
     def from_s3(cls, uri: str, store=None) -> "ModelArch":
         """The configs of an s3:// folder artifact of the model cache (four small reads + its manifest)."""
-        from chunkgrpo.store import ArtifactStore
+        from chunkgrpo.store.client import ArtifactStore
 
         store = store or ArtifactStore()
         base = uri.rstrip("/")

@@ -7,7 +7,7 @@ HELP = "predict per-rank GPU memory, host memory and disk of a training config o
 
 
 def add_arguments(p):
-    from chunkgrpo.cli import add_config_arguments
+    from chunkgrpo.commands import add_config_arguments
 
     add_config_arguments(p, "lora.enabled=true policy_batch=8")
     p.add_argument("--pool", required=True,
@@ -25,7 +25,7 @@ def run(args):
 
     from chunkgrpo.capacity.plan import capacity_plan, render_table
     from chunkgrpo.capacity.pool import load_pool
-    from chunkgrpo.cli import load_stage_config
+    from chunkgrpo.commands import load_stage_config
     from chunkgrpo.errors import UserError
     from chunkgrpo.train.config import TrainConfig
 

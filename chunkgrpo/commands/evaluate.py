@@ -15,7 +15,7 @@ HELP = "hybrid-inference evaluation: HPDv2 / GenEval / WISE, metrics.json + repo
 
 
 def add_arguments(p):
-    from chunkgrpo.cli import add_config_arguments
+    from chunkgrpo.commands import add_config_arguments
 
     add_config_arguments(p, "num_prompts=8 trained_steps=30")
     p.add_argument("--json", action="store_true", help="print the full metrics dict as JSON instead of a summary")
@@ -24,7 +24,7 @@ def add_arguments(p):
 def run(args):
     import json
 
-    from chunkgrpo.cli import load_stage_config
+    from chunkgrpo.commands import load_stage_config
     from chunkgrpo.eval.runner import EvalConfig, run_evaluation, summary_lines
 
     cfg = load_stage_config(EvalConfig, args)

@@ -34,17 +34,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from chunkgrpo import models
+    from chunkgrpo import model_cache
     from chunkgrpo.errors import UserError
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if args.action == "uri":
-        print(models.model_uri(args.hub_id))
+        print(model_cache.model_uri(args.hub_id))
         return 0
     if args.defaults:
         if args.source or args.to:
             raise UserError("--defaults takes no SOURCE or --to")
-        sources = [models.BASE_MODEL, *models.REWARD_MODELS.values()]
+        sources = [model_cache.BASE_MODEL, *model_cache.REWARD_MODELS.values()]
     elif args.source:
         sources = [args.source]
     else:
@@ -52,6 +52,6 @@ def run(args: argparse.Namespace) -> int:
     if args.to and len(sources) != 1:
         raise UserError("--to needs exactly one SOURCE")
     for source in sources:
-        uri, uploaded = models.sync(source, args.to, download=args.download, revision=args.revision)
+        uri, uploaded = model_cache.sync(source, args.to, download=args.download, revision=args.revision)
         print(f"{source} -> {uri}" + ("" if uploaded else " (already there)"))
     return 0

@@ -106,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="chunkgrpo-ckpt-") as tmp:
         model_dir = args.model_dir
         if model_dir.startswith("s3://"):
-            from chunkgrpo.store import ArtifactStore
+            from chunkgrpo.store.client import ArtifactStore
 
             ArtifactStore().get_folder(model_dir, tmp)
             checkpoint = checkpoint or model_dir

@@ -13,7 +13,7 @@ def add_arguments(p):
 
 
 def run(args):
-    from chunkgrpo.tiny import build_tiny_flux
+    from chunkgrpo.testing.tiny import build_tiny_flux
 
     out = build_tiny_flux(args.out, seed=args.seed, size=args.size, overwrite=args.overwrite)
     print(f"tiny FLUX ({args.size}, seed {args.seed}) written to {out}")

@@ -11,7 +11,7 @@ HELP = "GRPO training (presets: chunk_grpo_flux, chunk_grpo_ws_flux, dance_grpo_
 
 
 def add_arguments(p):
-    from chunkgrpo.cli import add_config_arguments
+    from chunkgrpo.commands import add_config_arguments
 
     add_config_arguments(p, "lr=5e-6 sampling.eta=0.3")
     p.add_argument("--dry-run", action="store_true", help="validate config, model dir, prompts and plan, then exit")
@@ -20,7 +20,7 @@ def add_arguments(p):
 def run(args):
     import json
 
-    from chunkgrpo.cli import load_stage_config
+    from chunkgrpo.commands import load_stage_config
     from chunkgrpo.train.config import TrainConfig
     from chunkgrpo.train.trainer import Trainer, run_training
 

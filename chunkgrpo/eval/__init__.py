@@ -35,7 +35,7 @@ def data_dirs() -> list[Path]:
 def fetch_s3_file(uri: str, what: str = "data file") -> Path:
     """Download one `s3://` object into the cache (`$CHUNKGRPO_CACHE`, default ~/.cache/chunkgrpo) and
     return the local path; a changed object (size/etag) is downloaded again, an unchanged one reused."""
-    from chunkgrpo.store import cached_file
+    from chunkgrpo.store.cache import cached_file
 
     return cached_file(uri, "data", what)
 
@@ -43,7 +43,7 @@ def fetch_s3_file(uri: str, what: str = "data file") -> Path:
 def fetch_s3_files(uri: str, names: list[str] | tuple[str, ...], what: str = "data folder") -> Path:
     """A local folder holding the objects `<uri>/<name>` that exist (e.g. a user's WISE prompt folder in S3);
     a URI naming one object (ending in one of `names`' suffixes) is fetched alone into a folder of its own."""
-    from chunkgrpo.store import ArtifactStore
+    from chunkgrpo.store.client import ArtifactStore
 
     uri = uri.rstrip("/")
     if any(uri.endswith(Path(n).suffix) for n in names):

@@ -137,7 +137,7 @@ class TrainedModel:
 
 
 def _download(uri: str, cache_dir: str | os.PathLike | None) -> Path:
-    from chunkgrpo.store import cached_folder
+    from chunkgrpo.store.cache import cached_folder
 
     return cached_folder(uri, "trained", cache_dir)
 
@@ -148,7 +148,7 @@ def _verify_trained_files(path: Path, kind: str) -> None:
     fails its header/length check) — a UserError naming the file, never a traceback mid-evaluation."""
     from safetensors import safe_open
 
-    from chunkgrpo.store import MANIFEST_NAME, file_sha256
+    from chunkgrpo.store.manifest import MANIFEST_NAME, file_sha256
 
     if (path / MANIFEST_NAME).is_file():
         try:
@@ -180,14 +180,14 @@ def _verify_trained_files(path: Path, kind: str) -> None:
 def load_trained(source: str | os.PathLike, *, cache_dir: str | os.PathLike | None = None) -> TrainedModel:
     """Resolve a trained model: a local folder (the trainer's `final/`, or its output_dir holding `final/`),
     an `s3://` folder artifact (downloaded and checksum-verified into a cache), or a model-pointer JSON file
-    (`chunkgrpo.store.make_pointer`). Reads `chunkgrpo_model.json`; a plain diffusers LoRA folder without it
-    is accepted as kind 'lora' with an unknown base model."""
+    (`chunkgrpo.store.manifest.make_pointer`). Reads `chunkgrpo_model.json`; a plain diffusers LoRA folder
+    without it is accepted as kind 'lora' with an unknown base model."""
     text = str(source).strip()
     if not text:
         raise UserError("no trained model given (model=DIR | s3://… | pointer.json)")
     pointer: dict | None = None
     if text.endswith(".json") and not text.startswith("s3://"):
-        from chunkgrpo.store import read_pointer
+        from chunkgrpo.store.manifest import read_pointer
 
         p = Path(text).expanduser()
         if not p.is_file():

@@ -833,7 +833,7 @@ def flat_metrics(benchmarks: dict) -> dict[str, float]:
 
 
 def _grids(out: Path, jobs: list[Job], labels: list[str], n: int = 16) -> list[Path]:
-    from chunkgrpo.images import image_grid
+    from chunkgrpo.grids import image_grid
 
     paths = []
     (out / "grids").mkdir(exist_ok=True)
@@ -870,7 +870,7 @@ def run_evaluation(cfg: EvalConfig, *, detector=None, color_fn: Callable | None 
 
     t_start = time.perf_counter()
     if cfg.output_uri:  # before any work: results must never be "uploaded" to a bucket that does not exist
-        from chunkgrpo.store import ArtifactStore
+        from chunkgrpo.store.client import ArtifactStore
 
         ArtifactStore().require_bucket(cfg.output_uri)
     out = Path(cfg.output_dir).expanduser()
@@ -979,7 +979,7 @@ def run_evaluation(cfg: EvalConfig, *, detector=None, color_fn: Callable | None 
         result["timing"]["total_s"] = round(time.perf_counter() - t_start, 3)
         (out / "metrics.json").write_text(json.dumps(result, indent=1, default=_json_default))
         if cfg.output_uri:  # the results are safe in S3 before MLflow is asked for anything more
-            from chunkgrpo.store import ArtifactStore
+            from chunkgrpo.store.client import ArtifactStore
 
             ArtifactStore().put_folder(out, cfg.output_uri,
                                        meta={"kind": "eval", "model": cfg.model or base_model})

@@ -14,7 +14,7 @@ import logging
 import sys
 from pathlib import Path
 
-from chunkgrpo.store import ArtifactStore
+from chunkgrpo.store.client import ArtifactStore
 
 
 def _upload_final(local_dir: str, uri: str) -> None:

@@ -53,7 +53,7 @@ from chunkgrpo.scoring import worker as W
 from chunkgrpo.scoring.client import ScorerWorkerError
 from chunkgrpo.scoring.table import ALIASES, PACKAGE_SCORERS, SCORERS, canonical_name
 from chunkgrpo.scoring.weights import Fetch, resolve_weights
-from chunkgrpo.store import cache_root
+from chunkgrpo.store.cache import cache_root
 
 EVAL_IMAGE_HINT = "the evaluation image (images/eval)"
 

@@ -280,7 +280,8 @@ def run_series(cfg: AblationConfig, series_root: str, new_seeds: int, store=None
     night adds `new_seeds` seeds after the last complete one, uploads its new runs and reports all seeds
     so far. The series key hashes the model, engine source, preset, overrides and design, so a changed
     engine or configuration starts a new series instead of mixing incomparable runs."""
-    from chunkgrpo.store import ArtifactStore, parse_s3_uri, s3_uri
+    from chunkgrpo.store import parse_s3_uri, s3_uri
+    from chunkgrpo.store.client import ArtifactStore
 
     if new_seeds < 1:
         raise UserError(f"new_seeds={new_seeds} must be >= 1")

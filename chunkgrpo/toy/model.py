@@ -196,7 +196,7 @@ def build_components(cfg: ToyModelConfig, tmp: Path):
     from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
     from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
 
-    from chunkgrpo.tiny import build_clip_tokenizer
+    from chunkgrpo.testing.tiny import build_clip_tokenizer
     from chunkgrpo.toy.world import corpus
 
     torch.manual_seed(cfg.seed)
@@ -479,7 +479,7 @@ def read_meta(path: str | os.PathLike) -> dict | None:
 
 
 def _cache_root(cache_dir: str | os.PathLike | None) -> Path:
-    from chunkgrpo.store import cache_root
+    from chunkgrpo.store.cache import cache_root
 
     return cache_root(cache_dir) / "toy-models"
 

@@ -122,7 +122,7 @@ def complete_checkpoints(root: Path) -> list[Path]:
 
 
 def write_manifest(path: Path, meta: dict) -> None:
-    from chunkgrpo.store import build_manifest
+    from chunkgrpo.store.manifest import build_manifest
 
     manifest = build_manifest(path, meta=meta)
     tmp = path / (MANIFEST + ".tmp")
@@ -199,7 +199,8 @@ def prune(root: Path, keep: int, mirror: "Mirror | None" = None, backlog: int = 
 def verify(path: Path) -> dict:
     """Check every file against the manifest (present, size, sha256); the manifest must list the
     required files. Returns the parsed manifest files; raises CorruptCheckpointError naming the file."""
-    from chunkgrpo.store import Manifest, StoreError, file_sha256
+    from chunkgrpo.store import StoreError
+    from chunkgrpo.store.manifest import Manifest, file_sha256
 
     mpath = path / MANIFEST
     try:
@@ -344,7 +345,7 @@ def optimizer_tensors(state: dict) -> dict[str, torch.Tensor]:
 
 def upload(path: Path, s3_prefix: str, store=None) -> str:
     """Mirror a complete checkpoint folder to S3 (`put_folder` writes the manifest last)."""
-    from chunkgrpo.store import ArtifactStore
+    from chunkgrpo.store.client import ArtifactStore
 
     uri = s3_prefix.rstrip("/") + "/" + path.name
     (store or ArtifactStore()).put_folder(path, uri, meta={"kind": "checkpoint"})
@@ -353,7 +354,7 @@ def upload(path: Path, s3_prefix: str, store=None) -> str:
 
 def remote_checkpoints(s3_prefix: str, store=None) -> dict[int, str]:
     """{step: s3 URI} of the complete checkpoints under `s3_prefix`."""
-    from chunkgrpo.store import ArtifactStore
+    from chunkgrpo.store.client import ArtifactStore
 
     out = {}
     for uri in (store or ArtifactStore()).list_complete(s3_prefix):
@@ -366,7 +367,7 @@ def remote_checkpoints(s3_prefix: str, store=None) -> dict[int, str]:
 def download(uri: str, root: Path, step: int, store=None) -> Path:
     """Fetch one S3 checkpoint into `root/step-N` (checksums verified while downloading; a failed
     download leaves nothing behind — the S3 copy stays as it is)."""
-    from chunkgrpo.store import ArtifactStore
+    from chunkgrpo.store.client import ArtifactStore
 
     staging = root / f".download-step-{step:06d}"
     if staging.exists():
@@ -455,7 +456,7 @@ class Mirror:
 
     def _upload(self, path: Path) -> str:
         if self._store is None:
-            from chunkgrpo.store import ArtifactStore
+            from chunkgrpo.store.client import ArtifactStore
 
             self._store = (self._store_factory or ArtifactStore)()
         return upload(path, self.s3_prefix, self._store)

@@ -83,7 +83,7 @@ def _bounded_store(timeout_s: float):
     defaults are sized for whole-folder work), one attempt per call: the caller's loop owns the retries."""
     import dataclasses
 
-    from chunkgrpo.store import ArtifactStore, StoreConfig
+    from chunkgrpo.store.client import ArtifactStore, StoreConfig
 
     base = StoreConfig()
     return ArtifactStore(dataclasses.replace(base, retries=1, read_timeout_s=min(base.read_timeout_s, timeout_s),
@@ -241,7 +241,7 @@ class Trainer:
         rank (the others with one line pointing at it). Nodes sharing one cache volume are serialised by
         the cache entry's lock, so a shared cache is filled once too."""
         from chunkgrpo.flux import resolve_model_source
-        from chunkgrpo.store import cached_folder_entry
+        from chunkgrpo.store.cache import cached_folder_entry
 
         err: BaseException | None = None
         path = ""
@@ -748,7 +748,7 @@ class Trainer:
                                     "history": self.history}))
 
     def _log_grid(self, tracker) -> None:
-        from chunkgrpo.images import image_grid
+        from chunkgrpo.grids import image_grid
 
         grid = image_grid(self._last_images[: self.cfg.group_size], cols=min(self.cfg.group_size, 6))
         path = self.out / "samples" / f"iter-{self.iteration_idx:05d}.png"

@@ -41,7 +41,7 @@ def toy_ablation(model: str, methods: list, seeds: int, steps: int, artifact_roo
     stage_env(parent_run_id)
     from chunkgrpo import tracking
     from chunkgrpo.flux import resolve_model_source
-    from chunkgrpo.store import ArtifactStore
+    from chunkgrpo.store.client import ArtifactStore
     from chunkgrpo.toy.ablation import AblationConfig, run_series
 
     out = Path(tempfile.mkdtemp(prefix="chunkgrpo-ablation-"))

@@ -47,7 +47,7 @@ def evaluate(preset: str, overrides: list, benchmarks: list, num_prompts: int, b
     elif registered_model:
         from mlflow import MlflowClient
 
-        from chunkgrpo.store import ArtifactStore
+        from chunkgrpo.store.client import ArtifactStore
 
         name, registered_model = registered_model, f"models:/{registered_model}@{alias or 'champion'}"
         try:
@@ -67,7 +67,7 @@ def evaluate(preset: str, overrides: list, benchmarks: list, num_prompts: int, b
         print(f"{registered_model} = v{mv.version} <- {source}")
     elif not base_model:
         raise UserError("nothing to evaluate: give a model artifact, registered_model or base_model")
-    from chunkgrpo.models import scorer_weight_overrides
+    from chunkgrpo.model_cache import scorer_weight_overrides
 
     over = [*scorer_weight_overrides(dict(scorer_weights)), *overrides, f"model={source}", f"output_dir={work / 'out'}",
             f"output_uri={run_prefix(artifact_root, run_id, stage)}", f"experiment={experiment}"]

@@ -60,8 +60,9 @@ def launch_trainjob(kind: str, namespace: str, image: str, num_nodes: int, nproc
     stage_env(parent_run_id)
     from chunkgrpo.k8s import jobspec, launcher, trainjob
     from chunkgrpo.k8s.diagnose import JobProbe
-    from chunkgrpo.models import reward_weight_overrides
-    from chunkgrpo.store import ArtifactStore, make_pointer
+    from chunkgrpo.model_cache import reward_weight_overrides
+    from chunkgrpo.store.client import ArtifactStore
+    from chunkgrpo.store.manifest import make_pointer
     from chunkgrpo.recipes import preset_for
 
     preset = preset_for(method, preset)

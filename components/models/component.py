@@ -19,13 +19,13 @@ def sync_models(hub_ids: list, root: str, revision: str) -> list:
         The s3:// URIs, in the order of hub_ids.
     """
     stage_env("")
-    from chunkgrpo import models
+    from chunkgrpo import model_cache
 
-    ids = list(hub_ids) or [models.BASE_MODEL, *models.REWARD_MODELS.values()]
+    ids = list(hub_ids) or [model_cache.BASE_MODEL, *model_cache.REWARD_MODELS.values()]
     out = []
     for hub_id in ids:
-        uri, uploaded = models.sync(hub_id, models.model_uri(hub_id, root or None), download=True,
-                                    revision=revision or None)
+        uri, uploaded = model_cache.sync(hub_id, model_cache.model_uri(hub_id, root or None), download=True,
+                                         revision=revision or None)
         print(f"{hub_id} -> {uri}" + ("" if uploaded else " (already there)"), flush=True)
         out.append(uri)
     return out

@@ -35,7 +35,7 @@ def preflight(model: str, prompts: str, preset: str, train_overrides: list, rewa
     from pathlib import Path
 
     from chunkgrpo.errors import UserError
-    from chunkgrpo.models import used_reward_weights
+    from chunkgrpo.model_cache import used_reward_weights
     from chunkgrpo.preflight import PreflightSpec, capacity_check, evaluation_inputs, require
     from chunkgrpo.recipes import preset_for
 

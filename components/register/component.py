@@ -38,7 +38,8 @@ def register(model_name: str, experiment: str, run_id: str, parent_run_id: str, 
 
     stage_env(parent_run_id)
     from chunkgrpo.registry import metrics_from_eval, register_model
-    from chunkgrpo.store import ArtifactStore, read_pointer
+    from chunkgrpo.store.client import ArtifactStore
+    from chunkgrpo.store.manifest import read_pointer
 
     pointer = read_pointer(Path(model.path).read_text())
     evaluation = json.loads(Path(eval_results.path).read_text())

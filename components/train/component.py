@@ -37,8 +37,9 @@ def train(model: str, prompts: str, preset: str, method: str, chunks: str, max_i
     from pathlib import Path
 
     stage_env(parent_run_id)
-    from chunkgrpo.models import reward_weight_overrides
-    from chunkgrpo.store import ArtifactStore, make_pointer
+    from chunkgrpo.model_cache import reward_weight_overrides
+    from chunkgrpo.store.client import ArtifactStore
+    from chunkgrpo.store.manifest import make_pointer
     from chunkgrpo.recipes import preset_for
 
     preset = preset_for(method, preset)

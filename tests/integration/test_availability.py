@@ -18,7 +18,8 @@ import time
 
 import pytest
 
-from chunkgrpo.local_services import free_port, local_services
+from chunkgrpo.local_processes import free_port
+from chunkgrpo.local_services import local_services
 from chunkgrpo.train import checkpoint as ckpt
 from chunkgrpo.train.config import TrainConfig
 from chunkgrpo.train.trainer import Trainer, run_training
@@ -141,7 +142,7 @@ def test_sigterm_marks_the_run_killed_and_keeps_the_checkpoint(tiny_model_dir, p
 
 def test_s3_outage_mid_run_keeps_training_and_mirrors_everything(tiny_model_dir, prompts_file, tmp_path, env,
                                                                  monkeypatch):
-    from chunkgrpo.store import ArtifactStore
+    from chunkgrpo.store.client import ArtifactStore
 
     with local_services(tmp_path / "svc", mlflow=False) as svc:
         env({k: v for k, v in svc.env().items() if not k.startswith("MLFLOW")})
@@ -187,7 +188,7 @@ def test_s3_outage_stops_only_where_the_disk_policy_would_lose_data(tiny_model_d
         summary = run_training(_cfg(tiny_model_dir, prompts_file, out, "max_steps=3", "checkpoint.keep=1",
                                     f"checkpoint.s3_prefix={prefix}"))
         assert summary["optimizer_steps"] == 3
-        from chunkgrpo.store import ArtifactStore
+        from chunkgrpo.store.client import ArtifactStore
 
         names = [u.rsplit("/", 1)[-1] for u in ArtifactStore().list_complete(prefix)]
         assert names == ["step-000001", "step-000002", "step-000003"]
@@ -197,7 +198,7 @@ def test_tampered_s3_checkpoint_falls_back_to_the_older_one(services_env, tiny_m
                                                             caplog):
     """A new pod (empty disk) resumes from S3; the newest S3 checkpoint has a replaced object (its
     manifest untouched): the download fails verification and the previous S3 checkpoint is used."""
-    from chunkgrpo.store import ArtifactStore
+    from chunkgrpo.store.client import ArtifactStore
 
     prefix = f"s3://{services_env.store_config.bucket}/runs/tampered/ckpt"
     out = tmp_path / "run"

@@ -81,7 +81,7 @@ def test_upload_to_a_bucket_that_does_not_exist_is_refused_before_any_work(case,
     """Issue #24 item 13, against the real SeaweedFS (which would create the bucket on the first PUT):
     exit 2, one line naming the bucket, nothing written locally, no bucket created, never 'uploaded'."""
     from chunkgrpo.cli import main
-    from chunkgrpo.store import ArtifactStore
+    from chunkgrpo.store.client import ArtifactStore
 
     bucket = "no-such-bucket-24"
     if case == "evaluate output_uri":

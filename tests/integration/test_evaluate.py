@@ -169,7 +169,7 @@ def test_mlflow_and_s3(services_env, tiny_model_dir, trained_dir, tmp_path):
     """Model read from S3 (folder artifact), results uploaded to S3, metrics + report in MLflow."""
     from mlflow.tracking import MlflowClient
 
-    from chunkgrpo.store import ArtifactStore
+    from chunkgrpo.store.client import ArtifactStore
 
     store = ArtifactStore(services_env.store_config)
     store.ensure_bucket()

@@ -19,7 +19,8 @@ import pytest
 
 from chunkgrpo.eval import runner
 from chunkgrpo.eval.runner import EvalConfig, run_evaluation
-from chunkgrpo.local_services import free_port, local_services
+from chunkgrpo.local_processes import free_port
+from chunkgrpo.local_services import local_services
 from tests.fixtures_services import kill_service
 
 pytestmark = pytest.mark.integration
@@ -60,7 +61,7 @@ def _kill_mlflow_when_generation_starts(monkeypatch, svc, then=None) -> None:
 
 
 def _uploaded(svc, uri: str) -> dict:
-    from chunkgrpo.store import ArtifactStore
+    from chunkgrpo.store.client import ArtifactStore
 
     store = ArtifactStore(svc.store_config())
     assert store.is_complete(uri)
@@ -72,7 +73,7 @@ def test_mlflow_unreachable_results_first_then_one_line(trained_dir, tmp_path, e
         env(svc.env())
         env({"MLFLOW_TRACKING_URI": f"http://127.0.0.1:{free_port()}"})  # nothing listens there
         caplog.set_level(logging.WARNING)
-        from chunkgrpo.store import ArtifactStore
+        from chunkgrpo.store.client import ArtifactStore
 
         store = ArtifactStore(svc.store_config())
         store.ensure_bucket()
@@ -97,7 +98,7 @@ def test_mlflow_killed_mid_generation_and_back_gets_everything(trained_dir, tmp_
 
     with local_services(tmp_path / "svc") as svc:
         env(svc.env())
-        from chunkgrpo.store import ArtifactStore
+        from chunkgrpo.store.client import ArtifactStore
 
         store = ArtifactStore(svc.store_config())
         store.ensure_bucket()
@@ -127,7 +128,7 @@ def test_mlflow_killed_mid_generation_and_back_gets_everything(trained_dir, tmp_
 def test_mlflow_killed_mid_generation_and_gone_exits_with_results(trained_dir, tmp_path, env, monkeypatch, caplog):
     with local_services(tmp_path / "svc") as svc:
         env(svc.env())
-        from chunkgrpo.store import ArtifactStore
+        from chunkgrpo.store.client import ArtifactStore
 
         store = ArtifactStore(svc.store_config())
         store.ensure_bucket()

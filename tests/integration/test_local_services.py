@@ -15,7 +15,8 @@ import pytest
 
 from chunkgrpo.cli import main
 from chunkgrpo.errors import UserError
-from chunkgrpo.local_services import LocalServices, LocalServicesConfig, free_ports
+from chunkgrpo.local_processes import free_ports
+from chunkgrpo.local_services import LocalServices, LocalServicesConfig
 
 pytestmark = pytest.mark.integration
 

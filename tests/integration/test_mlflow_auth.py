@@ -29,7 +29,7 @@ ADMIN, ADMIN_PW = "chunkgrpo-admin", "s3cret-" + uuid.uuid4().hex[:12]
 
 @pytest.fixture(scope="module")
 def auth_server(tmp_path_factory):
-    from chunkgrpo.local_services import free_port
+    from chunkgrpo.local_processes import free_port
 
     home = tmp_path_factory.mktemp("mlflow-auth")
     ini = home / "basic_auth.ini"
@@ -137,7 +137,7 @@ def test_pipeline_users_cannot_move_champion_but_the_promoter_service_gates_for_
     from mlflow import MlflowClient
     from mlflow.server.auth.client import AuthServiceClient
 
-    from chunkgrpo.local_services import free_port
+    from chunkgrpo.local_processes import free_port
     from chunkgrpo.registry import register_model
 
     url = auth_server

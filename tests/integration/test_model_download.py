@@ -86,8 +86,9 @@ class CountingProxy:
 
 
 def test_two_ranks_download_the_s3_model_once(services, tiny_model_dir, tmp_path):
-    from chunkgrpo.local_services import free_ports
-    from chunkgrpo.store import MANIFEST_NAME, ArtifactStore
+    from chunkgrpo.local_processes import free_ports
+    from chunkgrpo.store.client import ArtifactStore
+    from chunkgrpo.store.manifest import MANIFEST_NAME
 
     bucket = services.store_config.bucket
     name = f"tiny-{uuid.uuid4().hex[:8]}"

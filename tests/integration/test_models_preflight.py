@@ -30,14 +30,14 @@ def _hub_cache(tmp_path: Path, model_dir: Path, repo: str) -> Path:
 
 def test_models_sync_from_the_hub_cache_then_preflight_passes(services_env, tmp_path, tiny_model_dir, monkeypatch,
                                                               capsys):
-    from chunkgrpo import models
+    from chunkgrpo import model_cache
     from chunkgrpo.flux import resolve_model_source
     from chunkgrpo.preflight import PreflightSpec, check, require
-    from chunkgrpo.store import ArtifactStore
+    from chunkgrpo.store.client import ArtifactStore
 
     store = ArtifactStore(services_env.store_config)
     root = store.uri(f"models-{uuid.uuid4().hex[:6]}")
-    monkeypatch.setenv(models.MODEL_ROOT_ENV, root)
+    monkeypatch.setenv(model_cache.MODEL_ROOT_ENV, root)
     import huggingface_hub.constants
 
     hf_home = _hub_cache(tmp_path, tiny_model_dir, "acme/tiny-flux")
@@ -91,7 +91,7 @@ def test_preflight_names_bad_credentials_and_missing_bucket(services_env, monkey
 
 
 def test_weight_uris_become_stage_overrides():
-    from chunkgrpo.models import (reward_weight_overrides, scorer_weight_overrides, used_reward_weights,
+    from chunkgrpo.model_cache import (reward_weight_overrides, scorer_weight_overrides, used_reward_weights,
                                   used_scorer_weights)
 
     w = {"hpsv3": "s3://m/MizzenAI/HPSv3", "hpsv3.processor": "s3://m/Qwen/Qwen2-VL-7B-Instruct",

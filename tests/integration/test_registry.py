@@ -12,7 +12,7 @@ from chunkgrpo.errors import UserError
 from chunkgrpo.registry import (
     MODEL_INFO, GateConfig, load_registered_model, promote, register_model, rollback,
 )
-from chunkgrpo.store import ArtifactStore
+from chunkgrpo.store.client import ArtifactStore
 from tests.registry_helpers import eval_run, eval_run_for
 
 pytestmark = pytest.mark.integration

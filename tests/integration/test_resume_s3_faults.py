@@ -13,7 +13,8 @@ import time
 import pytest
 
 from chunkgrpo.errors import UserError
-from chunkgrpo.store import ArtifactStore, StoreError
+from chunkgrpo.store import StoreError
+from chunkgrpo.store.client import ArtifactStore
 from chunkgrpo.train.config import TrainConfig
 from chunkgrpo.train.trainer import run_training
 from tests.fixtures_services import _need_weed
@@ -23,7 +24,8 @@ from tests.fixtures_services import _need_weed
 def own_s3(tmp_path, monkeypatch):
     """A SeaweedFS only this test uses (it is stopped, frozen or killed here); always stopped at the end."""
     _need_weed()
-    from chunkgrpo.local_services import LocalServices, LocalServicesConfig, free_port
+    from chunkgrpo.local_processes import free_port
+    from chunkgrpo.local_services import LocalServices, LocalServicesConfig
 
     svc = LocalServices(LocalServicesConfig(home=str(tmp_path / "svc"), s3_port=free_port(), mlflow=False))
     svc.up()

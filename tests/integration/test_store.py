@@ -13,9 +13,9 @@ import uuid
 import pytest
 
 from chunkgrpo.errors import UserError
-from chunkgrpo.store import (
-    MANIFEST_NAME, ArtifactStore, ChecksumMismatchError, IncompleteArtifactError, _HashingReader,
-)
+from chunkgrpo.store import ChecksumMismatchError, IncompleteArtifactError
+from chunkgrpo.store.client import ArtifactStore, _HashingReader
+from chunkgrpo.store.manifest import MANIFEST_NAME
 
 pytestmark = pytest.mark.integration
 MiB = 2**20

@@ -5,7 +5,7 @@ import shutil
 
 import pytest
 
-from chunkgrpo.store import ArtifactStore
+from chunkgrpo.store.client import ArtifactStore
 from chunkgrpo.train.config import TrainConfig
 from chunkgrpo.train.trainer import run_training
 

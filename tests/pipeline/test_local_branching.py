@@ -11,7 +11,8 @@ pytestmark = pytest.mark.integration
 
 @pytest.mark.parametrize("method", ["tempflow", "granular"])
 def test_pipeline_trains_each_branching_method(services, tmp_path, method):
-    from chunkgrpo.store import ArtifactStore, read_pointer
+    from chunkgrpo.store.client import ArtifactStore
+    from chunkgrpo.store.manifest import read_pointer
     from pipeline.local import run_local
 
     name = f"pipeline-{method}-{uuid.uuid4().hex[:6]}"

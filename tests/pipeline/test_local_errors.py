@@ -103,7 +103,7 @@ def _env():
 
 @pytest.mark.integration
 def test_torchrun_user_error_is_printed_once_by_rank_0(tiny_model_dir, tmp_path):
-    from chunkgrpo.local_services import free_port
+    from chunkgrpo.local_processes import free_port
 
     prompts = tmp_path / "p.txt"
     prompts.write_text("a cat\na dog\n")
@@ -121,7 +121,7 @@ def test_torchrun_user_error_is_printed_once_by_rank_0(tiny_model_dir, tmp_path)
 @pytest.mark.integration
 def test_torchrun_failure_in_a_task_becomes_the_tasks_user_error(tiny_model_dir, tmp_path):
     from chunkgrpo.errors import UserError
-    from chunkgrpo.local_services import free_port
+    from chunkgrpo.local_processes import free_port
     from chunkgrpo.torchrun import run_torchrun
 
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
@@ -136,7 +136,7 @@ def test_torchrun_failure_in_a_task_becomes_the_tasks_user_error(tiny_model_dir,
 @pytest.mark.integration
 def test_pipeline_run_with_a_bad_parameter_is_one_line_exit_2(tmp_path):
     """The CLI end to end with its own services: `max_iterations=-1` fails the train task (inside torchrun)."""
-    from chunkgrpo.local_services import free_ports
+    from chunkgrpo.local_processes import free_ports
 
     s3, mlflow = free_ports(2)
     r = subprocess.run([sys.executable, "-m", "chunkgrpo", "pipeline", "run", "--local", "--home", str(tmp_path / "h"),

@@ -72,7 +72,8 @@ def _alive(procs: list) -> list[str]:
 
 
 def test_sigterm_stops_the_running_task_and_the_services_like_ctrl_c(tmp_path):
-    from chunkgrpo.local_services import LocalServices, LocalServicesConfig, free_ports
+    from chunkgrpo.local_processes import free_ports
+    from chunkgrpo.local_services import LocalServices, LocalServicesConfig
 
     s3, mlflow = free_ports(2)
     home = tmp_path / "h"
@@ -112,7 +113,7 @@ class _FixtureTimeout(Exception):
 def test_a_fixture_whose_pipeline_times_out_leaves_no_server_behind(tmp_path):
     import psutil
 
-    from chunkgrpo.local_services import free_ports
+    from chunkgrpo.local_processes import free_ports
 
     s3, mlflow = free_ports(2)
     home = tmp_path / "h"

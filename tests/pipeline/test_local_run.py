@@ -46,7 +46,7 @@ def _clean_env() -> dict:
 
 @pytest.fixture(scope="module")
 def clone_run(tmp_path_factory):
-    from chunkgrpo.local_services import free_ports
+    from chunkgrpo.local_processes import free_ports
 
     clone = export_repo(tmp_path_factory.mktemp("user"))
     assert not (clone.parent / "shared").exists() and not (clone / "data").exists()
@@ -72,7 +72,8 @@ def _run_dir(clone: Path, stdout: str) -> Path:
 def test_main_job_from_a_clone_succeeds_and_promotes(clone_run):
     from mlflow import MlflowClient
 
-    from chunkgrpo.store import ArtifactStore, read_pointer
+    from chunkgrpo.store.client import ArtifactStore
+    from chunkgrpo.store.manifest import read_pointer
     from pipeline.local import TOY_TRAIN, read_task_outputs
 
     clone, r = clone_run["clone"], clone_run["result"]

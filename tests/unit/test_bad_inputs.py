@@ -205,7 +205,7 @@ def _real_model(ws: Path, damage: str | None = None) -> str:
 
 
 def _earlier_tiny_model_with_a_user_file(ws: Path) -> list[str]:
-    from chunkgrpo.tiny import build_tiny_flux
+    from chunkgrpo.testing.tiny import build_tiny_flux
 
     out = ws / "tm"
     if not out.exists():
@@ -368,7 +368,7 @@ def test_a_bug_keeps_its_traceback(monkeypatch):
 
 def test_kfp_unreachable_is_one_line(capsys, monkeypatch):
     pytest.importorskip("kfp")
-    from chunkgrpo.local_services import free_port
+    from chunkgrpo.local_processes import free_port
 
     rc = main(["pipeline", "upload", "--host", f"http://127.0.0.1:{free_port()}"])
     err = capsys.readouterr().err
@@ -378,7 +378,7 @@ def test_kfp_unreachable_is_one_line(capsys, monkeypatch):
 
 
 def test_tiny_model_overwrite_replaces_only_its_own_folder(tmp_path):
-    from chunkgrpo.tiny import MARKER
+    from chunkgrpo.testing.tiny import MARKER
 
     out = tmp_path / "tiny"
     assert main(["tiny-model", "--out", str(out)]) == 0

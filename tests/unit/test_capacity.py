@@ -113,7 +113,7 @@ def test_meta_simulation_equals_real_cpu_allocations(tiny_model_dir, checkpointi
 def test_prediction_matches_a_real_training_iteration(tmp_path, size, gc, lora):
     """The trainer's own iteration (rollout of a group, decode, reward, policy windows, optimizer step) on
     the tiny and mid models: measured peak within 5 % of the plan's working set."""
-    from chunkgrpo.tiny import build_tiny_flux
+    from chunkgrpo.testing.tiny import build_tiny_flux
     from chunkgrpo.train.config import TrainConfig
     from chunkgrpo.train.trainer import Trainer
 

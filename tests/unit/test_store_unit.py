@@ -8,12 +8,12 @@ import socket
 import pytest
 
 from chunkgrpo.errors import UserError
-from chunkgrpo.local_services import LocalServicesConfig, free_ports, port_in_use
+from chunkgrpo.local_processes import free_ports, port_in_use
+from chunkgrpo.local_services import LocalServicesConfig
 from chunkgrpo.registry import GateConfig, RegistryConfig, config_hash, gate_decision
-from chunkgrpo.store import (
-    ArtifactStore, ChecksumMismatchError, Manifest, StoreConfig, StoreError, build_manifest, classify_error,
-    make_pointer, parse_s3_uri, read_pointer, s3_uri,
-)
+from chunkgrpo.store import ChecksumMismatchError, StoreError, parse_s3_uri, s3_uri
+from chunkgrpo.store.client import ArtifactStore, StoreConfig, classify_error
+from chunkgrpo.store.manifest import Manifest, build_manifest, make_pointer, read_pointer
 from chunkgrpo.tracking import NullTracker, flatten, stage_run, start_pipeline_run
 
 SECRET = "s3cr3t-value-never-shown"

@@ -29,7 +29,7 @@ def test_ablation_runs_locally(local_runner, toy_model):
                      plan="sizes:2,3,4", eval_per_category=1, eval_samples=1)
 
     p(model=str(toy_model))
-    from chunkgrpo.store import ArtifactStore
+    from chunkgrpo.store.client import ArtifactStore
 
     store = ArtifactStore(local_runner.store_config)
     manifest = store.read_manifest("s3://chunkgrpo/ablation-local/local/ablation")

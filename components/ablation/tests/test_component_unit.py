@@ -12,7 +12,7 @@ from components.ablation.component import toy_ablation
 
 
 def test_settings_outputs_metrics_and_upload(monkeypatch, artifact, tmp_path):
-    import chunkgrpo.store as store
+    import chunkgrpo.store.client as store
     import chunkgrpo.toy.ablation as ablation
     from chunkgrpo import tracking
 

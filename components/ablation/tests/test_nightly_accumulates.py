@@ -30,7 +30,7 @@ def test_two_nights_accumulate_seeds_in_one_series(local_runner, toy_model):
                      artifact_root="s3://chunkgrpo/ablation-nightly", run_id=run_id, parent_run_id="",
                      series_root=SERIES, plan="sizes:2,3,4", eval_per_category=1, eval_samples=1, eval_points=2)
 
-    from chunkgrpo.store import ArtifactStore
+    from chunkgrpo.store.client import ArtifactStore
 
     store = ArtifactStore(local_runner.store_config)
     nights = []

@@ -62,7 +62,7 @@ class FakeK8s(BaseHTTPRequestHandler):
 
 
 def test_launch_trainjob_locally(local_runner, tmp_path, monkeypatch):
-    from chunkgrpo.store import ArtifactStore
+    from chunkgrpo.store.client import ArtifactStore
 
     store = ArtifactStore()
     bucket = local_runner.env["CHUNKGRPO_S3_BUCKET"]

@@ -36,7 +36,7 @@ def _args(**kw):
 
 @pytest.fixture
 def fake_cluster(monkeypatch):
-    import chunkgrpo.store as store
+    import chunkgrpo.store.client as store
 
     api = FakeApi(statuses=[cond("Complete")] * 5)
     api.core = FakeCore(pods=[pod("running")])

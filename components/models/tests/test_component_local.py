@@ -11,7 +11,7 @@ pytestmark = pytest.mark.integration
 
 
 def test_sync_from_hub_cache_locally(local_runner, tiny_model_dir, tmp_path, monkeypatch):
-    from chunkgrpo.store import ArtifactStore
+    from chunkgrpo.store.client import ArtifactStore
 
     hub = tmp_path / "hf" / "hub" / "models--acme--tiny"
     shutil.copytree(tiny_model_dir, hub / "snapshots" / ("1" * 40))

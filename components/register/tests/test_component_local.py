@@ -15,7 +15,8 @@ pytestmark = pytest.mark.integration
 def test_register_locally(local_runner, text_artifact, tmp_path):
     from mlflow import MlflowClient
 
-    from chunkgrpo.store import ArtifactStore, make_pointer
+    from chunkgrpo.store.client import ArtifactStore
+    from chunkgrpo.store.manifest import make_pointer
     from tests.registry_helpers import eval_run
 
     lora = tmp_path / "final"

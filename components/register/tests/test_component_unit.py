@@ -14,9 +14,10 @@ EVAL = {"format": "chunkgrpo.eval-metrics/v1", "metrics": {"hpdv2.hpsv3.trained"
 
 
 def test_register_maps_metrics_protocol_and_gate(monkeypatch, artifact):
-    import chunkgrpo.store as store
+    import chunkgrpo.store.client as store
+    from chunkgrpo.store.manifest import make_pointer
 
-    pointer = store.make_pointer("s3://bkt/run/train/final", "a" * 64, "lora", base_model="s3://bkt/models/flux",
+    pointer = make_pointer("s3://bkt/run/train/final", "a" * 64, "lora", base_model="s3://bkt/models/flux",
                                  method="chunk")
     calls = {}
 
@@ -44,9 +45,10 @@ def test_register_maps_metrics_protocol_and_gate(monkeypatch, artifact):
 
 
 def test_register_refuses_a_changed_checkpoint(monkeypatch, artifact):
-    import chunkgrpo.store as store
+    import chunkgrpo.store.client as store
+    from chunkgrpo.store.manifest import make_pointer
 
-    pointer = store.make_pointer("s3://bkt/f", "a" * 64, "lora", base_model="x")
+    pointer = make_pointer("s3://bkt/f", "a" * 64, "lora", base_model="x")
     monkeypatch.setattr(store, "ArtifactStore", lambda: types.SimpleNamespace(
         get_folder=lambda uri, dst: types.SimpleNamespace(sha256="b" * 64)))
     with pytest.raises(RuntimeError, match="changed after training"):

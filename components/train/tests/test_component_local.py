@@ -10,7 +10,8 @@ pytestmark = pytest.mark.integration
 
 
 def test_train_one_step_locally(local_runner, tiny_model_dir, tmp_path):
-    from chunkgrpo.store import ArtifactStore, read_pointer
+    from chunkgrpo.store.client import ArtifactStore
+    from chunkgrpo.store.manifest import read_pointer
 
     prompts = tmp_path / "p.txt"
     prompts.write_text("a red apple\na blue car\n")

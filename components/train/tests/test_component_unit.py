@@ -19,7 +19,7 @@ def _args(**kw):
 
 
 def test_torchrun_command_and_pointer(monkeypatch, artifact):
-    import chunkgrpo.store as store
+    import chunkgrpo.store.client as store
     import chunkgrpo.torchrun as torchrun
 
     ran = {}

@@ -80,7 +80,7 @@ def test_wise_prompts_are_not_shipped_and_the_error_says_where_to_get_them(monke
 @pytest.mark.integration
 def test_explicit_s3_uri_is_downloaded_and_used(services_env, tmp_path, monkeypatch):
     from chunkgrpo.eval import hpdv2
-    from chunkgrpo.store import ArtifactStore
+    from chunkgrpo.store.client import ArtifactStore
 
     monkeypatch.setenv("CHUNKGRPO_CACHE", str(tmp_path / "cache"))
     store = ArtifactStore(services_env.store_config)
@@ -99,7 +99,7 @@ def test_wise_prompts_from_an_s3_folder_or_file(services_env, tmp_path, monkeypa
     import json
 
     from chunkgrpo.eval import wise
-    from chunkgrpo.store import ArtifactStore
+    from chunkgrpo.store.client import ArtifactStore
 
     monkeypatch.setenv("CHUNKGRPO_CACHE", str(tmp_path / "cache"))
     store = ArtifactStore(services_env.store_config)

@@ -211,9 +211,10 @@ def test_bpe_builder_roundtrip(tiny_clip):
 
 
 def test_s3_weights_through_chunkgrpo_store(monkeypatch, tiny_clip, tmp_path):
-    """Without a fetch hook, s3:// weights come from chunkgrpo.store.ArtifactStore (faked here): a raw prefix
-    (no MANIFEST) is copied object by object; a single-object URI lands in the cache folder."""
-    import chunkgrpo.store as store_mod
+    """Without a fetch hook, s3:// weights come from chunkgrpo.store.client.ArtifactStore (faked here): a raw
+    prefix (no MANIFEST) is copied object by object; a single-object URI lands in the cache folder."""
+    import chunkgrpo.store.client as store_mod
+    from chunkgrpo.store import parse_s3_uri
 
     objects = {f"scorers/tiny/{p.name}": p for p in tiny_clip.iterdir() if p.is_file()}
     objects["scorers/HPS_v2.1_compressed.pt"] = tiny_clip / "config.json"
@@ -223,11 +224,11 @@ def test_s3_weights_through_chunkgrpo_store(monkeypatch, tiny_clip, tmp_path):
             return False
 
         def list(self, prefix):
-            _, key = store_mod.parse_s3_uri(prefix)
+            _, key = parse_s3_uri(prefix)
             return [store_mod.ObjectEntry(k, 1, None) for k in sorted(objects) if k.startswith(key)]
 
         def exists(self, uri):
-            return store_mod.parse_s3_uri(uri)[1] in objects
+            return parse_s3_uri(uri)[1] in objects
 
         def stat(self, uri):
             key = store_mod.parse_s3_uri(uri)[1]
@@ -235,7 +236,7 @@ def test_s3_weights_through_chunkgrpo_store(monkeypatch, tiny_clip, tmp_path):
 
         def get_file(self, uri, local_path):
             local_path.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy(objects[store_mod.parse_s3_uri(uri)[1]], local_path)
+            shutil.copy(objects[parse_s3_uri(uri)[1]], local_path)
 
     monkeypatch.setattr(store_mod, "ArtifactStore", FakeStore)
     scorer = S.get_scorer("clip", weights="s3://models/scorers/tiny", cache_dir=str(tmp_path), device="cpu")

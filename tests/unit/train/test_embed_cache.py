@@ -57,7 +57,7 @@ def test_a_file_planted_under_another_prompts_name_is_refused(tiny_model, tmp_pa
 
 def test_another_base_model_or_length_is_another_key(tiny_model, tiny_model_dir, tmp_path):
     from chunkgrpo.flux import load_flux
-    from chunkgrpo.tiny import build_tiny_flux
+    from chunkgrpo.testing.tiny import build_tiny_flux
 
     other_dir = build_tiny_flux(tmp_path / "other", seed=1)  # same architecture, other weights
     other = load_flux(other_dir)

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import torch
 
-from chunkgrpo.bpe import bytes_to_unicode
 from chunkgrpo.errors import UserError
+from chunkgrpo.testing.bpe import bytes_to_unicode
 
 # A small, fixed corpus so the tokenizers cover ordinary prompt words deterministically.
 _CORPUS = [

@@ -1,27 +1,10 @@
-"""S3 artifact store on the `minio` SDK: files, atomic folder artifacts, checksums, retries.
-
-Works with MinIO, SeaweedFS (`chunkgrpo local up`) and any S3. Endpoint, TLS, region, bucket and
-credentials come from `StoreConfig`, whose defaults are read from the environment (Kubernetes
-Secrets mounted as env vars in the cluster):
-
-    CHUNKGRPO_S3_ENDPOINT   http://127.0.0.1:8333 | https://minio.minio.svc:9000 | s3.amazonaws.com
-    CHUNKGRPO_S3_BUCKET     default bucket (default "chunkgrpo")
-    AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_DEFAULT_REGION (or AWS_REGION)
-    AWS_CA_BUNDLE / SSL_CERT_FILE   CA bundle for a private TLS endpoint
-
-Folder artifacts are atomic for readers: every file is uploaded first and `MANIFEST.json` (relative
-path -> sha256 + size) is written LAST. Readers (`get_folder`, `is_complete`, `latest_complete`) only
-trust a folder that has a manifest, and `get_folder` verifies every checksum. An interrupted upload
-therefore leaves a folder that is never read as complete.
-
-Transient errors (connection refused/reset, timeouts, HTTP 5xx, SlowDown) are retried with
-exponential backoff; authentication errors are not retried and become a `UserError` that names
-the endpoint and access key id (never the secret).
-"""
+"""The S3 client: `StoreConfig` (endpoint, credentials, transfer tuning) and `ArtifactStore` (objects,
+multipart uploads with checksums, atomic folder artifacts, retries with backoff). See `chunkgrpo.store`
+for the environment variables and the folder-artifact contract. One room (~600 lines): every method
+goes through the same client, `_retry` loop and error classification."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import datetime as _dt
 import hashlib
@@ -33,7 +16,7 @@ import random
 import re
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
@@ -41,16 +24,14 @@ from urllib.parse import urlsplit
 
 from chunkgrpo.config import Config, option
 from chunkgrpo.errors import UserError
+from chunkgrpo.store import (ChecksumMismatchError, IncompleteArtifactError, StoreError, _check_bucket_name,
+                             _check_key, parse_s3_uri, s3_uri)
+from chunkgrpo.store.manifest import CHUNK, MANIFEST_NAME, MiB, Manifest, build_manifest, file_sha256
 
 log = logging.getLogger(__name__)
 
-MANIFEST_NAME = "MANIFEST.json"
-MANIFEST_FORMAT = "chunkgrpo.manifest/v1"
-POINTER_FORMAT = "chunkgrpo.model-pointer/v1"
-MiB = 1024 * 1024
 _MIN_PART = 5 * MiB
 _MAX_PARTS = 10_000
-_CHUNK = 1 * MiB
 
 AUTH_ERROR_CODES = frozenset({
     "InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "InvalidToken",
@@ -65,53 +46,7 @@ TRANSIENT_ERROR_CODES = frozenset({
 T = TypeVar("T")
 
 
-class StoreError(RuntimeError):
-    """An S3 operation failed for a reason that is not the user's input (after retries)."""
-
-
-class IncompleteArtifactError(UserError):
-    """A folder artifact has no manifest (upload interrupted or still running)."""
-
-
-class ChecksumMismatchError(StoreError):
-    """Downloaded bytes do not match the recorded sha256/size."""
-
-
-# ------------------------------------------------------------------------------------------ URIs
-
-
-def parse_s3_uri(uri: str) -> tuple[str, str]:
-    """`s3://bucket/some/key` -> ("bucket", "some/key"). The key may be empty (`s3://bucket`)."""
-    if not isinstance(uri, str) or not uri.startswith("s3://"):
-        raise UserError(f"{uri!r} is not an S3 URI (expected s3://bucket/key)")
-    rest = uri[len("s3://"):]
-    bucket, _, key = rest.partition("/")
-    if not bucket:
-        raise UserError(f"{uri!r} has no bucket (expected s3://bucket/key)")
-    _check_bucket_name(bucket)
-    _check_key(key, uri)
-    return bucket, key
-
-
-def _check_key(key: str, where: str) -> None:
-    """S3 keys with '.'/'..' segments are rejected by S3 clients (minio raises ValueError): a UserError here."""
-    if any(part in (".", "..") for part in key.split("/")):
-        raise UserError(f"{where!r}: '.' and '..' are not allowed as parts of an S3 key")
-
-
-def s3_uri(bucket: str, key: str = "") -> str:
-    """("bucket", "a/b") -> "s3://bucket/a/b"."""
-    return f"s3://{bucket}/{key.lstrip('/')}"
-
-
-def _check_bucket_name(bucket: str) -> None:
-    if not re.fullmatch(r"[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]", bucket or ""):
-        raise UserError(
-            f"invalid bucket name {bucket!r}: use 3-63 lowercase letters, digits, '-' or '.', "
-            "starting and ending with a letter or digit")
-
-
-def _folder_prefix(prefix: str) -> str:
+def folder_prefix(prefix: str) -> str:
     prefix = prefix.strip("/")
     return f"{prefix}/" if prefix else ""
 
@@ -197,117 +132,6 @@ class StoreConfig(Config):
         d = super().to_dict()
         d.pop("secret_key", None)
         return d
-
-
-# -------------------------------------------------------------------------------------- manifest
-
-
-@dataclasses.dataclass
-class Manifest:
-    """What a complete folder artifact contains: relative path -> {sha256, size}."""
-
-    files: dict[str, dict[str, Any]]
-    created: str = ""
-    meta: dict[str, Any] = dataclasses.field(default_factory=dict)
-    format: str = MANIFEST_FORMAT
-
-    @property
-    def total_bytes(self) -> int:
-        return sum(int(f["size"]) for f in self.files.values())
-
-    def to_json(self) -> bytes:
-        body = {"format": self.format, "created": self.created, "total_bytes": self.total_bytes,
-                "files": {k: self.files[k] for k in sorted(self.files)}, "meta": self.meta}
-        return (json.dumps(body, indent=1, sort_keys=False) + "\n").encode()
-
-    @property
-    def sha256(self) -> str:
-        """Digest of the serialised manifest: identifies the folder content as a whole."""
-        return hashlib.sha256(self.to_json()).hexdigest()
-
-    @property
-    def content_sha256(self) -> str:
-        """Digest of the file list only (path, sha256, size): equal for equal content, any time."""
-        body = json.dumps({k: [self.files[k]["sha256"], int(self.files[k]["size"])] for k in sorted(self.files)})
-        return hashlib.sha256(body.encode()).hexdigest()
-
-    @classmethod
-    def from_json(cls, data: bytes | str, where: str = "manifest") -> "Manifest":
-        try:
-            body = json.loads(data)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise StoreError(f"{where}: not valid JSON ({e})") from None
-        if not isinstance(body, dict) or body.get("format") != MANIFEST_FORMAT or not isinstance(
-                body.get("files"), dict):
-            raise StoreError(f"{where}: not a {MANIFEST_FORMAT} manifest")
-        for rel, entry in body["files"].items():
-            _check_rel_path(rel, where)
-            if not isinstance(entry, dict) or "sha256" not in entry or "size" not in entry:
-                raise StoreError(f"{where}: entry {rel!r} lacks sha256/size")
-        return cls(files=body["files"], created=body.get("created", ""), meta=body.get("meta") or {})
-
-
-def _check_rel_path(rel: str, where: str = "manifest") -> None:
-    p = Path(rel)
-    if p.is_absolute() or ".." in p.parts or rel.startswith("/") or not rel:
-        raise StoreError(f"{where}: unsafe path {rel!r}")
-
-
-def file_sha256(path: str | Path, chunk: int = _CHUNK) -> str:
-    """Hex sha256 of a local file, streamed."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
-def _iter_files(local_dir: Path) -> Iterator[tuple[str, Path]]:
-    for p in sorted(local_dir.rglob("*")):
-        if p.is_file():
-            rel = p.relative_to(local_dir).as_posix()
-            if rel == MANIFEST_NAME:
-                continue  # a downloaded folder re-uploaded: the manifest is regenerated
-            yield rel, p
-
-
-def build_manifest(local_dir: str | Path, meta: dict | None = None) -> Manifest:
-    """Hash every file under `local_dir` (symlinks followed, MANIFEST.json itself skipped)."""
-    local_dir = Path(local_dir)
-    if not local_dir.is_dir():
-        raise UserError(f"{local_dir} is not a directory")
-    files = {rel: {"sha256": file_sha256(p), "size": p.stat().st_size} for rel, p in _iter_files(local_dir)}
-    return Manifest(files=files, created=_now(), meta=dict(meta or {}))
-
-
-def _now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-
-
-# -------------------------------------------------------------------------------- model pointer
-
-
-def make_pointer(uri: str, manifest_sha256: str, kind: str, base_model: str, **extra: Any) -> dict:
-    """A "model pointer": where a checkpoint folder lives and what it is, as small JSON."""
-    parse_s3_uri(uri)
-    if kind not in ("lora", "full"):
-        raise UserError(f"model kind {kind!r} must be 'lora' or 'full'")
-    if not re.fullmatch(r"[0-9a-f]{64}", manifest_sha256 or ""):
-        raise UserError(f"manifest_sha256 {manifest_sha256!r} is not a hex sha256")
-    return {"format": POINTER_FORMAT, "uri": uri, "manifest_sha256": manifest_sha256, "kind": kind,
-            "base_model": base_model, **extra}
-
-
-def read_pointer(data: str | bytes | dict) -> dict:
-    """Validate a model pointer (JSON text or dict) and return it as a dict."""
-    body = json.loads(data) if isinstance(data, (str, bytes)) else dict(data)
-    if body.get("format") != POINTER_FORMAT:
-        raise UserError(f"not a {POINTER_FORMAT} model pointer: {str(body)[:200]}")
-    missing = [k for k in ("uri", "manifest_sha256", "kind", "base_model") if k not in body]
-    if missing:
-        raise UserError(f"model pointer lacks {', '.join(missing)}")
-    make_pointer(body["uri"], body["manifest_sha256"], body["kind"], body["base_model"])
-    return body
 
 
 # ------------------------------------------------------------------------------------ retrying
@@ -530,10 +354,6 @@ class ArtifactStore:
             bucket, key, io.BytesIO(data), len(data), content_type=content_type, metadata={"sha256": digest}))
         return {"uri": s3_uri(bucket, key), "key": key, "size": len(data), "sha256": digest}
 
-    def put_json(self, obj: Any, key: str) -> dict:
-        return self.put_bytes((json.dumps(obj, indent=1, sort_keys=True) + "\n").encode(), key,
-                              content_type="application/json")
-
     def get_bytes(self, key: str) -> bytes:
         """Download a small object into memory. Missing -> FileNotFoundError."""
         bucket, key = self._loc(key)
@@ -547,9 +367,6 @@ class ArtifactStore:
                 resp.release_conn()
 
         return self._missing_as_fnf(s3_uri(bucket, key), lambda: self._retry(f"reading {s3_uri(bucket, key)}", go))
-
-    def get_json(self, key: str) -> Any:
-        return json.loads(self.get_bytes(key))
 
     def _missing_as_fnf(self, uri: str, fn: Callable[[], T]) -> T:
         from minio.error import S3Error
@@ -610,7 +427,7 @@ class ArtifactStore:
                     nonlocal written
                     resp = self._client.get_object(bucket, key, offset=written)
                     try:
-                        for block in resp.stream(_CHUNK):
+                        for block in resp.stream(CHUNK):
                             out.write(block)
                             h.update(block)
                             written += len(block)
@@ -671,7 +488,7 @@ class ArtifactStore:
     def list_complete(self, prefix: str) -> list[str]:
         """Folder prefixes directly under `prefix` that have a manifest, in natural name order."""
         bucket, base = self._loc(prefix)
-        base = _folder_prefix(base)
+        base = folder_prefix(base)
         found = []
         for e in self.list(s3_uri(bucket, base)):
             rest = e.key[len(base):]
@@ -699,7 +516,7 @@ class ArtifactStore:
     def read_manifest(self, prefix: str) -> Manifest | None:
         """The folder's manifest, or None if the folder is incomplete/missing."""
         bucket, key = self._loc(prefix)
-        mkey = _folder_prefix(key) + MANIFEST_NAME
+        mkey = folder_prefix(key) + MANIFEST_NAME
         try:
             data = self.get_bytes(s3_uri(bucket, mkey))
         except FileNotFoundError:
@@ -709,7 +526,7 @@ class ArtifactStore:
     def is_complete(self, prefix: str) -> bool:
         """True only if the folder has a manifest (written last by put_folder)."""
         bucket, key = self._loc(prefix)
-        return self.exists(s3_uri(bucket, _folder_prefix(key) + MANIFEST_NAME))
+        return self.exists(s3_uri(bucket, folder_prefix(key) + MANIFEST_NAME))
 
     def put_folder(self, local_dir: str | Path, prefix: str, *, meta: dict | None = None,
                    overwrite: bool = True, progress: Callable[[str, int], None] | None = None) -> Manifest:
@@ -721,7 +538,7 @@ class ArtifactStore:
         """
         local_dir = Path(local_dir)
         bucket, key = self._loc(prefix)
-        base = _folder_prefix(key)
+        base = folder_prefix(key)
         if not base:
             raise UserError("put_folder needs a non-empty prefix (not the bucket root)")
         uri = s3_uri(bucket, base.rstrip("/"))
@@ -759,7 +576,7 @@ class ArtifactStore:
         Files not listed in the manifest are ignored. The manifest is written to local_dir too.
         """
         bucket, key = self._loc(prefix)
-        base = _folder_prefix(key)
+        base = folder_prefix(key)
         uri = s3_uri(bucket, base.rstrip("/"))
         manifest = self.read_manifest(uri)
         if manifest is None:
@@ -793,88 +610,3 @@ def _natural_key(s: str) -> list:
 def _short(exc: BaseException) -> str:
     text = f"{type(exc).__name__}: {exc}"
     return text if len(text) < 300 else text[:297] + "..."
-
-
-def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
-    """The local download cache: `cache_dir`, else $CHUNKGRPO_CACHE, else ~/.cache/chunkgrpo."""
-    return Path(cache_dir or os.environ.get("CHUNKGRPO_CACHE") or Path.home() / ".cache" / "chunkgrpo").expanduser()
-
-
-@contextlib.contextmanager
-def _entry_lock(entry: Path):
-    """An exclusive lock on one cache entry (fcntl, `<cache root>/.locks/<kind>-<entry>.lock`, beside the
-    entries so a listing of a kind shows only entries): processes sharing the cache (the ranks of a node,
-    or the nodes of a shared volume) fill an entry once; the others wait and reuse it."""
-    import fcntl
-
-    locks = entry.parent.parent / ".locks"
-    locks.mkdir(parents=True, exist_ok=True)
-    with open(locks / f"{entry.parent.name}-{entry.name}.lock", "a+") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
-def cached_file(uri: str, kind: str, what: str = "file", cache_dir: str | Path | None = None) -> Path:
-    """Download one `s3://` object into `<cache root>/<kind>/` and return the local path; a changed object
-    (size/etag) is downloaded again, an unchanged one reused. A missing object is a UserError naming `what`.
-    Concurrent callers on one cache download it once (entry lock). Cache root: `cache_root(cache_dir)`."""
-    store = ArtifactStore()
-    meta = store.stat(uri)
-    if meta is None:
-        raise UserError(f"{what} {uri} does not exist")
-    key = hashlib.sha256(f"{uri}\0{meta.get('etag')}\0{meta.get('size')}".encode()).hexdigest()[:16]
-    local = cache_root(cache_dir) / kind / key / uri.rstrip("/").rsplit("/", 1)[-1]
-    with _entry_lock(local.parent):
-        if not local.exists():
-            store.get_file(uri, local)
-    return local
-
-
-def cached_folder_entry(uri: str, kind: str = "artifacts", cache_dir: str | Path | None = None) -> Path:
-    """Where `cached_folder` keeps `uri` (nothing is read or downloaded)."""
-    return cache_root(cache_dir) / kind / hashlib.sha256(uri.encode()).hexdigest()[:16]
-
-
-def cached_folder(uri: str, kind: str = "artifacts", cache_dir: str | Path | None = None) -> Path:
-    """Download a complete S3 folder artifact into a local cache once (checksums verified) and return
-    the local path. The cache entry is reused while its recorded manifest hash matches the remote one.
-    Cache root: `cache_root(cache_dir)`. Concurrent callers on one cache (ranks of a node, nodes sharing
-    a volume) download it once: the entry is filled under an exclusive lock, the others then reuse it."""
-    target = cached_folder_entry(uri, kind, cache_dir)
-    store = ArtifactStore()
-    manifest = store.read_manifest(uri)
-    if manifest is None:
-        raise IncompleteArtifactError(f"{uri} is not a complete folder in S3 (no {MANIFEST_NAME}); was the upload finished?")
-    stamp = target / ".manifest-sha256"
-    with _entry_lock(target):
-        if not (stamp.exists() and stamp.read_text() == manifest.sha256):
-            store.get_folder(uri, target)  # verifies every file's sha256
-            stamp.write_text(manifest.sha256)
-    return target
-
-
-def cached_prefix(uri: str, kind: str = "artifacts", cache_dir: str | Path | None = None) -> Path | None:
-    """Every object under an `s3://` prefix that is not a complete folder (no MANIFEST.json: e.g. weights
-    copied there with `aws s3 sync`) into a local cache entry, and its path; None when nothing is stored
-    under the prefix. The entry is keyed by the listing (keys, sizes, modification times): a changed
-    prefix is downloaded again into a new entry, an unchanged one reused. Cache root and locking as
-    `cached_folder`."""
-    store = ArtifactStore()
-    bucket, key = parse_s3_uri(uri)
-    base = _folder_prefix(key)
-    entries = [e for e in store.list(s3_uri(bucket, base)) if not e.is_dir]
-    if not entries:
-        return None
-    listing = "".join(f"{e.key}\0{e.size}\0{e.last_modified}\n" for e in entries)
-    target = cache_root(cache_dir) / kind / hashlib.sha256(f"{uri}\0{listing}".encode()).hexdigest()[:16]
-    stamp = target / ".listing-sha256"
-    digest = hashlib.sha256(listing.encode()).hexdigest()
-    with _entry_lock(target):
-        if not (stamp.exists() and stamp.read_text() == digest):
-            for e in entries:
-                store.get_file(s3_uri(bucket, e.key), target / e.key[len(base):])
-            stamp.write_text(digest)
-    return target

@@ -67,7 +67,8 @@ def sync(source: str, dest: str | None = None, *, download: bool = False, revisi
          store=None) -> tuple[str, bool]:
     """Put `source` (a folder or a hub id) into S3 as a folder artifact. Returns (uri, uploaded);
     an identical complete folder already there is kept (uploaded=False)."""
-    from chunkgrpo.store import ArtifactStore, build_manifest
+    from chunkgrpo.store.client import ArtifactStore
+    from chunkgrpo.store.manifest import build_manifest
 
     if dest is None:
         dest = model_uri(source)

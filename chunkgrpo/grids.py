@@ -1,4 +1,4 @@
-"""Small image helpers: grids for MLflow / reports."""
+"""Image grids for MLflow and reports: `image_grid` tiles images with optional captions."""
 
 from __future__ import annotations
 
