@@ -8,7 +8,6 @@ from __future__ import annotations
 import dataclasses
 import datetime as _dt
 import hashlib
-import json
 import logging
 import math
 import os
@@ -19,7 +18,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 from urllib.parse import urlsplit
 
 from chunkgrpo.config import Config, option
