@@ -18,7 +18,9 @@ import shutil
 from pathlib import Path
 from typing import Any, Callable
 
-from chunkgrpo import store
+from chunkgrpo.store import parse_s3_uri
+from chunkgrpo.store.cache import cache_root, cached_file, cached_folder, cached_prefix
+from chunkgrpo.store.client import ArtifactStore
 from chunkgrpo.errors import UserError
 
 Fetch = Callable[[str, Path], Any]
@@ -59,22 +61,22 @@ def resolve_weights(
 def _from_store(uri: str, cache_dir: str | os.PathLike | None) -> Path:
     """A complete folder artifact, else every object under the prefix, else the single object `uri` names
     (e.g. `.../HPS_v2.1_compressed.pt`), each through the store's cache."""
-    st = store.ArtifactStore()
+    st = ArtifactStore()
     if st.is_complete(uri):
-        return store.cached_folder(uri, KIND, cache_dir)
-    folder = store.cached_prefix(uri, KIND, cache_dir)
+        return cached_folder(uri, KIND, cache_dir)
+    folder = cached_prefix(uri, KIND, cache_dir)
     if folder is not None:
         return folder
-    _, key = store.parse_s3_uri(uri)
+    _, key = parse_s3_uri(uri)
     if key and st.exists(uri):
-        return store.cached_file(uri, KIND, "weights", cache_dir).parent
+        return cached_file(uri, KIND, "weights", cache_dir).parent
     raise UserError(f"nothing is stored under {uri}")
 
 
 def _fetched(uri: str, what: str, cache_dir: str | os.PathLike | None, fetch: Fetch) -> Path:
     """`uri` fetched by the hook into `<cache root>/weights/<name>-<hash>` once (a `.fetched` stamp)."""
     digest = hashlib.sha256(uri.encode()).hexdigest()[:16]
-    dest = store.cache_root(cache_dir) / KIND / f"{uri.rstrip('/').rsplit('/', 1)[-1]}-{digest}"
+    dest = cache_root(cache_dir) / KIND / f"{uri.rstrip('/').rsplit('/', 1)[-1]}-{digest}"
     stamp = dest / ".fetched"
     if stamp.exists():
         return dest
