@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 from chunkgrpo.store import parse_s3_uri
 from chunkgrpo.store.cache import cache_root, cached_file, cached_folder, cached_prefix
-from chunkgrpo.store.client import ArtifactStore
+from chunkgrpo.store import client
 from chunkgrpo.errors import UserError
 
 Fetch = Callable[[str, Path], Any]
@@ -61,7 +61,7 @@ def resolve_weights(
 def _from_store(uri: str, cache_dir: str | os.PathLike | None) -> Path:
     """A complete folder artifact, else every object under the prefix, else the single object `uri` names
     (e.g. `.../HPS_v2.1_compressed.pt`), each through the store's cache."""
-    st = ArtifactStore()
+    st = client.ArtifactStore()
     if st.is_complete(uri):
         return cached_folder(uri, KIND, cache_dir)
     folder = cached_prefix(uri, KIND, cache_dir)

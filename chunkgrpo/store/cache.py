@@ -12,7 +12,8 @@ from pathlib import Path
 from chunkgrpo.errors import UserError
 from chunkgrpo.locks import FileLock
 from chunkgrpo.store import IncompleteArtifactError, parse_s3_uri, s3_uri
-from chunkgrpo.store.client import ArtifactStore, folder_prefix
+from chunkgrpo.store import client
+from chunkgrpo.store.client import folder_prefix
 from chunkgrpo.store.manifest import MANIFEST_NAME
 
 
@@ -32,7 +33,7 @@ def cached_file(uri: str, kind: str, what: str = "file", cache_dir: str | Path |
     """Download one `s3://` object into `<cache root>/<kind>/` and return the local path; a changed object
     (size/etag) is downloaded again, an unchanged one reused. A missing object is a UserError naming `what`.
     Concurrent callers on one cache download it once (entry lock). Cache root: `cache_root(cache_dir)`."""
-    store = ArtifactStore()
+    store = client.ArtifactStore()  # looked up on the module: tests substitute a fake store
     meta = store.stat(uri)
     if meta is None:
         raise UserError(f"{what} {uri} does not exist")
@@ -55,7 +56,7 @@ def cached_folder(uri: str, kind: str = "artifacts", cache_dir: str | Path | Non
     Cache root: `cache_root(cache_dir)`. Concurrent callers on one cache (ranks of a node, nodes sharing
     a volume) download it once: the entry is filled under an exclusive lock, the others then reuse it."""
     target = cached_folder_entry(uri, kind, cache_dir)
-    store = ArtifactStore()
+    store = client.ArtifactStore()  # looked up on the module: tests substitute a fake store
     manifest = store.read_manifest(uri)
     if manifest is None:
         raise IncompleteArtifactError(f"{uri} is not a complete folder in S3 (no {MANIFEST_NAME}); was the upload finished?")
@@ -73,7 +74,7 @@ def cached_prefix(uri: str, kind: str = "artifacts", cache_dir: str | Path | Non
     under the prefix. The entry is keyed by the listing (keys, sizes, modification times): a changed
     prefix is downloaded again into a new entry, an unchanged one reused. Cache root and locking as
     `cached_folder`."""
-    store = ArtifactStore()
+    store = client.ArtifactStore()  # looked up on the module: tests substitute a fake store
     bucket, key = parse_s3_uri(uri)
     base = folder_prefix(key)
     entries = [e for e in store.list(s3_uri(bucket, base)) if not e.is_dir]

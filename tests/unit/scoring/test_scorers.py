@@ -250,7 +250,7 @@ def test_s3_weights_through_chunkgrpo_store(monkeypatch, tiny_clip, tmp_path):
 def test_s3_weights_notice_a_changed_remote(monkeypatch, tmp_path):
     """s3:// weights go through the store's cache: an unchanged prefix / object is reused, a changed one
     (another listing, another size or etag) is downloaded again instead of served stale."""
-    import chunkgrpo.store as store_mod
+    import chunkgrpo.store.client as store_mod
 
     objects = {"w/a.bin": b"v1", "one.pt": b"v1"}
     gets = []
@@ -291,7 +291,7 @@ def test_s3_weights_notice_a_changed_remote(monkeypatch, tmp_path):
 def test_scorer_weights_follow_the_store_cache_when_only_chunkgrpo_cache_is_set(tmp_path, monkeypatch):
     """Pods set CHUNKGRPO_CACHE to their /cache volume and HOME=/tmp: scorer weights (HPSv3 ~15 GiB) must
     go to that volume, not to ~/.cache. Setting CHUNKGRPO_CACHE moves them (one cache: the store's)."""
-    from chunkgrpo import store
+    from chunkgrpo.store import cache as store
 
     def fetch(uri, dest):
         (dest / "w.bin").write_bytes(b"w")
