@@ -199,8 +199,8 @@ class Checkpointer:
                             f"(iteration {state['iteration']}), beyond this run's end ({total} {unit}s); "
                             "raise max_steps/max_iterations or use another output_dir")
         changes = config_changes(state["config"], self.cfg) if isinstance(state.get("config"), dict) else []
-        if isinstance(state.get("chunk_sizes"), list) and state["chunk_sizes"] != t.sizes:
-            changes.append(f"chunk sizes: {state['chunk_sizes']} → {t.sizes}")
+        if isinstance(state.get("chunk_sizes"), list) and state["chunk_sizes"] != t.plan.sizes:
+            changes.append(f"chunk sizes: {state['chunk_sizes']} → {t.plan.sizes}")
         if changes and not self.cfg.checkpoint.allow_config_change:
             raise UserError(f"checkpoint {data.path} was trained with another config ({'; '.join(changes)}); "
                             "refusing to resume (checkpoint.allow_config_change=true to resume anyway, or "
@@ -279,7 +279,7 @@ class Checkpointer:
         state = {"iteration": t.iteration_idx, "optimizer_step": t.opt_step,
                  "config_hash": config_hash(self.cfg), "config": resume_config(self.cfg),
                  "history": t.history,
-                 "world_size": t.info.world, "chunk_sizes": t.sizes,
+                 "world_size": t.info.world, "chunk_sizes": t.plan.sizes,
                  "ema_updates": t.ema.updates if t.ema is not None else 0}
         (staging / "trainer_state.json").write_text(json.dumps(state, indent=1))
 
