@@ -157,7 +157,8 @@ class ChunkPlan:
 
 
 def plan_chunks(chunks: str | ChunkSpec, trainable_steps: int, l1rel: list[float] | None = None) -> ChunkPlan:
-    """Resolve `chunks` over `trainable_steps` (= N − 1) steps; `l1rel` (≥ trainable_steps values) for dynamics."""
+    """Resolve `chunks` over `trainable_steps` (= N − 1) steps; `l1rel` (≥ trainable_steps values) for
+    dynamics."""
     S = int(trainable_steps)
     if S < 1:
         raise UserError(f"need at least one trainable step, got {S}")
@@ -202,7 +203,8 @@ def training_plan(method: str, chunks: str | ChunkSpec, trainable_steps: int, *,
     if spec.kind == "file" and not read_plan_file:
         return plan_chunks("step", trainable_steps)
     if spec.kind == "dynamics":
-        raise UserError("chunks=dynamics needs a profile: run `chunkgrpo profile` + `chunkgrpo plan` and pass plan.json")
+        raise UserError("chunks=dynamics needs a profile: run `chunkgrpo profile` + `chunkgrpo plan` and pass "
+                        "plan.json")
     return plan_chunks(spec, trainable_steps)
 
 

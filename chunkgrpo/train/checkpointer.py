@@ -58,7 +58,8 @@ def bounded_store(timeout_s: float):
     from chunkgrpo.store import ArtifactStore, StoreConfig
 
     base = StoreConfig()
-    return ArtifactStore(dataclasses.replace(base, retries=1, read_timeout_s=min(base.read_timeout_s, timeout_s),
+    return ArtifactStore(dataclasses.replace(base, retries=1,
+                                             read_timeout_s=min(base.read_timeout_s, timeout_s),
                                              connect_timeout_s=min(base.connect_timeout_s, timeout_s)))
 
 
@@ -84,7 +85,8 @@ class Checkpointer:
             self.root.mkdir(parents=True, exist_ok=True)
         D.barrier()
         if self.cfg.checkpoint.s3_prefix and info.is_main:
-            self.mirror = ckpt.Mirror(self.cfg.checkpoint.s3_prefix, store_factory=lambda: mirror_store(self.cfg))
+            self.mirror = ckpt.Mirror(self.cfg.checkpoint.s3_prefix,
+                                      store_factory=lambda: mirror_store(self.cfg))
 
     # ------------------------------------------------------------------ resume
     def resume(self) -> None:
@@ -95,7 +97,8 @@ class Checkpointer:
         remote: dict[int, str] = {}
         if self.cfg.checkpoint.s3_prefix and info.local_rank == 0:
             remote = self.remote_checkpoints()
-        local = [ckpt.step_of(p) for p in ckpt.complete_checkpoints(self.root)] if info.local_rank == 0 else []
+        local = ([ckpt.step_of(p) for p in ckpt.complete_checkpoints(self.root)]
+                 if info.local_rank == 0 else [])
         # (step, source) newest first; the local copy of a step before its S3 copy
         candidates = sorted({(st, "local") for st in local} | {(st, "s3") for st in remote},
                             key=lambda c: (-c[0], c[1] != "local"))
@@ -142,12 +145,13 @@ class Checkpointer:
                 continue
             self.apply(data)
             if info.is_main:
-                older = f" (newer {', '.join(dict.fromkeys(rejected))} failed verification, see above)" if rejected else ""
+                newer = ", ".join(dict.fromkeys(rejected))
+                older = f" (newer {newer} failed verification, see above)" if rejected else ""
                 log.info("resumed from %s (iteration %d, optimizer step %d)%s", path, t.iteration_idx,
                          t.opt_step, older)
                 if rejected:
-                    log.warning("fell back to %s: the newer checkpoint(s) %s failed verification and were set aside",
-                                path.name, ", ".join(dict.fromkeys(rejected)))
+                    log.warning("fell back to %s: the newer checkpoint(s) %s failed verification and were "
+                                "set aside", path.name, newer)
                 if self.mirror is not None:  # local checkpoints that never reached S3 (an earlier outage)
                     for p in ckpt.complete_checkpoints(self.root):
                         if ckpt.step_of(p) not in remote:
@@ -210,7 +214,8 @@ class Checkpointer:
                         state.get("config_hash"), config_hash(self.cfg))
         missing = [n for n in t.trainable_names if n not in data.weights]
         if missing:
-            raise UserError(f"checkpoint {data.path} lacks trainable parameters {missing[:3]} (LoRA/full mismatch?)")
+            raise UserError(f"checkpoint {data.path} lacks trainable parameters {missing[:3]} "
+                            "(LoRA/full mismatch?)")
         self._load_trainable(data.weights)
         self._load_optimizer(data.optimizer)
         t.scheduler.load_state_dict(data.scheduler)
@@ -358,9 +363,10 @@ class Checkpointer:
             from chunkgrpo.store import StoreError
 
             left = [p.name for p in self.mirror.pending()]
-            raise StoreError(f"training finished (final model in {self.t.out / 'final'}) but {', '.join(left)} did "
-                             f"not reach {cfg.s3_prefix} within {cfg.mirror_wait_s:.0f}s "
-                             f"({self.mirror.last_error}); they are intact in {self.root} — re-run to retry the upload")
+            raise StoreError(f"training finished (final model in {self.t.out / 'final'}) but {', '.join(left)} "
+                             f"did not reach {cfg.s3_prefix} within {cfg.mirror_wait_s:.0f}s "
+                             f"({self.mirror.last_error}); they are intact in {self.root} — re-run to retry "
+                             "the upload")
         # what `checkpoint.keep` held back during an outage can go now that it is in S3
         ckpt.prune(self.root, cfg.keep, self.mirror, cfg.mirror_backlog)
 

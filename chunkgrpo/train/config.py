@@ -133,8 +133,8 @@ class TrainConfig(Config):
     output_dir: str = option("runs/train", "where checkpoints, the final model and logs go")
     method: Literal[METHOD_NAMES] = option(
         "chunk", "chunk | chunk+ws (weighted chunk sampling) | dance (step-level) | tempflow | granular")
-    chunks: str = option("sizes:2,3,4,7", "chunk plan spec (chunk/chunk+ws): a plan.json path, sizes:…, uniform:N, "
-                         "step or whole (`chunkgrpo.chunks`)")
+    chunks: str = option("sizes:2,3,4,7", "chunk plan spec (chunk/chunk+ws): a plan.json path, sizes:…, "
+                         "uniform:N, step or whole (`chunkgrpo.chunks`)")
     chunk_weighting: Literal["l1", "softmax"] = option("l1", "chunk+ws: how chunk weights become probabilities")
     sampling: SamplingConfig = option(factory=SamplingConfig, help="rollout sampling settings")
     group_size: int = option(12, "G: samples per prompt (the GRPO group)")

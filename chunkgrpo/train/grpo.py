@@ -88,7 +88,8 @@ def _iteration(ctx: IterationContext) -> IterationResult:
     t0 = time.perf_counter()
     sizes = ctx.plan.sizes
     K = len(sizes)
-    weights = obj.chunk_sampling_weights(traj.latents, sizes, cfg.chunk_weighting) if cfg.method == "chunk+ws" else None
+    weighted = cfg.method == "chunk+ws"
+    weights = obj.chunk_sampling_weights(traj.latents, sizes, cfg.chunk_weighting) if weighted else None
     unit_mask = obj.select_units(B, K, cfg.timestep_fraction, generator=gen, weights=weights)
     order = torch.randperm(B, generator=gen).tolist()
     cond_rep = cond.repeat_interleave(G)

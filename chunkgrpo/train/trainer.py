@@ -26,7 +26,7 @@ import torch
 
 from chunkgrpo.advantages import resolve_weights
 from chunkgrpo.chunks import ChunkPlan, training_plan
-from chunkgrpo.errors import UserError
+from chunkgrpo.errors import Terminated, UserError
 from chunkgrpo.recipes import GRPO_METHODS
 from chunkgrpo.train import checkpoint as ckpt
 from chunkgrpo.train import dist as D
@@ -57,8 +57,8 @@ def check_trained_units(cfg: TrainConfig, plan: ChunkPlan) -> None:
         return
     K = len(plan.sizes)
     if int(K * cfg.timestep_fraction) < 1:
-        raise UserError(f"timestep_fraction={cfg.timestep_fraction} of {K} chunk(s) (sizes {plan.sizes}) trains "
-                        f"int({K}×{cfg.timestep_fraction}) = 0 units per sample; raise timestep_fraction to "
+        raise UserError(f"timestep_fraction={cfg.timestep_fraction} of {K} chunk(s) (sizes {plan.sizes}) "
+                        f"trains int({K}×{cfg.timestep_fraction}) = 0 units per sample; raise timestep_fraction to "
                         f">= {1 / K:g} (e.g. 1.0 for 'whole') or plan more chunks")
 
 
@@ -243,8 +243,6 @@ class Trainer:
         finally:
             self._saving = False
             if self._stop_signal:
-                from chunkgrpo.errors import Terminated
-
                 raise Terminated(self._stop_signal)
 
     # ------------------------------------------------------------------ one iteration
@@ -371,8 +369,6 @@ class Trainer:
         checkpoint being written, if any, is complete — so the MLflow run is marked KILLED."""
         import signal
         import threading
-
-        from chunkgrpo.errors import Terminated
 
         if threading.current_thread() is not threading.main_thread():
             yield

@@ -70,7 +70,8 @@ def test_sde_profile_gives_the_plan_and_differs_from_the_ode(tiny_toy, tmp_path)
 
 def _engine_transitions(cfg: TrainConfig, draws: int = 4000) -> float:
     """Mean trained transitions per sample under the engine's own unit selection for this config."""
-    sizes = torch.tensor(training_plan(cfg.method, cfg.chunks, cfg.trainable_steps).sizes, dtype=torch.float64)
+    sizes = torch.tensor(training_plan(cfg.method, cfg.chunks, cfg.trainable_steps).sizes,
+                         dtype=torch.float64)
     mask = select_units(draws, len(sizes), cfg.timestep_fraction, generator=torch.Generator().manual_seed(0))
     return float((mask.double() * sizes).sum(1).mean())
 
