@@ -3,8 +3,9 @@
 The chunk plan has one name per value, from the pipeline parameter to the loss:
 * ``chunks`` — the spec string (pipeline parameter, `plan` component input, `TrainConfig.chunks`,
   `chunkgrpo plan --chunks`); `parse_chunks` is its one parser (syntax checked there, once);
-* ``sizes`` — the resolved list of chunk sizes (`ChunkPlan.sizes`, checked once by `check_sizes` when a
-  plan is made); `ChunkPlan.ranges` the same chunks as [start, end) step ranges.
+* ``sizes`` — the resolved list of chunk sizes (`ChunkPlan.sizes`, checked once when a plan is made, by
+  the losses' own contract `objectives.check_sizes`); `ChunkPlan.ranges` the same chunks as [start, end)
+  step ranges.
 
 Specs:
 * ``dynamics`` — curvature-guided (our algorithm for the paper's recipe, App. B.1): the last chunk is
@@ -28,28 +29,16 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
 from chunkgrpo.errors import UserError
+from chunkgrpo.objectives import check_sizes
 from chunkgrpo.recipes import CHUNK_METHODS
 
 SPEC_FORMS = ("dynamics", "uniform:N", "sizes:A,B,...", "step", "whole", "PLAN.json")
 _DYNAMICS_KEYS = {"max": int, "last": float, "min": int, "rel": float}
-
-
-def check_sizes(sizes: Sequence[int], num_steps: int | None = None) -> list[int]:
-    """`sizes` as a list of ints: non-empty, every chunk >= 1 step, summing to `num_steps` when given."""
-    sizes = [int(s) for s in sizes]
-    if not sizes:
-        raise UserError("chunk plan is empty")
-    if any(s < 1 for s in sizes):
-        raise UserError(f"chunk sizes must be >= 1 (empty chunk in {sizes})")
-    if num_steps is not None and sum(sizes) != num_steps:
-        raise UserError(f"chunk sizes {sizes} sum to {sum(sizes)} but there are {num_steps} trainable steps")
-    return sizes
 
 
 @dataclass(frozen=True)

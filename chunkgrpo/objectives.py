@@ -1,7 +1,7 @@
 """Policy objectives: step-level GRPO (method.md §4) and Chunk-GRPO (§5).
 
 Log-probs are `(B, S)` step log-probs (S trainable steps). A chunk plan's `sizes` (`chunkgrpo.chunks`)
-partition the S steps into consecutive chunks.
+partition the S steps into consecutive chunks (`check_sizes`).
 
 On-policy exactness: pass `logp_old=None` when no optimizer step happened since the rollout; the
 log-ratio is then `logp − logp.detach()`, exactly 0 with the gradient of `logp`, so numerical
@@ -16,11 +16,23 @@ from dataclasses import dataclass
 import torch
 
 from chunkgrpo import checks
-from chunkgrpo.chunks import check_sizes
 from chunkgrpo.errors import UserError
 
 
 # ----------------------------------------------------------------------------- chunk bookkeeping
+
+def check_sizes(sizes: Sequence[int], num_steps: int | None = None) -> list[int]:
+    """A chunk plan's `sizes` as a list of ints: non-empty, every chunk >= 1 step, summing to `num_steps`
+    when given."""
+    sizes = [int(s) for s in sizes]
+    if not sizes:
+        raise UserError("chunk plan is empty")
+    if any(s < 1 for s in sizes):
+        raise UserError(f"chunk sizes must be >= 1 (empty chunk in {sizes})")
+    if num_steps is not None and sum(sizes) != num_steps:
+        raise UserError(f"chunk sizes {sizes} sum to {sum(sizes)} but there are {num_steps} trainable steps")
+    return sizes
+
 
 def chunk_index(sizes: Sequence[int], device=None) -> torch.Tensor:
     """Chunk id of each step, shape (S,)."""
