@@ -96,7 +96,7 @@ def measure_drift(t, dtype_ctx) -> dict:
         cond_rep = cond.repeat_interleave(cfg.group_size)
         worst_rollout, worst_recomputed = 0.0, 0.0
         for b in range(traj.latents.shape[0]):
-            for a, e in t.ranges:
+            for a, e in t.plan.ranges:
                 steps = list(range(a, e))
                 train = policy_log_probs(model, traj, cond_rep, steps, cfg.sampling, samples=[b]).float()
                 again = policy_log_probs(model, traj, cond_rep, steps, cfg.sampling, samples=[b]).float()

@@ -1,17 +1,27 @@
 """Chunk planning: partition the trainable steps 0 … N−2 into consecutive chunks (method.md §5).
 
-Strategies (`--strategy`):
+The chunk plan has one name per value, from the pipeline parameter to the loss:
+* ``chunks`` — the spec string (pipeline parameter, `plan` component input, `TrainConfig.chunks`,
+  `chunkgrpo plan --chunks`); `parse_chunks` is its one parser (syntax checked there, once);
+* ``sizes`` — the resolved list of chunk sizes (`ChunkPlan.sizes`, checked once when a plan is made, by
+  the losses' own contract `objectives.check_sizes`); `ChunkPlan.ranges` the same chunks as [start, end)
+  step ranges.
+
+Specs:
 * ``dynamics`` — curvature-guided (our algorithm for the paper's recipe, App. B.1): the last chunk is
   the late steps (where an RL-trained model's profile departs from the base; default the second half,
   `last_fraction`); the early region is cut at the peaks of the profile's second difference
   (curvature) — the first cut closes the initial high-dynamics chunk; chunks longer than `max_chunk`
   are split at their strongest interior curvature (or evenly when flat). Options:
-  ``dynamics:max=5,last=0.5,min=2,rel=0.1``.
+  ``dynamics:max=5,last=0.5,min=2,rel=0.1``. Needs a profile (`chunkgrpo profile`).
 * ``uniform:N`` — chunks of N steps (the remainder, if any, is a smaller last chunk).
 * ``sizes:2,3,4,7`` — exactly these sizes (must sum to the trainable steps).
 * ``step`` — every step its own chunk (step-level GRPO); ``whole`` — one chunk (sequence level).
+* ``PATH.json`` — a plan file written by `chunkgrpo plan` (its ``sizes``).
 
-Plans are computed once before training and fixed.
+Plans are computed once before training and fixed. The plan file (plan.json) keeps its format:
+``strategy`` holds the `chunks` spec it was planned with, ``sizes`` the sizes, ``chunks`` the per-chunk
+table (step range, σ range, mean L1rel).
 """
 
 from __future__ import annotations
@@ -20,26 +30,94 @@ import json
 import math
 import re
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 from chunkgrpo.errors import UserError
 from chunkgrpo.objectives import check_sizes
+from chunkgrpo.recipes import CHUNK_METHODS
 
-STRATEGIES = ("dynamics", "uniform:N", "sizes:A,B,...", "step", "whole")
+SPEC_FORMS = ("dynamics", "uniform:N", "sizes:A,B,...", "step", "whole", "PLAN.json")
+_DYNAMICS_KEYS = {"max": int, "last": float, "min": int, "rel": float}
+
+
+@dataclass(frozen=True)
+class ChunkSpec:
+    """A parsed `chunks` spec (see the module docstring); made by `parse_chunks` only."""
+
+    text: str  # the spec as given (stripped)
+    kind: str  # step | whole | uniform | sizes | dynamics | file
+    size: int = 0  # uniform:N
+    sizes: tuple[int, ...] = ()  # sizes:A,B,...
+    options: dict = field(default_factory=dict)  # dynamics: max, last, min, rel (typed)
+    path: str = ""  # PLAN.json
+
+
+def parse_chunks(chunks: str | ChunkSpec) -> ChunkSpec:
+    """The one parser of a `chunks` spec: its syntax is checked here (numbers, option keys, chunk sizes
+    >= 1); what depends on the run (the step count, a profile, the plan file's contents) when it is
+    resolved by `plan_chunks`."""
+    if isinstance(chunks, ChunkSpec):
+        return chunks
+    s = str(chunks).strip()
+    if s in ("step", "whole"):
+        return ChunkSpec(s, s)
+    if s.endswith(".json"):
+        return ChunkSpec(s, "file", path=s)
+    if m := re.fullmatch(r"uniform:(\d+)", s):
+        n = int(m.group(1))
+        if n < 1:
+            raise UserError(f"uniform chunk size must be >= 1, got {n}")
+        return ChunkSpec(s, "uniform", size=n)
+    if s.startswith("sizes:"):
+        try:
+            sizes = tuple(int(x) for x in s[len("sizes:"):].split(",") if x.strip())
+        except ValueError:
+            raise UserError(f"bad sizes list in {s!r} (expected e.g. sizes:2,3,4,7)") from None
+        if any(x < 1 for x in sizes):
+            raise UserError(f"chunk sizes must be >= 1 (empty chunk in {list(sizes)})")
+        return ChunkSpec(s, "sizes", sizes=sizes)
+    if s == "dynamics" or s.startswith("dynamics:"):
+        return ChunkSpec(s, "dynamics", options=_parse_options(s, s[len("dynamics:"):] if ":" in s else ""))
+    raise UserError(f"unknown chunk strategy {s!r} in chunks (choose one of: {', '.join(SPEC_FORMS)})")
+
+
+def _parse_options(spec: str, text: str) -> dict:
+    opts = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        if "=" not in part:
+            raise UserError(f"dynamics option {part!r} must look like key=value (keys: max, last, min, rel)")
+        k, v = part.split("=", 1)
+        opts[k.strip()] = v.strip()
+    unknown = set(opts) - set(_DYNAMICS_KEYS)
+    if unknown:
+        raise UserError(f"unknown dynamics option(s) {sorted(unknown)} (keys: max, last, min, rel)")
+    try:
+        return {k: _DYNAMICS_KEYS[k](v) for k, v in opts.items()}
+    except ValueError as e:
+        raise UserError(f"bad dynamics option in {spec!r}: {e}") from None
 
 
 @dataclass
 class ChunkPlan:
-    strategy: str
+    """The chunk plan of a run: the `chunks` spec it was made from and the resolved `sizes` (checked
+    here, once), with the reasons (`rationale`, `details`) for the plan file."""
+
+    chunks: str
     sizes: list[int]
     rationale: str
     details: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.sizes = check_sizes(self.sizes)
 
     @property
     def trainable_steps(self) -> int:
         return sum(self.sizes)
 
+    @cached_property
     def ranges(self) -> list[tuple[int, int]]:
+        """[start, end) step range of each chunk."""
         out, a = [], 0
         for s in self.sizes:
             out.append((a, a + s))
@@ -47,8 +125,9 @@ class ChunkPlan:
         return out
 
     def to_dict(self, profile: dict | None = None) -> dict:
+        """The plan file's content (format unchanged: `strategy` is the `chunks` spec, `chunks` the table)."""
         d = {
-            "strategy": self.strategy,
+            "strategy": self.chunks,
             "sizes": self.sizes,
             "num_steps": self.trainable_steps + 1,
             "trainable_steps": self.trainable_steps,
@@ -56,7 +135,7 @@ class ChunkPlan:
             "rationale": self.rationale,
             **self.details,
         }
-        for k, (a, b) in enumerate(self.ranges()):
+        for k, (a, b) in enumerate(self.ranges):
             c = {"index": k, "steps": [a, b - 1], "size": b - a}
             if profile:
                 sig = profile["sigmas"]
@@ -66,60 +145,56 @@ class ChunkPlan:
         return d
 
 
-def _parse_opts(text: str) -> dict[str, str]:
-    opts = {}
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        if "=" not in part:
-            raise UserError(f"dynamics option {part!r} must look like key=value (keys: max, last, min, rel)")
-        k, v = part.split("=", 1)
-        opts[k.strip()] = v.strip()
-    unknown = set(opts) - {"max", "last", "min", "rel"}
-    if unknown:
-        raise UserError(f"unknown dynamics option(s) {sorted(unknown)} (keys: max, last, min, rel)")
-    return opts
-
-
-def plan_chunks(strategy: str, trainable_steps: int, l1rel: list[float] | None = None) -> ChunkPlan:
-    """Plan chunks for `trainable_steps` (= N − 1) steps; `l1rel` (≥ trainable_steps values) for dynamics."""
+def plan_chunks(chunks: str | ChunkSpec, trainable_steps: int, l1rel: list[float] | None = None) -> ChunkPlan:
+    """Resolve `chunks` over `trainable_steps` (= N − 1) steps; `l1rel` (≥ trainable_steps values) for
+    dynamics."""
     S = int(trainable_steps)
     if S < 1:
         raise UserError(f"need at least one trainable step, got {S}")
-    s = strategy.strip()
-    if s == "step":
+    spec = parse_chunks(chunks)
+    s = spec.text
+    if spec.kind == "step":
         return ChunkPlan(s, [1] * S, "step-level: every trainable step is its own chunk (DanceGRPO/Flow-GRPO)")
-    if s == "whole":
+    if spec.kind == "whole":
         return ChunkPlan(s, [S], "sequence-level: one chunk of all trainable steps (GSPO-like)")
-    if m := re.fullmatch(r"uniform:(\d+)", s):
-        n = int(m.group(1))
-        if n < 1:
-            raise UserError(f"uniform chunk size must be >= 1, got {n}")
+    if spec.kind == "uniform":
+        n = spec.size
         if n > S:
             raise UserError(f"uniform chunk size {n} exceeds the {S} trainable steps")
         sizes = [n] * (S // n) + ([S % n] if S % n else [])
         return ChunkPlan(s, sizes, f"uniform: chunks of {n} steps" + (f", remainder {S % n} last" if S % n else ""))
-    if s.startswith("sizes:"):
-        try:
-            sizes = [int(x) for x in s[len("sizes:"):].split(",") if x.strip()]
-        except ValueError:
-            raise UserError(f"bad sizes list in {s!r} (expected e.g. sizes:2,3,4,7)") from None
-        if any(x < 1 for x in sizes):
-            raise UserError(f"chunk sizes must be >= 1 (empty chunk in {sizes})")
+    if spec.kind == "sizes":
+        sizes = list(spec.sizes)
         if sum(sizes) != S:
             raise UserError(f"chunk sizes {sizes} sum to {sum(sizes)} but there are {S} trainable steps "
                             f"(num_steps − 1; the last transition is never trained)")
-        return ChunkPlan(s, check_sizes(sizes, S), f"fixed sizes {sizes}")
-    if s == "dynamics" or s.startswith("dynamics:"):
-        opts = _parse_opts(s[len("dynamics:"):] if ":" in s else "")
-        if l1rel is None:
-            raise UserError("strategy 'dynamics' needs a profile (run `chunkgrpo profile`)")
-        if len(l1rel) < S:
-            raise UserError(f"profile has {len(l1rel)} transitions but {S} trainable steps were requested")
-        try:
-            return plan_dynamics(l1rel[:S], max_chunk=int(opts.get("max", 5)), last_fraction=float(opts.get("last", 0.5)),
-                                 min_chunk=int(opts.get("min", 2)), rel_threshold=float(opts.get("rel", 0.1)))
-        except ValueError as e:
-            raise UserError(f"bad dynamics option in {s!r}: {e}") from None
-    raise UserError(f"unknown chunk strategy {strategy!r} (choose one of: {', '.join(STRATEGIES)})")
+        return ChunkPlan(s, sizes, f"fixed sizes {sizes}")
+    if spec.kind == "file":
+        return ChunkPlan(s, load_plan(spec.path, S), f"from the plan file {spec.path}")
+    opts = spec.options
+    if l1rel is None:
+        raise UserError("strategy 'dynamics' needs a profile (run `chunkgrpo profile`)")
+    if len(l1rel) < S:
+        raise UserError(f"profile has {len(l1rel)} transitions but {S} trainable steps were requested")
+    return plan_dynamics(l1rel[:S], max_chunk=opts.get("max", 5), last_fraction=opts.get("last", 0.5),
+                         min_chunk=opts.get("min", 2), rel_threshold=opts.get("rel", 0.1))
+
+
+def training_plan(method: str, chunks: str | ChunkSpec, trainable_steps: int, *,
+                  read_plan_file: bool = True) -> ChunkPlan:
+    """The chunk plan a training run uses: `chunks` resolved for the chunk methods (`CHUNK_METHODS`);
+    single steps for the others (`dance` is step-level GRPO; `tempflow`/`granular` train single branching
+    steps and ignore `chunks`). `dynamics` needs a profile: plan it first and pass the plan file.
+    `read_plan_file=False` (sizing a run before its plan exists): a plan file counts as single steps."""
+    if method not in CHUNK_METHODS:
+        return plan_chunks("step", trainable_steps)
+    spec = parse_chunks(chunks)
+    if spec.kind == "file" and not read_plan_file:
+        return plan_chunks("step", trainable_steps)
+    if spec.kind == "dynamics":
+        raise UserError("chunks=dynamics needs a profile: run `chunkgrpo profile` + `chunkgrpo plan` and pass "
+                        "plan.json")
+    return plan_chunks(spec, trainable_steps)
 
 
 def _split_evenly(a: int, b: int, max_chunk: int) -> list[int]:
@@ -253,7 +328,7 @@ def load_plan(path: str | Path, trainable_steps: int | None = None) -> list[int]
     return check_sizes(sizes, trainable_steps)
 
 
-def plan_from_profile(profile_path: str | Path, strategy: str, out: str | Path, plot: bool = True,
+def plan_from_profile(profile_path: str | Path, chunks: str, out: str | Path, plot: bool = True,
                       trajectories: str | None = None) -> tuple[dict, Path]:
     """Load a profile, plan over its N−1 trainable steps on its SDE or ODE curve (`trajectories`, default
     the profile's own choice), write the plan JSON (+ PNG of both curves with the chunks)."""
@@ -269,7 +344,7 @@ def plan_from_profile(profile_path: str | Path, strategy: str, out: str | Path, 
     profile = load_profile(profile_path)
     curve, kind = select_trajectories(profile, trajectories)
     trainable = len(curve) - 1
-    plan = plan_chunks(strategy, trainable, curve)
+    plan = plan_chunks(chunks, trainable, curve)
     d = plan.to_dict({**profile, "l1rel": curve})
     d["profile"] = str(profile_path)
     d["trajectories"] = kind

@@ -1,7 +1,7 @@
 """Policy objectives: step-level GRPO (method.md §4) and Chunk-GRPO (§5).
 
-Log-probs are `(B, S)` step log-probs (S trainable steps). A chunk plan is a list of sizes that
-partitions the S steps into consecutive chunks.
+Log-probs are `(B, S)` step log-probs (S trainable steps). A chunk plan's `sizes` (`chunkgrpo.chunks`)
+partition the S steps into consecutive chunks (`check_sizes`).
 
 On-policy exactness: pass `logp_old=None` when no optimizer step happened since the rollout; the
 log-ratio is then `logp − logp.detach()`, exactly 0 with the gradient of `logp`, so numerical
@@ -22,6 +22,8 @@ from chunkgrpo.errors import UserError
 # ----------------------------------------------------------------------------- chunk bookkeeping
 
 def check_sizes(sizes: Sequence[int], num_steps: int | None = None) -> list[int]:
+    """A chunk plan's `sizes` as a list of ints: non-empty, every chunk >= 1 step, summing to `num_steps`
+    when given."""
     sizes = [int(s) for s in sizes]
     if not sizes:
         raise UserError("chunk plan is empty")
@@ -36,15 +38,6 @@ def chunk_index(sizes: Sequence[int], device=None) -> torch.Tensor:
     """Chunk id of each step, shape (S,)."""
     sizes = check_sizes(sizes)
     return torch.repeat_interleave(torch.arange(len(sizes), device=device), torch.tensor(sizes, device=device))
-
-
-def chunk_ranges(sizes: Sequence[int]) -> list[tuple[int, int]]:
-    """[(start, end_exclusive), ...] for each chunk."""
-    out, start = [], 0
-    for s in check_sizes(sizes):
-        out.append((start, start + s))
-        start += s
-    return out
 
 
 def chunk_mean(values: torch.Tensor, sizes: Sequence[int]) -> torch.Tensor:
@@ -77,11 +70,6 @@ def clipped_surrogate(ratio: torch.Tensor, adv: torch.Tensor, clip_low: float, c
 def clipped_mask(ratio: torch.Tensor, adv: torch.Tensor, clip_low: float, clip_high: float) -> torch.Tensor:
     """True where the clipped branch is strictly larger, i.e. the unit's gradient is zeroed by the clip."""
     return (-adv * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)) > (-adv * ratio)
-
-
-def clip_fraction(ratio: torch.Tensor, adv: torch.Tensor, clip_low: float, clip_high: float) -> torch.Tensor:
-    """Fraction of units whose gradient is zeroed by the clip."""
-    return clipped_mask(ratio, adv, clip_low, clip_high).float().mean()
 
 
 def kl_k3(logp_new: torch.Tensor, logp_old: torch.Tensor) -> torch.Tensor:
@@ -273,7 +261,7 @@ class SideGrad:
 
 
 @dataclass
-class WindowPlan:
+class WindowSchedule:
     """Which forwards a window makes. Unit indices refer to the window's unit list; (i, t) = unit i, step t.
 
     * `weighted`: batches of (i, t) whose coefficient is known before the forward (on-policy units):
@@ -366,7 +354,7 @@ def _pair_batches(units: Sequence[Unit], idxs: Sequence[int], budget: int, key: 
     return [[p for g in groups[j:j + budget] for p in g] for j in range(0, len(groups), budget)]
 
 
-def _accumulate_plan(units: Sequence[Unit], idxs: Sequence[int], budget: int, key: KeyFn):
+def _accumulate_schedule(units: Sequence[Unit], idxs: Sequence[int], budget: int, key: KeyFn):
     clusters = []
     for cluster in _clusters(units, idxs, key):
         count: dict = {}
@@ -380,7 +368,7 @@ def _accumulate_plan(units: Sequence[Unit], idxs: Sequence[int], budget: int, ke
             shared = set()
         group = max(1, budget - len(shared))
         head_pairs: dict = {}
-        plan_units = []
+        schedule_units = []
         for i in cluster:
             own = []
             for t in units[i].steps:
@@ -389,18 +377,18 @@ def _accumulate_plan(units: Sequence[Unit], idxs: Sequence[int], budget: int, ke
                     head_pairs.setdefault(k, []).append((i, t))
                 else:
                     own.append(t)
-            plan_units.append((i, [own[j:j + group] for j in range(0, len(own), group)]))
+            schedule_units.append((i, [own[j:j + group] for j in range(0, len(own), group)]))
         hk = list(head_pairs.values())
         heads = [[p for grp in hk[j:j + budget] for p in grp] for j in range(0, len(hk), budget)]
-        clusters.append((heads, plan_units))
+        clusters.append((heads, schedule_units))
     return clusters
 
 
-def plan_window(units: Sequence[Unit], *, strategy: str = "auto", budget: int = 1, key: KeyFn | None = None,
-                units_per_forward: int | None = None, side_buffer: bool = True,
-                assume_off_policy: bool = False) -> WindowPlan:
+def schedule_window(units: Sequence[Unit], *, strategy: str = "auto", budget: int = 1,
+                    key: KeyFn | None = None, units_per_forward: int | None = None, side_buffer: bool = True,
+                    assume_off_policy: bool = False) -> WindowSchedule:
     """The forwards of one window (see `window_backward`). Depends only on the units' samples, steps and
-    on-/off-policy status, never on values, so it can be replayed (`assume_off_policy` plans units that
+    on-/off-policy status, never on values, so it can be replayed (`assume_off_policy` schedules units that
     will be off-policy when trained, for recomputing their old log-probs)."""
     if strategy not in STRATEGIES:
         raise UserError(f"unknown chunk backward strategy {strategy!r} (choose one of {STRATEGIES})")
@@ -410,26 +398,26 @@ def plan_window(units: Sequence[Unit], *, strategy: str = "auto", budget: int = 
     order = [i for c in _clusters(units, all_idx, key) for i in c]
     known = [] if assume_off_policy else [i for i in order if units[i].old is None]
     unknown = [i for i in order if assume_off_policy or units[i].old is not None]
-    plan = WindowPlan([], [], [], [], [], {i: list(u.steps) for i, u in enumerate(units)})
+    schedule = WindowSchedule([], [], [], [], [], {i: list(u.steps) for i, u in enumerate(units)})
     if units_per_forward:  # fixed packing: the same forward count on every rank (FSDP)
         n = int(units_per_forward)
-        plan.graph = [order[j:j + n] for j in range(0, len(order), n)]
-        return plan
+        schedule.graph = [order[j:j + n] for j in range(0, len(order), n)]
+        return schedule
     if strategy == "graph":
-        plan.graph = _pack_units(units, order, budget, key)
-        return plan
-    plan.weighted = _pair_batches(units, known, budget, key)
+        schedule.graph = _pack_units(units, order, budget, key)
+        return schedule
+    schedule.weighted = _pair_batches(units, known, budget, key)
     if strategy == "auto":
         fits = [i for i in unknown if len(_keys(units[i], key)) <= budget]
-        plan.graph = _pack_units(units, fits, budget, key)
+        schedule.graph = _pack_units(units, fits, budget, key)
         unknown = [i for i in unknown if len(_keys(units[i], key)) > budget]
         strategy = "accumulate" if side_buffer else "per_step"
     if strategy == "per_step":
-        plan.per_step = _pair_batches(units, unknown, budget, key)
-        plan.per_step_units = unknown
+        schedule.per_step = _pair_batches(units, unknown, budget, key)
+        schedule.per_step_units = unknown
     else:
-        plan.accumulate = _accumulate_plan(units, unknown, budget, key)
-    return plan
+        schedule.accumulate = _accumulate_schedule(units, unknown, budget, key)
+    return schedule
 
 
 def window_backward(units: Sequence[Unit], forward: ForwardFn, *, clip_low: float, clip_high: float,
@@ -465,8 +453,8 @@ def window_backward(units: Sequence[Unit], forward: ForwardFn, *, clip_low: floa
     key = key or (lambda b, t: (b, t))
     if strategy == "accumulate" and params is None:
         raise ValueError("strategy 'accumulate' needs the trainable parameters (params=...) for its side buffer")
-    plan = plan_window(units, strategy=strategy, budget=budget, key=key, units_per_forward=units_per_forward,
-                       side_buffer=params is not None)
+    schedule = schedule_window(units, strategy=strategy, budget=budget, key=key,
+                               units_per_forward=units_per_forward, side_buffer=params is not None)
     cl = dict(clip_low=clip_low, clip_high=clip_high, kl_coef=kl_coef)
     stats: list[dict | None] = [None] * len(units)
 
@@ -480,13 +468,13 @@ def window_backward(units: Sequence[Unit], forward: ForwardFn, *, clip_low: floa
             (w * lp).sum().backward()
 
     # on-policy: coefficients known up front
-    known = {i for pairs in plan.weighted for i, _ in pairs}
+    known = {i for pairs in schedule.weighted for i, _ in pairs}
     coef = {}
     for i in known:
         coef[i], stats[i] = unit_coefficient(units[i], None, **cl)
-    weighted(plan.weighted, coef)
+    weighted(schedule.weighted, coef)
     # graph packs
-    for pack in plan.graph:
+    for pack in schedule.graph:
         lp = run([(i, t) for i in pack for t in units[i].steps])
         total, off = 0.0, 0
         for i in pack:
@@ -495,29 +483,29 @@ def window_backward(units: Sequence[Unit], forward: ForwardFn, *, clip_low: floa
             total, off = total + loss, off + c
         total.backward()
     # per_step: ratio pass without grad, then weighted passes for the units that are not fully clipped
-    if plan.per_step_units:
+    if schedule.per_step_units:
         values: dict[tuple[int, int], torch.Tensor] = {}
         with torch.no_grad():
-            for pairs in plan.per_step:
+            for pairs in schedule.per_step:
                 lp = run(pairs)
                 values.update({p: lp[j] for j, p in enumerate(pairs)})
-        for i in plan.per_step_units:
+        for i in schedule.per_step_units:
             coef[i], stats[i] = unit_coefficient(units[i], torch.stack([values[(i, t)] for t in units[i].steps]), **cl)
-        live = plan.per_step_units
+        live = schedule.per_step_units
         if skip_clipped:
             nonzero = (torch.stack([coef[i] for i in live]) != 0).tolist()  # one host sync per window
             live = [i for i, nz in zip(live, nonzero) if nz]
         weighted(_pair_batches(units, live, max(1, int(budget)), key), coef)
     # accumulate: side buffer per unit; shared inputs evaluated once per cluster
-    side = SideGrad(params) if plan.accumulate else None
-    for heads, plan_units in plan.accumulate:
+    side = SideGrad(params) if schedule.accumulate else None
+    for heads, schedule_units in schedule.accumulate:
         values = {}
         head_lp = []
         for pairs in heads:
             lp = run(pairs)
             head_lp.append((pairs, lp))
             values.update({p: lp[j].detach() for j, p in enumerate(pairs)})
-        for i, groups in plan_units:
+        for i, groups in schedule_units:
             u = units[i]
             last = None
             for g, steps in enumerate(groups):
@@ -541,11 +529,12 @@ def window_log_probs(units: Sequence[Unit], forward: ForwardFn, *, strategy: str
                      side_buffer: bool = True) -> list[torch.Tensor]:
     """Log-probs (c,) of each unit, without grad, computed in exactly the forwards `window_backward` will
     use for these units once they are off-policy (recomputed old log-probs in the training layout)."""
-    plan = plan_window(units, strategy=strategy, budget=budget, key=key, units_per_forward=units_per_forward,
-                       side_buffer=side_buffer, assume_off_policy=True)
+    schedule = schedule_window(units, strategy=strategy, budget=budget, key=key,
+                               units_per_forward=units_per_forward, side_buffer=side_buffer,
+                               assume_off_policy=True)
     values: dict[tuple[int, int], torch.Tensor] = {}
     with torch.no_grad():
-        for pairs in plan.value_batches():
+        for pairs in schedule.value_batches():
             lp = forward([units[i].sample for i, _ in pairs], [t for _, t in pairs])
             values.update({p: lp[j] for j, p in enumerate(pairs)})
     return [torch.stack([values[(i, t)] for t in u.steps]) for i, u in enumerate(units)]

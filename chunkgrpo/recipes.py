@@ -7,7 +7,13 @@ from __future__ import annotations
 
 from chunkgrpo.errors import UserError
 
-METHODS = ("chunk", "chunk+ws", "dance", "tempflow", "granular")
+# The training methods: the one list of their names, and their families. `chunkgrpo.train.methods` maps
+# each name to its implementation; `TrainConfig.method` accepts exactly these.
+METHOD_NAMES = ("chunk", "chunk+ws", "dance", "tempflow", "granular")
+CHUNK_METHODS = ("chunk", "chunk+ws")  # train chunks of the `chunks` plan
+GRPO_METHODS = ("chunk", "chunk+ws", "dance")  # one rollout, units (chunks; steps for dance) per sample
+BRANCHING_METHODS = ("tempflow", "granular")  # branch at single steps; ignore `chunks`
+assert set(GRPO_METHODS) | set(BRANCHING_METHODS) == set(METHOD_NAMES)
 
 # The preset each method trains with when none is named (pipeline `preset=''`): the method's published
 # recipe; `dance` gets the Chunk-GRPO paper's step-level baseline (DanceGRPO's own recipe: dance_grpo_flux).
@@ -30,5 +36,5 @@ def preset_for(method: str, preset: str = "") -> str:
     if preset:
         return preset
     if method not in METHOD_PRESETS:
-        raise UserError(f"method={method!r} is not one of {list(METHODS)}")
+        raise UserError(f"method={method!r} is not one of {list(METHOD_NAMES)}")
     return METHOD_PRESETS[method]

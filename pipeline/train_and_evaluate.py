@@ -31,6 +31,7 @@ at the S3 model cache that `chunkgrpo models sync` (or the `models_sync` pipelin
 from kfp import dsl
 
 from chunkgrpo.model_cache import BASE_MODEL, default_weights, model_uri
+from chunkgrpo.recipes import METHOD_NAMES
 from components import (check_gate, close_run, evaluate, launch_trainjob, open_run, plan, preflight, profile, promote,
                         register, train)
 from components.images import RUNTIME_IMAGE
@@ -40,12 +41,11 @@ NAME = "chunkgrpo-train-and-evaluate"
 DEFAULT_MODEL = model_uri(BASE_MODEL)                      # s3://chunkgrpo-data/models/black-forest-labs/FLUX.1-dev
 DEFAULT_SCORER_WEIGHTS = default_weights()                 # hpsv3 (+ its Qwen2-VL processor), imagereward
 DEFAULT_REWARD_WEIGHTS = {k: v for k, v in DEFAULT_SCORER_WEIGHTS.items() if k.startswith("hpsv3")}
-METHODS = ("chunk", "chunk+ws", "dance", "tempflow", "granular")
 DIRECTIONS = ("max", "min")
 TRAINERS = ("torchrun", "trainjob", "pytorchjob")
 JOB_KINDS = ("TrainJob", "PyTorchJob")
 # Parameters rendered as dropdowns (KFP >= 2.17 UI): injected into the IR by pipeline.compile.
-LITERALS = {"method": METHODS, "gate_direction": DIRECTIONS, "job_kind": JOB_KINDS}
+LITERALS = {"method": METHOD_NAMES, "gate_direction": DIRECTIONS, "job_kind": JOB_KINDS}
 
 _DOC_COMMON = """
     Args:
@@ -115,7 +115,7 @@ def _before_training(p: dict, pool: Pool):
                    num_prompts=p["profile_prompts"], seeds=p["profile_seeds"], device=p["device"], method=p["method"])
     configure(on_pool(prof, pool, 1), display_name="profile dynamics", cache=True, retries=2)
     prof.after(pre)
-    planned = plan(profile_json=prof.outputs["profile_json"], strategy=p["chunk_strategy"])
+    planned = plan(profile_json=prof.outputs["profile_json"], chunks=p["chunk_strategy"])
     configure(small(planned), display_name="plan chunks", cache=True, retries=2)
     return opened, planned
 

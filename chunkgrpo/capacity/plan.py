@@ -60,8 +60,10 @@ from chunkgrpo.capacity.arch import (
     vae_decode_peak,
 )
 from chunkgrpo.capacity.pool import Pool
+from chunkgrpo.chunks import training_plan
 from chunkgrpo.errors import UserError
 from chunkgrpo.k8s.jobspec import JobSpec
+from chunkgrpo.recipes import BRANCHING_METHODS
 
 # Reward models resident on the rank's device while training: (parameters, bytes per parameter as loaded).
 # Published model sizes: HPSv3 = Qwen2-VL-7B-Instruct backbone (bf16); HPSv2.1, PickScore and the CLIP
@@ -117,8 +119,6 @@ def capacity_plan(cfg, pool: Pool, *, nodes: int = 1, output_dir: str = "", pres
 
     `output_dir` is the trainer's output folder in the pod ('' = the launcher's default, `JobSpec.output_dir`);
     `prompts` the number of distinct training prompts (0 = unknown: every prompt of the run is distinct)."""
-    from chunkgrpo.train.trainer import resolve_chunk_sizes
-
     arch = arch or ModelArch.for_model(cfg.model)
     gpu = device != "cpu"
     ranks_per_node = max(1, pool.gpus_per_node) if gpu else 1
@@ -159,10 +159,10 @@ def capacity_plan(cfg, pool: Pool, *, nodes: int = 1, output_dir: str = "", pres
     T = s.max_sequence_length
     D_txt, D_pool = tr.config.joint_attention_dim, tr.config.pooled_projection_dim
     N = s.num_steps
-    sizes = resolve_chunk_sizes(cfg) if not cfg.chunks.strip().endswith(".json") else [1] * (N - 1)
+    sizes = training_plan(cfg.method, cfg.chunks, N - 1, read_plan_file=False).sizes
     G, Pp = cfg.group_size, cfg.prompts_per_rank
     B = Pp * G
-    branching = cfg.method in ("tempflow", "granular")
+    branching = cfg.method in BRANCHING_METHODS
     iterations = cfg.max_iterations or math.ceil(cfg.max_steps / max(1, _steps_per_iteration(cfg)))
     n_prompts = Pp * iterations if not prompts else min(prompts, Pp * iterations)
 

@@ -15,6 +15,9 @@ and sha256 are checked against the manifest before use; `.pt` files are read wit
 error, never executed — the manifest cannot vouch for it, whoever plants files writes the manifest
 too). A checkpoint that fails any check is renamed aside (`step-000010.bad-1`), never deleted, and
 the trainer falls back to the newest one that passes.
+
+What a checkpoint IS lives here (the folder format, writing, verification, pruning, the S3 mirror);
+how the trainer saves, resumes and mirrors its checkpoints is `chunkgrpo.train.checkpointer`.
 """
 
 from __future__ import annotations
@@ -33,8 +36,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
-from chunkgrpo.errors import UserError
 
 log = logging.getLogger(__name__)
 MANIFEST = "MANIFEST.json"
@@ -316,12 +317,6 @@ def check_contents(data: CheckpointData) -> None:
         n = len(history) if isinstance(history, list) else "no"
         raise CorruptCheckpointError(f"{name}/trainer_state.json: iteration={iteration} but {n} history "
                                      "entries")
-
-
-def load_trainer_state(path: Path) -> dict:
-    if not is_complete(path):
-        raise UserError(f"checkpoint {path} is incomplete (no {MANIFEST}); refusing to resume from it")
-    return json.loads((path / "trainer_state.json").read_text())
 
 
 def non_finite(tensors: dict[str, torch.Tensor]) -> list[str]:

@@ -12,7 +12,7 @@ from typing import Literal
 
 from chunkgrpo.config import Config, check_finite, option
 from chunkgrpo.errors import UserError
-from chunkgrpo.recipes import METHODS  # noqa: F401 - the method names, one source
+from chunkgrpo.recipes import BRANCHING_METHODS, GRPO_METHODS, METHOD_NAMES
 from chunkgrpo.rollout import SamplingConfig
 
 
@@ -132,9 +132,10 @@ class TrainConfig(Config):
     model: str = option("", "base model: local diffusers FLUX folder, s3:// URI or cached hub id")
     prompts: str = option("", "training prompts (.txt/.jsonl/.tsv/.parquet)")
     output_dir: str = option("runs/train", "where checkpoints, the final model and logs go")
-    method: Literal["chunk", "chunk+ws", "dance", "tempflow", "granular"] = option(
+    method: Literal[METHOD_NAMES] = option(
         "chunk", "chunk | chunk+ws (weighted chunk sampling) | dance (step-level) | tempflow | granular")
-    chunks: str = option("sizes:2,3,4,7", "chunk plan: a plan.json path or a strategy (sizes:…, uniform:N, step, whole)")
+    chunks: str = option("sizes:2,3,4,7", "chunk plan spec (chunk/chunk+ws): a plan.json path, sizes:…, "
+                         "uniform:N, step or whole (`chunkgrpo.chunks`)")
     chunk_weighting: Literal["l1", "softmax"] = option("l1", "chunk+ws: how chunk weights become probabilities")
     sampling: SamplingConfig = option(factory=SamplingConfig, help="rollout sampling settings")
     group_size: int = option(12, "G: samples per prompt (the GRPO group)")
@@ -232,13 +233,13 @@ class TrainConfig(Config):
         if self.kl_ref_coef < 0 or self.noise_weight_c < 0 or self.adv_eps < 0:
             raise UserError(f"kl_ref_coef, noise_weight_c and adv_eps must be >= 0 (got {self.kl_ref_coef}, "
                             f"{self.noise_weight_c}, {self.adv_eps})")
-        if self.kl_ref_coef > 0 and self.method not in ("tempflow", "granular"):
+        if self.kl_ref_coef > 0 and self.method not in BRANCHING_METHODS:
             raise UserError(f"kl_ref_coef={self.kl_ref_coef} (KL to the reference model) is implemented for tempflow/"
                             f"granular; method={self.method} has kl_coef (KL to the old policy)")
         if self.kl_ref_coef > 0 and not self.lora.enabled:
             raise UserError(f"kl_ref_coef={self.kl_ref_coef} needs lora.enabled=true (the reference model is the "
                             "base with the adapter disabled; a full fine-tune would need a second transformer copy)")
-        if self.method in ("chunk", "chunk+ws", "dance") and self.samples_per_rank % self.grad_accum:
+        if self.method in GRPO_METHODS and self.samples_per_rank % self.grad_accum:
             raise UserError(f"grad_accum={self.grad_accum} must divide prompts_per_rank × group_size = "
                             f"{self.samples_per_rank} (optimizer steps happen within one rollout)")
         if self.policy_batch < 1:

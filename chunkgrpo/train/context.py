@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from chunkgrpo.chunks import ChunkPlan
 from chunkgrpo.train.config import TrainConfig
 
 
@@ -31,8 +32,7 @@ class IterationContext:
     cond: Any  # their cached text embeddings (chunkgrpo.flux.Conditioning)
     reward_fns: dict[str, Callable]
     reward_weights: dict[str, float]
-    sizes: list[int]  # chunk sizes (all 1 for step-level methods)
-    ranges: list[tuple[int, int]]  # [start, end) step range of each chunk
+    plan: ChunkPlan  # the chunk plan: `sizes` (all 1 for step-level methods), `ranges` ([start, end) steps)
     device: torch.device
     iteration: int
     generator: torch.Generator  # seeded from (seed, iteration, rank): rollout noise, unit selection, order

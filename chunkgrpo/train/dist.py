@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import os
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -103,6 +102,20 @@ def all_reduce_max(value: float, device) -> float:
     return float(t.item())
 
 
+def any_rank(flag: bool, device) -> bool:
+    """True on every rank if `flag` is true on any (a collective: all ranks must call it)."""
+    return all_reduce_max(1.0 if flag else 0.0, device) > 0
+
+
+def broadcast_object(obj):
+    """Rank 0's `obj` on every rank (plain Python values)."""
+    if not dist.is_initialized():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
 def shard_fsdp(transformer: torch.nn.Module, mixed_bf16: bool) -> torch.nn.Module:
     """FSDP2 full shard: each transformer block is a unit, then the root. With bf16 the policy casts every
     floating forward input to bf16, the timestep included; the time/guidance embedding still receives the
@@ -115,11 +128,3 @@ def shard_fsdp(transformer: torch.nn.Module, mixed_bf16: bool) -> torch.nn.Modul
             fully_shard(block, mp_policy=mp)
     fully_shard(transformer, mp_policy=mp)
     return transformer
-
-
-@contextmanager
-def gradient_sync(module: torch.nn.Module, enabled: bool, strategy: str):
-    """FSDP: only reduce-scatter on the last backward of an accumulation window."""
-    if strategy == "fsdp" and hasattr(module, "set_requires_gradient_sync"):
-        module.set_requires_gradient_sync(enabled)
-    yield

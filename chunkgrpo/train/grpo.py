@@ -86,14 +86,16 @@ def _iteration(ctx: IterationContext) -> IterationResult:
     timing["reward"] = time.perf_counter() - t0
     # ---- which units each sample trains ----
     t0 = time.perf_counter()
-    K = len(ctx.sizes)
-    weights = obj.chunk_sampling_weights(traj.latents, ctx.sizes, cfg.chunk_weighting) if cfg.method == "chunk+ws" else None
+    sizes = ctx.plan.sizes
+    K = len(sizes)
+    weighted = cfg.method == "chunk+ws"
+    weights = obj.chunk_sampling_weights(traj.latents, sizes, cfg.chunk_weighting) if weighted else None
     unit_mask = obj.select_units(B, K, cfg.timestep_fraction, generator=gen, weights=weights)
     order = torch.randperm(B, generator=gen).tolist()
     cond_rep = cond.repeat_interleave(G)
     tr.train()
     train_tr = model.compiled() if cfg.compile == "all" else None
-    layout = policy_layout(cfg, ctx.sizes, ctx.fsdp)
+    layout = policy_layout(cfg, sizes, ctx.fsdp)
     side_buffer = layout.pop("side_buffer")
     params = [p for p in tr.parameters() if p.requires_grad] if side_buffer else None
 
@@ -106,7 +108,7 @@ def _iteration(ctx: IterationContext) -> IterationResult:
         for b in samples:
             ks = unit_mask[b].nonzero().flatten().tolist()
             for k in ks:
-                a, e = ctx.ranges[k]
+                a, e = ctx.plan.ranges[k]
                 if w == 0:
                     old = None  # θ = θ_old exactly: ratio 1, gradient flows
                 elif old_recomputed is not None:
@@ -149,7 +151,7 @@ def _iteration(ctx: IterationContext) -> IterationResult:
                            torch.stack([o["clipped"] for o in stats]).double().mean(),
                            ratio.mean(), ratio.min(), ratio.max(),
                            (torch.exp(-lr_) - 1 + lr_).mean()]).tolist()  # k3 on each unit's log-ratio
-    trained_pairs = int(sum(ctx.sizes[k] for b in range(B) for k in unit_mask[b].nonzero().flatten().tolist()))
+    trained_pairs = int(sum(sizes[k] for b in range(B) for k in unit_mask[b].nonzero().flatten().tolist()))
     metrics = {
         "reward_mean": float(torch.stack(list(rewards.values())).mean()) if len(rewards) == 1 else
         float(sum(ctx.reward_weights[k] * v.mean() for k, v in rewards.items())),

@@ -1,13 +1,15 @@
 """The training methods by name: each is an iteration function over an `IterationContext` and the
-number of optimizer steps one iteration makes. The trainer looks methods up here and nothing else."""
+number of optimizer steps one iteration makes. The trainer looks methods up here and nothing else; the
+names and families are `chunkgrpo.recipes.METHOD_NAMES` / `GRPO_METHODS` / `BRANCHING_METHODS`."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from chunkgrpo.recipes import BRANCHING_METHODS, GRPO_METHODS, METHOD_NAMES
 from chunkgrpo.train import branching, grpo
-from chunkgrpo.train.config import METHODS, TrainConfig
+from chunkgrpo.train.config import TrainConfig
 from chunkgrpo.train.context import IterationContext, IterationResult
 
 
@@ -20,9 +22,8 @@ class Method:
 _GRPO = Method(grpo.iteration, grpo.steps_per_iteration)
 _BRANCHING = Method(branching.iteration, branching.steps_per_iteration)
 
-TABLE: dict[str, Method] = {"chunk": _GRPO, "chunk+ws": _GRPO, "dance": _GRPO,
-                            "tempflow": _BRANCHING, "granular": _BRANCHING}
-assert set(TABLE) == set(METHODS), "every configurable method needs an entry"
+TABLE: dict[str, Method] = {**{m: _GRPO for m in GRPO_METHODS}, **{m: _BRANCHING for m in BRANCHING_METHODS}}
+assert set(TABLE) == set(METHOD_NAMES), "every configurable method needs an entry"
 
 
 def get_method(name: str) -> Method:

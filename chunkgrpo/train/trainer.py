@@ -3,6 +3,8 @@
 Read top to bottom:
   Trainer.__init__   validate everything that can be checked before any GPU time is spent
   Trainer.setup      process group, model (+LoRA / full), FSDP or replicated, optimizer, caches, resume
+                     (checkpoints: `chunkgrpo.train.checkpointer.Checkpointer`; their format:
+                     `chunkgrpo.train.checkpoint`)
   Trainer.train      iterations until `max_iterations` rollouts or `max_steps` optimizer steps (exactly one
                      is set); checkpoints; NaN guard
   Trainer.iteration  builds this rank's `IterationContext` and runs the method's iteration
@@ -16,78 +18,28 @@ import hashlib
 import json
 import logging
 import math
-import shutil
 import time
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import torch
 
-from chunkgrpo import objectives as obj
 from chunkgrpo.advantages import resolve_weights
-from chunkgrpo.chunks import load_plan, plan_chunks
-from chunkgrpo.errors import UserError
-from chunkgrpo.scoring.rewards import get_reward
+from chunkgrpo.chunks import ChunkPlan, training_plan
+from chunkgrpo.errors import Terminated, UserError
+from chunkgrpo.locks import FileLock, LockHeld
+from chunkgrpo.recipes import GRPO_METHODS
 from chunkgrpo.train import checkpoint as ckpt
 from chunkgrpo.train import dist as D
+from chunkgrpo.train.checkpointer import Checkpointer, config_hash
 from chunkgrpo.train.config import TrainConfig
 from chunkgrpo.train.context import IterationContext, NonFiniteLossError
 from chunkgrpo.train.methods import get_method
+from chunkgrpo.scoring.rewards import get_reward
 
-__all__ = ["NonFiniteLossError", "Trainer", "config_hash", "resolve_chunk_sizes", "run_training"]
+__all__ = ["NonFiniteLossError", "Trainer", "run_training"]
 
 log = logging.getLogger(__name__)
-
-
-def config_hash(cfg: TrainConfig) -> str:
-    return hashlib.sha256(json.dumps(cfg.to_dict(), sort_keys=True).encode()).hexdigest()[:12]
-
-
-# what a resumed run must share with its checkpoint (the rest — length, checkpointing, logging — may
-# change); the chunk plan is compared by its sizes (a plan file's path may differ between retries)
-RESUME_FIXED = ("model", "method", "lr", "betas", "weight_decay", "warmup_steps", "group_size",
-                "timestep_fraction", "seed", "sampling", "rewards", "lora")
-
-
-def resume_config(cfg: TrainConfig) -> dict:
-    """The RESUME_FIXED fields, recorded in every checkpoint's trainer_state.json."""
-    d = cfg.to_dict()
-    return {k: d[k] for k in RESUME_FIXED}
-
-
-def config_changes(recorded: dict, cfg: TrainConfig) -> list[str]:
-    """`key: was → now` for every RESUME_FIXED field (nested ones by dotted name) that differs."""
-    from chunkgrpo.tracking import flatten
-
-    was, now = flatten(recorded), flatten(resume_config(cfg))
-    return [f"{k}: {was.get(k)!r} → {now.get(k)!r}" for k in sorted(set(was) | set(now))
-            if was.get(k) != now.get(k)]
-
-
-def resolve_chunk_sizes(cfg: TrainConfig) -> list[int]:
-    """The chunk sizes for the run (all 1 for step-level `dance`; the branching methods train single steps
-    and ignore `chunks`), checked against num_steps − 1."""
-    S = cfg.trainable_steps
-    if cfg.method in ("dance", "tempflow", "granular"):
-        return [1] * S
-    spec = cfg.chunks.strip()
-    if spec.endswith(".json"):
-        return load_plan(spec, S)
-    if spec.startswith("dynamics"):
-        raise UserError("chunks=dynamics needs a profile: run `chunkgrpo profile` + `chunkgrpo plan` and pass plan.json")
-    return plan_chunks(spec, S).sizes
-
-
-def _bounded_store(timeout_s: float):
-    """An S3 client whose every request gives up after `timeout_s` (connect and read; the store's own
-    defaults are sized for whole-folder work), one attempt per call: the caller's loop owns the retries."""
-    import dataclasses
-
-    from chunkgrpo.store.client import ArtifactStore, StoreConfig
-
-    base = StoreConfig()
-    return ArtifactStore(dataclasses.replace(base, retries=1, read_timeout_s=min(base.read_timeout_s, timeout_s),
-                                             connect_timeout_s=min(base.connect_timeout_s, timeout_s)))
 
 
 def peft_lora_config(lc):
@@ -99,32 +51,16 @@ def peft_lora_config(lc):
                       init_lora_weights=True if lc.init == "default" else "gaussian")
 
 
-def check_trained_units(cfg: TrainConfig, sizes: list[int]) -> None:
+def check_trained_units(cfg: TrainConfig, plan: ChunkPlan) -> None:
     """Chunk/step methods train int(K·timestep_fraction) units per sample (the references' count); a plan
     where that is 0 (e.g. `whole` with fraction 0.5: GCPO trains nothing) is rejected, not silently raised to 1."""
-    if cfg.method not in ("chunk", "chunk+ws", "dance"):
+    if cfg.method not in GRPO_METHODS:
         return
-    K = len(sizes)
+    K = len(plan.sizes)
     if int(K * cfg.timestep_fraction) < 1:
-        raise UserError(f"timestep_fraction={cfg.timestep_fraction} of {K} chunk(s) (sizes {sizes}) trains "
-                        f"int({K}×{cfg.timestep_fraction}) = 0 units per sample; raise timestep_fraction to "
+        raise UserError(f"timestep_fraction={cfg.timestep_fraction} of {K} chunk(s) (sizes {plan.sizes}) "
+                        f"trains int({K}×{cfg.timestep_fraction}) = 0 units per sample; raise timestep_fraction to "
                         f">= {1 / K:g} (e.g. 1.0 for 'whole') or plan more chunks")
-
-
-def _any_rank(flag: bool, device) -> bool:
-    """True on every rank if `flag` is true on any (a collective: all ranks must call it)."""
-    return D.all_reduce_max(1.0 if flag else 0.0, device) > 0
-
-
-def _broadcast(obj):
-    """Rank 0's `obj` on every rank (plain Python values)."""
-    import torch.distributed as tdist
-
-    if not tdist.is_initialized():
-        return obj
-    box = [obj]
-    tdist.broadcast_object_list(box, src=0)
-    return box[0]
 
 
 class Trainer:
@@ -143,19 +79,18 @@ class Trainer:
         # an s3:// model is fetched in setup(), once per node (`_fetch_model`); a local one is checked now
         self.model_path = "" if str(cfg.model).startswith("s3://") else resolve_model_source(cfg.model)
         self.prompts = load_prompts(cfg.prompts)
-        self.sizes = resolve_chunk_sizes(cfg)
-        self.ranges = obj.chunk_ranges(self.sizes)
+        self.plan = training_plan(cfg.method, cfg.chunks, cfg.trainable_steps)
         self.reward_weights = resolve_weights({r.name: r.weight for r in cfg.rewards},
                                               cfg.reward_weighting == "normalized")
         if len(self.reward_weights) != len(cfg.rewards):
             raise UserError(f"duplicate reward names in {[r.name for r in cfg.rewards]}")
-        check_trained_units(cfg, self.sizes)
+        check_trained_units(cfg, self.plan)
         self.method = get_method(cfg.method)
         self.out = Path(cfg.output_dir)
         self.iteration_idx = 0
         self.opt_step = 0
         self.history: list[dict] = []
-        self.mirror: ckpt.Mirror | None = None
+        self.checkpoints: Checkpointer | None = None
         self._saving = False  # a checkpoint is being written: SIGTERM waits for it
         self._stop_signal = 0
 
@@ -225,14 +160,9 @@ class Trainer:
         self.model.drop_text_encoders()
         log.info("rank %d: %d prompt embeddings (%d encoded) in %.1fs", self.info.rank, len(needed), encoded,
                  time.perf_counter() - t0)
-        self.ckpt_root = self.out / "checkpoints"
-        if self.info.is_main:
-            self.ckpt_root.mkdir(parents=True, exist_ok=True)
-        D.barrier()
-        if cfg.checkpoint.s3_prefix and self.info.is_main:
-            self.mirror = ckpt.Mirror(cfg.checkpoint.s3_prefix, store_factory=self._mirror_store)
+        self.checkpoints = Checkpointer(self)
         if cfg.checkpoint.resume:
-            self._resume()
+            self.checkpoints.resume()
 
     def _fetch_model(self) -> str:
         """One download per node: local rank 0 fills the node's model cache (`$CHUNKGRPO_CACHE`, on the
@@ -250,7 +180,7 @@ class Trainer:
                 path = resolve_model_source(self.cfg.model)
             except Exception as e:  # noqa: BLE001 - re-raised below, after the other ranks know
                 err = e
-        if _any_rank(err is not None, self.info.device):  # a collective: the barrier of the other ranks
+        if D.any_rank(err is not None, self.info.device):  # a collective: the barrier of the other ranks
             if err is not None:
                 raise err
             raise UserError(f"model {self.cfg.model} could not be fetched by local rank 0 of some node "
@@ -266,179 +196,21 @@ class Trainer:
     def _lock_output_dir(self) -> None:
         """One training process tree per output_dir: a second one (e.g. a restart while orphaned ranks
         of the first still run) is refused instead of racing it on the same checkpoints."""
-        import fcntl
-        import os
-
         # what close() may remove if setup fails before writing anything else
         self._made = [] if self.out.exists() else [self.out]
         self.out.mkdir(parents=True, exist_ok=True)
         path = self.out / ".train.lock"
         if not path.exists():
             self._made.insert(0, path)
-        self._lock_file = open(path, "a+")
+        self._lock_file = FileLock(path)
         try:
-            fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            self._lock_file.seek(0)
-            holder = self._lock_file.read().strip() or "?"
-            self._lock_file.close()
-            raise UserError(f"output_dir {self.out} is in use by another training process (pid {holder}); "
+            self._lock_file.acquire(blocking=False)
+        except LockHeld as e:
+            self._lock_file = None
+            raise UserError(f"output_dir {self.out} is in use by another training process (pid {e.holder}); "
                             "stop it first (all its ranks) or choose another output_dir") from None
-        self._lock_file.seek(0)
-        self._lock_file.truncate()
-        self._lock_file.write(str(os.getpid()))
-        self._lock_file.flush()
 
-    # ------------------------------------------------------------------ resume / save
-    def _resume(self) -> None:
-        """Resume from the newest checkpoint that verifies (every file's size and sha256 against its
-        manifest, `.pt` files readable as tensors + plain types only), local or in S3. A checkpoint that
-        fails is renamed aside (never deleted) and the next older one is tried; one line says so."""
-        cfg, info = self.cfg, self.info
-        remote: dict[int, str] = {}
-        if cfg.checkpoint.s3_prefix and info.local_rank == 0:
-            remote = self._remote_checkpoints()
-        local = [ckpt.step_of(p) for p in ckpt.complete_checkpoints(self.ckpt_root)] if info.local_rank == 0 else []
-        # (step, source) newest first; the local copy of a step before its S3 copy
-        candidates = sorted({(st, "local") for st in local} | {(st, "s3") for st in remote},
-                            key=lambda c: (-c[0], c[1] != "local"))
-        candidates = _broadcast(candidates)
-        rejected: list[str] = []
-        for step, source in candidates:
-            path = ckpt.step_dir(self.ckpt_root, step)
-            problem, own = "", False  # own: this node's copy failed (only then is it set aside here)
-            if info.local_rank == 0:
-                try:
-                    if source == "s3" or (not ckpt.is_complete(path) and step in remote):
-                        ckpt.download(remote[step], self.ckpt_root, step)
-                    elif not ckpt.is_complete(path):
-                        raise FileNotFoundError(f"{path.name} is not on this node")
-                    ckpt.verify(path)
-                except (ckpt.CorruptCheckpointError, OSError) as e:
-                    problem, own = str(e), isinstance(e, ckpt.CorruptCheckpointError)
-                except Exception as e:  # noqa: BLE001 - a download that failed verification, S3 errors
-                    from chunkgrpo.store import StoreError
-
-                    if not isinstance(e, (StoreError, UserError)):
-                        raise
-                    problem = f"{source} copy: {e}"
-            data = None
-            if not _any_rank(bool(problem), info.device):
-                try:
-                    data = ckpt.read(path, info.rank)
-                except ckpt.CorruptCheckpointError as e:
-                    problem, own = str(e), True
-                if _any_rank(bool(problem), info.device):
-                    data = None
-                    problem = problem or "unreadable on another rank"
-            else:
-                problem = problem or "failed verification on another node"
-            if data is None:
-                aside = ""
-                if own and info.local_rank == 0 and path.exists():
-                    aside = str(ckpt.set_aside(path))
-                D.barrier()
-                if own or info.is_main:
-                    log.warning("checkpoint %s (%s) is unusable: %s%s", path.name, source, problem,
-                                f"; kept aside as {aside}" if aside else "")
-                rejected.append(path.name)
-                continue
-            self._apply_checkpoint(data)
-            if info.is_main:
-                older = f" (newer {', '.join(dict.fromkeys(rejected))} failed verification, see above)" if rejected else ""
-                log.info("resumed from %s (iteration %d, optimizer step %d)%s", path, self.iteration_idx,
-                         self.opt_step, older)
-                if rejected:
-                    log.warning("fell back to %s: the newer checkpoint(s) %s failed verification and were set aside",
-                                path.name, ", ".join(dict.fromkeys(rejected)))
-                if self.mirror is not None:  # local checkpoints that never reached S3 (an earlier outage)
-                    for p in ckpt.complete_checkpoints(self.ckpt_root):
-                        if ckpt.step_of(p) not in remote:
-                            self.mirror.submit(p)
-            return
-        if rejected and info.is_main:
-            log.warning("no checkpoint verifies (%s set aside); starting from scratch", ", ".join(rejected))
-
-    def _mirror_store(self):
-        """The mirror's S3 client: each request bounded by `checkpoint.mirror_timeout_s` (a hung server
-        fails the attempt; the store's own read timeout is sized for whole-folder work) and one attempt
-        per upload (the mirror's loop retries with backoff and tells pruning it is failing)."""
-        return _bounded_store(self.cfg.checkpoint.mirror_timeout_s)
-
-    def _remote_checkpoints(self, sleep=time.sleep) -> dict[int, str]:
-        """The S3 checkpoints, retried with exponential backoff (1 s doubling to 30 s) for
-        `checkpoint.s3_wait_s` while S3 is unreachable or hung (each request bounded by a read timeout
-        of s3_wait_s/4 capped at 30 s, not the store's upload-sized one). Still unreachable then: with
-        local checkpoints, one line and those are used; without, one line and a StoreError — never a
-        silent start from scratch while S3 may hold this run's checkpoints."""
-        from chunkgrpo.store import StoreError
-
-        cfg = self.cfg.checkpoint
-        store = _bounded_store(max(1.0, min(30.0, cfg.s3_wait_s / 4)))
-        t0, delay = time.monotonic(), 1.0
-        while True:
-            try:
-                return ckpt.remote_checkpoints(cfg.s3_prefix, store)
-            except StoreError as e:
-                error = e
-            waited = time.monotonic() - t0
-            if waited + delay > cfg.s3_wait_s:
-                break
-            log.warning("cannot list checkpoints at %s (%s); retrying in %.0fs (checkpoint.s3_wait_s=%.0f)",
-                        cfg.s3_prefix, str(error).splitlines()[0][:200], delay, cfg.s3_wait_s)
-            sleep(delay)
-            delay = min(30.0, delay * 2)
-        waited = time.monotonic() - t0
-        reason = str(error).splitlines()[0][:300]
-        if ckpt.complete_checkpoints(self.ckpt_root):
-            log.warning("S3 unreachable for %.0fs (%s): resuming from the local checkpoints in %s; S3 may "
-                        "hold newer ones", waited, reason, self.ckpt_root)
-            return {}
-        raise StoreError(f"cannot list checkpoints at {cfg.s3_prefix} for {waited:.0f}s ({reason}); refusing "
-                         "to start from scratch while S3 may hold this run's checkpoints — re-run once S3 "
-                         "answers, or checkpoint.resume=false to start over") from None
-
-    def _apply_checkpoint(self, data: ckpt.CheckpointData) -> None:
-        state = data.state
-        limit_steps = self.num_iterations * self.steps_per_iteration
-        if state["optimizer_step"] > limit_steps or state["iteration"] > self.num_iterations:
-            total, _, unit = self._progress()
-            raise UserError(f"checkpoint {data.path} is at optimizer_step={state['optimizer_step']} "
-                            f"(iteration {state['iteration']}), beyond this run's end ({total} {unit}s); "
-                            "raise max_steps/max_iterations or use another output_dir")
-        changes = config_changes(state["config"], self.cfg) if isinstance(state.get("config"), dict) else []
-        if isinstance(state.get("chunk_sizes"), list) and state["chunk_sizes"] != self.sizes:
-            changes.append(f"chunk sizes: {state['chunk_sizes']} → {self.sizes}")
-        if changes and not self.cfg.checkpoint.allow_config_change:
-            raise UserError(f"checkpoint {data.path} was trained with another config ({'; '.join(changes)}); "
-                            "refusing to resume (checkpoint.allow_config_change=true to resume anyway, or "
-                            "another output_dir)")
-        if state.get("config_hash") != config_hash(self.cfg):
-            log.warning("resuming from %s written with a different config (hash %s, now %s)", data.path,
-                        state.get("config_hash"), config_hash(self.cfg))
-        missing = [n for n in self.trainable_names if n not in data.weights]
-        if missing:
-            raise UserError(f"checkpoint {data.path} lacks trainable parameters {missing[:3]} (LoRA/full mismatch?)")
-        self._load_trainable(data.weights)
-        self._load_optimizer(data.optimizer)
-        self.scheduler.load_state_dict(data.scheduler)
-        if data.rng is not None:
-            ckpt.set_rng_state(data.rng)
-        if self.ema is not None and data.ema is not None:
-            self._load_ema(data.ema, int(state.get("ema_updates", 0)))
-        self.iteration_idx = int(state["iteration"])
-        self.opt_step = int(state["optimizer_step"])
-        self.history = state.get("history", [])
-
-    def _load_ema(self, weights: dict[str, torch.Tensor], updates: int) -> None:
-        """Checkpoint EMA → shadow: load it into the parameters, capture, put the trained weights back."""
-        trained = {n: w for n, w in zip(self.trainable_names, (p.detach().clone() for p in self.trainable))}
-        self._load_trainable(weights)
-        self.ema.capture(updates)
-        with torch.no_grad():
-            for n, p in zip(self.trainable_names, self.trainable):
-                p.copy_(trained[n])
-
+    # ------------------------------------------------------------------ model state
     def _is_fsdp(self) -> bool:
         return self.cfg.distributed == "fsdp" and self.info.enabled
 
@@ -455,122 +227,14 @@ class Trainer:
         named = dict(tr.named_parameters())
         return {n: named[n].detach().float().cpu().contiguous() for n in self.trainable_names}
 
-    def _load_trainable(self, weights: dict[str, torch.Tensor]) -> None:
-        tr = self.model.transformer
-        if self._is_fsdp():
-            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-
-            set_model_state_dict(tr, {n: weights[n] for n in self.trainable_names},
-                                 options=StateDictOptions(full_state_dict=True, strict=False))
-            return
-        named = dict(tr.named_parameters())
-        with torch.no_grad():
-            for n in self.trainable_names:
-                named[n].copy_(weights[n].to(named[n].device, named[n].dtype))
-
-    def _optimizer_state(self) -> dict:
-        if self._is_fsdp():
-            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
-
-            return get_optimizer_state_dict(self.model.transformer, self.optimizer,
-                                            options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        return self.optimizer.state_dict()
-
-    def _load_optimizer(self, state: dict) -> None:
-        if self._is_fsdp():
-            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
-
-            set_optimizer_state_dict(self.model.transformer, self.optimizer, state,
-                                     options=StateDictOptions(full_state_dict=True))
-            return
-        self.optimizer.load_state_dict(state)
-
-    def _write_checkpoint_files(self, staging: Path, weights: dict, ema_weights: dict | None,
-                                optim: dict) -> None:
-        """Rank 0's files of a checkpoint, into its staging folder (the manifest comes later)."""
-        from safetensors.torch import save_file
-
-        save_file(weights, str(staging / "trainable.safetensors"))
-        if ema_weights is not None:
-            save_file(ema_weights, str(staging / "ema.safetensors"))
-        torch.save(optim, staging / "optimizer.pt")
-        torch.save(self.scheduler.state_dict(), staging / "scheduler.pt")
-        state = {"iteration": self.iteration_idx, "optimizer_step": self.opt_step,
-                 "config_hash": config_hash(self.cfg), "config": resume_config(self.cfg),
-                 "history": self.history,
-                 "world_size": self.info.world, "chunk_sizes": self.sizes,
-                 "ema_updates": self.ema.updates if self.ema is not None else 0}
-        (staging / "trainer_state.json").write_text(json.dumps(state, indent=1))
-
     def save_checkpoint(self) -> Path | None:
-        """All ranks call this (FSDP gathers are collective); rank 0 writes; manifest last. Weights and
-        optimizer state must be finite: a NaN/inf is never committed (NonFiniteLossError instead, the
-        previous checkpoint stays the latest). A full or read-only file system is one line
-        (CheckpointWriteError), the staging folder removed. A SIGTERM arriving meanwhile waits until it
-        is done."""
+        """`Checkpointer.save` (all ranks call it); a SIGTERM arriving meanwhile waits until it is done."""
         self._saving = True
         try:
-            ema_weights = None
-            if self.ema is not None:  # clone: without FSDP the state dict aliases the live parameters
-                with self.ema.swapped():
-                    ema_weights = {k: v.clone() for k, v in self._trainable_state().items()}
-            weights = self._trainable_state()
-            optim = self._optimizer_state()
-            bad = []
-            if self.info.is_main:
-                bad = (ckpt.non_finite(weights) + ckpt.non_finite(ckpt.optimizer_tensors(optim))
-                       + [f"ema:{n}" for n in ckpt.non_finite(ema_weights or {})])
-            if _any_rank(bool(bad), self.info.device):
-                raise NonFiniteLossError(
-                    f"non-finite values at optimizer step {self.opt_step} "
-                    f"({f'{len(bad)} tensors, e.g. {bad[0]}' if bad else 'on rank 0'}); checkpoint not written — "
-                    f"the last complete one in {self.ckpt_root} is intact")
-            staging = ckpt.staging_path(self.ckpt_root, self.opt_step)
-            final, error = None, None
-            with ckpt.writing(staging) as failed:
-                if self.info.is_main:
-                    ckpt.stage_dir(self.ckpt_root, self.opt_step)
-            if _any_rank(failed.error is not None, self.info.device):  # rank 0 has a fresh staging folder
-                if self.info.is_main:
-                    shutil.rmtree(staging, ignore_errors=True)
-                raise failed.error or ckpt.CheckpointWriteError("rank 0 could not create the staging folder")
-            with ckpt.writing(staging) as failed:
-                torch.save(ckpt.rng_state(), staging / "rng" / f"rank{self.info.rank}.pt")
-            if self.info.is_main and failed.error is None:
-                with ckpt.writing(staging) as failed:
-                    self._write_checkpoint_files(staging, weights, ema_weights, optim)
-            if _any_rank(failed.error is not None, self.info.device):
-                if self.info.is_main:
-                    shutil.rmtree(staging, ignore_errors=True)
-                raise failed.error or ckpt.CheckpointWriteError(
-                    "checkpoint write failed on another rank (see its log)")
-            if self.info.is_main:  # every rank's RNG file is in place (the all-reduce above)
-                mirror = self.mirror
-                try:
-                    final = ckpt.finalize(staging, self.ckpt_root, self.opt_step,
-                                          {"kind": "checkpoint", "step": self.opt_step}, self.cfg.checkpoint.keep,
-                                          mirror=mirror, backlog=self.cfg.checkpoint.mirror_backlog)
-                except ckpt.MirrorBacklogError as e:
-                    error = e
-                    final = ckpt.step_dir(self.ckpt_root, self.opt_step)
-                except OSError as e:  # the manifest or the rename: a full or read-only file system
-                    shutil.rmtree(staging, ignore_errors=True)
-                    error = ckpt.CheckpointWriteError(
-                        f"cannot write checkpoint {staging.name}: {ckpt._short(e)}; the last complete "
-                        f"checkpoint in {self.ckpt_root} is intact")
-                    final = None
-                if mirror is not None and final is not None:
-                    mirror.submit(final)
-            if _any_rank(error is not None, self.info.device):
-                if error is not None:
-                    raise error
-                raise ckpt.MirrorBacklogError("rank 0 stopped: checkpoints are not reaching S3 (see its log)")
-            return final
+            return self.checkpoints.save()
         finally:
             self._saving = False
             if self._stop_signal:
-                from chunkgrpo.errors import Terminated
-
                 raise Terminated(self._stop_signal)
 
     # ------------------------------------------------------------------ one iteration
@@ -606,7 +270,7 @@ class Trainer:
         prompts = self.stream.batch(self.iteration_idx, self.info.rank)
         return IterationContext(
             cfg=self.cfg, model=self.model, prompts=prompts, cond=self.embeds.get(prompts),
-            reward_fns=self.reward_fns, reward_weights=self.reward_weights, sizes=self.sizes, ranges=self.ranges,
+            reward_fns=self.reward_fns, reward_weights=self.reward_weights, plan=self.plan,
             device=self.info.device, iteration=self.iteration_idx, generator=self._generator(self.iteration_idx),
             autocast=self._autocast, optimizer_step=self._optimizer_step, fsdp=self._is_fsdp())
 
@@ -644,7 +308,8 @@ class Trainer:
         summary: dict = {}
         with self._sigterm_guard(), tracker_cm as tracker:
             if info.is_main:
-                tracker.log_dict({"sizes": self.sizes, "ranges": self.ranges, "method": cfg.method}, "chunk_plan.json")
+                tracker.log_dict({"sizes": self.plan.sizes, "ranges": self.plan.ranges, "method": cfg.method},
+                                 "chunk_plan.json")
             total, initial, unit = self._progress()
             bar = progress_bar(total=total, initial=initial, desc=f"train {cfg.method}", unit=unit,
                                disable=not (info.is_main and cfg.progress))
@@ -653,7 +318,8 @@ class Trainer:
                 try:
                     m = self.iteration()
                 except NonFiniteLossError:
-                    log.error("stopping: non-finite loss; the last complete checkpoint in %s is intact", self.ckpt_root)
+                    log.error("stopping: non-finite loss; the last complete checkpoint in %s is intact",
+                              self.checkpoints.root)
                     raise
                 self.iteration_idx += 1
                 if self.ema is not None:
@@ -676,10 +342,10 @@ class Trainer:
             bar.close()
             self._write_rank_state()
             final = self.export(self.out / "final")
-            self._wait_for_mirror()
+            self.checkpoints.finish()
             if info.is_main:
                 summary = {"optimizer_steps": self.opt_step, "iterations": self.iteration_idx,
-                           "final_model": str(final), "history": self.history, "chunk_sizes": self.sizes,
+                           "final_model": str(final), "history": self.history, "chunk_sizes": self.plan.sizes,
                            "config_hash": config_hash(cfg)}
                 (self.out / "train_summary.json").write_text(json.dumps(summary, indent=1))
                 tracker.log_dict(summary, "train_summary.json")
@@ -695,8 +361,6 @@ class Trainer:
         checkpoint being written, if any, is complete — so the MLflow run is marked KILLED."""
         import signal
         import threading
-
-        from chunkgrpo.errors import Terminated
 
         if threading.current_thread() is not threading.main_thread():
             yield
@@ -714,22 +378,6 @@ class Trainer:
             yield
         finally:
             signal.signal(signal.SIGTERM, previous)
-
-    def _wait_for_mirror(self) -> None:
-        """End of training: every checkpoint must reach S3 (bounded wait), else fail loudly — the local
-        checkpoints are intact and re-running the same command retries the upload. Once all are in S3,
-        the local ones beyond `checkpoint.keep` (held back while S3 was down) are deleted."""
-        if self.mirror is None:
-            return
-        if not self.mirror.wait(self.cfg.checkpoint.mirror_wait_s):
-            from chunkgrpo.store import StoreError
-
-            left = [p.name for p in self.mirror.pending()]
-            raise StoreError(f"training finished (final model in {self.out / 'final'}) but {', '.join(left)} did not "
-                             f"reach {self.cfg.checkpoint.s3_prefix} within {self.cfg.checkpoint.mirror_wait_s:.0f}s "
-                             f"({self.mirror.last_error}); they are intact in {self.ckpt_root} — re-run to retry the upload")
-        # what `checkpoint.keep` held back during an outage can go now that it is in S3
-        ckpt.prune(self.ckpt_root, self.cfg.checkpoint.keep, self.mirror, self.cfg.checkpoint.mirror_backlog)
 
     def _write_rank_state(self) -> None:
         """Each rank records a checksum of its trainable parameters (replicas must agree; under FSDP
@@ -766,7 +414,7 @@ class Trainer:
         else:
             weights = self._trainable_state()
         bad = ckpt.non_finite(weights) if self.info.is_main else []
-        if _any_rank(bool(bad), self.info.device):
+        if D.any_rank(bool(bad), self.info.device):
             raise NonFiniteLossError(f"non-finite trainable parameters ({bad[0] if bad else 'on rank 0'}); "
                                      f"final model not written")
         if not self.info.is_main:
@@ -794,7 +442,8 @@ class Trainer:
             self.model.transformer.save_config(staging / "transformer")
             save_file(weights, str(staging / "transformer" / "diffusion_pytorch_model.safetensors"))
             kind = "full"
-        meta = {"kind": kind, "base_model": self.cfg.model, "method": self.cfg.method, "chunk_sizes": self.sizes,
+        meta = {"kind": kind, "base_model": self.cfg.model, "method": self.cfg.method,
+                "chunk_sizes": self.plan.sizes,
                 "optimizer_steps": self.opt_step, "config_hash": config_hash(self.cfg),
                 "lora": self.cfg.lora.to_dict() if kind == "lora" else None, "sampling": self.cfg.sampling.to_dict(),
                 "ema": {**self.cfg.ema.to_dict(), "updates": self.ema.updates} if self.ema is not None else None}
@@ -809,8 +458,8 @@ class Trainer:
         return out
 
     def close(self) -> None:
-        if self.mirror is not None:
-            self.mirror.close(timeout=0)  # an unfinished upload has no manifest in S3: never read as complete
+        if self.checkpoints is not None:
+            self.checkpoints.close()
         lock = getattr(self, "_lock_file", None)
         if lock is not None:
             # a run that failed before writing anything (bad model, LoRA targets, ...) leaves nothing behind
@@ -818,7 +467,7 @@ class Trainer:
             if made and {p.name for p in self.out.iterdir()} <= {".train.lock"}:
                 for p in made:
                     p.unlink() if p.is_file() else p.rmdir()
-            lock.close()  # releases the output_dir lock
+            lock.release()  # releases the output_dir lock
             self._lock_file = None
         D.teardown()
 

@@ -21,7 +21,7 @@ def train(model: str, prompts: str, preset: str, method: str, chunks: str, max_i
         preset: training preset (chunk_grpo_flux, chunk_grpo_ws_flux, step_grpo_flux, dance_grpo_flux,
             tempflow_grpo_flux, granular_grpo_flux, tiny_cpu, ... or a YAML path); '' = the method's own preset.
         method: chunk | chunk+ws | dance | tempflow | granular.
-        chunks: chunk plan (`sizes:...` from the plan step, or any strategy string).
+        chunks: the chunk plan spec (`sizes:...` from the plan step, or uniform:N | step | whole).
         max_iterations: training length in rollouts (iterations); 0 = the preset's length (< 0 is rejected).
         nproc_per_node: torchrun processes (= GPUs of the task).
         overrides: extra training overrides (key=value).

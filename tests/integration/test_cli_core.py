@@ -43,17 +43,17 @@ def test_tiny_model_profile_plan_end_to_end(tmp_path):
 
     for strategy, expect in (("sizes:2,2,3", [2, 2, 3]), ("uniform:3", [3, 3, 1]), ("step", [1] * 7), ("whole", [7])):
         plan_out = tmp_path / f"plan-{strategy.split(':')[0]}.json"
-        r = _cli("plan", "--profile", out, "--strategy", strategy, "--out", plan_out)
+        r = _cli("plan", "--profile", out, "--chunks", strategy, "--out", plan_out)
         assert r.returncode == 0, r.stderr
         assert json.loads(plan_out.read_text())["sizes"] == expect
-    r = _cli("plan", "--profile", out, "--strategy", "dynamics", "--out", tmp_path / "plan.json")
+    r = _cli("plan", "--profile", out, "--chunks", "dynamics", "--out", tmp_path / "plan.json")
     assert r.returncode == 0, r.stderr
     plan = json.loads((tmp_path / "plan.json").read_text())
     assert sum(plan["sizes"]) == 7 and plan["rationale"]
 
 
 @pytest.mark.parametrize("args,needle", [
-    (["plan", "--profile", "/no/such/profile.json", "--strategy", "step", "--out", "x.json"], "does not exist"),
+    (["plan", "--profile", "/no/such/profile.json", "--chunks", "step", "--out", "x.json"], "does not exist"),
     (["profile", "--model", "/no/such/model", "--prompts", "p.txt", "--out", "x.json"], "does not exist"),
 ])
 def test_user_errors_are_one_line_without_traceback(tmp_path, args, needle):
@@ -66,7 +66,7 @@ def test_user_errors_are_one_line_without_traceback(tmp_path, args, needle):
 def test_bad_strategy_and_empty_prompt_file(tmp_path, tiny_model_dir):
     prof = tmp_path / "profile.json"
     prof.write_text(json.dumps({"sigmas": [1, 0.5, 0.2, 0], "l1rel": [0.3, 0.2, 0.1]}))
-    r = _cli("plan", "--profile", prof, "--strategy", "sizes:1,1,1", "--out", tmp_path / "p.json")
+    r = _cli("plan", "--profile", prof, "--chunks", "sizes:1,1,1", "--out", tmp_path / "p.json")
     assert r.returncode == 2 and "sum to 3 but there are 2 trainable steps" in r.stderr
     assert not (tmp_path / "p.json").exists()  # nothing half-written
     empty = tmp_path / "empty.txt"

@@ -113,18 +113,17 @@ def test_hung_s3_during_training_fails_the_mirror_attempt_within_its_timeout(own
     failing, so pruning decides (keep beyond `keep` within the backlog, or stop in one line) instead of
     training stalling on the socket for the store's upload-sized timeout × its retries."""
     from chunkgrpo.train import checkpoint as ckpt
-    from chunkgrpo.train.trainer import Trainer
+    from chunkgrpo.train.checkpointer import mirror_store
 
     folder = tmp_path / "step-000001"
     folder.mkdir()
     (folder / "weights.bin").write_bytes(os.urandom(1 << 20))
-    t = Trainer.__new__(Trainer)
-    t.cfg = TrainConfig.load("tiny_cpu", ["checkpoint.mirror_timeout_s=3"])
-    store = t._mirror_store()
+    cfg = TrainConfig.load("tiny_cpu", ["checkpoint.mirror_timeout_s=3"])
+    store = mirror_store(cfg)
     assert store.config.read_timeout_s == 3 and store.config.retries == 1
     pgid = own_s3._load_state()["services"]["s3"]["pgid"]
     os.killpg(pgid, signal.SIGSTOP)
-    mirror = ckpt.Mirror("s3://chunkgrpo/runs/hung", store_factory=t._mirror_store, backoff_s=30)
+    mirror = ckpt.Mirror("s3://chunkgrpo/runs/hung", store_factory=lambda: mirror_store(cfg), backoff_s=30)
     try:
         t0 = time.monotonic()
         mirror.submit(folder)

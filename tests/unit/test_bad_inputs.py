@@ -58,7 +58,7 @@ def _prompts(name: str, data: bytes | str | None):
 def _profile(name: str, data: bytes | str | None):
     def argv(ws):
         path = str(ws / "adir") if data is None else _write(ws, name, data)
-        return ["plan", "--profile", path, "--strategy", "step", "--out", str(ws / "plan.json")]
+        return ["plan", "--profile", path, "--chunks", "step", "--out", str(ws / "plan.json")]
     return argv
 
 
@@ -90,7 +90,7 @@ def _register(*extra: str, name: str = "tiny-lora", files: dict | None = None):
 
 
 def _plan(strategy: str):
-    return lambda ws: ["plan", "--profile", str(ws / "profile.json"), "--strategy", strategy,
+    return lambda ws: ["plan", "--profile", str(ws / "profile.json"), "--chunks", strategy,
                        "--out", str(ws / "plan.json")]
 
 
@@ -173,7 +173,7 @@ BAD_INPUTS = {
     "tiny-model --out <non-empty dir>": (lambda ws: ["tiny-model", "--out", str(ws / "adir")], "non-empty directory"),
     "tiny-model --overwrite on a foreign dir": (lambda ws: ["tiny-model", "--out", str(ws / "adir"), "--overwrite"],
                                                 "not made by"),
-    "plan --out <existing dir>": (lambda ws: ["plan", "--profile", str(ws / "profile.json"), "--strategy", "step",
+    "plan --out <existing dir>": (lambda ws: ["plan", "--profile", str(ws / "profile.json"), "--chunks", "step",
                                               "--out", str(ws / "adir")], "is a directory"),
     "profile --out <existing dir>": (lambda ws: ["profile", "--model", str(ws / "model"), "--prompts",
                                                  str(ws / "prompts.txt"), "--out", str(ws / "adir")], "is a directory"),
@@ -239,15 +239,15 @@ BAD_INPUTS.update({
     "plan: a 2M-step profile": (_profile("big.json", '{"sigmas": [' + ",".join(["0.5"] * 2_000_001) + '], "l1rel": ['
                                          + ",".join(["0.1"] * 2_000_000) + "]}"), "2000000 transitions"),
     "prompts: a FIFO": (lambda ws: _train(f"prompts={_fifo(ws)}")(ws), "is not a regular file"),
-    "profile: a FIFO": (lambda ws: ["plan", "--profile", _fifo(ws, "prof.json"), "--strategy", "step",
+    "profile: a FIFO": (lambda ws: ["plan", "--profile", _fifo(ws, "prof.json"), "--chunks", "step",
                                     "--out", str(ws / "plan.json")], "is not a regular file"),
     # tracebacks (item 12)
     "plan --out a FIFO (rename would replace it)": (lambda ws: ["plan", "--profile", str(ws / "profile.json"),
-                                                                "--strategy", "step", "--out", _fifo(ws, "o.json")],
+                                                                "--chunks", "step", "--out", _fifo(ws, "o.json")],
                                                     "not a regular file"),
     "profile --out a FIFO": (lambda ws: ["profile", "--model", str(ws / "model"), "--prompts", str(ws / "prompts.txt"),
                                          "--out", _fifo(ws, "o.json")], "not a regular file"),
-    "plan --out under a file": (lambda ws: ["plan", "--profile", str(ws / "profile.json"), "--strategy", "step",
+    "plan --out under a file": (lambda ws: ["plan", "--profile", str(ws / "profile.json"), "--chunks", "step",
                                             "--out", str(ws / "adir" / "keep.txt" / "plan.json")], "keep.txt"),
     "tiny-model --out under a file": (lambda ws: ["tiny-model", "--out", str(ws / "adir" / "keep.txt" / "m")],
                                       "keep.txt"),

@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from chunkgrpo.chunks import load_plan, plan_chunks, plan_from_profile
+from chunkgrpo.chunks import ChunkSpec, load_plan, parse_chunks, plan_chunks, plan_from_profile, training_plan
 from chunkgrpo.errors import UserError
 
 
@@ -111,3 +111,24 @@ def test_plan_from_profile_writes_json_and_png(tmp_path):
     assert load_plan(out, 15) == [2, 3, 4, 6]
     with pytest.raises(UserError, match="num_steps"):
         load_plan(out, 16)
+
+
+def test_parse_chunks_is_the_one_parser():
+    assert parse_chunks(" uniform:3 ") == ChunkSpec("uniform:3", "uniform", size=3)
+    assert parse_chunks("sizes:2,3").sizes == (2, 3) and parse_chunks("runs/plan.json").path == "runs/plan.json"
+    assert parse_chunks("dynamics:max=4,rel=0.2").options == {"max": 4, "rel": 0.2}
+    spec = parse_chunks("sizes:2,3,4,7")
+    assert parse_chunks(spec) is spec and plan_chunks(spec, 16).sizes == [2, 3, 4, 7]
+    with pytest.raises(UserError, match="bad dynamics option"):
+        parse_chunks("dynamics:max=abc")
+
+
+def test_training_plan_by_method(tmp_path):
+    assert training_plan("chunk", "uniform:4", 16).ranges == [(0, 4), (4, 8), (8, 12), (12, 16)]
+    assert training_plan("dance", "sizes:2,3,4,7", 16).sizes == [1] * 16  # step-level
+    assert training_plan("tempflow", "whatever", 4).sizes == [1] * 4  # branching methods ignore `chunks`
+    (tmp_path / "plan.json").write_text(json.dumps({"sizes": [7, 9]}))
+    assert training_plan("chunk+ws", str(tmp_path / "plan.json"), 16).sizes == [7, 9]
+    assert training_plan("chunk", "/absent/plan.json", 16, read_plan_file=False).sizes == [1] * 16
+    with pytest.raises(UserError, match="needs a profile"):
+        training_plan("chunk", "dynamics", 16)

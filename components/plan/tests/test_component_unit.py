@@ -9,7 +9,7 @@ from components.plan.component import plan
 def test_uniform_plan_report_and_sizes(artifact):
     prof = artifact("profile.json", json.dumps(tiny_profile(16)))
     out, report, plot = artifact("plan.json"), artifact("report.md"), artifact("plot.png")
-    spec = plan.python_func(profile_json=prof, strategy="uniform:5", plan_json=out, report=report, plot=plot)
+    spec = plan.python_func(profile_json=prof, chunks="uniform:5", plan_json=out, report=report, plot=plot)
     assert spec == "sizes:5,5,5"  # 16 steps -> 15 trainable transitions
     assert json.loads(open(out.path).read())["sizes"] == [5, 5, 5] and out.metadata["sizes"] == [5, 5, 5]
     md = open(report.path).read()
@@ -18,6 +18,6 @@ def test_uniform_plan_report_and_sizes(artifact):
 
 def test_dynamics_plan_covers_every_trainable_step(artifact):
     prof = artifact("profile.json", json.dumps(tiny_profile(16)))
-    spec = plan.python_func(profile_json=prof, strategy="dynamics", plan_json=artifact("p.json"),
+    spec = plan.python_func(profile_json=prof, chunks="dynamics", plan_json=artifact("p.json"),
                             report=artifact("r.md"), plot=artifact("p.png"))
     assert sum(int(s) for s in spec.removeprefix("sizes:").split(",")) == 15

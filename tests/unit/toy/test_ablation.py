@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from chunkgrpo.chunks import plan_chunks
+from chunkgrpo.chunks import plan_chunks, training_plan
 from chunkgrpo.errors import UserError
 from chunkgrpo.objectives import select_units
 from chunkgrpo.toy.ablation import AblationConfig, dynamics_plan, run_ablation
@@ -17,7 +17,6 @@ from chunkgrpo.toy.ablation_runs import _train_overrides
 from chunkgrpo.toy.power import mean_ci
 from chunkgrpo.toy.model import ToyModelConfig, build_toy_model
 from chunkgrpo.train.config import TrainConfig
-from chunkgrpo.train.trainer import resolve_chunk_sizes
 from tests.unit.test_chunks import _gaussian_profile
 
 
@@ -73,7 +72,8 @@ def test_sde_profile_gives_the_plan_and_differs_from_the_ode(tiny_toy, tmp_path)
 
 def _engine_transitions(cfg: TrainConfig, draws: int = 4000) -> float:
     """Mean trained transitions per sample under the engine's own unit selection for this config."""
-    sizes = torch.tensor(resolve_chunk_sizes(cfg), dtype=torch.float64)
+    sizes = torch.tensor(training_plan(cfg.method, cfg.chunks, cfg.trainable_steps).sizes,
+                         dtype=torch.float64)
     mask = select_units(draws, len(sizes), cfg.timestep_fraction, generator=torch.Generator().manual_seed(0))
     return float((mask.double() * sizes).sum(1).mean())
 
@@ -94,7 +94,7 @@ def test_step_and_chunk_arms_train_equal_transitions(tmp_path, num_steps, fracti
         spec = {"method": m, "arm": des["arms"][m], "plan_path": str(tmp_path / "plan.json"), "uniform": uniform,
                 "overrides": [f"sampling.num_steps={num_steps}"], "model": "m", "prompts": "p", "seed": 0, "steps": 72}
         tc = TrainConfig.load("toy_cpu", _train_overrides(spec))
-        sizes = resolve_chunk_sizes(tc)
+        sizes = training_plan(tc.method, tc.chunks, tc.trainable_steps).sizes
         exact = expected_transitions(sizes, tc.timestep_fraction)
         assert exact == T, (m, sizes, tc.timestep_fraction)
         assert _engine_transitions(tc) == pytest.approx(T, abs=0.15), m

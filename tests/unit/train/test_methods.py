@@ -4,13 +4,13 @@ import ast
 from pathlib import Path
 
 import chunkgrpo.train as train_pkg
-from chunkgrpo.recipes import METHODS
+from chunkgrpo.recipes import METHOD_NAMES
 from chunkgrpo.train import branching, grpo
 from chunkgrpo.train.methods import TABLE, get_method
 
 
 def test_every_method_has_an_iteration_and_a_step_count():
-    assert set(TABLE) == set(METHODS)
+    assert set(TABLE) == set(METHOD_NAMES)
     assert get_method("chunk").iteration is grpo.iteration and get_method("granular").iteration is branching.iteration
 
 

@@ -143,7 +143,7 @@ def test_full_finetuning_with_gradient_checkpointing(tiny_model_dir, prompts_fil
                                         "gradient_checkpointing=true", "checkpoint.resume=false"])
     t = Trainer(cfg)
     t.setup()
-    assert grpo.policy_layout(cfg, t.sizes, False)["side_buffer"] is False
+    assert grpo.policy_layout(cfg, t.plan.sizes, False)["side_buffer"] is False
     ref, m_ref = _window_grads(t, monkeypatch, "per_step", 1, step=0.003)
     assert 0 < m_ref["clip_frac"] < 0.5, m_ref["clip_frac"]  # clipped and unclipped off-policy units
     for strategy, budget in (("accumulate", 1), ("auto", 2)):

@@ -94,7 +94,7 @@ def test_non_finite_loss_guard(tiny_model_dir, prompts_file, tmp_path, monkeypat
     cfg = _cfg(tiny_model_dir, prompts_file, tmp_path, "max_steps=2", "checkpoint.every=1")
     t = Trainer(cfg)
     t.setup()
-    import chunkgrpo.train.trainer as tm
+    import chunkgrpo.train.grpo as tm
 
     nan = {"loss": torch.tensor(float("nan")), "ratio": torch.tensor(1.0), "log_ratio": torch.tensor(0.0),
            "clipped": torch.tensor(False)}

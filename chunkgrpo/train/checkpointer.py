@@ -1,0 +1,375 @@
+"""The trainer's checkpoint policy: what a resumed run must share with its checkpoint, which checkpoint
+to resume (the newest that verifies, local or in S3), restoring the trainer's state from it, saving it
+(every rank collective, rank 0 writes, manifest last), and the S3 mirror's lifetime.
+
+`chunkgrpo.train.checkpoint` is what a checkpoint IS (the folder format, verification, pruning, the
+background S3 mirror); this module is how the trainer USES it. A `Checkpointer` is built by the trainer
+in `setup()` and reads and writes the trainer's state (model, optimizer, scheduler, EMA, counters).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import shutil
+import time
+from pathlib import Path
+
+import torch
+
+from chunkgrpo.errors import UserError
+from chunkgrpo.train import checkpoint as ckpt
+from chunkgrpo.train import dist as D
+from chunkgrpo.train.config import TrainConfig
+from chunkgrpo.train.context import NonFiniteLossError
+
+log = logging.getLogger(__name__)
+
+# what a resumed run must share with its checkpoint (the rest — length, checkpointing, logging — may
+# change); the chunk plan is compared by its sizes (a plan file's path may differ between retries)
+RESUME_FIXED = ("model", "method", "lr", "betas", "weight_decay", "warmup_steps", "group_size",
+                "timestep_fraction", "seed", "sampling", "rewards", "lora")
+
+
+def config_hash(cfg: TrainConfig) -> str:
+    return hashlib.sha256(json.dumps(cfg.to_dict(), sort_keys=True).encode()).hexdigest()[:12]
+
+
+def resume_config(cfg: TrainConfig) -> dict:
+    """The RESUME_FIXED fields, recorded in every checkpoint's trainer_state.json."""
+    d = cfg.to_dict()
+    return {k: d[k] for k in RESUME_FIXED}
+
+
+def config_changes(recorded: dict, cfg: TrainConfig) -> list[str]:
+    """`key: was → now` for every RESUME_FIXED field (nested ones by dotted name) that differs."""
+    from chunkgrpo.tracking import flatten
+
+    was, now = flatten(recorded), flatten(resume_config(cfg))
+    return [f"{k}: {was.get(k)!r} → {now.get(k)!r}" for k in sorted(set(was) | set(now))
+            if was.get(k) != now.get(k)]
+
+
+def bounded_store(timeout_s: float):
+    """An S3 client whose every request gives up after `timeout_s` (connect and read; the store's own
+    defaults are sized for whole-folder work), one attempt per call: the caller's loop owns the retries."""
+    from chunkgrpo.store.client import ArtifactStore, StoreConfig
+
+    base = StoreConfig()
+    return ArtifactStore(dataclasses.replace(base, retries=1,
+                                             read_timeout_s=min(base.read_timeout_s, timeout_s),
+                                             connect_timeout_s=min(base.connect_timeout_s, timeout_s)))
+
+
+def mirror_store(cfg: TrainConfig):
+    """The mirror's S3 client: each request bounded by `checkpoint.mirror_timeout_s` (a hung server
+    fails the attempt; the store's own read timeout is sized for whole-folder work) and one attempt
+    per upload (the mirror's loop retries with backoff and tells pruning it is failing)."""
+    return bounded_store(cfg.checkpoint.mirror_timeout_s)
+
+
+class Checkpointer:
+    """Checkpoints of one trainer (`chunkgrpo.train.trainer.Trainer`, after its model, optimizer and
+    caches are set up): `resume()` once, `save()` at every checkpoint, `finish()` after the final
+    model, `close()` always."""
+
+    def __init__(self, trainer):
+        self.t = trainer
+        self.cfg: TrainConfig = trainer.cfg
+        self.root: Path = trainer.out / "checkpoints"
+        self.mirror: ckpt.Mirror | None = None
+        info = trainer.info
+        if info.is_main:
+            self.root.mkdir(parents=True, exist_ok=True)
+        D.barrier()
+        if self.cfg.checkpoint.s3_prefix and info.is_main:
+            self.mirror = ckpt.Mirror(self.cfg.checkpoint.s3_prefix,
+                                      store_factory=lambda: mirror_store(self.cfg))
+
+    # ------------------------------------------------------------------ resume
+    def resume(self) -> None:
+        """Resume from the newest checkpoint that verifies (every file's size and sha256 against its
+        manifest, `.pt` files readable as tensors + plain types only), local or in S3. A checkpoint that
+        fails is renamed aside (never deleted) and the next older one is tried; one line says so."""
+        t, info = self.t, self.t.info
+        remote: dict[int, str] = {}
+        if self.cfg.checkpoint.s3_prefix and info.local_rank == 0:
+            remote = self.remote_checkpoints()
+        local = ([ckpt.step_of(p) for p in ckpt.complete_checkpoints(self.root)]
+                 if info.local_rank == 0 else [])
+        # (step, source) newest first; the local copy of a step before its S3 copy
+        candidates = sorted({(st, "local") for st in local} | {(st, "s3") for st in remote},
+                            key=lambda c: (-c[0], c[1] != "local"))
+        candidates = D.broadcast_object(candidates)
+        rejected: list[str] = []
+        for step, source in candidates:
+            path = ckpt.step_dir(self.root, step)
+            problem, own = "", False  # own: this node's copy failed (only then is it set aside here)
+            if info.local_rank == 0:
+                try:
+                    if source == "s3" or (not ckpt.is_complete(path) and step in remote):
+                        ckpt.download(remote[step], self.root, step)
+                    elif not ckpt.is_complete(path):
+                        raise FileNotFoundError(f"{path.name} is not on this node")
+                    ckpt.verify(path)
+                except (ckpt.CorruptCheckpointError, OSError) as e:
+                    problem, own = str(e), isinstance(e, ckpt.CorruptCheckpointError)
+                except Exception as e:  # noqa: BLE001 - a download that failed verification, S3 errors
+                    from chunkgrpo.store import StoreError
+
+                    if not isinstance(e, (StoreError, UserError)):
+                        raise
+                    problem = f"{source} copy: {e}"
+            data = None
+            if not D.any_rank(bool(problem), info.device):
+                try:
+                    data = ckpt.read(path, info.rank)
+                except ckpt.CorruptCheckpointError as e:
+                    problem, own = str(e), True
+                if D.any_rank(bool(problem), info.device):
+                    data = None
+                    problem = problem or "unreadable on another rank"
+            else:
+                problem = problem or "failed verification on another node"
+            if data is None:
+                aside = ""
+                if own and info.local_rank == 0 and path.exists():
+                    aside = str(ckpt.set_aside(path))
+                D.barrier()
+                if own or info.is_main:
+                    log.warning("checkpoint %s (%s) is unusable: %s%s", path.name, source, problem,
+                                f"; kept aside as {aside}" if aside else "")
+                rejected.append(path.name)
+                continue
+            self.apply(data)
+            if info.is_main:
+                newer = ", ".join(dict.fromkeys(rejected))
+                older = f" (newer {newer} failed verification, see above)" if rejected else ""
+                log.info("resumed from %s (iteration %d, optimizer step %d)%s", path, t.iteration_idx,
+                         t.opt_step, older)
+                if rejected:
+                    log.warning("fell back to %s: the newer checkpoint(s) %s failed verification and were "
+                                "set aside", path.name, newer)
+                if self.mirror is not None:  # local checkpoints that never reached S3 (an earlier outage)
+                    for p in ckpt.complete_checkpoints(self.root):
+                        if ckpt.step_of(p) not in remote:
+                            self.mirror.submit(p)
+            return
+        if rejected and info.is_main:
+            log.warning("no checkpoint verifies (%s set aside); starting from scratch", ", ".join(rejected))
+
+    def remote_checkpoints(self, sleep=time.sleep) -> dict[int, str]:
+        """The S3 checkpoints, retried with exponential backoff (1 s doubling to 30 s) for
+        `checkpoint.s3_wait_s` while S3 is unreachable or hung (each request bounded by a read timeout
+        of s3_wait_s/4 capped at 30 s, not the store's upload-sized one). Still unreachable then: with
+        local checkpoints, one line and those are used; without, one line and a StoreError — never a
+        silent start from scratch while S3 may hold this run's checkpoints."""
+        from chunkgrpo.store import StoreError
+
+        cfg = self.cfg.checkpoint
+        store = bounded_store(max(1.0, min(30.0, cfg.s3_wait_s / 4)))
+        t0, delay = time.monotonic(), 1.0
+        while True:
+            try:
+                return ckpt.remote_checkpoints(cfg.s3_prefix, store)
+            except StoreError as e:
+                error = e
+            waited = time.monotonic() - t0
+            if waited + delay > cfg.s3_wait_s:
+                break
+            log.warning("cannot list checkpoints at %s (%s); retrying in %.0fs (checkpoint.s3_wait_s=%.0f)",
+                        cfg.s3_prefix, str(error).splitlines()[0][:200], delay, cfg.s3_wait_s)
+            sleep(delay)
+            delay = min(30.0, delay * 2)
+        waited = time.monotonic() - t0
+        reason = str(error).splitlines()[0][:300]
+        if ckpt.complete_checkpoints(self.root):
+            log.warning("S3 unreachable for %.0fs (%s): resuming from the local checkpoints in %s; S3 may "
+                        "hold newer ones", waited, reason, self.root)
+            return {}
+        raise StoreError(f"cannot list checkpoints at {cfg.s3_prefix} for {waited:.0f}s ({reason}); refusing "
+                         "to start from scratch while S3 may hold this run's checkpoints — re-run once S3 "
+                         "answers, or checkpoint.resume=false to start over") from None
+
+    def apply(self, data: ckpt.CheckpointData) -> None:
+        """The trainer's state from a read checkpoint, after checking it belongs to this run."""
+        t, state = self.t, data.state
+        limit_steps = t.num_iterations * t.steps_per_iteration
+        if state["optimizer_step"] > limit_steps or state["iteration"] > t.num_iterations:
+            total, _, unit = t._progress()
+            raise UserError(f"checkpoint {data.path} is at optimizer_step={state['optimizer_step']} "
+                            f"(iteration {state['iteration']}), beyond this run's end ({total} {unit}s); "
+                            "raise max_steps/max_iterations or use another output_dir")
+        changes = config_changes(state["config"], self.cfg) if isinstance(state.get("config"), dict) else []
+        if isinstance(state.get("chunk_sizes"), list) and state["chunk_sizes"] != t.plan.sizes:
+            changes.append(f"chunk sizes: {state['chunk_sizes']} → {t.plan.sizes}")
+        if changes and not self.cfg.checkpoint.allow_config_change:
+            raise UserError(f"checkpoint {data.path} was trained with another config ({'; '.join(changes)}); "
+                            "refusing to resume (checkpoint.allow_config_change=true to resume anyway, or "
+                            "another output_dir)")
+        if state.get("config_hash") != config_hash(self.cfg):
+            log.warning("resuming from %s written with a different config (hash %s, now %s)", data.path,
+                        state.get("config_hash"), config_hash(self.cfg))
+        missing = [n for n in t.trainable_names if n not in data.weights]
+        if missing:
+            raise UserError(f"checkpoint {data.path} lacks trainable parameters {missing[:3]} "
+                            "(LoRA/full mismatch?)")
+        self._load_trainable(data.weights)
+        self._load_optimizer(data.optimizer)
+        t.scheduler.load_state_dict(data.scheduler)
+        if data.rng is not None:
+            ckpt.set_rng_state(data.rng)
+        if t.ema is not None and data.ema is not None:
+            self._load_ema(data.ema, int(state.get("ema_updates", 0)))
+        t.iteration_idx = int(state["iteration"])
+        t.opt_step = int(state["optimizer_step"])
+        t.history = state.get("history", [])
+
+    def _load_ema(self, weights: dict[str, torch.Tensor], updates: int) -> None:
+        """Checkpoint EMA → shadow: load it into the parameters, capture, put the trained weights back."""
+        t = self.t
+        trained = {n: w for n, w in zip(t.trainable_names, (p.detach().clone() for p in t.trainable))}
+        self._load_trainable(weights)
+        t.ema.capture(updates)
+        with torch.no_grad():
+            for n, p in zip(t.trainable_names, t.trainable):
+                p.copy_(trained[n])
+
+    def _load_trainable(self, weights: dict[str, torch.Tensor]) -> None:
+        t = self.t
+        tr = t.model.transformer
+        if t._is_fsdp():
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+            set_model_state_dict(tr, {n: weights[n] for n in t.trainable_names},
+                                 options=StateDictOptions(full_state_dict=True, strict=False))
+            return
+        named = dict(tr.named_parameters())
+        with torch.no_grad():
+            for n in t.trainable_names:
+                named[n].copy_(weights[n].to(named[n].device, named[n].dtype))
+
+    def _optimizer_state(self) -> dict:
+        t = self.t
+        if t._is_fsdp():
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+            return get_optimizer_state_dict(t.model.transformer, t.optimizer,
+                                            options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return t.optimizer.state_dict()
+
+    def _load_optimizer(self, state: dict) -> None:
+        t = self.t
+        if t._is_fsdp():
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+            set_optimizer_state_dict(t.model.transformer, t.optimizer, state,
+                                     options=StateDictOptions(full_state_dict=True))
+            return
+        t.optimizer.load_state_dict(state)
+
+    # ------------------------------------------------------------------ save
+    def _write_files(self, staging: Path, weights: dict, ema_weights: dict | None, optim: dict) -> None:
+        """Rank 0's files of a checkpoint, into its staging folder (the manifest comes later)."""
+        from safetensors.torch import save_file
+
+        t = self.t
+        save_file(weights, str(staging / "trainable.safetensors"))
+        if ema_weights is not None:
+            save_file(ema_weights, str(staging / "ema.safetensors"))
+        torch.save(optim, staging / "optimizer.pt")
+        torch.save(t.scheduler.state_dict(), staging / "scheduler.pt")
+        state = {"iteration": t.iteration_idx, "optimizer_step": t.opt_step,
+                 "config_hash": config_hash(self.cfg), "config": resume_config(self.cfg),
+                 "history": t.history,
+                 "world_size": t.info.world, "chunk_sizes": t.plan.sizes,
+                 "ema_updates": t.ema.updates if t.ema is not None else 0}
+        (staging / "trainer_state.json").write_text(json.dumps(state, indent=1))
+
+    def save(self) -> Path | None:
+        """All ranks call this (FSDP gathers are collective); rank 0 writes; manifest last. Weights and
+        optimizer state must be finite: a NaN/inf is never committed (NonFiniteLossError instead, the
+        previous checkpoint stays the latest). A full or read-only file system is one line
+        (CheckpointWriteError), the staging folder removed."""
+        t, info = self.t, self.t.info
+        ema_weights = None
+        if t.ema is not None:  # clone: without FSDP the state dict aliases the live parameters
+            with t.ema.swapped():
+                ema_weights = {k: v.clone() for k, v in t._trainable_state().items()}
+        weights = t._trainable_state()
+        optim = self._optimizer_state()
+        bad = []
+        if info.is_main:
+            bad = (ckpt.non_finite(weights) + ckpt.non_finite(ckpt.optimizer_tensors(optim))
+                   + [f"ema:{n}" for n in ckpt.non_finite(ema_weights or {})])
+        if D.any_rank(bool(bad), info.device):
+            raise NonFiniteLossError(
+                f"non-finite values at optimizer step {t.opt_step} "
+                f"({f'{len(bad)} tensors, e.g. {bad[0]}' if bad else 'on rank 0'}); checkpoint not written — "
+                f"the last complete one in {self.root} is intact")
+        staging = ckpt.staging_path(self.root, t.opt_step)
+        final, error = None, None
+        with ckpt.writing(staging) as failed:
+            if info.is_main:
+                ckpt.stage_dir(self.root, t.opt_step)
+        if D.any_rank(failed.error is not None, info.device):  # rank 0 has a fresh staging folder
+            if info.is_main:
+                shutil.rmtree(staging, ignore_errors=True)
+            raise failed.error or ckpt.CheckpointWriteError("rank 0 could not create the staging folder")
+        with ckpt.writing(staging) as failed:
+            torch.save(ckpt.rng_state(), staging / "rng" / f"rank{info.rank}.pt")
+        if info.is_main and failed.error is None:
+            with ckpt.writing(staging) as failed:
+                self._write_files(staging, weights, ema_weights, optim)
+        if D.any_rank(failed.error is not None, info.device):
+            if info.is_main:
+                shutil.rmtree(staging, ignore_errors=True)
+            raise failed.error or ckpt.CheckpointWriteError(
+                "checkpoint write failed on another rank (see its log)")
+        if info.is_main:  # every rank's RNG file is in place (the all-reduce above)
+            mirror = self.mirror
+            try:
+                final = ckpt.finalize(staging, self.root, t.opt_step,
+                                      {"kind": "checkpoint", "step": t.opt_step}, self.cfg.checkpoint.keep,
+                                      mirror=mirror, backlog=self.cfg.checkpoint.mirror_backlog)
+            except ckpt.MirrorBacklogError as e:
+                error = e
+                final = ckpt.step_dir(self.root, t.opt_step)
+            except OSError as e:  # the manifest or the rename: a full or read-only file system
+                shutil.rmtree(staging, ignore_errors=True)
+                error = ckpt.CheckpointWriteError(
+                    f"cannot write checkpoint {staging.name}: {ckpt._short(e)}; the last complete "
+                    f"checkpoint in {self.root} is intact")
+                final = None
+            if mirror is not None and final is not None:
+                mirror.submit(final)
+        if D.any_rank(error is not None, info.device):
+            if error is not None:
+                raise error
+            raise ckpt.MirrorBacklogError("rank 0 stopped: checkpoints are not reaching S3 (see its log)")
+        return final
+
+    # ------------------------------------------------------------------ end of training
+    def finish(self) -> None:
+        """End of training: every checkpoint must reach S3 (bounded wait), else fail loudly — the local
+        checkpoints are intact and re-running the same command retries the upload. Once all are in S3,
+        the local ones beyond `checkpoint.keep` (held back while S3 was down) are deleted."""
+        if self.mirror is None:
+            return
+        cfg = self.cfg.checkpoint
+        if not self.mirror.wait(cfg.mirror_wait_s):
+            from chunkgrpo.store import StoreError
+
+            left = [p.name for p in self.mirror.pending()]
+            raise StoreError(f"training finished (final model in {self.t.out / 'final'}) but {', '.join(left)} "
+                             f"did not reach {cfg.s3_prefix} within {cfg.mirror_wait_s:.0f}s "
+                             f"({self.mirror.last_error}); they are intact in {self.root} — re-run to retry "
+                             "the upload")
+        # what `checkpoint.keep` held back during an outage can go now that it is in S3
+        ckpt.prune(self.root, cfg.keep, self.mirror, cfg.mirror_backlog)
+
+    def close(self) -> None:
+        if self.mirror is not None:
+            self.mirror.close(timeout=0)  # an unfinished upload has no manifest in S3: never read as complete
