@@ -83,3 +83,14 @@ def data_file(relative: str, explicit: str | os.PathLike | None = None, what: st
         f"{what} not found (tried {', '.join(tried)}); pass its path explicitly or set ${DATA_DIR_ENV} "
         f"to a folder that holds {relative!r} (a broken install? reinstall chunkgrpo)"
     )
+
+
+def load_rgb(paths) -> list:
+    """The images at `paths` as RGB PIL images (files closed after reading)."""
+    from PIL import Image
+
+    out = []
+    for p in paths:
+        with Image.open(p) as im:
+            out.append(im.convert("RGB"))
+    return out

@@ -27,6 +27,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from chunkgrpo.eval.stats import geneval_prompt_pairs
+
 CSS = """
 body{font-family:-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:24px;color:#222;max-width:1400px}
 h1{font-size:22px}h2{font-size:18px;margin-top:32px;border-bottom:1px solid #ddd;padding-bottom:4px}
@@ -459,8 +461,6 @@ def _geneval(result: Mapping, b: Mapping, out: Path, jobs: Sequence, records: Ma
         parts.append(f"<table><tr><th>task</th>{head}</tr>{''.join(rows)}</table>")
         plots = [_bench_plots(b, "GenEval", shared_axis=True)]
         if len(labels) == 2:
-            from chunkgrpo.eval.runner import geneval_prompt_pairs
-
             pairs = geneval_prompt_pairs(records)
             plots.append(svg_histogram({lb: [e[f"{lb}_mean"] for e in pairs.values()] for lb in labels},
                                        title="per-prompt accuracy (share of its images correct)",
@@ -507,8 +507,6 @@ def _geneval(result: Mapping, b: Mapping, out: Path, jobs: Sequence, records: Ma
         return f"<table class=pairs><tr><th>prompt</th>{head}</tr>{''.join(rows)}</table>"
 
     if len(labels) == 2:
-        from chunkgrpo.eval.runner import geneval_prompt_pairs
-
         pairs = geneval_prompt_pairs(records)
         changes = {str(idx): e["trained_mean"] - e["base_mean"] for idx, e in pairs.items() if str(idx) in by_prompt}
         parts.append(_row_sections(pick_rows(changes, max_prompts), render, "share of correct images"))

@@ -8,7 +8,7 @@ def test_random_clip_is_not_labelled_the_published_metric(tmp_path):
     import torch
     from transformers import CLIPConfig
 
-    from chunkgrpo.eval.runner import _published, clip_published_check
+    from chunkgrpo.eval.scorer_setup import _published, clip_published_check
     from chunkgrpo.eval.scorers import get_scorer, make_tiny_clip
 
     tiny = get_scorer("clip", weights=make_tiny_clip(tmp_path / "clip"), device="cpu")
@@ -30,7 +30,7 @@ def test_random_clip_is_not_labelled_the_published_metric(tmp_path):
 
 
 def test_programmatic_rewards_are_never_published():
-    from chunkgrpo.eval.runner import _ProgrammaticScorer, _published, _scorer_info
+    from chunkgrpo.eval.scorer_setup import _ProgrammaticScorer, _published, _scorer_info
 
     s = _ProgrammaticScorer("brightness", {})
     assert _published("brightness", s) == (False, "brightness is a programmatic reward, not a published metric")
