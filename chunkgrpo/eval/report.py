@@ -65,10 +65,12 @@ _BOX_COLORS = ("#e6194b", "#3cb44b", "#4363d8", "#f58231", "#911eb4", "#42d4f4",
 
 
 def _e(x: Any) -> str:
+    """HTML-escaped text (quotes too: safe inside attributes)."""
     return html.escape(str(x), quote=True)
 
 
 def _fmt(x: Any, digits: int = 4) -> str:
+    """A value for a table cell: – for None, yes/no, floats with `digits` decimals, nan, escaped text."""
     if x is None:
         return "–"
     if isinstance(x, bool):
@@ -81,10 +83,12 @@ def _fmt(x: Any, digits: int = 4) -> str:
 
 
 def _finite(*xs: Any) -> bool:
+    """True when every value is a finite real number (bools are not numbers here)."""
     return all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in xs)
 
 
 def _sig(cell: Mapping | None) -> int:
+    """+1 / −1 / 0: the significance of a statistics cell (`stats.significance` of its CI)."""
     from chunkgrpo.eval.stats import significance
 
     if not cell:
@@ -118,6 +122,7 @@ def _paired_means(cell: Mapping, digits: int) -> str:
 
 
 def win_cell(cell: Mapping | None) -> str:
+    """A table cell with the win rate, its CI (when there is one) and the tie rate."""
     if not cell or not _finite(cell.get("win_rate")):
         return "<td class=num>–</td>"
     if not _finite(cell.get("win_ci_low"), cell.get("win_ci_high")):
@@ -152,6 +157,7 @@ def thumbnail(path: Path, size: int = 256, quality: int = 80, boxes: Sequence | 
 
 
 def _img(path: Path, size: int, title: str = "", boxes: Sequence | None = None) -> str:
+    """An embedded thumbnail `<img>` (with `boxes` drawn), or a 'missing' note."""
     uri = thumbnail(path, size, boxes=boxes)
     if uri is None:
         return "<span class=muted>missing</span>"
@@ -159,12 +165,14 @@ def _img(path: Path, size: int, title: str = "", boxes: Sequence | None = None) 
 
 
 def _kv_table(rows: Mapping[str, Any]) -> str:
+    """A two-column key / value table of the non-empty entries (dicts and lists as JSON)."""
     body = "".join(f"<tr><th>{_e(k)}</th><td>{_e(v if not isinstance(v, (dict, list)) else json.dumps(v))}</td></tr>"
                    for k, v in rows.items() if v not in (None, "", [], {}))
     return f"<table>{body}</table>"
 
 
 def _labels(result: Mapping) -> list[str]:
+    """The result's labels in display order (base, then trained)."""
     return [lb for lb in LABEL_ORDER if lb in result.get("labels", [])]
 
 
@@ -172,6 +180,7 @@ def _labels(result: Mapping) -> list[str]:
 
 
 def _nice(x: float) -> str:
+    """An axis tick label: signed, 3 significant digits, plain 0."""
     return f"{x:+.3g}" if x else "0"
 
 
@@ -187,6 +196,7 @@ def svg_delta_bars(rows: Sequence[tuple[str, Mapping]], *, title: str = "", shar
     height = top + rh * len(rows) + 18
 
     def extent(cs):
+        """Half-width of an axis holding every delta and CI bound of `cs` (10% margin)."""
         m = max(max(abs(c["ci_low"]), abs(c["ci_high"]), abs(c["delta"])) for c in cs)
         return m * 1.1 if m > 0 else 1.0
 
@@ -204,6 +214,7 @@ def svg_delta_bars(rows: Sequence[tuple[str, Mapping]], *, title: str = "", shar
         ext = shared if shared_axis else extent([c])
 
         def x(v, ext=ext):
+            """Pixel x of value `v` on this row's axis."""
             return x0 + v / ext * (pw / 2)
 
         y = top + i * rh
@@ -286,6 +297,7 @@ def pick_rows(changes: Mapping[Any, float], k: int) -> tuple[list, list, list]:
 
 
 def _row_sections(keys: tuple[list, list, list], render, what: str) -> str:
+    """The image-row sections (largest improvements, regressions, or unchanged) of `pick_rows` keys."""
     improved, regressed, unchanged = keys
     parts = []
     for title, ks in ((f"Largest improvements ({what})", improved), (f"Largest regressions ({what})", regressed),
@@ -297,10 +309,39 @@ def _row_sections(keys: tuple[list, list, list], render, what: str) -> str:
     return "".join(parts)
 
 
+def _image_rows(changes: Mapping | None, keys: Sequence, render, what: str, max_prompts: int) -> str:
+    """The image rows of a benchmark: with both labels (`changes` = {key: trained − base}) the largest
+    changes in both directions (`pick_rows`), else the first `max_prompts` of `keys`."""
+    if changes is not None:
+        return _row_sections(pick_rows(changes, max_prompts), render, what)
+    first = list(keys)[:max_prompts]
+    return f"<h3>Images (first {len(first)} of {len(keys)} prompts)</h3>" + render(first)
+
+
+def _group_table(what: str, groups: Sequence[str], labels: Sequence[str], res: Mapping, stats: Mapping, value,
+                 *, label_head: str = "", pair_head: str = "", extra_head: str = "", extra=None) -> str:
+    """One row per group ("overall" first: GenEval tasks, WISE categories) with `value(label, group)` per
+    label, then (both labels) the paired delta with its CI, the win rate and n, then `extra(group)` cells."""
+    head = "".join(f"<th>{_e(lb)}{label_head}</th>" for lb in labels)
+    head += (pair_head if len(labels) == 2 else "") + extra_head
+    rows = []
+    for g in ["overall", *groups]:
+        vals = {lb: value(lb, g) for lb in labels if lb in res}
+        cells = "".join(f"<td class=num>{_fmt(vals.get(lb))}</td>" for lb in labels)
+        if len(labels) == 2:
+            c = stats.get(g)
+            cells += delta_cell(c) + win_cell(c) + f"<td class=num>{(c or {}).get('n', '–')}</td>"
+        if extra is not None:
+            cells += extra(g)
+        rows.append(f"<tr><td>{'<b>overall</b>' if g == 'overall' else _e(g)}</td>{cells}</tr>")
+    return f"<table><tr><th>{what}</th>{head}</tr>{''.join(rows)}</table>"
+
+
 # ------------------------------------------------------------------------------------------ summary
 
 
 def _summary(result: Mapping) -> str:
+    """The summary table: every metric per label and, with both labels, its paired delta, win rate, n."""
     metrics = result.get("metrics") or {}
     labels = _labels(result)
     benches = result.get("benchmarks") or {}
@@ -333,6 +374,7 @@ def _summary(result: Mapping) -> str:
 
 
 def _comparable(b: Mapping) -> str:
+    """Whether a benchmark's numbers are comparable with published ones, and why not."""
     if b.get("comparable_to_official"):
         return "<p class=ok>Comparable with published numbers (official prompts, protocol and models).</p>"
     notes = b.get("comparable_notes") or []
@@ -343,6 +385,7 @@ def _comparable(b: Mapping) -> str:
 
 
 def _bench_plots(b: Mapping, title: str, shared_axis: bool) -> str:
+    """The delta bar chart of a benchmark's statistics cells ('' without statistics)."""
     stats = b.get("statistics") or {}
     return svg_delta_bars(list(stats.items()), title=f"{title}: trained − base, {round(100 * next(iter(stats.values())).get('level', 0.95))}% CI",
                           shared_axis=shared_axis) if stats else ""
@@ -353,6 +396,7 @@ def _bench_plots(b: Mapping, title: str, shared_axis: bool) -> str:
 
 def _hpdv2(result: Mapping, b: Mapping, out: Path, jobs: Sequence, per_image: Mapping, max_prompts: int,
            thumb: int) -> str:
+    """The HPDv2 section: scorer table, plots, scorer information, comparability, image rows."""
     labels = _labels(result)
     res = b.get("results") or {}
     parts = []
@@ -393,6 +437,7 @@ def _hpdv2(result: Mapping, b: Mapping, out: Path, jobs: Sequence, per_image: Ma
     primary = names[0] if names else None
 
     def render(ks):
+        """The image table of the rows `ks`."""
         head = "".join(f"<th>{_e(lb)}</th>" for lb in labels)
         rows = []
         for i in ks:
@@ -411,13 +456,11 @@ def _hpdv2(result: Mapping, b: Mapping, out: Path, jobs: Sequence, per_image: Ma
                         f"{_e(j.prompt)}{change}</td>{cells}</tr>")
         return f"<table class=pairs><tr><th>prompt</th>{head}</tr>{''.join(rows)}</table>"
 
+    changes = None
     if len(labels) == 2 and primary:
         t, bb = per_image["trained"][primary], per_image["base"][primary]
         changes = {i: t[i] - bb[i] for i in range(min(len(t), len(bb), len(jobs)))}
-        parts.append(_row_sections(pick_rows(changes, max_prompts), render, f"by {primary}"))
-    else:
-        parts.append(f"<h3>Images (first {min(max_prompts, len(jobs))} of {len(jobs)} prompts)</h3>"
-                     + render(list(range(min(max_prompts, len(jobs))))))
+    parts.append(_image_rows(changes, list(range(len(jobs))), render, f"by {primary}", max_prompts))
     return "".join(parts)
 
 
@@ -425,6 +468,7 @@ def _hpdv2(result: Mapping, b: Mapping, out: Path, jobs: Sequence, per_image: Ma
 
 
 def _boxes(rec: Mapping | None) -> list:
+    """The detections of a GenEval record as thumbnail boxes: [("class score", box, colour)]."""
     if not rec:
         return []
     try:
@@ -440,25 +484,20 @@ def _boxes(rec: Mapping | None) -> list:
 
 def _geneval(result: Mapping, b: Mapping, out: Path, jobs: Sequence, records: Mapping, max_prompts: int,
              thumb: int) -> str:
+    """The GenEval section: task table, plots, detector / colour classifier, comparability, rows."""
     labels = _labels(result)
     res = b.get("results") or {}
     stats = b.get("statistics") or {}
     parts = []
     if res:
         first = next(iter(res.values()))
-        tags = list(first["tasks"])
-        head = "".join(f"<th>{_e(lb)}</th>" for lb in labels)
-        head += "<th>trained − base [CI]</th><th>win rate (prompts)</th><th>n prompts</th>" if len(labels) == 2 else ""
-        rows = []
-        for tag in ["overall", *tags]:
-            vals = {lb: (res[lb]["overall"] if tag == "overall" else res[lb]["tasks"].get(tag, {}).get("score"))
-                    for lb in labels if lb in res}
-            cells = "".join(f"<td class=num>{_fmt(vals.get(lb))}</td>" for lb in labels)
-            if len(labels) == 2:
-                c = stats.get(tag)
-                cells += delta_cell(c) + win_cell(c) + f"<td class=num>{(c or {}).get('n', '–')}</td>"
-            rows.append(f"<tr><td>{'<b>overall</b>' if tag == 'overall' else _e(tag)}</td>{cells}</tr>")
-        parts.append(f"<table><tr><th>task</th>{head}</tr>{''.join(rows)}</table>")
+
+        def score(lb: str, tag: str):
+            """A label's GenEval score of a task (or overall)."""
+            return res[lb]["overall"] if tag == "overall" else res[lb]["tasks"].get(tag, {}).get("score")
+
+        parts.append(_group_table("task", list(first["tasks"]), labels, res, stats, score,
+                                  pair_head="<th>trained − base [CI]</th><th>win rate (prompts)</th><th>n prompts</th>"))
         plots = [_bench_plots(b, "GenEval", shared_axis=True)]
         if len(labels) == 2:
             pairs = geneval_prompt_pairs(records)
@@ -480,6 +519,7 @@ def _geneval(result: Mapping, b: Mapping, out: Path, jobs: Sequence, records: Ma
     small = max(64, thumb // 2)
 
     def render(ks):
+        """The image table of the rows `ks`."""
         head = "".join(f"<th>{_e(lb)}</th>" for lb in labels)
         rows = []
         for k in ks:
@@ -506,13 +546,11 @@ def _geneval(result: Mapping, b: Mapping, out: Path, jobs: Sequence, records: Ma
                         f"{_e(js[0].prompt)}{change}</td>{cells}</tr>")
         return f"<table class=pairs><tr><th>prompt</th>{head}</tr>{''.join(rows)}</table>"
 
+    changes = None
     if len(labels) == 2:
         pairs = geneval_prompt_pairs(records)
         changes = {str(idx): e["trained_mean"] - e["base_mean"] for idx, e in pairs.items() if str(idx) in by_prompt}
-        parts.append(_row_sections(pick_rows(changes, max_prompts), render, "share of correct images"))
-    else:
-        keys = list(by_prompt)[:max_prompts]
-        parts.append(f"<h3>Images (first {len(keys)} of {len(by_prompt)} prompts)</h3>" + render(keys))
+    parts.append(_image_rows(changes, list(by_prompt), render, "share of correct images", max_prompts))
     parts.append("<p class=muted>Boxes: detections kept by the official rules (score &gt; 0.3, 0.9 for counting; "
                  "at most 16 per class), labelled with class and confidence; red text: why the image failed.</p>")
     return "".join(parts)
@@ -526,31 +564,34 @@ _SUB = (("consistency", "C"), ("realism", "R"), ("aesthetic_quality", "A"))
 
 def _wise(result: Mapping, b: Mapping, out: Path, jobs: Sequence, records: Mapping, max_prompts: int,
           thumb: int) -> str:
+    """The WISE section: category table, plots, judge information, comparability, image rows."""
     labels = _labels(result)
     res = b.get("results") or {}
     stats = b.get("statistics") or {}
     parts = []
     if res:
         cats = list(dict.fromkeys(c for r in res.values() for c in (r.get("categories") or {})))
-        head = "".join(f"<th>{_e(lb)} WiScore</th>" for lb in labels)
-        head += "<th>trained − base [CI]</th><th>win rate</th><th>n</th>" if len(labels) == 2 else ""
-        head += "".join(f"<th>{_e(lb)} mean C / R / A</th>" for lb in labels)
-        rows = []
-        for cat in ["overall", *cats]:
-            vals = {lb: (res[lb].get("overall") if cat == "overall" else
-                         (res[lb].get("categories") or {}).get(cat, {}).get("wiscore")) for lb in labels if lb in res}
-            cells = "".join(f"<td class=num>{_fmt(vals.get(lb))}</td>" for lb in labels)
-            if len(labels) == 2:
-                c = stats.get(cat)
-                cells += delta_cell(c) + win_cell(c) + f"<td class=num>{(c or {}).get('n', '–')}</td>"
+
+        def wiscore(lb: str, cat: str):
+            """A label's WiScore of a category (or overall)."""
+            return (res[lb].get("overall") if cat == "overall" else
+                    (res[lb].get("categories") or {}).get(cat, {}).get("wiscore"))
+
+        def sub_scores(cat: str) -> str:
+            """Mean consistency / realism / aesthetic quality per label (blank for overall)."""
+            cells = ""
             for lb in labels:
                 if cat == "overall":
                     cells += "<td></td>"
                     continue
                 cc = (res.get(lb, {}).get("categories") or {}).get(cat, {})
                 cells += "<td class=num>" + " / ".join(_fmt(cc.get(f"mean_{k}"), 2) for k, _ in _SUB) + "</td>"
-            rows.append(f"<tr><td>{'<b>overall</b>' if cat == 'overall' else _e(cat)}</td>{cells}</tr>")
-        parts.append(f"<table><tr><th>category</th>{head}</tr>{''.join(rows)}</table>")
+            return cells
+
+        parts.append(_group_table("category", cats, labels, res, stats, wiscore, label_head=" WiScore",
+                                  pair_head="<th>trained − base [CI]</th><th>win rate</th><th>n</th>",
+                                  extra_head="".join(f"<th>{_e(lb)} mean C / R / A</th>" for lb in labels),
+                                  extra=sub_scores))
         plots = [_bench_plots(b, "WISE", shared_axis=True)]
         plots.append(svg_histogram({lb: [r.get("wiscore") for r in (records.get(lb) or []) if r.get("wiscore") is not None]
                                     for lb in labels}, title="per-image WiScore",
@@ -571,6 +612,7 @@ def _wise(result: Mapping, b: Mapping, out: Path, jobs: Sequence, records: Mappi
         return "".join(parts)
 
     def one(lb, pid):
+        """One label's cell of a WISE row: image, WiScore and sub-scores (or the failure), judge answer."""
         j = jobs[pid]
         r = recs[lb].get(pid)
         if r is None:
@@ -590,6 +632,7 @@ def _wise(result: Mapping, b: Mapping, out: Path, jobs: Sequence, records: Mappi
         return f"<td>{_img(out / 'wise' / lb / j.rel, thumb, j.prompt)}{score}{ans}</td>"
 
     def render(ks):
+        """The image table of the rows `ks`."""
         head = "".join(f"<th>{_e(lb)}</th>" for lb in labels)
         rows = []
         for pid in ks:
@@ -600,6 +643,7 @@ def _wise(result: Mapping, b: Mapping, out: Path, jobs: Sequence, records: Mappi
                         f"{change}</td>{''.join(one(lb, pid) for lb in labels)}</tr>")
         return f"<table class=pairs><tr><th>prompt</th>{head}</tr>{''.join(rows)}</table>"
 
+    changes = None
     if len(labels) == 2:
         changes = {}
         for pid in jobs:
@@ -607,14 +651,12 @@ def _wise(result: Mapping, b: Mapping, out: Path, jobs: Sequence, records: Mappi
             bb = (recs["base"].get(pid) or {}).get("wiscore")
             if _finite(t, bb):
                 changes[pid] = t - bb
-        parts.append(_row_sections(pick_rows(changes, max_prompts), render, "WiScore"))
+    parts.append(_image_rows(changes, sorted(jobs), render, "WiScore", max_prompts))
+    if len(labels) == 2:
         failed = sorted(pid for pid in jobs if any((recs[lb].get(pid) or {}).get("error") for lb in labels))
         if failed:
             parts.append(f"<h3>Failed judgements <span class=muted>{len(failed)}</span></h3>"
                          + render(failed[:max_prompts]))
-    else:
-        keys = sorted(jobs)[:max_prompts]
-        parts.append(f"<h3>Images (first {len(keys)} of {len(jobs)} prompts)</h3>" + render(keys))
     return "".join(parts)
 
 
@@ -663,6 +705,7 @@ def render_report(result: Mapping, out_dir: str | Path, jobs: Mapping[str, Seque
 
 def write_report(path: str | Path, result: Mapping, out_dir: str | Path, jobs: Mapping[str, Sequence],
                  per_image: Mapping, *, max_prompts: int = 48, thumb: int = 256) -> Path:
+    """Write `render_report(...)` to `path` (UTF-8); returns the path."""
     path = Path(path)
     path.write_text(render_report(result, out_dir, jobs, per_image, max_prompts=max_prompts, thumb=thumb),
                     encoding="utf-8")
