@@ -21,6 +21,11 @@ Pipeline:
    classifier over the mask composited on #999 grey, cropped to the box; position with margin
    0.1 x (box sizes); counting is exact through the `exclude {count: n+1}` clause.
 5. `summarize(records)`: per-task mean of `correct` over images; overall = unweighted mean of the 6 tasks.
+6. The evaluate stage's use of it: `score_stage` (every label's folder -> records + summaries) and
+   `comparability_notes` (why a run is not comparable with published numbers).
+
+One room (~620 lines) on purpose: the layout, the rules and the summary are one protocol pinned to the
+official evaluator (parity tests read them together); the models behind the rules live in `geneval_models`.
 """
 
 from __future__ import annotations

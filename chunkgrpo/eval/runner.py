@@ -367,8 +367,8 @@ def _describe_models(cfg: EvalConfig, labels: list[str], trained, base_model: st
     s = cfg.sampling
     out: dict[str, Any] = {}
     if trained and "trained" in labels:
-        out["trained"] = {**trained.describe(), "inference": f"hybrid: steps 0-{s.trained_steps - 1} trained, "
-                                                             f"{s.trained_steps}-{s.num_steps - 1} base"}
+        inference = f"hybrid: steps 0-{s.trained_steps - 1} trained, {s.trained_steps}-{s.num_steps - 1} base"
+        out["trained"] = {**trained.describe(), "inference": inference}
     if "base" in labels:
         out["base"] = {"source": base_model}
     return out
@@ -391,7 +391,8 @@ def _stage_run(cfg: EvalConfig, out: Path, base_model: str):
 def _publish(cfg: EvalConfig, out: Path, base_model: str, metrics: dict, grids: list[Path], tracker) -> None:
     """Upload output_dir (when output_uri is set), then hand metrics and artifacts to MLflow."""
     if cfg.output_uri:  # the results are safe in S3 before MLflow is asked for anything more
-        ArtifactStore().put_folder(out, cfg.output_uri, meta={"kind": "eval", "model": cfg.model or base_model})
+        meta = {"kind": "eval", "model": cfg.model or base_model}
+        ArtifactStore().put_folder(out, cfg.output_uri, meta=meta)
         log.info("uploaded %s to %s", out, cfg.output_uri)
     if metrics:
         tracker.log_metrics(metrics)
@@ -428,13 +429,15 @@ def run_evaluation(cfg: EvalConfig, *, detector=None, color_fn: Callable | None 
         benchmarks, scorer_infos, per_image = {}, {}, {}
         t_score = time.perf_counter()
         for bench in cfg.benchmarks:
-            benchmarks[bench], records, infos = _benchmark_entry(cfg, bench, out, jobs, labels, ctx[bench], models)
+            benchmarks[bench], records, infos = _benchmark_entry(cfg, bench, out, jobs, labels, ctx[bench],
+                                                                 models)
             scorer_infos.update(infos)
             if records is not None:
                 per_image[bench] = records
         metrics = stats.flat_metrics(benchmarks)
         result: dict[str, Any] = {
-            "format": METRICS_FORMAT, "labels": labels, "models": _describe_models(cfg, labels, trained, base_model),
+            "format": METRICS_FORMAT, "labels": labels,
+            "models": _describe_models(cfg, labels, trained, base_model),
             "base_model": base_model, "sampling": cfg.sampling.to_dict(), "seed": cfg.seed,
             "benchmarks": benchmarks, "scorers": scorer_infos, "metrics": metrics, "generation": gen_stats,
             "timing": {"generation_s": gen_stats.get("generation_s", 0.0),

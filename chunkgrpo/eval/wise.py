@@ -26,6 +26,10 @@
   range; overall = 0.4 Culture + 0.167 Time + 0.133 Space + 0.1 Biology + 0.1 Physics + 0.1 Chemistry
   (the official weights = category sizes / 1000) when all six categories are present, else the mean over
   the evaluated prompts (flagged `complete: false`).
+- The evaluate stage's use of it: `score_stage` (judge every label's folder) and `comparability_notes`.
+
+One room (~630 lines) on purpose: prompts, rubric, parser, judge client and aggregation are one protocol
+pinned to the official WISE_legacy scripts; the judge client is small and used only by this protocol.
 """
 
 from __future__ import annotations
