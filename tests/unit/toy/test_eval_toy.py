@@ -1,4 +1,5 @@
-"""`chunkgrpo evaluate` with `geneval_detector=toy` (the `eval_toy` preset): the project's GenEval path
+"""`chunkgrpo evaluate` with `geneval_detector=chunkgrpo.toy.detector:ToyDetector` (the `eval_toy` preset):
+the project's GenEval path
 end to end on a toy model, scored by the exact toy detector and colour classifier, no weights needed."""
 
 import json
