@@ -501,5 +501,4 @@ def summary_lines(result: dict) -> list[str]:
 
 
 
-__all__ = ["EvalConfig", "run_evaluation", "image_jobs", "check_before_generation", "summary_lines",
-           "BENCHMARKS", "LABELS", "METRICS_FORMAT"]
+__all__ = ["run_evaluation", "image_jobs", "check_before_generation", "summary_lines", "METRICS_FORMAT"]
