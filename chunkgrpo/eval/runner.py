@@ -77,8 +77,6 @@ class Job:
     group: str = ""  # GenEval tag / WISE category
 
 
-
-
 def image_jobs(cfg: EvalConfig) -> tuple[list[Job], dict]:
     """All images for all benchmarks, plus per-benchmark context (prompt sources, metadata)."""
     jobs: list[Job] = []
