@@ -51,7 +51,7 @@ three yellow balloons in a clear sky
 # exact toy detector. `--demo tiny`: the tiny random-weight FLUX (built in a second; nothing to learn, a
 # brightness reward), the fast wiring check the tests use for pipeline mechanics.
 LOCAL_TRAIN = {
-    "method": "chunk", "nproc_per_node": 2, "chunk_strategy": "dynamics", "profile_seeds": 1, "device": "cpu",
+    "method": "chunk", "nproc_per_node": 2, "chunks": "dynamics", "profile_seeds": 1, "device": "cpu",
     "gate_direction": "max", "gate_margin": 0.0, "experiment": "chunkgrpo-local",
     "artifact_root": "s3://chunkgrpo/pipeline-runs",
 }

@@ -12,7 +12,8 @@ Compile-time choices (the IR differs, so they are not run parameters):
   them would need `dsl.OneOf` to merge the model artifact, which kfp.local 2.17 cannot execute.
 
 Caching and retries (set on every task; `enable_caching` at submission time overrides them):
-  preflight    no cache, 0 retries  seconds: model, prompts, weights, S3, MLflow, judge key; one line on failure
+  preflight    no cache, 0 retries  seconds: model, prompts, weights, S3, MLflow, judge key; one line
+                                    on failure
   open_run     no cache, 3 retries  idempotent (finds its run by the kfp.run_id tag)
   profile      CACHE,    2 retries  deterministic in its inputs, expensive on FLUX.1-dev
   plan         CACHE,    2 retries  pure function of profile + strategy
@@ -28,12 +29,14 @@ Nothing is downloaded from a hub during a run: `model`, `reward_weights` and `sc
 at the S3 model cache that `chunkgrpo models sync` (or the `models_sync` pipeline) fills once.
 """
 
+import inspect
+import textwrap
+
 from kfp import dsl
 
 from chunkgrpo.model_cache import BASE_MODEL, default_weights, model_uri
-from chunkgrpo.recipes import METHOD_NAMES
-from components import (check_gate, close_run, evaluate, launch_trainjob, open_run, plan, preflight, profile, promote,
-                        register, train)
+from components import (check_gate, close_run, evaluate, launch_trainjob, open_run, plan, preflight, profile,
+                        promote, register, train)
 from components.images import RUNTIME_IMAGE
 from components.k8s import POOLS, Pool, configure, on_pool, pull_secrets, small, with_judge
 
@@ -47,47 +50,119 @@ JOB_KINDS = ("TrainJob", "PyTorchJob")
 # Parameters rendered as dropdowns (KFP >= 2.17 UI): injected into the IR by pipeline.compile.
 LITERALS = {"method": METHOD_NAMES, "gate_direction": DIRECTIONS, "job_kind": JOB_KINDS}
 
-_DOC_COMMON = """
-    Args:
-        model: Base model - an s3:// folder artifact of the model cache (`chunkgrpo models sync`), a folder in the image or on the model PVC (/models/...), or a hub id present in the image's HF cache; never downloaded during a run.
-        reward_weights: Weights of the training rewards as a JSON object {reward: URI, "<reward>.processor": URI}, e.g. {"hpsv3": "s3://.../MizzenAI/HPSv3", "hpsv3.processor": "s3://.../Qwen/Qwen2-VL-7B-Instruct"}; rewards the preset does not use are ignored.
-        scorer_weights: Weights of the evaluation scorers as a JSON object {scorer: URI, "<scorer>.processor": URI} (hpsv3, imagereward, hpsv2.1, pickscore, clip).
-        prompts: Training prompt file (.txt/.jsonl/.parquet), local to the image or an s3:// object.
-        method: GRPO variant - chunk (Chunk-GRPO), chunk+ws (weighted chunk sampling), dance (step-level DanceGRPO), tempflow, granular.
-        preset: Training preset or a YAML path in the image; '' = the method's own published recipe (chunk_grpo_flux, chunk_grpo_ws_flux, step_grpo_flux = the paper's step-level baseline, tempflow_grpo_flux, granular_grpo_flux). Others: dance_grpo_flux (DanceGRPO's own), tiny_cpu, tempflow_grpo_tiny_cpu, granular_grpo_tiny_cpu.
-        max_iterations: Training length in ROLLOUTS (iterations, the papers' "training steps"); each rollout makes the method's optimizer steps (2 for the chunk presets: 151 rollouts = 302 optimizer steps). 0 = the preset's length.
-        train_overrides: Extra training overrides as a JSON list of "key=value" strings, e.g. ["lr=5e-6", "sampling.eta=0.3"].
-        chunk_strategy: Chunk planning strategy - dynamics[:max=5,last=0.5] | uniform:N | sizes:a,b,.. | step | whole.
-        profile_prompts: Prompts used to profile the base model's dynamics (0 = all).
-        profile_seeds: Initial-noise seeds per profiled prompt.
-        device: Device for profiling - auto | cpu | cuda.
-        eval_preset: Evaluation preset (eval_hpdv2, eval_toy, eval_tiny) or a YAML path in the image.
-        eval_benchmarks: Benchmark suites as a JSON list (hpdv2, geneval, wise); [] = the preset's.
-        eval_num_prompts: Evaluate only the first N prompts per benchmark (0 = the preset's setting).
-        eval_overrides: Extra evaluation overrides as a JSON list of "key=value" strings.
-        model_name: Registered model name in MLflow.
-        gate_metric: Promotion gate metric (registry tag metric.<name>), e.g. eval.hpdv2.hpsv3; must be the registered model's gate.metric once it exists, or its CI bound (eval.<bench>.<metric>.delta_ci_low).
-        gate_direction: Direction of gate_metric for a NEW registered model only (max = higher is better); an existing model keeps the direction it was registered with.
-        gate_margin: The candidate must beat the champion by more than this to be promoted. For a CI-bound gate
-            metric (eval.<bench>.<metric>.delta_ci_low) the bound itself must exceed it: 0 = significantly
-            better than the base model (docs/evaluation.md).
-        experiment: MLflow experiment of the pipeline run.
-        artifact_root: s3:// prefix for checkpoints, models and evaluation images (<root>/<run id>/<stage>).
-"""
+# The run parameters, defined once: (name, type, default, help). Both trainer variants take HEAD, their
+# own trainer parameters, then TAIL; the help lines become the pipeline's Args (the KFP UI shows them).
+HEAD = [
+    ("model", str, DEFAULT_MODEL,
+     "Base model - an s3:// folder artifact of the model cache (`chunkgrpo models sync`), a folder in the "
+     "image or on the model PVC (/models/...), or a hub id present in the image's HF cache; never "
+     "downloaded during a run."),
+    ("prompts", str, "s3://chunkgrpo-data/prompts/hpdv2_train.txt",
+     "Training prompt file (.txt/.jsonl/.parquet), local to the image or an s3:// object."),
+    ("method", str, "chunk",
+     "GRPO variant - chunk (Chunk-GRPO), chunk+ws (weighted chunk sampling), dance (step-level DanceGRPO), "
+     "tempflow, granular."),
+    ("preset", str, "",
+     "Training preset or a YAML path in the image; '' = the method's own published recipe (chunk_grpo_flux, "
+     "chunk_grpo_ws_flux, step_grpo_flux = the paper's step-level baseline, tempflow_grpo_flux, "
+     "granular_grpo_flux). Others: dance_grpo_flux (DanceGRPO's own), tiny_cpu, tempflow_grpo_tiny_cpu, "
+     "granular_grpo_tiny_cpu."),
+    ("max_iterations", int, 0,
+     "Training length in ROLLOUTS (iterations, the papers' \"training steps\"); each rollout makes the "
+     "method's optimizer steps (2 for the chunk presets: 151 rollouts = 302 optimizer steps). 0 = the "
+     "preset's length."),
+]
+TORCHRUN = [
+    ("nproc_per_node", int, 8, "torchrun processes = GPUs of the train step."),
+]
+MULTINODE = [
+    ("num_nodes", int, 2, "Training nodes."),
+    ("nproc_per_node", int, 8, "torchrun processes (= GPUs) per node."),
+    ("job_kind", str, "TrainJob", "TrainJob (Kubeflow Trainer v2) or PyTorchJob (Training Operator v1)."),
+    ("job_namespace", str, "", "Namespace of the training job ('' = the run's namespace)."),
+    ("train_image", str, RUNTIME_IMAGE, "Image of the training pods."),
+    ("timeout_hours", float, 48.0, "Fail the step and delete the job after this many hours."),
+    ("queue_name", str, "",
+     "Kueue LocalQueue of the training job ('' = no Kueue): created suspended, admitted by Kueue."),
+]
+TAIL = [
+    ("reward_weights", dict, DEFAULT_REWARD_WEIGHTS,
+     "Weights of the training rewards as a JSON object {reward: URI, \"<reward>.processor\": URI}, e.g. "
+     "{\"hpsv3\": \"s3://.../MizzenAI/HPSv3\", \"hpsv3.processor\": \"s3://.../Qwen/Qwen2-VL-7B-Instruct\"}; "
+     "rewards the preset does not use are ignored."),
+    ("scorer_weights", dict, DEFAULT_SCORER_WEIGHTS,
+     "Weights of the evaluation scorers as a JSON object {scorer: URI, \"<scorer>.processor\": URI} "
+     "(hpsv3, imagereward, hpsv2.1, pickscore, clip)."),
+    ("train_overrides", list, [],
+     "Extra training overrides as a JSON list of \"key=value\" strings, e.g. [\"lr=5e-6\", "
+     "\"sampling.eta=0.3\"]."),
+    ("chunks", str, "dynamics",
+     "Chunk plan - dynamics[:max=5,last=0.5] | uniform:N | sizes:a,b,.. | step | whole."),
+    ("profile_prompts", int, 16, "Prompts used to profile the base model's dynamics (0 = all)."),
+    ("profile_seeds", int, 2, "Initial-noise seeds per profiled prompt."),
+    ("device", str, "auto", "Device for profiling - auto | cpu | cuda."),
+    ("eval_preset", str, "eval_hpdv2",
+     "Evaluation preset (eval_hpdv2, eval_toy, eval_tiny) or a YAML path in the image."),
+    ("eval_benchmarks", list, [],
+     "Benchmark suites as a JSON list (hpdv2, geneval, wise); [] = the preset's."),
+    ("eval_num_prompts", int, 0,
+     "Evaluate only the first N prompts per benchmark (0 = the preset's setting)."),
+    ("eval_overrides", list, [], "Extra evaluation overrides as a JSON list of \"key=value\" strings."),
+    ("model_name", str, "chunkgrpo-flux", "Registered model name in MLflow."),
+    ("gate_metric", str, "eval.hpdv2.hpsv3",
+     "Promotion gate metric (registry tag metric.<name>), e.g. eval.hpdv2.hpsv3; must be the registered "
+     "model's gate.metric once it exists, or its CI bound (eval.<bench>.<metric>.delta_ci_low)."),
+    ("gate_direction", str, "max",
+     "Direction of gate_metric for a NEW registered model only (max = higher is better); an existing model "
+     "keeps the direction it was registered with."),
+    ("gate_margin", float, 0.0,
+     "The candidate must beat the champion by more than this to be promoted. For a CI-bound gate metric "
+     "(eval.<bench>.<metric>.delta_ci_low) the bound itself must exceed it: 0 = significantly better than "
+     "the base model (docs/evaluation.md)."),
+    ("experiment", str, "chunkgrpo", "MLflow experiment of the pipeline run."),
+    ("artifact_root", str, "s3://chunkgrpo-checkpoints/pipeline-runs",
+     "s3:// prefix for checkpoints, models and evaluation images (<root>/<run id>/<stage>)."),
+]
+
+
+def _args_doc(params: list) -> str:
+    """The Google-style `Args:` section of a parameter table (continuation lines indented, <= 110 chars)."""
+    lines = ["", "    Args:"]
+    for name, _, _, help_text in params:
+        lines += textwrap.wrap(f"{name}: {help_text}", width=106, initial_indent=" " * 8,
+                               subsequent_indent=" " * 12, break_on_hyphens=False)
+    return "\n".join(lines) + "\n"
+
+
+def _pipeline_function(params: list, body, summary: str):
+    """A function with the explicit signature KFP reads (`inspect.signature`: names, types, defaults, in
+    table order) that calls `body(p)` with `p` = {name: value}; its docstring lists the Args."""
+    names = [name for name, *_ in params]
+
+    def train_and_evaluate(*args):
+        return body(dict(zip(names, args)))
+
+    train_and_evaluate.__signature__ = inspect.Signature(
+        [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=default, annotation=tp)
+         for name, tp, default, _ in params])
+    train_and_evaluate.__doc__ = summary + "\n" + _args_doc(params)
+    return train_and_evaluate
 
 
 def _after_training(p: dict, pool: Pool, opened, planned, trained) -> None:
     """evaluate -> register -> check_gate -> If(gate) promote: shared by all trainer variants."""
     run_id = dsl.PIPELINE_JOB_ID_PLACEHOLDER
-    ev = evaluate(model=trained.outputs["trained_model"], preset=p["eval_preset"], overrides=p["eval_overrides"],
-                  benchmarks=p["eval_benchmarks"], num_prompts=p["eval_num_prompts"], base_model="",
-                  registered_model="", alias="", artifact_root=p["artifact_root"], run_id=run_id, stage="evaluate",
+    ev = evaluate(model=trained.outputs["trained_model"], preset=p["eval_preset"],
+                  overrides=p["eval_overrides"], benchmarks=p["eval_benchmarks"],
+                  num_prompts=p["eval_num_prompts"], base_model="", registered_model="", alias="",
+                  artifact_root=p["artifact_root"], run_id=run_id, stage="evaluate",
                   experiment=p["experiment"], parent_run_id=opened.output, scorer_weights=p["scorer_weights"])
     with_judge(configure(on_pool(ev, pool, 1), display_name="evaluate", cache=False, retries=1))
-    reg = register(model_name=p["model_name"], experiment=p["experiment"], run_id=run_id, parent_run_id=opened.output,
-                   model=trained.outputs["trained_model"], eval_results=ev.outputs["results"],
-                   plan_json=planned.outputs["plan_json"], gate_metric=p["gate_metric"],
-                   gate_direction=p["gate_direction"], eval_preset=p["eval_preset"])
+    reg = register(model_name=p["model_name"], experiment=p["experiment"], run_id=run_id,
+                   parent_run_id=opened.output, model=trained.outputs["trained_model"],
+                   eval_results=ev.outputs["results"], plan_json=planned.outputs["plan_json"],
+                   gate_metric=p["gate_metric"], gate_direction=p["gate_direction"],
+                   eval_preset=p["eval_preset"])
     configure(small(reg, "16G"), display_name="register", cache=False, retries=2)
     gate = check_gate(model_name=p["model_name"], version=reg.outputs["Output"], metric=p["gate_metric"],
                       margin=p["gate_margin"])
@@ -101,8 +176,9 @@ def _after_training(p: dict, pool: Pool, opened, planned, trained) -> None:
 
 def _before_training(p: dict, pool: Pool):
     """preflight, open_run + profile -> plan; returns (opened, planned)."""
-    pre = preflight(model=p["model"], prompts=p["prompts"], preset=p["preset"], train_overrides=p["train_overrides"],
-                    reward_weights=p["reward_weights"], scorer_weights=p["scorer_weights"],
+    pre = preflight(model=p["model"], prompts=p["prompts"], preset=p["preset"],
+                    train_overrides=p["train_overrides"], reward_weights=p["reward_weights"],
+                    scorer_weights=p["scorer_weights"],
                     eval_preset=p["eval_preset"], eval_benchmarks=p["eval_benchmarks"],
                     eval_overrides=p["eval_overrides"], artifact_root=p["artifact_root"], method=p["method"],
                     pool=pool.name)
@@ -112,17 +188,18 @@ def _before_training(p: dict, pool: Pool):
     configure(small(opened), display_name="mlflow run", cache=False, retries=3, backoff="10s")
     opened.after(pre)
     prof = profile(model=p["model"], prompts=p["prompts"], preset=p["preset"], overrides=p["train_overrides"],
-                   num_prompts=p["profile_prompts"], seeds=p["profile_seeds"], device=p["device"], method=p["method"])
+                   num_prompts=p["profile_prompts"], seeds=p["profile_seeds"], device=p["device"],
+                   method=p["method"])
     configure(on_pool(prof, pool, 1), display_name="profile dynamics", cache=True, retries=2)
     prof.after(pre)
-    planned = plan(profile_json=prof.outputs["profile_json"], chunks=p["chunk_strategy"])
+    planned = plan(profile_json=prof.outputs["profile_json"], strategy=p["chunks"])
     configure(small(planned), display_name="plan chunks", cache=True, retries=2)
     return opened, planned
 
 
 def _exit_handler(experiment, cleanup_jobs: bool = False, job_namespace=""):
-    closing = close_run(experiment=experiment, kfp_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, cleanup_jobs=cleanup_jobs,
-                        job_namespace=job_namespace)
+    closing = close_run(experiment=experiment, kfp_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
+                        cleanup_jobs=cleanup_jobs, job_namespace=job_namespace)
     name = "clean up jobs, close mlflow run" if cleanup_jobs else "close mlflow run"
     return configure(small(closing), display_name=name, cache=False, retries=2, backoff="10s")
 
@@ -138,110 +215,48 @@ def make_train_and_evaluate(pool: str = "cpu", trainer: str = "torchrun"):
             "evaluate -> register -> promote if it beats the champion.")
 
     if trainer == "torchrun":
-        def train_and_evaluate(
-            model: str = DEFAULT_MODEL,
-            prompts: str = "s3://chunkgrpo-data/prompts/hpdv2_train.txt",
-            method: str = "chunk",
-            preset: str = "",
-            max_iterations: int = 0,
-            nproc_per_node: int = 8,
-            reward_weights: dict = DEFAULT_REWARD_WEIGHTS,
-            scorer_weights: dict = DEFAULT_SCORER_WEIGHTS,
-            train_overrides: list = [],  # noqa: B006 - KFP parameter default
-            chunk_strategy: str = "dynamics",
-            profile_prompts: int = 16,
-            profile_seeds: int = 2,
-            device: str = "auto",
-            eval_preset: str = "eval_hpdv2",
-            eval_benchmarks: list = [],  # noqa: B006
-            eval_num_prompts: int = 0,
-            eval_overrides: list = [],  # noqa: B006
-            model_name: str = "chunkgrpo-flux",
-            gate_metric: str = "eval.hpdv2.hpsv3",
-            gate_direction: str = "max",
-            gate_margin: float = 0.0,
-            experiment: str = "chunkgrpo",
-            artifact_root: str = "s3://chunkgrpo-checkpoints/pipeline-runs",
-        ):
-            p = dict(locals())
-            with dsl.ExitHandler(_exit_handler(experiment), name="chunkgrpo"):
+        def body(p: dict) -> None:
+            with dsl.ExitHandler(_exit_handler(p["experiment"]), name="chunkgrpo"):
                 opened, planned = _before_training(p, gpu_pool)
-                tr = train(model=model, prompts=prompts, preset=preset, method=method,
-                           chunks=planned.outputs["Output"], max_iterations=max_iterations, nproc_per_node=nproc_per_node,
-                           overrides=train_overrides, artifact_root=artifact_root,
-                           run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, experiment=experiment, parent_run_id=opened.output,
-                           reward_weights=reward_weights)
-                on_pool(tr, gpu_pool, nproc_per_node, cache_size=gpu_pool.train_cache_size)
+                tr = train(model=p["model"], prompts=p["prompts"], preset=p["preset"], method=p["method"],
+                           chunks=planned.outputs["Output"], max_iterations=p["max_iterations"],
+                           nproc_per_node=p["nproc_per_node"], overrides=p["train_overrides"],
+                           artifact_root=p["artifact_root"], run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
+                           experiment=p["experiment"], parent_run_id=opened.output,
+                           reward_weights=p["reward_weights"])
+                on_pool(tr, gpu_pool, p["nproc_per_node"], cache_size=gpu_pool.train_cache_size)
                 configure(tr, display_name="train (torchrun)", cache=False, retries=1, backoff="120s")
                 _after_training(p, gpu_pool, opened, planned, tr)
 
-        train_and_evaluate.__doc__ = ("Train with Chunk-GRPO (torchrun inside the train step), evaluate, "
-                                      "register, promote.\n" + _DOC_COMMON +
-                                      "        nproc_per_node: torchrun processes = GPUs of the train step.\n")
-        return dsl.pipeline(name=NAME, description=desc)(train_and_evaluate)
-    else:
-        default_kind = "TrainJob" if trainer == "trainjob" else "PyTorchJob"
+        fn = _pipeline_function(HEAD + TORCHRUN + TAIL, body, "Train with Chunk-GRPO (torchrun inside the "
+                                "train step), evaluate, register, promote.")
+        return dsl.pipeline(name=NAME, description=desc)(fn)
+    default_kind = "TrainJob" if trainer == "trainjob" else "PyTorchJob"
+    trainer_params = [(n, t, default_kind if n == "job_kind" else d, h) for n, t, d, h in MULTINODE]
 
-        def train_and_evaluate(
-            model: str = DEFAULT_MODEL,
-            prompts: str = "s3://chunkgrpo-data/prompts/hpdv2_train.txt",
-            method: str = "chunk",
-            preset: str = "",
-            max_iterations: int = 0,
-            num_nodes: int = 2,
-            nproc_per_node: int = 8,
-            job_kind: str = default_kind,
-            job_namespace: str = "",
-            train_image: str = RUNTIME_IMAGE,
-            timeout_hours: float = 48.0,
-            queue_name: str = "",
-            reward_weights: dict = DEFAULT_REWARD_WEIGHTS,
-            scorer_weights: dict = DEFAULT_SCORER_WEIGHTS,
-            train_overrides: list = [],  # noqa: B006
-            chunk_strategy: str = "dynamics",
-            profile_prompts: int = 16,
-            profile_seeds: int = 2,
-            device: str = "auto",
-            eval_preset: str = "eval_hpdv2",
-            eval_benchmarks: list = [],  # noqa: B006
-            eval_num_prompts: int = 0,
-            eval_overrides: list = [],  # noqa: B006
-            model_name: str = "chunkgrpo-flux",
-            gate_metric: str = "eval.hpdv2.hpsv3",
-            gate_direction: str = "max",
-            gate_margin: float = 0.0,
-            experiment: str = "chunkgrpo",
-            artifact_root: str = "s3://chunkgrpo-checkpoints/pipeline-runs",
-        ):
-            p = dict(locals())
-            with dsl.ExitHandler(_exit_handler(experiment, cleanup_jobs=True, job_namespace=job_namespace),
-                                 name="chunkgrpo"):
-                opened, planned = _before_training(p, gpu_pool)
-                # GPUs, RDMA devices, CPU/memory and /dev/shm are the runtime's (the overlay's pool):
-                # gpus_per_node=0 and shm_size='' keep them; the pod placement is the runtime's too.
-                tr = launch_trainjob(
-                    kind=job_kind, namespace=job_namespace, image=train_image, num_nodes=num_nodes,
-                    nproc_per_node=nproc_per_node, gpus_per_node=0, node_selector={}, tolerations=[],
-                    shm_size="", model=model, prompts=prompts, preset=preset, method=method,
-                    chunks=planned.outputs["Output"], max_iterations=max_iterations, overrides=train_overrides,
-                    artifact_root=artifact_root, run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, experiment=experiment,
-                    parent_run_id=opened.output, timeout_hours=timeout_hours, queue_name=queue_name,
-                    image_pull_secrets=pull_secrets(), reward_weights=reward_weights)
-                configure(small(tr, "2G"), display_name=f"train ({default_kind} launcher)", cache=False, retries=2,
-                          backoff="30s")
-                _after_training(p, gpu_pool, opened, planned, tr)
+    def body(p: dict) -> None:
+        closing = _exit_handler(p["experiment"], cleanup_jobs=True, job_namespace=p["job_namespace"])
+        with dsl.ExitHandler(closing, name="chunkgrpo"):
+            opened, planned = _before_training(p, gpu_pool)
+            # GPUs, RDMA devices, CPU/memory and /dev/shm are the runtime's (the overlay's pool):
+            # gpus_per_node=0 and shm_size='' keep them; the pod placement is the runtime's too.
+            tr = launch_trainjob(
+                kind=p["job_kind"], namespace=p["job_namespace"], image=p["train_image"],
+                num_nodes=p["num_nodes"], nproc_per_node=p["nproc_per_node"], gpus_per_node=0,
+                node_selector={}, tolerations=[], shm_size="", model=p["model"], prompts=p["prompts"],
+                preset=p["preset"], method=p["method"], chunks=planned.outputs["Output"],
+                max_iterations=p["max_iterations"], overrides=p["train_overrides"],
+                artifact_root=p["artifact_root"], run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
+                experiment=p["experiment"], parent_run_id=opened.output, timeout_hours=p["timeout_hours"],
+                queue_name=p["queue_name"], image_pull_secrets=pull_secrets(),
+                reward_weights=p["reward_weights"])
+            configure(small(tr, "2G"), display_name=f"train ({default_kind} launcher)", cache=False,
+                      retries=2, backoff="30s")
+            _after_training(p, gpu_pool, opened, planned, tr)
 
-        train_and_evaluate.__doc__ = (
-            "Train with Chunk-GRPO on several nodes (Kubeflow Trainer TrainJob or PyTorchJob), evaluate, "
-            "register, promote.\n" + _DOC_COMMON +
-            "        num_nodes: Training nodes.\n"
-            "        nproc_per_node: torchrun processes (= GPUs) per node.\n"
-            "        job_kind: TrainJob (Kubeflow Trainer v2) or PyTorchJob (Training Operator v1).\n"
-            "        job_namespace: Namespace of the training job ('' = the run's namespace).\n"
-            "        train_image: Image of the training pods.\n"
-            "        timeout_hours: Fail the step and delete the job after this many hours.\n"
-            "        queue_name: Kueue LocalQueue of the training job ('' = no Kueue): created suspended, admitted by Kueue.\n")
-        return dsl.pipeline(name=NAME + "-multinode", description=desc)(train_and_evaluate)
+    fn = _pipeline_function(HEAD + trainer_params + TAIL, body, "Train with Chunk-GRPO on several nodes "
+                            "(Kubeflow Trainer TrainJob or PyTorchJob), evaluate, register, promote.")
+    return dsl.pipeline(name=NAME + "-multinode", description=desc)(fn)
 
 
 train_and_evaluate = make_train_and_evaluate()  # the CPU variant (kfp.local); clusters compile with --pool

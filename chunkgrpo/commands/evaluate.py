@@ -17,7 +17,7 @@ HELP = "hybrid-inference evaluation: HPDv2 / GenEval / WISE, metrics.json + repo
 def add_arguments(p):
     from chunkgrpo.commands import add_config_arguments
 
-    add_config_arguments(p, "num_prompts=8 trained_steps=30")
+    add_config_arguments(p, "num_prompts=8 sampling.trained_steps=30")
     p.add_argument("--json", action="store_true", help="print the full metrics dict as JSON instead of a summary")
 
 
@@ -25,7 +25,8 @@ def run(args):
     import json
 
     from chunkgrpo.commands import load_stage_config
-    from chunkgrpo.eval.runner import EvalConfig, run_evaluation, summary_lines
+    from chunkgrpo.eval.config import EvalConfig
+    from chunkgrpo.eval.runner import run_evaluation, summary_lines
 
     cfg = load_stage_config(EvalConfig, args)
     if cfg is None:

@@ -4,6 +4,11 @@ Modules (import the one you need; this package import stays light, no torch):
 - `chunkgrpo.eval.hpdv2`    - the 400 HPDv2 test prompts, one fixed seed per prompt, scorer means.
 - `chunkgrpo.eval.geneval`  - GenEval layout, detector backends, the official scoring rules, aggregation.
 - `chunkgrpo.eval.wise`     - WISE prompts (user-supplied), OpenAI-compatible judge, WiScore aggregation.
+- `chunkgrpo.eval.geneval_models` - GenEval's detector backends and colour classifier (torch, lazily).
+- `chunkgrpo.eval.config`   - `EvalConfig` (sampling nested: `sampling.num_steps`, `sampling.trained_steps`).
+- `chunkgrpo.eval.runner`   - the evaluate stage (`run_evaluation`): orchestration over the modules here;
+                              `scorer_setup` builds and checks its HPDv2 scorers, `stats` pairs the labels'
+                              records and computes the paired statistics and flat metrics, `report` renders.
 
 Benchmark prompt data ships with the package (`chunkgrpo/data/`, licences and provenance in its
 README.md). A file is looked up, in order, at an explicit path or `s3://` URI, under
@@ -81,3 +86,14 @@ def data_file(relative: str, explicit: str | os.PathLike | None = None, what: st
         f"{what} not found (tried {', '.join(tried)}); pass its path explicitly or set ${DATA_DIR_ENV} "
         f"to a folder that holds {relative!r} (a broken install? reinstall chunkgrpo)"
     )
+
+
+def load_rgb(paths) -> list:
+    """The images at `paths` as RGB PIL images (files closed after reading)."""
+    from PIL import Image
+
+    out = []
+    for p in paths:
+        with Image.open(p) as im:
+            out.append(im.convert("RGB"))
+    return out

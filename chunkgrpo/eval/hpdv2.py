@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import math
 import os
+from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from chunkgrpo.errors import UserError
-from chunkgrpo.eval import data_file
+from chunkgrpo.eval import data_file, load_rgb
 
 PROMPTS_FILE = "hpdv2/hpdv2_test_prompts_400.txt"
 N_PROMPTS = 400
@@ -105,3 +107,50 @@ def aggregate(scores: Mapping[str, Sequence[float]], infos: Mapping[str, dict] |
     result["n_images"] = max(ns) if ns else 0
     result["complete"] = n_expected is None or (ns == {n_expected})
     return result
+
+
+# --------------------------------------------------------------------------------------------------
+# the evaluate stage
+
+
+def score_stage(out: Path, jobs: Sequence[Any], labels: Sequence[str], scorers: Mapping[str, Any],
+                infos: Mapping[str, dict], batch_size: int) -> dict:
+    """Score `<out>/hpdv2/<label>/<job.rel>` for every label; writes `<out>/hpdv2/scores.jsonl`.
+    Returns {"results": {label: aggregate}, "per_image": {label: {scorer: [score per job]}}, "scorers"}."""
+    jobs = [j for j in jobs if j.benchmark == "hpdv2"]
+    infos = dict(infos)
+    results, per_image = {}, {lb: {} for lb in labels}
+    step = max(batch_size, 16)
+    for lb in labels:
+        scores: dict[str, list[float]] = {n: [] for n in scorers}
+        for start in range(0, len(jobs), step):
+            chunk = jobs[start:start + step]
+            images = load_rgb([out / "hpdv2" / lb / j.rel for j in chunk])
+            part = score_images(images, [j.prompt for j in chunk], scorers)
+            for n, vals in part.items():
+                scores[n] += vals
+        results[lb] = aggregate(scores, infos, n_expected=N_PROMPTS)
+        per_image[lb] = scores
+    with open(out / "hpdv2" / "scores.jsonl", "w") as fp:
+        for i, j in enumerate(jobs):
+            fp.write(json.dumps({"index": int(j.key), "prompt": j.prompt, "seed": j.seed, "file": j.rel,
+                                 **{lb: {n: per_image[lb][n][i] for n in scorers} for lb in labels}}) + "\n")
+    return {"results": results, "per_image": per_image, "scorers": infos}
+
+
+def comparability_notes(ctx: Mapping, results: Mapping) -> list[str]:
+    """Why these HPDv2 results are not comparable with published numbers (empty: they are)."""
+    notes = []
+    if not ctx["official_prompts"]:
+        notes.append("prompt file is not the official 400 HPDv2 test prompts")
+    if ctx["n_prompts"] != ctx["n_expected"]:
+        notes.append(f"{ctx['n_prompts']} of {ctx['n_expected']} prompts")
+    for lb, r in results.items():
+        for name, s in r["scorers"].items():
+            info = s.get("info") or {}
+            if not info.get("comparable_to_official"):
+                notes.append(info.get("not_published_because") or f"scorer {name} is not a published metric")
+            if s.get("n_nonfinite"):
+                notes.append(f"[{lb}] {s['n_nonfinite']} non-finite {name} scores excluded")
+    return notes
+

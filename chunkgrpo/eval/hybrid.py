@@ -42,8 +42,9 @@ from typing import Any, Literal
 
 import torch
 
-from chunkgrpo.config import Config, option
+from chunkgrpo.config import option
 from chunkgrpo.errors import UserError
+from chunkgrpo.rollout import SamplingConfig
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +59,13 @@ MODES = ("hybrid", "base", "trained")
 
 
 @dataclasses.dataclass
-class HybridConfig(Config):
-    """How evaluation images are sampled (ODE; first `trained_steps` steps with the trained model)."""
+class HybridConfig(SamplingConfig):
+    """How evaluation images are sampled: `SamplingConfig`'s fields with the paper's evaluation defaults,
+    plus `trained_steps` (ODE; the first `trained_steps` steps with the trained model).
+
+    The SDE fields (`eta`, `rule`, `same_noise`, `stochastic`) are inherited but unused: hybrid inference
+    is the deterministic ODE sampler, so they are not validated and not part of `to_dict()` (the
+    `sampling` entry of metrics.json and the generation fingerprint)."""
 
     num_steps: int = option(50, "sampling steps N (MixGRPO / Chunk-GRPO evaluation: 50)")
     trained_steps: int = option(30, "steps 0..K-1 use the trained model, K..N-1 the base model (paper: 30 of 50; "
@@ -75,7 +81,9 @@ class HybridConfig(Config):
     guidance: float = option(3.5, "FLUX-dev guidance embedding value")
     max_sequence_length: int = option(512, "T5 tokens per prompt (diffusers pipeline default 512)")
 
-    def __post_init__(self) -> None:
+    SDE_FIELDS = ("eta", "rule", "same_noise", "stochastic")
+
+    def __post_init__(self) -> None:  # the ODE sampler's own checks (N = 1 is a valid ODE)
         if self.num_steps < 1:
             raise UserError(f"num_steps={self.num_steps} must be >= 1")
         if not 0 <= self.trained_steps <= self.num_steps:
@@ -88,15 +96,8 @@ class HybridConfig(Config):
         if self.schedule == "shift" and not self.shift > 0:
             raise UserError(f"shift={self.shift} must be > 0")
 
-    def sigmas(self, image_seq_len: int) -> torch.Tensor:
-        from chunkgrpo import schedules
-
-        return schedules.make_sigmas(self.schedule, self.num_steps, shift=self.shift, image_seq_len=image_seq_len)
-
-    def timesteps(self, sigmas: torch.Tensor) -> torch.Tensor:
-        from chunkgrpo import schedules
-
-        return schedules.model_timesteps(sigmas, quantize=self.quantize_timesteps)
+    def to_dict(self) -> dict:
+        return {k: v for k, v in super().to_dict().items() if k not in self.SDE_FIELDS}
 
     def phase_of(self, step: int, mode: str = "hybrid") -> str:
         """'trained' or 'base': which weights step `step` uses in `mode`."""

@@ -7,7 +7,8 @@ Contents
 - a summary table of every trained − base delta with its paired bootstrap CI, win rate (+ CI) and n;
   a delta whose CI contains 0 is rendered neutral (grey), only a CI entirely above / below 0 is
   green / red (`chunkgrpo.eval.stats.significance`);
-- per benchmark: bars of the deltas with CI whiskers, histograms of the per-image (per-prompt) scores,
+- per benchmark: bars of the deltas with CI whiskers, histograms of the per-image (per-prompt) scores
+  (`chunkgrpo.eval.plots`, inline SVG),
   base vs trained, the scorer / detector / judge information and why the numbers are (not) comparable;
 - image rows chosen by the largest changes in both directions (half the rows the largest
   improvements, half the largest regressions) rather than the first prompts: HPDv2 with per-image
@@ -19,13 +20,18 @@ from __future__ import annotations
 
 import base64
 import datetime as _dt
-import html
 import io
 import json
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from chunkgrpo.eval.plots import cell_significance as _sig
+from chunkgrpo.eval.plots import escape as _e
+from chunkgrpo.eval.plots import finite as _finite
+from chunkgrpo.eval.plots import svg_delta_bars, svg_histogram
+from chunkgrpo.eval.stats import geneval_prompt_pairs
 
 CSS = """
 body{font-family:-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:24px;color:#222;max-width:1400px}
@@ -55,18 +61,13 @@ code{font-size:12px}
 """
 
 LABEL_ORDER = ("base", "trained")
-COLORS = {"base": "#4e79a7", "trained": "#f28e2b"}
-SIG_COLOR = {1: "#0a7d28", -1: "#b00020", 0: "#9e9e9e"}
 SIG_CLASS = {1: "pos", -1: "neg", 0: "neutral"}
 SIG_WORD = {1: "trained better", -1: "trained worse", 0: "no significant difference (CI contains 0)"}
 _BOX_COLORS = ("#e6194b", "#3cb44b", "#4363d8", "#f58231", "#911eb4", "#42d4f4", "#f032e6", "#bfef45")
 
 
-def _e(x: Any) -> str:
-    return html.escape(str(x), quote=True)
-
-
 def _fmt(x: Any, digits: int = 4) -> str:
+    """A value for a table cell: – for None, yes/no, floats with `digits` decimals, nan, escaped text."""
     if x is None:
         return "–"
     if isinstance(x, bool):
@@ -76,18 +77,6 @@ def _fmt(x: Any, digits: int = 4) -> str:
             return "nan"
         return f"{x:.{digits}f}" if isinstance(x, float) else str(x)
     return _e(x)
-
-
-def _finite(*xs: Any) -> bool:
-    return all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in xs)
-
-
-def _sig(cell: Mapping | None) -> int:
-    from chunkgrpo.eval.stats import significance
-
-    if not cell:
-        return 0
-    return significance(cell.get("ci_low"), cell.get("ci_high"))
 
 
 def delta_cell(cell: Mapping | None, digits: int = 4) -> str:
@@ -116,6 +105,7 @@ def _paired_means(cell: Mapping, digits: int) -> str:
 
 
 def win_cell(cell: Mapping | None) -> str:
+    """A table cell with the win rate, its CI (when there is one) and the tie rate."""
     if not cell or not _finite(cell.get("win_rate")):
         return "<td class=num>–</td>"
     if not _finite(cell.get("win_ci_low"), cell.get("win_ci_high")):
@@ -150,6 +140,7 @@ def thumbnail(path: Path, size: int = 256, quality: int = 80, boxes: Sequence | 
 
 
 def _img(path: Path, size: int, title: str = "", boxes: Sequence | None = None) -> str:
+    """An embedded thumbnail `<img>` (with `boxes` drawn), or a 'missing' note."""
     uri = thumbnail(path, size, boxes=boxes)
     if uri is None:
         return "<span class=muted>missing</span>"
@@ -157,114 +148,15 @@ def _img(path: Path, size: int, title: str = "", boxes: Sequence | None = None) 
 
 
 def _kv_table(rows: Mapping[str, Any]) -> str:
+    """A two-column key / value table of the non-empty entries (dicts and lists as JSON)."""
     body = "".join(f"<tr><th>{_e(k)}</th><td>{_e(v if not isinstance(v, (dict, list)) else json.dumps(v))}</td></tr>"
                    for k, v in rows.items() if v not in (None, "", [], {}))
     return f"<table>{body}</table>"
 
 
 def _labels(result: Mapping) -> list[str]:
+    """The result's labels in display order (base, then trained)."""
     return [lb for lb in LABEL_ORDER if lb in result.get("labels", [])]
-
-
-# ------------------------------------------------------------------------------------------- plots
-
-
-def _nice(x: float) -> str:
-    return f"{x:+.3g}" if x else "0"
-
-
-def svg_delta_bars(rows: Sequence[tuple[str, Mapping]], *, title: str = "", shared_axis: bool = True,
-                   width: int = 720) -> str:
-    """Horizontal bars of trained − base per row with CI whiskers (inline SVG). Grey when the CI
-    contains 0. `shared_axis=False` gives every row its own symmetric axis (metrics on different scales)."""
-    rows = [(n, c) for n, c in rows if c and _finite(c.get("delta"), c.get("ci_low"), c.get("ci_high"))]
-    if not rows:
-        return ""
-    lw, rw, rh, top = 130, 270, 26, 22
-    pw = width - lw - rw
-    height = top + rh * len(rows) + 18
-
-    def extent(cs):
-        m = max(max(abs(c["ci_low"]), abs(c["ci_high"]), abs(c["delta"])) for c in cs)
-        return m * 1.1 if m > 0 else 1.0
-
-    shared = extent([c for _, c in rows])
-    parts = [f"<svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height}' "
-             f"font-family='sans-serif' font-size='11'>",
-             f"<text x='{lw}' y='13' font-size='12' font-weight='bold'>{_e(title)}</text>"]
-    x0 = lw + pw / 2
-    parts.append(f"<line x1='{x0}' y1='{top - 4}' x2='{x0}' y2='{top + rh * len(rows)}' stroke='#444'/>")
-    if shared_axis:
-        parts.append(f"<text x='{lw}' y='{height - 4}' fill='#666'>{_nice(-shared)}</text>"
-                     f"<text x='{lw + pw}' y='{height - 4}' fill='#666' text-anchor='end'>{_nice(shared)}</text>"
-                     f"<text x='{x0}' y='{height - 4}' fill='#666' text-anchor='middle'>0</text>")
-    for i, (name, c) in enumerate(rows):
-        ext = shared if shared_axis else extent([c])
-
-        def x(v, ext=ext):
-            return x0 + v / ext * (pw / 2)
-
-        y = top + i * rh
-        col = SIG_COLOR[_sig(c)]
-        d = c["delta"]
-        parts.append(f"<text x='{lw - 6}' y='{y + 15}' text-anchor='end'>{_e(name)}</text>")
-        parts.append(f"<rect x='{min(x(0), x(d)):.1f}' y='{y + 5}' width='{abs(x(d) - x(0)):.1f}' height='{rh - 10}' "
-                     f"fill='{col}' fill-opacity='0.55'/>")
-        lo, hi = x(c["ci_low"]), x(c["ci_high"])
-        ym = y + rh / 2
-        parts.append(f"<line x1='{lo:.1f}' y1='{ym}' x2='{hi:.1f}' y2='{ym}' stroke='{col}' stroke-width='1.5'/>"
-                     f"<line x1='{lo:.1f}' y1='{ym - 5}' x2='{lo:.1f}' y2='{ym + 5}' stroke='{col}' stroke-width='1.5'/>"
-                     f"<line x1='{hi:.1f}' y1='{ym - 5}' x2='{hi:.1f}' y2='{ym + 5}' stroke='{col}' stroke-width='1.5'/>")
-        note = f"{d:+.3g} [{c['ci_low']:+.2g}, {c['ci_high']:+.2g}]"
-        if not shared_axis:
-            note += f" (axis ±{ext:.2g})"
-        parts.append(f"<text x='{lw + pw + 6}' y='{y + 15}' fill='{col}'>{_e(note)}</text>")
-    parts.append("</svg>")
-    return "<div class=plot>" + "".join(parts) + "</div>"
-
-
-def svg_histogram(series: Mapping[str, Sequence[float]], *, title: str = "", bins: int | Sequence[float] = 20,
-                  width: int = 360, height: int = 170) -> str:
-    """Overlaid histograms (base vs trained) of per-image scores, inline SVG with a legend."""
-    import numpy as np
-
-    data = {lb: np.asarray([v for v in vals if _finite(v)], dtype=float) for lb, vals in series.items()}
-    data = {lb: v for lb, v in data.items() if v.size}
-    if not data:
-        return ""
-    allv = np.concatenate(list(data.values()))
-    if isinstance(bins, int):
-        lo, hi = float(allv.min()), float(allv.max())
-        if hi <= lo:
-            lo, hi = lo - 0.5, hi + 0.5
-        edges = np.linspace(lo, hi, bins + 1)
-    else:
-        edges = np.asarray(bins, dtype=float)
-    counts = {lb: np.histogram(v, bins=edges)[0] for lb, v in data.items()}
-    cmax = max(int(c.max()) for c in counts.values()) or 1
-    left, bottom, top = 34, 20, 34
-    pw, ph = width - left - 10, height - top - bottom
-    nb = len(edges) - 1
-    bw = pw / nb
-    parts = [f"<svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height}' font-family='sans-serif' "
-             f"font-size='10'><text x='{left}' y='12' font-size='12' font-weight='bold'>{_e(title)}</text>"]
-    for j, (lb, c) in enumerate(counts.items()):
-        col = COLORS.get(lb, "#888")
-        for k in range(nb):
-            if not c[k]:
-                continue
-            h = c[k] / cmax * ph
-            x = left + k * bw  # overlaid, translucent
-            parts.append(f"<rect x='{x:.1f}' y='{top + ph - h:.1f}' width='{max(bw - 1, 1):.1f}' height='{h:.1f}' "
-                         f"fill='{col}' fill-opacity='0.45' stroke='{col}'/>")
-        parts.append(f"<rect x='{left + 110 * j}' y='18' width='9' height='9' fill='{col}' fill-opacity='0.6'/>"
-                     f"<text x='{left + 12 + 110 * j}' y='26'>{_e(lb)} (n={int(c.sum())})</text>")
-    parts.append(f"<line x1='{left}' y1='{top + ph}' x2='{left + pw}' y2='{top + ph}' stroke='#444'/>"
-                 f"<text x='{left}' y='{height - 5}' fill='#666'>{edges[0]:.3g}</text>"
-                 f"<text x='{left + pw}' y='{height - 5}' fill='#666' text-anchor='end'>{edges[-1]:.3g}</text>"
-                 f"<text x='{left - 4}' y='{top + 8}' fill='#666' text-anchor='end'>{cmax}</text>"
-                 f"<text x='{left - 4}' y='{top + ph}' fill='#666' text-anchor='end'>0</text></svg>")
-    return "<div class=plot>" + "".join(parts) + "</div>"
 
 
 # ------------------------------------------------------------------------------------- row choice
@@ -284,6 +176,7 @@ def pick_rows(changes: Mapping[Any, float], k: int) -> tuple[list, list, list]:
 
 
 def _row_sections(keys: tuple[list, list, list], render, what: str) -> str:
+    """The image-row sections (largest improvements, regressions, or unchanged) of `pick_rows` keys."""
     improved, regressed, unchanged = keys
     parts = []
     for title, ks in ((f"Largest improvements ({what})", improved), (f"Largest regressions ({what})", regressed),
@@ -295,10 +188,39 @@ def _row_sections(keys: tuple[list, list, list], render, what: str) -> str:
     return "".join(parts)
 
 
+def _image_rows(changes: Mapping | None, keys: Sequence, render, what: str, max_prompts: int) -> str:
+    """The image rows of a benchmark: with both labels (`changes` = {key: trained − base}) the largest
+    changes in both directions (`pick_rows`), else the first `max_prompts` of `keys`."""
+    if changes is not None:
+        return _row_sections(pick_rows(changes, max_prompts), render, what)
+    first = list(keys)[:max_prompts]
+    return f"<h3>Images (first {len(first)} of {len(keys)} prompts)</h3>" + render(first)
+
+
+def _group_table(what: str, groups: Sequence[str], labels: Sequence[str], res: Mapping, stats: Mapping, value,
+                 *, label_head: str = "", pair_head: str = "", extra_head: str = "", extra=None) -> str:
+    """One row per group ("overall" first: GenEval tasks, WISE categories) with `value(label, group)` per
+    label, then (both labels) the paired delta with its CI, the win rate and n, then `extra(group)` cells."""
+    head = "".join(f"<th>{_e(lb)}{label_head}</th>" for lb in labels)
+    head += (pair_head if len(labels) == 2 else "") + extra_head
+    rows = []
+    for g in ["overall", *groups]:
+        vals = {lb: value(lb, g) for lb in labels if lb in res}
+        cells = "".join(f"<td class=num>{_fmt(vals.get(lb))}</td>" for lb in labels)
+        if len(labels) == 2:
+            c = stats.get(g)
+            cells += delta_cell(c) + win_cell(c) + f"<td class=num>{(c or {}).get('n', '–')}</td>"
+        if extra is not None:
+            cells += extra(g)
+        rows.append(f"<tr><td>{'<b>overall</b>' if g == 'overall' else _e(g)}</td>{cells}</tr>")
+    return f"<table><tr><th>{what}</th>{head}</tr>{''.join(rows)}</table>"
+
+
 # ------------------------------------------------------------------------------------------ summary
 
 
 def _summary(result: Mapping) -> str:
+    """The summary table: every metric per label and, with both labels, its paired delta, win rate, n."""
     metrics = result.get("metrics") or {}
     labels = _labels(result)
     benches = result.get("benchmarks") or {}
@@ -331,6 +253,7 @@ def _summary(result: Mapping) -> str:
 
 
 def _comparable(b: Mapping) -> str:
+    """Whether a benchmark's numbers are comparable with published ones, and why not."""
     if b.get("comparable_to_official"):
         return "<p class=ok>Comparable with published numbers (official prompts, protocol and models).</p>"
     notes = b.get("comparable_notes") or []
@@ -341,6 +264,7 @@ def _comparable(b: Mapping) -> str:
 
 
 def _bench_plots(b: Mapping, title: str, shared_axis: bool) -> str:
+    """The delta bar chart of a benchmark's statistics cells ('' without statistics)."""
     stats = b.get("statistics") or {}
     return svg_delta_bars(list(stats.items()), title=f"{title}: trained − base, {round(100 * next(iter(stats.values())).get('level', 0.95))}% CI",
                           shared_axis=shared_axis) if stats else ""
@@ -351,6 +275,7 @@ def _bench_plots(b: Mapping, title: str, shared_axis: bool) -> str:
 
 def _hpdv2(result: Mapping, b: Mapping, out: Path, jobs: Sequence, per_image: Mapping, max_prompts: int,
            thumb: int) -> str:
+    """The HPDv2 section: scorer table, plots, scorer information, comparability, image rows."""
     labels = _labels(result)
     res = b.get("results") or {}
     parts = []
@@ -391,6 +316,7 @@ def _hpdv2(result: Mapping, b: Mapping, out: Path, jobs: Sequence, per_image: Ma
     primary = names[0] if names else None
 
     def render(ks):
+        """The image table of the rows `ks`."""
         head = "".join(f"<th>{_e(lb)}</th>" for lb in labels)
         rows = []
         for i in ks:
@@ -409,13 +335,11 @@ def _hpdv2(result: Mapping, b: Mapping, out: Path, jobs: Sequence, per_image: Ma
                         f"{_e(j.prompt)}{change}</td>{cells}</tr>")
         return f"<table class=pairs><tr><th>prompt</th>{head}</tr>{''.join(rows)}</table>"
 
+    changes = None
     if len(labels) == 2 and primary:
         t, bb = per_image["trained"][primary], per_image["base"][primary]
         changes = {i: t[i] - bb[i] for i in range(min(len(t), len(bb), len(jobs)))}
-        parts.append(_row_sections(pick_rows(changes, max_prompts), render, f"by {primary}"))
-    else:
-        parts.append(f"<h3>Images (first {min(max_prompts, len(jobs))} of {len(jobs)} prompts)</h3>"
-                     + render(list(range(min(max_prompts, len(jobs))))))
+    parts.append(_image_rows(changes, list(range(len(jobs))), render, f"by {primary}", max_prompts))
     return "".join(parts)
 
 
@@ -423,6 +347,7 @@ def _hpdv2(result: Mapping, b: Mapping, out: Path, jobs: Sequence, per_image: Ma
 
 
 def _boxes(rec: Mapping | None) -> list:
+    """The detections of a GenEval record as thumbnail boxes: [("class score", box, colour)]."""
     if not rec:
         return []
     try:
@@ -438,29 +363,22 @@ def _boxes(rec: Mapping | None) -> list:
 
 def _geneval(result: Mapping, b: Mapping, out: Path, jobs: Sequence, records: Mapping, max_prompts: int,
              thumb: int) -> str:
+    """The GenEval section: task table, plots, detector / colour classifier, comparability, rows."""
     labels = _labels(result)
     res = b.get("results") or {}
     stats = b.get("statistics") or {}
     parts = []
     if res:
         first = next(iter(res.values()))
-        tags = list(first["tasks"])
-        head = "".join(f"<th>{_e(lb)}</th>" for lb in labels)
-        head += "<th>trained − base [CI]</th><th>win rate (prompts)</th><th>n prompts</th>" if len(labels) == 2 else ""
-        rows = []
-        for tag in ["overall", *tags]:
-            vals = {lb: (res[lb]["overall"] if tag == "overall" else res[lb]["tasks"].get(tag, {}).get("score"))
-                    for lb in labels if lb in res}
-            cells = "".join(f"<td class=num>{_fmt(vals.get(lb))}</td>" for lb in labels)
-            if len(labels) == 2:
-                c = stats.get(tag)
-                cells += delta_cell(c) + win_cell(c) + f"<td class=num>{(c or {}).get('n', '–')}</td>"
-            rows.append(f"<tr><td>{'<b>overall</b>' if tag == 'overall' else _e(tag)}</td>{cells}</tr>")
-        parts.append(f"<table><tr><th>task</th>{head}</tr>{''.join(rows)}</table>")
+
+        def score(lb: str, tag: str):
+            """A label's GenEval score of a task (or overall)."""
+            return res[lb]["overall"] if tag == "overall" else res[lb]["tasks"].get(tag, {}).get("score")
+
+        parts.append(_group_table("task", list(first["tasks"]), labels, res, stats, score,
+                                  pair_head="<th>trained − base [CI]</th><th>win rate (prompts)</th><th>n prompts</th>"))
         plots = [_bench_plots(b, "GenEval", shared_axis=True)]
         if len(labels) == 2:
-            from chunkgrpo.eval.runner import geneval_prompt_pairs
-
             pairs = geneval_prompt_pairs(records)
             plots.append(svg_histogram({lb: [e[f"{lb}_mean"] for e in pairs.values()] for lb in labels},
                                        title="per-prompt accuracy (share of its images correct)",
@@ -480,6 +398,7 @@ def _geneval(result: Mapping, b: Mapping, out: Path, jobs: Sequence, records: Ma
     small = max(64, thumb // 2)
 
     def render(ks):
+        """The image table of the rows `ks`."""
         head = "".join(f"<th>{_e(lb)}</th>" for lb in labels)
         rows = []
         for k in ks:
@@ -506,15 +425,11 @@ def _geneval(result: Mapping, b: Mapping, out: Path, jobs: Sequence, records: Ma
                         f"{_e(js[0].prompt)}{change}</td>{cells}</tr>")
         return f"<table class=pairs><tr><th>prompt</th>{head}</tr>{''.join(rows)}</table>"
 
+    changes = None
     if len(labels) == 2:
-        from chunkgrpo.eval.runner import geneval_prompt_pairs
-
         pairs = geneval_prompt_pairs(records)
         changes = {str(idx): e["trained_mean"] - e["base_mean"] for idx, e in pairs.items() if str(idx) in by_prompt}
-        parts.append(_row_sections(pick_rows(changes, max_prompts), render, "share of correct images"))
-    else:
-        keys = list(by_prompt)[:max_prompts]
-        parts.append(f"<h3>Images (first {len(keys)} of {len(by_prompt)} prompts)</h3>" + render(keys))
+    parts.append(_image_rows(changes, list(by_prompt), render, "share of correct images", max_prompts))
     parts.append("<p class=muted>Boxes: detections kept by the official rules (score &gt; 0.3, 0.9 for counting; "
                  "at most 16 per class), labelled with class and confidence; red text: why the image failed.</p>")
     return "".join(parts)
@@ -528,31 +443,34 @@ _SUB = (("consistency", "C"), ("realism", "R"), ("aesthetic_quality", "A"))
 
 def _wise(result: Mapping, b: Mapping, out: Path, jobs: Sequence, records: Mapping, max_prompts: int,
           thumb: int) -> str:
+    """The WISE section: category table, plots, judge information, comparability, image rows."""
     labels = _labels(result)
     res = b.get("results") or {}
     stats = b.get("statistics") or {}
     parts = []
     if res:
         cats = list(dict.fromkeys(c for r in res.values() for c in (r.get("categories") or {})))
-        head = "".join(f"<th>{_e(lb)} WiScore</th>" for lb in labels)
-        head += "<th>trained − base [CI]</th><th>win rate</th><th>n</th>" if len(labels) == 2 else ""
-        head += "".join(f"<th>{_e(lb)} mean C / R / A</th>" for lb in labels)
-        rows = []
-        for cat in ["overall", *cats]:
-            vals = {lb: (res[lb].get("overall") if cat == "overall" else
-                         (res[lb].get("categories") or {}).get(cat, {}).get("wiscore")) for lb in labels if lb in res}
-            cells = "".join(f"<td class=num>{_fmt(vals.get(lb))}</td>" for lb in labels)
-            if len(labels) == 2:
-                c = stats.get(cat)
-                cells += delta_cell(c) + win_cell(c) + f"<td class=num>{(c or {}).get('n', '–')}</td>"
+
+        def wiscore(lb: str, cat: str):
+            """A label's WiScore of a category (or overall)."""
+            return (res[lb].get("overall") if cat == "overall" else
+                    (res[lb].get("categories") or {}).get(cat, {}).get("wiscore"))
+
+        def sub_scores(cat: str) -> str:
+            """Mean consistency / realism / aesthetic quality per label (blank for overall)."""
+            cells = ""
             for lb in labels:
                 if cat == "overall":
                     cells += "<td></td>"
                     continue
                 cc = (res.get(lb, {}).get("categories") or {}).get(cat, {})
                 cells += "<td class=num>" + " / ".join(_fmt(cc.get(f"mean_{k}"), 2) for k, _ in _SUB) + "</td>"
-            rows.append(f"<tr><td>{'<b>overall</b>' if cat == 'overall' else _e(cat)}</td>{cells}</tr>")
-        parts.append(f"<table><tr><th>category</th>{head}</tr>{''.join(rows)}</table>")
+            return cells
+
+        parts.append(_group_table("category", cats, labels, res, stats, wiscore, label_head=" WiScore",
+                                  pair_head="<th>trained − base [CI]</th><th>win rate</th><th>n</th>",
+                                  extra_head="".join(f"<th>{_e(lb)} mean C / R / A</th>" for lb in labels),
+                                  extra=sub_scores))
         plots = [_bench_plots(b, "WISE", shared_axis=True)]
         plots.append(svg_histogram({lb: [r.get("wiscore") for r in (records.get(lb) or []) if r.get("wiscore") is not None]
                                     for lb in labels}, title="per-image WiScore",
@@ -573,6 +491,7 @@ def _wise(result: Mapping, b: Mapping, out: Path, jobs: Sequence, records: Mappi
         return "".join(parts)
 
     def one(lb, pid):
+        """One label's cell of a WISE row: image, WiScore and sub-scores (or the failure), judge answer."""
         j = jobs[pid]
         r = recs[lb].get(pid)
         if r is None:
@@ -592,6 +511,7 @@ def _wise(result: Mapping, b: Mapping, out: Path, jobs: Sequence, records: Mappi
         return f"<td>{_img(out / 'wise' / lb / j.rel, thumb, j.prompt)}{score}{ans}</td>"
 
     def render(ks):
+        """The image table of the rows `ks`."""
         head = "".join(f"<th>{_e(lb)}</th>" for lb in labels)
         rows = []
         for pid in ks:
@@ -602,6 +522,7 @@ def _wise(result: Mapping, b: Mapping, out: Path, jobs: Sequence, records: Mappi
                         f"{change}</td>{''.join(one(lb, pid) for lb in labels)}</tr>")
         return f"<table class=pairs><tr><th>prompt</th>{head}</tr>{''.join(rows)}</table>"
 
+    changes = None
     if len(labels) == 2:
         changes = {}
         for pid in jobs:
@@ -609,14 +530,12 @@ def _wise(result: Mapping, b: Mapping, out: Path, jobs: Sequence, records: Mappi
             bb = (recs["base"].get(pid) or {}).get("wiscore")
             if _finite(t, bb):
                 changes[pid] = t - bb
-        parts.append(_row_sections(pick_rows(changes, max_prompts), render, "WiScore"))
+    parts.append(_image_rows(changes, sorted(jobs), render, "WiScore", max_prompts))
+    if len(labels) == 2:
         failed = sorted(pid for pid in jobs if any((recs[lb].get(pid) or {}).get("error") for lb in labels))
         if failed:
             parts.append(f"<h3>Failed judgements <span class=muted>{len(failed)}</span></h3>"
                          + render(failed[:max_prompts]))
-    else:
-        keys = sorted(jobs)[:max_prompts]
-        parts.append(f"<h3>Images (first {len(keys)} of {len(jobs)} prompts)</h3>" + render(keys))
     return "".join(parts)
 
 
@@ -665,6 +584,7 @@ def render_report(result: Mapping, out_dir: str | Path, jobs: Mapping[str, Seque
 
 def write_report(path: str | Path, result: Mapping, out_dir: str | Path, jobs: Mapping[str, Sequence],
                  per_image: Mapping, *, max_prompts: int = 48, thumb: int = 256) -> Path:
+    """Write `render_report(...)` to `path` (UTF-8); returns the path."""
     path = Path(path)
     path.write_text(render_report(result, out_dir, jobs, per_image, max_prompts=max_prompts, thumb=thumb),
                     encoding="utf-8")

@@ -1,4 +1,6 @@
-"""Paired statistics for trained − base comparisons: bootstrap confidence intervals and win rates.
+"""Paired statistics for trained − base comparisons: bootstrap confidence intervals and win rates, the
+pairing of the benchmarks' per-image records (`geneval_prompt_pairs`, `wise_pairs`), the per-benchmark
+cells (`compute_statistics`) and the flat metrics MLflow and the promotion gates read (`flat_metrics`).
 
 Base and trained images are made from the same prompts and seeds, so each prompt gives a *pair*
 (base score, trained score). For every benchmark cell (HPDv2 per scorer, GenEval per task and overall,
@@ -34,11 +36,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Hashable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from chunkgrpo.errors import UserError
+from chunkgrpo.eval.wise import CATEGORIES
 
 DEFAULT_SAMPLES = 2000
 DEFAULT_LEVEL = 0.95
@@ -157,5 +161,131 @@ def cell(trained: Sequence[float], base: Sequence[float], **kw: Any) -> dict[str
     return res
 
 
-__all__ = ["paired_bootstrap", "cell", "significance", "DEFAULT_SAMPLES", "DEFAULT_LEVEL", "DEFAULT_SEED",
+# --------------------------------------------------------------------------------------------------
+# statistics (paired: same prompts and seeds for both labels)
+
+
+def _geneval_key(rec: dict) -> tuple[int, str] | None:
+    """(prompt index, sample file) of a GenEval record, from `<index>/samples/<k>.png` in its filename."""
+    parts = Path(str(rec.get("filename") or "")).parts
+    if len(parts) >= 3 and parts[-2] == "samples" and parts[-3].isdigit():
+        return int(parts[-3]), parts[-1]
+    return None
+
+
+def geneval_prompt_pairs(records: dict) -> dict[int, dict]:
+    """Per prompt index: tag and the mean `correct` of its images present for both labels."""
+    by = {lb: {k: r for r in recs if (k := _geneval_key(r)) is not None} for lb, recs in records.items()}
+    common = set(by.get("trained", {})) & set(by.get("base", {}))
+    out: dict[int, dict] = {}
+    for key in sorted(common):
+        idx = key[0]
+        e = out.setdefault(idx, {"tag": by["base"][key]["tag"], "prompt": by["base"][key]["prompt"],
+                                 "trained": [], "base": [], "files": []})
+        e["files"].append(key[1])
+        for lb in ("trained", "base"):
+            e[lb].append(float(bool(by[lb][key]["correct"])))
+    for e in out.values():
+        for lb in ("trained", "base"):
+            e[f"{lb}_mean"] = sum(e[lb]) / len(e[lb])
+    return out
+
+
+def wise_pairs(records: dict, failed_policy: str = "exclude") -> dict[int, dict]:
+    """Per WISE prompt id: category and WiScore per label (None = failed/excluded, 0.0 with policy 'zero')."""
+    out: dict[int, dict] = {}
+    for lb in ("trained", "base"):
+        for r in records.get(lb) or []:
+            e = out.setdefault(int(r["prompt_id"]), {"category": r.get("category"), "trained": None, "base": None})
+            w = r.get("wiscore")
+            e[lb] = float(w) if w is not None else (0.0 if failed_policy == "zero" else None)
+    return out
+
+
+def compute_statistics(bench: str, per_image: Any, results: dict, *, samples: int, seed: int,
+                       level: float) -> dict[str, dict]:
+    """Paired bootstrap cells `{metric: cell(...)}` for one benchmark (needs both labels)."""
+    if not {"trained", "base"} <= set(results):
+        return {}
+    kw = {"samples": samples, "seed": seed, "level": level}
+    nan = float("nan")
+    cells: dict[str, dict] = {}
+    if bench == "hpdv2":
+        for name in per_image["trained"]:
+            cells[name] = cell(per_image["trained"][name], per_image["base"][name], **kw)
+    elif bench == "geneval":
+        pairs = geneval_prompt_pairs(per_image)
+        tags = [e["tag"] for e in pairs.values()]
+        t = [e["trained_mean"] for e in pairs.values()]
+        b = [e["base_mean"] for e in pairs.values()]
+        # overall = unweighted mean of the task means (GenEval summary_scores)
+        cells["overall"] = cell(t, b, strata=tags, **kw)
+        for tag in dict.fromkeys(tags):
+            sel = [i for i, g in enumerate(tags) if g == tag]
+            cells[tag] = cell([t[i] for i in sel], [b[i] for i in sel], **kw)
+    elif bench == "wise":
+        policy = next(iter(results.values())).get("failed_policy", "exclude")
+        pairs = wise_pairs(per_image, policy)
+        cats = [e["category"] for e in pairs.values()]
+        t = [nan if e["trained"] is None else e["trained"] for e in pairs.values()]
+        b = [nan if e["base"] is None else e["base"] for e in pairs.values()]
+        if all(r.get("complete") for r in results.values()):  # official weights, as wise.aggregate
+            cells["overall"] = cell(t, b, strata=cats, strata_weights={n: w for n, _, _, w in CATEGORIES}, **kw)
+        else:  # mean over the evaluated prompts
+            cells["overall"] = cell(t, b, **kw)
+        for name, *_ in CATEGORIES:
+            sel = [i for i, c in enumerate(cats) if c == name]
+            if sel:
+                cells[name] = cell([t[i] for i in sel], [b[i] for i in sel], **kw)
+    return cells
+
+
+STAT_METRICS = {"delta_ci_low": "ci_low", "delta_ci_high": "ci_high", "win_rate": "win_rate",
+                "win_rate_ci_low": "win_ci_low", "win_rate_ci_high": "win_ci_high", "n_pairs": "n"}
+
+
+def flat_metrics(benchmarks: dict) -> dict[str, float]:
+    """`<benchmark>.<metric>.<label>` (each label's own mean, as the benchmark reports it) and `.delta`, the
+    **paired** trained − base (`statistics.<metric>.delta`: the mean difference over the pairs with both
+    sides scored, the same pairs as its CI; absent without a statistics cell) for MLflow, plus the paired
+    statistics
+    `.delta_ci_low` / `.delta_ci_high` (bootstrap CI of the delta), `.win_rate` (+ `_ci_low/_ci_high`)
+    and `.n_pairs`: a promotion gate or the nightly regression check can name e.g.
+    `hpdv2.hpsv3.delta_ci_low` (registered as `eval.hpdv2.hpsv3.delta_ci_low`)."""
+    out: dict[str, float] = {}
+    for bench, b in benchmarks.items():
+        res = b.get("results") or {}
+        for lb, r in res.items():
+            if bench == "hpdv2":
+                for name, s in r["scorers"].items():
+                    out[f"hpdv2.{name}.{lb}"] = s["mean"]
+            elif bench == "geneval":
+                out[f"geneval.overall.{lb}"] = r["overall"]
+                for tag, t in r["tasks"].items():
+                    out[f"geneval.{tag}.{lb}"] = t["score"]
+            elif bench == "wise":
+                if r.get("overall") is not None:
+                    out[f"wise.overall.{lb}"] = r["overall"]
+                for cat, c in (r.get("categories") or {}).items():
+                    if c.get("wiscore") is not None:
+                        out[f"wise.{cat}.{lb}"] = c["wiscore"]
+    for bench, b in benchmarks.items():
+        for metric, cell in (b.get("statistics") or {}).items():
+            # the delta of the same pairs as its CI (each label's own mean above may use other items,
+            # e.g. when some judgements failed for one label only)
+            if _finite(cell.get("delta")):
+                out[f"{bench}.{metric}.delta"] = cell["delta"]
+            for suffix, field in STAT_METRICS.items():
+                v = cell.get(field)
+                if _finite(v):
+                    out[f"{bench}.{metric}.{suffix}"] = v
+    return {k: float(v) for k, v in out.items() if _finite(v)}
+
+
+def _finite(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+__all__ = ["paired_bootstrap", "cell", "significance", "compute_statistics", "flat_metrics", "geneval_prompt_pairs",
+           "wise_pairs", "STAT_METRICS", "DEFAULT_SAMPLES", "DEFAULT_LEVEL", "DEFAULT_SEED",
            "MIN_PAIRS", "RESIDUE_ULPS"]

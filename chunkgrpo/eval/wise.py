@@ -26,6 +26,10 @@
   range; overall = 0.4 Culture + 0.167 Time + 0.133 Space + 0.1 Biology + 0.1 Physics + 0.1 Chemistry
   (the official weights = category sizes / 1000) when all six categories are present, else the mean over
   the evaluated prompts (flagged `complete: false`).
+- The evaluate stage's use of it: `score_stage` (judge every label's folder) and `comparability_notes`.
+
+One room (~630 lines) on purpose: prompts, rubric, parser, judge client and aggregation are one protocol
+pinned to the official WISE_legacy scripts; the judge client is small and used only by this protocol.
 """
 
 from __future__ import annotations
@@ -63,6 +67,8 @@ SCORE_KEYS = ("consistency", "realism", "aesthetic_quality")
 N_PROMPT_IDS = 1000  # the official release: prompt ids 1..1000
 PARSERS = ("official", "strict")
 WEIGHTS = {"consistency": 0.7, "realism": 0.2, "aesthetic_quality": 0.1}
+OFFICIAL_JUDGE = "gpt-4o-2024-05-13"
+OFFICIAL_VARIANT = "original"  # WISE_legacy README: gpt_eval.py --json_path data/<category>.json
 
 SYSTEM_PROMPT = (
     "You are a professional Vincennes image quality audit expert, please evaluate the image quality strictly "
@@ -564,3 +570,60 @@ def aggregate(records: Sequence[dict], failed_policy: str = "exclude") -> dict:
         "failed_policy": failed_policy,
         "records": list(records),
     }
+
+
+# --------------------------------------------------------------------------------------------------
+# the evaluate stage
+
+
+def score_stage(out: Path, labels: Sequence[str], prompts: Sequence[WisePrompt], judge: JudgeClient,
+                variant: str) -> dict:
+    """Judge `<out>/wise/<label>/` for every label; writes `<out>/wise/<label>/results.jsonl` (image paths
+    relative to `out`). Returns {"results": {label: aggregate with its "records"}}."""
+    results = {}
+    for lb in labels:
+        res = evaluate(prompts, out / "wise" / lb, judge, variant=variant)
+        for r in res.get("records", []):
+            try:
+                r["image"] = str(Path(r["image"]).relative_to(out))
+            except ValueError:
+                pass
+        with open(out / "wise" / lb / "results.jsonl", "w") as fp:
+            for r in res.get("records", []):
+                fp.write(json.dumps(r) + "\n")
+        results[lb] = res
+    return {"results": results}
+
+
+def _ids(xs: Sequence[int], limit: int = 8) -> str:
+    xs = sorted(xs)
+    return ", ".join(map(str, xs[:limit])) + (f", … (+{len(xs) - limit})" if len(xs) > limit else "")
+
+
+def comparability_notes(ctx: dict, results: dict, variant: str) -> list[str]:
+    """Why these WISE results are not comparable with published numbers (empty: they are): all 1,000
+    prompt ids judged and scored by the official judge on the original prompts, official parser."""
+    notes = []
+    n_ids = ctx["n_prompts"]
+    variant = ctx.get("variant", variant)
+    if variant != OFFICIAL_VARIANT:
+        notes.append(f"WISE prompt variant {variant!r} (the official gpt_eval.py usage and the WISE "
+                     f"leaderboard judge the {OFFICIAL_VARIANT!r} prompts)")
+    if n_ids != 1000:
+        notes.append(f"{n_ids} of 1000 WISE prompt ids evaluated (the official Calculate.py needs all 1000)")
+    for lb, r in results.items():
+        if r.get("missing"):
+            notes.append(f"[{lb}] {len(r['missing'])} images missing (prompt ids {_ids(r['missing'])})")
+        if r.get("n_failed"):
+            policy = "scored 0" if r.get("failed_policy") == "zero" else "excluded from the means"
+            ids = [f["prompt_id"] for f in r.get("failed", [])]
+            notes.append(f"[{lb}] {r['n_failed']} judgements failed ({policy}; prompt ids {_ids(ids)})")
+        if n_ids == 1000 and not r.get("all_ids_scored"):
+            notes.append(f"[{lb}] not all 1000 prompt ids scored")
+        judge = r.get("judge") or {}
+        if judge.get("model") != OFFICIAL_JUDGE:
+            notes.append(f"judge {judge.get('model')} (paper: {OFFICIAL_JUDGE})")
+        if judge.get("parser", "official") != "official":
+            notes.append(f"judge answers parsed with the {judge.get('parser')} parser (official: WISE "
+                         "extract_scores, parser=official)")
+    return notes

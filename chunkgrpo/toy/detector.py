@@ -22,7 +22,8 @@ import os
 import numpy as np
 from PIL import Image
 
-from chunkgrpo.eval.geneval import Detection, Detections, GenEvalRules, mask_to_box, score_detections
+from chunkgrpo.eval.geneval import Detection, Detections, GenEvalRules, score_detections
+from chunkgrpo.eval.geneval_models import mask_to_box
 from chunkgrpo.toy.world import BACKGROUND, COLORS, PALETTE, classify_shape
 
 _REFS = np.array([BACKGROUND, *PALETTE.values()], dtype=np.float32)  # index 0 = background

@@ -37,7 +37,8 @@ def evaluate(preset: str, overrides: list, benchmarks: list, num_prompts: int, b
 
     stage_env(parent_run_id)
     from chunkgrpo.errors import UserError
-    from chunkgrpo.eval.runner import EvalConfig, run_evaluation, summary_lines
+    from chunkgrpo.eval.config import EvalConfig
+    from chunkgrpo.eval.runner import run_evaluation, summary_lines
 
     work = Path(tempfile.mkdtemp(prefix="chunkgrpo-eval-"))
     source = ""

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from chunkgrpo.eval.runner import EvalConfig, run_evaluation
+from chunkgrpo.eval.config import EvalConfig
+from chunkgrpo.eval.runner import run_evaluation
 
 pytestmark = pytest.mark.integration
 
@@ -30,7 +31,7 @@ def test_evaluate_base_vs_trained_8_prompts(tiny_model_dir, trained_dir, tiny_cl
     out = tmp_path / "eval"
     cfg = EvalConfig.load("eval_tiny", [f"model={trained_dir}", f"output_dir={out}",
                                         "scorers=[brightness, contrast, clip]", f"scorer_weights.clip={tiny_clip}"])
-    assert cfg.num_prompts == 8 and cfg.steps == 6 and cfg.trained_steps == 4
+    assert cfg.num_prompts == 8 and cfg.sampling.num_steps == 6 and cfg.sampling.trained_steps == 4
     assert cfg.base_model == ""  # taken from the adapter's chunkgrpo_model.json
     result = run_evaluation(cfg)
 
@@ -202,17 +203,18 @@ def test_config_validation(tiny_model_dir, tmp_path):
     with pytest.raises(UserError, match="output_uri"):
         EvalConfig(base_model="x", output_uri="/tmp/x")
     with pytest.raises(UserError, match="trained_steps"):
-        EvalConfig(base_model="x", steps=10, trained_steps=20)
+        EvalConfig.from_dict({"base_model": "x", "sampling": {"num_steps": 10, "trained_steps": 20}})
     with pytest.raises(UserError, match="base_model"):
         EvalConfig.load("eval_tiny")
     with pytest.raises(UserError, match="needs weights"):
-        from chunkgrpo.eval.runner import build_scorers
+        from chunkgrpo.eval.scorer_setup import build_scorers
 
         build_scorers(EvalConfig(base_model=str(tiny_model_dir), scorers=["pickscore"]))
     with pytest.raises(UserError, match="needs weights"):  # preflight: fails before any image is generated
         run_evaluation(EvalConfig(base_model=str(tiny_model_dir), scorers=["pickscore"], output_dir=str(tmp_path)))
     assert not (tmp_path / "hpdv2").exists()
     cfg = EvalConfig.load("eval_hpdv2", ["model=m", "scorer_options.hpsv3.processor=/q", "wise_judge.workers=2"])
-    assert (cfg.steps, cfg.trained_steps, cfg.height, cfg.guidance, cfg.schedule) == (50, 30, 1024, 3.5, "dynamic")
+    s = cfg.sampling
+    assert (s.num_steps, s.trained_steps, s.height, s.guidance, s.schedule) == (50, 30, 1024, 3.5, "dynamic")
     assert cfg.scorers == ["hpsv3", "imagereward"] and cfg.num_prompts == 0
     assert cfg.scorer_options == {"hpsv3": {"processor": "/q"}} and cfg.wise_judge.workers == 2

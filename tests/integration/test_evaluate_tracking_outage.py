@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from chunkgrpo.eval import runner
-from chunkgrpo.eval.runner import EvalConfig, run_evaluation
+from chunkgrpo.eval.config import EvalConfig
+from chunkgrpo.eval.runner import run_evaluation
 from chunkgrpo.local_processes import free_port
 from chunkgrpo.local_services import local_services
 from tests.fixtures_services import kill_service

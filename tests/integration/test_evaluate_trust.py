@@ -16,7 +16,9 @@ import pytest
 
 from chunkgrpo.errors import UserError
 from chunkgrpo.eval import geneval as G
-from chunkgrpo.eval.runner import EvalConfig, run_evaluation, summary_lines
+from chunkgrpo.eval import geneval_models as GM
+from chunkgrpo.eval.config import EvalConfig
+from chunkgrpo.eval.runner import run_evaluation, summary_lines
 from tests.unit.eval.judge_server import JudgeServer
 from tests.unit.eval.tiny_mask2former import make_tiny_mask2former
 
@@ -78,8 +80,8 @@ def test_geneval_real_mask2former_and_colour_classifier(tiny_model_dir, trained_
     assert all(r["reason"].startswith("expected car>=2, found 0") for r in recs if r["tag"] == "counting")
 
     # the same verdicts from the backend objects built directly (deterministic, same code path)
-    det = G.TransformersMask2FormerDetector(m2f, device="cpu")
-    clf = G.ClipColorClassifier(clip, device="cpu")
+    det = GM.TransformersMask2FormerDetector(m2f, device="cpu")
+    clf = GM.ClipColorClassifier(clip, device="cpu")
     for r in recs[:6]:
         again = G.score_image(out / r["filename"], json.loads(r["metadata"]), det, clf)
         assert (again["correct"], again["reason"], again["details"]) == (r["correct"], r["reason"], r["details"])

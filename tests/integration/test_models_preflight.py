@@ -107,7 +107,7 @@ def test_weight_uris_become_stage_overrides():
     assert used_reward_weights("chunk_grpo_flux", [], w) == {k: v for k, v in w.items() if k.startswith("hpsv3")}
     assert used_scorer_weights("eval_hpdv2", [], w) == w
     assert used_scorer_weights("eval_tiny", [], w) == {}
-    from chunkgrpo.eval.runner import EvalConfig
+    from chunkgrpo.eval.config import EvalConfig
 
     cfg = EvalConfig.load("eval_hpdv2", [*scorer_weight_overrides(w), "base_model=/models/flux"])  # valid keys
     assert cfg.scorer_weights["imagereward"] == w["imagereward"]

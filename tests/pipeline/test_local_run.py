@@ -133,7 +133,8 @@ def test_main_job_from_a_clone_succeeds_and_promotes(clone_run):
 def test_trained_beats_base_by_more_than_the_base_seed_spread(clone_run, tmp_path):
     """The demo's claim: held-out toy GenEval accuracy rises by more than the base model's own
     seed-to-seed spread (the base evaluated with the pipeline's seed and two other seeds)."""
-    from chunkgrpo.eval.runner import EvalConfig, run_evaluation
+    from chunkgrpo.eval.config import EvalConfig
+    from chunkgrpo.eval.runner import run_evaluation
     from pipeline.local import read_task_outputs, toy_eval_overrides
 
     clone, r = clone_run["clone"], clone_run["result"]

@@ -14,6 +14,7 @@ from PIL import Image
 
 from chunkgrpo.errors import UserError
 from chunkgrpo.eval import geneval as G
+from chunkgrpo.eval import geneval_models as GM
 
 D = G.Detection
 
@@ -225,15 +226,15 @@ def test_color_crops_mask_on_grey_cropped_to_box():
     img = Image.new("RGB", (20, 10), (255, 0, 0))
     mask = np.zeros((10, 20), bool)
     mask[2:5, 3:6] = True
-    (crop,) = G.color_crops(img, [D((2.0, 1.0, 8.0, 6.0), 0.9, mask)])
+    (crop,) = GM.color_crops(img, [D((2.0, 1.0, 8.0, 6.0), 0.9, mask)])
     assert crop.size == (6, 5)
     a = np.asarray(crop)
     assert tuple(a[2, 2]) == (255, 0, 0)  # inside the mask: the image
     assert tuple(a[0, 0]) == (153, 153, 153)  # outside: #999 grey
-    (full,) = G.color_crops(img, [D((0, 0, 20, 10), 0.9, None)], crop=False)
+    (full,) = GM.color_crops(img, [D((0, 0, 20, 10), 0.9, None)], crop=False)
     assert full.size == (20, 10)
     with pytest.raises(ValueError, match="mask shape"):
-        G.color_crops(img, [D((0, 0, 1, 1), 0.9, np.zeros((3, 3), bool))])
+        GM.color_crops(img, [D((0, 0, 1, 1), 0.9, np.zeros((3, 3), bool))])
 
 
 # ---- layout + aggregation ---------------------------------------------------------------------------
@@ -321,8 +322,8 @@ def test_rules_validation():
 def test_mask_to_box_like_mmdet():
     m = np.zeros((10, 20), bool)
     m[2:5, 3:7] = True
-    assert G.mask_to_box(m) == (3.0, 2.0, 7.0, 5.0)
-    assert G.mask_to_box(np.zeros((4, 4), bool)) == (0.0, 0.0, 0.0, 0.0)
+    assert GM.mask_to_box(m) == (3.0, 2.0, 7.0, 5.0)
+    assert GM.mask_to_box(np.zeros((4, 4), bool)) == (0.0, 0.0, 0.0, 0.0)
 
 
 # ---- backends on tiny random models -------------------------------------------------------------------
@@ -331,7 +332,7 @@ def test_mask_to_box_like_mmdet():
 def test_mmdet_import_guard(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "mmdet", None)
     with pytest.raises(UserError, match="images/eval"):
-        G.MMDetDetector(tmp_path)
+        GM.MMDetDetector(tmp_path)
 
 
 @pytest.fixture(scope="module")
@@ -359,7 +360,7 @@ def tiny_mask2former(tmp_path_factory):
 
 def test_transformers_mask2former_detector(tiny_mask2former):
     d, names = tiny_mask2former
-    det = G.TransformersMask2FormerDetector(d, class_names=names, device="cpu", max_per_image=20)
+    det = GM.TransformersMask2FormerDetector(d, class_names=names, device="cpu", max_per_image=20)
     assert isinstance(det, G.Detector) and det.comparable_to_official is False
     img = Image.fromarray(np.random.default_rng(0).integers(0, 255, (80, 100, 3), dtype=np.uint8))
     out = det.detect(img)
@@ -373,14 +374,14 @@ def test_transformers_mask2former_detector(tiny_mask2former):
     assert isinstance(rec["correct"], bool)
     assert G.summarize([rec], det)["comparable_to_official"] is False
     with pytest.raises(UserError, match="80 labels but 10 class names"):
-        G.TransformersMask2FormerDetector(d, class_names=names[:10], device="cpu")
+        GM.TransformersMask2FormerDetector(d, class_names=names[:10], device="cpu")
 
 
 def test_clip_color_classifier_tiny(tmp_path):
     from chunkgrpo.testing.clip import make_tiny_clip
 
     make_tiny_clip(tmp_path / "clip")
-    clf = G.ClipColorClassifier(tmp_path / "clip", device="cpu")
+    clf = GM.ClipColorClassifier(tmp_path / "clip", device="cpu")
     img = Image.fromarray(np.random.default_rng(1).integers(0, 255, (40, 60, 3), dtype=np.uint8))
     mask = np.zeros((40, 60), bool)
     mask[5:20, 5:30] = True

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from chunkgrpo.eval import report as R
-from chunkgrpo.eval import runner
+from chunkgrpo.eval import stats as eval_stats
 from chunkgrpo.eval import wise as W
 from chunkgrpo.registry import GateConfig, gate_decision
 
@@ -29,7 +29,7 @@ def _wise_benchmark(trained_scores: dict, base_scores: dict) -> dict:
             recs.append(r)
         records[lb] = recs
     results = {lb: {k: v for k, v in W.aggregate(recs).items() if k != "records"} for lb, recs in records.items()}
-    stats = runner.compute_statistics("wise", records, results, **KW)
+    stats = eval_stats.compute_statistics("wise", records, results, **KW)
     return {"results": results, "statistics": stats}
 
 
@@ -41,7 +41,7 @@ def test_flat_delta_is_the_paired_delta_with_failed_trained_judgements():
     base = {i: ((2, 2, 1) if i in failed else (1, 0, 0)) for i in ids}        # WiScore 0.95 / 0.35
     trained = {i: (None if i in failed else (1, 0, 1)) for i in ids}           # 0.40 where judged
     bench = _wise_benchmark(trained, base)
-    flat = runner.flat_metrics({"wise": bench})
+    flat = eval_stats.flat_metrics({"wise": bench})
     cell = bench["statistics"]["biology"]
     assert cell["n"] == 40 and cell["n_dropped"] == 10
     for m in ("biology", "overall"):
@@ -75,7 +75,7 @@ def test_a_tie_with_float_residue_is_not_significant_in_report_and_gate():
     cell = bench["statistics"]["biology"]
     assert cell["ci_low"] == 0.0 and cell["significance"] == 0
     assert "class='num neutral'" in R.delta_cell(cell)
-    flat = runner.flat_metrics({"wise": bench})
+    flat = eval_stats.flat_metrics({"wise": bench})
     assert flat["wise.biology.delta_ci_low"] == 0.0
     gate = GateConfig(metric="eval.wise.biology.delta_ci_low", margin=0.0)
     assert not gate_decision(flat["wise.biology.delta_ci_low"], None, gate).passed

@@ -8,7 +8,7 @@ def test_random_clip_is_not_labelled_the_published_metric(tmp_path):
     import torch
     from transformers import CLIPConfig
 
-    from chunkgrpo.eval.runner import _published, clip_published_check
+    from chunkgrpo.eval.scorer_setup import _published, clip_published_check
     from chunkgrpo.scoring.scorers import get_scorer
     from chunkgrpo.testing.clip import make_tiny_clip
 
@@ -31,7 +31,7 @@ def test_random_clip_is_not_labelled_the_published_metric(tmp_path):
 
 
 def test_programmatic_rewards_are_never_published():
-    from chunkgrpo.eval.runner import _published, _scorer_info
+    from chunkgrpo.eval.scorer_setup import _published, _scorer_info
     from chunkgrpo.scoring.adapters import RewardScorer
 
     s = RewardScorer("brightness", {})

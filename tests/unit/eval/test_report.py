@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from chunkgrpo.eval import plots as P
 from chunkgrpo.eval import report as R
 
 
@@ -34,19 +35,19 @@ def test_delta_cell_is_neutral_when_the_ci_contains_zero():
 
 
 def test_ci_bars_colour_by_significance():
-    svg = R.svg_delta_bars([("up", cell(0.3, 0.1, 0.5)), ("flat", cell(0.1, -0.2, 0.4)),
+    svg = P.svg_delta_bars([("up", cell(0.3, 0.1, 0.5)), ("flat", cell(0.1, -0.2, 0.4)),
                             ("down", cell(-0.3, -0.5, -0.1))], title="t")
     rects = re.findall(r"<rect x='[\d.]+' y='[\d.]+' width='[\d.]+' height='[\d.]+' fill='(#\w+)'", svg)
-    assert rects == [R.SIG_COLOR[1], R.SIG_COLOR[0], R.SIG_COLOR[-1]]
+    assert rects == [P.SIG_COLOR[1], P.SIG_COLOR[0], P.SIG_COLOR[-1]]
     # whiskers: three line segments per row in the row's colour
-    assert svg.count(f"stroke='{R.SIG_COLOR[0]}'") == 3
-    assert R.svg_delta_bars([("x", cell(None, None, None))]) == ""
+    assert svg.count(f"stroke='{P.SIG_COLOR[0]}'") == 3
+    assert P.svg_delta_bars([("x", cell(None, None, None))]) == ""
 
 
 def test_histogram_has_both_labels():
-    svg = R.svg_histogram({"base": [0.1, 0.2, 0.2, 0.9], "trained": [0.5, 0.6, float("nan")]}, title="h", bins=4)
+    svg = P.svg_histogram({"base": [0.1, 0.2, 0.2, 0.9], "trained": [0.5, 0.6, float("nan")]}, title="h", bins=4)
     assert "base (n=4)" in svg and "trained (n=2)" in svg
-    assert svg.count(R.COLORS["base"]) >= 2 and svg.count(R.COLORS["trained"]) >= 2
+    assert svg.count(P.COLORS["base"]) >= 2 and svg.count(P.COLORS["trained"]) >= 2
 
 
 def test_pick_rows_largest_changes_both_directions():

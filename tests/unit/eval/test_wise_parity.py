@@ -157,7 +157,8 @@ def test_all_ids_scored_needs_the_full_1000():
 def test_prompt_variant_enters_comparability(variant):
     """A complete WISE run (1,000 ids, gpt-4o-2024-05-13, official parser) is comparable with the leaderboard
     only on the original prompts, the official usage; the rewritten prompts are named as the reason."""
-    from chunkgrpo.eval.runner import EvalConfig, _comparability
+    from chunkgrpo.eval.config import EvalConfig
+    from chunkgrpo.eval.runner import _comparability
 
     cfg = EvalConfig(base_model="m", benchmarks=["wise"], wise_variant=variant)
     res = {"all_ids_scored": True, "missing": [], "n_failed": 0,

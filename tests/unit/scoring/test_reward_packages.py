@@ -201,7 +201,8 @@ def test_hpsv2_v20_name_and_checkpoint_file(hpsv2, images, tmp_path):
 def test_evaluate_stage_scores_hpsv2_through_its_venv(hpsv2, tiny_model_dir, tmp_path, monkeypatch):
     """The evaluate stage in the main venv (as in the eval image's /opt/venv): CHUNKGRPO_VENV_HPSV2 makes its
     preflight and its HPDv2 scoring run in the reward venv."""
-    from chunkgrpo.eval.runner import EvalConfig, run_evaluation
+    from chunkgrpo.eval.config import EvalConfig
+    from chunkgrpo.eval.runner import run_evaluation
 
     venv, tiny, _ = hpsv2
     monkeypatch.setenv("CHUNKGRPO_VENV_HPSV2", str(venv))

@@ -1,9 +1,11 @@
-"""`chunkgrpo evaluate` with `geneval_detector=toy` (the `eval_toy` preset): the project's GenEval path
+"""`chunkgrpo evaluate` with `geneval_detector=chunkgrpo.toy.detector:ToyDetector` (the `eval_toy` preset):
+the project's GenEval path
 end to end on a toy model, scored by the exact toy detector and colour classifier, no weights needed."""
 
 import json
 
-from chunkgrpo.eval.runner import EvalConfig, run_evaluation
+from chunkgrpo.eval.config import EvalConfig
+from chunkgrpo.eval.runner import run_evaluation
 from chunkgrpo.toy.model import ToyModelConfig, build_toy_model, read_meta
 
 TAGS = ("single_object", "two_object", "counting", "colors", "position", "color_attr")
@@ -16,7 +18,7 @@ def test_eval_toy_scores_held_out_prompts_with_the_exact_detector(tmp_path):
     files = read_meta(model)["files"]
     cfg = EvalConfig.load("eval_toy", [f"base_model={model}", f"geneval_metadata={model / files['heldout_metadata']}",
                                        f"hpdv2_prompts={model / files['heldout_prompts']}", "geneval_samples=2",
-                                       "steps=4", "trained_steps=4", f"output_dir={tmp_path / 'eval'}", "num_prompts=0"])
+                                       "sampling.num_steps=4", "sampling.trained_steps=4", f"output_dir={tmp_path / 'eval'}", "num_prompts=0"])
     result = run_evaluation(cfg)  # no detector weights, no colour model: the toy detector needs none
     m = result["metrics"]
     assert {f"geneval.{t}.base" for t in TAGS} <= set(m) and 0 <= m["geneval.overall.base"] <= 1
