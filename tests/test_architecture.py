@@ -41,8 +41,8 @@ LAYERS: list[tuple[str, ...]] = [
     # L4 the two stages' engines (neither imports the other)
     ("train", "eval"),
     # L5 platform integration and the toy world
-    ("k8s", "registry", "serving", "serving_model", "promoter", "toy", "capacity", "models",
-     "local_services", "torchrun", "torchrun_local"),
+    ("k8s", "registry", "serving", "serving_model", "promoter", "toy", "capacity", "model_cache",
+     "local_services", "local_processes", "torchrun", "torchrun_local"),
     # L6 checks that span stages
     ("preflight",),
     # L7 the command line

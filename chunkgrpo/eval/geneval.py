@@ -24,7 +24,7 @@ Pipeline:
 6. The evaluate stage's use of it: `score_stage` (every label's folder -> records + summaries) and
    `comparability_notes` (why a run is not comparable with published numbers).
 
-One room (~620 lines) on purpose: the layout, the rules and the summary are one protocol pinned to the
+Size note: one room (~620 lines) on purpose: the layout, the rules and the summary are one protocol pinned to the
 official evaluator (parity tests read them together); the models behind the rules live in `geneval_models`.
 """
 

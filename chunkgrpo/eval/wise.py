@@ -28,7 +28,7 @@
   the evaluated prompts (flagged `complete: false`).
 - The evaluate stage's use of it: `score_stage` (judge every label's folder) and `comparability_notes`.
 
-One room (~630 lines) on purpose: prompts, rubric, parser, judge client and aggregation are one protocol
+Size note: one room (~630 lines) on purpose: prompts, rubric, parser, judge client and aggregation are one protocol
 pinned to the official WISE_legacy scripts; the judge client is small and used only by this protocol.
 """
 

@@ -1,6 +1,6 @@
 """The S3 client: `StoreConfig` (endpoint, credentials, transfer tuning) and `ArtifactStore` (objects,
 multipart uploads with checksums, atomic folder artifacts, retries with backoff). See `chunkgrpo.store`
-for the environment variables and the folder-artifact contract. One room (~600 lines): every method
+for the environment variables and the folder-artifact contract. Size note: one room (~600 lines): every method
 goes through the same client, `_retry` loop and error classification."""
 
 from __future__ import annotations
