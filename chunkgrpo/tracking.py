@@ -207,6 +207,11 @@ class MlflowTracker(NullTracker):
             yield child
 
 
+def attach_run(client, run_id: str) -> MlflowTracker:
+    """A tracker logging into the existing run `run_id` (e.g. a pipeline stage's, shared by several calls)."""
+    return MlflowTracker(client, run_id, client.get_run(run_id).info.experiment_id)
+
+
 def _client():
     from mlflow import MlflowClient
 
