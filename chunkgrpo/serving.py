@@ -31,7 +31,7 @@ import mlflow.pyfunc
 
 from chunkgrpo.registry.payload import MODEL_INFO, PARAM_DEFAULTS, weights_from_payload
 
-# predict() takes a DataFrame and typed params (payload.signature()); MLflow's type-hint validation is not used
+# predict() takes a DataFrame and typed params (payload.signature()); MLflow's type-hint validation is unused
 warnings.filterwarnings("ignore", message=".*Add type hints to the `predict` method.*")
 
 OUTPUT_COLUMNS = ("prompt", "seed", "image")

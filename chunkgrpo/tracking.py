@@ -266,7 +266,8 @@ def _ended(tracker: MlflowTracker, params: Mapping[str, Any] | None = None) -> I
 
 
 def _kfp_run(client, experiment_id: str, kfp_run_id: str) -> str | None:
-    runs = client.search_runs([experiment_id], filter_string=f"tags.`kfp.run_id` = '{kfp_run_id}'", max_results=1)
+    runs = client.search_runs([experiment_id], filter_string=f"tags.`kfp.run_id` = '{kfp_run_id}'",
+                              max_results=1)
     return runs[0].info.run_id if runs else None
 
 
@@ -287,7 +288,8 @@ def open_pipeline_run(client, experiment: str, run_name: str, tags: Mapping[str,
     found = _kfp_run(client, experiment_id, kfp_run_id) if kfp_run_id else None
     if found:
         return MlflowTracker(client, found, experiment_id), False
-    all_tags = {"chunkgrpo.kind": "pipeline", **({"kfp.run_id": kfp_run_id} if kfp_run_id else {}), **(tags or {})}
+    all_tags = {"chunkgrpo.kind": "pipeline", **({"kfp.run_id": kfp_run_id} if kfp_run_id else {}),
+                **(tags or {})}
     run = client.create_run(experiment_id, run_name=run_name,
                             tags={k: _text(v, _MAX_TAG_LEN) for k, v in all_tags.items()})
     return MlflowTracker(client, run.info.run_id, experiment_id), True
@@ -568,6 +570,7 @@ def stage_run(name: str, parent_run_id: str | None = None, experiment: str | Non
         return
     client = _client()
     parent_run_id = parent_run_id or os.environ.get(PARENT_ENV) or None
-    with _run(client, _stage_experiment_id(client, parent_run_id, experiment), name, {"chunkgrpo.stage": name, **(tags or {})},
+    with _run(client, _stage_experiment_id(client, parent_run_id, experiment), name,
+              {"chunkgrpo.stage": name, **(tags or {})},
               parent_run_id=parent_run_id, params=params) as run:
         yield run

@@ -193,7 +193,8 @@ def asserted_direction(gate: GateConfig, direction: str, metric: str, name: str)
     return direction
 
 
-def resolve(name: str, gate: GateConfig | None, tag_metric: str | None, tag_direction: str | None) -> GateConfig:
+def resolve(name: str, gate: GateConfig | None, tag_metric: str | None,
+            tag_direction: str | None) -> GateConfig:
     """The gate as the registered model `name` defines it (its tags `gate.metric`/`gate.direction`). The
     caller may name the metric/direction only to assert them: a metric other than the model's gate
     metric (or its CI bound in its direction), or a direction other than the one recorded (or known)
@@ -213,7 +214,8 @@ def resolve(name: str, gate: GateConfig | None, tag_metric: str | None, tag_dire
     if direction is None:
         raise UserError(f"the direction of {metric!r} is unknown: record it on {name!r} once with "
                         f"`chunkgrpo promote --model {name} --set-gate {metric}:max` (or :min)")
-    return GateConfig(metric=metric, direction=asserted_direction(gate, direction, metric, name), margin=gate.margin)
+    return GateConfig(metric=metric, direction=asserted_direction(gate, direction, metric, name),
+                      margin=gate.margin)
 
 
 def direction_of(name: str, metric: str, tag_metric: str | None, tag_direction: str | None,
@@ -238,7 +240,8 @@ def snapshot_gate(text: str | None) -> GateConfig | None:
     except json.JSONDecodeError:
         snap = None
     if isinstance(snap, dict) and snap.get("metric") and snap.get("direction") in ("max", "min"):
-        return GateConfig(metric=snap["metric"], direction=snap["direction"], margin=float(snap.get("margin") or 0))
+        return GateConfig(metric=snap["metric"], direction=snap["direction"],
+                          margin=float(snap.get("margin") or 0))
     return None
 
 
@@ -311,7 +314,8 @@ def check_eval_run(run_id: str, stage: str | None, status: str) -> None:
 def registry_metrics(run_metrics: Mapping[str, float]) -> dict[str, float]:
     """An evaluation run's metrics under registry names (`<bench>.<m>.trained` -> `eval.<bench>.<m>`,
     everything else `eval.<key>`), as `metrics_from_eval` maps a metrics.json."""
-    return {"eval." + (k[: -len(".trained")] if k.endswith(".trained") else k): v for k, v in run_metrics.items()}
+    return {"eval." + (k[: -len(".trained")] if k.endswith(".trained") else k): v
+            for k, v in run_metrics.items()}
 
 
 def run_metric_key(metric: str, keys) -> str | None:

@@ -51,9 +51,10 @@ def signature():
     return ModelSignature(inputs=inputs, outputs=outputs, params=params)
 
 
-def model_info(*, kind: str, base_model: str, inline: bool, checkpoint_uri: str | None, manifest_sha: str | None,
-               manifest: Manifest, metrics: Mapping[str, float], plan: Any, git: str, cfg_hash: str | None,
-               created: str, eval_protocol: Mapping[str, Any] | None, sampling: Mapping[str, Any] | None) -> dict:
+def model_info(*, kind: str, base_model: str, inline: bool, checkpoint_uri: str | None,
+               manifest_sha: str | None, manifest: Manifest, metrics: Mapping[str, float], plan: Any, git: str,
+               cfg_hash: str | None, created: str, eval_protocol: Mapping[str, Any] | None,
+               sampling: Mapping[str, Any] | None) -> dict:
     """The MODEL_INFO document of a version (format MODEL_INFO_FORMAT)."""
     return {
         "format": MODEL_INFO_FORMAT, "kind": kind, "base_model": base_model,

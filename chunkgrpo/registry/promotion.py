@@ -32,8 +32,10 @@ from collections.abc import Iterator
 
 from chunkgrpo.errors import UserError
 from chunkgrpo.registry import gate as rules
-from chunkgrpo.registry.client import (actor, aliases, connect, current_identity, get_version, model_tags, now,
-                                       registered_model, require_promoter, set_version_tags, trusted_metric)
+from chunkgrpo.registry.client import (
+    actor, aliases, connect, current_identity, get_version, model_tags, now, registered_model, require_promoter,
+    set_version_tags, trusted_metric,
+)
 from chunkgrpo.registry.gate import GateConfig, GateResult, PromotionResult, RegistryConfig
 
 log = logging.getLogger(__name__)
@@ -169,8 +171,8 @@ def _decide(client, name: str, version: str, champion: str | None, eff: GateConf
     reference = None
     if champion:
         reference = trusted_metric(client, name, champion, eff.metric)
-        protocol = lambda v: (get_version(client, name, v).tags or {}).get(rules.PROTOCOL_HASH_TAG)  # noqa: E731
-        rules.check_same_protocol(name, version, champion, protocol(version), protocol(champion))
+        a, b = ((get_version(client, name, v).tags or {}).get(rules.PROTOCOL_HASH_TAG) for v in (version, champion))
+        rules.check_same_protocol(name, version, champion, a, b)
     result = rules.gate_decision(candidate, reference, eff)
     result.values = {"candidate": candidate, "champion": reference}
     return result
@@ -291,9 +293,9 @@ def rollback(name: str, *, who: str | None = None, why: str = "", config: Regist
             set_version_tags(client, name, champ, {"promotion.status": "rolled_back",
                                                    "promotion.rolled_back_by": user,
                                                    "promotion.rolled_back_at": at, "promotion.rollback_why": why})
-        set_version_tags(client, name, prev, {"promotion.status": cfg.champion_alias, "promotion.reason": reason,
-                                              "promotion.by": user, "promotion.identity": identity,
-                                              "promotion.at": at, "promotion.previous_version": champ or ""})
+        set_version_tags(client, name, prev, {
+            "promotion.status": cfg.champion_alias, "promotion.reason": reason, "promotion.by": user,
+            "promotion.identity": identity, "promotion.at": at, "promotion.previous_version": champ or ""})
         append_log(client, name, {"action": "rollback", "version": prev, "previous": champ, "by": user,
                                   "identity": identity, "at": at, "why": why})
     log.info("%s: %s v%s -> v%s", name, cfg.champion_alias, champ, prev)

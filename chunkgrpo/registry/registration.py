@@ -189,18 +189,18 @@ def register_model(req: Registration, *, run_id: str | None = None, experiment: 
             if flat:
                 run.log_metrics(flat)
             source = f"{run.artifact_uri}/{artifact_path}"
+            gated = {"eval_run_id": req.eval_run_id, "gate_metric": req.gate_metric,
+                     "gate_direction": req.gate_direction, "challenger_alias": req.challenger_alias}
             if promoter_url:  # the promoter identity creates the version (pipeline users: READ on models)
-                return request_version(promoter_url, req.name, source, run.run_id, version_tags,
-                                       eval_run_id=req.eval_run_id, gate_metric=req.gate_metric,
-                                       gate_direction=req.gate_direction, challenger_alias=req.challenger_alias)
-            return create_version(client, req.name, source, run.run_id, version_tags, eval_run_id=req.eval_run_id,
-                                  gate_metric=req.gate_metric, gate_direction=req.gate_direction,
-                                  challenger_alias=req.challenger_alias, tree=payload.tree_sha256(folder))
+                return request_version(promoter_url, req.name, source, run.run_id, version_tags, **gated)
+            return create_version(client, req.name, source, run.run_id, version_tags, **gated,
+                                  tree=payload.tree_sha256(folder))
 
         if run_id:  # a shared run may register several models
             mv = log_and_create(tracking.attach_run(client, run_id), f"model-{manifest.content_sha256[:12]}")
         else:
-            with tracking.stage_run("register", experiment=experiment, tags={"chunkgrpo.model": req.name}) as run:
+            tags = {"chunkgrpo.model": req.name}
+            with tracking.stage_run("register", experiment=experiment, tags=tags) as run:
                 mv = log_and_create(run, "model")
     log.info("registered %s version %s (%s, base %s) from %s", req.name, mv.version, req.kind, req.base_model,
              mv.source)
@@ -255,8 +255,9 @@ def _version_tags(req: Registration, info: dict, flat: Mapping[str, float]) -> d
 
 
 def create_version(client, name: str, source: str, run_id: str, tags: Mapping[str, str], *,
-                   eval_run_id: str | None = None, gate_metric: str | None = None, gate_direction: str | None = None,
-                   challenger_alias: str | None = "challenger", tree: str | None = None):
+                   eval_run_id: str | None = None, gate_metric: str | None = None,
+                   gate_direction: str | None = None, challenger_alias: str | None = "challenger",
+                   tree: str | None = None):
     """The privileged half of registration (the promoter identity's, see `chunkgrpo.promoter`): create the
     registered model and its gate if new, and a version of it from `source` (an MLflow model logged in
     run `run_id`). The tags promotion relies on are computed here, never taken from the caller: the

@@ -135,9 +135,9 @@ def test_benchmark_preflight_checks_the_registry_version_and_its_base_model(serv
     lora.mkdir()
     (lora / "pytorch_lora_weights.safetensors").write_bytes(b"\1" * 256)
     gone = tmp_path / "gone-base"
+    run = eval_run({"hpdv2.hpsv3.trained": 0.3})  # promotion trusts only an eval run
     v = register_model(Registration(name, str(gone), lora, kind="lora", metrics={"eval": {"hpdv2.hpsv3": 0.3}},
-                                    git="abc", cfg_hash="c", eval_protocol={"preset": "eval_tiny"},
-                                    eval_run_id=eval_run({"hpdv2.hpsv3.trained": 0.3})))  # promotion trusts only an eval run
+                                    git="abc", cfg_hash="c", eval_protocol={"preset": "eval_tiny"}, eval_run_id=run))
     promote(name, v.version, who="t")
     text = " | ".join(check(PreflightSpec(registered=f"{name}@champion", benchmarks=["hpdv2", "wise"])))
     assert f"base model {gone} does not exist" in text and "OPENAI_API_KEY" in text

@@ -105,9 +105,9 @@ def test_alias_moves_need_credentials_and_permission(auth_server, monkeypatch, t
     lora.mkdir()
     (lora / "pytorch_lora_weights.safetensors").write_bytes(b"\x01" * 2048)
     protocol = {"preset": "eval_tiny", "seed": 42}
+    run = eval_run({"hpdv2.hpsv3.trained": 0.3})
     rv = register_model(Registration(name, "tiny-flux", lora, kind="lora", metrics={"eval.hpdv2.hpsv3": 0.3},
-                                     eval_protocol=protocol, eval_run_id=eval_run({"hpdv2.hpsv3.trained": 0.3})),
-                        experiment="auth-test")
+                                     eval_protocol=protocol, eval_run_id=run), experiment="auth-test")
     assert promote(name, rv.version, who="admin").action == "promoted"
 
     body = {"name": name, "alias": "champion", "version": rv.version}

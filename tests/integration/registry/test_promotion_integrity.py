@@ -40,9 +40,9 @@ def lora(root: Path, seed: int) -> Path:
 
 
 def reg(name, tmp_path, seed, score=None, **kw):
+    run = eval_run(score) if score is not None else None
     return register_model(Registration(name, "tiny-flux", lora(tmp_path / f"l{seed}", seed), kind="lora",
-                                       eval_protocol=PROTOCOL, eval_run_id=eval_run(score) if score is not None else None,
-                                       **kw))
+                                       eval_protocol=PROTOCOL, eval_run_id=run, **kw))
 
 
 def champion(name):

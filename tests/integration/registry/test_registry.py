@@ -46,10 +46,11 @@ def _fake_lora(root, seed: int):
 
 def _register(name, tmp_path, seed: int, score: float, run_id=None, **kw):
     run = eval_run_for({METRIC: score, "eval.clip": 0.2})  # promotion trusts only the evaluation run
-    return register_model(Registration(name, "tiny-flux", _fake_lora(tmp_path / f"lora-{seed}", seed), kind="lora",
-                                       metrics={"eval": {"hpdv2": {"hpsv3": score}}, "eval.clip": 0.2}, git="abc123",
-                                       cfg_hash="cfg0001", plan={"boundaries": [0, 4, 8, 16], "seed": seed},
-                                       **{"eval_protocol": PROTOCOL, "eval_run_id": run, **kw}), run_id=run_id)
+    req = Registration(name, "tiny-flux", _fake_lora(tmp_path / f"lora-{seed}", seed), kind="lora",
+                       metrics={"eval": {"hpdv2": {"hpsv3": score}}, "eval.clip": 0.2}, git="abc123",
+                       cfg_hash="cfg0001", plan={"boundaries": [0, 4, 8, 16], "seed": seed},
+                       **{"eval_protocol": PROTOCOL, "eval_run_id": run, **kw})
+    return register_model(req, run_id=run_id)
 
 
 def test_register_promote_gate_rollback(services_env, tmp_path):
@@ -185,7 +186,8 @@ def test_register_refuses_incomplete_checkpoint(services_env, tmp_path):
     store = ArtifactStore(services_env.store_config)
     store.put_file(_fake_lora(tmp_path / "l", 9) / "adapter_config.json", "ckpts/incomplete/step-1/adapter_config.json")
     with pytest.raises(UserError, match="not a complete folder"):
-        register_model(Registration("flux-x", "b", None, kind="full", checkpoint_uri=store.uri("ckpts/incomplete/step-1")))
+        register_model(Registration("flux-x", "b", None, kind="full",
+                                    checkpoint_uri=store.uri("ckpts/incomplete/step-1")))
 
 
 def test_tracking_parent_and_stage_runs(services_env, tmp_path):
@@ -232,7 +234,8 @@ def test_registered_lora_loads_into_a_diffusers_pipeline(services_env, tmp_path,
     sampling = {"num_steps": 2, "trained_steps": 1, "height": 64, "width": 64, "guidance": 3.5,
                 "max_sequence_length": 32}
     rv = register_model(Registration(name, str(tiny_model_dir), lora, kind="lora", metrics={METRIC: 0.1},
-                                     eval_protocol=PROTOCOL, sampling=sampling, eval_run_id=eval_run_for({METRIC: 0.1})))
+                                     eval_protocol=PROTOCOL, sampling=sampling,
+                                     eval_run_id=eval_run_for({METRIC: 0.1})))
     promote(name, rv.version)
     loaded = load_pipeline(f"models:/{name}@champion")
     assert (load_registered_model(f"models:/{name}@champion", tmp_path / "m").path / MODEL_INFO).exists()
@@ -293,7 +296,8 @@ def test_registered_version_is_an_mlflow_pyfunc(services_env, tmp_path, tiny_mod
     sampling = {"num_steps": 3, "trained_steps": 2, "height": 64, "width": 64, "guidance": 3.5,
                 "max_sequence_length": 32}
     rv = register_model(Registration(name, str(tiny_model_dir), lora, kind="lora", metrics={METRIC: 0.2},
-                                     eval_protocol=PROTOCOL, sampling=sampling, eval_run_id=eval_run_for({METRIC: 0.2})))
+                                     eval_protocol=PROTOCOL, sampling=sampling,
+                                     eval_run_id=eval_run_for({METRIC: 0.2})))
     assert promote(name, rv.version).action == "promoted"
     model = mlflow.pyfunc.load_model(f"models:/{name}@champion")
     assert model.metadata.flavors["python_function"]["loader_module"] == "mlflow.pyfunc.loaders.code_model"  # no pickle

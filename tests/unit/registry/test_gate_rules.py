@@ -45,7 +45,8 @@ def test_initial_gate_needs_a_direction():
 
 def test_snapshot_gate_falls_back_on_anything_unusable():
     snap = json.dumps({"metric": "eval.hpdv2.hpsv3", "direction": "max", "margin": 0.01})
-    assert gate.snapshot_gate(snap) == gate.GateConfig(metric="eval.hpdv2.hpsv3", direction="max", margin=0.01)
+    want = gate.GateConfig(metric="eval.hpdv2.hpsv3", direction="max", margin=0.01)
+    assert gate.snapshot_gate(snap) == want
     for text in (None, "", "{not json", json.dumps({"metric": "m", "direction": "up"}), json.dumps([1])):
         assert gate.snapshot_gate(text) is None
 
