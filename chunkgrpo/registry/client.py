@@ -170,10 +170,3 @@ def trusted_metric(client, name: str, version: str, metric: str) -> float:
     history = [m.value for m in client.get_metric_history(run_id, key)]
     return gate.trusted_value(run_id, version, key, history)
 
-
-def version_metric(client, name: str, version: str, metric: str) -> float | None:
-    """The trusted gate metric of a version (its evaluation run's, `trusted_metric`); None if none."""
-    try:
-        return trusted_metric(client, name, version, metric)
-    except UserError:
-        return None
