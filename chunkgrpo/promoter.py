@@ -15,16 +15,16 @@ aliases, through this small HTTP service:
         Authorization: Basic <the caller's MLflow credentials>
 
 Creating a version also needs EDIT on the registered model in MLflow (and EDIT moves aliases), so
-registration's privileged half runs here too (`chunkgrpo.registry.create_version`): the caller logs the
-MLflow model in its own run, the promoter creates the version and computes every tag promotion relies
-on (evaluation run link and metrics, gate at registration, model files' digest) itself.
+registration's privileged half runs here too (`chunkgrpo.registry.registration.create_version`): the
+caller logs the MLflow model in its own run, the promoter creates the version and computes every tag
+promotion relies on (evaluation run link and metrics, gate at registration, model files' digest) itself.
 
 The caller is authenticated by MLflow itself (its credentials must read the registered model), the
-gate runs here with the registry's rules (`chunkgrpo.registry.promote`: trusted metrics from the
+gate runs here with the registry's rules (`chunkgrpo.registry.promotion.promote`: trusted metrics from the
 evaluation run, the gate recorded at registration, the promotion lock), and the caller is recorded as
 `promotion.by`. The service never forces and never rolls back: those are actions of a person holding
 the promoter credentials (`chunkgrpo promote --force/--rollback --why ...`). `chunkgrpo promote` sends
-its request here when $CHUNKGRPO_PROMOTER_URL is set (`request_promotion`).
+its request here when $CHUNKGRPO_PROMOTER_URL is set (`chunkgrpo.registry.promoter_client`).
 """
 
 from __future__ import annotations
@@ -41,6 +41,10 @@ import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from chunkgrpo.errors import UserError
+from chunkgrpo.registry.client import connect, current_identity
+from chunkgrpo.registry.gate import GateConfig
+from chunkgrpo.registry.promotion import promote
+from chunkgrpo.registry.registration import create_version
 
 log = logging.getLogger(__name__)
 _MAX_BODY = 64 * 1024
@@ -114,8 +118,6 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _promote(self, req: dict) -> dict:
         """The gate, run here with the promoter's rights, for a caller who may read the model."""
-        from chunkgrpo.registry import GateConfig, promote
-
         if not req.get("name") or not str(req.get("version", "")).isdigit():
             raise UserError("expected {\"name\": ..., \"version\": N, \"why\": ...}")
         who = _caller(self.headers.get("Authorization"), str(req["name"]))
@@ -127,13 +129,11 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _create_version(self, req: dict) -> dict:
         """A version of a registered model from an MLflow model the caller logged in its own run."""
-        from chunkgrpo.registry import _client, create_version
-
         name, source, run_id = (str(req.get(k) or "") for k in ("name", "source", "run_id"))
         if not (name and source and run_id):
             raise UserError("expected {\"name\", \"source\", \"run_id\", \"tags\", \"eval_run_id\"}")
         who = _caller(self.headers.get("Authorization"), run_id, "runs/get", "run_id")
-        client = _client()
+        client = connect()
         run = client.get_run(run_id)
         if not source.startswith(run.info.artifact_uri.rstrip("/") + "/"):
             raise UserError(f"source {source!r} is not an artifact of run {run_id}")
@@ -150,63 +150,13 @@ class _Handler(BaseHTTPRequestHandler):
 
 def serve(host: str, port: int) -> ThreadingHTTPServer:
     """A started promoter server (.shutdown() stops it); this process's MLflow identity is the promoter's."""
-    from chunkgrpo.registry import _client, current_identity
-
-    _client()  # MLflow reachable, credentials out of the URI
+    connect()  # MLflow reachable, credentials out of the URI
     if not current_identity():
         log.warning("promoter started without MLFLOW_TRACKING_USERNAME: "
                     "on a basic-auth MLflow it can move nothing")
     server = ThreadingHTTPServer((host, port), _Handler)
     threading.Thread(target=server.serve_forever, name="promoter", daemon=True).start()
     return server
-
-
-def _call(url: str, path: str, body: dict) -> dict:
-    from chunkgrpo.tracking import credentials_from_uri, redact_uri
-
-    credentials_from_uri()
-    user = os.environ.get("MLFLOW_TRACKING_USERNAME", "")
-    password = os.environ.get("MLFLOW_TRACKING_PASSWORD", "")
-    req = urllib.request.Request(url.rstrip("/") + path, data=json.dumps(body).encode(), method="POST",
-                                 headers={"Content-Type": "application/json"})
-    if user:
-        req.add_header("Authorization", "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode())
-    try:
-        with urllib.request.urlopen(req, timeout=600) as r:
-            return json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        try:
-            reason = json.loads(e.read()).get("error", "")
-        except (ValueError, AttributeError):
-            reason = ""
-        raise UserError(f"the promoter at {redact_uri(url)} refused: {reason or f'HTTP {e.code}'}") from None
-    except (urllib.error.URLError, OSError) as e:
-        raise UserError(f"the promoter at {redact_uri(url)} is unreachable "
-                        f"({getattr(e, 'reason', e)})") from None
-
-
-def request_version(url: str, name: str, source: str, run_id: str, tags: dict, *, eval_run_id=None,
-                    gate_metric=None, gate_direction=None, challenger_alias="challenger"):
-    """Ask the promoter to create a version of `name` from the MLflow model at `source` (logged in this
-    identity's run `run_id`): the registry half a READ-only pipeline user cannot do itself."""
-    from types import SimpleNamespace
-
-    out = _call(url, "/versions", {"name": name, "source": source, "run_id": run_id, "tags": tags,
-                                    "eval_run_id": eval_run_id, "gate_metric": gate_metric,
-                                    "gate_direction": gate_direction, "challenger_alias": challenger_alias})
-    return SimpleNamespace(name=out["name"], version=out["version"], source=out["source"],
-                           run_id=out["run_id"], tags=out["tags"])
-
-
-def request_promotion(url: str, name: str, version: str, gate=None, why: str = ""):
-    """Ask the promoter service at `url` to promote `name` v`version` (as `chunkgrpo promote` does
-    when $CHUNKGRPO_PROMOTER_URL is set), authenticated with this process's MLflow credentials."""
-    from chunkgrpo.registry import PromotionResult
-
-    out = _call(url, "/promote", {"name": name, "version": str(version), "why": why,
-                                  "metric": getattr(gate, "metric", "") or "",
-                                  "margin": getattr(gate, "margin", 0.0)})
-    return PromotionResult(out["action"], out["name"], out["version"], out.get("previous"), out["reason"])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -6,10 +6,11 @@ generating with the hybrid inference it was evaluated with.
                         params={"mode": "hybrid"})      # or "trained" / "base"
     out["image"][0]                                     # PNG, base64
 
-`chunkgrpo.registry.register_model` saves every version this way ("model from code": the MLflow
-Model holds `serving_model.py`, which imports this module; no pickled objects). The version's
+`chunkgrpo.registry.registration.register_model` saves every version this way ("model from code": the
+MLflow Model holds `serving_model.py`, which imports this module; no pickled objects). The version's
 artifact `model/` holds the weights (or a checksum-pinned pointer to them in S3) and
-`chunkgrpo_registration.json` with the base model and the sampling settings of the evaluation.
+`chunkgrpo_registration.json` with the base model and the sampling settings of the evaluation; that
+format, the signature and the predict() parameters' defaults are `chunkgrpo.registry.payload`'s.
 
 Environment of the serving process: `chunkgrpo` installed (the pyfunc's pip requirement), the base
 model reachable (a folder, an `s3://` folder artifact with S3 credentials, or the hub cache;
@@ -28,29 +29,12 @@ from pathlib import Path
 
 import mlflow.pyfunc
 
-# predict() takes a DataFrame and typed params (see signature()); MLflow's type-hint validation is not used
+from chunkgrpo.registry.payload import MODEL_INFO, PARAM_DEFAULTS, weights_from_payload
+
+# predict() takes a DataFrame and typed params (payload.signature()); MLflow's type-hint validation is unused
 warnings.filterwarnings("ignore", message=".*Add type hints to the `predict` method.*")
 
 OUTPUT_COLUMNS = ("prompt", "seed", "image")
-# predict(params=...): 0 / -1 mean "as registered" (MLflow params need concrete defaults)
-PARAM_DEFAULTS = {"mode": "hybrid", "num_steps": 0, "trained_steps": -1, "height": 0, "width": 0,
-                  "guidance": -1.0, "batch_size": 4, "seed": 42}
-
-
-def model_code_path() -> str:
-    """The models-from-code script MLflow copies into every registered version."""
-    return str(Path(__file__).with_name("serving_model.py"))
-
-
-def signature():
-    from mlflow.models import ModelSignature
-    from mlflow.types.schema import ColSpec, ParamSchema, ParamSpec, Schema
-
-    inputs = Schema([ColSpec("string", "prompt"), ColSpec("long", "seed", required=False)])
-    outputs = Schema([ColSpec("string", "prompt"), ColSpec("long", "seed"), ColSpec("string", "image")])
-    kinds = {str: "string", int: "long", float: "double"}
-    params = ParamSchema([ParamSpec(k, kinds[type(v)], v) for k, v in PARAM_DEFAULTS.items()])
-    return ModelSignature(inputs=inputs, outputs=outputs, params=params)
 
 
 def _png_b64(image) -> str:
@@ -73,7 +57,6 @@ class FluxPyfunc(mlflow.pyfunc.PythonModel):
         import torch
 
         from chunkgrpo.eval.hybrid import HybridConfig, HybridSampler, load_trained
-        from chunkgrpo.registry import MODEL_INFO, weights_from_payload
 
         payload = Path(context.artifacts["model"])
         self.info = json.loads((payload / MODEL_INFO).read_text())

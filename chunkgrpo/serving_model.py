@@ -1,5 +1,5 @@
 """MLflow "model from code" entry point of every registered chunkgrpo version (copied into the MLflow
-Model by `chunkgrpo.registry.register_model`; see chunkgrpo/serving.py). Importing it registers the
+Model by `chunkgrpo.registry.payload.save_pyfunc`; see chunkgrpo/serving.py). Importing it registers the
 model object with MLflow; it is not imported anywhere else."""
 
 import mlflow

@@ -207,6 +207,18 @@ class MlflowTracker(NullTracker):
             yield child
 
 
+def _stage_experiment_id(client, parent_run_id: str | None, experiment: str | None) -> str:
+    """Where a stage's run goes: its parent run's experiment, else `experiment` (default "chunkgrpo")."""
+    if parent_run_id:
+        return client.get_run(parent_run_id).info.experiment_id
+    return _experiment_id(client, experiment or "chunkgrpo")
+
+
+def attach_run(client, run_id: str) -> MlflowTracker:
+    """A tracker logging into the existing run `run_id` (e.g. a pipeline stage's, shared by several calls)."""
+    return MlflowTracker(client, run_id, client.get_run(run_id).info.experiment_id)
+
+
 def _client():
     from mlflow import MlflowClient
 
@@ -236,28 +248,64 @@ def _run(client, experiment_id: str, run_name: str, tags: Mapping[str, Any] | No
     if parent_run_id:
         all_tags["mlflow.parentRunId"] = parent_run_id
     run = client.create_run(experiment_id, run_name=run_name, tags=all_tags)
-    tracker = MlflowTracker(client, run.info.run_id, experiment_id)
+    with _ended(MlflowTracker(client, run.info.run_id, experiment_id), params) as tracker:
+        yield tracker
+
+
+@contextlib.contextmanager
+def _ended(tracker: MlflowTracker, params: Mapping[str, Any] | None = None) -> Iterator[MlflowTracker]:
+    """`tracker` (params logged first), its run ended FINISHED, or FAILED on an exception."""
     if params:
         tracker.log_params(params)
     try:
         yield tracker
     except BaseException:
-        client.set_terminated(run.info.run_id, status="FAILED")
+        tracker.client.set_terminated(tracker.run_id, status="FAILED")
         raise
-    client.set_terminated(run.info.run_id, status="FINISHED")
+    tracker.client.set_terminated(tracker.run_id, status="FINISHED")
+
+
+def _kfp_run(client, experiment_id: str, kfp_run_id: str) -> str | None:
+    runs = client.search_runs([experiment_id], filter_string=f"tags.`kfp.run_id` = '{kfp_run_id}'",
+                              max_results=1)
+    return runs[0].info.run_id if runs else None
+
+
+def find_pipeline_run(client, experiment: str, kfp_run_id: str) -> str | None:
+    """The id of the pipeline run tagged `kfp.run_id` = `kfp_run_id` in `experiment` (None: none, or no
+    such experiment)."""
+    exp = client.get_experiment_by_name(experiment)
+    return _kfp_run(client, exp.experiment_id, kfp_run_id) if exp else None
+
+
+def open_pipeline_run(client, experiment: str, run_name: str, tags: Mapping[str, Any] | None = None,
+                      kfp_run_id: str = "") -> tuple[MlflowTracker, bool]:
+    """The parent run of one pipeline run (tag chunkgrpo.kind=pipeline; `kfp_run_id` as tag kfp.run_id),
+    and whether it was created: a run with the same `kfp_run_id` (a retried step) is found again, not
+    duplicated. The run stays RUNNING: the caller (or `start_pipeline_run`) ends it. Every pipeline run
+    is opened here: `start_pipeline_run` and the pipeline's `open_run` component."""
+    experiment_id = _experiment_id(client, experiment)
+    found = _kfp_run(client, experiment_id, kfp_run_id) if kfp_run_id else None
+    if found:
+        return MlflowTracker(client, found, experiment_id), False
+    all_tags = {"chunkgrpo.kind": "pipeline", **({"kfp.run_id": kfp_run_id} if kfp_run_id else {}),
+                **(tags or {})}
+    run = client.create_run(experiment_id, run_name=run_name,
+                            tags={k: _text(v, _MAX_TAG_LEN) for k, v in all_tags.items()})
+    return MlflowTracker(client, run.info.run_id, experiment_id), True
 
 
 @contextlib.contextmanager
 def start_pipeline_run(experiment: str, run_name: str, tags: Mapping[str, Any] | None = None,
                        params: Mapping[str, Any] | None = None) -> Iterator[NullTracker]:
-    """The parent run of one pipeline run (a NullTracker when MLflow is not configured)."""
+    """The parent run of one pipeline run in this process (`open_pipeline_run`), ended FINISHED (FAILED on
+    an exception); a NullTracker when MLflow is not configured."""
     if not tracking_enabled():
         log.debug("MLFLOW_TRACKING_URI not set: tracking disabled")
         yield NullTracker()
         return
     client = _client()
-    with _run(client, _experiment_id(client, experiment), run_name,
-              {"chunkgrpo.kind": "pipeline", **(tags or {})}, params=params) as run:
+    with _ended(open_pipeline_run(client, experiment, run_name, tags)[0], params) as run:
         log.info("MLflow run %s (experiment %r) at %s", run.run_id, experiment,
                  redact_uri(os.environ["MLFLOW_TRACKING_URI"]))
         yield run
@@ -488,10 +536,7 @@ def background_stage_run(name: str, parent_run_id: str | None = None, experiment
         all_tags["mlflow.parentRunId"] = parent_run_id
 
     def open_run(client) -> tuple[str, str]:
-        if parent_run_id:
-            experiment_id = client.get_run(parent_run_id).info.experiment_id
-        else:
-            experiment_id = _experiment_id(client, experiment or "chunkgrpo")
+        experiment_id = _stage_experiment_id(client, parent_run_id, experiment)
         run = client.create_run(experiment_id, run_name=name, tags=all_tags)
         return run.info.run_id, experiment_id
 
@@ -525,10 +570,7 @@ def stage_run(name: str, parent_run_id: str | None = None, experiment: str | Non
         return
     client = _client()
     parent_run_id = parent_run_id or os.environ.get(PARENT_ENV) or None
-    if parent_run_id:
-        experiment_id = client.get_run(parent_run_id).info.experiment_id
-    else:
-        experiment_id = _experiment_id(client, experiment or "chunkgrpo")
-    with _run(client, experiment_id, name, {"chunkgrpo.stage": name, **(tags or {})},
+    with _run(client, _stage_experiment_id(client, parent_run_id, experiment), name,
+              {"chunkgrpo.stage": name, **(tags or {})},
               parent_run_id=parent_run_id, params=params) as run:
         yield run

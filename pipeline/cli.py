@@ -95,7 +95,7 @@ def _kfp_client(args):
 
 def _default_version() -> str:
     from chunkgrpo import __version__
-    from chunkgrpo.registry import git_sha
+    from chunkgrpo.registry.registration import git_sha
 
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
     return f"v{__version__}-{git_sha()[:12]}-{stamp}"

@@ -50,7 +50,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from chunkgrpo.errors import UserError
-    from chunkgrpo.registry import GateConfig, promote, rollback, set_gate
+    from chunkgrpo.registry.gate import GateConfig
+    from chunkgrpo.registry.promotion import promote, rollback, set_gate
 
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     if args.set_gate:
@@ -64,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
               f"margin {args.margin or 0.0:g}) for versions registered from now on")
         return 0
     if args.history:
-        from chunkgrpo.registry import promotion_history
+        from chunkgrpo.registry.promotion import promotion_history
 
         for e in promotion_history(args.model):
             shown = ("at", "action", "version", "by", "identity", "why")
@@ -84,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
     import os
 
     if os.environ.get("CHUNKGRPO_PROMOTER_URL") and not args.force:
-        from chunkgrpo.promoter import request_promotion
+        from chunkgrpo.registry.promoter_client import request_promotion
 
         res = request_promotion(os.environ["CHUNKGRPO_PROMOTER_URL"], args.model, args.version, gate,
                                 why=args.why)

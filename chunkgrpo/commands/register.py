@@ -13,7 +13,7 @@ only that run's metrics, which the version's `metric.*` tags repeat (a file's nu
 the run and are otherwise only logged on the registration run); its eval protocol (preset, prompt
 counts, seeds, sampling) is recorded, so promotion compares like with like. NaN, ±Infinity,
 non-numeric values or a non-object file are refused (exit 2). The version is an MLflow pyfunc:
-`chunkgrpo.registry.load_pyfunc("models:/NAME/V")` (verified) generates images. With
+`chunkgrpo.registry.load.load_pyfunc("models:/NAME/V")` (verified) generates images. With
 $CHUNKGRPO_PROMOTER_URL set, the promoter service creates the version (pipeline users: READ only).
 `--gate-metric/--gate-direction` set the promotion gate of a NEW registered model only.
 """
@@ -63,7 +63,7 @@ def _read_json(path: str | None, what: str):
 def check_model_name(name: str) -> None:
     """MLflow's registered-model name rules, checked before anything is uploaded."""
     from chunkgrpo.errors import UserError
-    from chunkgrpo.registry import check_name
+    from chunkgrpo.registry.gate import check_name
 
     try:
         check_name(name)
@@ -83,14 +83,12 @@ def check_model_name(name: str) -> None:
 def run(args: argparse.Namespace) -> int:
     import tempfile
 
-    from chunkgrpo.registry import register_model
-
-    from chunkgrpo.registry import metrics_from_eval
+    from chunkgrpo.errors import UserError
+    from chunkgrpo.registry.gate import flat_metrics, metrics_from_eval
+    from chunkgrpo.registry.registration import Registration, register_model
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     check_model_name(args.name)  # before any upload or run is created
-    from chunkgrpo.errors import UserError
-    from chunkgrpo.registry import _flat_metrics
 
     metrics, plan = _read_json(args.metrics, "metrics"), _read_json(args.plan, "plan")
     if metrics is not None and not isinstance(metrics, dict):
@@ -101,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
     if isinstance(metrics, dict) and str(metrics.get("format", "")).startswith("chunkgrpo.eval-metrics/"):
         eval_run_id = eval_run_id or metrics.get("mlflow_run_id") or None
         metrics, protocol, sampling = metrics_from_eval(metrics, args.eval_preset)
-    _flat_metrics(metrics, f"--metrics {args.metrics}")  # NaN/inf/non-numeric: one line, before any upload
+    flat_metrics(metrics, f"--metrics {args.metrics}")  # NaN/inf/non-numeric: one line, before any upload
     checkpoint = args.checkpoint_uri
     with tempfile.TemporaryDirectory(prefix="chunkgrpo-ckpt-") as tmp:
         model_dir = args.model_dir
@@ -113,11 +111,11 @@ def run(args: argparse.Namespace) -> int:
             model_dir = tmp
         elif not Path(model_dir).is_dir():
             raise FileNotFoundError(2, "no such directory", model_dir)
-        rv = register_model(args.name, model_dir, kind=args.kind, base_model=args.base_model,
-                            checkpoint_uri=checkpoint, metrics=metrics, plan=plan, git=args.git_sha,
-                            cfg_hash=args.config_hash, include_weights=False if args.external_weights else None,
-                            experiment=args.experiment, gate_metric=args.gate_metric,
-                            gate_direction=args.gate_direction, eval_protocol=protocol, sampling=sampling,
-                            eval_run_id=eval_run_id)
+        req = Registration(args.name, args.base_model, model_dir, kind=args.kind, checkpoint_uri=checkpoint,
+                           include_weights=False if args.external_weights else None, metrics=metrics,
+                           eval_run_id=eval_run_id, eval_protocol=protocol, sampling=sampling, plan=plan,
+                           git=args.git_sha, cfg_hash=args.config_hash, gate_metric=args.gate_metric,
+                           gate_direction=args.gate_direction)
+        rv = register_model(req, experiment=args.experiment)
     print(f"{rv.name} version {rv.version}{' (existing, same content)' if rv.reused else ''}: {rv.uri}  source {rv.source}")
     return 0

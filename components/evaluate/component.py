@@ -62,7 +62,7 @@ def evaluate(preset: str, overrides: list, benchmarks: list, num_prompts: int, b
         if manifest is not None and manifest.content_sha256 == tags.get("content_sha256"):
             source = ckpt  # the immutable S3 folder the version was registered from (checksums verified on download)
         else:
-            from chunkgrpo.registry import load_registered_model
+            from chunkgrpo.registry.load import load_registered_model
 
             source = str(load_registered_model(registered_model, work / "registered").weights_dir)
         print(f"{registered_model} = v{mv.version} <- {source}")
@@ -130,11 +130,11 @@ def check_regression(results: Input[Artifact], model_name: str, alias: str, metr
         version = mv.version
         raw = (mv.tags or {}).get(f"metric.eval.{metric}")
         reference = float(raw) if raw not in (None, "") else None
-        from chunkgrpo.registry import metric_direction
+        from chunkgrpo.registry.promotion import metric_direction
 
         direction = metric_direction(client, model_name, f"eval.{metric}", direction)  # never a flag's
     else:
-        from chunkgrpo.registry import known_direction
+        from chunkgrpo.registry.gate import known_direction
 
         direction = direction or known_direction(f"eval.{metric}") or "max"
     if today is None:

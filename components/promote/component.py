@@ -25,7 +25,8 @@ def check_gate(model_name: str, version: str, metric: str, margin: float) -> boo
         True when promote should run (no champion yet counts as a pass).
     """
     stage_env("")
-    from chunkgrpo.registry import GateConfig, gate_check
+    from chunkgrpo.registry.gate import GateConfig
+    from chunkgrpo.registry.promotion import gate_check
 
     decision = gate_check(model_name, version, GateConfig(metric=metric, margin=margin))
     print(f"gate {'PASSED' if decision.passed else 'not passed'}: {decision.reason}")
@@ -53,14 +54,14 @@ def promote(model_name: str, version: str, metric: str, margin: float, who: str,
     from pathlib import Path
 
     stage_env("")
-    from chunkgrpo.registry import GateConfig
-    from chunkgrpo.registry import promote as do_promote
+    from chunkgrpo.registry.gate import GateConfig
+    from chunkgrpo.registry.promotion import promote as do_promote
 
     import os
 
     gate = GateConfig(metric=metric, margin=margin)
     if os.environ.get("CHUNKGRPO_PROMOTER_URL"):  # the promoter identity moves champion (server-side gate)
-        from chunkgrpo.promoter import request_promotion
+        from chunkgrpo.registry.promoter_client import request_promotion
 
         res = request_promotion(os.environ["CHUNKGRPO_PROMOTER_URL"], model_name, version, gate, why=why)
     else:

@@ -37,7 +37,8 @@ def register(model_name: str, experiment: str, run_id: str, parent_run_id: str, 
     from pathlib import Path
 
     stage_env(parent_run_id)
-    from chunkgrpo.registry import metrics_from_eval, register_model
+    from chunkgrpo.registry.gate import metrics_from_eval
+    from chunkgrpo.registry.registration import Registration, register_model
     from chunkgrpo.store.client import ArtifactStore
     from chunkgrpo.store.manifest import read_pointer
 
@@ -49,13 +50,14 @@ def register(model_name: str, experiment: str, run_id: str, parent_run_id: str, 
         manifest = ArtifactStore().get_folder(pointer["uri"], tmp)
         if manifest.sha256 != pointer["manifest_sha256"]:
             raise RuntimeError(f"{pointer['uri']} changed after training (manifest digest mismatch)")
-        rv = register_model(model_name, tmp, kind=pointer["kind"], base_model=pointer["base_model"],
-                            checkpoint_uri=pointer["uri"], metrics=metrics, plan=plan,
-                            cfg_hash=pointer.get("config_hash", ""), experiment=experiment,
-                            tags={"kfp.run_id": run_id, "method": pointer.get("method", "")},
-                            gate_metric=gate_metric or None, gate_direction=gate_direction or None,
-                            eval_protocol=protocol, sampling=sampling,
-                            eval_run_id=evaluation.get("mlflow_run_id") or None)  # the gate's only source
+        req = Registration(model_name, pointer["base_model"], tmp, kind=pointer["kind"],
+                           checkpoint_uri=pointer["uri"], metrics=metrics, plan=plan,
+                           cfg_hash=pointer.get("config_hash", ""),
+                           tags={"kfp.run_id": run_id, "method": pointer.get("method", "")},
+                           gate_metric=gate_metric or None, gate_direction=gate_direction or None,
+                           eval_protocol=protocol, sampling=sampling,
+                           eval_run_id=evaluation.get("mlflow_run_id") or None)  # the gate's only source
+        rv = register_model(req, experiment=experiment)
     info = {"name": rv.name, "version": rv.version, "uri": rv.uri, "source": rv.source,
             "run_id": rv.run_id or "", "reused": rv.reused, "checkpoint_uri": pointer["uri"]}
     Path(registered.path).write_text(json.dumps(info, indent=1))

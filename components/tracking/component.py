@@ -27,17 +27,15 @@ def open_run(experiment: str, run_name: str, kfp_run_id: str, pipeline: str) -> 
         return ""
     from mlflow import MlflowClient
 
-    client = MlflowClient()
-    exp = client.get_experiment_by_name(experiment)
-    exp_id = exp.experiment_id if exp else client.create_experiment(experiment)
-    found = client.search_runs([exp_id], filter_string=f"tags.`kfp.run_id` = '{kfp_run_id}'", max_results=1)
-    if found:
-        print(f"MLflow parent run {found[0].info.run_id} (existing, retry)")
-        return found[0].info.run_id
-    run = client.create_run(exp_id, run_name=run_name, tags={
-        "chunkgrpo.kind": "pipeline", "kfp.run_id": kfp_run_id, "kfp.pipeline": pipeline})
-    print(f"MLflow parent run {run.info.run_id} in experiment {experiment!r} at {os.environ['MLFLOW_TRACKING_URI']}")
-    return run.info.run_id
+    from chunkgrpo.tracking import open_pipeline_run
+
+    run, created = open_pipeline_run(MlflowClient(), experiment, run_name, {"kfp.pipeline": pipeline},
+                                     kfp_run_id=kfp_run_id)
+    if not created:
+        print(f"MLflow parent run {run.run_id} (existing, retry)")
+        return run.run_id
+    print(f"MLflow parent run {run.run_id} in experiment {experiment!r} at {os.environ['MLFLOW_TRACKING_URI']}")
+    return run.run_id
 
 
 @dsl.component(base_image=RUNTIME_IMAGE, install_kfp_package=False)
@@ -69,16 +67,15 @@ def close_run(experiment: str, kfp_run_id: str, status: dsl.PipelineTaskFinalSta
         return
     from mlflow import MlflowClient
 
+    from chunkgrpo.tracking import find_pipeline_run
+
     client = MlflowClient()
-    exp = client.get_experiment_by_name(experiment)
-    runs = client.search_runs([exp.experiment_id], filter_string=f"tags.`kfp.run_id` = '{kfp_run_id}'",
-                              max_results=1) if exp else []
-    if not runs:
+    run_id = find_pipeline_run(client, experiment, kfp_run_id)
+    if not run_id:
         print(f"no MLflow parent run tagged kfp.run_id={kfp_run_id}")
         return
     state = {"SUCCEEDED": "FINISHED", "FAILED": "FAILED", "CANCELED": "KILLED", "CANCELLED": "KILLED"}.get(
         str(status.state).upper(), "FINISHED")
-    run_id = runs[0].info.run_id
     client.set_tag(run_id, "kfp.state", str(status.state))
     if status.error_message:
         client.set_tag(run_id, "kfp.error", str(status.error_message)[:4000])

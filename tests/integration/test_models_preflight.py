@@ -119,7 +119,8 @@ def test_benchmark_preflight_checks_the_registry_version_and_its_base_model(serv
     """The nightly benchmark's preflight: the alias must exist, and the base model the version was registered
     with (tag base_model) must be loadable, checked against the real MLflow registry in seconds."""
     from chunkgrpo.preflight import PreflightSpec, check
-    from chunkgrpo.registry import promote, register_model
+    from chunkgrpo.registry.promotion import promote
+    from chunkgrpo.registry.registration import Registration, register_model
     from tests.registry_helpers import eval_run
 
     name = f"bench-{uuid.uuid4().hex[:6]}"
@@ -134,9 +135,9 @@ def test_benchmark_preflight_checks_the_registry_version_and_its_base_model(serv
     lora.mkdir()
     (lora / "pytorch_lora_weights.safetensors").write_bytes(b"\1" * 256)
     gone = tmp_path / "gone-base"
-    v = register_model(name, lora, kind="lora", base_model=str(gone), metrics={"eval": {"hpdv2.hpsv3": 0.3}},
-                       git="abc", cfg_hash="c", eval_protocol={"preset": "eval_tiny"},
-                       eval_run_id=eval_run({"hpdv2.hpsv3.trained": 0.3}))  # promotion trusts only an eval run
+    run = eval_run({"hpdv2.hpsv3.trained": 0.3})  # promotion trusts only an eval run
+    v = register_model(Registration(name, str(gone), lora, kind="lora", metrics={"eval": {"hpdv2.hpsv3": 0.3}},
+                                    git="abc", cfg_hash="c", eval_protocol={"preset": "eval_tiny"}, eval_run_id=run))
     promote(name, v.version, who="t")
     text = " | ".join(check(PreflightSpec(registered=f"{name}@champion", benchmarks=["hpdv2", "wise"])))
     assert f"base model {gone} does not exist" in text and "OPENAI_API_KEY" in text

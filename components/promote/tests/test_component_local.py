@@ -11,15 +11,16 @@ PROTOCOL = {"preset": "eval_tiny", "seed": 42}
 
 
 def _version(name, tmp_path, seed, score):
-    from chunkgrpo.registry import register_model
+    from chunkgrpo.registry.registration import Registration, register_model
 
     d = tmp_path / f"lora-{seed}"
     d.mkdir()
     (d / "pytorch_lora_weights.safetensors").write_bytes(bytes([seed]) * 512)
     from tests.registry_helpers import eval_run
 
-    return register_model(name, d, kind="lora", base_model="tiny", metrics={"eval.hpdv2.hpsv3": score},
-                          eval_protocol=PROTOCOL, eval_run_id=eval_run({"hpdv2.hpsv3.trained": score})).version
+    run = eval_run({"hpdv2.hpsv3.trained": score})
+    return register_model(Registration(name, "tiny", d, kind="lora", metrics={"eval.hpdv2.hpsv3": score},
+                                       eval_protocol=PROTOCOL, eval_run_id=run)).version
 
 
 def test_gate_then_promote_locally(local_runner, tmp_path):

@@ -5,7 +5,7 @@ import types
 
 import pytest
 
-from chunkgrpo import registry
+from chunkgrpo.registry import registration
 from components.register.component import register
 
 EVAL = {"format": "chunkgrpo.eval-metrics/v1", "metrics": {"hpdv2.hpsv3.trained": 0.31, "hpdv2.hpsv3.base": 0.29},
@@ -25,12 +25,12 @@ def test_register_maps_metrics_protocol_and_gate(monkeypatch, artifact):
         def get_folder(self, uri, dst):
             return types.SimpleNamespace(sha256="a" * 64)
 
-    def fake_register(name, model_dir, **kw):
-        calls.update(name=name, **kw)
-        return registry.RegisteredVersion(name, "7", "mlflow-artifacts:/x", "run", {})
+    def fake_register(req, **kw):
+        calls.update(vars(req), **kw)
+        return registration.RegisteredVersion(req.name, "7", "mlflow-artifacts:/x", "run", {})
 
     monkeypatch.setattr(store, "ArtifactStore", FakeStore)
-    monkeypatch.setattr(registry, "register_model", fake_register)
+    monkeypatch.setattr(registration, "register_model", fake_register)
     out = artifact("registered.json")
     v = register.python_func(model_name="m", experiment="e", run_id="kfp-1", parent_run_id="", model=artifact(
         "pointer.json", json.dumps(pointer)), eval_results=artifact("metrics.json", json.dumps(EVAL)),

@@ -10,7 +10,7 @@ import pytest
 from chunkgrpo.eval import report as R
 from chunkgrpo.eval import stats as eval_stats
 from chunkgrpo.eval import wise as W
-from chunkgrpo.registry import GateConfig, gate_decision
+from chunkgrpo.registry.gate import GateConfig, gate_decision
 
 KW = {"samples": 2000, "seed": 0, "level": 0.95}
 

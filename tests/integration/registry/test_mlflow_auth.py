@@ -95,7 +95,8 @@ def test_alias_moves_need_credentials_and_permission(auth_server, monkeypatch, t
     from mlflow import MlflowClient
     from mlflow.server.auth.client import AuthServiceClient
 
-    from chunkgrpo.registry import promote, register_model
+    from chunkgrpo.registry.promotion import promote
+    from chunkgrpo.registry.registration import Registration, register_model
 
     url = auth_server
     name = f"flux-auth-{uuid.uuid4().hex[:6]}"
@@ -104,9 +105,9 @@ def test_alias_moves_need_credentials_and_permission(auth_server, monkeypatch, t
     lora.mkdir()
     (lora / "pytorch_lora_weights.safetensors").write_bytes(b"\x01" * 2048)
     protocol = {"preset": "eval_tiny", "seed": 42}
-    rv = register_model(name, lora, kind="lora", base_model="tiny-flux", metrics={"eval.hpdv2.hpsv3": 0.3},
-                        eval_protocol=protocol, experiment="auth-test",
-                        eval_run_id=eval_run({"hpdv2.hpsv3.trained": 0.3}))
+    run = eval_run({"hpdv2.hpsv3.trained": 0.3})
+    rv = register_model(Registration(name, "tiny-flux", lora, kind="lora", metrics={"eval.hpdv2.hpsv3": 0.3},
+                                     eval_protocol=protocol, eval_run_id=run), experiment="auth-test")
     assert promote(name, rv.version, who="admin").action == "promoted"
 
     body = {"name": name, "alias": "champion", "version": rv.version}
@@ -138,7 +139,7 @@ def test_pipeline_users_cannot_move_champion_but_the_promoter_service_gates_for_
     from mlflow.server.auth.client import AuthServiceClient
 
     from chunkgrpo.local_processes import free_port
-    from chunkgrpo.registry import register_model
+    from chunkgrpo.registry.registration import Registration, register_model
 
     url = auth_server
     _as(monkeypatch, url, ADMIN, ADMIN_PW)
@@ -175,9 +176,10 @@ def test_pipeline_users_cannot_move_champion_but_the_promoter_service_gates_for_
             d = tmp_path / f"lora{i}"
             d.mkdir()
             (d / "pytorch_lora_weights.safetensors").write_bytes(bytes([i + 1]) * 1024)
-            rv = register_model(name, d, kind="lora", base_model="tiny-flux", eval_run_id=run,
-                                eval_protocol={"preset": "eval_tiny"}, experiment=f"reg-{pipe}",
-                                tags={"metric.eval.hpdv2.hpsv3": "0.99", "eval.run_id": good})  # ignored
+            rv = register_model(Registration(name, "tiny-flux", d, kind="lora", eval_run_id=run,
+                                             eval_protocol={"preset": "eval_tiny"},
+                                             tags={"metric.eval.hpdv2.hpsv3": "0.99", "eval.run_id": good}),  # ignored
+                                experiment=f"reg-{pipe}")
             versions.append(rv.version)
         monkeypatch.delenv("CHUNKGRPO_PROMOTER_URL")
         v_good, v_worse = versions

@@ -9,7 +9,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from chunkgrpo.registry import GateConfig, promote, register_model
+from chunkgrpo.registry.gate import GateConfig
+from chunkgrpo.registry.promotion import promote
+from chunkgrpo.registry.registration import Registration, register_model
 from tests.registry_helpers import eval_run_for
 
 pytestmark = pytest.mark.integration
@@ -24,9 +26,9 @@ def _register(name, tmp_path, seed, mean, lo):
     metrics = {"eval": {"hpdv2.hpsv3": mean, CI: lo, "hpdv2.hpsv3.delta_ci_high": lo + 0.1}}
     # one eval protocol for all versions: the registry never compares metrics measured differently
     run = eval_run_for({f"eval.{k}": v for k, v in metrics["eval"].items()})  # the gate's only source
-    return register_model(name, root, kind="lora", base_model="tiny-flux", metrics=metrics, git="abc",
-                          cfg_hash="cfg", eval_protocol={"preset": "eval_hpdv2", "benchmarks": {"hpdv2": 400}},
-                          eval_run_id=run)
+    protocol = {"preset": "eval_hpdv2", "benchmarks": {"hpdv2": 400}}
+    return register_model(Registration(name, "tiny-flux", root, kind="lora", metrics=metrics, git="abc",
+                                       cfg_hash="cfg", eval_protocol=protocol, eval_run_id=run))
 
 
 def test_promotion_and_nightly_check_on_the_ci_lower_bound(services_env, tmp_path):

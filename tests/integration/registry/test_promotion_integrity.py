@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from chunkgrpo.errors import UserError
-from chunkgrpo.registry import promote, register_model
+from chunkgrpo.registry.promotion import promote
+from chunkgrpo.registry.registration import Registration, register_model
 
 pytestmark = pytest.mark.integration
 METRIC = "eval.hpdv2.hpsv3"
@@ -39,8 +40,9 @@ def lora(root: Path, seed: int) -> Path:
 
 
 def reg(name, tmp_path, seed, score=None, **kw):
-    return register_model(name, lora(tmp_path / f"l{seed}", seed), kind="lora", base_model="tiny-flux",
-                          eval_protocol=PROTOCOL, eval_run_id=eval_run(score) if score is not None else None, **kw)
+    run = eval_run(score) if score is not None else None
+    return register_model(Registration(name, "tiny-flux", lora(tmp_path / f"l{seed}", seed), kind="lora",
+                                       eval_protocol=PROTOCOL, eval_run_id=run, **kw))
 
 
 def champion(name):
@@ -100,14 +102,14 @@ def test_non_finite_and_malformed_metrics_are_refused_at_registration(services_e
     with stage_run("evaluate", experiment="integrity-eval") as t:  # the tracker itself skips inf: log it raw
         MlflowClient().log_metric(t.run_id, "hpdv2.hpsv3.trained", float("inf"))
     with pytest.raises(UserError, match="non-finite"):
-        register_model(name, model, kind="lora", base_model="tiny", eval_run_id=t.run_id)
+        register_model(Registration(name, "tiny", model, kind="lora", eval_run_id=t.run_id))
 
 
 def test_gate_change_is_promoter_only_audited_and_not_retroactive(services_env, tmp_path, monkeypatch):
     """#27.1: changing the gate needs the promoter identity and a reason; a pending version keeps its gate."""
     from mlflow import MlflowClient
 
-    from chunkgrpo.registry import promotion_history, set_gate
+    from chunkgrpo.registry.promotion import promotion_history, set_gate
 
     name = f"integ-{uuid.uuid4().hex[:6]}"
     monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "promoter-bot")  # the identity that creates the model
@@ -175,7 +177,7 @@ def test_replaced_model_code_is_refused_at_load(services_env, tmp_path):
     import mlflow
     from mlflow import MlflowClient
 
-    from chunkgrpo.registry import load_pyfunc
+    from chunkgrpo.registry.load import load_pyfunc
 
     name = f"integ-{uuid.uuid4().hex[:6]}"
     v1 = reg(name, tmp_path, 1, 0.5)

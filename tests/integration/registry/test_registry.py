@@ -9,9 +9,11 @@ import pytest
 
 from chunkgrpo.cli import main
 from chunkgrpo.errors import UserError
-from chunkgrpo.registry import (
-    MODEL_INFO, GateConfig, load_registered_model, promote, register_model, rollback,
-)
+from chunkgrpo.registry.gate import GateConfig
+from chunkgrpo.registry.load import load_registered_model
+from chunkgrpo.registry.payload import MODEL_INFO
+from chunkgrpo.registry.promotion import promote, rollback
+from chunkgrpo.registry.registration import Registration, register_model
 from chunkgrpo.store.client import ArtifactStore
 from tests.registry_helpers import eval_run, eval_run_for
 
@@ -42,12 +44,13 @@ def _fake_lora(root, seed: int):
     return root
 
 
-def _register(name, tmp_path, seed: int, score: float, **kw):
+def _register(name, tmp_path, seed: int, score: float, run_id=None, **kw):
     run = eval_run_for({METRIC: score, "eval.clip": 0.2})  # promotion trusts only the evaluation run
-    return register_model(name, _fake_lora(tmp_path / f"lora-{seed}", seed), kind="lora", base_model="tiny-flux",
-                          metrics={"eval": {"hpdv2": {"hpsv3": score}}, "eval.clip": 0.2}, git="abc123",
-                          cfg_hash="cfg0001", plan={"boundaries": [0, 4, 8, 16], "seed": seed},
-                          **{"eval_protocol": PROTOCOL, "eval_run_id": run, **kw})
+    req = Registration(name, "tiny-flux", _fake_lora(tmp_path / f"lora-{seed}", seed), kind="lora",
+                       metrics={"eval": {"hpdv2": {"hpsv3": score}}, "eval.clip": 0.2}, git="abc123",
+                       cfg_hash="cfg0001", plan={"boundaries": [0, 4, 8, 16], "seed": seed},
+                       **{"eval_protocol": PROTOCOL, "eval_run_id": run, **kw})
+    return register_model(req, run_id=run_id)
 
 
 def test_register_promote_gate_rollback(services_env, tmp_path):
@@ -105,7 +108,7 @@ def test_register_promote_gate_rollback(services_env, tmp_path):
     with pytest.raises(UserError, match="gated on eval.hpdv2.hpsv3"):
         promote(name, v3.version, GateConfig(metric="eval.clip"))
     # the only other metric allowed is the CI bound of the model's own metric, in its own direction
-    # (tests/integration/test_gate_ci.py promotes on it): another metric's bound or the wrong bound is not
+    # (tests/integration/registry/test_gate_ci.py promotes on it): another metric's bound or the wrong bound is not
     for other in ("eval.clip.delta_ci_low", f"{METRIC}.delta_ci_high"):
         with pytest.raises(UserError, match="gated on eval.hpdv2.hpsv3"):
             promote(name, v3.version, GateConfig(metric=other))
@@ -114,7 +117,7 @@ def test_register_promote_gate_rollback(services_env, tmp_path):
     v5 = _register(name, tmp_path, 5, 0.99, eval_protocol={**PROTOCOL, "benchmarks": {"hpdv2": {"n_prompts": 16}}})
     with pytest.raises(UserError, match="different protocols"):
         promote(name, v5.version)
-    from chunkgrpo.registry import gate_check
+    from chunkgrpo.registry.promotion import gate_check
 
     check = gate_check(name, v5.version)
     assert not check.passed and "different protocols" in check.reason
@@ -183,7 +186,8 @@ def test_register_refuses_incomplete_checkpoint(services_env, tmp_path):
     store = ArtifactStore(services_env.store_config)
     store.put_file(_fake_lora(tmp_path / "l", 9) / "adapter_config.json", "ckpts/incomplete/step-1/adapter_config.json")
     with pytest.raises(UserError, match="not a complete folder"):
-        register_model("flux-x", None, kind="full", base_model="b", checkpoint_uri=store.uri("ckpts/incomplete/step-1"))
+        register_model(Registration("flux-x", "b", None, kind="full",
+                                    checkpoint_uri=store.uri("ckpts/incomplete/step-1")))
 
 
 def test_tracking_parent_and_stage_runs(services_env, tmp_path):
@@ -219,7 +223,7 @@ def test_registered_lora_loads_into_a_diffusers_pipeline(services_env, tmp_path,
     from peft import LoraConfig
     from peft.utils import get_peft_model_state_dict
 
-    from chunkgrpo.registry import load_pipeline
+    from chunkgrpo.registry.load import load_pipeline
 
     pipe = FluxPipeline.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
     pipe.transformer.add_adapter(LoraConfig(r=4, target_modules=["to_q", "to_k", "to_v", "to_out.0"],
@@ -229,8 +233,9 @@ def test_registered_lora_loads_into_a_diffusers_pipeline(services_env, tmp_path,
     name = f"flux-lora-{uuid.uuid4().hex[:6]}"
     sampling = {"num_steps": 2, "trained_steps": 1, "height": 64, "width": 64, "guidance": 3.5,
                 "max_sequence_length": 32}
-    rv = register_model(name, lora, kind="lora", base_model=str(tiny_model_dir), metrics={METRIC: 0.1},
-                        eval_protocol=PROTOCOL, sampling=sampling, eval_run_id=eval_run_for({METRIC: 0.1}))
+    rv = register_model(Registration(name, str(tiny_model_dir), lora, kind="lora", metrics={METRIC: 0.1},
+                                     eval_protocol=PROTOCOL, sampling=sampling,
+                                     eval_run_id=eval_run_for({METRIC: 0.1})))
     promote(name, rv.version)
     loaded = load_pipeline(f"models:/{name}@champion")
     assert (load_registered_model(f"models:/{name}@champion", tmp_path / "m").path / MODEL_INFO).exists()
@@ -263,7 +268,7 @@ def test_trainer_output_with_its_model_json_registers_and_loads(services_env, tm
     final = _fake_lora(tmp_path / "final", 7)
     trainer_meta = {"kind": "lora", "base_model": "tiny-flux", "method": "chunk", "chunk_sizes": [2, 2, 3]}
     (final / "chunkgrpo_model.json").write_text(json.dumps(trainer_meta))
-    v = register_model(name, final, kind="lora", base_model="tiny-flux", metrics={METRIC: 0.1})
+    v = register_model(Registration(name, "tiny-flux", final, kind="lora", metrics={METRIC: 0.1}))
     m = load_registered_model(f"models:/{name}/{v.version}", tmp_path / "dl")
     assert json.loads((m.path / "chunkgrpo_model.json").read_text()) == trainer_meta
     assert (m.path / MODEL_INFO).exists() and MODEL_INFO != "chunkgrpo_model.json"
@@ -290,8 +295,9 @@ def test_registered_version_is_an_mlflow_pyfunc(services_env, tmp_path, tiny_mod
     name = f"flux-pyfunc-{uuid.uuid4().hex[:6]}"
     sampling = {"num_steps": 3, "trained_steps": 2, "height": 64, "width": 64, "guidance": 3.5,
                 "max_sequence_length": 32}
-    rv = register_model(name, lora, kind="lora", base_model=str(tiny_model_dir), metrics={METRIC: 0.2},
-                        eval_protocol=PROTOCOL, sampling=sampling, eval_run_id=eval_run_for({METRIC: 0.2}))
+    rv = register_model(Registration(name, str(tiny_model_dir), lora, kind="lora", metrics={METRIC: 0.2},
+                                     eval_protocol=PROTOCOL, sampling=sampling,
+                                     eval_run_id=eval_run_for({METRIC: 0.2})))
     assert promote(name, rv.version).action == "promoted"
     model = mlflow.pyfunc.load_model(f"models:/{name}@champion")
     assert model.metadata.flavors["python_function"]["loader_module"] == "mlflow.pyfunc.loaders.code_model"  # no pickle

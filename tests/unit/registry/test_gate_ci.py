@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from chunkgrpo.errors import UserError
-from chunkgrpo.registry import GateConfig, gate_decision
+from chunkgrpo.registry.gate import GateConfig, gate_decision
 
 CI = "eval.hpdv2.hpsv3.delta_ci_low"
 

@@ -1,0 +1,112 @@
+"""The files of a registered version: an MLflow Model (`python_function` flavour, "model from code")
+whose artifact `model/` is the payload. Written at registration, read by the serving pyfunc.
+
+    <MLflow model>/MLmodel, serving_model.py, requirements...   (`save_pyfunc`)
+    <MLflow model>/artifacts/model/                               (PAYLOAD)
+        pytorch_lora_weights.safetensors | transformer/...        (inline weights), or nothing (external)
+        chunkgrpo_registration.json                                (MODEL_INFO, `model_info`)
+
+MODEL_INFO holds: kind (lora/full), base model reference, weights inline or external (an S3
+checkpoint URI and its manifest digest, checked on load: `weights_from_payload`), each inline file's
+sha256, metrics, eval protocol, chunk plan, git sha, config hash and the hybrid-inference sampling
+settings the pyfunc generates with. `tree_sha256` digests every file of the MLflow model (code too);
+the registry records it as tag `model.tree_sha256` and refuses to load a changed version.
+
+The pyfunc's code is `chunkgrpo/serving_model.py` -> `chunkgrpo.serving.FluxPyfunc`, which imports
+only this module of the registry (`MODEL_INFO`, `weights_from_payload`, `PARAM_DEFAULTS`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from chunkgrpo.errors import UserError
+from chunkgrpo.store.client import ArtifactStore
+from chunkgrpo.store.manifest import Manifest
+
+MODEL_INFO = "chunkgrpo_registration.json"  # beside the trainer's chunkgrpo_model.json, never over it
+MODEL_INFO_FORMAT = "chunkgrpo.registered-model/v1"
+PAYLOAD = "artifacts/model"                 # where the pyfunc MLmodel keeps the weights + MODEL_INFO
+# predict(params=...): 0 / -1 mean "as registered" (MLflow params need concrete defaults)
+PARAM_DEFAULTS = {"mode": "hybrid", "num_steps": 0, "trained_steps": -1, "height": 0, "width": 0,
+                  "guidance": -1.0, "batch_size": 4, "seed": 42}
+
+
+def model_code_path() -> str:
+    """The models-from-code script MLflow copies into every registered version."""
+    return str(Path(__file__).parent.parent / "serving_model.py")
+
+
+def signature():
+    """The pyfunc's MLflow signature: prompt (+ optional seed) in; prompt, seed, image out; PARAM_DEFAULTS."""
+    from mlflow.models import ModelSignature
+    from mlflow.types.schema import ColSpec, ParamSchema, ParamSpec, Schema
+
+    inputs = Schema([ColSpec("string", "prompt"), ColSpec("long", "seed", required=False)])
+    outputs = Schema([ColSpec("string", "prompt"), ColSpec("long", "seed"), ColSpec("string", "image")])
+    kinds = {str: "string", int: "long", float: "double"}
+    params = ParamSchema([ParamSpec(k, kinds[type(v)], v) for k, v in PARAM_DEFAULTS.items()])
+    return ModelSignature(inputs=inputs, outputs=outputs, params=params)
+
+
+def model_info(*, kind: str, base_model: str, inline: bool, checkpoint_uri: str | None,
+               manifest_sha: str | None, manifest: Manifest, metrics: Mapping[str, float], plan: Any, git: str,
+               cfg_hash: str | None, created: str, eval_protocol: Mapping[str, Any] | None,
+               sampling: Mapping[str, Any] | None) -> dict:
+    """The MODEL_INFO document of a version (format MODEL_INFO_FORMAT)."""
+    return {
+        "format": MODEL_INFO_FORMAT, "kind": kind, "base_model": base_model,
+        "weights": "inline" if inline else "external",
+        "checkpoint_uri": checkpoint_uri or "", "manifest_sha256": manifest_sha or "",
+        "content_sha256": manifest.content_sha256, "files": manifest.files, "metrics": dict(metrics), "plan": plan,
+        "git_sha": git, "config_hash": cfg_hash or "", "created": created,
+        "eval_protocol": dict(eval_protocol) if eval_protocol else None,
+        "sampling": dict(sampling) if sampling else None,
+    }
+
+
+def save_pyfunc(folder: Path, payload: Path) -> None:
+    """An MLflow Model directory (python_function flavour, model from code) whose artifact `model`
+    is `payload` (weights + MODEL_INFO): mlflow.pyfunc.load_model works on the registered version."""
+    import warnings
+
+    import mlflow
+
+    from chunkgrpo import __version__
+
+    assert payload.name == Path(PAYLOAD).name, payload  # MLflow names the artifact dir after the source dir
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*input example.*")  # an example would load the model
+        mlflow.pyfunc.save_model(
+            path=str(folder), python_model=model_code_path(), artifacts={"model": str(payload)},
+            pip_requirements=[f"chunkgrpo[core,store]=={__version__}"], signature=signature())
+
+
+def weights_from_payload(payload: Path, info: dict, store=None) -> Path:
+    """The diffusers-loadable weights of a registered payload: the folder itself (inline) or the S3
+    checkpoint folder it points to, downloaded and checked against the recorded manifest digest."""
+    if info.get("weights") != "external":
+        for rel, entry in info.get("files", {}).items():
+            if hashlib.sha256((payload / rel).read_bytes()).hexdigest() != entry["sha256"]:
+                raise UserError(f"{payload}: {rel} does not match its recorded sha256")
+        return payload
+    store = store or ArtifactStore()
+    weights = payload / "weights"
+    manifest = store.get_folder(info["checkpoint_uri"], weights)
+    if info.get("manifest_sha256") and manifest.sha256 != info["manifest_sha256"]:
+        raise UserError(f"{info['checkpoint_uri']} changed since it was registered "
+                        f"(manifest {manifest.sha256[:12]} != {info['manifest_sha256'][:12]})")
+    return weights
+
+
+def tree_sha256(folder: str | Path) -> str:
+    """Digest of a folder: every file's relative path and sha256 (code, MLmodel, weights, env files)."""
+    root = Path(folder)
+    h = hashlib.sha256()
+    for f in sorted(p for p in root.rglob("*") if p.is_file()):
+        h.update(f.relative_to(root).as_posix().encode() + b"\0")
+        h.update(hashlib.sha256(f.read_bytes()).hexdigest().encode() + b"\n")
+    return h.hexdigest()

@@ -1,0 +1,319 @@
+"""Register trained models as MLflow model versions (`register_model`, request `Registration`).
+
+A registered version is an MLflow Model (`python_function`, model from code, no pickles; its files:
+`chunkgrpo.registry.payload`) logged to an MLflow run under `model/` and registered with
+`create_model_version(source=<run artifact uri>/model)`, so that
+
+    model = mlflow.pyfunc.load_model("models:/chunkgrpo-flux@champion")   # base FLUX + the adapter
+    model.predict(pd.DataFrame({"prompt": ["a red apple"], "seed": [7]}))  # -> prompt, seed, image (PNG base64)
+
+works in any environment with `chunkgrpo` installed. For large full checkpoints the weights can stay
+in S3 (`include_weights=False`): only a pointer is logged (checksum-verified on load).
+
+`create_version` is the privileged half of registration: on a basic-auth MLflow only the promoter
+identity may create versions or move aliases (MLflow checks EDIT on the model for both), so with
+$CHUNKGRPO_PROMOTER_URL set the pipeline's user logs the MLflow model in its own run and asks the
+promoter service to create the version (`promoter_client.request_version`). The tags promotion relies
+on are computed by `create_version` itself: the evaluation run link and its metrics, the gate at
+registration and the model files' digest (`model.tree_sha256`; `load.load_pyfunc` refuses a version
+whose files changed in the artifact store).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from chunkgrpo import tracking
+from chunkgrpo.errors import UserError
+from chunkgrpo.registry import gate, payload
+from chunkgrpo.registry.client import actor, connect, current_identity, eval_run_metrics, now
+from chunkgrpo.registry.promoter_client import request_version
+from chunkgrpo.registry.promotion import gate_snapshot, init_gate
+from chunkgrpo.store.manifest import Manifest, build_manifest
+
+log = logging.getLogger(__name__)
+
+
+def git_sha(cwd: str | Path | None = None) -> str:
+    """HEAD commit (with -dirty), $CHUNKGRPO_GIT_SHA (set in images), or 'unknown'."""
+    if os.environ.get("CHUNKGRPO_GIT_SHA"):
+        return os.environ["CHUNKGRPO_GIT_SHA"]
+    try:
+        cwd = cwd or Path(__file__).resolve().parent
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True,
+                             timeout=5, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd,
+                               capture_output=True, text=True, timeout=5).stdout.strip()
+        return sha + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+@dataclasses.dataclass(frozen=True)
+class Registration:
+    """What `register_model` registers, as a new version of registered model `name` (created if missing).
+
+    model_dir: local folder with the weights (LoRA adapter or full transformer, diffusers layout).
+    checkpoint_uri: `s3://` URI of the checkpoint folder in the artifact store (tagged; and the
+      weights source when include_weights is False or model_dir is None).
+    include_weights: copy the weights into MLflow (default: True for LoRA, False for full models
+      when a checkpoint_uri is given).
+    metrics: a caller's numbers (nested keys joined with '.'); non-finite values are refused.
+    eval_run_id: the evaluation stage's MLflow run (metrics.json `mlflow_run_id`): tag eval.run_id.
+      Promotion trusts only that run's metrics (`client.trusted_metric`), which become the `metric.*`
+      tags; `metrics` must agree with the run where both name a value, and are otherwise only logged on
+      the registration run and in MODEL_INFO.
+    eval_protocol: how `metrics` were measured (`gate.eval_protocol(result, preset)`): version tags
+      eval.protocol (+ .sha256); promotion never compares across protocols.
+    sampling: hybrid-inference settings the pyfunc generates with (default: chunkgrpo.eval.hybrid's).
+    plan, git, cfg_hash, tags: chunk plan, code version (default: `git_sha()`), config hash, more tags.
+    gate_metric / gate_direction: the promotion gate of a NEW registered model (tags gate.metric /
+      gate.direction; default eval.hpdv2.hpsv3 with its known direction). An existing model keeps
+      its gate (a different request is logged and ignored): see `promotion.set_gate`.
+    challenger_alias: alias given to the new version (None: none).
+    """
+
+    name: str
+    base_model: str
+    model_dir: str | Path | None = None
+    kind: Literal["lora", "full"] = "lora"
+    checkpoint_uri: str | None = None
+    include_weights: bool | None = None
+    metrics: Mapping[str, Any] | None = None
+    eval_run_id: str | None = None
+    eval_protocol: Mapping[str, Any] | None = None
+    sampling: Mapping[str, Any] | None = None
+    plan: Any = None
+    git: str | None = None
+    cfg_hash: str | None = None
+    tags: Mapping[str, Any] | None = None
+    gate_metric: str | None = None
+    gate_direction: str | None = None
+    challenger_alias: str | None = "challenger"
+
+    def inline_weights(self) -> bool:
+        """Whether the weights are copied into MLflow, after checking the request (UserError, one line)."""
+        if self.kind not in ("lora", "full"):
+            raise UserError(f"kind={self.kind!r} must be 'lora' or 'full'")
+        if not self.base_model:
+            raise UserError("base_model is required (HF id or path of the base FLUX model)")
+        if self.model_dir is None and not self.checkpoint_uri:
+            raise UserError("give model_dir (local weights) or checkpoint_uri (s3:// folder), or both")
+        inline = self.include_weights
+        if inline is None:
+            inline = self.model_dir is not None and (self.kind == "lora" or not self.checkpoint_uri)
+        if inline and self.model_dir is None:
+            raise UserError("include_weights needs a local model_dir")
+        if self.gate_direction not in (None, "", "max", "min"):
+            raise UserError(f"gate_direction={self.gate_direction!r} must be max or min")
+        gate.check_name(self.name)
+        return inline
+
+
+@dataclasses.dataclass
+class RegisteredVersion:
+    name: str
+    version: str
+    source: str
+    run_id: str | None
+    tags: dict[str, str]
+    reused: bool = False
+
+    @property
+    def uri(self) -> str:
+        return f"models:/{self.name}/{self.version}"
+
+
+def register_model(req: Registration, *, run_id: str | None = None, experiment: str = "chunkgrpo",
+                   dedupe: bool = True, store=None) -> RegisteredVersion:
+    """Register `req` as a new version of `req.name` (created if missing, with its gate).
+
+    run_id: log into this run (e.g. the pipeline's register stage); default: a new run in
+      `experiment` (nested under $CHUNKGRPO_MLFLOW_PARENT_RUN_ID if set).
+    dedupe: if a version with the same weights content, kind and base model exists, return it
+      (so a retried pipeline step does not create a second version).
+    Everything is checked (request, metrics, evaluation run, model name) before anything is uploaded.
+    """
+    inline = req.inline_weights()
+    flat = gate.flat_metrics(req.metrics)  # non-finite / non-numeric: refused before anything is written
+    client = connect()
+    if req.eval_run_id:
+        run_metrics = eval_run_metrics(client, req.eval_run_id)
+        gate.check_agrees(flat, run_metrics, req.eval_run_id)
+        gate.check_run_finite(req.eval_run_id, run_metrics)
+        flat = {**flat, **run_metrics}
+    promoter_url = os.environ.get("CHUNKGRPO_PROMOTER_URL", "")
+    if not promoter_url:
+        # The registered model (and its gate) first: an invalid name fails here, before any upload.
+        ensure_registered_model(client, req.name)
+        init_gate(client, req.name, req.gate_metric or None, req.gate_direction or None)
+
+    manifest, manifest_sha = _manifest(req, store)
+    if dedupe:
+        existing = find_version(client, req.name, manifest.content_sha256, req.kind, req.base_model)
+        if existing is not None:
+            log.info("model %s version %s already holds this content (%s...); reusing it", req.name,
+                     existing.version, manifest.content_sha256[:12])
+            return RegisteredVersion(req.name, str(existing.version), existing.source, existing.run_id,
+                                     dict(existing.tags), reused=True)
+
+    info = payload.model_info(kind=req.kind, base_model=req.base_model, inline=inline,
+                              checkpoint_uri=req.checkpoint_uri, manifest_sha=manifest_sha, manifest=manifest,
+                              metrics=flat, plan=req.plan, git=req.git or git_sha(), cfg_hash=req.cfg_hash,
+                              created=now(), eval_protocol=req.eval_protocol, sampling=req.sampling)
+    version_tags = _version_tags(req, info, flat)
+    with tempfile.TemporaryDirectory(prefix="chunkgrpo-register-") as tmp:
+        src = Path(tmp) / "src" / "model"  # becomes the MLflow model's artifacts/model
+        src.parent.mkdir()
+        if inline:
+            shutil.copytree(req.model_dir, src, ignore=shutil.ignore_patterns("MANIFEST.json"))
+        else:
+            src.mkdir()
+        (src / payload.MODEL_INFO).write_text(json.dumps(info, indent=1, sort_keys=True, default=str) + "\n")
+        folder = Path(tmp) / "model"
+        payload.save_pyfunc(folder, src)
+
+        def log_and_create(run, artifact_path: str) -> Any:
+            run.log_artifacts(folder, artifact_path)
+            run.set_tags({"chunkgrpo.registered_model": req.name})
+            if flat:
+                run.log_metrics(flat)
+            source = f"{run.artifact_uri}/{artifact_path}"
+            gated = {"eval_run_id": req.eval_run_id, "gate_metric": req.gate_metric,
+                     "gate_direction": req.gate_direction, "challenger_alias": req.challenger_alias}
+            if promoter_url:  # the promoter identity creates the version (pipeline users: READ on models)
+                return request_version(promoter_url, req.name, source, run.run_id, version_tags, **gated)
+            return create_version(client, req.name, source, run.run_id, version_tags, **gated,
+                                  tree=payload.tree_sha256(folder))
+
+        if run_id:  # a shared run may register several models
+            mv = log_and_create(tracking.attach_run(client, run_id), f"model-{manifest.content_sha256[:12]}")
+        else:
+            tags = {"chunkgrpo.model": req.name}
+            with tracking.stage_run("register", experiment=experiment, tags=tags) as run:
+                mv = log_and_create(run, "model")
+    log.info("registered %s version %s (%s, base %s) from %s", req.name, mv.version, req.kind, req.base_model,
+             mv.source)
+    return RegisteredVersion(req.name, str(mv.version), mv.source, mv.run_id, dict(mv.tags or version_tags))
+
+
+def _manifest(req: Registration, store) -> tuple[Manifest, str | None]:
+    """The manifest of the registered files (the local folder's, else the checkpoint's) and the
+    checkpoint's manifest digest (None without a checkpoint_uri); UserError for an incomplete one."""
+    manifest: Manifest | None = None
+    manifest_sha = None
+    if req.model_dir is not None:
+        model_dir = Path(req.model_dir)
+        if not model_dir.is_dir():
+            raise UserError(f"model dir {model_dir} does not exist or is not a directory")
+        manifest = build_manifest(model_dir)
+        if not manifest.files:
+            raise UserError(f"model dir {model_dir} is empty")
+    if req.checkpoint_uri:
+        from chunkgrpo.store.client import ArtifactStore
+
+        store = store or ArtifactStore()
+        remote = store.read_manifest(req.checkpoint_uri)
+        if remote is None:
+            raise UserError(f"checkpoint {req.checkpoint_uri} is not a complete folder artifact (no manifest); "
+                            "refusing to register it")
+        manifest_sha = remote.sha256
+        if manifest is None:
+            manifest = remote
+        elif remote.content_sha256 != manifest.content_sha256:
+            log.warning("model dir %s differs from checkpoint %s; registering the local files", req.model_dir,
+                        req.checkpoint_uri)
+    assert manifest is not None
+    return manifest, manifest_sha
+
+
+def _version_tags(req: Registration, info: dict, flat: Mapping[str, float]) -> dict[str, str]:
+    """The version's descriptive tags (create_version adds the trusted ones)."""
+    plan_json = json.dumps(req.plan, sort_keys=True, default=str) if req.plan is not None else ""
+    tags = {
+        "kind": req.kind, "base_model": req.base_model, "checkpoint_uri": req.checkpoint_uri or "",
+        "git_sha": info["git_sha"], "config_hash": req.cfg_hash or "", "content_sha256": info["content_sha256"],
+        "weights": info["weights"], "registered_by": actor(None), "registered_at": info["created"],
+        **({"chunk_plan": plan_json, "chunk_plan.sha256": hashlib.sha256(plan_json.encode()).hexdigest()[:16]}
+           if req.plan is not None else {}),
+        **{f"{gate.METRIC_TAG}{k}": repr(v) for k, v in flat.items()},
+        **({gate.PROTOCOL_TAG: json.dumps(req.eval_protocol, sort_keys=True, default=str),
+            gate.PROTOCOL_HASH_TAG: gate.protocol_hash(req.eval_protocol)} if req.eval_protocol else {}),
+        **{str(k): v for k, v in (req.tags or {}).items()},
+    }
+    return {k: gate.tag_text(v) for k, v in tags.items()}
+
+
+def create_version(client, name: str, source: str, run_id: str, tags: Mapping[str, str], *,
+                   eval_run_id: str | None = None, gate_metric: str | None = None,
+                   gate_direction: str | None = None, challenger_alias: str | None = "challenger",
+                   tree: str | None = None):
+    """The privileged half of registration (the promoter identity's, see `chunkgrpo.promoter`): create the
+    registered model and its gate if new, and a version of it from `source` (an MLflow model logged in
+    run `run_id`). The tags promotion relies on are computed here, never taken from the caller: the
+    evaluation run link and its metrics (`metric.*`), the gate in force (`gate.at_registration`) and the
+    model files' digest (`model.tree_sha256`, from `tree` when the caller is this process, else from the
+    downloaded source: the code, MLmodel and a LoRA of up to a few hundred MB; full FLUX transformers
+    are registered with external weights, so only their checksum-pinned pointer is downloaded)."""
+    import mlflow
+
+    gate.check_name(name)
+    ensure_registered_model(client, name)
+    init_gate(client, name, gate_metric or None, gate_direction or None)
+    clean = gate.untrusted(tags)
+    if eval_run_id:
+        run_metrics = eval_run_metrics(client, eval_run_id)
+        gate.check_run_finite(eval_run_id, run_metrics)
+        clean.update({f"{gate.METRIC_TAG}{k}": repr(v) for k, v in run_metrics.items()})
+        clean[gate.EVAL_RUN_TAG] = eval_run_id
+    clean[gate.GATE_SNAPSHOT_TAG] = json.dumps(gate_snapshot(client, name), sort_keys=True)
+    if tree is None:
+        with tempfile.TemporaryDirectory(prefix="chunkgrpo-verify-") as tmp:
+            tree = payload.tree_sha256(mlflow.artifacts.download_artifacts(artifact_uri=source, dst_path=tmp))
+    clean[gate.TREE_TAG] = tree
+    mv = client.create_model_version(name, source=source, run_id=run_id,
+                                     tags={k: gate.tag_text(v) for k, v in clean.items()})
+    if challenger_alias:
+        client.set_registered_model_alias(name, challenger_alias, mv.version)
+    return mv
+
+
+def ensure_registered_model(client, name: str) -> None:
+    """Create registered model `name` (tag `promoter`: this identity) unless it exists."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        client.get_registered_model(name)
+    except MlflowException:
+        try:
+            client.create_registered_model(name, tags={"created_by": "chunkgrpo",
+                                                       gate.PROMOTER_TAG: current_identity()},
+                                           description="FLUX fine-tuned with chunkgrpo (see version tags)")
+        except MlflowException as e:
+            if "already exists" not in str(e).lower():
+                raise
+
+
+def find_version(client, name: str, content: str, kind: str, base_model: str):
+    """The oldest version of `name` holding the same weights content, kind and base model; None if none."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        versions = client.search_model_versions(f"name='{name}'")
+    except MlflowException:
+        return None
+    for mv in sorted(versions, key=lambda v: int(v.version)):
+        t = mv.tags or {}
+        if t.get("content_sha256") == content and t.get("kind") == kind and t.get("base_model") == base_model:
+            return mv
+    return None
