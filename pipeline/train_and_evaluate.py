@@ -16,7 +16,7 @@ Caching and retries (set on every task; `enable_caching` at submission time over
                                     on failure
   open_run     no cache, 3 retries  idempotent (finds its run by the kfp.run_id tag)
   profile      CACHE,    2 retries  deterministic in its inputs, expensive on FLUX.1-dev
-  plan         CACHE,    2 retries  pure function of profile + strategy
+  plan         CACHE,    2 retries  pure function of profile + chunks
   train        no cache, 1 retry    a cache hit would skip training; a retry resumes from S3 checkpoints
   launch       no cache, 2 retries  deterministic TrainJob name: a retry re-attaches
   evaluate     no cache, 1 retry
@@ -35,6 +35,7 @@ import textwrap
 from kfp import dsl
 
 from chunkgrpo.model_cache import BASE_MODEL, default_weights, model_uri
+from chunkgrpo.recipes import METHOD_NAMES
 from components import (check_gate, close_run, evaluate, launch_trainjob, open_run, plan, preflight, profile,
                         promote, register, train)
 from components.images import RUNTIME_IMAGE
@@ -192,7 +193,7 @@ def _before_training(p: dict, pool: Pool):
                    method=p["method"])
     configure(on_pool(prof, pool, 1), display_name="profile dynamics", cache=True, retries=2)
     prof.after(pre)
-    planned = plan(profile_json=prof.outputs["profile_json"], strategy=p["chunks"])
+    planned = plan(profile_json=prof.outputs["profile_json"], chunks=p["chunks"])
     configure(small(planned), display_name="plan chunks", cache=True, retries=2)
     return opened, planned
 

@@ -37,8 +37,12 @@ def test_chunk_ratio_is_geometric_mean_of_step_ratios():
 
 def test_all_ones_chunks_equal_step_level_loss_and_gradients():
     new, old, adv = _data(spread=0.3)
-    f_chunk = lambda n: obj.chunk_policy_loss(n, old, adv, [1] * 6, **CLIP)
-    f_step = lambda n: obj.step_policy_loss(n, old, adv, **CLIP)
+    def f_chunk(n):
+        return obj.chunk_policy_loss(n, old, adv, [1] * 6, **CLIP)
+
+    def f_step(n):
+        return obj.step_policy_loss(n, old, adv, **CLIP)
+
     torch.testing.assert_close(f_chunk(new), f_step(new), **tol(torch.float32))
     torch.testing.assert_close(_grad(f_chunk, new), _grad(f_step, new), **tol(torch.float32))
 

@@ -83,7 +83,7 @@ def test_short_pretraining_beats_the_random_init_model(short_model, toy_cache, t
     rand_meta = read_meta(build_toy_model(tmp_path / "random", ToyModelConfig(**{**SHORT, "steps": 0}),
                                           cache_dir=toy_cache, progress=False))
     assert pre["heldout_error"] < 0.7 * rand_meta["pretraining"]["heldout_error"], (pre, rand_meta["pretraining"])
-    trained, rand = meta["base_accuracy"], rand_meta["base_accuracy"]
+    trained = meta["base_accuracy"]
     assert set(trained["tasks"]) == {"single_object", "two_object", "counting", "colors", "position", "color_attr"}
     assert 0 <= trained["partial"] <= 1 and trained["overall"] <= trained["partial"] + 1e-9
 
