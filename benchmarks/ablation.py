@@ -44,13 +44,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, help="runs in parallel (default 1)")
     ap.add_argument("--methods", help="comma-separated subset of the methods")
     ap.add_argument("--report-only", action="store_true", help="rebuild the report from the cached runs only")
-    ap.add_argument("overrides", nargs="*", help="AblationConfig key=value; other keys are training overrides")
+    ap.add_argument(
+        "overrides", nargs="*", help="AblationConfig key=value; other keys are training overrides"
+    )
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     fields = set(AblationConfig.__dataclass_fields__)
     own = [o for o in args.overrides if o.split("=", 1)[0] in fields]
     train = [o for o in args.overrides if o.split("=", 1)[0] not in fields]
-    for flag, key in (("model", "model"), ("out", "out"), ("seeds", "seeds"), ("steps", "steps"), ("jobs", "jobs")):
+    for flag, key in (
+        ("model", "model"),
+        ("out", "out"),
+        ("seeds", "seeds"),
+        ("steps", "steps"),
+        ("jobs", "jobs"),
+    ):
         if getattr(args, flag) is not None:
             own.append(f"{key}={getattr(args, flag)}")
     if args.methods:

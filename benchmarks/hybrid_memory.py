@@ -75,14 +75,13 @@ def prepare(size: str, root: Path, rank: int, alpha: float) -> tuple[Path, Path]
 
 def child(args) -> dict:
     """One variant in this process; prints a JSON line."""
+    import diffusers  # noqa: F401  (imports count towards the baseline, not the variant)
+    import peft  # noqa: F401
     import torch
+    from diffusers import FluxPipeline, FluxTransformer2DModel  # noqa: F401
 
     from chunkgrpo.eval.hybrid import HybridConfig, HybridSampler, load_trained
     from chunkgrpo.flux import PromptEmbeds, load_flux
-
-    import diffusers  # noqa: F401  (imports count towards the baseline, not the variant)
-    import peft  # noqa: F401
-    from diffusers import FluxPipeline, FluxTransformer2DModel  # noqa: F401
 
     torch.manual_seed(0)
     device = torch.device(args.device)
@@ -118,14 +117,21 @@ def child(args) -> dict:
         sampler.activate = activate
     load_s = time.perf_counter() - t0
     load_rss = _rss_mb() - base_rss
-    cfg = HybridConfig(num_steps=args.steps, trained_steps=args.trained_steps, height=args.res, width=args.res,
-                       max_sequence_length=args.txt_len)
+    cfg = HybridConfig(
+        num_steps=args.steps,
+        trained_steps=args.trained_steps,
+        height=args.res,
+        width=args.res,
+        max_sequence_length=args.txt_len,
+    )
     L, C = model.latent_shape(args.res, args.res)
     tcfg = model.transformer.config
     g = torch.Generator().manual_seed(1)
-    cond = PromptEmbeds(torch.randn(args.batch, args.txt_len, tcfg.joint_attention_dim, generator=g).to(device, dtype),
-                        torch.randn(args.batch, tcfg.pooled_projection_dim, generator=g).to(device, dtype),
-                        torch.zeros(args.txt_len, 3, device=device, dtype=dtype))
+    cond = PromptEmbeds(
+        torch.randn(args.batch, args.txt_len, tcfg.joint_attention_dim, generator=g).to(device, dtype),
+        torch.randn(args.batch, tcfg.pooled_projection_dim, generator=g).to(device, dtype),
+        torch.zeros(args.txt_len, 3, device=device, dtype=dtype),
+    )
     x = torch.randn(args.batch, L, C, generator=g).to(device)
     sampler.sample_latents(cond, x, cfg, "hybrid")  # warm-up
     t1 = time.perf_counter()
@@ -136,7 +142,9 @@ def child(args) -> dict:
     sample_s = (time.perf_counter() - t1) / args.repeats
     n_params = sum(p.numel() for n, p in model.transformer.named_parameters() if "lora_" not in n)
     storages = {}
-    for tr in {id(m): m for m in (model.transformer, sampler.activate("trained"), sampler.activate("base"))}.values():
+    for tr in {
+        id(m): m for m in (model.transformer, sampler.activate("trained"), sampler.activate("base"))
+    }.values():
         for t in list(tr.parameters()) + list(tr.buffers()):
             storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
     out = {"variant": args.variant, "size": args.size, "device": str(device),
@@ -183,29 +191,69 @@ def main() -> None:
     for size in args.sizes.split(","):
         model, lora = prepare(size, root, args.rank, args.alpha)
         for variant in ("toggle", "two_copies"):
-            cmd = [sys.executable, __file__, "--child", "--variant", variant, "--size", size, "--model", str(model),
-                   "--lora", str(lora), "--device", args.device, "--steps", str(args.steps),
-                   "--trained-steps", str(args.trained_steps), "--res", str(args.res), "--batch", str(args.batch),
-                   "--txt-len", str(args.txt_len), "--repeats", str(args.repeats)]
+            cmd = [
+                sys.executable,
+                __file__,
+                "--child",
+                "--variant",
+                variant,
+                "--size",
+                size,
+                "--model",
+                str(model),
+                "--lora",
+                str(lora),
+                "--device",
+                args.device,
+                "--steps",
+                str(args.steps),
+                "--trained-steps",
+                str(args.trained_steps),
+                "--res",
+                str(args.res),
+                "--batch",
+                str(args.batch),
+                "--txt-len",
+                str(args.txt_len),
+                "--repeats",
+                str(args.repeats),
+            ]
             proc = subprocess.run(cmd, capture_output=True, text=True)
             line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
             if proc.returncode or line is None:
                 sys.exit(f"{size}/{variant} failed:\n{proc.stderr[-3000:]}")
             results.append(json.loads(line[7:]))
-    cols = ["size", "variant", "transformer_params_M", "transformers_in_memory", "weights_mb", "rss_after_load_mb", "peak_rss_mb",
-            "cuda_max_allocated_mb", "load_s", "sample_s"]
-    print(f"hybrid sampling: {args.steps} steps ({args.trained_steps} trained), {args.res}², batch {args.batch}, "
-          f"LoRA rank {args.rank}, device {args.device}")
+    cols = [
+        "size",
+        "variant",
+        "transformer_params_M",
+        "transformers_in_memory",
+        "weights_mb",
+        "rss_after_load_mb",
+        "peak_rss_mb",
+        "cuda_max_allocated_mb",
+        "load_s",
+        "sample_s",
+    ]
+    print(
+        f"hybrid sampling: {args.steps} steps ({args.trained_steps} trained), {args.res}², batch {args.batch}, "
+        f"LoRA rank {args.rank}, device {args.device}"
+    )
     print(" | ".join(cols))
     for r in results:
         print(" | ".join(str(r.get(c, "-")) for c in cols))
     for size in args.sizes.split(","):
-        t, c = (next(r for r in results if r["size"] == size and r["variant"] == v) for v in ("toggle", "two_copies"))
+        t, c = (
+            next(r for r in results if r["size"] == size and r["variant"] == v)
+            for v in ("toggle", "two_copies")
+        )
         key = "cuda_max_allocated_mb" if "cuda_max_allocated_mb" in t else "peak_rss_mb"
         rel = abs(t["x0_checksum"] - c["x0_checksum"]) / max(abs(c["x0_checksum"]), 1e-12)
-        print(f"{size}: toggle holds {t['weights_mb']:.1f} MB of weights vs two copies {c['weights_mb']:.1f} MB; "
-              f"{key} {t[key]:.1f} MB vs {c[key]:.1f} MB; "
-              f"time {t['sample_s']:.3f}s vs {c['sample_s']:.3f}s; outputs agree to {rel:.1e} (relative)")
+        print(
+            f"{size}: toggle holds {t['weights_mb']:.1f} MB of weights vs two copies {c['weights_mb']:.1f} MB; "
+            f"{key} {t[key]:.1f} MB vs {c[key]:.1f} MB; "
+            f"time {t['sample_s']:.3f}s vs {c['sample_s']:.3f}s; outputs agree to {rel:.1e} (relative)"
+        )
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
 

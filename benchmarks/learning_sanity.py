@@ -19,16 +19,23 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
-import torch  # noqa: E402
+import torch
 
-from chunkgrpo.flux import load_flux  # noqa: E402
-from chunkgrpo.rollout import rollout_group  # noqa: E402
-from chunkgrpo.scoring.rewards import get_reward  # noqa: E402
-from chunkgrpo.testing.tiny import build_tiny_flux  # noqa: E402
-from chunkgrpo.train.config import TrainConfig  # noqa: E402
-from chunkgrpo.train.trainer import run_training  # noqa: E402
+from chunkgrpo.flux import load_flux
+from chunkgrpo.rollout import rollout_group
+from chunkgrpo.scoring.rewards import get_reward
+from chunkgrpo.testing.tiny import build_tiny_flux
+from chunkgrpo.train.config import TrainConfig
+from chunkgrpo.train.trainer import run_training
 
-PROMPTS = ["a cat on a chair", "a red car", "three apples", "a bowl of fruit", "a dog in the park", "a city at night"]
+PROMPTS = [
+    "a cat on a chair",
+    "a red car",
+    "three apples",
+    "a bowl of fruit",
+    "a dog in the park",
+    "a city at night",
+]
 
 
 def ode_reward(model, cfg: TrainConfig, prompts: list[str], seeds: int = 4) -> float:
@@ -48,8 +55,17 @@ def run(overrides: list[str], workdir: Path) -> dict:
     model_dir = build_tiny_flux(workdir / "tiny-flux", seed=0)
     prompts = workdir / "prompts.txt"
     prompts.write_text("\n".join(PROMPTS) + "\n")
-    cfg = TrainConfig.load("tiny_cpu", [f"model={model_dir}", f"prompts={prompts}", f"output_dir={workdir / 'run'}",
-                                        "progress=false", "checkpoint.every=0", *overrides])
+    cfg = TrainConfig.load(
+        "tiny_cpu",
+        [
+            f"model={model_dir}",
+            f"prompts={prompts}",
+            f"output_dir={workdir / 'run'}",
+            "progress=false",
+            "checkpoint.every=0",
+            *overrides,
+        ],
+    )
     base = ode_reward(load_flux(model_dir), cfg, PROMPTS)
     t0 = time.perf_counter()
     summary = run_training(cfg)
@@ -57,10 +73,17 @@ def run(overrides: list[str], workdir: Path) -> dict:
     trained = load_flux(model_dir)
     trained.pipe.load_lora_weights(summary["final_model"])
     after = ode_reward(trained, cfg, PROMPTS)
-    return {"method": cfg.method, "reward": cfg.rewards[0].name, "optimizer_steps": summary["optimizer_steps"],
-            "base_reward": base, "trained_reward": after, "gain": after - base, "train_seconds": train_s,
-            "rollout_reward_first": summary["history"][0]["reward_mean"],
-            "rollout_reward_last": summary["history"][-1]["reward_mean"]}
+    return {
+        "method": cfg.method,
+        "reward": cfg.rewards[0].name,
+        "optimizer_steps": summary["optimizer_steps"],
+        "base_reward": base,
+        "trained_reward": after,
+        "gain": after - base,
+        "train_seconds": train_s,
+        "rollout_reward_first": summary["history"][0]["reward_mean"],
+        "rollout_reward_last": summary["history"][-1]["reward_mean"],
+    }
 
 
 def main() -> int:

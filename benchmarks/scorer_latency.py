@@ -66,15 +66,24 @@ def main() -> None:
 
     images = _images(args.images, args.res)
     prompts = [f"a photo of a cat number {i}" for i in range(args.images)]
-    result: dict = {"images": args.images, "batch": args.batch, "res": args.res, "cpu": platform.processor() or platform.machine(),
-                    "threads": os.cpu_count(), "load_average": os.getloadavg(), "scorers": {}}
+    result: dict = {
+        "images": args.images,
+        "batch": args.batch,
+        "res": args.res,
+        "cpu": platform.processor() or platform.machine(),
+        "threads": os.cpu_count(),
+        "load_average": os.getloadavg(),
+        "scorers": {},
+    }
     with tempfile.TemporaryDirectory() as tmp:
         for name in [s.strip() for s in args.scorers.split(",") if s.strip()]:
             row: dict = {}
             try:
                 if name in ("clip", "pickscore"):
                     clip_dir = make_tiny_clip(Path(tmp) / f"tiny-{name}")
-                    local = S.get_scorer(name, weights=str(clip_dir), device="cpu", batch_size=args.batch, venv="")
+                    local = S.get_scorer(
+                        name, weights=str(clip_dir), device="cpu", batch_size=args.batch, venv=""
+                    )
                     row["in_process_s_per_image"] = _time(local, images, prompts, args.batch)
                     cfg, venv, env = {"weights": str(clip_dir)}, Path(sys.prefix), {}
                 else:
@@ -98,8 +107,12 @@ def main() -> None:
                     row["start_and_load_s"] = time.perf_counter() - t0
                     row["s_per_image"] = _time(scorer, images, prompts, args.batch)
                     info = scorer.info
-                    row.update(venv=info["venv"], model_class=info["runtime"].get("model_class"),
-                               package_version=info["runtime"].get("package_version"), torch=info["runtime"].get("torch"))
+                    row.update(
+                        venv=info["venv"],
+                        model_class=info["runtime"].get("model_class"),
+                        package_version=info["runtime"].get("package_version"),
+                        torch=info["runtime"].get("torch"),
+                    )
                     scorer.close()
                 finally:
                     for k, v in old.items():

@@ -39,9 +39,16 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
-import torch  # noqa: E402
+import torch
 
-PROMPTS = ["a cat on a chair", "a red car", "three apples", "a bowl of fruit", "a dog in the park", "a city at night"]
+PROMPTS = [
+    "a cat on a chair",
+    "a red car",
+    "three apples",
+    "a bowl of fruit",
+    "a dog in the park",
+    "a city at night",
+]
 DEFAULT_ROWS = "per_step:1,graph:1,accumulate:1,auto:4"
 PAPER = ["sampling.num_steps=17", "chunks=sizes:2,3,4,7"]  # the paper's plan (chunk of 7 steps)
 
@@ -78,7 +85,9 @@ class WindowMemory:
 
     @property
     def kind(self) -> str:
-        return "torch.cuda.max_memory_allocated growth" if self.cuda else "process resident-set (VmHWM) growth"
+        return (
+            "torch.cuda.max_memory_allocated growth" if self.cuda else "process resident-set (VmHWM) growth"
+        )
 
 
 # ----------------------------------------------------------------------------- one configuration
@@ -102,7 +111,10 @@ def measure_drift(t, dtype_ctx) -> dict:
                 again = policy_log_probs(model, traj, cond_rep, steps, cfg.sampling, samples=[b]).float()
                 worst_rollout = max(worst_rollout, float((train - traj.log_probs[b, a:e]).abs().max()))
                 worst_recomputed = max(worst_recomputed, float((train - again).abs().max()))
-    return {"max_abs_log_ratio_vs_rollout": worst_rollout, "max_abs_log_ratio_vs_recomputed": worst_recomputed}
+    return {
+        "max_abs_log_ratio_vs_rollout": worst_rollout,
+        "max_abs_log_ratio_vs_recomputed": worst_recomputed,
+    }
 
 
 def run_config(size: str, res: int, iterations: int, device: str, overrides: list[str], drift: bool,
@@ -132,10 +144,21 @@ def run_config(size: str, res: int, iterations: int, device: str, overrides: lis
         prompts = tmp / "prompts.txt"
         prompts.write_text("\n".join(PROMPTS) + "\n")
         base = TrainConfig.load("tiny_cpu", [f"model={model_dir}", f"prompts={prompts}", *overrides])
-        over = [f"model={model_dir}", f"prompts={prompts}", f"output_dir={tmp / 'run'}", "progress=false",
-                f"sampling.height={res}", f"sampling.width={res}", f"device={device}", "checkpoint.every=0",
-                "checkpoint.resume=false", "tracking.image_every=0", f"grad_accum={base.samples_per_rank // 2}",
-                f"max_steps={10**6}", *overrides]
+        over = [
+            f"model={model_dir}",
+            f"prompts={prompts}",
+            f"output_dir={tmp / 'run'}",
+            "progress=false",
+            f"sampling.height={res}",
+            f"sampling.width={res}",
+            f"device={device}",
+            "checkpoint.every=0",
+            "checkpoint.resume=false",
+            "tracking.image_every=0",
+            f"grad_accum={base.samples_per_rank // 2}",
+            f"max_steps={10**6}",
+            *overrides,
+        ]
         cfg = TrainConfig.load("tiny_cpu", over)
         t = Trainer(cfg)
         t.setup()
@@ -166,22 +189,40 @@ def run_config(size: str, res: int, iterations: int, device: str, overrides: lis
     split = {k: avg(f"time/{k}") for k in ("rollout", "reward", "policy")}
     split["other"] = avg("time/iteration") - sum(split.values())
     return {
-        "size": size, "resolution": res, "device": device, "method": cfg.method,
-        "chunk_backward": cfg.chunk_backward, "policy_batch": cfg.policy_batch, "compile": cfg.compile,
-        "transformer_params": params, "trainable_params": trainable, "samples_per_rollout": cfg.samples_per_rank,
-        "samples_per_window": cfg.grad_accum, "num_steps": cfg.sampling.num_steps, "chunk_sizes": t.sizes,
-        "iterations_timed": len(rows), "warmup_iterations": warmup, "torch_threads": torch.get_num_threads(),
-        "on_policy_window": {"wall_s": round(avg("policy_on_s"), 4), "sample_evals": avg("policy_on_samples"),
-                             "peak_mb": round(max(r["window_peak_mb"][0] for r in rows), 1)},
-        "off_policy_window": {"wall_s": round(avg("policy_off_s"), 4), "sample_evals": avg("policy_off_samples"),
-                              "peak_mb": round(max(r["window_peak_mb"][-1] for r in rows), 1)},
+        "size": size,
+        "resolution": res,
+        "device": device,
+        "method": cfg.method,
+        "chunk_backward": cfg.chunk_backward,
+        "policy_batch": cfg.policy_batch,
+        "compile": cfg.compile,
+        "transformer_params": params,
+        "trainable_params": trainable,
+        "samples_per_rollout": cfg.samples_per_rank,
+        "samples_per_window": cfg.grad_accum,
+        "num_steps": cfg.sampling.num_steps,
+        "chunk_sizes": t.sizes,
+        "iterations_timed": len(rows),
+        "warmup_iterations": warmup,
+        "torch_threads": torch.get_num_threads(),
+        "on_policy_window": {
+            "wall_s": round(avg("policy_on_s"), 4),
+            "sample_evals": avg("policy_on_samples"),
+            "peak_mb": round(max(r["window_peak_mb"][0] for r in rows), 1),
+        },
+        "off_policy_window": {
+            "wall_s": round(avg("policy_off_s"), 4),
+            "sample_evals": avg("policy_off_samples"),
+            "peak_mb": round(max(r["window_peak_mb"][-1] for r in rows), 1),
+        },
         "per_iteration": {
             "transformer_forward_calls": avg("transformer_forward"),
             "transformer_sample_evals": avg("transformer_samples"),
             "algorithm_minimum_sample_evals": avg("min_transformer_samples"),
             "without_shared_inputs_sample_evals": avg("unshared_transformer_samples"),
             "rollout_sample_evals": avg("rollout_samples"),
-            "wall_s": round(avg("time/iteration"), 4), "split_s": {k: round(v, 4) for k, v in split.items()},
+            "wall_s": round(avg("time/iteration"), 4),
+            "split_s": {k: round(v, 4) for k, v in split.items()},
         },
         "peak_memory_kind": mem.kind,
         **({"ratio_drift_at_theta_old": drifts} if drifts else {}),
@@ -200,15 +241,19 @@ def build_rows(args) -> list[list[str]]:
 
 
 def table(results: list[dict]) -> str:
-    head = (f"{'strategy':<11}{'batch':>6} | {'on: s':>8}{'evals':>7}{'MB':>8} | {'off: s':>8}{'evals':>7}{'MB':>8}"
-            f" | {'iter s':>8}{'evals':>7}{'min':>6}")
+    head = (
+        f"{'strategy':<11}{'batch':>6} | {'on: s':>8}{'evals':>7}{'MB':>8} | {'off: s':>8}{'evals':>7}{'MB':>8}"
+        f" | {'iter s':>8}{'evals':>7}{'min':>6}"
+    )
     lines = [head, "-" * len(head)]
     for r in results:
         on, off, it = r["on_policy_window"], r["off_policy_window"], r["per_iteration"]
-        lines.append(f"{r['chunk_backward']:<11}{r['policy_batch']:>6} | {on['wall_s']:>8.3f}{on['sample_evals']:>7.0f}"
-                     f"{on['peak_mb']:>8.1f} | {off['wall_s']:>8.3f}{off['sample_evals']:>7.0f}{off['peak_mb']:>8.1f}"
-                     f" | {it['wall_s']:>8.3f}{it['transformer_sample_evals']:>7.0f}"
-                     f"{it['algorithm_minimum_sample_evals']:>6.0f}")
+        lines.append(
+            f"{r['chunk_backward']:<11}{r['policy_batch']:>6} | {on['wall_s']:>8.3f}{on['sample_evals']:>7.0f}"
+            f"{on['peak_mb']:>8.1f} | {off['wall_s']:>8.3f}{off['sample_evals']:>7.0f}{off['peak_mb']:>8.1f}"
+            f" | {it['wall_s']:>8.3f}{it['transformer_sample_evals']:>7.0f}"
+            f"{it['algorithm_minimum_sample_evals']:>6.0f}"
+        )
     return "\n".join(lines)
 
 
@@ -225,12 +270,25 @@ def branching_report(cfg, rows: list[dict]) -> dict:
         ours = br.engine_cost(N, steps, grans, G, kl_ref=c.kl_ref_coef > 0)
         ref = (br.g2rpo_reference_cost(N, steps, grans, G) if c.method == "granular"
                else br.tempflow_reference_cost(N, steps, G, kl_ref=c.kl_ref_coef > 0))
-        return {"settings": {"num_steps": N, "branch_steps": steps, "granularities": grans, "group_size": G,
-                             "kl_ref": c.kl_ref_coef > 0},
-                "engine": {"per_sample_forwards": ours.sample_forwards, "sequential_calls": ours.sequential_calls},
-                "reference": {"per_sample_forwards": ref.sample_forwards, "sequential_calls": ref.sequential_calls},
-                "forwards_saved_pct": round(100 * (1 - ours.sample_forwards / ref.sample_forwards), 1),
-                "sequential_ratio": round(ref.sequential_calls / ours.sequential_calls, 1)}
+        return {
+            "settings": {
+                "num_steps": N,
+                "branch_steps": steps,
+                "granularities": grans,
+                "group_size": G,
+                "kl_ref": c.kl_ref_coef > 0,
+            },
+            "engine": {
+                "per_sample_forwards": ours.sample_forwards,
+                "sequential_calls": ours.sequential_calls,
+            },
+            "reference": {
+                "per_sample_forwards": ref.sample_forwards,
+                "sequential_calls": ref.sequential_calls,
+            },
+            "forwards_saved_pct": round(100 * (1 - ours.sample_forwards / ref.sample_forwards), 1),
+            "sequential_ratio": round(ref.sequential_calls / ours.sequential_calls, 1),
+        }
 
     P = cfg.prompts_per_rank
     run = compare(cfg)
@@ -278,16 +336,32 @@ def main() -> int:
     ap.add_argument("--size", default="tiny", choices=["tiny", "mid", "flux"])
     ap.add_argument("--res", type=int, default=64)
     ap.add_argument("--iterations", type=int, default=2, help="timed iterations per row")
-    ap.add_argument("--warmup", type=int, default=1, help="untimed iterations first (allocator, threads, compile)")
+    ap.add_argument(
+        "--warmup", type=int, default=1, help="untimed iterations first (allocator, threads, compile)"
+    )
     ap.add_argument("--threads", type=int, default=0, help="torch threads per row (0 = torch's default)")
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--rows", default=DEFAULT_ROWS, help=f"strategy:policy_batch,... (default {DEFAULT_ROWS})")
-    ap.add_argument("--paper-chunks", action="store_true", help="17 steps, chunks [2,3,4,7] (default: tiny_cpu's 8 steps, [2,2,3])")
-    ap.add_argument("--drift", action="store_true", help="also measure the rollout-vs-training log-prob drift (first row)")
-    ap.add_argument("--method", choices=["tempflow", "granular"], default=None,
-                    help="branching method: report its transformer calls against the reference implementations")
+    ap.add_argument(
+        "--rows", default=DEFAULT_ROWS, help=f"strategy:policy_batch,... (default {DEFAULT_ROWS})"
+    )
+    ap.add_argument(
+        "--paper-chunks",
+        action="store_true",
+        help="17 steps, chunks [2,3,4,7] (default: tiny_cpu's 8 steps, [2,2,3])",
+    )
+    ap.add_argument(
+        "--drift", action="store_true", help="also measure the rollout-vs-training log-prob drift (first row)"
+    )
+    ap.add_argument(
+        "--method",
+        choices=["tempflow", "granular"],
+        default=None,
+        help="branching method: report its transformer calls against the reference implementations",
+    )
     ap.add_argument("--child", help=argparse.SUPPRESS)
-    ap.add_argument("overrides", nargs="*", help="TrainConfig overrides for every row (e.g. method=dance kl_coef=0.01)")
+    ap.add_argument(
+        "overrides", nargs="*", help="TrainConfig overrides for every row (e.g. method=dance kl_coef=0.01)"
+    )
     args = ap.parse_args()
     if args.child:  # one row, in its own process
         spec = json.loads(args.child)
@@ -301,7 +375,9 @@ def main() -> int:
         spec = {"size": args.size, "res": args.res, "iterations": args.iterations, "device": args.device,
                 "overrides": common + row, "drift": args.drift and i == 0, "warmup": args.warmup,
                 "threads": args.threads}
-        proc = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], capture_output=True, text=True)
+        proc = subprocess.run(
+            [sys.executable, __file__, "--child", json.dumps(spec)], capture_output=True, text=True
+        )
         out = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
         if proc.returncode or not out:
             sys.stderr.write(proc.stderr[-4000:])
@@ -309,7 +385,11 @@ def main() -> int:
             return 1
         results.append(json.loads(out[-1][len("RESULT "):]))
         # each finished row at once (a long run stopped later keeps the rows it finished)
-        print(f"done: {' '.join(row)}\n{table(results[-1:])}\nROW {json.dumps(results[-1])}", file=sys.stderr, flush=True)
+        print(
+            f"done: {' '.join(row)}\n{table(results[-1:])}\nROW {json.dumps(results[-1])}",
+            file=sys.stderr,
+            flush=True,
+        )
     print(table(results))
     print(json.dumps({"rows": results}, indent=1))
     return 0

@@ -154,7 +154,9 @@ def plan_chunks(chunks: str | ChunkSpec, trainable_steps: int, l1rel: list[float
     spec = parse_chunks(chunks)
     s = spec.text
     if spec.kind == "step":
-        return ChunkPlan(s, [1] * S, "step-level: every trainable step is its own chunk (DanceGRPO/Flow-GRPO)")
+        return ChunkPlan(
+            s, [1] * S, "step-level: every trainable step is its own chunk (DanceGRPO/Flow-GRPO)"
+        )
     if spec.kind == "whole":
         return ChunkPlan(s, [S], "sequence-level: one chunk of all trainable steps (GSPO-like)")
     if spec.kind == "uniform":
@@ -162,7 +164,9 @@ def plan_chunks(chunks: str | ChunkSpec, trainable_steps: int, l1rel: list[float
         if n > S:
             raise UserError(f"uniform chunk size {n} exceeds the {S} trainable steps")
         sizes = [n] * (S // n) + ([S % n] if S % n else [])
-        return ChunkPlan(s, sizes, f"uniform: chunks of {n} steps" + (f", remainder {S % n} last" if S % n else ""))
+        return ChunkPlan(
+            s, sizes, f"uniform: chunks of {n} steps" + (f", remainder {S % n} last" if S % n else "")
+        )
     if spec.kind == "sizes":
         sizes = list(spec.sizes)
         if sum(sizes) != S:
@@ -192,8 +196,9 @@ def training_plan(method: str, chunks: str | ChunkSpec, trainable_steps: int, *,
     if spec.kind == "file" and not read_plan_file:
         return plan_chunks("step", trainable_steps)
     if spec.kind == "dynamics":
-        raise UserError("chunks=dynamics needs a profile: run `chunkgrpo profile` + `chunkgrpo plan` and pass "
-                        "plan.json")
+        raise UserError(
+            "chunks=dynamics needs a profile: run `chunkgrpo profile` + `chunkgrpo plan` and pass plan.json"
+        )
     return plan_chunks(spec, trainable_steps)
 
 
@@ -281,7 +286,10 @@ def plan_dynamics(p: list[float], *, max_chunk: int = 5, last_fraction: float = 
         f"first chunk = steps 0–{first - 1}, the initial steps (L1rel {p[0]:.4g}→{p[first - 1]:.4g}), "
         "closed at the first curvature cut",
         "cuts at curvature peaks (second difference of L1rel): "
-        + (", ".join(f"step {cut_at[t]} (peak at {t}, κ={curv[t]:.3g})" for t in sorted(used)) or "none above threshold"),
+        + (
+            ", ".join(f"step {cut_at[t]} (peak at {t}, κ={curv[t]:.3g})" for t in sorted(used))
+            or "none above threshold"
+        ),
         f"last chunk = steps {late_start}–{S - 1}: the late steps, the last {last_fraction:g} of the {N} sampling "
         "steps (pre-observation of where a trained model departs from the base, method.md §5)",
         f"early chunks kept <= {max_chunk} steps" + (f" ({'; '.join(split_notes)})" if split_notes else ""),

@@ -22,8 +22,9 @@ def _command_modules():
     """Built-in commands, then plugin commands registered under the `chunkgrpo.commands` entry-point
     group (e.g. `chunkgrpo pipeline` lives in the top-level `pipeline` package, so that nothing in
     `chunkgrpo/` imports kfp)."""
-    import chunkgrpo.commands as pkg
     from importlib.metadata import entry_points
+
+    import chunkgrpo.commands as pkg
 
     for info in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda i: i.name):
         if info.name.startswith("_"):
@@ -55,7 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # e.g. the harmless "requires torchvision" notice
+    os.environ.setdefault(
+        "TRANSFORMERS_VERBOSITY", "error"
+    )  # e.g. the harmless "requires torchvision" notice
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "_run", None):
@@ -78,9 +81,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"chunkgrpo {args.command}: interrupted", file=sys.stderr)
         return 130
     except Terminated as e:
-        print(f"chunkgrpo {args.command}: {e}; stopped (the last complete checkpoint is intact)", file=sys.stderr)
+        print(
+            f"chunkgrpo {args.command}: {e}; stopped (the last complete checkpoint is intact)",
+            file=sys.stderr,
+        )
         return 128 + e.signum
-    except Exception as e:  # noqa: BLE001 - known failures become one line; anything else keeps its traceback
+    except Exception as e:
         line = one_line_error(e)
         if line is None:
             raise

@@ -172,7 +172,9 @@ class Config:
         if unknown:
             k = unknown[0]
             close = difflib.get_close_matches(k, sorted(names), n=1)
-            hint = f" (did you mean {prefix}{close[0]}?)" if close else f" (known: {', '.join(sorted(names))})"
+            hint = (
+                f" (did you mean {prefix}{close[0]}?)" if close else f" (known: {', '.join(sorted(names))})"
+            )
             raise UserError(f"unknown {cls.__name__} option {prefix}{k!r}{hint}")
         kwargs = {k: _coerce(v, hints[k], prefix + k) for k, v in data.items()}
         try:
@@ -223,7 +225,9 @@ def load_yaml(source: str | Path) -> dict:
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
-        raise UserError(f"{path}: invalid YAML{where}: {getattr(e, 'problem', None) or type(e).__name__}") from None
+        raise UserError(
+            f"{path}: invalid YAML{where}: {getattr(e, 'problem', None) or type(e).__name__}"
+        ) from None
     if not isinstance(data, dict):
         raise UserError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
     return data

@@ -43,8 +43,9 @@ class ProfileConfig(Config):
     trajectories: Literal["sde", "ode"] = option(
         "sde", "profile the planner reads: sde = the training trajectories (η, rule, stochastic steps of "
         "`sampling`), ode = deterministic; both are computed, stored and plotted")
-    sampling: SamplingConfig = option(factory=SamplingConfig,
-                                      help="schedule/resolution and the training SDE (η, rule, stochastic steps)")
+    sampling: SamplingConfig = option(
+        factory=SamplingConfig, help="schedule/resolution and the training SDE (η, rule, stochastic steps)"
+    )
 
     def __post_init__(self) -> None:
         if self.seeds < 1:
@@ -72,7 +73,9 @@ def profile_model(model, prompts: list[str], cfg: ProfileConfig, progress: bool 
     for seed in range(cfg.seeds):
         for bi, cond in enumerate(cond_all):
             for kind, sampling in kinds.items():  # the same generator seed: same initial noise for both
-                traj = rollout_group(model, cond, 1, sampling, torch.Generator().manual_seed(1000 * seed + bi))
+                traj = rollout_group(
+                    model, cond, 1, sampling, torch.Generator().manual_seed(1000 * seed + bi)
+                )
                 runs[kind].append(l1rel(traj.latents).cpu())
                 bar.update(1)
     bar.close()
@@ -86,7 +89,7 @@ def profile_model(model, prompts: list[str], cfg: ProfileConfig, progress: bool 
         "sampling": s.to_dict(),
         "trajectories": cfg.trajectories,
         "definition": "L1rel(t) = mean|x_{t+1} - x_t| / mean|x_t|, averaged over prompts x seeds (Eq. 15); "
-                      "l1rel = the '" + cfg.trajectories + "' profile (sde: training eta/rule; ode: deterministic)",
+        "l1rel = the '" + cfg.trajectories + "' profile (sde: training eta/rule; ode: deterministic)",
     }
     for kind, per_run in runs.items():
         allv = torch.cat(per_run)  # (prompts*seeds, N)
@@ -113,7 +116,9 @@ def select_trajectories(profile: dict, trajectories: str | None = None) -> tuple
         return list(profile[key]), kind
     if kind == profile.get("trajectories", "ode"):
         return list(profile["l1rel"]), kind
-    raise UserError(f"the profile has no {kind.upper()} curve ({key}); re-run `chunkgrpo profile` to record both")
+    raise UserError(
+        f"the profile has no {kind.upper()} curve ({key}); re-run `chunkgrpo profile` to record both"
+    )
 
 
 def write_profile(profile: dict, out: str | Path, plot: bool = True) -> Path:
@@ -152,7 +157,9 @@ def load_profile(path: str | Path) -> dict:
             raise UserError(f"profile {path} has no {key!r} list")
     n = len(prof["l1rel"])
     if len(prof["sigmas"]) != n + 1:
-        raise UserError(f"profile {path}: {len(prof['sigmas'])} sigmas for {n} transitions (expected {n + 1})")
+        raise UserError(
+            f"profile {path}: {len(prof['sigmas'])} sigmas for {n} transitions (expected {n + 1})"
+        )
     if n > MAX_PROFILE_STEPS:
         raise UserError(f"profile {path} has {n} transitions; at most {MAX_PROFILE_STEPS} sampling steps are "
                         "supported (FLUX samples 16–50)")
@@ -174,7 +181,11 @@ def plot_profile(profile: dict, out: str | Path, plan: dict | None = None) -> Pa
     import matplotlib.pyplot as plt
 
     planned = (plan or {}).get("trajectories") or profile.get("trajectories", "ode")
-    curves = [(k, profile[f"l1rel_{k}"], profile.get(f"l1rel_{k}_std")) for k in ("sde", "ode") if f"l1rel_{k}" in profile]
+    curves = [
+        (k, profile[f"l1rel_{k}"], profile.get(f"l1rel_{k}_std"))
+        for k in ("sde", "ode")
+        if f"l1rel_{k}" in profile
+    ]
     if not curves:
         curves = [(planned, profile["l1rel"], profile.get("l1rel_std"))]
     fig, ax = plt.subplots(figsize=(7, 3.5), dpi=110)
@@ -185,9 +196,18 @@ def plot_profile(profile: dict, out: str | Path, plan: dict | None = None) -> Pa
         main = kind == planned
         label = f"{kind.upper()} trajectories" + (" (planned on)" if main and plan else "")
         color = "#1f77b4" if kind == "sde" else "#ff7f0e"
-        ax.plot(x, y, marker="o" if main else ".", linestyle="-" if main else "--", linewidth=2 if main else 1,
-                color=color, label=label)
-        ax.fill_between(x, [a - b for a, b in zip(y, std)], [a + b for a, b in zip(y, std)], alpha=0.15, color=color)
+        ax.plot(
+            x,
+            y,
+            marker="o" if main else ".",
+            linestyle="-" if main else "--",
+            linewidth=2 if main else 1,
+            color=color,
+            label=label,
+        )
+        ax.fill_between(
+            x, [a - b for a, b in zip(y, std)], [a + b for a, b in zip(y, std)], alpha=0.15, color=color
+        )
         top = max(top, max(y))
     n = len(curves[0][1])
     ax.axvspan(n - 1.5, n - 0.5, color="grey", alpha=0.15, label="final step (never trained)")
@@ -218,7 +238,9 @@ def run_profile(cfg: ProfileConfig, progress: bool = True) -> tuple[dict, Path]:
     if not cfg.prompts:
         raise UserError("profile needs a prompt file (--prompts FILE)")
     if Path(cfg.out).is_dir():
-        raise UserError(f"profile output {cfg.out} is a directory; give a file name (e.g. {Path(cfg.out) / 'profile.json'})")
+        raise UserError(
+            f"profile output {cfg.out} is a directory; give a file name (e.g. {Path(cfg.out) / 'profile.json'})"
+        )
     from chunkgrpo.inputs import check_output_file
 
     check_output_file(cfg.out, "profile output")  # before minutes of sampling

@@ -35,7 +35,9 @@ class PromptEmbeds:
         return PromptEmbeds(self.prompt_embeds[idx], self.pooled[idx], self.text_ids)
 
     def repeat_interleave(self, n: int) -> "PromptEmbeds":
-        return PromptEmbeds(self.prompt_embeds.repeat_interleave(n, 0), self.pooled.repeat_interleave(n, 0), self.text_ids)
+        return PromptEmbeds(
+            self.prompt_embeds.repeat_interleave(n, 0), self.pooled.repeat_interleave(n, 0), self.text_ids
+        )
 
     def to(self, device=None, dtype=None) -> "PromptEmbeds":
         return PromptEmbeds(self.prompt_embeds.to(device=device, dtype=dtype),
@@ -118,7 +120,9 @@ def resolve_model_source(source: str | os.PathLike, cache_dir: str | os.PathLike
     p = Path(s).expanduser()
     if p.exists():
         if not (p / "model_index.json").exists():
-            raise UserError(f"model dir {p} has no model_index.json (expected a diffusers FLUX pipeline folder)")
+            raise UserError(
+                f"model dir {p} has no model_index.json (expected a diffusers FLUX pipeline folder)"
+            )
         return str(p)
     if s.startswith((".", "/", "~")) or os.sep in s and s.count("/") != 1:
         raise UserError(f"model dir {s} does not exist (expected a diffusers FLUX pipeline folder)")
@@ -126,14 +130,22 @@ def resolve_model_source(source: str | os.PathLike, cache_dir: str | os.PathLike
         from huggingface_hub import snapshot_download
 
         return snapshot_download(s, local_files_only=True)
-    except Exception as e:  # noqa: BLE001 - any failure here means "not available offline"
-        raise UserError(f"model {s!r} is not a local folder and not in the local hub cache ({type(e).__name__}); "
-                        "pass a folder, an s3:// URI, or pre-populate HF_HOME") from None
+    except Exception as e:
+        raise UserError(
+            f"model {s!r} is not a local folder and not in the local hub cache ({type(e).__name__}); "
+            "pass a folder, an s3:// URI, or pre-populate HF_HOME"
+        ) from None
 
 
-def load_flux(source: str | os.PathLike, *, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
-              with_text_encoders: bool = True, with_vae: bool = True,
-              frozen_dtype: torch.dtype | None = None) -> "FluxModel":
+def load_flux(
+    source: str | os.PathLike,
+    *,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype | None = None,
+    with_text_encoders: bool = True,
+    with_vae: bool = True,
+    frozen_dtype: torch.dtype | None = None,
+) -> "FluxModel":
     """Load a FLUX pipeline folder (see `resolve_model_source`) into a `FluxModel`.
 
     `frozen_dtype`: the dtype of the components that are never trained (CLIP, T5, VAE), cast before they
@@ -158,7 +170,7 @@ def load_flux(source: str | os.PathLike, *, device: str | torch.device = "cpu", 
         kwargs["vae"] = None
     try:
         pipe = FluxPipeline.from_pretrained(path, dtype=dtype, **kwargs)
-    except Exception as e:  # noqa: BLE001 - a damaged folder: missing keys, truncated weights, bad JSON
+    except Exception as e:
         if isinstance(e, (UserError, MemoryError)) or (isinstance(e, RuntimeError) and "CUDA" in str(e)):
             raise
         text = " ".join(str(e).split())[:240]
@@ -236,12 +248,23 @@ class FluxModel:
         B = x.shape[0]
         # int(σ·1000)/1000 rounded once to fp32 (as the references' long/1000), never through bf16
         t = (timesteps.to(device=self.device, dtype=torch.float64).expand(B) / 1000.0).float()
-        g = torch.full((B,), guidance, device=self.device, dtype=torch.float32) if self.guidance_embeds else None
+        g = (
+            torch.full((B,), guidance, device=self.device, dtype=torch.float32)
+            if self.guidance_embeds
+            else None
+        )
         self.counter.record(B)
         with exact_time_embedding(model, t, g):
-            out = model(hidden_states=x.to(self.dtype), timestep=t, guidance=g, pooled_projections=cond.pooled,
-                        encoder_hidden_states=cond.prompt_embeds, txt_ids=cond.text_ids, img_ids=img_ids,
-                        return_dict=False)[0]
+            out = model(
+                hidden_states=x.to(self.dtype),
+                timestep=t,
+                guidance=g,
+                pooled_projections=cond.pooled,
+                encoder_hidden_states=cond.prompt_embeds,
+                txt_ids=cond.text_ids,
+                img_ids=img_ids,
+                return_dict=False,
+            )[0]
         return out.float()
 
     def compiled(self):

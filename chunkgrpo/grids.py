@@ -5,7 +5,9 @@ from __future__ import annotations
 from PIL import Image, ImageDraw
 
 
-def image_grid(images: list[Image.Image], cols: int = 4, labels: list[str] | None = None, pad: int = 2) -> Image.Image:
+def image_grid(
+    images: list[Image.Image], cols: int = 4, labels: list[str] | None = None, pad: int = 2
+) -> Image.Image:
     """Tile images (all resized to the first one's size) into a grid, with optional captions."""
     if not images:
         raise ValueError("image_grid needs at least one image")

@@ -33,7 +33,9 @@ def read_text(path: str | Path, what: str = "file") -> str:
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
-        raise UserError(f"{what} {path} is not UTF-8 text (bad byte 0x{data[e.start]:02x} at offset {e.start})") from None
+        raise UserError(
+            f"{what} {path} is not UTF-8 text (bad byte 0x{data[e.start]:02x} at offset {e.start})"
+        ) from None
 
 
 def check_regular(path: str | Path, what: str = "file") -> None:
@@ -64,4 +66,6 @@ def read_json(path: str | Path, what: str = "JSON file") -> Any:
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:
-        raise UserError(f"{what} {path} is not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+        raise UserError(
+            f"{what} {path} is not valid JSON ({e.msg} at line {e.lineno} column {e.colno})"
+        ) from None

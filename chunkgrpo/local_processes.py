@@ -60,7 +60,7 @@ def port_owner(port: int) -> str:
         for c in psutil.net_connections(kind="tcp"):
             if c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN and c.pid:
                 return f"pid {c.pid} ({psutil.Process(c.pid).name()})"
-    except Exception:  # noqa: BLE001 - purely informative
+    except Exception:
         pass
     return "another process"
 
@@ -81,7 +81,7 @@ def start_time(pid: int) -> float | None:
         import psutil
 
         return psutil.Process(pid).create_time()
-    except Exception:  # noqa: BLE001
+    except Exception:
         return None
 
 
@@ -108,7 +108,7 @@ def alive(pid: int | None, create_time: float | None = None) -> bool:
             return True
         except OSError:
             return False
-    except Exception:  # noqa: BLE001 - NoSuchProcess, AccessDenied
+    except Exception:
         return False
 
 

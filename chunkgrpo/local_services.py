@@ -45,8 +45,20 @@ from typing import Any
 
 from chunkgrpo.config import Config, option
 from chunkgrpo.errors import UserError
-from chunkgrpo.local_processes import (CHILDREN, HOST, alive, any_alive, free_port, free_ports, http_ok,
-                                       port_in_use, port_owner, reap, signal_group, start_time)
+from chunkgrpo.local_processes import (
+    CHILDREN,
+    HOST,
+    alive,
+    any_alive,
+    free_port,
+    free_ports,
+    http_ok,
+    port_in_use,
+    port_owner,
+    reap,
+    signal_group,
+    start_time,
+)
 from chunkgrpo.locks import FileLock
 
 log = logging.getLogger(__name__)
@@ -62,7 +74,9 @@ class LocalServicesConfig(Config):
     """Where and on which ports the local S3 + MLflow servers run."""
 
     home: str = option("", "state dir; default $CHUNKGRPO_HOME or ./.chunkgrpo/local")
-    s3_port: int = option(8333, "S3 port of the SeaweedFS server on 127.0.0.1 (its internal ports are picked free)")
+    s3_port: int = option(
+        8333, "S3 port of the SeaweedFS server on 127.0.0.1 (its internal ports are picked free)"
+    )
     mlflow_port: int = option(5000, "MLflow tracking server port on 127.0.0.1")
     mlflow: bool = option(True, "also run the MLflow server (false: S3 only)")
     bucket: str = option("chunkgrpo", "artifact bucket created at start (CHUNKGRPO_S3_BUCKET)")
@@ -72,7 +86,9 @@ class LocalServicesConfig(Config):
     stop_timeout_s: float = option(30.0, "seconds to wait after SIGTERM before SIGKILL")
 
     def __post_init__(self) -> None:
-        self.home = self.home or os.environ.get("CHUNKGRPO_HOME", "") or str(Path.cwd() / ".chunkgrpo" / "local")
+        self.home = (
+            self.home or os.environ.get("CHUNKGRPO_HOME", "") or str(Path.cwd() / ".chunkgrpo" / "local")
+        )
         for name in ("s3_port", "mlflow_port"):
             port = getattr(self, name)
             if not 1024 <= port <= 65535:
@@ -164,7 +180,9 @@ class LocalServices:
         except FileNotFoundError:
             return {"services": {}}
         except (OSError, json.JSONDecodeError) as e:
-            raise UserError(f"{self.state_file} is unreadable ({e}); stop leftovers by hand and delete it") from None
+            raise UserError(
+                f"{self.state_file} is unreadable ({e}); stop leftovers by hand and delete it"
+            ) from None
 
     def _save_state(self, state: dict[str, Any]) -> None:
         if not state.get("services"):
@@ -191,7 +209,9 @@ class LocalServices:
             ak, sk, source = f"chunkgrpo-{secrets.token_hex(4)}", secrets.token_hex(24), "generated"
         self.home.mkdir(parents=True, exist_ok=True)
         os.chmod(self.home, 0o700)
-        _write_private(path, json.dumps({"access_key": ak, "secret_key": sk, "source": source}, indent=1) + "\n")
+        _write_private(
+            path, json.dumps({"access_key": ak, "secret_key": sk, "source": source}, indent=1) + "\n"
+        )
         log.info("S3 credentials (%s) stored in %s (mode 0600)", source, path)
         return ak, sk
 
@@ -255,7 +275,9 @@ class LocalServices:
                     self._wait_healthy(name, rec)
                     continue
                 if st.state == "crashed":
-                    log.warning("local %s had crashed (pid %s); starting it again. %s", name, st.pid, st.detail)
+                    log.warning(
+                        "local %s had crashed (pid %s); starting it again. %s", name, st.pid, st.detail
+                    )
                     self._stop_record(name, rec)  # nothing to kill; clears what the dead process left
                     state.setdefault("crashes", []).append(
                         {"service": name, "pid": st.pid, "noticed": time.strftime("%Y-%m-%dT%H:%M:%S")})
@@ -282,7 +304,8 @@ class LocalServices:
             if port_in_use(port):
                 raise UserError(
                     f"port {port} ({what}) on {HOST} is already in use by {port_owner(port)}; stop it or "
-                    f"choose another port (chunkgrpo local up --{'mlflow' if 'MLflow' in what else 's3'}-port N)")
+                    f"choose another port (chunkgrpo local up --{'mlflow' if 'MLflow' in what else 's3'}-port N)"
+                )
 
     def _spawn(self, name: str, cmd: list[str], env: dict[str, str], port: int, **extra: Any) -> dict:
         logs = self.home / "logs"
@@ -350,8 +373,10 @@ class LocalServices:
                 log.info("local %s healthy after %.1fs", name, time.monotonic() - t0)
                 return
             time.sleep(0.2)
-        raise UserError(f"local {name} (pid {rec['pid']}) not healthy after {self.config.start_timeout_s:.0f}s; "
-                        f"see {rec['log']}:\n{_tail(Path(rec['log']), 12)}")
+        raise UserError(
+            f"local {name} (pid {rec['pid']}) not healthy after {self.config.start_timeout_s:.0f}s; "
+            f"see {rec['log']}:\n{_tail(Path(rec['log']), 12)}"
+        )
 
     def _ensure_buckets(self, s3_port: int) -> None:
         from chunkgrpo.store.client import ArtifactStore
@@ -365,7 +390,7 @@ class LocalServices:
                 return
             except UserError:
                 raise
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:
                 if time.monotonic() > deadline:
                     raise UserError(f"local S3 up but bucket creation keeps failing: {e}") from e
                 time.sleep(0.5)
@@ -407,7 +432,7 @@ class LocalServices:
 
             procs = [psutil.Process(pid)]
             procs += procs[0].children(recursive=True)
-        except Exception:  # noqa: BLE001
+        except Exception:
             psutil, procs = None, []
         log.info("stopping local %s (pid %d)", name, pid)
         signal_group(pgid, pid, signal.SIGTERM)
@@ -415,7 +440,9 @@ class LocalServices:
         while time.monotonic() < deadline and any_alive(procs, pid):
             time.sleep(0.1)
         if any_alive(procs, pid):
-            log.warning("local %s (pid %d) ignored SIGTERM for %.0fs; killing", name, pid, self.config.stop_timeout_s)
+            log.warning(
+                "local %s (pid %d) ignored SIGTERM for %.0fs; killing", name, pid, self.config.stop_timeout_s
+            )
             signal_group(pgid, pid, signal.SIGKILL)
             for p in procs:
                 with contextlib.suppress(Exception):
@@ -433,8 +460,14 @@ class LocalServices:
         from chunkgrpo.store.client import StoreConfig
 
         ak, sk = self.credentials()
-        return StoreConfig(endpoint=f"http://{HOST}:{port or self._ports()[0]}", bucket=bucket or self.config.bucket,
-                           region=self.config.region, access_key=ak, secret_key=sk, secure=False)
+        return StoreConfig(
+            endpoint=f"http://{HOST}:{port or self._ports()[0]}",
+            bucket=bucket or self.config.bucket,
+            region=self.config.region,
+            access_key=ak,
+            secret_key=sk,
+            secure=False,
+        )
 
     def env(self) -> dict[str, str]:
         """Env vars the pipeline stages need to use these services (includes the S3 secret)."""
@@ -462,7 +495,7 @@ def _not_ours(rec: dict) -> str:
         import psutil
 
         cmdline = psutil.Process(pid).cmdline()
-    except Exception as e:  # noqa: BLE001 - AccessDenied: not ours either
+    except Exception as e:
         return f"its command line cannot be read ({type(e).__name__})"
     if rec.get("cmd") and cmdline != rec["cmd"]:
         return f"it runs {' '.join(cmdline)[:120]!r}, not the recorded server command"
@@ -499,8 +532,15 @@ def env(config: LocalServicesConfig | None = None) -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def local_services(home: str | Path | None = None, *, s3_port: int | None = None, mlflow_port: int | None = None,
-                   mlflow: bool = True, free_ports: bool = True, **overrides: Any) -> Iterator[LocalServices]:
+def local_services(
+    home: str | Path | None = None,
+    *,
+    s3_port: int | None = None,
+    mlflow_port: int | None = None,
+    mlflow: bool = True,
+    free_ports: bool = True,
+    **overrides: Any,
+) -> Iterator[LocalServices]:
     """Run local services for the duration of a `with` block (tests, demos).
 
     With free_ports=True (default) unspecified ports are picked free, so a dev instance on the

@@ -58,8 +58,12 @@ def _local_source(source: str, download: bool, revision: str | None) -> Path:
     try:
         return Path(snapshot_download(source, revision=revision, local_files_only=not download,
                                       token=os.environ.get("HF_TOKEN") or None))
-    except Exception as e:  # noqa: BLE001 - hub errors have many types; one line for the user
-        how = "download failed" if download else "not in the local hub cache (pass --download on a machine with hub access)"
+    except Exception as e:
+        how = (
+            "download failed"
+            if download
+            else "not in the local hub cache (pass --download on a machine with hub access)"
+        )
         raise UserError(f"{source}: {how} ({type(e).__name__}: {str(e).splitlines()[0][:200]})") from None
 
 

@@ -18,7 +18,6 @@ import torch
 from chunkgrpo import checks
 from chunkgrpo.errors import UserError
 
-
 # ----------------------------------------------------------------------------- chunk bookkeeping
 
 def check_sizes(sizes: Sequence[int], num_steps: int | None = None) -> list[int]:
@@ -37,7 +36,9 @@ def check_sizes(sizes: Sequence[int], num_steps: int | None = None) -> list[int]
 def chunk_index(sizes: Sequence[int], device=None) -> torch.Tensor:
     """Chunk id of each step, shape (S,)."""
     sizes = check_sizes(sizes)
-    return torch.repeat_interleave(torch.arange(len(sizes), device=device), torch.tensor(sizes, device=device))
+    return torch.repeat_interleave(
+        torch.arange(len(sizes), device=device), torch.tensor(sizes, device=device)
+    )
 
 
 def chunk_mean(values: torch.Tensor, sizes: Sequence[int]) -> torch.Tensor:
@@ -58,7 +59,9 @@ def log_ratio(logp_new: torch.Tensor, logp_old: torch.Tensor | None) -> torch.Te
     return logp_new - logp_old.detach()
 
 
-def clipped_surrogate(ratio: torch.Tensor, adv: torch.Tensor, clip_low: float, clip_high: float) -> torch.Tensor:
+def clipped_surrogate(
+    ratio: torch.Tensor, adv: torch.Tensor, clip_low: float, clip_high: float
+) -> torch.Tensor:
     """ℓ = max(−A·ρ, −A·clip(ρ, 1−ε_lo, 1+ε_hi))  (method.md §4, per unit)."""
     if clip_low < 0 or clip_high < 0:
         raise UserError(f"clip ranges must be >= 0, got clip_low={clip_low}, clip_high={clip_high}")
@@ -344,7 +347,9 @@ def _pack_units(units: Sequence[Unit], idxs: Sequence[int], budget: int, key: Ke
     return [[i for c in batch for i in c] for batch in _pack(items, budget)]
 
 
-def _pair_batches(units: Sequence[Unit], idxs: Sequence[int], budget: int, key: KeyFn) -> list[list[tuple[int, int]]]:
+def _pair_batches(
+    units: Sequence[Unit], idxs: Sequence[int], budget: int, key: KeyFn
+) -> list[list[tuple[int, int]]]:
     """All (i, t) of the units, pairs with one input kept together, ≤ budget distinct inputs per batch."""
     by_key: dict = {}
     for i in idxs:
@@ -452,7 +457,9 @@ def window_backward(units: Sequence[Unit], forward: ForwardFn, *, clip_low: floa
     """
     key = key or (lambda b, t: (b, t))
     if strategy == "accumulate" and params is None:
-        raise ValueError("strategy 'accumulate' needs the trainable parameters (params=...) for its side buffer")
+        raise ValueError(
+            "strategy 'accumulate' needs the trainable parameters (params=...) for its side buffer"
+        )
     schedule = schedule_window(units, strategy=strategy, budget=budget, key=key,
                                units_per_forward=units_per_forward, side_buffer=params is not None)
     cl = dict(clip_low=clip_low, clip_high=clip_high, kl_coef=kl_coef)
@@ -490,7 +497,9 @@ def window_backward(units: Sequence[Unit], forward: ForwardFn, *, clip_low: floa
                 lp = run(pairs)
                 values.update({p: lp[j] for j, p in enumerate(pairs)})
         for i in schedule.per_step_units:
-            coef[i], stats[i] = unit_coefficient(units[i], torch.stack([values[(i, t)] for t in units[i].steps]), **cl)
+            coef[i], stats[i] = unit_coefficient(
+                units[i], torch.stack([values[(i, t)] for t in units[i].steps]), **cl
+            )
         live = schedule.per_step_units
         if skip_clipped:
             nonzero = (torch.stack([coef[i] for i in live]) != 0).tolist()  # one host sync per window
@@ -520,7 +529,9 @@ def window_backward(units: Sequence[Unit], forward: ForwardFn, *, clip_low: floa
                 (coef[i] * last.sum()).backward()
             side.apply(coef[i])
         if head_lp:
-            sum(torch.stack([coef[i] for i, _ in pairs]).to(lp.dtype).mul(lp).sum() for pairs, lp in head_lp).backward()
+            sum(
+                torch.stack([coef[i] for i, _ in pairs]).to(lp.dtype).mul(lp).sum() for pairs, lp in head_lp
+            ).backward()
     return stats
 
 

@@ -55,7 +55,7 @@ def _check_folder(what: str, uri: str, store, hint: str) -> str | None:
                 return None
             if store.list(uri):  # a plain prefix (weights uploaded by hand) is accepted
                 return None
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             return f"{what} {uri}: S3 error ({type(e).__name__}: {str(e).splitlines()[0][:120]})"
         return f"{what} {uri} does not exist ({hint})"
     path = Path(uri).expanduser()
@@ -70,8 +70,14 @@ def _check_model(model: str, store) -> str | None:
     if not model:
         return "no base model given"
     if model.startswith("s3://") or Path(model).expanduser().exists() or model.startswith(("/", ".")):
-        problem = _check_folder("base model", model, store, "fill the cache once with `chunkgrpo models sync`")
-        if problem is None and not model.startswith("s3://") and not (Path(model) / "model_index.json").exists():
+        problem = _check_folder(
+            "base model", model, store, "fill the cache once with `chunkgrpo models sync`"
+        )
+        if (
+            problem is None
+            and not model.startswith("s3://")
+            and not (Path(model) / "model_index.json").exists()
+        ):
             return f"base model {model} is not a diffusers folder (no model_index.json)"
         return problem
     try:
@@ -79,7 +85,7 @@ def _check_model(model: str, store) -> str | None:
 
         snapshot_download(model, local_files_only=True)
         return None
-    except Exception:  # noqa: BLE001
+    except Exception:
         target = model_uri(model) if model.count("/") == 1 else "s3://…"
         return (f"base model {model!r} is not in this image's hub cache and is never downloaded at run time: "
                 f"run `chunkgrpo models sync {model}` and use model={target}")
@@ -93,15 +99,19 @@ def _check_prompts(prompts: str, store) -> str | None:
             return None
         try:
             return None if store.exists(prompts) else f"prompt file {prompts} does not exist"
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             return f"prompt file {prompts}: S3 error ({type(e).__name__})"
     return None if Path(prompts).expanduser().is_file() else f"prompt file {prompts} does not exist"
 
 
 def _mlflow_request(path: str, body: dict | None = None) -> urllib.request.Request:
     uri = os.environ.get("MLFLOW_TRACKING_URI", "").rstrip("/")
-    req = urllib.request.Request(uri + path, data=None if body is None else json.dumps(body).encode(),
-                                 method="GET" if body is None else "POST", headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        uri + path,
+        data=None if body is None else json.dumps(body).encode(),
+        method="GET" if body is None else "POST",
+        headers={"Content-Type": "application/json"},
+    )
     user, password = os.environ.get("MLFLOW_TRACKING_USERNAME"), os.environ.get("MLFLOW_TRACKING_PASSWORD")
     if user and password:
         req.add_header("Authorization", "Basic " + b64encode(f"{user}:{password}".encode()).decode())
@@ -140,14 +150,22 @@ def _registered_version(ref: str, timeout_s: float) -> tuple[dict | None, str | 
     if not name or not alias:
         return None, f"registered model {ref!r} must be name@alias"
     if not os.environ.get("MLFLOW_TRACKING_URI", "").startswith("http"):
-        return None, f"registered model {ref} needs an MLflow server (MLFLOW_TRACKING_URI, ConfigMap chunkgrpo-env)"
-    req = _mlflow_request("/api/2.0/mlflow/registered-models/alias?" + urlencode({"name": name, "alias": alias}))
+        return (
+            None,
+            f"registered model {ref} needs an MLflow server (MLFLOW_TRACKING_URI, ConfigMap chunkgrpo-env)",
+        )
+    req = _mlflow_request(
+        "/api/2.0/mlflow/registered-models/alias?" + urlencode({"name": name, "alias": alias})
+    )
     try:
         with urllib.request.urlopen(req, timeout=timeout_s) as r:
             return json.loads(r.read()).get("model_version") or {}, None
     except urllib.error.HTTPError as e:
         if e.code == 404:
-            return None, f"registered model {name!r} has no version with alias {alias!r} (register and promote one)"
+            return (
+                None,
+                f"registered model {name!r} has no version with alias {alias!r} (register and promote one)",
+            )
         return None, f"registered model {ref}: MLflow answered HTTP {e.code}"
     except (urllib.error.URLError, OSError, ValueError) as e:
         return None, f"registered model {ref}: {getattr(e, 'reason', e)}"
@@ -160,9 +178,14 @@ def evaluation_inputs(eval_preset: str, eval_benchmarks: list, eval_overrides: l
     from chunkgrpo.config import load_yaml
     from chunkgrpo.model_cache import used_scorer_weights
 
-    overrides = [*eval_overrides, *([f"benchmarks={json.dumps(list(eval_benchmarks))}"] if eval_benchmarks else [])]
+    overrides = [
+        *eval_overrides,
+        *([f"benchmarks={json.dumps(list(eval_benchmarks))}"] if eval_benchmarks else []),
+    ]
     benchmarks = list(eval_benchmarks) or list(load_yaml(eval_preset).get("benchmarks") or ["hpdv2"])
-    weights = {f"scorer {k}": v for k, v in used_scorer_weights(eval_preset, overrides, dict(scorer_weights)).items()}
+    weights = {
+        f"scorer {k}": v for k, v in used_scorer_weights(eval_preset, overrides, dict(scorer_weights)).items()
+    }
     return benchmarks, weights
 
 
@@ -194,7 +217,9 @@ def check(spec: PreflightSpec) -> list[str]:
     problems.extend(p for p in checks if p)
     for role, uri in sorted(spec.weights.items()):
         if uri:
-            p = _check_folder(f"weights {role}", uri, store, "fill the cache once with `chunkgrpo models sync`")
+            p = _check_folder(
+                f"weights {role}", uri, store, "fill the cache once with `chunkgrpo models sync`"
+            )
             if p:
                 problems.append(p)
     if spec.artifact_root:
@@ -207,7 +232,7 @@ def check(spec: PreflightSpec) -> list[str]:
             try:
                 if not store._client.bucket_exists(bucket):
                     problems.append(f"bucket {bucket} of artifact_root does not exist")
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:
                 problems.append(f"artifact_root bucket {bucket}: S3 error ({type(e).__name__}: "
                                 f"{str(e).splitlines()[0][:120]})")
     if "wise" in spec.benchmarks and not os.environ.get(spec.judge_key_env):

@@ -66,7 +66,7 @@ class LineProgress(tqdm):
     def _step(self) -> int:
         return int(100 * self.n / self.total // self._every_pct) if self.total else -1
 
-    def display(self, msg=None, pos=None):  # noqa: D401 - tqdm's hook
+    def display(self, msg=None, pos=None):
         if self._closing or self.disable:
             return False
         now = time.monotonic()

@@ -74,7 +74,7 @@ def _caller(header: str | None, name: str, path: str = "registered-models/get", 
 class _Handler(BaseHTTPRequestHandler):
     server_version = "chunkgrpo-promoter"
 
-    def log_message(self, fmt, *args):  # noqa: D401 - no credentials are in the request line
+    def log_message(self, fmt, *args):
         log.info("%s %s", self.address_string(), fmt % args)
 
     def _answer(self, code: int, body: dict) -> None:
@@ -85,12 +85,12 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
-    def do_GET(self):  # noqa: N802
+    def do_GET(self):
         if self.path == "/health":
             return self._answer(200, {"status": "ok"})
         return self._answer(404, {"error": "not found"})
 
-    def do_POST(self):  # noqa: N802
+    def do_POST(self):
         """One route per path; every route reads the same bounded JSON body and maps errors the same way:
         403 not allowed, 400 bad request, 500 anything else (logged; the service keeps serving)."""
         route = {"/promote": self._promote, "/versions": self._create_version}.get(self.path)
@@ -102,7 +102,7 @@ class _Handler(BaseHTTPRequestHandler):
             return self._answer(403, {"error": str(e)})
         except (UserError, ValueError, TypeError) as e:
             return self._answer(400, {"error": str(e)})
-        except Exception as e:  # noqa: BLE001 - answer, keep serving
+        except Exception as e:
             log.exception("%s failed", self.path)
             return self._answer(500, {"error": f"{type(e).__name__}: {e}"})
         return self._answer(200, body)

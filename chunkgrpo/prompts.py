@@ -66,10 +66,14 @@ def load_prompts(path: str | Path, limit: int = 0) -> list[str]:
         try:
             table = pq.read_table(path)
         except (OSError, ValueError) as e:  # pyarrow.ArrowInvalid is a ValueError
-            raise UserError(f"prompt file {path} is not a readable parquet file ({str(e).splitlines()[0][:200]})") from None
+            raise UserError(
+                f"prompt file {path} is not a readable parquet file ({str(e).splitlines()[0][:200]})"
+            ) from None
         col = next((c for c in _FIELDS if c in table.column_names), None)
         if col is None:
-            raise UserError(f"{path}: no prompt column (looked for {', '.join(_FIELDS)}; got {table.column_names})")
+            raise UserError(
+                f"{path}: no prompt column (looked for {', '.join(_FIELDS)}; got {table.column_names})"
+            )
         prompts = [str(x) for x in table.column(col).to_pylist()]
     else:
         prompts = [ln.strip() for ln in read_text(path, "prompt file").splitlines()

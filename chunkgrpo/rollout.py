@@ -33,21 +33,34 @@ class SamplingConfig(Config):
     """How trajectories are sampled (shared by profiling, training and evaluation)."""
 
     num_steps: int = option(17, "sampling steps N (σ has N+1 points; N−1 transitions are trainable)")
-    schedule: Literal["shift", "dynamic"] = option("shift", "σ schedule: 'shift' (DanceGRPO/Chunk-GRPO) or 'dynamic' (FLUX default)")
+    schedule: Literal["shift", "dynamic"] = option(
+        "shift", "σ schedule: 'shift' (DanceGRPO/Chunk-GRPO) or 'dynamic' (FLUX default)"
+    )
     shift: float = option(3.0, "shift s of the shift schedule")
-    quantize_timesteps: bool = option(True, "give the transformer int(σ·1000) (shift recipes) instead of σ·1000")
+    quantize_timesteps: bool = option(
+        True, "give the transformer int(σ·1000) (shift recipes) instead of σ·1000"
+    )
     eta: float = option(0.7, "SDE noise level η")
-    rule: Literal["flow", "dance"] = option("flow", "SDE rule: 'flow' (Flow-GRPO, official Chunk-GRPO) or 'dance' (DanceGRPO)")
+    rule: Literal["flow", "dance"] = option(
+        "flow", "SDE rule: 'flow' (Flow-GRPO, official Chunk-GRPO) or 'dance' (DanceGRPO)"
+    )
     height: int = option(720, "image height in pixels")
     width: int = option(720, "image width in pixels")
-    guidance: float = option(3.5, "FLUX-dev guidance embedding value (ignored by models without guidance embeds)")
+    guidance: float = option(
+        3.5, "FLUX-dev guidance embedding value (ignored by models without guidance embeds)"
+    )
     max_sequence_length: int = option(512, "T5 tokens per prompt")
     same_noise: bool = option(True, "all G samples of a prompt start from the same initial noise")
-    stochastic: str = option("all", "which steps are SDE steps: all | none | window:START:END | steps:I,J,K (0-based; the last step is always ODE)")
+    stochastic: str = option(
+        "all",
+        "which steps are SDE steps: all | none | window:START:END | steps:I,J,K (0-based; the last step is always ODE)",
+    )
 
     def __post_init__(self) -> None:
         if self.num_steps < 2:
-            raise UserError(f"num_steps must be >= 2 (one trainable step + the final ODE step), got {self.num_steps}")
+            raise UserError(
+                f"num_steps must be >= 2 (one trainable step + the final ODE step), got {self.num_steps}"
+            )
         check_finite(self, "sampling.")
         if self.eta < 0:
             raise UserError(f"eta must be >= 0, got {self.eta}")
@@ -61,7 +74,9 @@ class SamplingConfig(Config):
         self.stochastic_mask()  # validates the spec
 
     def sigmas(self, image_seq_len: int = 4096) -> torch.Tensor:
-        return schedules.make_sigmas(self.schedule, self.num_steps, shift=self.shift, image_seq_len=image_seq_len)
+        return schedules.make_sigmas(
+            self.schedule, self.num_steps, shift=self.shift, image_seq_len=image_seq_len
+        )
 
     def timesteps(self, sigmas: torch.Tensor) -> torch.Tensor:
         return schedules.model_timesteps(sigmas, quantize=self.quantize_timesteps)
@@ -88,7 +103,9 @@ def parse_stochastic(spec: str, num_steps: int) -> torch.Tensor:
         idx = [int(s) for s in m.group(1).split(",") if s.strip()]
         bad = [i for i in idx if not 0 <= i < n_train]
         if bad:
-            raise UserError(f"stochastic steps {bad} out of range 0..{n_train - 1} (the last step is never stochastic)")
+            raise UserError(
+                f"stochastic steps {bad} out of range 0..{n_train - 1} (the last step is never stochastic)"
+            )
         mask[idx] = True
     else:
         raise UserError(f"unknown stochastic spec {spec!r} (use all | none | window:START:END | steps:I,J)")
@@ -119,7 +136,9 @@ class Trajectory:
         return self.sigmas.numel() - 1
 
     def select(self, idx) -> "Trajectory":
-        return Trajectory(self.latents[idx], self.log_probs[idx], self.stochastic, self.sigmas, self.timesteps, self.x0[idx])
+        return Trajectory(
+            self.latents[idx], self.log_probs[idx], self.stochastic, self.sigmas, self.timesteps, self.x0[idx]
+        )
 
     def input_key(self, sample: int, step: int) -> tuple[int, int]:
         """(representative sample, step) of the transformer input of (sample, step): equal keys mean the
@@ -168,7 +187,11 @@ def sample_trajectory(
     x = x_init.float()
     latents[:, 0] = x
     x0 = x
-    vels = torch.empty((B, N, *x_init.shape[1:]), dtype=torch.float32, device=x_init.device) if keep_velocities else None
+    vels = (
+        torch.empty((B, N, *x_init.shape[1:]), dtype=torch.float32, device=x_init.device)
+        if keep_velocities
+        else None
+    )
     with torch.no_grad():
         for i in range(N):
             s, sn = float(sigmas[i]), float(sigmas[i + 1])
@@ -202,7 +225,9 @@ def device_generator(generator: torch.Generator, device) -> torch.Generator:
     return torch.Generator(device=device).manual_seed(seed)
 
 
-def initial_latents(model, num_prompts: int, group_size: int, cfg: SamplingConfig, generator: torch.Generator):
+def initial_latents(
+    model, num_prompts: int, group_size: int, cfg: SamplingConfig, generator: torch.Generator
+):
     """(P·G, L, C) initial noise; shared within each group when cfg.same_noise."""
     if cfg.same_noise:
         base = model.initial_noise(num_prompts, cfg.height, cfg.width, generator)
@@ -253,20 +278,39 @@ def pair_log_probs(model, traj: Trajectory, cond_rep, samples, steps, cfg: Sampl
     inv = torch.tensor([slot[k] for k in keys])
     ub, ut = torch.tensor([k[0] for k in uniq]), torch.tensor([k[1] for k in uniq])
     x = traj.latents[ub, ut]  # (u, L, C) distinct inputs
-    v = model.velocity(x, traj.timesteps[ut].float(), cond_rep.index(ub), model.img_ids(cfg.height, cfg.width),
-                       guidance=cfg.guidance, transformer=transformer)
+    v = model.velocity(
+        x,
+        traj.timesteps[ut].float(),
+        cond_rep.index(ub),
+        model.img_ids(cfg.height, cfg.width),
+        guidance=cfg.guidance,
+        transformer=transformer,
+    )
     sb, st = torch.tensor(samples), torch.tensor(steps)
     if len(uniq) < len(keys):
         x, v = x[inv], v[inv]
-    return sde.step_log_prob(traj.latents[sb, st + 1], x, v, traj.sigmas[st].float(), traj.sigmas[st + 1].float(),
-                             eta=cfg.eta, rule=cfg.rule)
+    return sde.step_log_prob(
+        traj.latents[sb, st + 1],
+        x,
+        v,
+        traj.sigmas[st].float(),
+        traj.sigmas[st + 1].float(),
+        eta=cfg.eta,
+        rule=cfg.rule,
+    )
 
 
 def policy_log_probs(model, traj: Trajectory, cond_rep, steps: list[int], cfg: SamplingConfig,
                      *, samples=None, transformer=None) -> torch.Tensor:
     """Training-time log-probs of the recorded transitions at `steps` under the current policy,
     batched as one transformer call over (samples × steps). Returns (b, len(steps)) with grad."""
-    idx = list(range(traj.latents.shape[0])) if samples is None else [int(b) for b in torch.as_tensor(samples).tolist()]
+    idx = (
+        list(range(traj.latents.shape[0]))
+        if samples is None
+        else [int(b) for b in torch.as_tensor(samples).tolist()]
+    )
     pairs_b = [b for b in idx for _ in steps]
     pairs_t = [int(t) for _ in idx for t in steps]
-    return pair_log_probs(model, traj, cond_rep, pairs_b, pairs_t, cfg, transformer=transformer).view(len(idx), len(steps))
+    return pair_log_probs(model, traj, cond_rep, pairs_b, pairs_t, cfg, transformer=transformer).view(
+        len(idx), len(steps)
+    )

@@ -58,7 +58,12 @@ def step_mean_std(x, v, sigma, sigma_next, *, eta: float, rule: str):
     """Mean and std of the Gaussian transition x → x_next (fp32)."""
     x32, v32 = x.float(), v.float()
     # checked where σ was given (floats, CPU tensors: no device sync), before it moves to x's device
-    _check(torch.as_tensor(sigma, dtype=torch.float32), torch.as_tensor(sigma_next, dtype=torch.float32), eta, rule)
+    _check(
+        torch.as_tensor(sigma, dtype=torch.float32),
+        torch.as_tensor(sigma_next, dtype=torch.float32),
+        eta,
+        rule,
+    )
     s, sn = _as_batch(sigma, x32), _as_batch(sigma_next, x32)
     dt = sn - s
     g = diffusion_coeff(s, sn, eta, rule)
@@ -72,7 +77,9 @@ def gaussian_log_prob(x_next: torch.Tensor, mean: torch.Tensor, std: torch.Tenso
     """mean over non-batch elements of −(x'−μ)²/(2σ²) − log σ − ½ log 2π  (method.md §2). Shape (B,)."""
     std = std.float()
     if checks.wanted(std) and torch.any(std <= 0):  # std on a GPU: debug checks only
-        raise ValueError("log-prob of a deterministic (std = 0) step is undefined; this step is not trainable")
+        raise ValueError(
+            "log-prob of a deterministic (std = 0) step is undefined; this step is not trainable"
+        )
     lp = -((x_next.float() - mean) ** 2) / (2.0 * std * std) - torch.log(std) - _HALF_LOG_2PI
     return lp.flatten(1).mean(dim=1)
 

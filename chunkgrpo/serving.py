@@ -66,7 +66,11 @@ class FluxPyfunc(mlflow.pyfunc.PythonModel):
         base = os.environ.get("CHUNKGRPO_BASE_MODEL") or self.info["base_model"]
         self.trained = load_trained(weights)
         self.sampler = HybridSampler.load(base, self.trained, device=device, dtype=dtype)
-        sampling = {k: v for k, v in (self.info.get("sampling") or {}).items() if k in HybridConfig.__dataclass_fields__}
+        sampling = {
+            k: v
+            for k, v in (self.info.get("sampling") or {}).items()
+            if k in HybridConfig.__dataclass_fields__
+        }
         self.base_cfg = HybridConfig(**sampling)
 
     def _cfg(self, params: dict):
@@ -99,5 +103,7 @@ class FluxPyfunc(mlflow.pyfunc.PythonModel):
             seeds = [int(s) if pd.notna(s) else int(p["seed"]) + i for i, s in enumerate(df["seed"])]
         else:
             seeds = [int(p["seed"]) + i for i in range(len(prompts))]
-        images = self.sampler.generate(prompts, seeds, self._cfg(p), mode=p["mode"], batch_size=int(p["batch_size"]))
+        images = self.sampler.generate(
+            prompts, seeds, self._cfg(p), mode=p["mode"], batch_size=int(p["batch_size"])
+        )
         return pd.DataFrame({"prompt": prompts, "seed": seeds, "image": [_png_b64(im) for im in images]})

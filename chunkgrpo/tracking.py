@@ -78,8 +78,10 @@ def credentials_from_uri() -> None:
     user, password = unquote(user), unquote(password)
     for key, value in (("MLFLOW_TRACKING_USERNAME", user), ("MLFLOW_TRACKING_PASSWORD", password)):
         if value and os.environ.get(key) and os.environ[key] != value:
-            raise UserError(f"MLFLOW_TRACKING_URI {redact_uri(uri)!r} embeds credentials that differ from "
-                            f"${key}: give them once (preferably in MLFLOW_TRACKING_USERNAME/PASSWORD, from a Secret)")
+            raise UserError(
+                f"MLFLOW_TRACKING_URI {redact_uri(uri)!r} embeds credentials that differ from "
+                f"${key}: give them once (preferably in MLFLOW_TRACKING_USERNAME/PASSWORD, from a Secret)"
+            )
         if value:
             os.environ[key] = value
     os.environ["MLFLOW_TRACKING_URI"] = urlunsplit(parts._replace(netloc=host))
@@ -88,7 +90,7 @@ def credentials_from_uri() -> None:
 
         if "@" in (mlflow.get_tracking_uri() or ""):
             mlflow.set_tracking_uri(os.environ["MLFLOW_TRACKING_URI"])
-    except Exception:  # noqa: BLE001 - MLflow absent: nothing cached
+    except Exception:
         pass
 
 
@@ -234,7 +236,7 @@ def _experiment_id(client, experiment: str) -> str:
         return exp.experiment_id
     try:
         return client.create_experiment(experiment)
-    except Exception:  # noqa: BLE001 - created concurrently by another stage
+    except Exception:
         exp = client.get_experiment_by_name(experiment)
         if exp is None:
             raise
@@ -242,8 +244,14 @@ def _experiment_id(client, experiment: str) -> str:
 
 
 @contextlib.contextmanager
-def _run(client, experiment_id: str, run_name: str, tags: Mapping[str, Any] | None,
-         parent_run_id: str | None = None, params: Mapping[str, Any] | None = None) -> Iterator[MlflowTracker]:
+def _run(
+    client,
+    experiment_id: str,
+    run_name: str,
+    tags: Mapping[str, Any] | None,
+    parent_run_id: str | None = None,
+    params: Mapping[str, Any] | None = None,
+) -> Iterator[MlflowTracker]:
     all_tags = {k: _text(v, _MAX_TAG_LEN) for k, v in (tags or {}).items()}
     if parent_run_id:
         all_tags["mlflow.parentRunId"] = parent_run_id
@@ -358,8 +366,12 @@ class BackgroundTracker(NullTracker):
         self.failures = 0
         self.last_error = ""
         self._env_before = {k: os.environ.get(k) for k in _BOUNDED_ENV}
-        os.environ.update({"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0",  # our loop retries, without blocking anyone
-                           "MLFLOW_HTTP_REQUEST_TIMEOUT": str(self.timeout_s)})
+        os.environ.update(
+            {
+                "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0",  # our loop retries, without blocking anyone
+                "MLFLOW_HTTP_REQUEST_TIMEOUT": str(self.timeout_s),
+            }
+        )
         self._thread = threading.Thread(target=self._loop, name="mlflow-tracker", daemon=True)
         self._thread.start()
 
@@ -387,8 +399,11 @@ class BackgroundTracker(NullTracker):
                 self._ops.popleft()
                 self.dropped += 1
                 if self.dropped == 1 or self.dropped % 1000 == 0:
-                    log.warning("MLflow unreachable: %d tracking calls dropped (buffer of %d full)", self.dropped,
-                                self.max_pending)
+                    log.warning(
+                        "MLflow unreachable: %d tracking calls dropped (buffer of %d full)",
+                        self.dropped,
+                        self.max_pending,
+                    )
             self._ops.append((what, fn))
             self._cv.notify_all()
 
@@ -454,9 +469,14 @@ class BackgroundTracker(NullTracker):
                 os.environ[k] = v
         if not done:
             where = f"run {self.run_id} stays RUNNING" if self.run_id else "the run was never created"
-            log.warning("MLflow at %s unreachable (%s): %d tracking calls not delivered, %s; the metrics are in "
-                        "%s", redact_uri(os.environ.get("MLFLOW_TRACKING_URI")), self.last_error or "no answer",
-                        left, where, self.kept_in)
+            log.warning(
+                "MLflow at %s unreachable (%s): %d tracking calls not delivered, %s; the metrics are in %s",
+                redact_uri(os.environ.get("MLFLOW_TRACKING_URI")),
+                self.last_error or "no answer",
+                left,
+                where,
+                self.kept_in,
+            )
         return done
 
     def _loop(self) -> None:
@@ -477,7 +497,7 @@ class BackgroundTracker(NullTracker):
                     log.info("MLflow run %s", run_id)
                 fn(self._inner)
                 ok = True
-            except Exception as e:  # noqa: BLE001 - tracking must never stop training
+            except Exception as e:
                 ok = False
                 self.last_error = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
                 if not _transient(e) and self._inner is None:

@@ -22,5 +22,20 @@ from components.register.component import register
 from components.tracking.component import close_run, open_run
 from components.train.component import train
 
-__all__ = ["preflight", "benchmark_preflight", "open_run", "close_run", "profile", "plan", "train", "launch_trainjob", "evaluate",
-           "check_regression", "register", "check_gate", "promote", "sync_models", "toy_ablation"]
+__all__ = [
+    "preflight",
+    "benchmark_preflight",
+    "open_run",
+    "close_run",
+    "profile",
+    "plan",
+    "train",
+    "launch_trainjob",
+    "evaluate",
+    "check_regression",
+    "register",
+    "check_gate",
+    "promote",
+    "sync_models",
+    "toy_ablation",
+]

@@ -25,7 +25,9 @@ def stage_env(parent_run_id: str) -> None:
     import logging
     import os
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True
+    )
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
     from chunkgrpo import threads

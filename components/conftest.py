@@ -26,7 +26,11 @@ def local_runner(tmp_path, services_env):
 
     from kfp import local
 
-    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(tmp_path / "kfp"), raise_on_error=True)
+    local.init(
+        runner=local.SubprocessRunner(use_venv=False),
+        pipeline_root=str(tmp_path / "kfp"),
+        raise_on_error=True,
+    )
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*have no effect in the current local runner.*")
         warnings.filterwarnings("ignore", message=".*custom or non-Python base image.*")

@@ -30,9 +30,15 @@ HF_SECRET_KEYS = {"HF_TOKEN": "HF_TOKEN"}
 PULL_SECRETS_ENV = "CHUNKGRPO_IMAGE_PULL_SECRETS"   # comma-separated Secret names for private registries
 MODEL_PVC_ENV = "CHUNKGRPO_MODEL_PVC"               # PVC with models, mounted read-only at /models
 ENV_CONFIG_MAP = "chunkgrpo-env"
-ENV_CONFIG_KEYS = ("CHUNKGRPO_S3_ENDPOINT", "AWS_DEFAULT_REGION", "MLFLOW_TRACKING_URI", "MLFLOW_S3_ENDPOINT_URL",
-                   "MLFLOW_DISABLE_TELEMETRY", "PYTHONUNBUFFERED",
-                   "CHUNKGRPO_PROMOTER_URL")  # register/promote through the promoter service (server-side gate)
+ENV_CONFIG_KEYS = (
+    "CHUNKGRPO_S3_ENDPOINT",
+    "AWS_DEFAULT_REGION",
+    "MLFLOW_TRACKING_URI",
+    "MLFLOW_S3_ENDPOINT_URL",
+    "MLFLOW_DISABLE_TELEMETRY",
+    "PYTHONUNBUFFERED",
+    "CHUNKGRPO_PROMOTER_URL",
+)  # register/promote through the promoter service (server-side gate)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,7 +78,9 @@ def pull_secrets() -> list[str]:
 
 def with_shm(task, size: str = "64Gi"):
     """Memory-backed emptyDir on /dev/shm (the default 64 MiB breaks NCCL and DataLoader workers)."""
-    kubernetes.empty_dir_mount(task, volume_name="dshm", mount_path="/dev/shm", medium="Memory", size_limit=size)
+    kubernetes.empty_dir_mount(
+        task, volume_name="dshm", mount_path="/dev/shm", medium="Memory", size_limit=size
+    )
     return task
 
 
@@ -129,7 +137,9 @@ def with_credentials(task):
     import os
 
     kubernetes.use_secret_as_env(task, secret_name=S3_SECRET, secret_key_to_env=S3_SECRET_KEYS)
-    kubernetes.use_secret_as_env(task, secret_name=MLFLOW_SECRET, secret_key_to_env=MLFLOW_SECRET_KEYS, optional=True)
+    kubernetes.use_secret_as_env(
+        task, secret_name=MLFLOW_SECRET, secret_key_to_env=MLFLOW_SECRET_KEYS, optional=True
+    )
     kubernetes.use_config_map_as_env(task, config_map_name=ENV_CONFIG_MAP,
                                      config_map_key_to_env={k: k for k in ENV_CONFIG_KEYS})
     if pull_secrets():
@@ -141,7 +151,9 @@ def with_credentials(task):
 
 def with_judge(task):
     """The WISE judge's API key (optional Secret: runs without WISE need none; preflight checks it)."""
-    kubernetes.use_secret_as_env(task, secret_name=JUDGE_SECRET, secret_key_to_env=JUDGE_SECRET_KEYS, optional=True)
+    kubernetes.use_secret_as_env(
+        task, secret_name=JUDGE_SECRET, secret_key_to_env=JUDGE_SECRET_KEYS, optional=True
+    )
     return task
 
 
@@ -150,5 +162,7 @@ def configure(task, *, display_name: str, cache: bool, retries: int, backoff: st
     task.set_display_name(display_name)
     task.set_caching_options(enable_caching=cache)
     if retries:
-        task.set_retry(num_retries=retries, backoff_duration=backoff, backoff_factor=2.0, backoff_max_duration="3600s")
+        task.set_retry(
+            num_retries=retries, backoff_duration=backoff, backoff_factor=2.0, backoff_max_duration="3600s"
+        )
     return with_credentials(task)

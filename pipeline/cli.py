@@ -32,8 +32,11 @@ NAME = "pipeline"
 HELP = "Kubeflow pipelines: compile | upload | run [--local] | schedule (nightly benchmark)"
 
 PIPELINES = ("train_and_evaluate", "nightly_benchmark", "models_sync")
-DISPLAY = {"train_and_evaluate": "chunkgrpo-train-and-evaluate", "nightly_benchmark": "chunkgrpo-nightly-benchmark",
-           "models_sync": "chunkgrpo-models-sync"}
+DISPLAY = {
+    "train_and_evaluate": "chunkgrpo-train-and-evaluate",
+    "nightly_benchmark": "chunkgrpo-nightly-benchmark",
+    "models_sync": "chunkgrpo-models-sync",
+}
 DEFAULT_CRON = "0 0 2 * * *"  # 6 fields (seconds first, robfig/cron as used by KFP): 02:00:00 every day
 
 
@@ -62,7 +65,9 @@ def validate_cron(expr: str) -> str:
     if len(fields) == 5:
         raise UserError(f"cron {expr!r} has 5 fields; KFP's cron has 6 (seconds first): try '0 {expr}'")
     if len(fields) != 6:
-        raise UserError(f"cron {expr!r} must have 6 fields: second minute hour day-of-month month day-of-week")
+        raise UserError(
+            f"cron {expr!r} must have 6 fields: second minute hour day-of-month month day-of-week"
+        )
     return " ".join(fields)
 
 
@@ -85,7 +90,7 @@ def _kfp_client(args):
         try:
             return kfp.Client(host=host, namespace=args.namespace or None,
                               existing_token=os.environ.get("KFP_TOKEN") or None)
-        except Exception as e:  # noqa: BLE001 - unreachable / refusing endpoint: one line, not a traceback
+        except Exception as e:
             line = one_line_error(e)
             if line is None:
                 raise
@@ -117,7 +122,9 @@ def _pool(args) -> str:
         raise UserError("no GPU pool: pass --pool h100|h800|gpu|cpu (the one your overlay targets) or set "
                         "CHUNKGRPO_GPU_POOL")
     if pool not in ("h100", "h800", "gpu", "cpu"):
-        raise UserError(f"pool {pool!r} (from --pool or CHUNKGRPO_GPU_POOL) is not one of h100, h800, gpu, cpu")
+        raise UserError(
+            f"pool {pool!r} (from --pool or CHUNKGRPO_GPU_POOL) is not one of h100, h800, gpu, cpu"
+        )
     return pool
 
 
@@ -137,7 +144,9 @@ def _pipeline_display(args, name: str) -> str:
     return base + ("-multinode" if name == "train_and_evaluate" and args.trainer != "torchrun" else "")
 
 
-def upload_version(client, package: Path, display: str, version: str, description: str = "") -> tuple[str, str]:
+def upload_version(
+    client, package: Path, display: str, version: str, description: str = ""
+) -> tuple[str, str]:
     """Create the pipeline (first time) or a new version of it; returns (pipeline_id, version_id)."""
     pipeline_id = client.get_pipeline_id(display)
     if pipeline_id is None:
@@ -155,15 +164,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
 
     def common(p, which_default="all", remote=False):
-        p.add_argument("--pipeline", default=which_default, choices=[*PIPELINES, "all"] if which_default == "all"
-                       else list(PIPELINES), help=f"which pipeline (default {which_default})")
-        p.add_argument("--pool", default=None, choices=["h100", "h800", "gpu", "cpu"],
-                       help="GPU pool of the GPU steps: node selector, toleration, accelerator (no default: the "
-                            "overlay's pool, or $CHUNKGRPO_GPU_POOL)")
-        p.add_argument("--trainer", default="torchrun", choices=["torchrun", "trainjob", "pytorchjob"],
-                       help="torchrun inside the train step (single node) or a TrainJob/PyTorchJob launcher (multi-node)")
-        p.add_argument("--registry", default=None, help="image registry (default $CHUNKGRPO_IMAGE_REGISTRY or ghcr.io/chunkgrpo)")
-        p.add_argument("--tag", default=None, help="image tag (default $CHUNKGRPO_IMAGE_TAG or the package version)")
+        p.add_argument(
+            "--pipeline",
+            default=which_default,
+            choices=[*PIPELINES, "all"] if which_default == "all" else list(PIPELINES),
+            help=f"which pipeline (default {which_default})",
+        )
+        p.add_argument(
+            "--pool",
+            default=None,
+            choices=["h100", "h800", "gpu", "cpu"],
+            help="GPU pool of the GPU steps: node selector, toleration, accelerator (no default: the "
+            "overlay's pool, or $CHUNKGRPO_GPU_POOL)",
+        )
+        p.add_argument(
+            "--trainer",
+            default="torchrun",
+            choices=["torchrun", "trainjob", "pytorchjob"],
+            help="torchrun inside the train step (single node) or a TrainJob/PyTorchJob launcher (multi-node)",
+        )
+        p.add_argument(
+            "--registry",
+            default=None,
+            help="image registry (default $CHUNKGRPO_IMAGE_REGISTRY or ghcr.io/chunkgrpo)",
+        )
+        p.add_argument(
+            "--tag", default=None, help="image tag (default $CHUNKGRPO_IMAGE_TAG or the package version)"
+        )
         p.add_argument("--target-kfp", default=KFP_TARGETS[-1], choices=KFP_TARGETS,
                        help="oldest KFP backend the IR must load on (2.15: no UI dropdowns; 2.14 is not "
                             "supported: its API server rejects the platform spec's optional secrets)")
@@ -184,19 +211,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     p = sub.add_parser("run", help="run a pipeline once: locally (--local) or on a cluster")
     common(p, which_default="train_and_evaluate", remote=True)
-    p.add_argument("--local", action="store_true",
-                   help="run with kfp.local against local S3 + MLflow (toy-world model, pretrained once and cached)")
-    p.add_argument("-p", "--param", action="append", default=[], metavar="NAME=VALUE", help="pipeline parameter")
+    p.add_argument(
+        "--local",
+        action="store_true",
+        help="run with kfp.local against local S3 + MLflow (toy-world model, pretrained once and cached)",
+    )
+    p.add_argument(
+        "-p", "--param", action="append", default=[], metavar="NAME=VALUE", help="pipeline parameter"
+    )
     p.add_argument("--home", default=".chunkgrpo", help="--local: state dir (services, models, kfp outputs)")
-    p.add_argument("--keep-services", action="store_true", help="--local: leave S3 + MLflow running afterwards")
-    p.add_argument("--demo", choices=DEMOS, default="toy",
-                   help="--local: toy = the pretrained toy-world model that visibly learns (default); tiny = the "
-                        "random-weight tiny model, a seconds-long wiring check")
-    p.add_argument("--pod-faithful", action="store_true",
-                   help="--local: run every task with its pod's compiled env in fresh folders for its volumes and "
-                        "fail a task that writes outside them or beyond their sizeLimits scaled to the local model")
-    p.add_argument("-v", "--verbose", action="store_true",
-                   help="--local: stream every task's output (default: one line per task; all of it in the log file)")
+    p.add_argument(
+        "--keep-services", action="store_true", help="--local: leave S3 + MLflow running afterwards"
+    )
+    p.add_argument(
+        "--demo",
+        choices=DEMOS,
+        default="toy",
+        help="--local: toy = the pretrained toy-world model that visibly learns (default); tiny = the "
+        "random-weight tiny model, a seconds-long wiring check",
+    )
+    p.add_argument(
+        "--pod-faithful",
+        action="store_true",
+        help="--local: run every task with its pod's compiled env in fresh folders for its volumes and "
+        "fail a task that writes outside them or beyond their sizeLimits scaled to the local model",
+    )
+    p.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="--local: stream every task's output (default: one line per task; all of it in the log file)",
+    )
     p.add_argument("--s3-port", type=int, default=8333, help="--local: S3 port (default 8333)")
     p.add_argument("--mlflow-port", type=int, default=5000, help="--local: MLflow port (default 5000)")
     p.add_argument("--experiment", default="chunkgrpo", help="KFP experiment (cluster runs)")
@@ -209,23 +254,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     p = sub.add_parser("schedule", help="create a recurring run (default: nightly benchmark at 02:00 UTC)")
     common(p, which_default="nightly_benchmark", remote=True)
-    p.add_argument("--cron", default=DEFAULT_CRON,
-                   help=f"6-field cron with seconds (default '{DEFAULT_CRON}'), in KFP's cronScheduleTimezone "
-                        "(pipeline-install-config; default UTC)")
+    p.add_argument(
+        "--cron",
+        default=DEFAULT_CRON,
+        help=f"6-field cron with seconds (default '{DEFAULT_CRON}'), in KFP's cronScheduleTimezone "
+        "(pipeline-install-config; default UTC)",
+    )
     p.add_argument("--name", default="", help="recurring run name (default <pipeline>-nightly)")
     p.add_argument("--experiment", default="chunkgrpo-nightly", help="KFP experiment")
     p.add_argument("--version", default="", help="pipeline version name to upload and pin")
-    p.add_argument("-p", "--param", action="append", default=[], metavar="NAME=VALUE", help="pipeline parameter")
+    p.add_argument(
+        "-p", "--param", action="append", default=[], metavar="NAME=VALUE", help="pipeline parameter"
+    )
     p.add_argument("--max-concurrency", type=int, default=1)
-    p.add_argument("--catchup", action="store_true", help="run missed schedules after a pause (default: no catch-up)")
+    p.add_argument(
+        "--catchup", action="store_true", help="run missed schedules after a pause (default: no catch-up)"
+    )
     p.add_argument("--service-account", default="",
                    help="service account of the run's pods (default: the server's, as for a UI run)")
-    p.add_argument("--keep-existing", action="store_true", help="do not delete an existing recurring run of the same name")
+    p.add_argument(
+        "--keep-existing",
+        action="store_true",
+        help="do not delete an existing recurring run of the same name",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     _set_images(args)
-    return {"compile": _cmd_compile, "upload": _cmd_upload, "run": _cmd_run, "schedule": _cmd_schedule}[args.action](args)
+    return {"compile": _cmd_compile, "upload": _cmd_upload, "run": _cmd_run, "schedule": _cmd_schedule}[
+        args.action
+    ](args)
 
 
 def _which(args) -> list[str]:

@@ -86,8 +86,10 @@ def compile_pipeline(name: str, package_path: str | Path, *, pool: str = "cpu", 
     from kfp import compiler
 
     if target_kfp not in KFP_TARGETS:
-        raise ValueError(f"target_kfp={target_kfp!r} must be one of {KFP_TARGETS} (KFP 2.14 and older reject the "
-                         "platform spec's `optional` secrets; upgrade the backend)")
+        raise ValueError(
+            f"target_kfp={target_kfp!r} must be one of {KFP_TARGETS} (KFP 2.14 and older reject the "
+            "platform spec's `optional` secrets; upgrade the backend)"
+        )
     func, literals = pipeline_func(name, pool, trainer)
     path = Path(package_path)
     path.parent.mkdir(parents=True, exist_ok=True)

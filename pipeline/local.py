@@ -57,16 +57,28 @@ LOCAL_TRAIN = {
 }
 LOCAL_NIGHTLY = {"experiment": "chunkgrpo-local-nightly", "artifact_root": "s3://chunkgrpo/nightly"}
 TINY_TRAIN = {
-    **LOCAL_TRAIN, "preset": "tiny_cpu", "max_iterations": 30, "profile_prompts": 4, "eval_preset": "eval_tiny",
-    "eval_num_prompts": 8, "model_name": "chunkgrpo-tiny", "gate_metric": "eval.hpdv2.brightness",
+    **LOCAL_TRAIN,
+    "preset": "tiny_cpu",
+    "max_iterations": 30,
+    "profile_prompts": 4,
+    "eval_preset": "eval_tiny",
+    "eval_num_prompts": 8,
+    "model_name": "chunkgrpo-tiny",
+    "gate_metric": "eval.hpdv2.brightness",
 }
 TINY_NIGHTLY = {
     **LOCAL_NIGHTLY, "model_name": "chunkgrpo-tiny", "eval_preset": "eval_tiny", "eval_benchmarks": ["hpdv2"],
     "eval_num_prompts": 4, "regression_metric": "hpdv2.brightness", "tolerance": 0.005,
 }
 TOY_TRAIN = {
-    **LOCAL_TRAIN, "preset": "toy_cpu", "max_iterations": 100, "profile_prompts": 8, "eval_preset": "eval_toy",
-    "eval_num_prompts": 0, "model_name": "chunkgrpo-toy", "gate_metric": "eval.geneval.overall",
+    **LOCAL_TRAIN,
+    "preset": "toy_cpu",
+    "max_iterations": 100,
+    "profile_prompts": 8,
+    "eval_preset": "eval_toy",
+    "eval_num_prompts": 0,
+    "model_name": "chunkgrpo-toy",
+    "gate_metric": "eval.geneval.overall",
 }
 TOY_NIGHTLY = {
     **LOCAL_NIGHTLY, "model_name": "chunkgrpo-toy", "eval_preset": "eval_toy", "eval_benchmarks": ["geneval"],
@@ -115,13 +127,15 @@ def prepare_inputs(home: Path) -> tuple[Path, Path]:
     package (`chunkgrpo.toy.pretrained`) when it is the current default model, else `chunkgrpo toy-model`
     (content-hash cached: pretrained once, ≈ 5.5 minutes on 2 cores)."""
     from chunkgrpo.toy.model import build_toy_model, read_meta
-
     from chunkgrpo.toy.pretrained import install, is_current
 
     model = home / "models" / "toy"
     meta = read_meta(model)
     if meta is None and install(model):  # the pretrained copy shipped with the package (≈ 3 MB)
-        print(f"toy-world base model: the pretrained copy shipped with chunkgrpo -> {_rel(str(model))}", flush=True)
+        print(
+            f"toy-world base model: the pretrained copy shipped with chunkgrpo -> {_rel(str(model))}",
+            flush=True,
+        )
         meta = read_meta(model)
     if not is_current(meta):  # absent or stale: pretrain (cached by content hash)
         print(f"building the toy-world base model in {_rel(str(model))} (one-time pretraining, cached) ...",
@@ -135,7 +149,10 @@ def toy_eval_overrides(model: Path) -> list[str]:
     from chunkgrpo.toy.model import read_meta
 
     files = read_meta(model)["files"]
-    return [f"geneval_metadata={model / files['heldout_metadata']}", f"hpdv2_prompts={model / files['heldout_prompts']}"]
+    return [
+        f"geneval_metadata={model / files['heldout_metadata']}",
+        f"hpdv2_prompts={model / files['heldout_prompts']}",
+    ]
 
 
 def model_to_s3(model: Path, services_env: dict) -> str:
@@ -180,7 +197,9 @@ _TASK_END = re.compile(r"Task '([^']+)' finished with status (\w+)")
 # line of a traceback that ended in a UserError
 _USER_ERROR = (re.compile(r"\bchunkgrpo [\w.-]+: error: (.+)$"),
                re.compile(r"(?:^|\s)(?:chunkgrpo\.errors\.)?UserError: (.+)$"))
-_EXCEPTION = re.compile(r"^\s*((?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt|Failure)(?::.*)?)$")
+_EXCEPTION = re.compile(
+    r"^\s*((?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt|Failure)(?::.*)?)$"
+)
 
 
 class TaskFailed(Exception):
@@ -188,21 +207,33 @@ class TaskFailed(Exception):
     user error (bad parameter or input: exit 2) or an internal failure (exit 1), and the full log."""
 
     def __init__(self, pipeline: str, task: str, reason: str, user_error: bool, log_path: Path):
-        self.pipeline, self.task, self.reason, self.user_error, self.log_path = pipeline, task, reason, user_error, log_path
+        self.pipeline, self.task, self.reason, self.user_error, self.log_path = (
+            pipeline,
+            task,
+            reason,
+            user_error,
+            log_path,
+        )
         super().__init__(f"task '{task}' of {pipeline} failed: {reason} (full log: {_rel(str(log_path))})")
 
 
 def task_failure(log_text: str, pipeline: str, log_path: Path, message: str = "") -> TaskFailed:
     """The failed task and its reason, from the run's log (`message`: kfp's exception text, a fallback)."""
     lines = [_ANSI.sub("", ln).rstrip() for ln in log_text.splitlines()]
-    failed = [(i, m.group(1)) for i, ln in enumerate(lines) if (m := _TASK_END.search(ln)) and m.group(2) == "FAILURE"]
+    failed = [
+        (i, m.group(1))
+        for i, ln in enumerate(lines)
+        if (m := _TASK_END.search(ln)) and m.group(2) == "FAILURE"
+    ]
     if failed:
         end, task = failed[0]  # the first failure; later ones (an exit handler) are consequences
     else:
         names = re.findall(r"'([^']+)'", _ANSI.sub("", message))
         end, task = len(lines), names[0] if names else "?"
-    start = max((i for i, ln in enumerate(lines[:end]) if (m := _TASK_START.search(ln)) and m.group(1) == task),
-                default=0)
+    start = max(
+        (i for i, ln in enumerate(lines[:end]) if (m := _TASK_START.search(ln)) and m.group(1) == task),
+        default=0,
+    )
     section = lines[start:end]
     for pattern in _USER_ERROR:
         for ln in section:
@@ -264,8 +295,15 @@ class _ConsoleLog(io.TextIOBase):
         self._console.flush()
 
 
-_PARAM_TYPES = {"Integer": (int,), "Float": (int, float), "Boolean": (bool,), "String": (str,), "List": (list,),
-                "Dict": (dict,), "Struct": (dict,)}
+_PARAM_TYPES = {
+    "Integer": (int,),
+    "Float": (int, float),
+    "Boolean": (bool,),
+    "String": (str,),
+    "List": (list,),
+    "Dict": (dict,),
+    "Struct": (dict,),
+}
 
 
 def check_params(func, params: dict) -> None:
@@ -278,13 +316,17 @@ def check_params(func, params: dict) -> None:
             raise UserError(f"unknown pipeline parameter {name!r}; parameters: {', '.join(sorted(inputs))}")
         kinds = _PARAM_TYPES.get(inputs[name].type)
         if kinds and (not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds)):
-            raise UserError(f"-p {name}={value!r}: expected {inputs[name].type.lower()}, got {type(value).__name__}")
+            raise UserError(
+                f"-p {name}={value!r}: expected {inputs[name].type.lower()}, got {type(value).__name__}"
+            )
 
 
 def without_retries(func) -> int:
     """Clear the retry policy of every task of a kfp pipeline function (in place); returns how many had one."""
     spec = func.pipeline_spec
-    dags = [spec.root.dag] + [c.dag for c in spec.components.values() if c.WhichOneof("implementation") == "dag"]
+    dags = [spec.root.dag] + [
+        c.dag for c in spec.components.values() if c.WhichOneof("implementation") == "dag"
+    ]
     n = 0
     for dag in dags:
         for task in dag.tasks.values():
@@ -294,10 +336,19 @@ def without_retries(func) -> int:
     return n
 
 
-def run_local(pipeline: str = "train_and_evaluate", params: dict | None = None, *, home: str | Path = ".chunkgrpo",
-              keep_services: bool = False, s3_port: int = 8333, mlflow_port: int = 5000,
-              services_env: dict | None = None, verbose: bool = False, demo: str = "toy",
-              pod_faithful: bool = False) -> LocalRun:
+def run_local(
+    pipeline: str = "train_and_evaluate",
+    params: dict | None = None,
+    *,
+    home: str | Path = ".chunkgrpo",
+    keep_services: bool = False,
+    s3_port: int = 8333,
+    mlflow_port: int = 5000,
+    services_env: dict | None = None,
+    verbose: bool = False,
+    demo: str = "toy",
+    pod_faithful: bool = False,
+) -> LocalRun:
     """Run a pipeline end to end with kfp.local. `services_env` = use already running services (tests).
     `demo`: toy (the pretrained toy-world model, default) or tiny (the random-weight tiny model: a
     seconds-long wiring check). `pod_faithful`: every task runs with its pod's compiled env in fresh
@@ -330,7 +381,9 @@ def run_local(pipeline: str = "train_and_evaluate", params: dict | None = None, 
     restore_sigterm = _sigterm_as_interrupt()
     svc, started = None, False
     if services_env is None:
-        svc = LocalServices(LocalServicesConfig(home=str(home / "local"), s3_port=s3_port, mlflow_port=mlflow_port))
+        svc = LocalServices(
+            LocalServicesConfig(home=str(home / "local"), s3_port=s3_port, mlflow_port=mlflow_port)
+        )
         started = any(s.state != "running" for s in svc.status().values())
         try:
             svc.up()
@@ -365,7 +418,9 @@ def run_local(pipeline: str = "train_and_evaluate", params: dict | None = None, 
         root = home / "kfp"
         root.mkdir(exist_ok=True)
         before = set(root.glob("*"))
-        local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(root), raise_on_error=True)
+        local.init(
+            runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(root), raise_on_error=True
+        )
         from kfp.local import subprocess_task_handler as kfp_subprocess
 
         from pipeline.pod_faithful import layout_for, write_report
@@ -375,9 +430,11 @@ def run_local(pipeline: str = "train_and_evaluate", params: dict | None = None, 
         if pod_faithful and pipeline == "train_and_evaluate" and not str(full["model"]).startswith("s3://"):
             full["model"] = model_to_s3(model_dir, services_env)  # as on the cluster: pods download it
         original = kfp_subprocess.run_local_subprocess
-        print("note: kfp.local ignores the Kubernetes settings (GPUs, node selector, tolerations, /dev/shm, "
-              "secret env); tasks run in this Python environment with the local services' env, without retries",
-              flush=True)
+        print(
+            "note: kfp.local ignores the Kubernetes settings (GPUs, node selector, tolerations, /dev/shm, "
+            "secret env); tasks run in this Python environment with the local services' env, without retries",
+            flush=True,
+        )
         log_path = home / "logs" / f"{pipeline}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         print(f"{pipeline}: running with kfp.local; full log: {_rel(str(log_path))}", flush=True)
@@ -493,7 +550,7 @@ def _mlflow_url(tracking_uri: str, run_id: str) -> str:
 
         exp = MlflowClient(tracking_uri).get_run(run_id).info.experiment_id
         return f"{tracking_uri}/#/experiments/{exp}/runs/{run_id}"
-    except Exception:  # noqa: BLE001 - the summary must not fail the run
+    except Exception:
         return tracking_uri
 
 
@@ -531,19 +588,25 @@ def summary_lines(r: LocalRun) -> list[str]:
         lines.append("    metrics        " + ", ".join(f"{k}={v:.4g}" for k, v in sorted(met.items())))
     if "evaluate" in t:
         res = art("evaluate", "results")
-        lines.append(f"  evaluation       {res['metadata'].get('output_uri', '')}  (images, metrics.json, report.html)")
+        lines.append(
+            f"  evaluation       {res['metadata'].get('output_uri', '')}  (images, metrics.json, report.html)"
+        )
         lines.append(f"    report (HTML)  {_rel(art('evaluate', 'report')['uri'])}")
         met = art("evaluate", "metrics")["metadata"]
         lines.append("    metrics        " + ", ".join(f"{k}={v:.4g}" for k, v in sorted(met.items())
                                                        if k.rsplit(".", 1)[-1] in ("trained", "base")))
     if "register" in t:
         reg = art("register", "registered")["metadata"]
-        lines.append(f"  registered       {reg.get('uri', '?')}{' (existing version, same weights)' if reg.get('reused') else ''}"
-                     f"  source {reg.get('source', '')}")
+        lines.append(
+            f"  registered       {reg.get('uri', '?')}{' (existing version, same weights)' if reg.get('reused') else ''}"
+            f"  source {reg.get('source', '')}"
+        )
     if "check-gate" in t:
         passed = par("check-gate", "Output")
-        lines.append(f"  promotion gate   {'passed' if passed else 'not passed'} ({r.params.get('gate_metric')}, "
-                     f"{r.params.get('gate_direction')} is better)")
+        lines.append(
+            f"  promotion gate   {'passed' if passed else 'not passed'} ({r.params.get('gate_metric')}, "
+            f"{r.params.get('gate_direction')} is better)"
+        )
         if "promote" in t:
             lines.append(f"  promote          {par('promote', 'Output')}  -> "
                          f"models:/{r.params.get('model_name')}@champion")
@@ -555,11 +618,17 @@ def summary_lines(r: LocalRun) -> list[str]:
     lines += stage_lines(r.stages)
     s3 = env.get("CHUNKGRPO_S3_ENDPOINT", "")
     state = "still running" if r.services_kept else "stopped"
-    lines.append(f"  services         S3 {s3} (bucket {env.get('CHUNKGRPO_S3_BUCKET', '')}), MLflow {mlflow}: {state}")
+    lines.append(
+        f"  services         S3 {s3} (bucket {env.get('CHUNKGRPO_S3_BUCKET', '')}), MLflow {mlflow}: {state}"
+    )
     home = _rel(str(r.run_dir.parent.parent / "local"))
     if r.services_kept:
-        lines.append(f"                   browse MLflow at the URL above; stop them with `chunkgrpo local down --home {home}`")
+        lines.append(
+            f"                   browse MLflow at the URL above; stop them with `chunkgrpo local down --home {home}`"
+        )
     else:
-        lines.append(f"                   data kept in {home}; browse it again with `chunkgrpo local up --home {home}` "
-                     "(or rerun with --keep-services)")
+        lines.append(
+            f"                   data kept in {home}; browse it again with `chunkgrpo local up --home {home}` "
+            "(or rerun with --keep-services)"
+        )
     return lines

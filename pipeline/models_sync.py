@@ -15,11 +15,13 @@ NAME = "chunkgrpo-models-sync"
 LITERALS: dict = {}
 
 
-def make_models_sync(pool: str = "cpu"):  # noqa: ARG001 - CPU only; same signature as the others
-    def models_sync(hub_ids: list = [], root: str = "", revision: str = ""):  # noqa: B006 - KFP default
+def make_models_sync(pool: str = "cpu"):
+    def models_sync(hub_ids: list = [], root: str = "", revision: str = ""):
         s = sync_models(hub_ids=hub_ids, root=root, revision=revision)
         configure(small(s, "8G"), display_name="sync models to S3", cache=False, retries=2)
-        kubernetes.use_secret_as_env(s, secret_name=HF_SECRET, secret_key_to_env=HF_SECRET_KEYS, optional=True)
+        kubernetes.use_secret_as_env(
+            s, secret_name=HF_SECRET, secret_key_to_env=HF_SECRET_KEYS, optional=True
+        )
         # FLUX.1-dev (~34 GB) + Qwen2-VL-7B (~17 GB) + reward weights pass through the hub cache here
         kubernetes.empty_dir_mount(s, volume_name="hub-cache", mount_path="/cache", size_limit="200Gi")
         s.set_env_variable("HF_HOME", "/cache/huggingface")
@@ -31,8 +33,11 @@ def make_models_sync(pool: str = "cpu"):  # noqa: ARG001 - CPU only; same signat
         root: s3:// prefix of the cache ('' = s3://chunkgrpo-data/models).
         revision: Hub revision for every model ('' = main).
     """
-    return dsl.pipeline(name=NAME, description="One-time: cache FLUX.1-dev and the reward/scorer weights in S3 "
-                        "for the training and benchmark pipelines.")(models_sync)
+    return dsl.pipeline(
+        name=NAME,
+        description="One-time: cache FLUX.1-dev and the reward/scorer weights in S3 "
+        "for the training and benchmark pipelines.",
+    )(models_sync)
 
 
 models_sync = make_models_sync()

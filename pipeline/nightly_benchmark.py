@@ -32,9 +32,9 @@ def make_nightly_benchmark(pool: str = "cpu"):
         alias: str = "champion",
         base_model: str = "",
         eval_preset: str = "eval_hpdv2",
-        eval_benchmarks: list = ["hpdv2", "geneval", "wise"],  # noqa: B006 - KFP parameter default
+        eval_benchmarks: list = ["hpdv2", "geneval", "wise"],
         eval_num_prompts: int = 0,
-        eval_overrides: list = [],  # noqa: B006
+        eval_overrides: list = [],
         scorer_weights: dict = DEFAULT_SCORER_WEIGHTS,
         regression_metric: str = "hpdv2.hpsv3",
         regression_direction: str = "",
@@ -43,7 +43,7 @@ def make_nightly_benchmark(pool: str = "cpu"):
         experiment: str = "chunkgrpo-nightly",
         artifact_root: str = "s3://chunkgrpo-checkpoints/nightly",
         ablation_model: str = "",
-        ablation_methods: list = ["step_flow", "chunk_dynamics"],  # noqa: B006
+        ablation_methods: list = ["step_flow", "chunk_dynamics"],
         ablation_seeds: int = 2,
         ablation_steps: int = 8,
         ablation_series_root: str = "",
@@ -65,12 +65,25 @@ def make_nightly_benchmark(pool: str = "cpu"):
                           alias=alias, artifact_root=artifact_root, run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
                           stage="benchmark", experiment=experiment, parent_run_id=opened.output,
                           scorer_weights=scorer_weights)
-            with_judge(configure(on_pool(ev, gpu_pool, 1), display_name="benchmark champion vs base", cache=False,
-                                 retries=1))
+            with_judge(
+                configure(
+                    on_pool(ev, gpu_pool, 1),
+                    display_name="benchmark champion vs base",
+                    cache=False,
+                    retries=1,
+                )
+            )
             ev.after(pre)
-            reg = check_regression(results=ev.outputs["results"], model_name=model_name, alias=alias,
-                                   metric=regression_metric, direction=regression_direction, tolerance=tolerance,
-                                   fail_on_regression=fail_on_regression, parent_run_id=opened.output)
+            reg = check_regression(
+                results=ev.outputs["results"],
+                model_name=model_name,
+                alias=alias,
+                metric=regression_metric,
+                direction=regression_direction,
+                tolerance=tolerance,
+                fail_on_regression=fail_on_regression,
+                parent_run_id=opened.output,
+            )
             configure(small(reg), display_name="regression check", cache=False, retries=2)
             with dsl.If(ablation_model != "", name="toy-ablation"):
                 ab = toy_ablation(model=ablation_model, methods=ablation_methods, seeds=ablation_seeds,

@@ -36,8 +36,19 @@ from kfp import dsl
 
 from chunkgrpo.model_cache import BASE_MODEL, default_weights, model_uri
 from chunkgrpo.recipes import METHOD_NAMES
-from components import (check_gate, close_run, evaluate, launch_trainjob, open_run, plan, preflight, profile,
-                        promote, register, train)
+from components import (
+    check_gate,
+    close_run,
+    evaluate,
+    launch_trainjob,
+    open_run,
+    plan,
+    preflight,
+    profile,
+    promote,
+    register,
+    train,
+)
 from components.images import RUNTIME_IMAGE
 from components.k8s import POOLS, Pool, configure, on_pool, pull_secrets, small, with_judge
 

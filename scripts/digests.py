@@ -54,8 +54,10 @@ def recorded_digests(lock: dict) -> dict[str, str]:
     for img in lock["images"]:
         if img.get("digest"):
             if not (img.get("resolved_by") and img.get("resolved_at")):
-                raise DigestError(f"images.lock.yaml: {img['name']}:{img['tag']} has a digest without provenance "
-                                  "(resolved_by/resolved_at): only `digests resolve` writes digests")
+                raise DigestError(
+                    f"images.lock.yaml: {img['name']}:{img['tag']} has a digest without provenance "
+                    "(resolved_by/resolved_at): only `digests resolve` writes digests"
+                )
             out[img["digest"]] = f"{img['name']}:{img['tag']}"
     return out
 
@@ -63,9 +65,15 @@ def recorded_digests(lock: dict) -> dict[str, str]:
 def _docker_inspect(ref: str) -> str:
     docker = shutil.which("docker")
     if not docker:
-        raise DigestError("docker (with buildx) is not on PATH: resolve digests on a machine that can reach the registry")
-    out = subprocess.run([docker, "buildx", "imagetools", "inspect", ref, "--format", "{{json .Manifest.Digest}}"],
-                         capture_output=True, text=True, timeout=120)
+        raise DigestError(
+            "docker (with buildx) is not on PATH: resolve digests on a machine that can reach the registry"
+        )
+    out = subprocess.run(
+        [docker, "buildx", "imagetools", "inspect", ref, "--format", "{{json .Manifest.Digest}}"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     if out.returncode != 0:
         raise DigestError(f"{ref}: docker buildx imagetools inspect failed: {out.stderr.strip()[:300]}")
     digest = json.loads(out.stdout.strip())
@@ -91,7 +99,9 @@ def write_dockerfile_args(lock: dict, repo: Path = REPO) -> None:
             path = repo / ref["path"]
             text = path.read_text()
             value = f"{img['name']}:{img['tag']}" + (f"@{img['digest']}" if img.get("digest") else "")
-            new, n = re.subn(rf"^ARG {re.escape(ref['arg'])}=\S+$", f"ARG {ref['arg']}={value}", text, flags=re.M)
+            new, n = re.subn(
+                rf"^ARG {re.escape(ref['arg'])}=\S+$", f"ARG {ref['arg']}={value}", text, flags=re.M
+            )
             if n != 1:
                 raise DigestError(f"{path}: expected one `ARG {ref['arg']}=` line, found {n}")
             path.write_text(new)
@@ -139,7 +149,9 @@ def _render(overlay: Path) -> str:
     return out.stdout
 
 
-def check(repo: Path = REPO, strict: bool = False, overlays: tuple[str, ...] = ("prod-h800", "prod-h100")) -> list[str]:
+def check(
+    repo: Path = REPO, strict: bool = False, overlays: tuple[str, ...] = ("prod-h800", "prod-h100")
+) -> list[str]:
     """Problems with the digests of the prod overlays and of the Dockerfiles the lock covers ([] = fine)."""
     lock = load_lock(repo / "manifests" / "images.lock.yaml")
     texts = {f"overlays/{o}": _render(repo / "manifests" / "overlays" / o) for o in overlays}
@@ -157,7 +169,9 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("resolve", help="resolve every image in manifests/images.lock.yaml (needs docker buildx)")
     c = sub.add_parser("check", help="fail on digests the resolver did not record")
-    c.add_argument("--strict", action="store_true", help="also fail while any image is unresolved (deploy gate)")
+    c.add_argument(
+        "--strict", action="store_true", help="also fail while any image is unresolved (deploy gate)"
+    )
     args = ap.parse_args(argv)
     try:
         if args.cmd == "resolve":
@@ -172,7 +186,10 @@ def main(argv: list[str] | None = None) -> int:
     for p in problems:
         print(p)
     if not problems:
-        print("digests: ok" + ("" if args.strict else f" ({len(unresolved(load_lock()))} image(s) not resolved yet)"))
+        print(
+            "digests: ok"
+            + ("" if args.strict else f" ({len(unresolved(load_lock()))} image(s) not resolved yet)")
+        )
     return 1 if problems else 0
 
 

@@ -51,7 +51,9 @@ def _enum_values(cls) -> dict[str, list]:
     except (OSError, TypeError):
         return {}
     out = {}
-    for m in re.finditer(r"@field_validator\('(\w+)'\)\s+def \w+_validate_enum\(cls, value\):(.*?)return value", src, re.S):
+    for m in re.finditer(
+        r"@field_validator\('(\w+)'\)\s+def \w+_validate_enum\(cls, value\):(.*?)return value", src, re.S
+    ):
         values = re.search(r"set\(\[(.*?)\]\)", m.group(2), re.S)
         if values:
             out[m.group(1)] = [v.strip().strip("'\"") for v in values.group(1).split(",") if v.strip()]

@@ -20,8 +20,13 @@ def export_repo(dest: Path) -> Path:
     nothing else beside it. Skips when this is not a git checkout."""
     if shutil.which("git") is None or not (ROOT / ".git").exists():
         pytest.skip("not a git checkout: cannot export the repository")
-    rev = subprocess.run(["git", "stash", "create"], cwd=ROOT, capture_output=True, text=True).stdout.strip() or "HEAD"
-    tar = subprocess.run(["git", "archive", "--format=tar", rev], cwd=ROOT, capture_output=True, check=True).stdout
+    rev = (
+        subprocess.run(["git", "stash", "create"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+        or "HEAD"
+    )
+    tar = subprocess.run(
+        ["git", "archive", "--format=tar", rev], cwd=ROOT, capture_output=True, check=True
+    ).stdout
     out = dest / "repo"
     out.mkdir(parents=True)
     subprocess.run(["tar", "-x", "-C", str(out)], input=tar, check=True)
@@ -52,9 +57,26 @@ def overlay_venv(clone: Path) -> Path:
         target = venv / "bin" / exe.name
         if exe.is_file() and not target.exists() and _head(exe) != b"#!":
             target.symlink_to(exe.resolve())
-    r = subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--no-index",
-                        "--ignore-installed", "--disable-pip-version-check", str(clone)],
-                       capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [
+            str(py),
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "--ignore-installed",
+            "--disable-pip-version-check",
+            str(clone),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
-    (venv / ".chunkgrpo-setup").write_text(hashlib.sha256((clone / "pyproject.toml").read_bytes()).hexdigest()[:16] + "\n")
+    (venv / ".chunkgrpo-setup").write_text(
+        hashlib.sha256((clone / "pyproject.toml").read_bytes()).hexdigest()[:16] + "\n"
+    )
     return venv

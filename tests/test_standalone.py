@@ -19,7 +19,9 @@ ROOT = Path(__file__).resolve().parents[1]
 SCANNED = ["chunkgrpo", "components", "pipeline", "images", "docs", "tests", "benchmarks", "scripts", ".ci",
            "README.md", "pyproject.toml"]
 # written in two pieces so that this file does not match itself
-WORKSPACE_SHARED = re.compile(r"(\.\./|/work/|\b)" + "shared" + r"/(data|docs|papers)\b|" + r"\.\./" + "shared" + r"\b")
+WORKSPACE_SHARED = re.compile(
+    r"(\.\./|/work/|\b)" + "shared" + r"/(data|docs|papers)\b|" + r"\.\./" + "shared" + r"\b"
+)
 
 
 def _text_files():
@@ -43,8 +45,12 @@ def test_nothing_refers_to_the_workspace_shared_folder():
 
 
 def test_the_scan_would_catch_a_reference():
-    for bad in ("see ../" + "shared" + "/docs/method.md", "data in /work/" + "shared" + "/data", "shared" + "/data/hpdv2",
-                "_REPO_ROOT.parent / 'x'  # ../" + "shared"):
+    for bad in (
+        "see ../" + "shared" + "/docs/method.md",
+        "data in /work/" + "shared" + "/data",
+        "shared" + "/data/hpdv2",
+        "_REPO_ROOT.parent / 'x'  # ../" + "shared",
+    ):
         assert WORKSPACE_SHARED.search(bad), bad
     assert not WORKSPACE_SHARED.search("components._shared import stage_env; zz-shared-torch.pth")
 
@@ -85,7 +91,9 @@ def test_method_sections_cited_in_code_exist():
     headings = set(re.findall(r"^#{2,3} (\d+(?:\.\d+)?)\.? ", METHOD.read_text(), flags=re.M))
     cited = set()
     for f in [*(ROOT / "chunkgrpo").rglob("*.py"), *(ROOT / "chunkgrpo").rglob("*.yaml")]:
-        cited |= {(str(f.relative_to(ROOT)), s) for s in re.findall(r"method\.md §(\d+(?:\.\d+)?)", f.read_text())}
+        cited |= {
+            (str(f.relative_to(ROOT)), s) for s in re.findall(r"method\.md §(\d+(?:\.\d+)?)", f.read_text())
+        }
     assert cited, "the modules cite method.md sections"
     dangling = sorted((f, s) for f, s in cited if s not in headings)
     assert not dangling, f"method.md has no such section: {dangling}"
@@ -109,7 +117,9 @@ def test_images_install_the_package_with_its_data():
     assert installing, "no image installs chunkgrpo"
     for d in installing:
         text = d.read_text()
-        assert re.search(r"^COPY chunkgrpo \./chunkgrpo\s*$", text, re.M), f"{d}: must COPY the whole chunkgrpo/"
+        assert re.search(r"^COPY chunkgrpo \./chunkgrpo\s*$", text, re.M), (
+            f"{d}: must COPY the whole chunkgrpo/"
+        )
         for src in re.findall(r"^COPY (?!--from)(.+) \S+$", text, re.M):
             assert ".." not in src and "shared" not in src, f"{d}: COPY {src}"
 
@@ -142,8 +152,13 @@ def test_ci_runs_the_readme_test_command_and_the_exactness_tests_per_capability(
     for cap in ("default", "avx2", "avx512"):
         assert cap in ci
     assert "ATEN_CPU_CAPABILITY=$cap .venv/bin/python -m pytest -q -rs -m exactness" in ci
-    marked = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "exactness", "tests"],
-                            cwd=ROOT, capture_output=True, text=True, timeout=300)
+    marked = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "exactness", "tests"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert marked.returncode == 0, marked.stdout[-2000:]
     collected = [ln for ln in marked.stdout.splitlines() if "::" in ln]
     # the known kernel-sensitive tests are marked

@@ -19,7 +19,9 @@ def probe(overrides: list[str]) -> dict:
     t.setup()
     tr, model, s = t.model.transformer, t.model, t.cfg.sampling
     seen: list[torch.Tensor] = []
-    tr.time_text_embed.time_proj.register_forward_pre_hook(lambda mod, args: seen.append(args[0].detach().clone()))
+    tr.time_text_embed.time_proj.register_forward_pre_hook(
+        lambda mod, args: seen.append(args[0].detach().clone())
+    )
     sig = s.sigmas(model.latent_shape(s.height, s.width)[0])
     ts = s.timesteps(sig)
     prompts = t.stream.batch(0, t.info.rank)
@@ -32,7 +34,9 @@ def probe(overrides: list[str]) -> dict:
             seen.clear()
             with t._autocast():
                 model.velocity(x, ts[i].reshape(1), cond, ids, guidance=s.guidance)
-            expect_t = (torch.tensor(float(ts[i]), dtype=torch.float64) / 1000).float() * 1000  # fp32 arithmetic
+            expect_t = (
+                torch.tensor(float(ts[i]), dtype=torch.float64) / 1000
+            ).float() * 1000  # fp32 arithmetic
             row = {"timestep": float(ts[i]), "seen": [float(v) for v in seen[0]], "dtype": str(seen[0].dtype),
                    "expect": float(expect_t), "exact": bool((seen[0] == expect_t).all())}
             if model.guidance_embeds:

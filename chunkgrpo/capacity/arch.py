@@ -45,19 +45,56 @@ GiB = 2**30
 # (T5 v1.1 XXL encoder, google/t5-v1_1-xxl) and vae/config.json, as the diffusers/transformers classes
 # take them. Defaults of the classes are not repeated.
 FLUX_DEV = {
-    "transformer": dict(patch_size=1, in_channels=64, num_layers=19, num_single_layers=38, attention_head_dim=128,
-                        num_attention_heads=24, joint_attention_dim=4096, pooled_projection_dim=768,
-                        guidance_embeds=True, axes_dims_rope=[16, 56, 56]),
-    "text_encoder": dict(vocab_size=49408, hidden_size=768, intermediate_size=3072, num_attention_heads=12,
-                         num_hidden_layers=12, max_position_embeddings=77, projection_dim=768,
-                         hidden_act="quick_gelu"),
-    "text_encoder_2": dict(vocab_size=32128, d_model=4096, d_kv=64, d_ff=10240, num_layers=24, num_heads=64,
-                           feed_forward_proj="gated-gelu", relative_attention_num_buckets=32,
-                           relative_attention_max_distance=128, tie_word_embeddings=False),
-    "vae": dict(in_channels=3, out_channels=3, latent_channels=16, down_block_types=["DownEncoderBlock2D"] * 4,
-                up_block_types=["UpDecoderBlock2D"] * 4, block_out_channels=[128, 256, 512, 512],
-                layers_per_block=2, norm_num_groups=32, sample_size=1024, use_quant_conv=False,
-                use_post_quant_conv=False, scaling_factor=0.3611, shift_factor=0.1159, act_fn="silu"),
+    "transformer": dict(
+        patch_size=1,
+        in_channels=64,
+        num_layers=19,
+        num_single_layers=38,
+        attention_head_dim=128,
+        num_attention_heads=24,
+        joint_attention_dim=4096,
+        pooled_projection_dim=768,
+        guidance_embeds=True,
+        axes_dims_rope=[16, 56, 56],
+    ),
+    "text_encoder": dict(
+        vocab_size=49408,
+        hidden_size=768,
+        intermediate_size=3072,
+        num_attention_heads=12,
+        num_hidden_layers=12,
+        max_position_embeddings=77,
+        projection_dim=768,
+        hidden_act="quick_gelu",
+    ),
+    "text_encoder_2": dict(
+        vocab_size=32128,
+        d_model=4096,
+        d_kv=64,
+        d_ff=10240,
+        num_layers=24,
+        num_heads=64,
+        feed_forward_proj="gated-gelu",
+        relative_attention_num_buckets=32,
+        relative_attention_max_distance=128,
+        tie_word_embeddings=False,
+    ),
+    "vae": dict(
+        in_channels=3,
+        out_channels=3,
+        latent_channels=16,
+        down_block_types=["DownEncoderBlock2D"] * 4,
+        up_block_types=["UpDecoderBlock2D"] * 4,
+        block_out_channels=[128, 256, 512, 512],
+        layers_per_block=2,
+        norm_num_groups=32,
+        sample_size=1024,
+        use_quant_conv=False,
+        use_post_quant_conv=False,
+        scaling_factor=0.3611,
+        shift_factor=0.1159,
+        act_fn="silu",
+    ),
 }
 FLUX_DEV_TRANSFORMER_PARAMS = 11_901_408_320  # the published count ("12 billion parameters")
 FLUX_DEV_STORED_BYTES = 2  # every component of the hub folder is stored in bf16
@@ -119,10 +156,20 @@ class _FlashAttention(torch.autograd.Function):
         return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
-def _flash_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+def _flash_sdpa(
+    query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False
+):
     if query.device.type != "meta":
-        return _ORIGINAL_SDPA(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
-                              scale=scale, enable_gqa=enable_gqa)
+        return _ORIGINAL_SDPA(
+            query,
+            key,
+            value,
+            attn_mask=attn_mask,
+            dropout_p=dropout_p,
+            is_causal=is_causal,
+            scale=scale,
+            enable_gqa=enable_gqa,
+        )
     return _FlashAttention.apply(query, key, value)
 
 
@@ -169,7 +216,9 @@ class ModelArch:
         for name in ("transformer", "text_encoder", "text_encoder_2", "vae"):
             f = root / name / "config.json"
             if not f.is_file():
-                raise UserError(f"model {root} has no {name}/config.json (expected a diffusers FLUX pipeline folder)")
+                raise UserError(
+                    f"model {root} has no {name}/config.json (expected a diffusers FLUX pipeline folder)"
+                )
             d = json.loads(f.read_text())
             cfgs[name] = {k: v for k, v in d.items() if not k.startswith("_")}
         return cls(**cfgs, source=str(root), hub_snapshot=False)
@@ -181,8 +230,14 @@ class ModelArch:
 
         store = store or ArtifactStore()
         base = uri.rstrip("/")
-        cfgs = {n: {k: v for k, v in json.loads(store.get_bytes(f"{base}/{n}/config.json")).items() if not k.startswith("_")}
-                for n in ("transformer", "text_encoder", "text_encoder_2", "vae")}
+        cfgs = {
+            n: {
+                k: v
+                for k, v in json.loads(store.get_bytes(f"{base}/{n}/config.json")).items()
+                if not k.startswith("_")
+            }
+            for n in ("transformer", "text_encoder", "text_encoder_2", "vae")
+        }
         manifest = store.read_manifest(base)
         return cls(**cfgs, source=uri, hub_snapshot=False,
                    folder_bytes=manifest.total_bytes if manifest is not None else None)
@@ -191,12 +246,16 @@ class ModelArch:
     def for_model(cls, model: str) -> "ModelArch":
         """A local diffusers folder's configs, an s3:// folder artifact's (when S3 is configured and has
         them); anything else (a hub id, '', S3 unreachable) = FLUX.1-dev's published configs."""
-        if model and not model.startswith("s3://") and (Path(model).expanduser() / "model_index.json").is_file():
+        if (
+            model
+            and not model.startswith("s3://")
+            and (Path(model).expanduser() / "model_index.json").is_file()
+        ):
             return cls.from_folder(Path(model).expanduser())
         if model.startswith("s3://") and os.environ.get("AWS_ACCESS_KEY_ID"):
             try:
                 return cls.from_s3(model)
-            except Exception as e:  # noqa: BLE001 - said in the plan's `architecture` line, never silent
+            except Exception as e:
                 return cls(**FLUX_DEV, source=f"FLUX.1-dev (published configs; {model} unreadable: "
                                               f"{type(e).__name__})")
         return cls(**FLUX_DEV)
@@ -232,7 +291,10 @@ def param_count(module: torch.nn.Module) -> int:
 
 
 def block_params(transformer: torch.nn.Module) -> int:
-    blocks = [*getattr(transformer, "transformer_blocks", []), *getattr(transformer, "single_transformer_blocks", [])]
+    blocks = [
+        *getattr(transformer, "transformer_blocks", []),
+        *getattr(transformer, "single_transformer_blocks", []),
+    ]
     return max((param_count(b) for b in blocks), default=param_count(transformer))
 
 
@@ -257,11 +319,15 @@ def transformer_activation_peak(tr: torch.nn.Module, batch: int, img_tokens: int
             if p.requires_grad:
                 p.grad = torch.empty_like(p)
     with torch.device("meta"):
-        kw = dict(hidden_states=torch.empty(batch, img_tokens, cfg.in_channels, dtype=dtype),
-                  encoder_hidden_states=torch.empty(batch, txt_tokens, cfg.joint_attention_dim, dtype=dtype),
-                  pooled_projections=torch.empty(batch, cfg.pooled_projection_dim, dtype=dtype),
-                  timestep=torch.empty(batch), img_ids=torch.empty(img_tokens, 3), txt_ids=torch.empty(txt_tokens, 3),
-                  guidance=torch.empty(batch) if cfg.guidance_embeds else None)
+        kw = dict(
+            hidden_states=torch.empty(batch, img_tokens, cfg.in_channels, dtype=dtype),
+            encoder_hidden_states=torch.empty(batch, txt_tokens, cfg.joint_attention_dim, dtype=dtype),
+            pooled_projections=torch.empty(batch, cfg.pooled_projection_dim, dtype=dtype),
+            timestep=torch.empty(batch),
+            img_ids=torch.empty(img_tokens, 3),
+            txt_ids=torch.empty(txt_tokens, 3),
+            guidance=torch.empty(batch) if cfg.guidance_embeds else None,
+        )
     after = 0
     with _traced(grad) as m:
         out = tr(**kw, return_dict=False)[0].float()

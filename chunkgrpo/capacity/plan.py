@@ -103,9 +103,15 @@ class CapacityPlan:
 
     def to_dict(self) -> dict:
         pool = {k: v for k, v in dataclasses.asdict(self.pool).items() if k != "env"}
-        return {"preset": self.preset, "pool": pool,
-                "world": self.world, "facts": self.facts, "fits": not self.problems(), "problems": self.problems(),
-                "items": [{**dataclasses.asdict(i), "fits": i.fits} for i in self.items]}
+        return {
+            "preset": self.preset,
+            "pool": pool,
+            "world": self.world,
+            "facts": self.facts,
+            "fits": not self.problems(),
+            "problems": self.problems(),
+            "items": [{**dataclasses.asdict(i), "fits": i.fits} for i in self.items],
+        }
 
 
 def _gib(n: int | None) -> str:
@@ -126,8 +132,8 @@ def capacity_plan(cfg, pool: Pool, *, nodes: int = 1, output_dir: str = "", pres
     bf16 = cfg.mixed_precision == "bf16" or (cfg.mixed_precision == "auto" and gpu)
     b_c = 2 if bf16 else 4                                   # compute (activation) bytes
     lora = cfg.lora.enabled
-    b_base = 2 if (bf16 and lora) else 4                     # load dtype of the transformer (`Trainer.setup`)
-    b_frozen = 2 if bf16 else 4                              # text encoders + VAE (`load_flux(frozen_dtype=)`)
+    b_base = 2 if (bf16 and lora) else 4  # load dtype of the transformer (`Trainer.setup`)
+    b_frozen = 2 if bf16 else 4  # text encoders + VAE (`load_flux(frozen_dtype=)`)
     fsdp = cfg.distributed == "fsdp" and world > 1
     shard = world if fsdp else 1
     s = cfg.sampling
@@ -139,8 +145,15 @@ def capacity_plan(cfg, pool: Pool, *, nodes: int = 1, output_dir: str = "", pres
         from peft import LoraConfig
 
         with torch.device("meta"):
-            tr.add_adapter(LoraConfig(r=cfg.lora.rank, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
-                                      target_modules=list(cfg.lora.targets), init_lora_weights=True))
+            tr.add_adapter(
+                LoraConfig(
+                    r=cfg.lora.rank,
+                    lora_alpha=cfg.lora.alpha,
+                    lora_dropout=cfg.lora.dropout,
+                    target_modules=list(cfg.lora.targets),
+                    init_lora_weights=True,
+                )
+            )
         tr.to(compute_dtype)
         for n, p in tr.named_parameters():
             p.requires_grad_("lora_" in n)
@@ -235,13 +248,17 @@ def capacity_plan(cfg, pool: Pool, *, nodes: int = 1, output_dir: str = "", pres
     ckpt_host = 4 * P + 8 * P + (4 * P if cfg.ema.decay > 0 else 0)
     host = {"processes": ranks_per_node * PROCESS_HOST_BYTES,
             "peak of load / checkpoint": max(ranks_per_node * load_host, ckpt_host)}
-    items.append(Item("host memory per pod", "load or checkpoint", sum(host.values()), pool.memory_limit, host))
+    items.append(
+        Item("host memory per pod", "load or checkpoint", sum(host.values()), pool.memory_limit, host)
+    )
 
     # ---- bytes per volume
     stored = FLUX_DEV_STORED_BYTES
     model_folder = (W + sum(counts.values())) * stored
     if arch.hub_snapshot:
-        model_folder += W * FLUX_DEV_SINGLE_FILES["transformer"] + counts["vae"] * FLUX_DEV_SINGLE_FILES["vae"]
+        model_folder += (
+            W * FLUX_DEV_SINGLE_FILES["transformer"] + counts["vae"] * FLUX_DEV_SINGLE_FILES["vae"]
+        )
     if arch.folder_bytes is not None:
         model_folder = arch.folder_bytes
     reward_files = sum(REWARD_MODELS.get(r.name, (0, 0))[0] * 2 for r in cfg.rewards)
@@ -262,25 +279,46 @@ def capacity_plan(cfg, pool: Pool, *, nodes: int = 1, output_dir: str = "", pres
     per_volume: dict[str, dict[str, int]] = {}
     for what, (path, nbytes) in paths.items():
         v = pool.volume_for(path) if pool.volumes else None
-        key = f"{v.name} ({v.mount})" if v else ("no volume: root filesystem" if pool.volumes else "local disk")
+        key = (
+            f"{v.name} ({v.mount})" if v else ("no volume: root filesystem" if pool.volumes else "local disk")
+        )
         per_volume.setdefault(key, {})[f"{what}: {path}"] = nbytes
     disk_total = 0
     for key, parts in per_volume.items():
         v = next((x for x in pool.volumes if key.startswith(x.name + " (")), None)
         have = v.size_limit if v else (0 if pool.volumes else None)  # the root filesystem is read-only
-        items.append(Item(f"volume {key}", "sizeLimit" if v else "read-only root", sum(parts.values()), have, parts))
+        items.append(
+            Item(f"volume {key}", "sizeLimit" if v else "read-only root", sum(parts.values()), have, parts)
+        )
         if v is None or v.medium in ("", "other"):
             disk_total += sum(parts.values())
     if pool.ephemeral_limit is not None:
-        items.append(Item("ephemeral storage per pod", "disk-backed emptyDirs", disk_total, pool.ephemeral_limit))
-    facts = {"architecture": arch.source, "transformer_params": W, "trainable_params": P,
-             "text_encoder_params": counts["text_encoder"], "text_encoder_2_params": counts["text_encoder_2"],
-             "vae_params": counts["vae"], "image_tokens": L, "text_tokens": T, "rollout_batch": B,
-             "policy_inputs_per_forward": n_pol, "world": world, "ranks_per_node": ranks_per_node,
-             "fsdp": fsdp, "lora": lora, "compute_dtype": "bf16" if bf16 else "fp32",
-             "load_dtype": "bf16" if b_base == 2 else "fp32", "gradient_checkpointing": cfg.gradient_checkpointing,
-             "activation_bytes_per_token_per_block": per_token_block, "checkpoint_bytes": checkpoint,
-             "gpu_reserve_bytes": reserve_bytes if gpu else 0, "prompts_per_rank_in_run": n_prompts}
+        items.append(
+            Item("ephemeral storage per pod", "disk-backed emptyDirs", disk_total, pool.ephemeral_limit)
+        )
+    facts = {
+        "architecture": arch.source,
+        "transformer_params": W,
+        "trainable_params": P,
+        "text_encoder_params": counts["text_encoder"],
+        "text_encoder_2_params": counts["text_encoder_2"],
+        "vae_params": counts["vae"],
+        "image_tokens": L,
+        "text_tokens": T,
+        "rollout_batch": B,
+        "policy_inputs_per_forward": n_pol,
+        "world": world,
+        "ranks_per_node": ranks_per_node,
+        "fsdp": fsdp,
+        "lora": lora,
+        "compute_dtype": "bf16" if bf16 else "fp32",
+        "load_dtype": "bf16" if b_base == 2 else "fp32",
+        "gradient_checkpointing": cfg.gradient_checkpointing,
+        "activation_bytes_per_token_per_block": per_token_block,
+        "checkpoint_bytes": checkpoint,
+        "gpu_reserve_bytes": reserve_bytes if gpu else 0,
+        "prompts_per_rank_in_run": n_prompts,
+    }
     return CapacityPlan(preset, pool, world, facts, items)
 
 
@@ -299,13 +337,15 @@ def _default_output_dir() -> str:
 
 def render_table(plan: CapacityPlan) -> str:
     f = plan.facts
-    head = (f"capacity plan: {plan.preset or 'config'} on pool {plan.pool.name} ({plan.pool.source}); "
-            f"{f['world']} rank(s), {f['ranks_per_node']} per node, {plan.pool.gpu_product or 'CPU'}; "
-            f"{'FSDP' if f['fsdp'] else 'DDP/single'}, {'LoRA' if f['lora'] else 'full FT'}, "
-            f"compute {f['compute_dtype']}, load {f['load_dtype']}; transformer {f['transformer_params']:,} params, "
-            f"trainable {f['trainable_params']:,}; "
-            f"{f['image_tokens']} image + {f['text_tokens']} text tokens; rollout batch {f['rollout_batch']}, "
-            f"policy inputs per forward {f['policy_inputs_per_forward']}")
+    head = (
+        f"capacity plan: {plan.preset or 'config'} on pool {plan.pool.name} ({plan.pool.source}); "
+        f"{f['world']} rank(s), {f['ranks_per_node']} per node, {plan.pool.gpu_product or 'CPU'}; "
+        f"{'FSDP' if f['fsdp'] else 'DDP/single'}, {'LoRA' if f['lora'] else 'full FT'}, "
+        f"compute {f['compute_dtype']}, load {f['load_dtype']}; transformer {f['transformer_params']:,} params, "
+        f"trainable {f['trainable_params']:,}; "
+        f"{f['image_tokens']} image + {f['text_tokens']} text tokens; rollout batch {f['rollout_batch']}, "
+        f"policy inputs per forward {f['policy_inputs_per_forward']}"
+    )
     rows = [("resource", "phase / limit", "need", "have", "fits", "largest parts")]
     for i in plan.items:
         top = sorted(i.parts.items(), key=lambda kv: -kv[1])[:3]

@@ -81,14 +81,26 @@ def pool_from_runtime(runtime: dict, name: str = "", source: str = "") -> Pool:
         pvc = _quantity((eph.get("resources") or {}).get("requests", {}).get("storage")) if eph else None
         vols.append(Volume(m["name"], m["mountPath"], size if ed is not None else pvc,
                            (ed or {}).get("medium", "") if ed is not None else ("pvc" if eph else "other")))
-    return Pool(name=name or product or "cpu", gpu_product=product, gpu_memory=GPU_MEMORY.get(product, 0),
-                gpus_per_node=gpus, memory_limit=_quantity(limits.get("memory")),
-                ephemeral_limit=_quantity(limits.get("ephemeral-storage")), volumes=vols, env=env, source=source)
+    return Pool(
+        name=name or product or "cpu",
+        gpu_product=product,
+        gpu_memory=GPU_MEMORY.get(product, 0),
+        gpus_per_node=gpus,
+        memory_limit=_quantity(limits.get("memory")),
+        ephemeral_limit=_quantity(limits.get("ephemeral-storage")),
+        volumes=vols,
+        env=env,
+        source=source,
+    )
 
 
 def _runtime_doc(docs: list[dict], where: str) -> dict:
     for d in docs:
-        if d and d.get("kind") == "ClusterTrainingRuntime" and d.get("metadata", {}).get("name") == "chunkgrpo-torch":
+        if (
+            d
+            and d.get("kind") == "ClusterTrainingRuntime"
+            and d.get("metadata", {}).get("name") == "chunkgrpo-torch"
+        ):
             return d
     raise UserError(f"{where} has no ClusterTrainingRuntime chunkgrpo-torch")
 
@@ -109,24 +121,32 @@ def load_pool(pool: str, runtime: str = "") -> Pool:
     if runtime:
         p = Path(runtime)
         if not p.is_file():
-            raise UserError(f"--runtime {runtime} does not exist (a YAML file with the ClusterTrainingRuntime)")
-        return pool_from_runtime(_runtime_doc(list(yaml.safe_load_all(p.read_text())), runtime), pool, runtime)
+            raise UserError(
+                f"--runtime {runtime} does not exist (a YAML file with the ClusterTrainingRuntime)"
+            )
+        return pool_from_runtime(
+            _runtime_doc(list(yaml.safe_load_all(p.read_text())), runtime), pool, runtime
+        )
     root = manifests_dir()
     if root is not None:
         overlay = root / "overlays" / f"prod-{pool}"
         if not overlay.is_dir():
             known = sorted(d.name.removeprefix("prod-") for d in (root / "overlays").glob("prod-*"))
             raise UserError(f"--pool {pool}: no overlay {overlay} (pools: {', '.join(known)})")
-        return pool_from_runtime(_runtime_doc(_kustomize(overlay), str(overlay)), pool, f"{overlay} (rendered)")
+        return pool_from_runtime(
+            _runtime_doc(_kustomize(overlay), str(overlay)), pool, f"{overlay} (rendered)"
+        )
     try:
         from kubernetes import client, config
 
         config.load_incluster_config()
         doc = read_runtime(client.CustomObjectsApi())
-    except Exception as e:  # noqa: BLE001 - not in a cluster, no RBAC: one line
-        raise UserError(f"--pool {pool}: no manifests/ here and the cluster's ClusterTrainingRuntime chunkgrpo-torch "
-                        f"is not readable ({type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}); "
-                        "pass --runtime FILE") from None
+    except Exception as e:
+        raise UserError(
+            f"--pool {pool}: no manifests/ here and the cluster's ClusterTrainingRuntime chunkgrpo-torch "
+            f"is not readable ({type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}); "
+            "pass --runtime FILE"
+        ) from None
     return pool_from_runtime(doc, pool, "cluster: ClusterTrainingRuntime chunkgrpo-torch")
 
 

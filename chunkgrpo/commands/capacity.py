@@ -15,7 +15,9 @@ def add_arguments(p):
     p.add_argument("--runtime", default="", help="YAML with the ClusterTrainingRuntime chunkgrpo-torch "
                    "(a rendered overlay or `kubectl get ... -o yaml`) instead of the repository's overlay")
     p.add_argument("--nodes", type=int, default=1, help="pods (nodes) of the pool")
-    p.add_argument("--output-dir", default="", help="the trainer's output_dir in the pod ('' = the launcher's)")
+    p.add_argument(
+        "--output-dir", default="", help="the trainer's output_dir in the pod ('' = the launcher's)"
+    )
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.add_argument("--no-check", action="store_true", help="exit 0 even when something does not fit")
 
@@ -34,8 +36,13 @@ def run(args):
         return 0
     if args.nodes < 1:
         raise UserError(f"--nodes must be >= 1, got {args.nodes}")
-    plan = capacity_plan(cfg, load_pool(args.pool, args.runtime), nodes=args.nodes, output_dir=args.output_dir,
-                         preset=args.config or "")
+    plan = capacity_plan(
+        cfg,
+        load_pool(args.pool, args.runtime),
+        nodes=args.nodes,
+        output_dir=args.output_dir,
+        preset=args.config or "",
+    )
     print(json.dumps(plan.to_dict(), indent=1) if args.json else render_table(plan))
     problems = plan.problems()
     if problems and not args.no_check:

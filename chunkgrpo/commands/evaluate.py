@@ -18,7 +18,9 @@ def add_arguments(p):
     from chunkgrpo.commands import add_config_arguments
 
     add_config_arguments(p, "num_prompts=8 sampling.trained_steps=30")
-    p.add_argument("--json", action="store_true", help="print the full metrics dict as JSON instead of a summary")
+    p.add_argument(
+        "--json", action="store_true", help="print the full metrics dict as JSON instead of a summary"
+    )
 
 
 def run(args):

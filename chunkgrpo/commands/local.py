@@ -21,9 +21,13 @@ HELP = "start/stop/inspect the local S3 (SeaweedFS) and MLflow servers"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("action", choices=["up", "down", "status", "env"], help="what to do")
-    parser.add_argument("--home", default="", help="state dir (default $CHUNKGRPO_HOME or ./.chunkgrpo/local)")
+    parser.add_argument(
+        "--home", default="", help="state dir (default $CHUNKGRPO_HOME or ./.chunkgrpo/local)"
+    )
     parser.add_argument("--s3-port", type=int, default=8333, help="S3 port on 127.0.0.1 (default 8333)")
-    parser.add_argument("--mlflow-port", type=int, default=5000, help="MLflow port on 127.0.0.1 (default 5000)")
+    parser.add_argument(
+        "--mlflow-port", type=int, default=5000, help="MLflow port on 127.0.0.1 (default 5000)"
+    )
     parser.add_argument("--no-mlflow", action="store_true", help="run only the S3 server")
     parser.add_argument("--timeout", type=float, default=90.0, help="seconds to wait for health (default 90)")
 

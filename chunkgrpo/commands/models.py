@@ -26,7 +26,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p = sub.add_parser("sync", help="upload a hub model or folder to the S3 model cache")
     p.add_argument("source", nargs="?", help="hub id (org/name) or local folder")
     p.add_argument("--to", default=None, help="destination s3:// URI (default <root>/<hub id>)")
-    p.add_argument("--defaults", action="store_true", help="the base model and every default reward/scorer weight")
+    p.add_argument(
+        "--defaults", action="store_true", help="the base model and every default reward/scorer weight"
+    )
     p.add_argument("--download", action="store_true", help="download from the hub if not in the local cache")
     p.add_argument("--revision", default=None, help="hub revision (branch, tag or commit)")
     p = sub.add_parser("uri", help="print the cache URI of a hub id")

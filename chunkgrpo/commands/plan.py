@@ -12,7 +12,9 @@ def add_arguments(p):
     p.add_argument("--profile", required=True, help="profile.json from `chunkgrpo profile`")
     p.add_argument("--chunks", "--strategy", dest="chunks", default="dynamics",
                    help="the chunk plan spec to plan (default: dynamics); --strategy is its former name")
-    p.add_argument("--out", required=True, help="output plan JSON (a PNG with the chunks is written next to it)")
+    p.add_argument(
+        "--out", required=True, help="output plan JSON (a PNG with the chunks is written next to it)"
+    )
     p.add_argument("--trajectories", choices=["sde", "ode"], default=None,
                    help="profile curve to plan on (default: the profile's, sde = the training trajectories)")
 
@@ -21,6 +23,8 @@ def run(args):
     from chunkgrpo.chunks import plan_from_profile
 
     plan, out = plan_from_profile(args.profile, args.chunks, args.out, trajectories=args.trajectories)
-    print(f"plan {plan['strategy']} on {plan['trajectories'].upper()} trajectories: sizes {plan['sizes']} over "
-          f"{plan['trainable_steps']} trainable steps -> {out}")
+    print(
+        f"plan {plan['strategy']} on {plan['trajectories'].upper()} trajectories: sizes {plan['sizes']} over "
+        f"{plan['trainable_steps']} trainable steps -> {out}"
+    )
     print(f"  rationale: {plan['rationale']}")

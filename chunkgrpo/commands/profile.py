@@ -18,8 +18,11 @@ def add_arguments(p):
     p.add_argument("--height", type=int, help="image height (default 720; 64 suits the tiny model)")
     p.add_argument("--width", type=int, help="image width")
     p.add_argument("--out", help="output JSON path")
-    p.add_argument("--trajectories", choices=["sde", "ode"],
-                   help="profile the planner reads (default sde: the sampling section's η and rule); both are recorded")
+    p.add_argument(
+        "--trajectories",
+        choices=["sde", "ode"],
+        help="profile the planner reads (default sde: the sampling section's η and rule); both are recorded",
+    )
     p.add_argument("overrides", nargs="*", help="key=value config overrides (e.g. sampling.schedule=dynamic)")
 
 

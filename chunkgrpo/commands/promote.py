@@ -37,14 +37,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "(--margin sets its margin; audited, needs --why)")
     g.add_argument("--history", action="store_true",
                    help="print the audit log: gate changes, promotions, forced promotions, rollbacks")
-    parser.add_argument("--metric", default=None,
-                        help="assert the gate metric (must equal the model's gate.metric tag; default: that tag)")
+    parser.add_argument(
+        "--metric",
+        default=None,
+        help="assert the gate metric (must equal the model's gate.metric tag; default: that tag)",
+    )
     parser.add_argument("--margin", type=float, default=None, help="required improvement (default 0)")
     parser.add_argument("--force", action="store_true",
                         help="promoter identity only, with --why: skip the gate "
                              "(recorded: who, why, previous)")
     parser.add_argument("--why", default="", help="reason, stored as a tag")
-    parser.add_argument("--who", default=None, help="actor recorded in tags (default: $CHUNKGRPO_USER or login)")
+    parser.add_argument(
+        "--who", default=None, help="actor recorded in tags (default: $CHUNKGRPO_USER or login)"
+    )
     parser.add_argument("--strict", action="store_true", help="exit 1 when the gate rejects the version")
 
 

@@ -29,23 +29,35 @@ HELP = "register a trained model version in the MLflow registry"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model-dir", required=True, help="folder with the weights, or an s3:// checkpoint folder")
+    parser.add_argument(
+        "--model-dir", required=True, help="folder with the weights, or an s3:// checkpoint folder"
+    )
     parser.add_argument("--name", required=True, help="registered model name")
     parser.add_argument("--base-model", required=True, help="base model reference (HF id or path)")
-    parser.add_argument("--kind", choices=["lora", "full"], default="lora", help="LoRA adapter or full transformer")
+    parser.add_argument(
+        "--kind", choices=["lora", "full"], default="lora", help="LoRA adapter or full transformer"
+    )
     parser.add_argument("--metrics", help="JSON file of evaluation metrics (nested keys are joined with '.')")
     parser.add_argument("--plan", help="JSON file with the chunk plan")
     parser.add_argument("--checkpoint-uri", help="s3:// URI of the checkpoint folder in the artifact store")
     parser.add_argument("--config-hash", default="", help="hash of the training config")
-    parser.add_argument("--git-sha", default=None, help="code version (default: git HEAD or $CHUNKGRPO_GIT_SHA)")
+    parser.add_argument(
+        "--git-sha", default=None, help="code version (default: git HEAD or $CHUNKGRPO_GIT_SHA)"
+    )
     parser.add_argument("--external-weights", action="store_true",
                         help="do not copy weights into MLflow; keep them at --checkpoint-uri")
     parser.add_argument("--experiment", default="chunkgrpo", help="MLflow experiment of the registration run")
     parser.add_argument("--gate-metric", default=None, help="gate metric of a new registered model "
                         "(default eval.hpdv2.hpsv3); ignored (with a warning) for an existing one")
-    parser.add_argument("--gate-direction", choices=["max", "min"], default=None,
-                        help="direction of --gate-metric for a new registered model (default: the metric's known one)")
-    parser.add_argument("--eval-preset", default="", help="evaluation preset the --metrics file came from (protocol)")
+    parser.add_argument(
+        "--gate-direction",
+        choices=["max", "min"],
+        default=None,
+        help="direction of --gate-metric for a new registered model (default: the metric's known one)",
+    )
+    parser.add_argument(
+        "--eval-preset", default="", help="evaluation preset the --metrics file came from (protocol)"
+    )
     parser.add_argument("--eval-run-id", default=None,
                         help="the evaluation stage's MLflow run (default: the --metrics file's "
                              "mlflow_run_id); "
@@ -117,5 +129,7 @@ def run(args: argparse.Namespace) -> int:
                            git=args.git_sha, cfg_hash=args.config_hash, gate_metric=args.gate_metric,
                            gate_direction=args.gate_direction)
         rv = register_model(req, experiment=args.experiment)
-    print(f"{rv.name} version {rv.version}{' (existing, same content)' if rv.reused else ''}: {rv.uri}  source {rv.source}")
+    print(
+        f"{rv.name} version {rv.version}{' (existing, same content)' if rv.reused else ''}: {rv.uri}  source {rv.source}"
+    )
     return 0

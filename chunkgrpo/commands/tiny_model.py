@@ -8,8 +8,11 @@ def add_arguments(p):
     p.add_argument("--out", required=True, help="output folder")
     p.add_argument("--seed", type=int, default=0, help="weight-initialisation seed")
     p.add_argument("--size", default="tiny", choices=["tiny", "mid", "flux"], help="architecture size")
-    p.add_argument("--overwrite", action="store_true",
-                   help="replace an existing tiny model in --out (any other non-empty folder is never touched)")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an existing tiny model in --out (any other non-empty folder is never touched)",
+    )
 
 
 def run(args):

@@ -11,12 +11,19 @@ HELP = "build (or reuse) the pretrained toy-world FLUX model and its prompt file
 
 
 def add_arguments(p):
-    p.add_argument("--out", help="output folder (created; refused if it holds something that is not a toy model)")
-    p.add_argument("--cache-dir", default=None,
-                   help="cache root (default $CHUNKGRPO_CACHE or ~/.cache/chunkgrpo); models live in <root>/toy-models/<hash>")
+    p.add_argument(
+        "--out", help="output folder (created; refused if it holds something that is not a toy model)"
+    )
+    p.add_argument(
+        "--cache-dir",
+        default=None,
+        help="cache root (default $CHUNKGRPO_CACHE or ~/.cache/chunkgrpo); models live in <root>/toy-models/<hash>",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--help-config", action="store_true", help="list every option with its default and help")
-    p.add_argument("overrides", nargs="*", help="key=value overrides of the toy model config (e.g. steps=300 threads=1)")
+    p.add_argument(
+        "overrides", nargs="*", help="key=value overrides of the toy model config (e.g. steps=300 threads=1)"
+    )
 
 
 def run(args):
@@ -47,7 +54,9 @@ def run(args):
     base = meta.get("base_accuracy")
     if base:
         tasks = ", ".join(f"{k} {v:.2f}" for k, v in base["tasks"].items())
-        print(f"  base held-out GenEval accuracy: overall {base['overall']:.3f} ({tasks}; {base['n_images']} images; "
-              f"partial credit {base.get('partial', float('nan')):.3f})")
+        print(
+            f"  base held-out GenEval accuracy: overall {base['overall']:.3f} ({tasks}; {base['n_images']} images; "
+            f"partial credit {base.get('partial', float('nan')):.3f})"
+        )
     files = meta["files"]
     print("  files: " + json.dumps({k: str(out / v) for k, v in files.items()}))

@@ -14,7 +14,9 @@ def add_arguments(p):
     from chunkgrpo.commands import add_config_arguments
 
     add_config_arguments(p, "lr=5e-6 sampling.eta=0.3")
-    p.add_argument("--dry-run", action="store_true", help="validate config, model dir, prompts and plan, then exit")
+    p.add_argument(
+        "--dry-run", action="store_true", help="validate config, model dir, prompts and plan, then exit"
+    )
 
 
 def run(args):
@@ -36,5 +38,7 @@ def run(args):
     summary = run_training(cfg)
     if summary:
         h = summary["history"]
-        print(f"trained {summary['optimizer_steps']} optimizer steps ({cfg.method}, chunks {summary['chunk_sizes']}); "
-              f"reward {h[0]['reward_mean']:.4f} -> {h[-1]['reward_mean']:.4f}; model -> {summary['final_model']}")
+        print(
+            f"trained {summary['optimizer_steps']} optimizer steps ({cfg.method}, chunks {summary['chunk_sizes']}); "
+            f"reward {h[0]['reward_mean']:.4f} -> {h[-1]['reward_mean']:.4f}; model -> {summary['final_model']}"
+        )

@@ -57,7 +57,9 @@ def fetch_s3_files(uri: str, names: list[str] | tuple[str, ...], what: str = "da
     found = [fetch_s3_file(f"{uri}/{n}", what) for n in names if store.stat(f"{uri}/{n}") is not None]
     if not found:
         raise UserError(f"{what} {uri} holds none of {', '.join(names)}")
-    folder = found[0].parent.parent / ("folder-" + hashlib.sha256("\0".join(map(str, found)).encode()).hexdigest()[:16])
+    folder = found[0].parent.parent / (
+        "folder-" + hashlib.sha256("\0".join(map(str, found)).encode()).hexdigest()[:16]
+    )
     folder.mkdir(parents=True, exist_ok=True)
     for f in found:
         link = folder / f.name

@@ -32,40 +32,68 @@ class EvalConfig(Config):
 
     model: str = option("", "trained model: the trainer's final/ folder (or its output_dir), an s3:// folder "
                             "artifact, or a model-pointer .json; empty = evaluate the base model alone")
-    base_model: str = option("", "base FLUX pipeline (folder, s3://, or a hub id in the local cache); default: "
-                                 "base_model recorded in the trained model's chunkgrpo_model.json")
+    base_model: str = option(
+        "",
+        "base FLUX pipeline (folder, s3://, or a hub id in the local cache); default: "
+        "base_model recorded in the trained model's chunkgrpo_model.json",
+    )
     benchmarks: list[str] = option(["hpdv2"], "benchmarks to run: hpdv2 | geneval | wise")
-    scorers: list[str] = option(["hpsv3", "imagereward"],
-                                "HPDv2 scorers: programmatic rewards (brightness, color, contrast) or eval scorers "
-                                "(hpsv3, imagereward, hpsv2.1, pickscore, clip)")
+    scorers: list[str] = option(
+        ["hpsv3", "imagereward"],
+        "HPDv2 scorers: programmatic rewards (brightness, color, contrast) or eval scorers "
+        "(hpsv3, imagereward, hpsv2.1, pickscore, clip)",
+    )
     scorer_weights: dict[str, str] = option({}, "weights per scorer: {name: local dir/file or s3:// prefix}")
-    scorer_options: dict[str, dict] = option({}, "extra options per scorer, e.g. {pickscore: {processor: DIR}, "
-                                                 "hpsv3: {processor: QWEN2VL_DIR}, brightness: {target: 0.5}}")
+    scorer_options: dict[str, dict] = option(
+        {},
+        "extra options per scorer, e.g. {pickscore: {processor: DIR}, "
+        "hpsv3: {processor: QWEN2VL_DIR}, brightness: {target: 0.5}}",
+    )
     scorer_device: str = option("auto", "device for scorers: auto | cpu | cuda | cuda:N")
     num_prompts: int = option(0, "use only the first N prompts of each benchmark (0 = all)")
     sampling: HybridConfig = option(factory=HybridConfig, help="how images are sampled (`SamplingConfig`'s "
                                     "fields + trained_steps; defaults: the paper's evaluation protocol)")
     batch_size: int = option(4, "images per transformer batch")
-    seed: int = option(42, "base seed: HPDv2 image i uses seed+i, GenEval sample k seed+k, WISE prompt id p seed+p")
+    seed: int = option(
+        42, "base seed: HPDv2 image i uses seed+i, GenEval sample k seed+k, WISE prompt id p seed+p"
+    )
     compare_base: bool = option(True, "also generate/score the base model with the same prompts and seeds")
     output_dir: str = option("eval", "local folder for images, metrics.json and report.html")
-    output_uri: str = option("", "s3://bucket/prefix to upload output_dir to (folder artifact); empty = no upload")
-    resume: bool = option(True, "keep images already in output_dir when they were made with the same settings")
+    output_uri: str = option(
+        "", "s3://bucket/prefix to upload output_dir to (folder artifact); empty = no upload"
+    )
+    resume: bool = option(
+        True, "keep images already in output_dir when they were made with the same settings"
+    )
     generate_only: bool = option(False, "only generate images (score later / elsewhere)")
     device: str = option("auto", "generation device: auto | cpu | cuda | cuda:N")
-    dtype: Literal["auto", "bfloat16", "float16", "float32"] = option("auto", "model dtype (auto: bf16 on GPU)")
-    offload: bool = option(False, "full fine-tunes: keep the inactive transformer on the CPU (two copies otherwise)")
-    cache_dir: str = option("", "where s3:// models/weights are cached (default $CHUNKGRPO_CACHE or ~/.cache/chunkgrpo)")
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = option(
+        "auto", "model dtype (auto: bf16 on GPU)"
+    )
+    offload: bool = option(
+        False, "full fine-tunes: keep the inactive transformer on the CPU (two copies otherwise)"
+    )
+    cache_dir: str = option(
+        "", "where s3:// models/weights are cached (default $CHUNKGRPO_CACHE or ~/.cache/chunkgrpo)"
+    )
     hpdv2_prompts: str = option("", "HPDv2 prompt file (default: the 400 official test prompts)")
-    geneval_metadata: str = option("", "GenEval evaluation_metadata.jsonl (default: the official 553 prompts)")
+    geneval_metadata: str = option(
+        "", "GenEval evaluation_metadata.jsonl (default: the official 553 prompts)"
+    )
     geneval_samples: int = option(4, "GenEval images per prompt (official: 4)")
     geneval_detector: str = option(
-        "mmdet", "GenEval detector: mmdet (official Mask2Former, eval image) | transformers (not comparable) | "
-                 "module:attr of a detector factory needing no weights (e.g. the toy world's exact detector, "
-                 "chunkgrpo.toy.detector:ToyDetector)")
-    geneval_detector_weights: str = option("", "detector checkpoint (mmdet .pth or its folder; transformers folder)")
+        "mmdet",
+        "GenEval detector: mmdet (official Mask2Former, eval image) | transformers (not comparable) | "
+        "module:attr of a detector factory needing no weights (e.g. the toy world's exact detector, "
+        "chunkgrpo.toy.detector:ToyDetector)",
+    )
+    geneval_detector_weights: str = option(
+        "", "detector checkpoint (mmdet .pth or its folder; transformers folder)"
+    )
     geneval_detector_config: str = option("", "mmdet config .py (default: the one shipped with mmdet)")
-    geneval_color_model: str = option("", "CLIP ViT-L/14 folder for the colour classifier (transformers format)")
+    geneval_color_model: str = option(
+        "", "CLIP ViT-L/14 folder for the colour classifier (transformers format)"
+    )
     geneval_color_fn: str = option("", "module:attr of a colour classifier factory (used instead of "
                                        "geneval_color_model), e.g. chunkgrpo.toy.detector:ToyColorClassifier")
     wise_prompts: str = option("", "WISE prompt folder or JSON file (default $CHUNKGRPO_WISE_DIR)")
@@ -121,12 +149,16 @@ class EvalConfig(Config):
         if not self.output_dir:
             raise UserError("output_dir must be set")
         if not self.model and not self.base_model:
-            raise UserError("set model (a trained model) and/or base_model (to evaluate the base model alone)")
+            raise UserError(
+                "set model (a trained model) and/or base_model (to evaluate the base model alone)"
+            )
         if not self.model and not self.compare_base:
             raise UserError("compare_base=false with no model leaves nothing to evaluate")
         if self.geneval_detector not in DETECTORS and not NAMED.fullmatch(self.geneval_detector):
-            raise UserError(f"geneval_detector={self.geneval_detector!r} is not one of {', '.join(DETECTORS)} "
-                            "or a module:attr name")
+            raise UserError(
+                f"geneval_detector={self.geneval_detector!r} is not one of {', '.join(DETECTORS)} "
+                "or a module:attr name"
+            )
         if self.geneval_color_fn and not NAMED.fullmatch(self.geneval_color_fn):
             raise UserError(f"geneval_color_fn={self.geneval_color_fn!r} is not a module:attr name")
 

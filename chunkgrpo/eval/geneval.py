@@ -256,7 +256,10 @@ def compute_iou(box_a: Sequence[float], box_b: Sequence[float]) -> float:
     """The official IoU (inclusive pixel convention, +1)."""
     def area(b):
         return max(b[2] - b[0] + 1, 0) * max(b[3] - b[1] + 1, 0)
-    inter = area([max(box_a[0], box_b[0]), max(box_a[1], box_b[1]), min(box_a[2], box_b[2]), min(box_a[3], box_b[3])])
+
+    inter = area(
+        [max(box_a[0], box_b[0]), max(box_a[1], box_b[1]), min(box_a[2], box_b[2]), min(box_a[3], box_b[3])]
+    )
     union = area(box_a) + area(box_b) - inter
     return inter / union if union else 0.0
 
@@ -381,7 +384,9 @@ def filter_detections(raw: Detections, tag: str, rules: GenEvalRules | None = No
             best = ordering.pop(0)
             kept.append(dets[best])
             if rules.max_overlap < 1:
-                ordering = [j for j in ordering if compute_iou(dets[best].box, dets[j].box) < rules.max_overlap]
+                ordering = [
+                    j for j in ordering if compute_iou(dets[best].box, dets[j].box) < rules.max_overlap
+                ]
         if kept:
             out[cls] = kept
     return out
@@ -416,8 +421,13 @@ def relative_position(box_a: Sequence[float], box_b: Sequence[float], margin: fl
     return rels
 
 
-def evaluate_detections(detected: Detections, metadata: dict, image: Image.Image | None = None,
-                        color_fn: ColorFn | None = None, rules: GenEvalRules | None = None) -> tuple[bool, str]:
+def evaluate_detections(
+    detected: Detections,
+    metadata: dict,
+    image: Image.Image | None = None,
+    color_fn: ColorFn | None = None,
+    rules: GenEvalRules | None = None,
+) -> tuple[bool, str]:
     """The official `evaluate()`: include clauses AND-ed, exclude clauses OR-ed; returns (correct, reason).
 
     `detected` must already be filtered (`filter_detections`), most confident first. Colour and position are
@@ -440,7 +450,9 @@ def evaluate_detections(detected: Detections, metadata: dict, image: Image.Image
                     raise UserError("this prompt has a colour clause: pass a colour classifier (color_fn)")
                 colors = list(color_fn(image, found, cls))
                 if len(colors) != len(found):
-                    raise RuntimeError(f"colour classifier returned {len(colors)} colours for {len(found)} objects")
+                    raise RuntimeError(
+                        f"colour classifier returned {len(colors)} colours for {len(found)} objects"
+                    )
                 want = req["color"]
                 if colors.count(want) < count:
                     correct = matched = False
@@ -505,8 +517,13 @@ def score_image(image: Image.Image | str | os.PathLike, metadata: dict, detector
     return record
 
 
-def evaluate_folder(root: str | os.PathLike, detector: Detector, color_fn: ColorFn | None = None,
-                    rules: GenEvalRules | None = None, progress: Callable[[int], None] | None = None) -> list[dict]:
+def evaluate_folder(
+    root: str | os.PathLike,
+    detector: Detector,
+    color_fn: ColorFn | None = None,
+    rules: GenEvalRules | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> list[dict]:
     """Score every sample under `root` (official layout); one record per image."""
     records = []
     for i, (path, md) in enumerate(iter_samples(root)):
@@ -556,7 +573,9 @@ def summarize(records: Sequence[dict], detector: Detector | dict | None = None,
         "complete": complete,
         "detector": det_info,
         "rules": dataclasses.asdict(rules),
-        "comparable_to_official": bool(det_info.get("comparable_to_official")) and rules.is_official and complete,
+        "comparable_to_official": bool(det_info.get("comparable_to_official"))
+        and rules.is_official
+        and complete,
     }
 
 

@@ -26,11 +26,17 @@ from PIL import Image, ImageOps
 
 from chunkgrpo.errors import UserError
 from chunkgrpo.eval.config import EvalConfig
-from chunkgrpo.eval.geneval import (COLOR_TEMPLATES, COLORS, OFFICIAL_MMDET_MODEL, Detection, Detections,
-                                    GenEvalRules, load_object_names)
+from chunkgrpo.eval.geneval import (
+    COLOR_TEMPLATES,
+    COLORS,
+    OFFICIAL_MMDET_MODEL,
+    Detection,
+    Detections,
+    GenEvalRules,
+    load_object_names,
+)
 from chunkgrpo.eval.scorer_setup import clip_published_check
 from chunkgrpo.scoring.backends import resolve_device
-
 
 # --------------------------------------------------------------------------------------------------
 # colour classification (CLIP zero-shot over the masked object on grey, cropped to its box)
@@ -48,7 +54,9 @@ def color_crops(image: Image.Image, detections: Sequence[Detection], bgcolor: st
         if det.mask is not None:
             mask = np.asarray(det.mask)
             if tuple(mask.shape) != (image.size[1], image.size[0]):
-                raise ValueError(f"mask shape {mask.shape} != image size (H, W) {(image.size[1], image.size[0])}")
+                raise ValueError(
+                    f"mask shape {mask.shape} != image size (H, W) {(image.size[1], image.size[0])}"
+                )
             im = Image.composite(image, blank, Image.fromarray(mask.astype(bool)))
         if crop:
             im = im.crop(tuple(det.box[:4]))
@@ -159,8 +167,10 @@ class TransformersMask2FormerDetector:
         self.class_names = list(class_names) if class_names is not None else load_object_names()
         n_labels = int(self.model.config.num_labels)
         if n_labels != len(self.class_names):
-            raise UserError(f"{path}: the model has {n_labels} labels but {len(self.class_names)} class names were "
-                            "given; GenEval needs an 80-class COCO instance model (labels in COCO order)")
+            raise UserError(
+                f"{path}: the model has {n_labels} labels but {len(self.class_names)} class names were "
+                "given; GenEval needs an 80-class COCO instance model (labels in COCO order)"
+            )
         self.max_per_image = max_per_image
         self.min_score = min_score
         self.info = {"detector_weights": str(model_dir), "max_per_image": max_per_image}
@@ -231,7 +241,9 @@ class MMDetDetector:
             candidates = [base / ".mim" / rel, base.parent / rel]
             config = next((c for c in candidates if c.exists()), None)
             if config is None:
-                raise UserError(f"mmdet config {rel} not found (tried {', '.join(map(str, candidates))}); pass config=")
+                raise UserError(
+                    f"mmdet config {rel} not found (tried {', '.join(map(str, candidates))}); pass config="
+                )
         self._inference = apis.inference_detector
         self.model = apis.init_detector(str(config), str(ckpt), device=device)
         self.class_names = list(class_names) if class_names is not None else load_object_names()
@@ -239,7 +251,11 @@ class MMDetDetector:
 
     def detect(self, image: Image.Image | str | os.PathLike) -> Detections:
         # the official evaluator passes the file path (mmcv reads it as BGR); arrays must be BGR too
-        arg = str(image) if not isinstance(image, Image.Image) else np.asarray(image.convert("RGB"))[:, :, ::-1].copy()
+        arg = (
+            str(image)
+            if not isinstance(image, Image.Image)
+            else np.asarray(image.convert("RGB"))[:, :, ::-1].copy()
+        )
         result = self._inference(self.model, arg)
         bbox = result[0] if isinstance(result, tuple) else result
         segm = result[1] if isinstance(result, tuple) and len(result) > 1 else None
@@ -281,11 +297,13 @@ def check_color_classifier(cfg: EvalConfig):
         colors = clf(probe, [Detection((0.0, 0.0, 32.0, 32.0), 1.0, mask)], "car")
     except UserError as e:
         raise UserError(f"geneval colour classifier {cfg.geneval_color_model!r}: {e}") from None
-    except Exception as e:  # noqa: BLE001 - any failure here would otherwise surface after generation
+    except Exception as e:
         raise UserError(f"geneval colour classifier {cfg.geneval_color_model!r} does not run: "
                         f"{type(e).__name__}: {e}") from None
     if len(colors) != 1 or colors[0] not in COLORS:
-        raise UserError(f"geneval colour classifier {cfg.geneval_color_model!r} returned {colors!r} for one crop")
+        raise UserError(
+            f"geneval colour classifier {cfg.geneval_color_model!r} returned {colors!r} for one crop"
+        )
     return clf
 
 

@@ -68,14 +68,21 @@ class HybridConfig(SamplingConfig):
     `sampling` entry of metrics.json and the generation fingerprint)."""
 
     num_steps: int = option(50, "sampling steps N (MixGRPO / Chunk-GRPO evaluation: 50)")
-    trained_steps: int = option(30, "steps 0..K-1 use the trained model, K..N-1 the base model (paper: 30 of 50; "
-                                    "K = N is trained-only, K = 0 base-only)")
+    trained_steps: int = option(
+        30,
+        "steps 0..K-1 use the trained model, K..N-1 the base model (paper: 30 of 50; "
+        "K = N is trained-only, K = 0 base-only)",
+    )
     schedule: Literal["dynamic", "shift"] = option(
-        "dynamic", "σ schedule: 'dynamic' (stock diffusers FLUX pipeline, used by MixGRPO's hybrid inference) or "
-                   "'shift' (the training schedule)")
+        "dynamic",
+        "σ schedule: 'dynamic' (stock diffusers FLUX pipeline, used by MixGRPO's hybrid inference) or "
+        "'shift' (the training schedule)",
+    )
     shift: float = option(3.0, "shift s of the 'shift' schedule (ignored by 'dynamic')")
-    quantize_timesteps: bool = option(False, "give the transformer int(σ·1000) (shift recipes) instead of σ·1000 "
-                                             "(diffusers pipeline: float)")
+    quantize_timesteps: bool = option(
+        False,
+        "give the transformer int(σ·1000) (shift recipes) instead of σ·1000 (diffusers pipeline: float)",
+    )
     height: int = option(1024, "image height in pixels")
     width: int = option(1024, "image width in pixels")
     guidance: float = option(3.5, "FLUX-dev guidance embedding value")
@@ -132,9 +139,16 @@ class TrainedModel:
             return None
 
     def describe(self) -> dict:
-        return {"source": self.source, "path": str(self.path), "kind": self.kind, "base_model": self.base_model,
-                "method": self.meta.get("method"), "chunk_sizes": self.meta.get("chunk_sizes"),
-                "optimizer_steps": self.meta.get("optimizer_steps"), "lora_scale": self.lora_scale}
+        return {
+            "source": self.source,
+            "path": str(self.path),
+            "kind": self.kind,
+            "base_model": self.base_model,
+            "method": self.meta.get("method"),
+            "chunk_sizes": self.meta.get("chunk_sizes"),
+            "optimizer_steps": self.meta.get("optimizer_steps"),
+            "lora_scale": self.lora_scale,
+        }
 
 
 def _download(uri: str, cache_dir: str | os.PathLike | None) -> Path:
@@ -173,7 +187,7 @@ def _verify_trained_files(path: Path, kind: str) -> None:
             with safe_open(str(f), framework="pt") as fh:
                 for key in fh.keys():
                     fh.get_slice(key)
-        except Exception as e:  # noqa: BLE001 - SafetensorError, OSError: unreadable weights
+        except Exception as e:
             raise UserError(f"{f} is not a readable safetensors file ({' '.join(str(e).split())[:160]}); "
                             "truncated or damaged?") from None
 
@@ -200,8 +214,10 @@ def load_trained(source: str | os.PathLike, *, cache_dir: str | os.PathLike | No
         if pointer is not None:
             stamp = (path / ".manifest-sha256").read_text()
             if stamp != pointer["manifest_sha256"]:
-                raise UserError(f"{text}: manifest sha256 {stamp[:12]}… does not match the pointer's "
-                                f"{pointer['manifest_sha256'][:12]}… (the folder was replaced after the pointer was made)")
+                raise UserError(
+                    f"{text}: manifest sha256 {stamp[:12]}… does not match the pointer's "
+                    f"{pointer['manifest_sha256'][:12]}… (the folder was replaced after the pointer was made)"
+                )
     else:
         path = Path(text).expanduser()
         if not path.is_dir():
@@ -221,7 +237,9 @@ def load_trained(source: str | os.PathLike, *, cache_dir: str | os.PathLike | No
         elif (path / "transformer" / "config.json").exists():
             kind = "full"
         else:
-            raise UserError(f"{path} is not a trained model folder: no {META_FILE}, {LORA_FILE} or transformer/")
+            raise UserError(
+                f"{path} is not a trained model folder: no {META_FILE}, {LORA_FILE} or transformer/"
+            )
     if kind not in ("lora", "full"):
         raise UserError(f"{path / META_FILE}: kind {kind!r} must be 'lora' or 'full'")
     if kind == "lora" and not (path / LORA_FILE).exists():
@@ -294,8 +312,10 @@ class HybridSampler:
             tr.load_lora_adapter(str(trained.path), prefix="transformer", adapter_name=self.adapter_name,
                                  weight_name=LORA_FILE, local_files_only=True)
         except (ValueError, RuntimeError, KeyError) as e:
-            raise UserError(f"cannot load the LoRA adapter {trained.path / LORA_FILE} into the base transformer "
-                            f"({type(e).__name__}: {e}); is base_model the model it was trained on?") from None
+            raise UserError(
+                f"cannot load the LoRA adapter {trained.path / LORA_FILE} into the base transformer "
+                f"({type(e).__name__}: {e}); is base_model the model it was trained on?"
+            ) from None
         self._layers = [m for m in _tuner_layers(tr) if self.adapter_name in getattr(m, "scaling", {})]
         if not self._layers:
             raise UserError(f"{trained.path / LORA_FILE} matched no module of the base transformer "
@@ -309,7 +329,9 @@ class HybridSampler:
                     m.scaling[self.adapter_name] = want
                     fixed += 1
             if fixed:
-                log.info("LoRA scale set to alpha/rank = %g on %d layers (the file carried no alpha)", want, fixed)
+                log.info(
+                    "LoRA scale set to alpha/rank = %g on %d layers (the file carried no alpha)", want, fixed
+                )
         self._lora_params = [p for n, p in tr.named_parameters() if "lora_" in n]
         for p in self._lora_params:
             p.requires_grad_(False)
@@ -374,7 +396,9 @@ class HybridSampler:
 
     # ------------------------------------------------------------------ sampling
     @torch.no_grad()
-    def sample_latents(self, cond, x_init: torch.Tensor, cfg: HybridConfig, mode: str = "hybrid") -> torch.Tensor:
+    def sample_latents(
+        self, cond, x_init: torch.Tensor, cfg: HybridConfig, mode: str = "hybrid"
+    ) -> torch.Tensor:
         """ODE-integrate `x_init` (B, L, C) under `cond` (a PromptEmbeds); returns x̂0 (B, L, C) of the last step."""
         if mode not in MODES:
             raise UserError(f"mode {mode!r} is not one of {', '.join(MODES)}")
@@ -395,7 +419,9 @@ class HybridSampler:
                 self.probe(i, phase, tr)
             self.trace.append((i, phase))
             self.calls[phase] += 1
-            v = model.velocity(x, timesteps[i].reshape(1), cond, img_ids, guidance=cfg.guidance, transformer=tr)
+            v = model.velocity(
+                x, timesteps[i].reshape(1), cond, img_ids, guidance=cfg.guidance, transformer=tr
+            )
             s, sn = float(sigmas[i]), float(sigmas[i + 1])
             if i == N - 1:
                 x0 = x - s * v
@@ -435,7 +461,14 @@ class HybridSampler:
                     on_batch(m, idx, images)
         return out
 
-    def generate(self, prompts: Sequence[str], seeds: Sequence[int], cfg: HybridConfig, mode: str = "hybrid", *,
-                 batch_size: int = 4) -> list:
+    def generate(
+        self,
+        prompts: Sequence[str],
+        seeds: Sequence[int],
+        cfg: HybridConfig,
+        mode: str = "hybrid",
+        *,
+        batch_size: int = 4,
+    ) -> list:
         """Images (PIL) for one mode: 'hybrid' (trained for K steps, then base), 'base' or 'trained'."""
         return self.generate_modes(prompts, seeds, cfg, (mode,), batch_size=batch_size)[mode]

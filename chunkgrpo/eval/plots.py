@@ -62,9 +62,11 @@ def svg_delta_bars(rows: Sequence[tuple[str, Mapping]], *, title: str = "", shar
     x0 = lw + pw / 2
     parts.append(f"<line x1='{x0}' y1='{top - 4}' x2='{x0}' y2='{top + rh * len(rows)}' stroke='#444'/>")
     if shared_axis:
-        parts.append(f"<text x='{lw}' y='{height - 4}' fill='#666'>{_nice(-shared)}</text>"
-                     f"<text x='{lw + pw}' y='{height - 4}' fill='#666' text-anchor='end'>{_nice(shared)}</text>"
-                     f"<text x='{x0}' y='{height - 4}' fill='#666' text-anchor='middle'>0</text>")
+        parts.append(
+            f"<text x='{lw}' y='{height - 4}' fill='#666'>{_nice(-shared)}</text>"
+            f"<text x='{lw + pw}' y='{height - 4}' fill='#666' text-anchor='end'>{_nice(shared)}</text>"
+            f"<text x='{x0}' y='{height - 4}' fill='#666' text-anchor='middle'>0</text>"
+        )
     for i, (name, c) in enumerate(rows):
         ext = shared if shared_axis else extent([c])
 
@@ -76,13 +78,17 @@ def svg_delta_bars(rows: Sequence[tuple[str, Mapping]], *, title: str = "", shar
         col = SIG_COLOR[cell_significance(c)]
         d = c["delta"]
         parts.append(f"<text x='{lw - 6}' y='{y + 15}' text-anchor='end'>{escape(name)}</text>")
-        parts.append(f"<rect x='{min(x(0), x(d)):.1f}' y='{y + 5}' width='{abs(x(d) - x(0)):.1f}' height='{rh - 10}' "
-                     f"fill='{col}' fill-opacity='0.55'/>")
+        parts.append(
+            f"<rect x='{min(x(0), x(d)):.1f}' y='{y + 5}' width='{abs(x(d) - x(0)):.1f}' height='{rh - 10}' "
+            f"fill='{col}' fill-opacity='0.55'/>"
+        )
         lo, hi = x(c["ci_low"]), x(c["ci_high"])
         ym = y + rh / 2
-        parts.append(f"<line x1='{lo:.1f}' y1='{ym}' x2='{hi:.1f}' y2='{ym}' stroke='{col}' stroke-width='1.5'/>"
-                     f"<line x1='{lo:.1f}' y1='{ym - 5}' x2='{lo:.1f}' y2='{ym + 5}' stroke='{col}' stroke-width='1.5'/>"
-                     f"<line x1='{hi:.1f}' y1='{ym - 5}' x2='{hi:.1f}' y2='{ym + 5}' stroke='{col}' stroke-width='1.5'/>")
+        parts.append(
+            f"<line x1='{lo:.1f}' y1='{ym}' x2='{hi:.1f}' y2='{ym}' stroke='{col}' stroke-width='1.5'/>"
+            f"<line x1='{lo:.1f}' y1='{ym - 5}' x2='{lo:.1f}' y2='{ym + 5}' stroke='{col}' stroke-width='1.5'/>"
+            f"<line x1='{hi:.1f}' y1='{ym - 5}' x2='{hi:.1f}' y2='{ym + 5}' stroke='{col}' stroke-width='1.5'/>"
+        )
         note = f"{d:+.3g} [{c['ci_low']:+.2g}, {c['ci_high']:+.2g}]"
         if not shared_axis:
             note += f" (axis ±{ext:.2g})"
@@ -114,8 +120,10 @@ def svg_histogram(series: Mapping[str, Sequence[float]], *, title: str = "", bin
     pw, ph = width - left - 10, height - top - bottom
     nb = len(edges) - 1
     bw = pw / nb
-    parts = [f"<svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height}' font-family='sans-serif' "
-             f"font-size='10'><text x='{left}' y='12' font-size='12' font-weight='bold'>{escape(title)}</text>"]
+    parts = [
+        f"<svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height}' font-family='sans-serif' "
+        f"font-size='10'><text x='{left}' y='12' font-size='12' font-weight='bold'>{escape(title)}</text>"
+    ]
     for j, (lb, c) in enumerate(counts.items()):
         col = COLORS.get(lb, "#888")
         for k in range(nb):
@@ -123,13 +131,19 @@ def svg_histogram(series: Mapping[str, Sequence[float]], *, title: str = "", bin
                 continue
             h = c[k] / cmax * ph
             x = left + k * bw  # overlaid, translucent
-            parts.append(f"<rect x='{x:.1f}' y='{top + ph - h:.1f}' width='{max(bw - 1, 1):.1f}' height='{h:.1f}' "
-                         f"fill='{col}' fill-opacity='0.45' stroke='{col}'/>")
-        parts.append(f"<rect x='{left + 110 * j}' y='18' width='9' height='9' fill='{col}' fill-opacity='0.6'/>"
-                     f"<text x='{left + 12 + 110 * j}' y='26'>{escape(lb)} (n={int(c.sum())})</text>")
-    parts.append(f"<line x1='{left}' y1='{top + ph}' x2='{left + pw}' y2='{top + ph}' stroke='#444'/>"
-                 f"<text x='{left}' y='{height - 5}' fill='#666'>{edges[0]:.3g}</text>"
-                 f"<text x='{left + pw}' y='{height - 5}' fill='#666' text-anchor='end'>{edges[-1]:.3g}</text>"
-                 f"<text x='{left - 4}' y='{top + 8}' fill='#666' text-anchor='end'>{cmax}</text>"
-                 f"<text x='{left - 4}' y='{top + ph}' fill='#666' text-anchor='end'>0</text></svg>")
+            parts.append(
+                f"<rect x='{x:.1f}' y='{top + ph - h:.1f}' width='{max(bw - 1, 1):.1f}' height='{h:.1f}' "
+                f"fill='{col}' fill-opacity='0.45' stroke='{col}'/>"
+            )
+        parts.append(
+            f"<rect x='{left + 110 * j}' y='18' width='9' height='9' fill='{col}' fill-opacity='0.6'/>"
+            f"<text x='{left + 12 + 110 * j}' y='26'>{escape(lb)} (n={int(c.sum())})</text>"
+        )
+    parts.append(
+        f"<line x1='{left}' y1='{top + ph}' x2='{left + pw}' y2='{top + ph}' stroke='#444'/>"
+        f"<text x='{left}' y='{height - 5}' fill='#666'>{edges[0]:.3g}</text>"
+        f"<text x='{left + pw}' y='{height - 5}' fill='#666' text-anchor='end'>{edges[-1]:.3g}</text>"
+        f"<text x='{left - 4}' y='{top + 8}' fill='#666' text-anchor='end'>{cmax}</text>"
+        f"<text x='{left - 4}' y='{top + ph}' fill='#666' text-anchor='end'>0</text></svg>"
+    )
     return "<div class=plot>" + "".join(parts) + "</div>"

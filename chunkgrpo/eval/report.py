@@ -84,9 +84,11 @@ def delta_cell(cell: Mapping | None, digits: int = 4) -> str:
     if not cell or not _finite(cell.get("delta")):
         return "<td class=num>–</td>"
     if not _finite(cell.get("ci_low"), cell.get("ci_high")):
-        return (f"<td class='num neutral' title='{_e(cell.get('note') or 'no interval')}'>{cell['delta']:+.{digits}f}"
-                f"<br><span class=ci>{_e(cell.get('note') or 'no interval')}</span>"
-                f"{_paired_means(cell, digits)}</td>")
+        return (
+            f"<td class='num neutral' title='{_e(cell.get('note') or 'no interval')}'>{cell['delta']:+.{digits}f}"
+            f"<br><span class=ci>{_e(cell.get('note') or 'no interval')}</span>"
+            f"{_paired_means(cell, digits)}</td>"
+        )
     sig = _sig(cell)
     level = round(100 * float(cell.get("level", 0.95)))
     return (f"<td class='num {SIG_CLASS[sig]}' title='{_e(SIG_WORD[sig])}'>{cell['delta']:+.{digits}f}"
@@ -149,8 +151,11 @@ def _img(path: Path, size: int, title: str = "", boxes: Sequence | None = None) 
 
 def _kv_table(rows: Mapping[str, Any]) -> str:
     """A two-column key / value table of the non-empty entries (dicts and lists as JSON)."""
-    body = "".join(f"<tr><th>{_e(k)}</th><td>{_e(v if not isinstance(v, (dict, list)) else json.dumps(v))}</td></tr>"
-                   for k, v in rows.items() if v not in (None, "", [], {}))
+    body = "".join(
+        f"<tr><th>{_e(k)}</th><td>{_e(v if not isinstance(v, (dict, list)) else json.dumps(v))}</td></tr>"
+        for k, v in rows.items()
+        if v not in (None, "", [], {})
+    )
     return f"<table>{body}</table>"
 
 
@@ -179,8 +184,11 @@ def _row_sections(keys: tuple[list, list, list], render, what: str) -> str:
     """The image-row sections (largest improvements, regressions, or unchanged) of `pick_rows` keys."""
     improved, regressed, unchanged = keys
     parts = []
-    for title, ks in ((f"Largest improvements ({what})", improved), (f"Largest regressions ({what})", regressed),
-                      ("No prompt changed; first prompts shown", unchanged)):
+    for title, ks in (
+        (f"Largest improvements ({what})", improved),
+        (f"Largest regressions ({what})", regressed),
+        ("No prompt changed; first prompts shown", unchanged),
+    ):
         if ks:
             parts.append(f"<h3>{_e(title)} <span class=muted>{len(ks)} rows</span></h3>" + render(ks))
     if not parts:
@@ -226,8 +234,13 @@ def _summary(result: Mapping) -> str:
     benches = result.get("benchmarks") or {}
     rows = []
     for bench, b in benches.items():
-        stems = list(dict.fromkeys(k[len(bench) + 1:].rsplit(".", 1)[0] for k in metrics
-                                   if k.startswith(bench + ".") and k.rsplit(".", 1)[1] in ("trained", "base")))
+        stems = list(
+            dict.fromkeys(
+                k[len(bench) + 1 :].rsplit(".", 1)[0]
+                for k in metrics
+                if k.startswith(bench + ".") and k.rsplit(".", 1)[1] in ("trained", "base")
+            )
+        )
         stats = b.get("statistics") or {}
         for s in stems:
             cells = "".join(f"<td class=num>{_fmt(metrics.get(f'{bench}.{s}.{lb}'))}</td>" for lb in labels)
@@ -243,12 +256,18 @@ def _summary(result: Mapping) -> str:
     head = "".join(f"<th>{_e(lb)}</th>" for lb in labels)
     if len(labels) == 2:
         head += "<th>trained − base (paired bootstrap CI)</th><th>win rate [CI]</th><th>n</th>"
-    legend = ("<p class=muted>Green / red only when the confidence interval of the delta lies entirely above / "
-              "below 0; grey = the interval contains 0 (no significant difference). Win rate = share of prompts "
-              "where trained scores strictly higher than base (same prompt and seed). The base / trained "
-              "columns are each model's own mean over what it scored; the delta, its CI and the paired "
-              "means below it use only the prompts scored for both (they differ when e.g. a judgement "
-              "failed for one model).</p>") if len(labels) == 2 else ""
+    legend = (
+        (
+            "<p class=muted>Green / red only when the confidence interval of the delta lies entirely above / "
+            "below 0; grey = the interval contains 0 (no significant difference). Win rate = share of prompts "
+            "where trained scores strictly higher than base (same prompt and seed). The base / trained "
+            "columns are each model's own mean over what it scored; the delta, its CI and the paired "
+            "means below it use only the prompts scored for both (they differ when e.g. a judgement "
+            "failed for one model).</p>"
+        )
+        if len(labels) == 2
+        else ""
+    )
     return f"<table><tr><th>metric</th>{head}</tr>{''.join(rows)}</table>{legend}"
 
 
@@ -266,8 +285,15 @@ def _comparable(b: Mapping) -> str:
 def _bench_plots(b: Mapping, title: str, shared_axis: bool) -> str:
     """The delta bar chart of a benchmark's statistics cells ('' without statistics)."""
     stats = b.get("statistics") or {}
-    return svg_delta_bars(list(stats.items()), title=f"{title}: trained − base, {round(100 * next(iter(stats.values())).get('level', 0.95))}% CI",
-                          shared_axis=shared_axis) if stats else ""
+    return (
+        svg_delta_bars(
+            list(stats.items()),
+            title=f"{title}: trained − base, {round(100 * next(iter(stats.values())).get('level', 0.95))}% CI",
+            shared_axis=shared_axis,
+        )
+        if stats
+        else ""
+    )
 
 
 # ------------------------------------------------------------------------------------------- hpdv2
@@ -306,7 +332,9 @@ def _hpdv2(result: Mapping, b: Mapping, out: Path, jobs: Sequence, per_image: Ma
             f"<tr><td>{_e(n)}</td><td>{_e(i.get('backend', ''))}</td><td>{_e(i.get('preprocessing', ''))}</td>"
             f"<td>{_e(i.get('scale', ''))}</td><td>{_e(i.get('weights', i.get('options', '')))}</td>"
             f"<td>{'published metric' if i.get('comparable_to_official') else _e(i.get('not_published_because', 'no'))}</td></tr>"
-            for n, i in infos.items() if n in names)
+            for n, i in infos.items()
+            if n in names
+        )
         parts.append("<h3>Scorers</h3><table><tr><th>scorer</th><th>backend</th><th>preprocessing</th><th>scale</th>"
                      f"<th>weights / options</th><th>published?</th></tr>{info_rows}</table>")
     parts.append(_comparable(b))
@@ -328,7 +356,10 @@ def _hpdv2(result: Mapping, b: Mapping, out: Path, jobs: Sequence, per_image: Ma
                 cells += f"<td>{_img(out / 'hpdv2' / lb / j.rel, thumb, j.prompt)}<span class=muted>{_e(txt)}</span></td>"
             change = ""
             if primary and len(labels) == 2:
-                t, bb = (per_image.get("trained") or {}).get(primary), (per_image.get("base") or {}).get(primary)
+                t, bb = (
+                    (per_image.get("trained") or {}).get(primary),
+                    (per_image.get("base") or {}).get(primary),
+                )
                 if t and bb and i < len(t):
                     change = f"<br><span class=muted>Δ{_e(primary)} {t[i] - bb[i]:+.4f}</span>"
             rows.append(f"<tr><td class=prompt><b>#{_e(j.key)}</b> <span class=muted>seed {j.seed}</span><br>"
@@ -375,8 +406,17 @@ def _geneval(result: Mapping, b: Mapping, out: Path, jobs: Sequence, records: Ma
             """A label's GenEval score of a task (or overall)."""
             return res[lb]["overall"] if tag == "overall" else res[lb]["tasks"].get(tag, {}).get("score")
 
-        parts.append(_group_table("task", list(first["tasks"]), labels, res, stats, score,
-                                  pair_head="<th>trained − base [CI]</th><th>win rate (prompts)</th><th>n prompts</th>"))
+        parts.append(
+            _group_table(
+                "task",
+                list(first["tasks"]),
+                labels,
+                res,
+                stats,
+                score,
+                pair_head="<th>trained − base [CI]</th><th>win rate (prompts)</th><th>n prompts</th>",
+            )
+        )
         plots = [_bench_plots(b, "GenEval", shared_axis=True)]
         if len(labels) == 2:
             pairs = geneval_prompt_pairs(records)
@@ -384,10 +424,17 @@ def _geneval(result: Mapping, b: Mapping, out: Path, jobs: Sequence, records: Ma
                                        title="per-prompt accuracy (share of its images correct)",
                                        bins=[-0.125, 0.125, 0.375, 0.625, 0.875, 1.125]))
         parts.append("<div class=plots>" + "".join(plots) + "</div>")
-        parts.append("<h3>Detector and colour classifier</h3>" + _kv_table(first.get("detector") or {})
-                     + _kv_table({f"colour {k}": v for k, v in (first.get("color_classifier") or {}).items()})
-                     + _kv_table({"file discovery": first.get("file_discovery"),
-                                  "scored files that are not plain <digits>.png": first.get("unusual_files")}))
+        parts.append(
+            "<h3>Detector and colour classifier</h3>"
+            + _kv_table(first.get("detector") or {})
+            + _kv_table({f"colour {k}": v for k, v in (first.get("color_classifier") or {}).items()})
+            + _kv_table(
+                {
+                    "file discovery": first.get("file_discovery"),
+                    "scored files that are not plain <digits>.png": first.get("unusual_files"),
+                }
+            )
+        )
     parts.append(_comparable(b))
     recs = {lb: {r.get("filename"): r for r in (records.get(lb) or [])} for lb in labels}
     by_prompt: dict[str, list] = {}
@@ -413,14 +460,26 @@ def _geneval(result: Mapping, b: Mapping, out: Path, jobs: Sequence, records: Ma
                     r = recs[lb].get(rel)
                     c = None if r is None else bool(r.get("correct"))
                     n_ok += bool(c)
-                    badge = "" if c is None else f"<span class='badge {'t' if c else 'f'}'>{'✓' if c else '✗'}</span>"
+                    badge = (
+                        ""
+                        if c is None
+                        else f"<span class='badge {'t' if c else 'f'}'>{'✓' if c else '✗'}</span>"
+                    )
                     reason = "" if not r or c else f"<div class=reason>{_e(r.get('reason') or '')}</div>"
-                    ims.append(f"<span class=s style='width:{small + 8}px'>{_img(out / rel, small, j.prompt, _boxes(r))}"
-                               f"{badge}{reason}</span>")
+                    ims.append(
+                        f"<span class=s style='width:{small + 8}px'>{_img(out / rel, small, j.prompt, _boxes(r))}"
+                        f"{badge}{reason}</span>"
+                    )
                 acc[lb] = n_ok
                 cells += f"<td class=thumbs>{''.join(ims)}</td>"
-            change = (f"<br><span class=muted>correct: base {acc['base']}/{len(js)} → trained {acc['trained']}/{len(js)}"
-                      "</span>") if len(labels) == 2 else ""
+            change = (
+                (
+                    f"<br><span class=muted>correct: base {acc['base']}/{len(js)} → trained {acc['trained']}/{len(js)}"
+                    "</span>"
+                )
+                if len(labels) == 2
+                else ""
+            )
             rows.append(f"<tr><td class=prompt><b>#{_e(k)}</b> <span class=muted>{_e(js[0].group)}</span><br>"
                         f"{_e(js[0].prompt)}{change}</td>{cells}</tr>")
         return f"<table class=pairs><tr><th>prompt</th>{head}</tr>{''.join(rows)}</table>"
@@ -428,10 +487,14 @@ def _geneval(result: Mapping, b: Mapping, out: Path, jobs: Sequence, records: Ma
     changes = None
     if len(labels) == 2:
         pairs = geneval_prompt_pairs(records)
-        changes = {str(idx): e["trained_mean"] - e["base_mean"] for idx, e in pairs.items() if str(idx) in by_prompt}
+        changes = {
+            str(idx): e["trained_mean"] - e["base_mean"] for idx, e in pairs.items() if str(idx) in by_prompt
+        }
     parts.append(_image_rows(changes, list(by_prompt), render, "share of correct images", max_prompts))
-    parts.append("<p class=muted>Boxes: detections kept by the official rules (score &gt; 0.3, 0.9 for counting; "
-                 "at most 16 per class), labelled with class and confidence; red text: why the image failed.</p>")
+    parts.append(
+        "<p class=muted>Boxes: detections kept by the official rules (score &gt; 0.3, 0.9 for counting; "
+        "at most 16 per class), labelled with class and confidence; red text: why the image failed.</p>"
+    )
     return "".join(parts)
 
 
@@ -464,7 +527,9 @@ def _wise(result: Mapping, b: Mapping, out: Path, jobs: Sequence, records: Mappi
                     cells += "<td></td>"
                     continue
                 cc = (res.get(lb, {}).get("categories") or {}).get(cat, {})
-                cells += "<td class=num>" + " / ".join(_fmt(cc.get(f"mean_{k}"), 2) for k, _ in _SUB) + "</td>"
+                cells += (
+                    "<td class=num>" + " / ".join(_fmt(cc.get(f"mean_{k}"), 2) for k, _ in _SUB) + "</td>"
+                )
             return cells
 
         parts.append(_group_table("category", cats, labels, res, stats, wiscore, label_head=" WiScore",
@@ -472,9 +537,16 @@ def _wise(result: Mapping, b: Mapping, out: Path, jobs: Sequence, records: Mappi
                                   extra_head="".join(f"<th>{_e(lb)} mean C / R / A</th>" for lb in labels),
                                   extra=sub_scores))
         plots = [_bench_plots(b, "WISE", shared_axis=True)]
-        plots.append(svg_histogram({lb: [r.get("wiscore") for r in (records.get(lb) or []) if r.get("wiscore") is not None]
-                                    for lb in labels}, title="per-image WiScore",
-                                   bins=[i / 20 - 0.025 for i in range(22)]))
+        plots.append(
+            svg_histogram(
+                {
+                    lb: [r.get("wiscore") for r in (records.get(lb) or []) if r.get("wiscore") is not None]
+                    for lb in labels
+                },
+                title="per-image WiScore",
+                bins=[i / 20 - 0.025 for i in range(22)],
+            )
+        )
         parts.append("<div class=plots>" + "".join(plots) + "</div>")
         first = next(iter(res.values()))
         parts.append("<h3>Judge</h3>" + _kv_table({
@@ -516,10 +588,15 @@ def _wise(result: Mapping, b: Mapping, out: Path, jobs: Sequence, records: Mappi
         rows = []
         for pid in ks:
             j = jobs[pid]
-            t, bb = (recs.get("trained", {}).get(pid) or {}).get("wiscore"), (recs.get("base", {}).get(pid) or {}).get("wiscore")
+            t, bb = (
+                (recs.get("trained", {}).get(pid) or {}).get("wiscore"),
+                (recs.get("base", {}).get(pid) or {}).get("wiscore"),
+            )
             change = f"<br><span class=muted>ΔWiScore {t - bb:+.3f}</span>" if _finite(t, bb) else ""
-            rows.append(f"<tr><td class=prompt><b>#{pid}</b> <span class=muted>{_e(j.group)}</span><br>{_e(j.prompt)}"
-                        f"{change}</td>{''.join(one(lb, pid) for lb in labels)}</tr>")
+            rows.append(
+                f"<tr><td class=prompt><b>#{pid}</b> <span class=muted>{_e(j.group)}</span><br>{_e(j.prompt)}"
+                f"{change}</td>{''.join(one(lb, pid) for lb in labels)}</tr>"
+            )
         return f"<table class=pairs><tr><th>prompt</th>{head}</tr>{''.join(rows)}</table>"
 
     changes = None
@@ -550,20 +627,30 @@ def render_report(result: Mapping, out_dir: str | Path, jobs: Mapping[str, Seque
     group); `per_image[bench]` the per-image scores / records per label."""
     out = Path(out_dir)
     models = result.get("models") or {}
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>chunkgrpo evaluation</title>"
-             f"<style>{CSS}</style></head><body>",
-             "<h1>chunkgrpo evaluation</h1>",
-             f"<p class=muted>generated {_e(_dt.datetime.now(_dt.timezone.utc).isoformat(timespec='seconds'))}"
-             + (f" · MLflow run {_e(result['mlflow_run_id'])}" if result.get("mlflow_run_id") else "")
-             + (f" · {_e(result['output_uri'])}" if result.get("output_uri") else "") + "</p>",
-             "<nav class=muted>" + " · ".join(f"<a href='#{_e(bn)}'>{_e(_SECTIONS[bn][0])}</a>"
-                                               for bn in (result.get("benchmarks") or {}) if bn in _SECTIONS) + "</nav>",
-             "<h2>Summary</h2>" + _summary(result),
-             "<h2>Models</h2>"]
+    parts = [
+        f"<!doctype html><html><head><meta charset='utf-8'><title>chunkgrpo evaluation</title>"
+        f"<style>{CSS}</style></head><body>",
+        "<h1>chunkgrpo evaluation</h1>",
+        f"<p class=muted>generated {_e(_dt.datetime.now(_dt.timezone.utc).isoformat(timespec='seconds'))}"
+        + (f" · MLflow run {_e(result['mlflow_run_id'])}" if result.get("mlflow_run_id") else "")
+        + (f" · {_e(result['output_uri'])}" if result.get("output_uri") else "")
+        + "</p>",
+        "<nav class=muted>"
+        + " · ".join(
+            f"<a href='#{_e(bn)}'>{_e(_SECTIONS[bn][0])}</a>"
+            for bn in (result.get("benchmarks") or {})
+            if bn in _SECTIONS
+        )
+        + "</nav>",
+        "<h2>Summary</h2>" + _summary(result),
+        "<h2>Models</h2>",
+    ]
     for lb in ("trained", "base"):
         if lb in models:
             parts.append(f"<h3>{_e(lb)}</h3>" + _kv_table(models[lb]))
-    parts.append("<h3>Sampling</h3>" + _kv_table({**(result.get("sampling") or {}), "seed": result.get("seed")}))
+    parts.append(
+        "<h3>Sampling</h3>" + _kv_table({**(result.get("sampling") or {}), "seed": result.get("seed")})
+    )
     gen = result.get("generation") or {}
     if gen:
         parts.append("<h3>Generation</h3>" + _kv_table(gen))
@@ -575,9 +662,11 @@ def render_report(result: Mapping, out_dir: str | Path, jobs: Mapping[str, Seque
     stats_note = next((c for b in (result.get("benchmarks") or {}).values()
                        for c in (b.get("statistics") or {}).values()), None)
     if stats_note:
-        parts.append(f"<p class=muted>Statistics: {_e(stats_note.get('method'))}, {stats_note.get('samples')} "
-                     "replicates; GenEval overall resamples prompts within each task (mean of the task means), WISE "
-                     "overall within each category (official weights).</p>")
+        parts.append(
+            f"<p class=muted>Statistics: {_e(stats_note.get('method'))}, {stats_note.get('samples')} "
+            "replicates; GenEval overall resamples prompts within each task (mean of the task means), WISE "
+            "overall within each category (official weights).</p>"
+        )
     parts.append("</body></html>")
     return "\n".join(parts)
 

@@ -204,7 +204,9 @@ def _torch_dtype(name: str, device: str):
     return {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[name]
 
 
-def _generate(cfg: EvalConfig, out: Path, jobs: list[Job], labels: list[str], trained, base_model: str) -> dict:
+def _generate(
+    cfg: EvalConfig, out: Path, jobs: list[Job], labels: list[str], trained, base_model: str
+) -> dict:
     """Generate every missing image; returns timing/counters."""
     missing: dict[tuple[str, ...], list[Job]] = {}
     for j in jobs:
@@ -485,15 +487,22 @@ def summary_lines(result: dict) -> list[str]:
         for metric, c in (b.get("statistics") or {}).items():
             if c.get("delta") is None:
                 continue
-            verdict = {1: "trained better", -1: "trained worse", 0: "no significant difference"}[c["significance"]]
-            ci = (f"{round(100 * c['level'])}% CI {c['ci_low']:+.4f}, {c['ci_high']:+.4f}" if c.get("ci_low") is not None
-                  else c.get("note", "no interval"))
+            verdict = {1: "trained better", -1: "trained worse", 0: "no significant difference"}[
+                c["significance"]
+            ]
+            ci = (
+                f"{round(100 * c['level'])}% CI {c['ci_low']:+.4f}, {c['ci_high']:+.4f}"
+                if c.get("ci_low") is not None
+                else c.get("note", "no interval")
+            )
             lines.append(f"  {bench}.{metric}: trained − base {c['delta']:+.4f} [{ci}] "
                          f"win rate {c['win_rate']:.0%} (n={c['n']}): {verdict}")
         if not res:
             lines.append(f"{bench}: images generated (not scored)")
         if res and not b.get("comparable_to_official"):
-            lines.append(f"  {bench}: not comparable to published numbers: {'; '.join(b.get('comparable_notes', []))}")
+            lines.append(
+                f"  {bench}: not comparable to published numbers: {'; '.join(b.get('comparable_notes', []))}"
+            )
     return lines
 
 

@@ -34,7 +34,9 @@ def build_scorers(cfg: EvalConfig) -> dict[str, Any]:
         canon = canonical_name(name)
         weights = cfg.scorer_weights.get(name) or cfg.scorer_weights.get(canon) or opts.pop("weights", None)
         if not weights:
-            raise UserError(f"scorer {canon!r} needs weights: set scorer_weights.{canon}=DIR (or an s3:// prefix)")
+            raise UserError(
+                f"scorer {canon!r} needs weights: set scorer_weights.{canon}=DIR (or an s3:// prefix)"
+            )
         opts.setdefault("device", cfg.scorer_device)
         if cfg.cache_dir:
             opts.setdefault("cache_dir", cfg.cache_dir)
@@ -56,7 +58,9 @@ def check_scorers(cfg: EvalConfig) -> None:
         weights = (cfg.scorer_weights.get(name) or cfg.scorer_weights.get(canon)
                    or (cfg.scorer_options.get(name) or {}).get("weights"))
         if not weights:
-            raise UserError(f"scorer {canon!r} needs weights: set scorer_weights.{canon}=DIR (or an s3:// prefix)")
+            raise UserError(
+                f"scorer {canon!r} needs weights: set scorer_weights.{canon}=DIR (or an s3:// prefix)"
+            )
         if not str(weights).startswith("s3://"):
             resolve_weights(weights, what=canon)
         if canon in packages:

@@ -108,7 +108,9 @@ def paired_bootstrap(trained: Sequence[float], base: Sequence[float], *,
     if strata_weights is not None and strata is not None:
         unknown = [g for g in groups if g not in strata_weights]
         if unknown:
-            raise UserError(f"no weight for strata {unknown} (weights given for {sorted(map(str, strata_weights))})")
+            raise UserError(
+                f"no weight for strata {unknown} (weights given for {sorted(map(str, strata_weights))})"
+            )
         raw_w = np.asarray([float(strata_weights[g]) for g in groups])
     else:
         raw_w = np.ones(len(groups))
@@ -130,8 +132,16 @@ def paired_bootstrap(trained: Sequence[float], base: Sequence[float], *,
                 "win_rate": float(win.mean()), "tie_rate": float((d == 0).mean()),
                 "loss_rate": float((d < 0).mean())})
     if n < min_pairs:
-        out.update({"ci_low": None, "ci_high": None, "win_ci_low": None, "win_ci_high": None, "significance": 0,
-                    "note": f"{n} pairs (< {min_pairs}): no interval"})
+        out.update(
+            {
+                "ci_low": None,
+                "ci_high": None,
+                "win_ci_low": None,
+                "win_ci_high": None,
+                "significance": 0,
+                "note": f"{n} pairs (< {min_pairs}): no interval",
+            }
+        )
         return out
     rng = np.random.default_rng(seed)
     boot_d = np.zeros(samples)
@@ -196,7 +206,9 @@ def wise_pairs(records: dict, failed_policy: str = "exclude") -> dict[int, dict]
     out: dict[int, dict] = {}
     for lb in ("trained", "base"):
         for r in records.get(lb) or []:
-            e = out.setdefault(int(r["prompt_id"]), {"category": r.get("category"), "trained": None, "base": None})
+            e = out.setdefault(
+                int(r["prompt_id"]), {"category": r.get("category"), "trained": None, "base": None}
+            )
             w = r.get("wiscore")
             e[lb] = float(w) if w is not None else (0.0 if failed_policy == "zero" else None)
     return out
@@ -230,7 +242,9 @@ def compute_statistics(bench: str, per_image: Any, results: dict, *, samples: in
         t = [nan if e["trained"] is None else e["trained"] for e in pairs.values()]
         b = [nan if e["base"] is None else e["base"] for e in pairs.values()]
         if all(r.get("complete") for r in results.values()):  # official weights, as wise.aggregate
-            cells["overall"] = cell(t, b, strata=cats, strata_weights={n: w for n, _, _, w in CATEGORIES}, **kw)
+            cells["overall"] = cell(
+                t, b, strata=cats, strata_weights={n: w for n, _, _, w in CATEGORIES}, **kw
+            )
         else:  # mean over the evaluated prompts
             cells["overall"] = cell(t, b, **kw)
         for name, *_ in CATEGORIES:
@@ -286,6 +300,18 @@ def _finite(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
-__all__ = ["paired_bootstrap", "cell", "significance", "compute_statistics", "flat_metrics", "geneval_prompt_pairs",
-           "wise_pairs", "STAT_METRICS", "DEFAULT_SAMPLES", "DEFAULT_LEVEL", "DEFAULT_SEED",
-           "MIN_PAIRS", "RESIDUE_ULPS"]
+__all__ = [
+    "paired_bootstrap",
+    "cell",
+    "significance",
+    "compute_statistics",
+    "flat_metrics",
+    "geneval_prompt_pairs",
+    "wise_pairs",
+    "STAT_METRICS",
+    "DEFAULT_SAMPLES",
+    "DEFAULT_LEVEL",
+    "DEFAULT_SEED",
+    "MIN_PAIRS",
+    "RESIDUE_ULPS",
+]

@@ -137,7 +137,9 @@ Please strictly adhere to the scoring criteria and follow the template format wh
 # spans line breaks) around it, then ONE digit (\d: any Unicode decimal digit, e.g. '٣' reads 3)
 _OFFICIAL_RE = re.compile(r"\*{0,2}(Consistency|Realism|Aesthetic Quality)\*{0,2}\s*:?\s*(\d)", re.IGNORECASE)
 _OFFICIAL_BARE_RE = re.compile(r"^\s*([0-2])\s*$", re.MULTILINE)  # a line holding only 0, 1 or 2
-_SCORE_RE = re.compile(r"\*{0,2}(Consistency|Realism|Aesthetic Quality)\*{0,2}\s*[:：]?\s*(\d)", re.IGNORECASE)
+_SCORE_RE = re.compile(
+    r"\*{0,2}(Consistency|Realism|Aesthetic Quality)\*{0,2}\s*[:：]?\s*(\d)", re.IGNORECASE
+)
 _THINK_RE = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE)
 _REFUSAL_RE = re.compile(r"^\W*(i'm sorry|i am sorry|sorry|i can(?:no|')t|i'm unable|i am unable|i won't)",
                          re.IGNORECASE)
@@ -196,13 +198,24 @@ def load_prompts(path: str | os.PathLike | None = None, variant: str = "rewrite"
         paths = [p / f for f in files if (p / f).exists()]
         missing = [f for f in files if not (p / f).exists()]
         if missing and (not allow_partial or not paths):
-            other = [f for f in expected_files("original" if variant == "rewrite" else "rewrite") if (p / f).exists()]
-            hint = f" (found the {'original' if variant == 'rewrite' else 'rewrite'} variant: pass variant=...)" \
-                if other else ""
-            raise UserError(f"WISE folder {str(p)!r} lacks {', '.join(missing)} for variant {variant!r}{hint}; "
-                            f"expected {', '.join(files)}")
+            other = [
+                f
+                for f in expected_files("original" if variant == "rewrite" else "rewrite")
+                if (p / f).exists()
+            ]
+            hint = (
+                f" (found the {'original' if variant == 'rewrite' else 'rewrite'} variant: pass variant=...)"
+                if other
+                else ""
+            )
+            raise UserError(
+                f"WISE folder {str(p)!r} lacks {', '.join(missing)} for variant {variant!r}{hint}; "
+                f"expected {', '.join(files)}"
+            )
     else:
-        raise UserError(f"WISE prompt path {str(p)!r} does not exist; expected a folder with {', '.join(files)}")
+        raise UserError(
+            f"WISE prompt path {str(p)!r} does not exist; expected a folder with {', '.join(files)}"
+        )
     out: dict[int, WisePrompt] = {}
     for f in paths:
         try:
@@ -310,10 +323,14 @@ def wiscore(consistency: float, realism: float, aesthetic_quality: float) -> flo
 class JudgeConfig(Config):
     """The WISE judge: an OpenAI-compatible chat-completions endpoint."""
 
-    base_url: str = option("https://api.openai.com/v1",
-                           "endpoint base URL, up to /v1 (e.g. http://vllm:8000/v1); /chat/completions is appended")
+    base_url: str = option(
+        "https://api.openai.com/v1",
+        "endpoint base URL, up to /v1 (e.g. http://vllm:8000/v1); /chat/completions is appended",
+    )
     model: str = option("gpt-4o-2024-05-13", "judge model name (the paper used gpt-4o-2024-05-13)")
-    api_key_env: str = option("OPENAI_API_KEY", "environment variable holding the API key (empty/unset: no auth header)")
+    api_key_env: str = option(
+        "OPENAI_API_KEY", "environment variable holding the API key (empty/unset: no auth header)"
+    )
     temperature: float = option(0.0, "sampling temperature (official: 0.0)")
     max_tokens: int = option(2000, "max tokens of the answer (official: 2000)")
     max_attempts: int = option(3, "attempts per image (HTTP errors and unparsable answers are retried)")
@@ -325,7 +342,9 @@ class JudgeConfig(Config):
     parser: str = option("official", "answer parser: 'official' (WISE extract_scores: last match, values "
                                      "as given, first three bare 0-2 lines only when no name matched) or "
                                      "'strict' (first match, 0-2 only, else retried)")
-    extra_body: dict = option({}, "extra JSON fields for the request, e.g. {chat_template_kwargs: {enable_thinking: false}}")
+    extra_body: dict = option(
+        {}, "extra JSON fields for the request, e.g. {chat_template_kwargs: {enable_thinking: false}}"
+    )
 
     def __post_init__(self) -> None:
         if not self.base_url.startswith(("http://", "https://")):
@@ -390,7 +409,9 @@ class JudgeClient:
     """Minimal chat-completions client (requests). `judge(...)` never raises for judge failures: it
     returns a `JudgeResult` with `scores=None` and the last error/answer after `max_attempts`."""
 
-    def __init__(self, config: JudgeConfig | None = None, *, sleep: Callable[[float], None] = time.sleep) -> None:
+    def __init__(
+        self, config: JudgeConfig | None = None, *, sleep: Callable[[float], None] = time.sleep
+    ) -> None:
         import requests
 
         self.config = config or JudgeConfig()
@@ -413,8 +434,13 @@ class JudgeClient:
         """One request. Raises _RetryableError for transient failures (network, 408/409/425/429/5xx, malformed
         JSON), _ItemError for other 4xx (this item fails), UserError for 401/403/404 (configuration)."""
         c = self.config
-        body = {"model": c.model, "messages": messages, "temperature": c.temperature, "max_tokens": c.max_tokens,
-                **c.extra_body}
+        body = {
+            "model": c.model,
+            "messages": messages,
+            "temperature": c.temperature,
+            "max_tokens": c.max_tokens,
+            **c.extra_body,
+        }
         try:
             resp = self._session.post(self._url, json=body, headers=self._headers(), timeout=c.timeout_s)
         except self._requests.RequestException as e:
@@ -422,8 +448,10 @@ class JudgeClient:
         if resp.status_code in (408, 409, 425, 429) or resp.status_code >= 500:
             raise _RetryableError(f"HTTP {resp.status_code}: {resp.text[:200]}")
         if resp.status_code in (401, 403, 404):  # wrong key / model / URL: stop the whole run
-            raise UserError(f"judge endpoint {self._url} answered HTTP {resp.status_code} (check base_url, model "
-                            f"and ${self.config.api_key_env}): {resp.text[:300]}")
+            raise UserError(
+                f"judge endpoint {self._url} answered HTTP {resp.status_code} (check base_url, model "
+                f"and ${self.config.api_key_env}): {resp.text[:300]}"
+            )
         if resp.status_code >= 400:
             raise _ItemError(f"HTTP {resp.status_code}: {resp.text[:200]}")
         try:
@@ -467,8 +495,14 @@ class JudgeClient:
 # evaluation and aggregation
 
 
-def evaluate(prompts: Sequence[WisePrompt], image_dir: str | os.PathLike, judge: JudgeClient | JudgeConfig | None = None,
-             *, variant: str = "rewrite", progress: Callable[[int], None] | None = None) -> dict:
+def evaluate(
+    prompts: Sequence[WisePrompt],
+    image_dir: str | os.PathLike,
+    judge: JudgeClient | JudgeConfig | None = None,
+    *,
+    variant: str = "rewrite",
+    progress: Callable[[int], None] | None = None,
+) -> dict:
     """Judge `<image_dir>/<prompt_id>.png` for every prompt and aggregate (see `aggregate`).
     Missing images are reported in `missing` (and not judged)."""
     client = judge if isinstance(judge, JudgeClient) else JudgeClient(judge)
@@ -543,8 +577,12 @@ def aggregate(records: Sequence[dict], failed_policy: str = "exclude") -> dict:
     for name, _, _, _ in CATEGORIES:
         if name in cats:
             c = cats[name]
-            categories[name] = {"wiscore": mean(c["wiscores"]), "n": len(c["wiscores"]), "n_failed": c["n_failed"],
-                                **{f"mean_{k}": mean(c[k]) for k in SCORE_KEYS}}
+            categories[name] = {
+                "wiscore": mean(c["wiscores"]),
+                "n": len(c["wiscores"]),
+                "n_failed": c["n_failed"],
+                **{f"mean_{k}": mean(c[k]) for k in SCORE_KEYS},
+            }
     all_scores = [s for c in cats.values() for s in c["wiscores"]]
     scored_ids = {int(r["prompt_id"]) for r in records if r.get("wiscore") is not None}
     complete = all(n in categories and categories[n]["wiscore"] is not None for n, *_ in CATEGORIES)

@@ -219,7 +219,7 @@ class EventWatch:
                     self._events.append(raw)
                 if self._stop.is_set():
                     break
-        except Exception as e:  # noqa: BLE001 - 410 Gone / dropped connection: start over from now
+        except Exception as e:
             if getattr(e, "status", None) == 410:
                 self._resource_version = None
             else:
@@ -232,7 +232,7 @@ class EventWatch:
             started = time.monotonic()
             try:
                 self.pump()
-            except Exception as e:  # noqa: BLE001 - events are a diagnosis aid, never fatal
+            except Exception as e:
                 log.warning("event watch for %s: %s", self.job_name, e)
                 self._stop.wait(10)
             # a stream that ends at once (an API server closing the watch early) must not spin
@@ -279,7 +279,7 @@ class JobProbe:
         if watch_events:
             try:
                 watcher = EventWatch(core, ns, name, since=since).prime().start()
-            except Exception as e:  # noqa: BLE001 - e.g. 403 on events: pods are still read
+            except Exception as e:
                 log.warning("cannot list events in %s (%s): FailedCreate (PodSecurity, quota) will not be "
                             "seen; "
                             "grant list/watch on events", ns, e)

@@ -107,8 +107,8 @@ class JobSpec:
     num_nodes: int = 1
     nproc_per_node: int = 1
     gpus_per_node: int = 0                                          # 0 = the runtime's / template's
-    accelerator: str = "nvidia.com/gpu"                             # resource name of the GPU
-    cpu: str = ""                                                   # per node (request = limit); '' = runtime's
+    accelerator: str = "nvidia.com/gpu"  # resource name of the GPU
+    cpu: str = ""  # per node (request = limit); '' = runtime's
     memory: str = ""                                                # '' = runtime's
     node_selector: dict[str, str] = dataclasses.field(default_factory=dict)
     tolerations: list[dict] = dataclasses.field(default_factory=list)
@@ -120,8 +120,10 @@ class JobSpec:
     secret_env: dict[str, tuple[str, str]] = dataclasses.field(default_factory=dict)  # ENV -> (secret, key)
     labels: dict[str, str] = dataclasses.field(default_factory=dict)
     run_id: str = ""                                                # KFP run id, as a label
-    upload_final_to: str = ""                                       # s3:// URI for <output_dir>/final
-    fetch: dict[str, str] = dataclasses.field(default_factory=dict)  # pod path -> s3:// object, before torchrun
+    upload_final_to: str = ""  # s3:// URI for <output_dir>/final
+    fetch: dict[str, str] = dataclasses.field(
+        default_factory=dict
+    )  # pod path -> s3:// object, before torchrun
     runtime_name: str = "chunkgrpo-torch"
     runtime_kind: str = "ClusterTrainingRuntime"
     active_deadline_seconds: int | None = None

@@ -115,7 +115,7 @@ def _wait_gone(api, kind: Kind, name: str, namespace: str, timeout_s: float, pol
     while True:
         try:
             _get(api, kind, name, namespace)
-        except Exception as e:  # noqa: BLE001 - only a 404 ends the wait
+        except Exception as e:
             if _status_code(e) == 404:
                 return
             raise
@@ -139,21 +139,27 @@ def submit_or_attach(api, obj: dict, *, recreate_failed: bool = True, poll_s: fl
         created = api.create_namespaced_custom_object(kind.group, kind.version, ns, kind.plural, obj)
         log.info("created %s %s/%s", kind_name, ns, name)
         return created or obj, False
-    except Exception as e:  # noqa: BLE001 - classified by HTTP status
+    except Exception as e:
         if _status_code(e) != 409:
             raise
     existing = _get(api, kind, name, ns)
     want = obj["metadata"].get("annotations", {}).get(SPEC_HASH)
     have = (existing.get("metadata") or {}).get("annotations", {}).get(SPEC_HASH)
     if want and have != want:
-        raise JobFailedError(f"{kind_name} {ns}/{name} already exists with a different spec (spec-hash {have} != "
-                             f"{want}); refusing to attach. Delete it or use another run id.")
+        raise JobFailedError(
+            f"{kind_name} {ns}/{name} already exists with a different spec (spec-hash {have} != "
+            f"{want}); refusing to attach. Delete it or use another run id."
+        )
     state, reason, _ = job_state(existing)
     if state == "Failed" and recreate_failed:
-        log.warning("%s %s/%s exists but failed (%s); deleting and creating it again", kind_name, ns, name, reason)
+        log.warning(
+            "%s %s/%s exists but failed (%s); deleting and creating it again", kind_name, ns, name, reason
+        )
         delete(api, existing)
         _wait_gone(api, kind, name, ns, timeout_s=600, poll_s=poll_s, sleep=sleep, clock=clock)
-        return api.create_namespaced_custom_object(kind.group, kind.version, ns, kind.plural, obj) or obj, False
+        return api.create_namespaced_custom_object(
+            kind.group, kind.version, ns, kind.plural, obj
+        ) or obj, False
     log.info("attached to existing %s %s/%s (state %s)", kind_name, ns, name, state)
     return existing, True
 
@@ -179,10 +185,12 @@ def wait(api, obj: dict, *, timeout_s: float, poll_s: float = 15.0,
         try:
             cur = _get(api, kind, name, ns)
             errors = 0
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             code = _status_code(e)
             if code == 404:
-                raise JobFailedError(f"{kind_name} {ns}/{name} disappeared (deleted outside this step?)") from None
+                raise JobFailedError(
+                    f"{kind_name} {ns}/{name} disappeared (deleted outside this step?)"
+                ) from None
             if code is not None and code < 500 and code != 429:
                 raise
             errors += 1
@@ -193,7 +201,11 @@ def wait(api, obj: dict, *, timeout_s: float, poll_s: float = 15.0,
             continue
         state, reason, message = job_state(cur)
         if (state, reason, message) != last:
-            emit(f"{kind_name} {name}: {state}" + (f" ({reason})" if reason else "") + (f": {message}" if message else ""))
+            emit(
+                f"{kind_name} {name}: {state}"
+                + (f" ({reason})" if reason else "")
+                + (f": {message}" if message else "")
+            )
             last = (state, reason, message)
         if state == "Succeeded":
             return cur
@@ -203,7 +215,7 @@ def wait(api, obj: dict, *, timeout_s: float, poll_s: float = 15.0,
         if probe is not None and state != "Suspended":  # suspended (Kueue): no pods yet, nothing to read
             try:
                 finding = probe.check(clock())
-            except Exception as e:  # noqa: BLE001 - a diagnosis aid: unreadable pods never fail the job
+            except Exception as e:
                 if _status_code(e) == 403:
                     log.warning("cannot read the pods of %s (HTTP 403): grant get/list on pods, events", name)
                     probe = None
@@ -214,7 +226,9 @@ def wait(api, obj: dict, *, timeout_s: float, poll_s: float = 15.0,
             if finding is not None:
                 raise JobBlockedError(f"{kind_name} {ns}/{name}: {finding.line()}")
         if clock() > deadline:
-            raise TimeoutError(f"{kind_name} {ns}/{name} did not finish within {timeout_s:.0f}s (last state {state})")
+            raise TimeoutError(
+                f"{kind_name} {ns}/{name} did not finish within {timeout_s:.0f}s (last state {state})"
+            )
         sleep(poll_s)
 
 
@@ -225,7 +239,7 @@ def delete(api, obj: dict) -> bool:
     try:
         api.delete_namespaced_custom_object(kind.group, kind.version, ns, kind.plural, name,
                                             propagation_policy="Background")
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         if _status_code(e) == 404:
             return False
         raise
@@ -234,7 +248,9 @@ def delete(api, obj: dict) -> bool:
 
 
 @contextlib.contextmanager
-def delete_on_cancel(api, obj: dict, signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT)) -> Iterator[None]:
+def delete_on_cancel(
+    api, obj: dict, signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT)
+) -> Iterator[None]:
     """While active, SIGTERM/SIGINT delete the job, then exit with 128 + signal (JobCancelledError).
 
     KFP cancels a run by stopping its pods with SIGTERM; without this the TrainJob would keep
@@ -245,7 +261,7 @@ def delete_on_cancel(api, obj: dict, signals: tuple[int, ...] = (signal.SIGTERM,
         return
     previous = {}
 
-    def handler(signum, frame):  # noqa: ARG001
+    def handler(signum, frame):
         log.warning("received signal %d: deleting %s %s", signum, obj["kind"], obj["metadata"]["name"])
         try:
             delete(api, obj)
@@ -273,7 +289,9 @@ def launch(api, obj: dict, *, timeout_s: float, poll_s: float = 15.0, recreate_f
     `trainjob_log_tail`) is printed through `on_status` when the job fails or is blocked, before
     anything is deleted; the error itself stays one line.
     """
-    cur, attached = submit_or_attach(api, obj, recreate_failed=recreate_failed, poll_s=poll_s, sleep=sleep, clock=clock)
+    cur, attached = submit_or_attach(
+        api, obj, recreate_failed=recreate_failed, poll_s=poll_s, sleep=sleep, clock=clock
+    )
     emit = on_status or (lambda line: log.info("%s", line))
     emit(f"{'attached to' if attached else 'submitted'} {obj['kind']} {obj['metadata']['namespace']}/"
          f"{obj['metadata']['name']}")
@@ -281,7 +299,7 @@ def launch(api, obj: dict, *, timeout_s: float, poll_s: float = 15.0, recreate_f
     if probe_factory is not None:
         try:
             probe = probe_factory({**obj, **(cur or {}), "kind": obj["kind"]})
-        except Exception as e:  # noqa: BLE001 - without pods/events the job is still watched (conditions)
+        except Exception as e:
             log.warning("cannot read the pods/events of %s (%s): blocked pods will not be detected early",
                         obj["metadata"]["name"], e)
     try:
@@ -316,15 +334,17 @@ def _read(api, kind: Kind, name: str, namespace: str | None, what: str, install_
         if namespace is None:  # cluster-scoped
             return api.get_cluster_custom_object(kind.group, kind.version, kind.plural, name)
         return _get(api, kind, name, namespace)
-    except Exception as e:  # noqa: BLE001 - classified by HTTP status
+    except Exception as e:
         code = _status_code(e)
         where = f" in namespace {namespace}" if namespace else ""
         if code == 404:
             raise TemplateError(f"{what} {name!r} not found{where}: {install_hint}") from None
         if code == 403:
-            raise TemplateError(f"not allowed to read {what} {name!r}{where} (HTTP 403): bind the run's service "
-                                "account to the chunkgrpo-training Role / chunkgrpo-runtime-reader ClusterRole "
-                                "(manifests/base/pipeline/rbac.yaml)") from None
+            raise TemplateError(
+                f"not allowed to read {what} {name!r}{where} (HTTP 403): bind the run's service "
+                "account to the chunkgrpo-training Role / chunkgrpo-runtime-reader ClusterRole "
+                "(manifests/base/pipeline/rbac.yaml)"
+            ) from None
         raise
 
 
@@ -356,7 +376,11 @@ def owner_from_pod(get_pod: Callable[[], dict]) -> dict | None:
     run's Workflow is deleted. None when the pod has no Workflow owner (e.g. run outside Argo).
     """
     pod = get_pod()
-    refs = (pod.get("metadata") or {}).get("ownerReferences") or (pod.get("metadata") or {}).get("owner_references") or []
+    refs = (
+        (pod.get("metadata") or {}).get("ownerReferences")
+        or (pod.get("metadata") or {}).get("owner_references")
+        or []
+    )
     for ref in refs:
         if ref.get("kind") == "Workflow":
             return {"apiVersion": ref.get("apiVersion") or ref.get("api_version"), "kind": "Workflow",
@@ -379,7 +403,7 @@ def cleanup_run(api, namespace: str, run_id: str, *, kinds: tuple[str, ...] = ("
         try:
             listing = api.list_namespaced_custom_object(kind.group, kind.version, namespace, kind.plural,
                                                         label_selector=selector)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             if _status_code(e) == 404:
                 continue
             raise

@@ -86,6 +86,10 @@ def build_pytorchjob(spec: JobSpec, template: dict) -> dict:
         "apiVersion": KINDS["PyTorchJob"].api_version,
         "kind": "PyTorchJob",
         "metadata": spec.metadata(),
-        "spec": {"nprocPerNode": str(spec.nproc_per_node), "runPolicy": run_policy, "pytorchReplicaSpecs": replicas},
+        "spec": {
+            "nprocPerNode": str(spec.nproc_per_node),
+            "runPolicy": run_policy,
+            "pytorchReplicaSpecs": replicas,
+        },
     }
     return with_spec_hash(body)

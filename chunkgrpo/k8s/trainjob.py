@@ -106,10 +106,14 @@ def build_trainjob(spec: JobSpec, runtime: dict | None = None) -> dict:
     overrides = spec.resources()
     if overrides:
         if runtime is None:
-            raise ValueError("resource overrides need the runtime object (read_runtime): Trainer replaces the "
-                             "container's resources wholesale, so they are merged into the runtime's")
+            raise ValueError(
+                "resource overrides need the runtime object (read_runtime): Trainer replaces the "
+                "container's resources wholesale, so they are merged into the runtime's"
+            )
         trainer["resourcesPerNode"] = merge_resources(runtime_container(runtime).get("resources"), overrides)
-    pod_template: dict[str, Any] = {"metadata": {"labels": spec.all_labels(), "annotations": dict(POD_ANNOTATIONS)}}
+    pod_template: dict[str, Any] = {
+        "metadata": {"labels": spec.all_labels(), "annotations": dict(POD_ANNOTATIONS)}
+    }
     pod = _pod_patch(spec, runtime)
     if pod:
         pod_template["spec"] = pod
@@ -118,13 +122,26 @@ def build_trainjob(spec: JobSpec, runtime: dict | None = None) -> dict:
         "kind": "TrainJob",
         "metadata": spec.metadata(),
         "spec": {
-            "runtimeRef": {"apiGroup": "trainer.kubeflow.org", "kind": spec.runtime_kind, "name": spec.runtime_name},
+            "runtimeRef": {
+                "apiGroup": "trainer.kubeflow.org",
+                "kind": spec.runtime_kind,
+                "name": spec.runtime_name,
+            },
             "trainer": trainer,
-            "runtimePatches": [{
-                "manager": MANAGER,
-                "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [
-                    {"name": "node", "template": {"spec": {"template": pod_template}}}]}}},
-            }],
+            "runtimePatches": [
+                {
+                    "manager": MANAGER,
+                    "trainingRuntimeSpec": {
+                        "template": {
+                            "spec": {
+                                "replicatedJobs": [
+                                    {"name": "node", "template": {"spec": {"template": pod_template}}}
+                                ]
+                            }
+                        }
+                    },
+                }
+            ],
         },
     }
     if spec.queue_name:
@@ -148,6 +165,6 @@ def trainjob_log_tail(obj: dict, lines: int = 40, client=None) -> list[str]:
 
             client = TrainerClient(KubernetesBackendConfig(namespace=ns))
         return list(client.get_job_logs(name))[-lines:]
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         log.warning("no logs of %s/%s (%s: %s)", ns, name, type(e).__name__, e)
         return []

@@ -73,7 +73,7 @@ def actor(who: str | None = None) -> str:
         return who
     try:
         return os.environ.get("CHUNKGRPO_USER") or getpass.getuser()
-    except Exception:  # noqa: BLE001 - no passwd entry in some containers
+    except Exception:
         return "unknown"
 
 
@@ -93,7 +93,9 @@ def get_version(client, name: str, version: str | int):
         return client.get_model_version(name, str(version))
     except MlflowException as e:
         if not not_found(e):
-            raise UserError(f"MLflow could not read {name!r} v{version}: {str(e.message).splitlines()[0]}") from None
+            raise UserError(
+                f"MLflow could not read {name!r} v{version}: {str(e.message).splitlines()[0]}"
+            ) from None
         raise UserError(f"model {name!r} has no version {version!r} in the registry at "
                         f"{redact_uri(os.environ.get('MLFLOW_TRACKING_URI'))}") from None
 
@@ -144,7 +146,9 @@ def eval_run(client, run_id: str):
     try:
         run = client.get_run(run_id)
     except MlflowException as e:
-        raise UserError(f"evaluation run {run_id!r} cannot be read: {str(e.message).splitlines()[0]}") from None
+        raise UserError(
+            f"evaluation run {run_id!r} cannot be read: {str(e.message).splitlines()[0]}"
+        ) from None
     gate.check_eval_run(run_id, (run.data.tags or {}).get("chunkgrpo.stage"), run.info.status)
     return run
 

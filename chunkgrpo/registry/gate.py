@@ -64,10 +64,16 @@ class GateConfig(Config):
     metric: str = option("", "metric compared; '' = the registered model's gate.metric tag (default "
                              "eval.hpdv2.hpsv3, mean HPSv3 on the HPDv2 test set), or that metric's CI bound "
                              "(<metric>.delta_ci_low, see gate_decision)")
-    direction: str = option("", "'' = the registered model's (gate.direction tag, else the known direction of "
-                                "the metric); 'max'/'min' only to assert it: a different one is refused")
-    margin: float = option(0.0, "the candidate must beat the champion by MORE than this (absolute units); for a "
-                                "CI-bound metric (*.delta_ci_low) the bound itself must exceed it (see gate_decision)")
+    direction: str = option(
+        "",
+        "'' = the registered model's (gate.direction tag, else the known direction of "
+        "the metric); 'max'/'min' only to assert it: a different one is refused",
+    )
+    margin: float = option(
+        0.0,
+        "the candidate must beat the champion by MORE than this (absolute units); for a "
+        "CI-bound metric (*.delta_ci_low) the bound itself must exceed it (see gate_decision)",
+    )
 
     def __post_init__(self) -> None:
         if self.direction not in ("", "max", "min"):
@@ -83,7 +89,9 @@ class RegistryConfig(Config):
     model_name: str = option("chunkgrpo-flux", "registered model name")
     experiment: str = option("chunkgrpo", "MLflow experiment for the registration run")
     champion_alias: str = option("champion", "alias of the serving model")
-    previous_alias: str = option("previous", "alias of the champion before the last promotion (rollback target)")
+    previous_alias: str = option(
+        "previous", "alias of the champion before the last promotion (rollback target)"
+    )
     challenger_alias: str = option("challenger", "alias given to each newly registered version")
     gate: GateConfig = option(factory=GateConfig, help="promotion gate")
 
@@ -122,8 +130,16 @@ class PromotionResult:
 def known_direction(metric: str) -> str | None:
     """'max'/'min' for a metric whose meaning fixes its direction (e.g. ...hpsv3.trained), else None."""
     parts = metric.split(".")
-    while parts and parts[-1] in ("trained", "base", "delta", "mean", "delta_ci_low", "delta_ci_high", "ci_low",
-                                  "ci_high"):
+    while parts and parts[-1] in (
+        "trained",
+        "base",
+        "delta",
+        "mean",
+        "delta_ci_low",
+        "delta_ci_high",
+        "ci_low",
+        "ci_high",
+    ):
         parts = parts[:-1]
     for n in (2, 1):
         key = ".".join(parts[-n:]) if len(parts) >= n else None
@@ -146,7 +162,9 @@ def gate_decision(candidate: float | None, champion: float | None, gate: GateCon
     the champion has the bound recorded, also exceeds the champion's bound.
     """
     if not gate.metric:
-        raise UserError("gate_decision needs a resolved gate: a metric (resolve_gate gives the registered model's)")
+        raise UserError(
+            "gate_decision needs a resolved gate: a metric (resolve_gate gives the registered model's)"
+        )
     bound = next((suffix for suffix in CI_BOUNDS if gate.metric.endswith(suffix)), None)
     if gate.direction not in ("max", "min"):
         direction = CI_BOUNDS[bound] if bound else known_direction(gate.metric)
@@ -159,7 +177,9 @@ def gate_decision(candidate: float | None, champion: float | None, gate: GateCon
     if champion is None:
         return GateResult(True, "no current champion")
     if candidate is None:
-        raise UserError(f"candidate has no value for {gate.metric!r}; register it with its metrics or use --force")
+        raise UserError(
+            f"candidate has no value for {gate.metric!r}; register it with its metrics or use --force"
+        )
     improvement = candidate - champion if gate.direction == "max" else champion - candidate
     better = "higher" if gate.direction == "max" else "lower"
     verdict = (f"{gate.metric}: candidate {candidate:.6g} vs champion {champion:.6g} "
@@ -169,16 +189,22 @@ def gate_decision(candidate: float | None, champion: float | None, gate: GateCon
 
 def _ci_gate(candidate: float | None, champion: float | None, gate: GateConfig, bound: str) -> GateResult:
     if gate.direction != CI_BOUNDS[bound]:
-        raise UserError(f"gate.metric={gate.metric!r} is a CI {'lower' if bound.endswith('low') else 'upper'} bound: "
-                        f"use direction={CI_BOUNDS[bound]} (got {gate.direction})")
+        raise UserError(
+            f"gate.metric={gate.metric!r} is a CI {'lower' if bound.endswith('low') else 'upper'} bound: "
+            f"use direction={CI_BOUNDS[bound]} (got {gate.direction})"
+        )
     if candidate is None:
-        raise UserError(f"candidate has no value for {gate.metric!r}; register it with its metrics or use --force")
+        raise UserError(
+            f"candidate has no value for {gate.metric!r}; register it with its metrics or use --force"
+        )
     sign = 1.0 if gate.direction == "max" else -1.0
     # the bound must clear the margin (vs the base model) and the champion's bound
     threshold = sign * gate.margin if champion is None else (
         max(gate.margin, champion) if sign > 0 else min(-gate.margin, champion))
     improvement = sign * (candidate - threshold)
-    vs = f"margin {sign * gate.margin:+g}" + ("" if champion is None else f" and champion's bound {champion:+.6g}")
+    vs = f"margin {sign * gate.margin:+g}" + (
+        "" if champion is None else f" and champion's bound {champion:+.6g}"
+    )
     verdict = (f"{gate.metric}: candidate's CI bound of trained − base {candidate:+.6g} must be "
                f"{'above' if sign > 0 else 'below'} {vs}")
     return GateResult(improvement > 0, verdict, improvement)
@@ -187,9 +213,11 @@ def _ci_gate(candidate: float | None, champion: float | None, gate: GateConfig, 
 def asserted_direction(gate: GateConfig, direction: str, metric: str, name: str) -> str:
     """`direction` (the registered model's), after checking a caller's asserted one agrees."""
     if gate.direction and gate.direction != direction:
-        raise UserError(f"{metric} of {name!r} is {'higher' if direction == 'max' else 'lower'}-is-better "
-                        f"({direction}, from the registered model); a gate with direction {gate.direction!r} is "
-                        "refused")
+        raise UserError(
+            f"{metric} of {name!r} is {'higher' if direction == 'max' else 'lower'}-is-better "
+            f"({direction}, from the registered model); a gate with direction {gate.direction!r} is "
+            "refused"
+        )
     return direction
 
 
@@ -205,12 +233,16 @@ def resolve(name: str, gate: GateConfig | None, tag_metric: str | None,
         # the one other choice: the CI bound of the model's own metric, in its own direction (stricter)
         bound = tag_metric + next((s for s, d in CI_BOUNDS.items() if d == tag_direction), "")
         if metric != bound or bound == tag_metric:
-            raise UserError(f"{name!r} is gated on {tag_metric} (tag {GATE_METRIC_TAG}, set at registration); "
-                            f"comparing on {metric} is refused (allowed: {tag_metric} or its CI bound "
-                            f"{bound}; change it with `chunkgrpo promote --model {name} --set-gate`)")
+            raise UserError(
+                f"{name!r} is gated on {tag_metric} (tag {GATE_METRIC_TAG}, set at registration); "
+                f"comparing on {metric} is refused (allowed: {tag_metric} or its CI bound "
+                f"{bound}; change it with `chunkgrpo promote --model {name} --set-gate`)"
+            )
         return GateConfig(metric=metric, direction=asserted_direction(gate, tag_direction, metric, name),
                           margin=gate.margin)
-    direction = tag_direction if (tag_direction and metric == (tag_metric or metric)) else known_direction(metric)
+    direction = (
+        tag_direction if (tag_direction and metric == (tag_metric or metric)) else known_direction(metric)
+    )
     if direction is None:
         raise UserError(f"the direction of {metric!r} is unknown: record it on {name!r} once with "
                         f"`chunkgrpo promote --model {name} --set-gate {metric}:max` (or :min)")
@@ -224,7 +256,9 @@ def direction_of(name: str, metric: str, tag_metric: str | None, tag_direction: 
     the metric (CI suffix stripped) is its gate metric, else the metric's known direction. `asserted` is
     only checked against that (a different one is a UserError); it decides only where nothing records one."""
     base = next((metric[: -len(s)] for s in CI_BOUNDS if metric.endswith(s)), metric)
-    direction = tag_direction if (tag_metric and tag_direction and base == tag_metric) else known_direction(metric)
+    direction = (
+        tag_direction if (tag_metric and tag_direction and base == tag_metric) else known_direction(metric)
+    )
     if direction is None:
         if asserted in ("max", "min"):
             return asserted
@@ -254,9 +288,11 @@ def narrow(name: str, version: str, base: GateConfig, requested: GateConfig | No
     if req.metric and req.metric != base.metric:
         bound = base.metric + next((s for s, d in CI_BOUNDS.items() if d == base.direction), "")
         if req.metric != bound:
-            raise UserError(f"v{version} of {name!r} is gated on {base.metric} (recorded at its registration); "
-                            f"comparing on {req.metric} is refused (allowed: {base.metric} or its CI bound {bound}; "
-                            "the promoter changes the gate of future versions with `promote --set-gate`)")
+            raise UserError(
+                f"v{version} of {name!r} is gated on {base.metric} (recorded at its registration); "
+                f"comparing on {req.metric} is refused (allowed: {base.metric} or its CI bound {bound}; "
+                "the promoter changes the gate of future versions with `promote --set-gate`)"
+            )
         metric = bound
     direction = asserted_direction(req, direction, metric, name)
     return GateConfig(metric=metric, direction=direction, margin=max(base.margin, req.margin))
@@ -348,7 +384,9 @@ def check_agrees(flat: Mapping[str, float], run_metrics: Mapping[str, float], ev
     """A registering caller's numbers must equal the evaluation run's wherever both name a value."""
     for k, v in flat.items():
         if k in run_metrics and not math.isclose(v, run_metrics[k], rel_tol=1e-9, abs_tol=1e-12):
-            raise UserError(f"metrics: {k} = {v!r} differs from evaluation run {eval_run_id}'s {run_metrics[k]!r}")
+            raise UserError(
+                f"metrics: {k} = {v!r} differs from evaluation run {eval_run_id}'s {run_metrics[k]!r}"
+            )
 
 
 def untrusted(tags: Mapping[str, str]) -> dict[str, str]:
@@ -394,13 +432,22 @@ def flat_metrics(metrics: Mapping[str, Any] | None, what: str = "metrics") -> di
 
 def check_name(name: str) -> None:
     """A registered model name MLflow stores faithfully (and leaves room for the promotion lock)."""
-    if not isinstance(name, str) or not name.strip() or name != name.strip() or any(c in name for c in "/:\0"):
+    if (
+        not isinstance(name, str)
+        or not name.strip()
+        or name != name.strip()
+        or any(c in name for c in "/:\0")
+    ):
         raise UserError(f"{name!r} is not a valid registered model name (non-empty, no '/', ':' or NUL, "
                         "no leading/trailing spaces)")
     if len(name) > MAX_NAME_LEN:
-        raise UserError(f"registered model name {name[:40]!r}... is {len(name)} characters; at most {MAX_NAME_LEN}")
+        raise UserError(
+            f"registered model name {name[:40]!r}... is {len(name)} characters; at most {MAX_NAME_LEN}"
+        )
     if name.endswith(LOCK_SUFFIX):
-        raise UserError(f"registered model name {name!r} ends with {LOCK_SUFFIX!r}, reserved for promotion locks")
+        raise UserError(
+            f"registered model name {name!r} ends with {LOCK_SUFFIX!r}, reserved for promotion locks"
+        )
 
 
 def config_hash(cfg: Mapping[str, Any] | Config) -> str:
@@ -414,9 +461,22 @@ def eval_protocol(result: Mapping[str, Any], preset: str = "") -> dict:
     counts, seeds, sampling (steps, trained steps, resolution, guidance, schedule), scorers, GenEval
     samples, WISE variant and judge. Two versions are compared only if this is identical."""
     cfg = dict(result.get("config") or {})
-    benches = {b: {k: v for k, v in (e or {}).items() if k in ("n_prompts", "samples_per_prompt", "variant",
-                                                                "official_prompts", "prompts_file", "metadata_file")}
-               for b, e in sorted((result.get("benchmarks") or {}).items())}
+    benches = {
+        b: {
+            k: v
+            for k, v in (e or {}).items()
+            if k
+            in (
+                "n_prompts",
+                "samples_per_prompt",
+                "variant",
+                "official_prompts",
+                "prompts_file",
+                "metadata_file",
+            )
+        }
+        for b, e in sorted((result.get("benchmarks") or {}).items())
+    }
     judge = (cfg.get("wise_judge") or {}).get("model") if "wise" in benches else None
     return {
         "preset": preset or cfg.get("preset", ""),

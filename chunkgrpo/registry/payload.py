@@ -52,17 +52,37 @@ def signature():
     return ModelSignature(inputs=inputs, outputs=outputs, params=params)
 
 
-def model_info(*, kind: str, base_model: str, inline: bool, checkpoint_uri: str | None,
-               manifest_sha: str | None, manifest: Manifest, metrics: Mapping[str, float], plan: Any, git: str,
-               cfg_hash: str | None, created: str, eval_protocol: Mapping[str, Any] | None,
-               sampling: Mapping[str, Any] | None) -> dict:
+def model_info(
+    *,
+    kind: str,
+    base_model: str,
+    inline: bool,
+    checkpoint_uri: str | None,
+    manifest_sha: str | None,
+    manifest: Manifest,
+    metrics: Mapping[str, float],
+    plan: Any,
+    git: str,
+    cfg_hash: str | None,
+    created: str,
+    eval_protocol: Mapping[str, Any] | None,
+    sampling: Mapping[str, Any] | None,
+) -> dict:
     """The MODEL_INFO document of a version (format MODEL_INFO_FORMAT)."""
     return {
-        "format": MODEL_INFO_FORMAT, "kind": kind, "base_model": base_model,
+        "format": MODEL_INFO_FORMAT,
+        "kind": kind,
+        "base_model": base_model,
         "weights": "inline" if inline else "external",
-        "checkpoint_uri": checkpoint_uri or "", "manifest_sha256": manifest_sha or "",
-        "content_sha256": manifest.content_sha256, "files": manifest.files, "metrics": dict(metrics), "plan": plan,
-        "git_sha": git, "config_hash": cfg_hash or "", "created": created,
+        "checkpoint_uri": checkpoint_uri or "",
+        "manifest_sha256": manifest_sha or "",
+        "content_sha256": manifest.content_sha256,
+        "files": manifest.files,
+        "metrics": dict(metrics),
+        "plan": plan,
+        "git_sha": git,
+        "config_hash": cfg_hash or "",
+        "created": created,
         "eval_protocol": dict(eval_protocol) if eval_protocol else None,
         "sampling": dict(sampling) if sampling else None,
     }

@@ -16,6 +16,7 @@ from chunkgrpo.errors import UserError
 from chunkgrpo.registry.gate import PromotionResult
 from chunkgrpo.tracking import credentials_from_uri, redact_uri
 
+
 def _call(url: str, path: str, body: dict) -> dict:
     credentials_from_uri()
     user = os.environ.get("MLFLOW_TRACKING_USERNAME", "")

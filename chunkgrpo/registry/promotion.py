@@ -33,8 +33,17 @@ from collections.abc import Iterator
 from chunkgrpo.errors import UserError
 from chunkgrpo.registry import gate as rules
 from chunkgrpo.registry.client import (
-    actor, aliases, connect, current_identity, get_version, model_tags, now, registered_model, require_promoter,
-    set_version_tags, trusted_metric,
+    actor,
+    aliases,
+    connect,
+    current_identity,
+    get_version,
+    model_tags,
+    now,
+    registered_model,
+    require_promoter,
+    set_version_tags,
+    trusted_metric,
 )
 from chunkgrpo.registry.gate import GateConfig, GateResult, PromotionResult, RegistryConfig
 
@@ -81,9 +90,21 @@ def set_gate(name: str, metric: str, direction: str, *, margin: float = 0.0, who
     client.set_registered_model_tag(name, rules.GATE_METRIC_TAG, metric)
     client.set_registered_model_tag(name, rules.GATE_DIRECTION_TAG, direction)
     client.set_registered_model_tag(name, rules.GATE_MARGIN_TAG, repr(float(margin)))
-    append_log(client, name, {"action": "set_gate", "metric": metric, "direction": direction, "margin": margin,
-                              "was": list(old), "by": actor(who), "identity": current_identity(), "at": now(),
-                              "why": why})
+    append_log(
+        client,
+        name,
+        {
+            "action": "set_gate",
+            "metric": metric,
+            "direction": direction,
+            "margin": margin,
+            "was": list(old),
+            "by": actor(who),
+            "identity": current_identity(),
+            "at": now(),
+            "why": why,
+        },
+    )
 
 
 def init_gate(client, name: str, metric: str | None, direction: str | None) -> None:
@@ -91,8 +112,14 @@ def init_gate(client, name: str, metric: str | None, direction: str | None) -> N
     tag_metric, tag_direction = model_gate(client, name)
     if tag_metric:
         if (metric and metric != tag_metric) or (direction and direction != tag_direction):
-            log.warning("%s is gated on %s (%s) since its first registration; the requested %s (%s) is ignored",
-                        name, tag_metric, tag_direction, metric, direction)
+            log.warning(
+                "%s is gated on %s (%s) since its first registration; the requested %s (%s) is ignored",
+                name,
+                tag_metric,
+                tag_direction,
+                metric,
+                direction,
+            )
         return
     metric, direction = rules.initial_gate(metric, direction)
     set_gate(name, metric, direction, who="registration", why="first registration", client=client,
@@ -142,7 +169,9 @@ def promotion_lock(client, name: str, timeout_s: float = 120.0, stale_s: float =
                 raise UserError(f"cannot take the promotion lock of {name!r}: "
                                 f"{str(e.message).splitlines()[0]}") from None
         try:
-            held_at = rules.number((client.get_registered_model(lock).tags or {}).get("lock.at")) or time.time()
+            held_at = (
+                rules.number((client.get_registered_model(lock).tags or {}).get("lock.at")) or time.time()
+            )
         except MlflowException:
             continue  # released in between: try again at once
         if time.time() - held_at > stale_s:
@@ -171,7 +200,10 @@ def _decide(client, name: str, version: str, champion: str | None, eff: GateConf
     reference = None
     if champion:
         reference = trusted_metric(client, name, champion, eff.metric)
-        a, b = ((get_version(client, name, v).tags or {}).get(rules.PROTOCOL_HASH_TAG) for v in (version, champion))
+        a, b = (
+            (get_version(client, name, v).tags or {}).get(rules.PROTOCOL_HASH_TAG)
+            for v in (version, champion)
+        )
         rules.check_same_protocol(name, version, champion, a, b)
     result = rules.gate_decision(candidate, reference, eff)
     result.values = {"candidate": candidate, "champion": reference}
@@ -251,13 +283,23 @@ def promote(name: str, version: str | int, gate: GateConfig | None = None, *, fo
         # previous first, then champion: a crash in between leaves a state that a re-run completes.
         if champ:
             client.set_registered_model_alias(name, cfg.previous_alias, champ)
-            set_version_tags(client, name, champ, {"promotion.status": cfg.previous_alias,
-                                                   "promotion.replaced_by": version, "promotion.replaced_at": at})
+            set_version_tags(
+                client,
+                name,
+                champ,
+                {
+                    "promotion.status": cfg.previous_alias,
+                    "promotion.replaced_by": version,
+                    "promotion.replaced_at": at,
+                },
+            )
         client.set_registered_model_alias(name, cfg.champion_alias, version)
         after = aliases(client, name).get(cfg.champion_alias)  # compare-and-set: re-read what was set
         if after != version:
-            raise UserError(f"{name!r}: {cfg.champion_alias} is v{after} right after setting it to v{version} "
-                            "(moved by something outside the promotion lock); re-run promote")
+            raise UserError(
+                f"{name!r}: {cfg.champion_alias} is v{after} right after setting it to v{version} "
+                "(moved by something outside the promotion lock); re-run promote"
+            )
         set_version_tags(client, name, version, {
             "promotion.status": cfg.champion_alias, "promotion.reason": reason, "promotion.by": user,
             "promotion.identity": identity, "promotion.at": at,
@@ -283,16 +325,26 @@ def rollback(name: str, *, who: str | None = None, why: str = "", config: Regist
         current = aliases(client, name)
         prev, champ = current.get(cfg.previous_alias), current.get(cfg.champion_alias)
         if not prev:
-            raise UserError(f"{name!r} has no {cfg.previous_alias!r} alias: nothing to roll back to "
-                            f"(choose a version explicitly: chunkgrpo promote --model {name} --version N --force)")
+            raise UserError(
+                f"{name!r} has no {cfg.previous_alias!r} alias: nothing to roll back to "
+                f"(choose a version explicitly: chunkgrpo promote --model {name} --version N --force)"
+            )
         user, at, identity = actor(who), now(), current_identity()
         client.set_registered_model_alias(name, cfg.champion_alias, prev)
         client.delete_registered_model_alias(name, cfg.previous_alias)
         reason = f"rollback from v{champ} by {user}{f' ({identity})' if identity else ''}: {why}"
         if champ:
-            set_version_tags(client, name, champ, {"promotion.status": "rolled_back",
-                                                   "promotion.rolled_back_by": user,
-                                                   "promotion.rolled_back_at": at, "promotion.rollback_why": why})
+            set_version_tags(
+                client,
+                name,
+                champ,
+                {
+                    "promotion.status": "rolled_back",
+                    "promotion.rolled_back_by": user,
+                    "promotion.rolled_back_at": at,
+                    "promotion.rollback_why": why,
+                },
+            )
         set_version_tags(client, name, prev, {
             "promotion.status": cfg.champion_alias, "promotion.reason": reason, "promotion.by": user,
             "promotion.identity": identity, "promotion.at": at, "promotion.previous_version": champ or ""})

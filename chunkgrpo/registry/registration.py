@@ -225,8 +225,10 @@ def _manifest(req: Registration, store) -> tuple[Manifest, str | None]:
         store = store or ArtifactStore()
         remote = store.read_manifest(req.checkpoint_uri)
         if remote is None:
-            raise UserError(f"checkpoint {req.checkpoint_uri} is not a complete folder artifact (no manifest); "
-                            "refusing to register it")
+            raise UserError(
+                f"checkpoint {req.checkpoint_uri} is not a complete folder artifact (no manifest); "
+                "refusing to register it"
+            )
         manifest_sha = remote.sha256
         if manifest is None:
             manifest = remote
@@ -241,14 +243,32 @@ def _version_tags(req: Registration, info: dict, flat: Mapping[str, float]) -> d
     """The version's descriptive tags (create_version adds the trusted ones)."""
     plan_json = json.dumps(req.plan, sort_keys=True, default=str) if req.plan is not None else ""
     tags = {
-        "kind": req.kind, "base_model": req.base_model, "checkpoint_uri": req.checkpoint_uri or "",
-        "git_sha": info["git_sha"], "config_hash": req.cfg_hash or "", "content_sha256": info["content_sha256"],
-        "weights": info["weights"], "registered_by": actor(None), "registered_at": info["created"],
-        **({"chunk_plan": plan_json, "chunk_plan.sha256": hashlib.sha256(plan_json.encode()).hexdigest()[:16]}
-           if req.plan is not None else {}),
+        "kind": req.kind,
+        "base_model": req.base_model,
+        "checkpoint_uri": req.checkpoint_uri or "",
+        "git_sha": info["git_sha"],
+        "config_hash": req.cfg_hash or "",
+        "content_sha256": info["content_sha256"],
+        "weights": info["weights"],
+        "registered_by": actor(None),
+        "registered_at": info["created"],
+        **(
+            {
+                "chunk_plan": plan_json,
+                "chunk_plan.sha256": hashlib.sha256(plan_json.encode()).hexdigest()[:16],
+            }
+            if req.plan is not None
+            else {}
+        ),
         **{f"{gate.METRIC_TAG}{k}": repr(v) for k, v in flat.items()},
-        **({gate.PROTOCOL_TAG: json.dumps(req.eval_protocol, sort_keys=True, default=str),
-            gate.PROTOCOL_HASH_TAG: gate.protocol_hash(req.eval_protocol)} if req.eval_protocol else {}),
+        **(
+            {
+                gate.PROTOCOL_TAG: json.dumps(req.eval_protocol, sort_keys=True, default=str),
+                gate.PROTOCOL_HASH_TAG: gate.protocol_hash(req.eval_protocol),
+            }
+            if req.eval_protocol
+            else {}
+        ),
         **{str(k): v for k, v in (req.tags or {}).items()},
     }
     return {k: gate.tag_text(v) for k, v in tags.items()}

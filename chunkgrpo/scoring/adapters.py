@@ -32,9 +32,14 @@ class RewardScorer:
     def __init__(self, name: str, options: dict) -> None:
         self.name = name
         self.fn = build_reward(name, options)
-        self.info = {"name": name, "backend": "chunkgrpo.scoring.rewards (programmatic)",
-                     "options": dict(options), "preprocessing": "RGB pixels / 255", "scale": reward_about(name),
-                     "higher_is_better": True}
+        self.info = {
+            "name": name,
+            "backend": "chunkgrpo.scoring.rewards (programmatic)",
+            "options": dict(options),
+            "preprocessing": "RGB pixels / 255",
+            "scale": reward_about(name),
+            "higher_is_better": True,
+        }
 
     def score(self, images, prompts):
         return self.fn(list(images), list(prompts))

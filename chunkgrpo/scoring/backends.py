@@ -31,8 +31,12 @@ OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 
 # scorer -> (import name, distribution name) of the package the scorer runs
 PACKAGES = {
-    "hpsv2": ("hpsv2", "hpsv2"), "hpsv2.1": ("hpsv2", "hpsv2"), "imagereward": ("ImageReward", "image-reward"),
-    "hpsv3": ("hpsv3", "hpsv3"), "clip": ("transformers", "transformers"), "pickscore": ("transformers", "transformers"),
+    "hpsv2": ("hpsv2", "hpsv2"),
+    "hpsv2.1": ("hpsv2", "hpsv2"),
+    "imagereward": ("ImageReward", "image-reward"),
+    "hpsv3": ("hpsv3", "hpsv3"),
+    "clip": ("transformers", "transformers"),
+    "pickscore": ("transformers", "transformers"),
 }
 
 
@@ -72,7 +76,9 @@ def import_package(scorer: str):
     try:
         return importlib.import_module(module)
     except ImportError as e:
-        raise SpecError(f"scorer {scorer!r}: package `{dist}` is not importable by {sys.executable} ({e})") from None
+        raise SpecError(
+            f"scorer {scorer!r}: package `{dist}` is not importable by {sys.executable} ({e})"
+        ) from None
 
 
 def _file(p: Any, what: str) -> Path:
@@ -168,8 +174,10 @@ class ClipPreprocess:
         return torch.stack([self.one(im) for im in images])
 
     def describe(self) -> str:
-        return (f"RGB; resize shortest side to {self.size} (PIL bicubic={self.resample == 3}); center-crop "
-                f"{self.crop} ({self.crop_rounding}); /255; normalise mean={list(self.mean)} std={list(self.std)}")
+        return (
+            f"RGB; resize shortest side to {self.size} (PIL bicubic={self.resample == 3}); center-crop "
+            f"{self.crop} ({self.crop_rounding}); /255; normalise mean={list(self.mean)} std={list(self.std)}"
+        )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -211,20 +219,28 @@ class ClipBackend(Backend):
         self.model_dir = Path(model_dir)
         self.processor_dir = Path(processor_dir) if processor_dir else self.model_dir
         try:
-            self.model = CLIPModel.from_pretrained(str(self.model_dir), local_files_only=True, dtype=torch_dtype(dtype))
+            self.model = CLIPModel.from_pretrained(
+                str(self.model_dir), local_files_only=True, dtype=torch_dtype(dtype)
+            )
         except (OSError, ValueError) as e:
-            raise SpecError(f"{name}: cannot load a transformers CLIP model from {str(self.model_dir)!r}: {e}") from None
+            raise SpecError(
+                f"{name}: cannot load a transformers CLIP model from {str(self.model_dir)!r}: {e}"
+            ) from None
         self.model.eval().requires_grad_(False).to(self.device)
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(str(self.processor_dir), local_files_only=True)
         except (OSError, ValueError) as e:
-            raise SpecError(f"{name}: no tokenizer in {str(self.processor_dir)!r} ({e}); pass `processor=` pointing at "
-                            "the folder with the CLIP tokenizer + preprocessor_config.json") from None
+            raise SpecError(
+                f"{name}: no tokenizer in {str(self.processor_dir)!r} ({e}); pass `processor=` pointing at "
+                "the folder with the CLIP tokenizer + preprocessor_config.json"
+            ) from None
         self.preprocess = ClipPreprocess.from_dir(self.processor_dir, crop_rounding="floor")
         self.max_length = min(int(self.model.config.text_config.max_position_embeddings), 77)
 
     def embed_text(self, prompts: list[str]):
-        tok = self.tokenizer(list(prompts), padding=True, truncation=True, max_length=self.max_length, return_tensors="pt")
+        tok = self.tokenizer(
+            list(prompts), padding=True, truncation=True, max_length=self.max_length, return_tensors="pt"
+        )
         out = self.model.text_model(input_ids=tok["input_ids"].to(self.device),
                                     attention_mask=tok["attention_mask"].to(self.device))
         feats = self.model.text_projection(out.pooler_output).float()
@@ -232,7 +248,9 @@ class ClipBackend(Backend):
 
     def embed_images(self, images: list[Image.Image]):
         pixels = self.preprocess(images).to(self.device, dtype=torch_dtype(self.dtype))
-        feats = self.model.visual_projection(self.model.vision_model(pixel_values=pixels).pooler_output).float()
+        feats = self.model.visual_projection(
+            self.model.vision_model(pixel_values=pixels).pooler_output
+        ).float()
         return feats / feats.norm(dim=-1, keepdim=True)
 
     def cosine(self, images: list[Image.Image], prompts: list[str]):
@@ -245,14 +263,24 @@ class ClipBackend(Backend):
 
     @property
     def info(self) -> dict:
-        base = {"name": self.name, "backend": "transformers CLIPModel", "processor": str(self.processor_dir),
-                "preprocessing": self.preprocess.describe() + f"; text: CLIP BPE, truncate to {self.max_length} tokens",
-                "device": self.device, "dtype": self.dtype, "higher_is_better": True}
+        base = {
+            "name": self.name,
+            "backend": "transformers CLIPModel",
+            "processor": str(self.processor_dir),
+            "preprocessing": self.preprocess.describe()
+            + f"; text: CLIP BPE, truncate to {self.max_length} tokens",
+            "device": self.device,
+            "dtype": self.dtype,
+            "higher_is_better": True,
+        }
         if self.name == "pickscore":
             ls = float(self.model.logit_scale.exp())
-            return {**base, "logit_scale_exp": ls,
-                    "scale": f"logit_scale.exp() ({ls:g}) x cosine: the raw PickScore logit (FLUX.1-dev ~22-23); "
-                             "no /26 or (s-18)/8 normalisation"}
+            return {
+                **base,
+                "logit_scale_exp": ls,
+                "scale": f"logit_scale.exp() ({ls:g}) x cosine: the raw PickScore logit (FLUX.1-dev ~22-23); "
+                "no /26 or (s-18)/8 normalisation",
+            }
         scale = "cosine of L2-normalised CLIP embeddings, range [-1,1] (typically 0.2-0.4)"
         if self.multiplier != 1.0:
             scale = f"{self.multiplier:g} x " + scale
@@ -265,7 +293,9 @@ class HPSv2Backend(Backend):
     checkpoint loaded once. `model_config` builds another open_clip architecture than ViT-H-14 (reduced
     models for tests)."""
 
-    def __init__(self, name: str, checkpoint: str, *, device: str = "auto", model_config: str | None = None) -> None:
+    def __init__(
+        self, name: str, checkpoint: str, *, device: str = "auto", model_config: str | None = None
+    ) -> None:
         offline()
         import torch  # noqa: F401
 
@@ -314,19 +344,26 @@ class HPSv2Backend(Backend):
 
     @property
     def info(self) -> dict:
-        return {"name": self.name, "backend": f"hpsv2 package (vendored open_clip {self.arch})",
-                "device": self.device, "higher_is_better": True,
-                "preprocessing": ("hpsv2 preprocess_val (light_augmentation=True, as hpsv2.score): RGB to "
-                                  "a float tensor, resize the LONGEST side to 224 (bicubic on the tensor, "
-                                  "torchvision's antialias), pad the other side to 224 with 0 (black), "
-                                  "centred, no crop; OpenAI CLIP mean/std; text: open_clip SimpleTokenizer, "
-                                  "77 tokens; amp on CUDA"),
-                "scale": "cosine of L2-normalised features, as hpsv2.score returns (~0.2-0.37; x100 in HPSv2 tables)"}
+        return {
+            "name": self.name,
+            "backend": f"hpsv2 package (vendored open_clip {self.arch})",
+            "device": self.device,
+            "higher_is_better": True,
+            "preprocessing": (
+                "hpsv2 preprocess_val (light_augmentation=True, as hpsv2.score): RGB to "
+                "a float tensor, resize the LONGEST side to 224 (bicubic on the tensor, "
+                "torchvision's antialias), pad the other side to 224 with 0 (black), "
+                "centred, no crop; OpenAI CLIP mean/std; text: open_clip SimpleTokenizer, "
+                "77 tokens; amp on CUDA"
+            ),
+            "scale": "cosine of L2-normalised features, as hpsv2.score returns (~0.2-0.37; x100 in HPSv2 tables)",
+        }
 
 
 _HPSV2_VOCAB_HINT = (
     "hpsv2: the hpsv2 wheel lacks open_clip's BPE vocabulary ({err}); copy bpe_simple_vocab_16e6.txt.gz from "
-    "the open-clip-torch package into hpsv2/src/open_clip/ (scripts/reward-envs.sh and the eval image do this)")
+    "the open-clip-torch package into hpsv2/src/open_clip/ (scripts/reward-envs.sh and the eval image do this)"
+)
 
 
 def load_state_strict(model, state: Any, what: str) -> None:
@@ -365,7 +402,9 @@ class ImageRewardBackend(Backend):
 
     name = "imagereward"
 
-    def __init__(self, name: str, checkpoint: str, *, med_config: str | None = None, device: str = "auto") -> None:
+    def __init__(
+        self, name: str, checkpoint: str, *, med_config: str | None = None, device: str = "auto"
+    ) -> None:
         offline()
         ckpt = _file(checkpoint, "imagereward: checkpoint")
         med = _file(med_config or ckpt.parent / "med_config.json", "imagereward: med_config.json")
@@ -397,11 +436,15 @@ class ImageRewardBackend(Backend):
 
     @property
     def info(self) -> dict:
-        return {"name": self.name, "backend": "image-reward package (BLIP ViT-L + BERT, MLP head)",
-                "device": self.device, "higher_is_better": True,
-                "preprocessing": "resize 224 bicubic + center-crop 224, OpenAI CLIP mean/std; text truncated to 35 "
-                                 "tokens (bert-base-uncased tokenizer from the HF cache)",
-                "scale": "standardised reward (r - 0.16717) / 1.03334 (ImageReward-v1.0 output)"}
+        return {
+            "name": self.name,
+            "backend": "image-reward package (BLIP ViT-L + BERT, MLP head)",
+            "device": self.device,
+            "higher_is_better": True,
+            "preprocessing": "resize 224 bicubic + center-crop 224, OpenAI CLIP mean/std; text truncated to 35 "
+            "tokens (bert-base-uncased tokenizer from the HF cache)",
+            "scale": "standardised reward (r - 0.16717) / 1.03334 (ImageReward-v1.0 output)",
+        }
 
 
 def bert_tokenizer_problem() -> str | None:
@@ -415,10 +458,12 @@ def bert_tokenizer_problem() -> str | None:
     if isinstance(found, str) and os.path.isfile(found):
         return None
     home = os.environ.get("HF_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "huggingface")
-    return ("imagereward: the `bert-base-uncased` tokenizer (vocab.txt) is not in the Hugging Face cache "
-            f"(HF_HOME={home}); ImageReward loads it by name at model build and downloads are disabled. Populate "
-            "the cache where there is network (`huggingface-cli download bert-base-uncased vocab.txt "
-            "tokenizer_config.json config.json`) and point HF_HOME at it")
+    return (
+        "imagereward: the `bert-base-uncased` tokenizer (vocab.txt) is not in the Hugging Face cache "
+        f"(HF_HOME={home}); ImageReward loads it by name at model build and downloads are disabled. Populate "
+        "the cache where there is network (`huggingface-cli download bert-base-uncased vocab.txt "
+        "tokenizer_config.json config.json`) and point HF_HOME at it"
+    )
 
 
 class HPSv3Backend(Backend):
@@ -462,10 +507,15 @@ class HPSv3Backend(Backend):
 
     @property
     def info(self) -> dict:
-        return {"name": self.name, "backend": f"hpsv3 package (HPSv3RewardInferencer, Qwen2-VL, {self.dtype})",
-                "base_model": self.base_model, "device": self.device, "higher_is_better": True,
-                "preprocessing": "qwen_vl_utils: resize to 256*28*28 = 200,704 pixels (min=max); HPSv3 instruction prompt",
-                "scale": "mu of the predicted (mu, sigma) (column 0); FLUX.1-dev ~10-11"}
+        return {
+            "name": self.name,
+            "backend": f"hpsv3 package (HPSv3RewardInferencer, Qwen2-VL, {self.dtype})",
+            "base_model": self.base_model,
+            "device": self.device,
+            "higher_is_better": True,
+            "preprocessing": "qwen_vl_utils: resize to 256*28*28 = 200,704 pixels (min=max); HPSv3 instruction prompt",
+            "scale": "mu of the predicted (mu, sigma) (column 0); FLUX.1-dev ~10-11",
+        }
 
 
 def load_backend(name: str, spec: dict) -> Backend:

@@ -80,8 +80,10 @@ def venv_for(name: str, explicit: str | None = None) -> Path | None:
     venv = Path(text).expanduser()
     origin = f"{var}={text}" if explicit is None else f"venv={text}"
     if not venv.is_dir():
-        raise UserError(f"scorer {name!r}: {origin} does not exist; build the reward venvs with "
-                        f"`bash scripts/reward-envs.sh` (or use the evaluation image), or unset {var} to score in-process")
+        raise UserError(
+            f"scorer {name!r}: {origin} does not exist; build the reward venvs with "
+            f"`bash scripts/reward-envs.sh` (or use the evaluation image), or unset {var} to score in-process"
+        )
     if not venv_python(venv).is_file():
         raise UserError(f"scorer {name!r}: {origin} has no bin/python; it is not a virtual environment "
                         "(rebuild it with `bash scripts/reward-envs.sh`)")
@@ -157,8 +159,13 @@ def _staged_ok(root: Path, blobs: dict[str, bytes]) -> bool:
 
 
 def worker_env(extra: dict | None = None, modules: tuple[str, ...] = ()) -> dict:
-    env = {k: v for k, v in os.environ.items()
-           if k not in _DIST_VARS and not k.startswith("TORCHELASTIC_") and k not in ("PYTHONHOME", "VIRTUAL_ENV")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in _DIST_VARS
+        and not k.startswith("TORCHELASTIC_")
+        and k not in ("PYTHONHOME", "VIRTUAL_ENV")
+    }
     env.update(PYTHONPATH=str(stage_modules(modules)), PYTHONSAFEPATH="1", PYTHONNOUSERSITE="1",
                PYTHONUNBUFFERED="1",
                HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_HUB_DISABLE_TELEMETRY="1",
@@ -280,7 +287,8 @@ class WorkerProcess:
             self.kill()
             raise WorkerTimedOut(
                 f"{self.describe()} did not answer {header.get('op')!r} within {timeout:g}s and was stopped "
-                f"(raise the scorer's timeout if the model is just slow); log: {self.log_path}{self._tail()}") from None
+                f"(raise the scorer's timeout if the model is just slow); log: {self.log_path}{self._tail()}"
+            ) from None
         except _Crashed:
             raise self._crash_error(f"died during {header.get('op')!r}") from None
         except BaseException:  # interrupted mid-request: a late reply would desynchronise the pipe
@@ -310,7 +318,9 @@ class WorkerProcess:
             except subprocess.TimeoutExpired:
                 self.kill()
                 code = self.proc.returncode
-        status = ("" if code is None else f" (killed by signal {-code})" if code < 0 else f" (exit code {code})")
+        status = (
+            "" if code is None else f" (killed by signal {-code})" if code < 0 else f" (exit code {code})"
+        )
         return WorkerCrashed(f"{self.describe()} {what}{status}; log: {self.log_path}{self._tail()}")
 
     def kill(self) -> None:
@@ -354,7 +364,9 @@ class WorkerProcess:
             pass
 
 
-def check(name: str, venv: Path, *, timeout: float = 300.0, env: dict | None = None) -> tuple[list[str], dict]:
+def check(
+    name: str, venv: Path, *, timeout: float = 300.0, env: dict | None = None
+) -> tuple[list[str], dict]:
     """Run the worker's package check for `name` in `venv`: (problems, runtime info). Loads no weights."""
     proc = WorkerProcess(name, venv, env=env)
     try:
@@ -365,5 +377,16 @@ def check(name: str, venv: Path, *, timeout: float = 300.0, env: dict | None = N
         proc.close()
 
 
-__all__ = ["WorkerProcess", "ScorerWorkerError", "WorkerCrashed", "WorkerTimedOut", "venv_for", "venv_var", "venv_python", "stage_modules", "check",
-           "run_module", "worker_env"]
+__all__ = [
+    "WorkerProcess",
+    "ScorerWorkerError",
+    "WorkerCrashed",
+    "WorkerTimedOut",
+    "venv_for",
+    "venv_var",
+    "venv_python",
+    "stage_modules",
+    "check",
+    "run_module",
+    "worker_env",
+]

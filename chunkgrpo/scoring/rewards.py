@@ -84,6 +84,8 @@ def compute_rewards(fns: dict[str, RewardFn], images, prompts) -> dict[str, torc
             raise RuntimeError(f"reward {name!r} returned {r.numel()} values for {len(images)} images")
         bad = (~torch.isfinite(r)).nonzero().flatten().tolist()
         if bad:
-            raise ValueError(f"reward {name!r} is non-finite for samples {bad[:8]} (prompts {[prompts[i] for i in bad[:3]]})")
+            raise ValueError(
+                f"reward {name!r} is non-finite for samples {bad[:8]} (prompts {[prompts[i] for i in bad[:3]]})"
+            )
         out[name] = r
     return out

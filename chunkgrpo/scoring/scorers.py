@@ -88,16 +88,24 @@ class ScorerConfig(Config):
     batch_size: int = option(16, "images per forward pass (and per request to a worker)")
     cache_dir: str | None = option(None, "where s3:// weights are downloaded (default $CHUNKGRPO_CACHE, else "
                                          "~/.cache/chunkgrpo)")
-    multiplier: float = option(1.0, "clip only: multiply the cosine by this (1.0 = plain cosine, 100 = torchmetrics)")
+    multiplier: float = option(
+        1.0, "clip only: multiply the cosine by this (1.0 = plain cosine, 100 = torchmetrics)"
+    )
     model_config: str | None = option(
-        None, "hpsv2/hpsv2.1 only: an open_clip model-config JSON to build instead of ViT-H-14 (its file name "
-              "is the architecture name; e.g. a reduced model for tests)")
+        None,
+        "hpsv2/hpsv2.1 only: an open_clip model-config JSON to build instead of ViT-H-14 (its file name "
+        "is the architecture name; e.g. a reduced model for tests)",
+    )
     venv: str | None = option(
         None, "venv whose python runs this scorer in a worker process (default: $CHUNKGRPO_VENV_<NAME>, e.g. "
               "CHUNKGRPO_VENV_HPSV3; \"\" = in-process even when that variable is set)")
     timeout: float = option(600.0, "worker only: seconds one batch may take before the worker is stopped")
-    load_timeout: float = option(1800.0, "worker only: seconds the worker may take to import its package and load the model")
-    restarts: int = option(2, "worker only: times a crashed worker is restarted (and the batch retried) before failing")
+    load_timeout: float = option(
+        1800.0, "worker only: seconds the worker may take to import its package and load the model"
+    )
+    restarts: int = option(
+        2, "worker only: times a crashed worker is restarted (and the batch retried) before failing"
+    )
 
     def __post_init__(self) -> None:
         self.name = canonical_name(self.name)
@@ -108,11 +116,17 @@ class ScorerConfig(Config):
         if self.multiplier <= 0:
             raise UserError(f"scorer multiplier={self.multiplier} must be > 0")
         if self.multiplier != 1.0 and self.name != "clip":
-            raise UserError(f"multiplier={self.multiplier} only applies to the 'clip' scorer, not {self.name!r}")
+            raise UserError(
+                f"multiplier={self.multiplier} only applies to the 'clip' scorer, not {self.name!r}"
+            )
         if self.model_config and not self.name.startswith("hpsv2"):
-            raise UserError(f"model_config={self.model_config!r} only applies to hpsv2/hpsv2.1, not {self.name!r}")
+            raise UserError(
+                f"model_config={self.model_config!r} only applies to hpsv2/hpsv2.1, not {self.name!r}"
+            )
         if not self.timeout > 0 or not self.load_timeout > 0:
-            raise UserError(f"scorer timeout={self.timeout} and load_timeout={self.load_timeout} must be > 0 seconds")
+            raise UserError(
+                f"scorer timeout={self.timeout} and load_timeout={self.load_timeout} must be > 0 seconds"
+            )
         if self.restarts < 0:
             raise UserError(f"scorer restarts={self.restarts} must be >= 0")
 
@@ -133,7 +147,14 @@ def to_pil_list(images: Any) -> list[Image.Image]:
     if torch is not None and isinstance(images, torch.Tensor):
         if images.ndim != 4 or images.shape[1] != 3:
             raise UserError(f"image tensor must be (n,3,H,W) in [0,1], got shape {tuple(images.shape)}")
-        arr = (images.detach().float().clamp(0, 1) * 255).round().to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy()
+        arr = (
+            (images.detach().float().clamp(0, 1) * 255)
+            .round()
+            .to(torch.uint8)
+            .permute(0, 2, 3, 1)
+            .cpu()
+            .numpy()
+        )
         return [Image.fromarray(a) for a in arr]
     out = []
     for i, im in enumerate(images):
@@ -142,7 +163,9 @@ def to_pil_list(images: Any) -> list[Image.Image]:
         elif isinstance(im, np.ndarray) and im.ndim == 3 and im.dtype == np.uint8:
             out.append(Image.fromarray(im).convert("RGB"))
         else:
-            raise UserError(f"images[{i}] is a {type(im).__name__}; expected a PIL image or an HWC uint8 array")
+            raise UserError(
+                f"images[{i}] is a {type(im).__name__}; expected a PIL image or an HWC uint8 array"
+            )
     return out
 
 
@@ -216,7 +239,9 @@ def preflight_scorer(name: str, **cfg: Any) -> None:
     the package (in its venv when configured) and the files the package needs besides weights."""
     conf = ScorerConfig.from_dict({"name": name, **cfg})
     if conf.weights is None or str(conf.weights).strip() == "":
-        raise UserError(f"scorer {conf.name!r} needs weights: set them to a local directory or an s3:// prefix")
+        raise UserError(
+            f"scorer {conf.name!r} needs weights: set them to a local directory or an s3:// prefix"
+        )
     if not str(conf.weights).startswith("s3://"):
         resolve_weights(conf.weights, what=conf.name)
     check_scorer_package(conf.name, conf.venv)
@@ -251,11 +276,15 @@ class Scorer:
                        .detach().float().reshape(-1).cpu())
         scores = torch.cat(out)
         if scores.shape != (len(images),):
-            raise ScorerError(f"{self.name}: backend returned {tuple(scores.shape)} scores for {len(images)} images")
+            raise ScorerError(
+                f"{self.name}: backend returned {tuple(scores.shape)} scores for {len(images)} images"
+            )
         bad = (~torch.isfinite(scores)).nonzero().flatten().tolist()
         if bad:
-            raise ScorerError(f"{self.name} returned non-finite scores for images {bad[:8]} "
-                              f"(prompts {[prompts[i] for i in bad[:3]]}); check the weights ({self._weights()})")
+            raise ScorerError(
+                f"{self.name} returned non-finite scores for images {bad[:8]} "
+                f"(prompts {[prompts[i] for i in bad[:3]]}); check the weights ({self._weights()})"
+            )
         return scores
 
     __call__ = score
@@ -299,9 +328,16 @@ class _HFClipScorer(Scorer):
                  multiplier: float = 1.0) -> None:
         self.batch_size = batch_size
         self.weights_source = weights_source or str(model_dir)
-        self.backend = _spec_errors(lambda: B.ClipBackend(
-            self.name, str(model_dir), str(processor_dir) if processor_dir else None, device=device, dtype=dtype,
-            multiplier=multiplier))
+        self.backend = _spec_errors(
+            lambda: B.ClipBackend(
+                self.name,
+                str(model_dir),
+                str(processor_dir) if processor_dir else None,
+                device=device,
+                dtype=dtype,
+                multiplier=multiplier,
+            )
+        )
 
     preprocess = property(lambda self: self.backend.preprocess,
                           lambda self, value: setattr(self.backend, "preprocess", value))
@@ -342,7 +378,9 @@ class InProcessScorer(Scorer):
     """A reward-package backend (`chunkgrpo.scoring.backends.load_backend`) in this process: the package
     must be importable here."""
 
-    def __init__(self, name: str, spec: dict, *, batch_size: int = 16, weights_source: str | None = None) -> None:
+    def __init__(
+        self, name: str, spec: dict, *, batch_size: int = 16, weights_source: str | None = None
+    ) -> None:
         self.name = name
         self.batch_size = batch_size
         self.weights_source = weights_source or spec.get("weights")
@@ -409,13 +447,21 @@ class WorkerScorer(Scorer):
                 raise ScorerWorkerError(f"{self.worker.describe()} returned {scores.shape[0]} scores for "
                                         f"{len(images)} images")
             return scores.astype(np.float64)
-        raise WC.WorkerCrashed(f"{last} - gave up after {self.restarts + 1} attempts ({self.restarts} restarts; "
-                               "raise `restarts` or read the log)")
+        raise WC.WorkerCrashed(
+            f"{last} - gave up after {self.restarts + 1} attempts ({self.restarts} restarts; "
+            "raise `restarts` or read the log)"
+        )
 
     @property
     def info(self) -> dict:
-        return {**self._ready.get("info", {}), "weights": self.weights_source, "runs": "worker",
-                "venv": str(self.venv), "runtime": self._ready.get("runtime", {}), "worker_restarts": self.restarted}
+        return {
+            **self._ready.get("info", {}),
+            "weights": self.weights_source,
+            "runs": "worker",
+            "venv": str(self.venv),
+            "runtime": self._ready.get("runtime", {}),
+            "worker_restarts": self.restarted,
+        }
 
     def close(self) -> None:
         self.worker.close()
@@ -445,8 +491,12 @@ def scorer_spec(conf: ScorerConfig, *, fetch: Fetch | None = None) -> dict:
     if n in ("clip", "pickscore"):
         proc = resolve_weights(conf.processor, what=f"{n} processor", cache_dir=conf.cache_dir, fetch=fetch) \
             if conf.processor else None
-        spec.update(weights=str(w.resolve()), processor=str(proc.resolve()) if proc else None, dtype=conf.dtype,
-                    multiplier=conf.multiplier)
+        spec.update(
+            weights=str(w.resolve()),
+            processor=str(proc.resolve()) if proc else None,
+            dtype=conf.dtype,
+            multiplier=conf.multiplier,
+        )
     elif n.startswith("hpsv2"):
         fname = "HPS_v2.1_compressed.pt" if n == "hpsv2.1" else "HPS_v2_compressed.pt"
         spec["weights"] = _local(w / fname if w.is_dir() else w, n, "checkpoint")
@@ -460,8 +510,11 @@ def scorer_spec(conf: ScorerConfig, *, fetch: Fetch | None = None) -> dict:
     elif n == "hpsv3":
         spec["weights"] = _local(w / "HPSv3.safetensors" if w.is_dir() else w, n,
                                  "checkpoint (expected HPSv3.safetensors)")
-        base = resolve_weights(conf.processor, what="hpsv3 base model", cache_dir=conf.cache_dir, fetch=fetch) \
-            if conf.processor else None
+        base = (
+            resolve_weights(conf.processor, what="hpsv3 base model", cache_dir=conf.cache_dir, fetch=fetch)
+            if conf.processor
+            else None
+        )
         if base is None and w.is_dir() and (w / "Qwen2-VL-7B-Instruct").is_dir():
             base = w / "Qwen2-VL-7B-Instruct"
         spec["processor"] = str(base.resolve()) if base else None
@@ -491,6 +544,13 @@ def get_scorer(name: str, *, fetch: Fetch | None = None, **cfg: Any) -> Scorer:
                             load_timeout=conf.load_timeout, restarts=conf.restarts, weights_source=src)
     if n in ("clip", "pickscore"):
         cls = ClipScorer if n == "clip" else PickScoreScorer
-        return cls(Path(spec["weights"]), Path(spec["processor"]) if spec["processor"] else None, device=conf.device,
-                   dtype=conf.dtype, batch_size=conf.batch_size, weights_source=src, multiplier=conf.multiplier)
+        return cls(
+            Path(spec["weights"]),
+            Path(spec["processor"]) if spec["processor"] else None,
+            device=conf.device,
+            dtype=conf.dtype,
+            batch_size=conf.batch_size,
+            weights_source=src,
+            multiplier=conf.multiplier,
+        )
     return InProcessScorer(n, spec, batch_size=conf.batch_size, weights_source=src)

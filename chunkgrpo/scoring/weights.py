@@ -18,10 +18,9 @@ import shutil
 from pathlib import Path
 from typing import Any, Callable
 
-from chunkgrpo.store import parse_s3_uri
-from chunkgrpo.store.cache import cache_root, cached_file, cached_folder, cached_prefix
-from chunkgrpo.store import client
 from chunkgrpo.errors import UserError
+from chunkgrpo.store import client, parse_s3_uri
+from chunkgrpo.store.cache import cache_root, cached_file, cached_folder, cached_prefix
 
 Fetch = Callable[[str, Path], Any]
 """A weights fetch hook: `fetch(uri, dest_dir)` downloads everything under `uri` into `dest_dir`."""

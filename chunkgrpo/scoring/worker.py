@@ -95,7 +95,12 @@ def runtime_info(name: str, backend: Backend | None = None) -> dict:
     import importlib.metadata as md
 
     module, dist = PACKAGES.get(name, (None, None))
-    info: dict[str, Any] = {"python": sys.executable, "prefix": sys.prefix, "pid": os.getpid(), "protocol": PROTOCOL}
+    info: dict[str, Any] = {
+        "python": sys.executable,
+        "prefix": sys.prefix,
+        "pid": os.getpid(),
+        "protocol": PROTOCOL,
+    }
     mod = sys.modules.get(module) if module else None
     if mod is not None:
         info["package"] = dist

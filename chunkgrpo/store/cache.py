@@ -11,15 +11,16 @@ from pathlib import Path
 
 from chunkgrpo.errors import UserError
 from chunkgrpo.locks import FileLock
-from chunkgrpo.store import IncompleteArtifactError, parse_s3_uri, s3_uri
-from chunkgrpo.store import client
+from chunkgrpo.store import IncompleteArtifactError, client, parse_s3_uri, s3_uri
 from chunkgrpo.store.client import folder_prefix
 from chunkgrpo.store.manifest import MANIFEST_NAME
 
 
 def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
     """The local download cache: `cache_dir`, else $CHUNKGRPO_CACHE, else ~/.cache/chunkgrpo."""
-    return Path(cache_dir or os.environ.get("CHUNKGRPO_CACHE") or Path.home() / ".cache" / "chunkgrpo").expanduser()
+    return Path(
+        cache_dir or os.environ.get("CHUNKGRPO_CACHE") or Path.home() / ".cache" / "chunkgrpo"
+    ).expanduser()
 
 
 def _entry_lock(entry: Path) -> FileLock:
@@ -59,7 +60,9 @@ def cached_folder(uri: str, kind: str = "artifacts", cache_dir: str | Path | Non
     store = client.ArtifactStore()  # looked up on the module: tests substitute a fake store
     manifest = store.read_manifest(uri)
     if manifest is None:
-        raise IncompleteArtifactError(f"{uri} is not a complete folder in S3 (no {MANIFEST_NAME}); was the upload finished?")
+        raise IncompleteArtifactError(
+            f"{uri} is not a complete folder in S3 (no {MANIFEST_NAME}); was the upload finished?"
+        )
     stamp = target / ".manifest-sha256"
     with _entry_lock(target):
         if not (stamp.exists() and stamp.read_text() == manifest.sha256):

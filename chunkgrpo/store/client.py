@@ -23,9 +23,16 @@ from urllib.parse import urlsplit
 
 from chunkgrpo.config import Config, option
 from chunkgrpo.errors import UserError
-from chunkgrpo.store import (ChecksumMismatchError, IncompleteArtifactError, StoreError, _check_bucket_name,
-                             _check_key, parse_s3_uri, s3_uri)
-from chunkgrpo.store.manifest import CHUNK, MANIFEST_NAME, MiB, Manifest, build_manifest, file_sha256
+from chunkgrpo.store import (
+    ChecksumMismatchError,
+    IncompleteArtifactError,
+    StoreError,
+    _check_bucket_name,
+    _check_key,
+    parse_s3_uri,
+    s3_uri,
+)
+from chunkgrpo.store.manifest import CHUNK, MANIFEST_NAME, Manifest, MiB, build_manifest, file_sha256
 
 log = logging.getLogger(__name__)
 
@@ -57,21 +64,31 @@ def folder_prefix(prefix: str) -> str:
 class StoreConfig(Config):
     """Where artifacts live. Empty values are filled from the environment (see module doc)."""
 
-    endpoint: str = option("", "S3 endpoint: http(s)://host:port or host[:port]; default $CHUNKGRPO_S3_ENDPOINT")
+    endpoint: str = option(
+        "", "S3 endpoint: http(s)://host:port or host[:port]; default $CHUNKGRPO_S3_ENDPOINT"
+    )
     bucket: str = option("", "default bucket for relative keys; default $CHUNKGRPO_S3_BUCKET or 'chunkgrpo'")
     region: str = option("", "S3 region; default $AWS_DEFAULT_REGION / $AWS_REGION or 'us-east-1'")
     secure: bool | None = option(None, "use TLS; null = from the endpoint scheme (no scheme -> TLS on)")
-    verify_tls: bool = option(True, "verify the server certificate (turn off only for self-signed test setups)")
-    ca_bundle: str = option("", "CA bundle file for a private TLS endpoint; default $AWS_CA_BUNDLE / $SSL_CERT_FILE")
+    verify_tls: bool = option(
+        True, "verify the server certificate (turn off only for self-signed test setups)"
+    )
+    ca_bundle: str = option(
+        "", "CA bundle file for a private TLS endpoint; default $AWS_CA_BUNDLE / $SSL_CERT_FILE"
+    )
     access_key: str = option("", "access key id; default $AWS_ACCESS_KEY_ID (not secret, shown in errors)")
     # The secret never appears in repr() or to_dict(); in the cluster it comes from a Secret as env.
     secret_key: str = dataclasses.field(
         default="", repr=False,
         metadata={"help": "secret key; default $AWS_SECRET_ACCESS_KEY. Never logged or serialised"})
-    part_size_mb: int = option(64, "multipart part size in MiB (>= 5); raised automatically for files > 10000 parts")
+    part_size_mb: int = option(
+        64, "multipart part size in MiB (>= 5); raised automatically for files > 10000 parts"
+    )
     parallel_parts: int = option(2, "parts uploaded in parallel per file")
     workers: int = option(4, "files transferred in parallel by put_folder/get_folder")
-    retries: int = option(6, "attempts per operation on transient errors (connection refused/reset, 5xx, SlowDown)")
+    retries: int = option(
+        6, "attempts per operation on transient errors (connection refused/reset, 5xx, SlowDown)"
+    )
     backoff_s: float = option(0.5, "first retry delay in seconds; doubles per attempt (with jitter)")
     max_backoff_s: float = option(8.0, "cap on a single retry delay in seconds")
     connect_timeout_s: float = option(10.0, "TCP connect timeout in seconds")
@@ -194,7 +211,8 @@ class ArtifactStore:
         if not self.config.endpoint:
             raise UserError(
                 "no S3 endpoint configured: set CHUNKGRPO_S3_ENDPOINT (or store.endpoint); for a local one run "
-                "`chunkgrpo local up` and `eval \"$(chunkgrpo local env)\"`")
+                '`chunkgrpo local up` and `eval "$(chunkgrpo local env)"`'
+            )
         if not self.config.access_key or not self.config.secret_key:
             raise UserError(
                 f"no S3 credentials for {self.config.url}: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
@@ -247,13 +265,14 @@ class ArtifactStore:
         for attempt in range(1, c.retries + 1):
             try:
                 return fn()
-            except Exception as exc:  # noqa: BLE001 - classified below
+            except Exception as exc:
                 kind = classify_error(exc)
                 if kind == "auth":
                     raise UserError(
                         f"S3 authentication failed at {c.url} for access key id {c.access_key!r} while {what}: "
                         f"{getattr(exc, 'code', '') or type(exc).__name__} — check AWS_ACCESS_KEY_ID/"
-                        "AWS_SECRET_ACCESS_KEY (the Kubernetes Secret) and the bucket policy") from None
+                        "AWS_SECRET_ACCESS_KEY (the Kubernetes Secret) and the bucket policy"
+                    ) from None
                 if getattr(exc, "code", "") == "RequestTimeTooSkewed":
                     raise UserError(
                         f"S3 at {c.url} refused the request while {what}: this machine's clock differs "
@@ -262,14 +281,17 @@ class ArtifactStore:
                 if kind == "missing" and getattr(exc, "code", "") == "NoSuchBucket":
                     raise UserError(
                         f"bucket {getattr(exc, 'bucket_name', None) or self.bucket!r} does not exist at {c.url} "
-                        "(create it: ArtifactStore.ensure_bucket(), or `chunkgrpo local up` locally)") from None
+                        "(create it: ArtifactStore.ensure_bucket(), or `chunkgrpo local up` locally)"
+                    ) from None
                 if kind != "transient":
                     raise
                 if attempt == c.retries:
                     raise StoreError(
                         f"S3 at {c.url} still failing after {c.retries} attempts while {what}: "
                         f"{_short(exc)}") from exc
-                delay = min(c.max_backoff_s, c.backoff_s * 2 ** (attempt - 1)) * (0.75 + 0.5 * random.random())
+                delay = min(c.max_backoff_s, c.backoff_s * 2 ** (attempt - 1)) * (
+                    0.75 + 0.5 * random.random()
+                )
                 log.warning("S3 %s failed (%s); retry %d/%d in %.1fs", what, _short(exc), attempt,
                             c.retries - 1, delay)
                 self._sleep(delay)
@@ -313,8 +335,15 @@ class ArtifactStore:
             part = math.ceil(need / MiB) * MiB
         return max(part, _MIN_PART)
 
-    def put_file(self, local_path: str | Path, key: str, *, sha256: str | None = None,
-                 content_type: str = "application/octet-stream", metadata: dict[str, str] | None = None) -> dict:
+    def put_file(
+        self,
+        local_path: str | Path,
+        key: str,
+        *,
+        sha256: str | None = None,
+        content_type: str = "application/octet-stream",
+        metadata: dict[str, str] | None = None,
+    ) -> dict:
         """Stream one file up (multipart above part_size). Stores its sha256 as object metadata.
 
         Returns {"uri", "key", "size", "sha256", "etag"}.
@@ -336,7 +365,9 @@ class ArtifactStore:
                     bucket, key, reader, size, content_type=content_type, metadata=meta,
                     part_size=self._part_size(size), num_parallel_uploads=self.config.parallel_parts)
             if reader.sha.hexdigest() != digest:
-                raise ChecksumMismatchError(f"{local_path} changed while it was being uploaded to {s3_uri(bucket, key)}")
+                raise ChecksumMismatchError(
+                    f"{local_path} changed while it was being uploaded to {s3_uri(bucket, key)}"
+                )
             return res
 
         res = self._retry(f"uploading {s3_uri(bucket, key)}", go)
@@ -365,7 +396,9 @@ class ArtifactStore:
                 resp.close()
                 resp.release_conn()
 
-        return self._missing_as_fnf(s3_uri(bucket, key), lambda: self._retry(f"reading {s3_uri(bucket, key)}", go))
+        return self._missing_as_fnf(
+            s3_uri(bucket, key), lambda: self._retry(f"reading {s3_uri(bucket, key)}", go)
+        )
 
     def _missing_as_fnf(self, uri: str, fn: Callable[[], T]) -> T:
         from minio.error import S3Error
@@ -463,7 +496,9 @@ class ArtifactStore:
         def go() -> None:
             errors = list(self._client.remove_objects(bucket, (DeleteObject(k) for k in rest)))
             if errors:
-                raise StoreError(f"could not delete {len(errors)} objects under {s3_uri(bucket, key)}: {errors[0]}")
+                raise StoreError(
+                    f"could not delete {len(errors)} objects under {s3_uri(bucket, key)}: {errors[0]}"
+                )
 
         if rest:
             self._retry(f"deleting under {s3_uri(bucket, key)}", go)
@@ -545,7 +580,9 @@ class ArtifactStore:
         manifest = build_manifest(local_dir, meta)
         if self.is_complete(uri):
             if not overwrite:
-                raise UserError(f"{uri} already holds a complete folder artifact (pass overwrite=True to replace it)")
+                raise UserError(
+                    f"{uri} already holds a complete folder artifact (pass overwrite=True to replace it)"
+                )
             log.info("replacing complete folder %s", uri)
             self.delete(s3_uri(bucket, base + MANIFEST_NAME))
 
@@ -562,7 +599,9 @@ class ArtifactStore:
                  if e.key[len(base):] not in manifest.files and e.key != base + MANIFEST_NAME]
         for k in stale:
             self.delete(s3_uri(bucket, k))
-        self.put_bytes(manifest.to_json(), s3_uri(bucket, base + MANIFEST_NAME), content_type="application/json")
+        self.put_bytes(
+            manifest.to_json(), s3_uri(bucket, base + MANIFEST_NAME), content_type="application/json"
+        )
         dt = time.perf_counter() - t0
         log.info("uploaded %s: %d files, %.1f MB in %.1fs (%.0f MB/s)", uri, len(manifest.files),
                  manifest.total_bytes / 1e6, dt, manifest.total_bytes / 1e6 / max(dt, 1e-9))
@@ -580,8 +619,11 @@ class ArtifactStore:
         manifest = self.read_manifest(uri)
         if manifest is None:
             n = len(self.list(s3_uri(bucket, base))) if base else 0
-            detail = (f"it holds {n} objects but no {MANIFEST_NAME}: the upload was interrupted or is still running"
-                      if n else "nothing is stored there")
+            detail = (
+                f"it holds {n} objects but no {MANIFEST_NAME}: the upload was interrupted or is still running"
+                if n
+                else "nothing is stored there"
+            )
             raise IncompleteArtifactError(f"{uri} is not a complete folder artifact ({detail})")
         local_dir = Path(local_dir)
         local_dir.mkdir(parents=True, exist_ok=True)

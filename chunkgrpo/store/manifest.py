@@ -49,7 +49,9 @@ class Manifest:
     @property
     def content_sha256(self) -> str:
         """Digest of the file list only (path, sha256, size): equal for equal content, any time."""
-        body = json.dumps({k: [self.files[k]["sha256"], int(self.files[k]["size"])] for k in sorted(self.files)})
+        body = json.dumps(
+            {k: [self.files[k]["sha256"], int(self.files[k]["size"])] for k in sorted(self.files)}
+        )
         return hashlib.sha256(body.encode()).hexdigest()
 
     @classmethod

@@ -49,7 +49,9 @@ def make_tiny_clip(folder: str | os.PathLike, *, seed: int = 0, image_size: int 
     vocab, merges = build_clip_bpe()
     (folder / "vocab.json").write_text(json.dumps(vocab))
     (folder / "merges.txt").write_text("#version: 0.2\n" + "\n".join(merges) + "\n")
-    tok = CLIPTokenizer(vocab=str(folder / "vocab.json"), merges=str(folder / "merges.txt"), model_max_length=77)
+    tok = CLIPTokenizer(
+        vocab=str(folder / "vocab.json"), merges=str(folder / "merges.txt"), model_max_length=77
+    )
     tok.save_pretrained(str(folder))
     eos = vocab["<|endoftext|>"]
     torch.manual_seed(seed)
@@ -62,10 +64,23 @@ def make_tiny_clip(folder: str | os.PathLike, *, seed: int = 0, image_size: int 
         projection_dim=projection_dim, logit_scale_init_value=logit_scale,
     )
     CLIPModel(config).save_pretrained(str(folder))
-    (folder / "preprocessor_config.json").write_text(json.dumps({
-        "image_processor_type": "CLIPImageProcessor", "do_resize": True, "size": {"shortest_edge": image_size},
-        "do_center_crop": True, "crop_size": {"height": image_size, "width": image_size}, "do_rescale": True,
-        "rescale_factor": 1 / 255, "do_normalize": True, "image_mean": list(OPENAI_CLIP_MEAN),
-        "image_std": list(OPENAI_CLIP_STD), "resample": 3, "do_convert_rgb": True,
-    }, indent=2))
+    (folder / "preprocessor_config.json").write_text(
+        json.dumps(
+            {
+                "image_processor_type": "CLIPImageProcessor",
+                "do_resize": True,
+                "size": {"shortest_edge": image_size},
+                "do_center_crop": True,
+                "crop_size": {"height": image_size, "width": image_size},
+                "do_rescale": True,
+                "rescale_factor": 1 / 255,
+                "do_normalize": True,
+                "image_mean": list(OPENAI_CLIP_MEAN),
+                "image_std": list(OPENAI_CLIP_STD),
+                "resample": 3,
+                "do_convert_rgb": True,
+            },
+            indent=2,
+        )
+    )
     return folder

@@ -84,7 +84,9 @@ def build_clip_tokenizer(out_dir: Path, corpus: list[str] = _CORPUS, max_merges:
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "vocab.json").write_text(json.dumps(vocab))
     (out_dir / "merges.txt").write_text("#version: 0.2\n" + "\n".join(f"{a} {b}" for a, b in merges) + "\n")
-    tok = CLIPTokenizer(vocab=str(out_dir / "vocab.json"), merges=str(out_dir / "merges.txt"), model_max_length=77)
+    tok = CLIPTokenizer(
+        vocab=str(out_dir / "vocab.json"), merges=str(out_dir / "merges.txt"), model_max_length=77
+    )
     return tok
 
 
@@ -117,8 +119,10 @@ def _check_target(out: Path, overwrite: bool) -> None:
         raise UserError(f"--out {out} is a non-empty directory; refusing to replace it "
                         "(pass --overwrite to replace an earlier tiny model, or choose another path)")
     if not (out / MARKER).is_file():
-        raise UserError(f"--out {out} is a non-empty directory not made by `chunkgrpo tiny-model` (no {MARKER}); "
-                        "refusing to delete it even with --overwrite")
+        raise UserError(
+            f"--out {out} is a non-empty directory not made by `chunkgrpo tiny-model` (no {MARKER}); "
+            "refusing to delete it even with --overwrite"
+        )
     foreign = _foreign_files(out)
     if foreign:
         raise UserError(f"--out {out} is an earlier tiny model but holds {len(foreign)} file(s) "
@@ -153,7 +157,9 @@ def _foreign_files(out: Path) -> list[str]:
     return sorted(p for p in present if recorded.get(p) != now.get(p))
 
 
-def build_tiny_flux(out_dir: str | Path, *, seed: int = 0, size: str = "tiny", overwrite: bool = True) -> Path:
+def build_tiny_flux(
+    out_dir: str | Path, *, seed: int = 0, size: str = "tiny", overwrite: bool = True
+) -> Path:
     """Write a diffusers FLUX pipeline folder with random weights. Returns the folder.
 
     An existing non-empty `out_dir` is replaced only if `overwrite` and it is an earlier tiny model
@@ -186,13 +192,26 @@ def build_tiny_flux(out_dir: str | Path, *, seed: int = 0, size: str = "tiny", o
             block_out_channels=cfg["vae_channels"], layers_per_block=1, norm_num_groups=4, sample_size=64,
             use_quant_conv=False, use_post_quant_conv=False, shift_factor=0.1159, scaling_factor=0.3611)
         transformer = FluxTransformer2DModel(
-            patch_size=1, in_channels=64, num_layers=cfg["num_layers"], num_single_layers=cfg["num_single_layers"],
-            attention_head_dim=cfg["attention_head_dim"], num_attention_heads=cfg["num_attention_heads"],
-            joint_attention_dim=cfg["text_dim"], pooled_projection_dim=cfg["clip_dim"],
-            guidance_embeds=cfg["guidance_embeds"], axes_dims_rope=list(cfg["axes_dims_rope"]))
+            patch_size=1,
+            in_channels=64,
+            num_layers=cfg["num_layers"],
+            num_single_layers=cfg["num_single_layers"],
+            attention_head_dim=cfg["attention_head_dim"],
+            num_attention_heads=cfg["num_attention_heads"],
+            joint_attention_dim=cfg["text_dim"],
+            pooled_projection_dim=cfg["clip_dim"],
+            guidance_embeds=cfg["guidance_embeds"],
+            axes_dims_rope=list(cfg["axes_dims_rope"]),
+        )
         pipe = FluxPipeline(
-            scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0), vae=vae, text_encoder=text_encoder,
-            tokenizer=tokenizer, text_encoder_2=text_encoder_2, tokenizer_2=tokenizer_2, transformer=transformer)
+            scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0),
+            vae=vae,
+            text_encoder=text_encoder,
+            tokenizer=tokenizer,
+            text_encoder_2=text_encoder_2,
+            tokenizer_2=tokenizer_2,
+            transformer=transformer,
+        )
         out.parent.mkdir(parents=True, exist_ok=True)
         # staged under a fresh unique name next to the target: only folders made here are ever removed
         staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))

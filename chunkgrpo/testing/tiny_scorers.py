@@ -61,12 +61,31 @@ def build_hpsv2(out: Path, seed: int = 0) -> dict:
     oc.add_model_config(cfg)
     torch.manual_seed(seed)
     model, _, _ = oc.create_model_and_transforms(
-        "tiny-hpsv2", None, precision="amp", device="cpu", jit=False, force_quick_gelu=False, force_custom_text=False,
-        force_patch_dropout=False, force_image_size=None, pretrained_image=False, image_mean=None, image_std=None,
-        light_augmentation=True, aug_cfg={}, output_dict=True, with_score_predictor=False, with_region_predictor=False)
+        "tiny-hpsv2",
+        None,
+        precision="amp",
+        device="cpu",
+        jit=False,
+        force_quick_gelu=False,
+        force_custom_text=False,
+        force_patch_dropout=False,
+        force_image_size=None,
+        pretrained_image=False,
+        image_mean=None,
+        image_std=None,
+        light_augmentation=True,
+        aug_cfg={},
+        output_dict=True,
+        with_score_predictor=False,
+        with_region_predictor=False,
+    )
     ckpt = out / "HPS_v2.1_compressed.pt"
     torch.save({"state_dict": model.state_dict()}, ckpt)
-    return {"weights": str(ckpt), "model_config": str(cfg), "model_class": type(model).__module__ + "." + type(model).__qualname__}
+    return {
+        "weights": str(ckpt),
+        "model_config": str(cfg),
+        "model_class": type(model).__module__ + "." + type(model).__qualname__,
+    }
 
 
 # ---- imagereward -------------------------------------------------------------------------------
@@ -74,7 +93,9 @@ def build_hpsv2(out: Path, seed: int = 0) -> dict:
 
 def _bert_vocab() -> list[str]:
     words = sorted({w for line in _CORPUS for w in line.split()})
-    chars = [chr(c) for c in range(ord("a"), ord("z") + 1)] + [str(d) for d in range(10)] + list(".,!?'-:;()\"")
+    chars = (
+        [chr(c) for c in range(ord("a"), ord("z") + 1)] + [str(d) for d in range(10)] + list(".,!?'-:;()\"")
+    )
     return ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + chars + ["##" + c for c in chars] + words
 
 
@@ -90,8 +111,17 @@ def write_bert_cache(hf_home: Path) -> Path:
     (snap / "vocab.txt").write_text(text)
     _save_json(snap / "tokenizer_config.json", {"do_lower_case": True, "model_max_length": 512,
                                                 "tokenizer_class": "BertTokenizer"})
-    _save_json(snap / "config.json", {"model_type": "bert", "vocab_size": len(vocab), "hidden_size": 768,
-                                      "num_hidden_layers": 2, "num_attention_heads": 12, "intermediate_size": 256})
+    _save_json(
+        snap / "config.json",
+        {
+            "model_type": "bert",
+            "vocab_size": len(vocab),
+            "hidden_size": 768,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 12,
+            "intermediate_size": 256,
+        },
+    )
     (repo / "refs").mkdir(exist_ok=True)
     (repo / "refs" / "main").write_text(rev)
     return snap
@@ -102,17 +132,32 @@ def build_imagereward(out: Path, seed: int = 0) -> dict:
     write_bert_cache(hf_home)
     os.environ["HF_HOME"] = str(hf_home)  # before huggingface_hub is imported: it reads HF_HOME once
     os.environ["HF_HUB_OFFLINE"] = "1"
+    import ImageReward as RM
     import torch
 
-    import ImageReward as RM
-
     med = out / "med_config.json"
-    _save_json(med, {  # BLIP's med_config (bert-base + cross-attention), 2 layers; hidden 768 fixed by MLP(768)
-        "architectures": ["BertModel"], "attention_probs_dropout_prob": 0.1, "hidden_act": "gelu",
-        "hidden_dropout_prob": 0.1, "hidden_size": 768, "initializer_range": 0.02, "intermediate_size": 256,
-        "layer_norm_eps": 1e-12, "max_position_embeddings": 512, "model_type": "bert", "num_attention_heads": 12,
-        "num_hidden_layers": 2, "pad_token_id": 0, "type_vocab_size": 2, "vocab_size": len(_bert_vocab()) + 2,
-        "encoder_width": 1024, "add_cross_attention": True})
+    _save_json(
+        med,
+        {  # BLIP's med_config (bert-base + cross-attention), 2 layers; hidden 768 fixed by MLP(768)
+            "architectures": ["BertModel"],
+            "attention_probs_dropout_prob": 0.1,
+            "hidden_act": "gelu",
+            "hidden_dropout_prob": 0.1,
+            "hidden_size": 768,
+            "initializer_range": 0.02,
+            "intermediate_size": 256,
+            "layer_norm_eps": 1e-12,
+            "max_position_embeddings": 512,
+            "model_type": "bert",
+            "num_attention_heads": 12,
+            "num_hidden_layers": 2,
+            "pad_token_id": 0,
+            "type_vocab_size": 2,
+            "vocab_size": len(_bert_vocab()) + 2,
+            "encoder_width": 1024,
+            "add_cross_attention": True,
+        },
+    )
     torch.manual_seed(seed)
     model = RM.ImageReward(med_config=str(med), device="cpu")
     # The package initialises its MLP head with std 1/(768+1) in every layer, which makes an untrained head
@@ -148,8 +193,13 @@ CHAT_TEMPLATE = (
 def build_qwen2vl_base(base: Path, corpus: list[str], seed: int = 0) -> Path:
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import (Qwen2TokenizerFast, Qwen2VLConfig, Qwen2VLForConditionalGeneration,
-                              Qwen2VLImageProcessor, Qwen2VLProcessor)
+    from transformers import (
+        Qwen2TokenizerFast,
+        Qwen2VLConfig,
+        Qwen2VLForConditionalGeneration,
+        Qwen2VLImageProcessor,
+        Qwen2VLProcessor,
+    )
 
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -163,30 +213,58 @@ def build_qwen2vl_base(base: Path, corpus: list[str], seed: int = 0) -> Path:
     ids = {t: tok.convert_tokens_to_ids(t) for t in QWEN_SPECIAL}
     image_processor = Qwen2VLImageProcessor(min_pixels=56 * 56, max_pixels=28 * 28 * 1280, patch_size=14,
                                             temporal_patch_size=2, merge_size=2)
-    Qwen2VLProcessor(image_processor=image_processor, tokenizer=tok, chat_template=CHAT_TEMPLATE).save_pretrained(base)
+    Qwen2VLProcessor(
+        image_processor=image_processor, tokenizer=tok, chat_template=CHAT_TEMPLATE
+    ).save_pretrained(base)
     config = Qwen2VLConfig(
-        vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=4096, tie_word_embeddings=False,
+        vocab_size=len(tok),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        tie_word_embeddings=False,
         rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]},  # sums to head_dim / 2 = 8
-        vision_config={"depth": 2, "embed_dim": 32, "hidden_size": 64, "num_heads": 2, "mlp_ratio": 2,
-                       "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2, "in_chans": 3},
-        bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|endoftext|>"],
-        vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
-        vision_token_id=ids["<|vision_pad|>"], image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"])
+        vision_config={
+            "depth": 2,
+            "embed_dim": 32,
+            "hidden_size": 64,
+            "num_heads": 2,
+            "mlp_ratio": 2,
+            "patch_size": 14,
+            "spatial_merge_size": 2,
+            "temporal_patch_size": 2,
+            "in_chans": 3,
+        },
+        bos_token_id=ids["<|endoftext|>"],
+        eos_token_id=ids["<|im_end|>"],
+        pad_token_id=ids["<|endoftext|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+        vision_token_id=ids["<|vision_pad|>"],
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+    )
     torch.manual_seed(seed)
     Qwen2VLForConditionalGeneration(config).save_pretrained(base)
     return base
 
 
 def build_hpsv3(out: Path, seed: int = 0) -> dict:
+    import hpsv3
     import torch
     import yaml
-    from safetensors.torch import save_file
-
-    import hpsv3
     from hpsv3.dataset.data_collator_qwen import INSTRUCTION, prompt_with_special_token
     from hpsv3.train import create_model_and_processor
-    from hpsv3.utils.parser import DataConfig, ModelConfig, PEFTLoraConfig, TrainingConfig, parse_args_with_yaml
+    from hpsv3.utils.parser import (
+        DataConfig,
+        ModelConfig,
+        PEFTLoraConfig,
+        TrainingConfig,
+        parse_args_with_yaml,
+    )
+    from safetensors.torch import save_file
 
     base = build_qwen2vl_base(out / "Qwen2-VL-tiny", [INSTRUCTION, prompt_with_special_token] + _CORPUS, seed)
     cfg = yaml.safe_load((Path(hpsv3.__file__).parent / "config" / "HPSv3_7B.yaml").read_text())

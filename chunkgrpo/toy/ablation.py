@@ -54,7 +54,13 @@ from pathlib import Path
 from chunkgrpo.config import Config, option
 from chunkgrpo.errors import UserError
 from chunkgrpo.toy.ablation_design import METHODS, PRIMARY, PRIOR_SD, design
-from chunkgrpo.toy.ablation_report import aggregate, markdown, nightly_summary, plot_curves, plot_learning_curves
+from chunkgrpo.toy.ablation_report import (
+    aggregate,
+    markdown,
+    nightly_summary,
+    plot_curves,
+    plot_learning_curves,
+)
 from chunkgrpo.toy.ablation_runs import base_one, engine_fingerprint, run_one
 from chunkgrpo.toy.power import seeds_needed, sequential_decision
 
@@ -65,38 +71,64 @@ log = logging.getLogger(__name__)
 class AblationConfig(Config):
     """The toy-world ablation (see the module docstring)."""
 
-    model: str = option("", "toy model folder (`chunkgrpo toy-model --out DIR`); '' = build/reuse the default one "
-                            "in .chunkgrpo/models/toy")
+    model: str = option(
+        "",
+        "toy model folder (`chunkgrpo toy-model --out DIR`); '' = build/reuse the default one "
+        "in .chunkgrpo/models/toy",
+    )
     out: str = option("benchmarks/results/ablation", "results folder (per-run cache, JSON, Markdown, PNG)")
-    methods: list[str] = option(list(METHODS), f"methods to run, of {list(METHODS)}; must hold the primary pair")
+    methods: list[str] = option(
+        list(METHODS), f"methods to run, of {list(METHODS)}; must hold the primary pair"
+    )
     seeds: int = option(0, "training seeds of the primary pair (0 = the power calculation's number for "
                            "primary_delta at assumed_sd)")
     secondary_seeds: int = option(0, "training seeds of the other methods (0 = as many as the primary pair)")
     first_seed: int = option(0, "first training seed")
-    steps: int = option(72, "optimizer steps per step/chunk run; branching runs stop at the same transformer samples")
-    eval_points: int = option(4, "evaluations per run, evenly spaced over its budget (the last one is the endpoint)")
-    timestep_fraction: float = option(0.6667, "chunk arms train int(K·fraction) of their K chunks per sample; step "
-                                      "arms get the fraction that trains the same expected transitions")
-    uniform: str = option("uniform:3", "chunk strategy of chunk_uniform (its K must match the equal-transition budget)")
+    steps: int = option(
+        72, "optimizer steps per step/chunk run; branching runs stop at the same transformer samples"
+    )
+    eval_points: int = option(
+        4, "evaluations per run, evenly spaced over its budget (the last one is the endpoint)"
+    )
+    timestep_fraction: float = option(
+        0.6667,
+        "chunk arms train int(K·fraction) of their K chunks per sample; step "
+        "arms get the fraction that trains the same expected transitions",
+    )
+    uniform: str = option(
+        "uniform:3", "chunk strategy of chunk_uniform (its K must match the equal-transition budget)"
+    )
     preset: str = option("toy_cpu", "training preset every run starts from")
     overrides: list[str] = option([], "training overrides applied to every run (key=value)")
-    eval_per_category: int = option(16, "held-out prompts per GenEval category (at most what the world holds)")
+    eval_per_category: int = option(
+        16, "held-out prompts per GenEval category (at most what the world holds)"
+    )
     eval_samples: int = option(16, "images per held-out prompt")
     profile_prompts: int = option(12, "training prompts profiled for the dynamics plan")
     profile_seeds: int = option(2, "noise seeds per profiled prompt")
     plan: str = option("dynamics", "chunk strategy of chunk_dynamics / chunk_ws (planned on the SDE profile)")
     primary_delta: float = option(0.03, "pre-registered effect the primary comparison is powered for")
-    assumed_sd: float = option(PRIOR_SD, "pre-registered sd of the paired primary difference (from the v1 ablation)")
+    assumed_sd: float = option(
+        PRIOR_SD, "pre-registered sd of the paired primary difference (from the v1 ablation)"
+    )
     power: float = option(0.8, "target power of the primary comparison")
     alpha: float = option(0.05, "two-sided significance level (secondaries: Holm-corrected at this level)")
-    sequential: bool = option(False, "add primary seeds one at a time until the 95 % CI excludes 0 or its half-width "
-                                     "< stop_half_width (or max_seeds)")
+    sequential: bool = option(
+        False,
+        "add primary seeds one at a time until the 95 % CI excludes 0 or its half-width "
+        "< stop_half_width (or max_seeds)",
+    )
     min_seeds: int = option(5, "sequential: seeds before the stop rule is looked at")
     max_seeds: int = option(80, "sequential: most primary seeds")
-    stop_half_width: float = option(0.015, "sequential: stop once the primary 95 % CI half-width is below this")
+    stop_half_width: float = option(
+        0.015, "sequential: stop once the primary 95 % CI half-width is below this"
+    )
     compute: bool = option(True, "false = only rebuild the report from the cached runs (nothing is trained)")
-    engine_pin: str = option("", "report-only: read the cached runs of this engine fingerprint (ablation.json "
-                                 "settings.engine) although the source has changed since; '' = this source's")
+    engine_pin: str = option(
+        "",
+        "report-only: read the cached runs of this engine fingerprint (ablation.json "
+        "settings.engine) although the source has changed since; '' = this source's",
+    )
     jobs: int = option(1, "runs in parallel (processes); each uses `threads` torch threads")
     threads: int = option(1, "torch threads per run")
     progress: bool = option(True, "progress output")
@@ -108,8 +140,10 @@ class AblationConfig(Config):
         self.methods = list(dict.fromkeys(self.methods))
         missing = [m for m in PRIMARY if m not in self.methods]
         if missing:
-            raise UserError(f"methods {self.methods} lack {missing}: the pre-registered primary comparison is "
-                            f"{PRIMARY[0]} − {PRIMARY[1]}")
+            raise UserError(
+                f"methods {self.methods} lack {missing}: the pre-registered primary comparison is "
+                f"{PRIMARY[0]} − {PRIMARY[1]}"
+            )
         for name in ("steps", "eval_per_category", "eval_samples", "jobs", "threads", "profile_prompts",
                      "profile_seeds", "eval_points", "max_seeds"):
             if getattr(self, name) < 1:
@@ -126,8 +160,10 @@ class AblationConfig(Config):
         if not 0 < self.power < 1 or not 0 < self.alpha < 1:
             raise UserError(f"power={self.power} and alpha={self.alpha} must be in (0, 1)")
         if self.engine_pin and self.compute and self.engine_pin != engine_fingerprint():
-            raise UserError(f"engine_pin={self.engine_pin!r} is not this source's engine ({engine_fingerprint()}): "
-                            f"only a report-only run (compute=false) may read another engine's runs")
+            raise UserError(
+                f"engine_pin={self.engine_pin!r} is not this source's engine ({engine_fingerprint()}): "
+                f"only a report-only run (compute=false) may read another engine's runs"
+            )
         if self.steps % self.eval_points:
             raise UserError(f"steps={self.steps} must be a multiple of eval_points={self.eval_points}")
 
@@ -158,8 +194,17 @@ def dynamics_plan(cfg: AblationConfig, model_dir: str, prompts: list[str], out: 
     from chunkgrpo.flux import load_flux
 
     s = train_cfg.sampling
-    key = _key({"model": model_dir, "n": cfg.profile_prompts, "seeds": cfg.profile_seeds, "plan": cfg.plan,
-                "sampling": s.to_dict(), "trajectories": "sde", "engine": cfg.engine_pin or engine_fingerprint()})
+    key = _key(
+        {
+            "model": model_dir,
+            "n": cfg.profile_prompts,
+            "seeds": cfg.profile_seeds,
+            "plan": cfg.plan,
+            "sampling": s.to_dict(),
+            "trajectories": "sde",
+            "engine": cfg.engine_pin or engine_fingerprint(),
+        }
+    )
     plan_path = out / "plan.json"
     if plan_path.exists():
         old = json.loads(plan_path.read_text())
@@ -168,8 +213,15 @@ def dynamics_plan(cfg: AblationConfig, model_dir: str, prompts: list[str], out: 
     if s.eta <= 0 or s.stochastic == "none":
         raise UserError(f"the dynamics plan is made on the training SDE, but sampling has eta={s.eta}, "
                         f"stochastic={s.stochastic!r}")
-    pcfg = ProfileConfig(model=model_dir, prompts="(ablation)", out=str(out / "profile.json"),
-                         num_prompts=cfg.profile_prompts, seeds=cfg.profile_seeds, sampling=s, trajectories="sde")
+    pcfg = ProfileConfig(
+        model=model_dir,
+        prompts="(ablation)",
+        out=str(out / "profile.json"),
+        num_prompts=cfg.profile_prompts,
+        seeds=cfg.profile_seeds,
+        sampling=s,
+        trajectories="sde",
+    )
     profile = profile_model(load_flux(model_dir), prompts[: cfg.profile_prompts], pcfg, progress=False)
     write_profile(profile, out / "profile.json")
     curve, kind = select_trajectories(profile, "sde")
@@ -193,7 +245,9 @@ def _prepare(cfg: AblationConfig) -> dict:
     model_dir = Path(cfg.model) if cfg.model else build_toy_model(Path(".chunkgrpo/models/toy"))
     meta = read_meta(model_dir)
     if meta is None:
-        raise UserError(f"model={str(model_dir)!r} is not a toy model folder (build one with `chunkgrpo toy-model`)")
+        raise UserError(
+            f"model={str(model_dir)!r} is not a toy model folder (build one with `chunkgrpo toy-model`)"
+        )
     model_dir = str(model_dir.resolve())
     prompts_file = str(Path(model_dir) / meta["files"]["train_prompts"])
     base_cfg = TrainConfig.load(cfg.preset, [*cfg.overrides, f"model={model_dir}", f"prompts={prompts_file}"])
@@ -204,8 +258,16 @@ def _prepare(cfg: AblationConfig) -> dict:
         plan = dynamics_plan(cfg, model_dir, load_prompts(prompts_file), out, base_cfg)
         log.info("dynamics plan (SDE profile): %s", plan["sizes"])
     des = design(cfg, base_cfg, plan["sizes"] if plan else None)
-    return {"out": out, "model_dir": model_dir, "meta": meta, "prompts_file": prompts_file, "base_cfg": base_cfg,
-            "eval_md": eval_md, "plan": plan, "design": des}
+    return {
+        "out": out,
+        "model_dir": model_dir,
+        "meta": meta,
+        "prompts_file": prompts_file,
+        "base_cfg": base_cfg,
+        "eval_md": eval_md,
+        "plan": plan,
+        "design": des,
+    }
 
 
 def series_key(cfg: AblationConfig, prep: dict) -> str:
@@ -222,13 +284,28 @@ def _spec(cfg: AblationConfig, prep: dict, method: str, seed: int) -> dict:
     arm = prep["design"]["arms"].get(method, {"kind": "base"})
     key = _key({"series": series, "method": method, "seed": seed, "method_overrides": METHODS.get(method)})
     bc = prep["base_cfg"]
-    return {"method": method, "seed": seed, "key": key, "path": str(prep["out"] / "runs" / method / f"seed-{seed}.json"),
-            "model": prep["model_dir"], "prompts": prep["prompts_file"], "preset": cfg.preset,
-            "overrides": list(cfg.overrides), "steps": cfg.steps, "threads": cfg.threads, "arm": arm,
-            "eval_metadata": prep["eval_md"], "eval_samples": cfg.eval_samples, "eval_points": cfg.eval_points,
-            "plan_path": str(prep["out"] / "plan.json"), "uniform": cfg.uniform,
-            "sample_budget": prep["design"]["sample_budget"], "num_steps": bc.sampling.num_steps,
-            "size": bc.sampling.height, "max_sequence_length": bc.sampling.max_sequence_length}
+    return {
+        "method": method,
+        "seed": seed,
+        "key": key,
+        "path": str(prep["out"] / "runs" / method / f"seed-{seed}.json"),
+        "model": prep["model_dir"],
+        "prompts": prep["prompts_file"],
+        "preset": cfg.preset,
+        "overrides": list(cfg.overrides),
+        "steps": cfg.steps,
+        "threads": cfg.threads,
+        "arm": arm,
+        "eval_metadata": prep["eval_md"],
+        "eval_samples": cfg.eval_samples,
+        "eval_points": cfg.eval_points,
+        "plan_path": str(prep["out"] / "plan.json"),
+        "uniform": cfg.uniform,
+        "sample_budget": prep["design"]["sample_budget"],
+        "num_steps": bc.sampling.num_steps,
+        "size": bc.sampling.height,
+        "max_sequence_length": bc.sampling.max_sequence_length,
+    }
 
 
 def _cached(spec: dict) -> bool:
@@ -262,7 +339,11 @@ def run_ablation(cfg: AblationConfig) -> dict:
                 state["stop"] = why
                 if stop:
                     break
-                _execute([s for s in (_spec(cfg, prep, m, seed) for m in primary) if not _cached(s)], cfg, finish_one)
+                _execute(
+                    [s for s in (_spec(cfg, prep, m, seed) for m in primary) if not _cached(s)],
+                    cfg,
+                    finish_one,
+                )
                 seed += 1
             n_primary = seed - s0
         else:
@@ -306,7 +387,11 @@ def run_series(cfg: AblationConfig, series_root: str, new_seeds: int, store=None
     prep = _prepare(night)
     state = {"computed": 0, "t_start": t0, "stop": None}
     others = [m for m in night.methods if m not in PRIMARY]
-    specs = [_spec(night, prep, m, s_) for s_ in range(start, start + new_seeds) for m in ["base", *PRIMARY, *others]]
+    specs = [
+        _spec(night, prep, m, s_)
+        for s_ in range(start, start + new_seeds)
+        for m in ["base", *PRIMARY, *others]
+    ]
     todo = [x for x in specs if not _cached(x)]
 
     def finish_one(spec: dict, res: dict) -> None:

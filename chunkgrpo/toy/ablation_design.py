@@ -41,7 +41,9 @@ PRIMARY = ("chunk_dynamics", "step_flow")
 SECONDARY = [("chunk_uniform", "step_flow"), ("chunk_ws", "step_flow"), ("chunk_dynamics", "step_dance"),
              ("tempflow", "step_flow"), ("granular", "step_flow")]
 TAGS = ("single_object", "two_object", "counting", "colors", "position", "color_attr")
-PRIOR_SD = 0.053  # paired sd of chunk − step_flow over 5 seeds in the v1 ablation (benchmarks/results/ablation-toy)
+PRIOR_SD = (
+    0.053  # paired sd of chunk − step_flow over 5 seeds in the v1 ablation (benchmarks/results/ablation-toy)
+)
 
 
 def expected_transitions(sizes: list[int], fraction: float) -> float:
@@ -83,14 +85,18 @@ def design(cfg, train_cfg, plan_sizes: list[int] | None) -> dict:
     T = matched[PRIMARY[0]]
     unequal = {m: t for m, t in matched.items() if abs(t - T) > 1e-9}
     if unequal:
-        raise UserError(f"unequal budgets: {PRIMARY[0]} trains {T:g} transitions per sample but "
-                        + ", ".join(f"{m} (sizes {chunk_sizes[m]}) {t:g}" for m, t in unequal.items())
-                        + f" at timestep_fraction={cfg.timestep_fraction}; choose `uniform`/`timestep_fraction` "
-                          "so that int(K·f)/K·S is the same for every chunk arm")
+        raise UserError(
+            f"unequal budgets: {PRIMARY[0]} trains {T:g} transitions per sample but "
+            + ", ".join(f"{m} (sizes {chunk_sizes[m]}) {t:g}" for m, t in unequal.items())
+            + f" at timestep_fraction={cfg.timestep_fraction}; choose `uniform`/`timestep_fraction` "
+            "so that int(K·f)/K·S is the same for every chunk arm"
+        )
     if abs(T - round(T)) > 1e-9:
-        raise UserError(f"{PRIMARY[0]} (sizes {chunk_sizes[PRIMARY[0]]}) trains {T:g} transitions per sample at "
-                        f"timestep_fraction={cfg.timestep_fraction}: a step arm trains a whole number of steps, "
-                        f"so no step arm can match it; change timestep_fraction or the plan")
+        raise UserError(
+            f"{PRIMARY[0]} (sizes {chunk_sizes[PRIMARY[0]]}) trains {T:g} transitions per sample at "
+            f"timestep_fraction={cfg.timestep_fraction}: a step arm trains a whole number of steps, "
+            f"so no step arm can match it; change timestep_fraction or the plan"
+        )
     T = int(round(T))
     budget = cfg.steps * B * (N + T)
     arms = {}
@@ -112,11 +118,17 @@ def design(cfg, train_cfg, plan_sizes: list[int] | None) -> dict:
         else:
             arms[m] = {"kind": "branch", "chunk_sizes": [1] * S, "transitions_per_sample": None,
                        "sample_budget": budget, "optimizer_steps": None}
-    return {"trainable_steps": S, "num_steps": N, "samples_per_step": B, "transitions_per_sample": T,
-            "sample_budget": budget, "arms": arms,
-            "rule": f"step/chunk arms: {cfg.steps} optimizer steps × {B} images, {T} of {S} transitions per sample "
-                    f"in expectation; branching arms stop at {budget} cumulative transformer samples "
-                    f"(= {cfg.steps} × {B} × ({N} + {T}))"}
+    return {
+        "trainable_steps": S,
+        "num_steps": N,
+        "samples_per_step": B,
+        "transitions_per_sample": T,
+        "sample_budget": budget,
+        "arms": arms,
+        "rule": f"step/chunk arms: {cfg.steps} optimizer steps × {B} images, {T} of {S} transitions per sample "
+        f"in expectation; branching arms stop at {budget} cumulative transformer samples "
+        f"(= {cfg.steps} × {B} × ({N} + {T}))",
+    }
 
 
 def power_plan(cfg, observed: dict | None = None) -> dict:
@@ -132,9 +144,13 @@ def power_plan(cfg, observed: dict | None = None) -> dict:
            "mde_at_planned": min_detectable_effect(n, sd, cfg.power, cfg.alpha)}
     if observed and observed.get("n", 0) >= 2 and observed.get("sd", 0) > 0:
         osd, on = observed["sd"], observed["n"]
-        out["observed"] = {"sd": osd, "seeds": on, "mde": min_detectable_effect(on, osd, cfg.power, cfg.alpha),
-                           "seeds_for_primary_delta": seeds_needed(cfg.primary_delta, osd, cfg.power, cfg.alpha),
-                           "power_at_primary_delta": paired_power(on, cfg.primary_delta, osd, cfg.alpha)}
+        out["observed"] = {
+            "sd": osd,
+            "seeds": on,
+            "mde": min_detectable_effect(on, osd, cfg.power, cfg.alpha),
+            "seeds_for_primary_delta": seeds_needed(cfg.primary_delta, osd, cfg.power, cfg.alpha),
+            "power_at_primary_delta": paired_power(on, cfg.primary_delta, osd, cfg.alpha),
+        }
     return out
 
 

@@ -57,7 +57,9 @@ def aggregate(cfg, runs: dict[str, dict[int, dict]], des: dict) -> dict:
                  "overall": mean_ci([r["overall"] for r in rs]),
                  "tasks": {t: mean_ci([r["tasks"][t] for r in rs if t in r["tasks"]]) for t in TAGS}}
         if m != "base":
-            entry["gain"] = mean_ci([by_seed[s]["overall"] - base[s]["overall"] for s in sorted(by_seed) if s in base])
+            entry["gain"] = mean_ci(
+                [by_seed[s]["overall"] - base[s]["overall"] for s in sorted(by_seed) if s in base]
+            )
             entry["wall_s"] = mean_ci([r["wall_s"] for r in rs])
             entry["train_cpu_s"] = mean_ci([r["train_cpu_s"] for r in rs])
             entry["transformer_samples"] = mean_ci([r["transformer_samples"] for r in rs])
@@ -75,7 +77,9 @@ def aggregate(cfg, runs: dict[str, dict[int, dict]], des: dict) -> dict:
             for st in steps:
                 c = mean_ci([cv[st] for cv in curves if st in cv])
                 xs = [sv[st] for sv in samples if st in sv]
-                entry["reward_curve"].append((st, c["mean"], c.get("sd", 0.0), sum(xs) / len(xs) if xs else None))
+                entry["reward_curve"].append(
+                    (st, c["mean"], c.get("sd", 0.0), sum(xs) / len(xs) if xs else None)
+                )
         methods[m] = entry
     paired = []
     for role, (a, b) in [("primary", PRIMARY), *[("secondary", p) for p in SECONDARY]]:
@@ -105,15 +109,25 @@ def aggregate(cfg, runs: dict[str, dict[int, dict]], des: dict) -> dict:
     primary = {**primary_endpoint(cfg), "planned_seeds": cfg.primary_seeds()}
     if prim:
         d = prim["diff"]
-        primary.update({"seeds": prim["seeds"], "diff": d,
-                        "ci": [d["mean"] - d["ci95"], d["mean"] + d["ci95"]] if d["n"] >= 2 else None,
-                        "mde_at_seeds": min_detectable_effect(d["n"], d.get("sd", float("nan")), cfg.power, cfg.alpha)
-                        if d["n"] >= 2 else float("nan"),
-                        "mde_at_seeds_assumed_sd": min_detectable_effect(d["n"], cfg.assumed_sd, cfg.power, cfg.alpha)
-                        if d["n"] >= 2 else float("nan")})
-        stop, why = sequential_decision([d_ for d_ in d["values"]], min_seeds=cfg.min_seeds if cfg.sequential else
-                                        cfg.primary_seeds(), max_seeds=cfg.max_seeds if cfg.sequential else
-                                        cfg.primary_seeds(), half_width=cfg.stop_half_width)
+        primary.update(
+            {
+                "seeds": prim["seeds"],
+                "diff": d,
+                "ci": [d["mean"] - d["ci95"], d["mean"] + d["ci95"]] if d["n"] >= 2 else None,
+                "mde_at_seeds": min_detectable_effect(d["n"], d.get("sd", float("nan")), cfg.power, cfg.alpha)
+                if d["n"] >= 2
+                else float("nan"),
+                "mde_at_seeds_assumed_sd": min_detectable_effect(d["n"], cfg.assumed_sd, cfg.power, cfg.alpha)
+                if d["n"] >= 2
+                else float("nan"),
+            }
+        )
+        stop, why = sequential_decision(
+            [d_ for d_ in d["values"]],
+            min_seeds=cfg.min_seeds if cfg.sequential else cfg.primary_seeds(),
+            max_seeds=cfg.max_seeds if cfg.sequential else cfg.primary_seeds(),
+            half_width=cfg.stop_half_width,
+        )
         primary["status"] = "final" if stop else "interim"
         primary["status_reason"] = why
     else:
@@ -123,8 +137,11 @@ def aggregate(cfg, runs: dict[str, dict[int, dict]], des: dict) -> dict:
     if "base" in methods and base:
         r0 = next(iter(base.values()))
         acc = {t: methods["base"]["tasks"][t]["mean"] for t in TAGS if t in r0.get("images", {})}
-        evsd = {"base_overall_sd": eval_sd(acc, r0.get("images", {})), "images_per_eval": r0.get("n_images"),
-                "note": "binomial sd of one evaluation's overall score at the base model's per-category accuracy"}
+        evsd = {
+            "base_overall_sd": eval_sd(acc, r0.get("images", {})),
+            "images_per_eval": r0.get("n_images"),
+            "note": "binomial sd of one evaluation's overall score at the base model's per-category accuracy",
+        }
     return {"format": FORMAT, "methods": methods, "paired": paired, "primary": primary, "power": power,
             "design": des, "eval_noise": evsd, "tags": list(TAGS)}
 
@@ -134,10 +151,15 @@ def nightly_summary(result: dict, key: str, seeds_now: list[int]) -> str:
     pr = result["primary"]
     return (
         f"series {key}: {len(seeds_now)} seeds so far ({len(result['series']['seeds_added'])} added tonight); "
-        f"{pr['a']} − {pr['b']} = " + (f"{pr['diff']['mean']:+.4f} ± {pr['diff']['ci95']:.4f}"
-                                       if pr.get("diff") and pr["diff"]["n"] >= 2 else "n/a (< 2 seeds)")
+        f"{pr['a']} − {pr['b']} = "
+        + (
+            f"{pr['diff']['mean']:+.4f} ± {pr['diff']['ci95']:.4f}"
+            if pr.get("diff") and pr["diff"]["n"] >= 2
+            else "n/a (< 2 seeds)"
+        )
         + f"; minimum detectable effect at {len(seeds_now)} seeds: {_f(pr.get('mde_at_seeds'), 4)} (observed sd), "
-          f"{_f(pr.get('mde_at_seeds_assumed_sd'), 4)} (pre-registered sd)")
+        f"{_f(pr.get('mde_at_seeds_assumed_sd'), 4)} (pre-registered sd)"
+    )
 
 
 def _pm(c: dict | None, digits: int = 3) -> str:
@@ -157,36 +179,48 @@ def markdown(result: dict) -> str:
     tc = s["train_config"]
     pr, pw, des = result["primary"], result["power"], result["design"]
     status = pr.get("status", "interim").upper()
-    lines = [f"# Toy-world ablation: chunk vs step, budget-matched ({status})", "",
-             f"**Status: {status}** — {pr.get('status_reason', '')}. Primary pair: {len(pr.get('seeds', []))} of "
-             f"{pr['planned_seeds']} planned seeds.", "",
-             f"Base model `{result['model']['key']}`; {tc['prompts_per_rank']} prompts × {tc['group_size']} samples "
-             f"per optimizer step; {tc['sampling']['num_steps']} sampling steps at {tc['sampling']['height']}²; "
-             f"lr {tc['lr']}, LoRA r{tc['lora']['rank']}; reward `toy_geneval` (graded credit). Evaluation: "
-             f"{len(s['eval_prompts'])} held-out prompts × {s['eval_samples']} images at {s['eval_points']} points per "
-             f"run, trained model alone, ODE, the same noise for every arm of a seed. Mean ± 95 % CI (t) over seeds.",
-             ""]
+    lines = [
+        f"# Toy-world ablation: chunk vs step, budget-matched ({status})",
+        "",
+        f"**Status: {status}** — {pr.get('status_reason', '')}. Primary pair: {len(pr.get('seeds', []))} of "
+        f"{pr['planned_seeds']} planned seeds.",
+        "",
+        f"Base model `{result['model']['key']}`; {tc['prompts_per_rank']} prompts × {tc['group_size']} samples "
+        f"per optimizer step; {tc['sampling']['num_steps']} sampling steps at {tc['sampling']['height']}²; "
+        f"lr {tc['lr']}, LoRA r{tc['lora']['rank']}; reward `toy_geneval` (graded credit). Evaluation: "
+        f"{len(s['eval_prompts'])} held-out prompts × {s['eval_samples']} images at {s['eval_points']} points per "
+        f"run, trained model alone, ODE, the same noise for every arm of a seed. Mean ± 95 % CI (t) over seeds.",
+        "",
+    ]
     if pr.get("nightly_summary"):
         lines += [f"**Nightly series** — {pr['nightly_summary']}.", ""]
     if result.get("plan"):
         lines += [f"Dynamics plan (engine profile on **{result['plan'].get('trajectories', '?').upper()}** "
                   f"trajectories + `{s['plan']}`): chunk sizes {result['plan']['sizes']}.", ""]
-    lines += ["## Pre-registered primary endpoint", "",
-              f"- {pr['metric']}; {pr['estimand']}; {pr['test']}.",
-              f"- Powered for Δ = {pr['powered_for']['delta']} at paired sd {pr['powered_for']['sd']} "
-              f"({pr['powered_for']['power']:.0%} power): {pr['powered_for']['seeds']} seeds.",
-              f"- Secondary ({pr['secondary_correction']}): " + ", ".join(f"`{x}`" for x in pr["secondary"]) + "."]
+    lines += [
+        "## Pre-registered primary endpoint",
+        "",
+        f"- {pr['metric']}; {pr['estimand']}; {pr['test']}.",
+        f"- Powered for Δ = {pr['powered_for']['delta']} at paired sd {pr['powered_for']['sd']} "
+        f"({pr['powered_for']['power']:.0%} power): {pr['powered_for']['seeds']} seeds.",
+        f"- Secondary ({pr['secondary_correction']}): " + ", ".join(f"`{x}`" for x in pr["secondary"]) + ".",
+    ]
     if pr.get("sequential"):
         q = pr["sequential"]
-        lines.append(f"- Sequential: from {q['min_seeds']} seeds, stop when {q['stop']} (at most {q['max_seeds']}).")
+        lines.append(
+            f"- Sequential: from {q['min_seeds']} seeds, stop when {q['stop']} (at most {q['max_seeds']})."
+        )
     if pr.get("diff"):
         d = pr["diff"]
         ci = pr.get("ci")
-        lines += ["", f"**Primary result** (`{pr['a']}` − `{pr['b']}`, {d['n']} seeds): "
-                  f"{_pm(d, 4)}" + (f" (95 % CI [{ci[0]:+.4f}, {ci[1]:+.4f}], p = {d.get('p', float('nan')):.3g})"
-                                    if ci else "") +
-                  f"; minimum detectable effect at {d['n']} seeds (80 % power): {_f(pr.get('mde_at_seeds'), 4)} at the "
-                  f"observed sd, {_f(pr.get('mde_at_seeds_assumed_sd'), 4)} at the pre-registered sd."]
+        lines += [
+            "",
+            f"**Primary result** (`{pr['a']}` − `{pr['b']}`, {d['n']} seeds): "
+            f"{_pm(d, 4)}"
+            + (f" (95 % CI [{ci[0]:+.4f}, {ci[1]:+.4f}], p = {d.get('p', float('nan')):.3g})" if ci else "")
+            + f"; minimum detectable effect at {d['n']} seeds (80 % power): {_f(pr.get('mde_at_seeds'), 4)} at the "
+            f"observed sd, {_f(pr.get('mde_at_seeds_assumed_sd'), 4)} at the pre-registered sd.",
+        ]
     lines += ["", "## Power calculation (scipy, " + pw["test"] + ")", "",
               f"Pre-registered paired sd {pw['assumed_sd']} (v1 ablation, 5 seeds). Seeds needed: "
               + ", ".join(f"Δ = {k}: {v}" for k, v in pw["seeds_for"].items())
@@ -199,17 +233,30 @@ def markdown(result: dict) -> str:
                      f"seeds for Δ = {pw['primary_delta']} at this sd: {o['seeds_for_primary_delta']}.")
     if result.get("eval_noise") and result["eval_noise"].get("base_overall_sd") is not None:
         e = result["eval_noise"]
-        lines.append(f"Evaluation noise: {e['images_per_eval']} images per evaluation, binomial sd of the overall "
-                     f"score ≈ {_f(e['base_overall_sd'], 4)} at the base model's accuracies.")
-    lines += ["", "## Budgets (from the configs; measured means in parentheses)", "", des["rule"] + ".", "",
-              "| arm | chunks | fraction | transitions / sample | optimizer steps | rewarded images | transformer samples |",
-              "|---|---|---|---|---|---|---|"]
+        lines.append(
+            f"Evaluation noise: {e['images_per_eval']} images per evaluation, binomial sd of the overall "
+            f"score ≈ {_f(e['base_overall_sd'], 4)} at the base model's accuracies."
+        )
+    lines += [
+        "",
+        "## Budgets (from the configs; measured means in parentheses)",
+        "",
+        des["rule"] + ".",
+        "",
+        "| arm | chunks | fraction | transitions / sample | optimizer steps | rewarded images | transformer samples |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for m, a in des["arms"].items():  # every arm of the design, with the measured means once it has runs
         e = result["methods"].get(m, {})
         tps = a.get("transitions_per_sample")
         meas = e.get("transitions_per_sample")
-        tcol = (f"{tps:g}" if tps is not None else "weighted" if a["kind"] == "chunk" else "one per branching step") + (
-            f" ({meas['mean']:.2f})" if meas else "")
+        tcol = (
+            f"{tps:g}"
+            if tps is not None
+            else "weighted"
+            if a["kind"] == "chunk"
+            else "one per branching step"
+        ) + (f" ({meas['mean']:.2f})" if meas else "")
         frac = f"{a['timestep_fraction']:.4g}" if a.get("timestep_fraction") else "–"
         steps = (f"{a['optimizer_steps']}" if a.get("optimizer_steps") else "until the sample budget") + (
             f" ({'/'.join(map(str, e['optimizer_steps']))})" if e.get("optimizer_steps") else "")
@@ -220,9 +267,21 @@ def markdown(result: dict) -> str:
                                                   if e.get("transformer_samples") else "")
         chunks = a["chunk_sizes"] if a["kind"] == "chunk" else a["kind"]
         lines.append(f"| `{m}` | {chunks} | {frac} | {tcol} | {steps} | {rew} | {smp} |")
-    head = ["method", "seeds", "overall (final)", *[t.replace("_", " ") for t in result["tags"]], "gain vs base",
-            "wall s"]
-    lines += ["", "## Held-out accuracy at the endpoint", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    head = [
+        "method",
+        "seeds",
+        "overall (final)",
+        *[t.replace("_", " ") for t in result["tags"]],
+        "gain vs base",
+        "wall s",
+    ]
+    lines += [
+        "",
+        "## Held-out accuracy at the endpoint",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
+    ]
     for m, e in result["methods"].items():
         row = [e["label"] + ("" if m == "base" else f" (`{m}`)"), str(len(e["seeds"])), _pm(e["overall"]),
                *[_pm(e["tasks"][t], 2) for t in result["tags"]]]
@@ -233,19 +292,29 @@ def markdown(result: dict) -> str:
                   "| comparison | role | seeds | mean diff ± 95 % CI | p | p (Holm) | wins / ties / losses |",
                   "|---|---|---|---|---|---|---|"]
         for p in result["paired"]:
-            lines.append(f"| `{p['a']}` − `{p['b']}` | {p['role']} | {len(p['seeds'])} | {_pm(p['diff'], 4)} | "
-                         f"{_f(p['diff'].get('p'), 3)} | {_f(p.get('p_holm'), 3) if p['role'] != 'primary' else '–'} | "
-                         f"{p['wins']} / {p['ties']} / {p['losses']} |")
+            lines.append(
+                f"| `{p['a']}` − `{p['b']}` | {p['role']} | {len(p['seeds'])} | {_pm(p['diff'], 4)} | "
+                f"{_f(p['diff'].get('p'), 3)} | {_f(p.get('p_holm'), 3) if p['role'] != 'primary' else '–'} | "
+                f"{p['wins']} / {p['ties']} / {p['losses']} |"
+            )
     curves = [(m, e) for m, e in result["methods"].items() if m != "base" and e.get("curve")]
     if curves:
         npts = max(len(e["curve"]) for _, e in curves)
-        lines += ["", "## Learning curves (held-out accuracy per evaluation point; point 0 = base model)", "",
-                  "| method | " + " | ".join(f"point {j}" for j in range(npts)) + " |", "|---|" + "---|" * npts]
+        lines += [
+            "",
+            "## Learning curves (held-out accuracy per evaluation point; point 0 = base model)",
+            "",
+            "| method | " + " | ".join(f"point {j}" for j in range(npts)) + " |",
+            "|---|" + "---|" * npts,
+        ]
         for m, e in curves:
             cells = [f"{_pm(c['overall'])} @ {c['transformer_samples']:.0f} samples" for c in e["curve"]]
             lines.append(f"| `{m}` | " + " | ".join(cells + ["–"] * (npts - len(cells))) + " |")
-    lines += ["", f"Computed runs this invocation: {result.get('computed_runs')}; elapsed {result.get('elapsed_s')} s.",
-              ""]
+    lines += [
+        "",
+        f"Computed runs this invocation: {result.get('computed_runs')}; elapsed {result.get('elapsed_s')} s.",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -266,7 +335,9 @@ def plot_curves(result: dict, path: Path) -> Path | None:
         y = [c[1] for c in curve]
         sd = [c[2] if c[2] == c[2] else 0.0 for c in curve]
         ax.plot(x, y, label=e["label"], color=f"C{i}", marker="." if len(x) < 30 else None)
-        ax.fill_between(x, [a - b for a, b in zip(y, sd)], [a + b for a, b in zip(y, sd)], color=f"C{i}", alpha=0.12)
+        ax.fill_between(
+            x, [a - b for a, b in zip(y, sd)], [a + b for a, b in zip(y, sd)], color=f"C{i}", alpha=0.12
+        )
         any_curve = True
     if not any_curve:
         plt.close(fig)
@@ -302,9 +373,21 @@ def plot_learning_curves(result: dict, path: Path) -> Path | None:
             ys = [c["by_seed"].get(s, c["by_seed"].get(str(s))) for c in prim["curve"]]
             ax.plot(pts, ys, color="grey", alpha=0.35, linewidth=0.8)
         m_ = [c["diff"]["mean"] for c in prim["curve"]]
-        h = [c["diff"]["ci95"] if math.isfinite(c["diff"].get("ci95", float("nan"))) else 0.0 for c in prim["curve"]]
-        ax.plot(pts, m_, color="C3", linewidth=2.2, marker="o", label=f"mean ± 95 % CI ({len(prim['seeds'])} seeds)")
-        ax.fill_between(pts, [a - b for a, b in zip(m_, h)], [a + b for a, b in zip(m_, h)], color="C3", alpha=0.2)
+        h = [
+            c["diff"]["ci95"] if math.isfinite(c["diff"].get("ci95", float("nan"))) else 0.0
+            for c in prim["curve"]
+        ]
+        ax.plot(
+            pts,
+            m_,
+            color="C3",
+            linewidth=2.2,
+            marker="o",
+            label=f"mean ± 95 % CI ({len(prim['seeds'])} seeds)",
+        )
+        ax.fill_between(
+            pts, [a - b for a, b in zip(m_, h)], [a + b for a, b in zip(m_, h)], color="C3", alpha=0.2
+        )
         ax.axhline(0, color="black", linewidth=0.8)
         ax.set_title(f"primary: {prim['a']} − {prim['b']} (per seed, paired)", fontsize=9)
         ax.legend(fontsize=7)
@@ -314,9 +397,14 @@ def plot_learning_curves(result: dict, path: Path) -> Path | None:
     for i, (m, e) in enumerate(arms):
         x = [c["transformer_samples"] for c in e["curve"]]
         y = [c["overall"]["mean"] for c in e["curve"]]
-        h = [c["overall"]["ci95"] if math.isfinite(c["overall"].get("ci95", float("nan"))) else 0.0 for c in e["curve"]]
+        h = [
+            c["overall"]["ci95"] if math.isfinite(c["overall"].get("ci95", float("nan"))) else 0.0
+            for c in e["curve"]
+        ]
         ax.plot(x, y, marker="o", color=f"C{i}", label=f"{m} ({len(e['seeds'])})")
-        ax.fill_between(x, [a - b for a, b in zip(y, h)], [a + b for a, b in zip(y, h)], color=f"C{i}", alpha=0.12)
+        ax.fill_between(
+            x, [a - b for a, b in zip(y, h)], [a + b for a, b in zip(y, h)], color=f"C{i}", alpha=0.12
+        )
     ax.set_xlabel("cumulative transformer samples")
     ax.set_ylabel("held-out accuracy (mean ± 95 % CI)")
     ax.set_title("learning curves, equal budgets", fontsize=9)

@@ -119,8 +119,12 @@ def run_one(spec: dict) -> dict:
                 B = self.cfg.prompts_per_rank * self.cfg.group_size
                 state["samples"] += int(m["transformer_samples"])
                 state["rewards"] += rewards_per_iteration(self.cfg)
-                if "unshared_transformer_samples" in m:  # step/chunk: trained (sample, step) pairs of the rollout
-                    state["transitions"] += m["unshared_transformer_samples"] - self.cfg.sampling.num_steps * B
+                if (
+                    "unshared_transformer_samples" in m
+                ):  # step/chunk: trained (sample, step) pairs of the rollout
+                    state["transitions"] += (
+                        m["unshared_transformer_samples"] - self.cfg.sampling.num_steps * B
+                    )
                     state["samples_seen"] += B
                 records.append({"optimizer_step": self.opt_step, "iteration": self.iteration_idx + 1,
                                 "reward_mean": m["reward_mean"], "transformer_samples": state["samples"],
@@ -128,8 +132,11 @@ def run_one(spec: dict) -> dict:
                 progress = state["samples"] / budget if branch else self.opt_step / spec["steps"]
                 while len(exports) < points and progress >= (len(exports) + 1) / points - 1e-12:
                     j = len(exports) + 1
-                    path = exports[-1]["path"] if exports and exports[-1]["iteration"] == records[-1]["iteration"] \
+                    path = (
+                        exports[-1]["path"]
+                        if exports and exports[-1]["iteration"] == records[-1]["iteration"]
                         else str(self.export(Path(tmp) / f"eval-{j}"))
+                    )
                     exports.append({"point": j, "path": path, **records[-1]})
                 return m
 
@@ -144,24 +151,40 @@ def run_one(spec: dict) -> dict:
         finally:
             trainer.close()
         if len(exports) < points:
-            raise RuntimeError(f"{spec['method']}/seed {spec['seed']}: stopped after {len(exports)} of {points} "
-                               f"evaluation points ({state['samples']} of {budget} samples)")
+            raise RuntimeError(
+                f"{spec['method']}/seed {spec['seed']}: stopped after {len(exports)} of {points} "
+                f"evaluation points ({state['samples']} of {budget} samples)"
+            )
         train_s, train_cpu = time.perf_counter() - t0, time.process_time() - c0
         curve = []
         for e in exports:
             ev = _evaluate(spec, e["path"])
             curve.append({k: v for k, v in e.items() if k != "path"} | ev)
     final = curve[-1]
-    return {"method": spec["method"], "seed": spec["seed"], "key": spec["key"],
-            "overall": final["overall"], "tasks": final["tasks"], "n_images": final["n_images"],
-            "curve": curve, "optimizer_steps": final["optimizer_step"], "iterations": final["iteration"],
-            "chunk_sizes": summary["chunk_sizes"], "timestep_fraction": cfg.timestep_fraction,
-            "reward_curve": [(r["optimizer_step"], r["reward_mean"], r["transformer_samples"]) for r in records],
-            "transformer_samples": final["transformer_samples"], "rewards": final["rewards"],
-            "transitions_per_sample": (state["transitions"] / state["samples_seen"]) if state["samples_seen"] else None,
-            "train_wall_s": round(train_s, 2), "train_cpu_s": round(train_cpu, 2),
-            "wall_s": round(time.perf_counter() - t0, 2), "cpu_s": round(time.process_time() - c0, 2),
-            "config": cfg.to_dict()}
+    return {
+        "method": spec["method"],
+        "seed": spec["seed"],
+        "key": spec["key"],
+        "overall": final["overall"],
+        "tasks": final["tasks"],
+        "n_images": final["n_images"],
+        "curve": curve,
+        "optimizer_steps": final["optimizer_step"],
+        "iterations": final["iteration"],
+        "chunk_sizes": summary["chunk_sizes"],
+        "timestep_fraction": cfg.timestep_fraction,
+        "reward_curve": [(r["optimizer_step"], r["reward_mean"], r["transformer_samples"]) for r in records],
+        "transformer_samples": final["transformer_samples"],
+        "rewards": final["rewards"],
+        "transitions_per_sample": (state["transitions"] / state["samples_seen"])
+        if state["samples_seen"]
+        else None,
+        "train_wall_s": round(train_s, 2),
+        "train_cpu_s": round(train_cpu, 2),
+        "wall_s": round(time.perf_counter() - t0, 2),
+        "cpu_s": round(time.process_time() - c0, 2),
+        "config": cfg.to_dict(),
+    }
 
 
 def base_one(spec: dict) -> dict:
@@ -171,4 +194,10 @@ def base_one(spec: dict) -> dict:
     torch.set_num_threads(spec["threads"])
     t0 = time.perf_counter()
     ev = _evaluate(spec, None)
-    return {"method": "base", "seed": spec["seed"], "key": spec["key"], **ev, "wall_s": round(time.perf_counter() - t0, 2)}
+    return {
+        "method": "base",
+        "seed": spec["seed"],
+        "key": spec["key"],
+        **ev,
+        "wall_s": round(time.perf_counter() - t0, 2),
+    }

@@ -130,7 +130,9 @@ def score(image, md: dict, detector: ToyDetector | None = None, color_fn: ToyCol
     """GenEval record (correct, reason, ...) of one toy image for one prompt's metadata."""
     det = detector or ToyDetector()
     img = _array(image)
-    return score_detections(det.detect(img), md, Image.fromarray(img), color_fn or ToyColorClassifier(), rules)
+    return score_detections(
+        det.detect(img), md, Image.fromarray(img), color_fn or ToyColorClassifier(), rules
+    )
 
 
 def _judge(image, md: dict, detector: ToyDetector | None, color_fn: ToyColorClassifier):
@@ -187,7 +189,9 @@ def shape_similarity(mask: np.ndarray, shape: str) -> float:
     cy = int(round((ys.min() + ys.max() + 1 - th) / 2))
     cx = int(round((xs.min() + xs.max() + 1 - tw) / 2))
     H, W = mask.shape
-    placed = np.zeros((H + 2 * th, W + 2 * tw), bool)  # padded: a template reaching past the border is clipped
+    placed = np.zeros(
+        (H + 2 * th, W + 2 * tw), bool
+    )  # padded: a template reaching past the border is clipped
     placed[cy + th:cy + 2 * th, cx + tw:cx + 2 * tw] = tmpl
     placed = placed[th:th + H, tw:tw + W]
     union = (placed | mask).sum()

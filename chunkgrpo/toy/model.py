@@ -73,18 +73,36 @@ class ToyModelConfig(Config):
     warmup: int = option(50, "warm-up steps")
     ema: float = option(0.995, "EMA decay of the saved weights (0 = save the raw weights)")
     shift: float = option(3.0, "σ shift of the training-time noise levels (as the sampling schedule)")
-    train_text: bool = option(True, "train the text encoders jointly (then frozen like any FLUX's); false = random features")
+    train_text: bool = option(
+        True, "train the text encoders jointly (then frozen like any FLUX's); false = random features"
+    )
     pool: int = option(16384, "distinct training scenes rendered (reused across epochs)")
-    threads: int = option(2, "torch threads while pretraining (0 = torch's default; 1 is robust on a busy machine)")
+    threads: int = option(
+        2, "torch threads while pretraining (0 = torch's default; 1 is robust on a busy machine)"
+    )
     sample_steps: int = option(10, "ODE steps used for the samples grid and the base accuracy")
-    eval_per_category: int = option(16, "held-out prompts per category written to toy/heldout_metadata.jsonl (the "
-                                           "demo's evaluation set) and used for the recorded base accuracy (0 = skip)")
+    eval_per_category: int = option(
+        16,
+        "held-out prompts per category written to toy/heldout_metadata.jsonl (the "
+        "demo's evaluation set) and used for the recorded base accuracy (0 = skip)",
+    )
     eval_samples: int = option(4, "images per held-out prompt for the recorded base accuracy")
 
     def __post_init__(self) -> None:
         if self.size % 4 or self.size < 24:
-            raise UserError(f"size={self.size} must be a multiple of 4 >= 24 (2×2-pixel cells, 2×2 latent patches)")
-        for name in ("layers", "heads", "head_dim", "text_dim", "clip_dim", "batch_size", "pool", "sample_steps"):
+            raise UserError(
+                f"size={self.size} must be a multiple of 4 >= 24 (2×2-pixel cells, 2×2 latent patches)"
+            )
+        for name in (
+            "layers",
+            "heads",
+            "head_dim",
+            "text_dim",
+            "clip_dim",
+            "batch_size",
+            "pool",
+            "sample_steps",
+        ):
             if getattr(self, name) < 1:
                 raise UserError(f"{name}={getattr(self, name)} must be >= 1")
         if self.head_dim % 8:
@@ -123,10 +141,23 @@ def build_vae(mean: list[float], std: list[float]):
     import torch
     from diffusers import AutoencoderKL
 
-    vae = AutoencoderKL(in_channels=3, out_channels=3, latent_channels=3, down_block_types=("DownEncoderBlock2D",) * 2,
-                        up_block_types=("UpDecoderBlock2D",) * 2, block_out_channels=(12, 12), layers_per_block=1,
-                        norm_num_groups=3, sample_size=32, scaling_factor=1.0, shift_factor=0.0, force_upcast=False,
-                        use_quant_conv=False, use_post_quant_conv=False, mid_block_add_attention=False)
+    vae = AutoencoderKL(
+        in_channels=3,
+        out_channels=3,
+        latent_channels=3,
+        down_block_types=("DownEncoderBlock2D",) * 2,
+        up_block_types=("UpDecoderBlock2D",) * 2,
+        block_out_channels=(12, 12),
+        layers_per_block=1,
+        norm_num_groups=3,
+        sample_size=32,
+        scaling_factor=1.0,
+        shift_factor=0.0,
+        force_upcast=False,
+        use_quant_conv=False,
+        use_post_quant_conv=False,
+        mid_block_add_attention=False,
+    )
     m = torch.tensor(mean, dtype=torch.float32)
     s = torch.tensor(std, dtype=torch.float32)
     with torch.no_grad():
@@ -159,7 +190,9 @@ def build_vae(mean: list[float], std: list[float]):
             for c in range(n_out):
                 src = c % 3
                 conv_out.weight[c, 4 * src, 1, 1] = scale[src] if c < 3 else 0.0
-                conv_out.bias[c] = (offset[src] - _B * scale[src]) if c < 3 else -30.0  # logvar: deterministic
+                conv_out.bias[c] = (
+                    (offset[src] - _B * scale[src]) if c < 3 else -30.0
+                )  # logvar: deterministic
 
         enc, dec = vae.encoder, vae.decoder
         # the one resolution change: encoder 2×2 mean (stride-2 conv on the right/bottom-padded input),
@@ -202,23 +235,52 @@ def build_components(cfg: ToyModelConfig, tmp: Path):
     torch.manual_seed(cfg.seed)
     text = corpus()
     tokenizer = build_clip_tokenizer(tmp / "clip-tok", corpus=text, max_merges=400)
-    tokenizer.model_max_length = 16  # FluxPipeline pads CLIP input to this (the longest caption: 11 words + 2)
+    tokenizer.model_max_length = (
+        16  # FluxPipeline pads CLIP input to this (the longest caption: 11 words + 2)
+    )
     tokenizer_2 = word_t5_tokenizer(text)
-    text_encoder = CLIPTextModel(CLIPTextConfig(
-        vocab_size=len(tokenizer), hidden_size=cfg.clip_dim, intermediate_size=2 * cfg.clip_dim, num_hidden_layers=2,
-        num_attention_heads=4, max_position_embeddings=16, projection_dim=cfg.clip_dim,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id))
-    text_encoder_2 = T5EncoderModel(T5Config(
-        vocab_size=len(tokenizer_2), d_model=cfg.text_dim, d_kv=16, d_ff=2 * cfg.text_dim, num_layers=2, num_heads=4,
-        dropout_rate=0.0, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0))
+    text_encoder = CLIPTextModel(
+        CLIPTextConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=cfg.clip_dim,
+            intermediate_size=2 * cfg.clip_dim,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            max_position_embeddings=16,
+            projection_dim=cfg.clip_dim,
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+    )
+    text_encoder_2 = T5EncoderModel(
+        T5Config(
+            vocab_size=len(tokenizer_2),
+            d_model=cfg.text_dim,
+            d_kv=16,
+            d_ff=2 * cfg.text_dim,
+            num_layers=2,
+            num_heads=4,
+            dropout_rate=0.0,
+            pad_token_id=0,
+            eos_token_id=1,
+            decoder_start_token_id=0,
+        )
+    )
     transformer = FluxTransformer2DModel(
         patch_size=1, in_channels=12, num_layers=cfg.layers, num_single_layers=cfg.single_layers,
         attention_head_dim=cfg.head_dim, num_attention_heads=cfg.heads, joint_attention_dim=cfg.text_dim,
         pooled_projection_dim=cfg.clip_dim, guidance_embeds=False, axes_dims_rope=cfg.rope_axes)
     vae = build_vae([0.0, 0.0, 0.0], [1.0, 1.0, 1.0])  # statistics set once the scenes are rendered
-    pipe = FluxPipeline(scheduler=FlowMatchEulerDiscreteScheduler(shift=cfg.shift), vae=vae, text_encoder=text_encoder,
-                        tokenizer=tokenizer, text_encoder_2=text_encoder_2, tokenizer_2=tokenizer_2,
-                        transformer=transformer)
+    pipe = FluxPipeline(
+        scheduler=FlowMatchEulerDiscreteScheduler(shift=cfg.shift),
+        vae=vae,
+        text_encoder=text_encoder,
+        tokenizer=tokenizer,
+        text_encoder_2=text_encoder_2,
+        tokenizer_2=tokenizer_2,
+        transformer=transformer,
+    )
     pipe.set_progress_bar_config(disable=True)
     return pipe
 
@@ -280,7 +342,9 @@ def pretrain(pipe, cfg: ToyModelConfig, *, progress: bool = True) -> dict:
 
         def encode(c):
             """(T5 sequence, CLIP pooled) of captions `c`, with grad when the encoders train."""
-            return t5(t5_ids[c], output_hidden_states=False)[0], clip(clip_ids[c], output_hidden_states=False).pooler_output
+            return t5(t5_ids[c], output_hidden_states=False)[0], clip(
+                clip_ids[c], output_hidden_states=False
+            ).pooler_output
 
         T = t5_ids.shape[1]
         txt_ids = torch.zeros(T, 3)
@@ -344,12 +408,20 @@ def pretrain(pipe, cfg: ToyModelConfig, *, progress: bool = True) -> dict:
                 mod.load_state_dict(e.state_dict())
         for mod in (tr, t5, clip):
             mod.eval().requires_grad_(False)
-        return {"steps": cfg.steps, "scenes": n, "captions": len(captions), "threads": torch.get_num_threads(),
-                "data_s": round(t_data, 2), "wall_s": round(time.perf_counter() - t_start, 2),
-                "cpu_s": round(time.process_time() - c_start, 2),
-                "loss_first": float(np.mean(losses[:20])) if losses else None,
-                "loss_last": float(np.mean(losses[-50:])) if losses else None,
-                "latent_mean": mean, "latent_std": std, "loadavg": list(os.getloadavg())}
+        return {
+            "steps": cfg.steps,
+            "scenes": n,
+            "captions": len(captions),
+            "threads": torch.get_num_threads(),
+            "data_s": round(t_data, 2),
+            "wall_s": round(time.perf_counter() - t_start, 2),
+            "cpu_s": round(time.process_time() - c_start, 2),
+            "loss_first": float(np.mean(losses[:20])) if losses else None,
+            "loss_last": float(np.mean(losses[-50:])) if losses else None,
+            "latent_mean": mean,
+            "latent_std": std,
+            "loadavg": list(os.getloadavg()),
+        }
     finally:
         torch.set_num_threads(threads_before)
 
@@ -363,9 +435,16 @@ def sampling_config(cfg: ToyModelConfig | None = None, steps: int | None = None,
     from chunkgrpo.rollout import SamplingConfig
 
     c = cfg or ToyModelConfig()
-    return SamplingConfig(num_steps=steps or c.sample_steps, schedule="shift", shift=c.shift, stochastic="none",
-                          eta=0.0, height=c.size if cfg else size, width=c.size if cfg else size,
-                          max_sequence_length=c.max_sequence_length)
+    return SamplingConfig(
+        num_steps=steps or c.sample_steps,
+        schedule="shift",
+        shift=c.shift,
+        stochastic="none",
+        eta=0.0,
+        height=c.size if cfg else size,
+        width=c.size if cfg else size,
+        max_sequence_length=c.max_sequence_length,
+    )
 
 
 def generate(model, prompts: list[str], seeds: list[int], sampling, batch_size: int = 64) -> list:
@@ -382,11 +461,21 @@ def generate(model, prompts: list[str], seeds: list[int], sampling, batch_size: 
     for i in range(0, len(prompts), batch_size):
         ps, ss = prompts[i:i + batch_size], seeds[i:i + batch_size]
         cond = model.encode_prompts(ps, sampling.max_sequence_length)
-        x = torch.cat([model.initial_noise(1, sampling.height, sampling.width, torch.Generator().manual_seed(s))
-                       for s in ss])
-        traj = sample_trajectory(lambda z, j: model.velocity(z, ts[j].reshape(1), cond, img_ids, guidance=sampling.guidance),
-                                 x, sigmas, torch.zeros(sampling.num_steps, dtype=torch.bool), eta=0.0,
-                                 rule="flow", timesteps=ts)
+        x = torch.cat(
+            [
+                model.initial_noise(1, sampling.height, sampling.width, torch.Generator().manual_seed(s))
+                for s in ss
+            ]
+        )
+        traj = sample_trajectory(
+            lambda z, j: model.velocity(z, ts[j].reshape(1), cond, img_ids, guidance=sampling.guidance),
+            x,
+            sigmas,
+            torch.zeros(sampling.num_steps, dtype=torch.bool),
+            eta=0.0,
+            rule="flow",
+            timesteps=ts,
+        )
         out += model.decode(traj.x0, sampling.height, sampling.width)
     return out
 
@@ -458,7 +547,9 @@ def samples_grid(model, world, sampling, path: Path, seed: int = 7) -> Path:
         real = world.scene(md, rng).image()
         grid.paste(real.resize((cell, cell), Image.NEAREST), (label_w, y))
         for k in range(3):
-            grid.paste(images[3 * r + k].resize((cell, cell), Image.NEAREST), (label_w + (k + 1) * (cell + 4), y))
+            grid.paste(
+                images[3 * r + k].resize((cell, cell), Image.NEAREST), (label_w + (k + 1) * (cell + 4), y)
+            )
     path.parent.mkdir(parents=True, exist_ok=True)
     grid.save(path)
     return path
@@ -507,15 +598,21 @@ def write_folder(pipe, cfg: ToyModelConfig, out: Path, key: str, stats: dict) ->
     heldout = world.eval_prompts(cfg.eval_per_category or 16, "heldout")
     write_metadata(heldout, data / "heldout_metadata.jsonl")
     write_prompts([md["prompt"] for md in heldout], data / "heldout_prompts.txt")
-    write_metadata(world.eval_prompts(cfg.eval_per_category or 16, "train"), data / "train_eval_metadata.jsonl")
-    write_metadata([md for mds in world.prompts("heldout").values() for md in mds], data / "heldout_all.jsonl")
+    write_metadata(
+        world.eval_prompts(cfg.eval_per_category or 16, "train"), data / "train_eval_metadata.jsonl"
+    )
+    write_metadata(
+        [md for mds in world.prompts("heldout").values() for md in mds], data / "heldout_all.jsonl"
+    )
     # RL training prompts, category-balanced: RL_PER_CATEGORY per category (a fixed sample of the large
     # categories, the small ones repeated), so no category dominates the policy gradient
     rl = []
     rng = np.random.default_rng(cfg.seed)
     for mds in train.values():
         if len(mds) >= RL_PER_CATEGORY:
-            rl += [mds[i]["prompt"] for i in sorted(rng.choice(len(mds), size=RL_PER_CATEGORY, replace=False))]
+            rl += [
+                mds[i]["prompt"] for i in sorted(rng.choice(len(mds), size=RL_PER_CATEGORY, replace=False))
+            ]
         else:
             rl += [mds[i % len(mds)]["prompt"] for i in range(RL_PER_CATEGORY)]
     write_prompts(rl, data / "train_prompts.txt")
@@ -527,14 +624,32 @@ def write_folder(pipe, cfg: ToyModelConfig, out: Path, key: str, stats: dict) ->
     base = None
     if cfg.eval_per_category and cfg.eval_samples:
         t0 = time.perf_counter()
-        base = accuracy(model, world.eval_prompts(cfg.eval_per_category, "heldout"), cfg.eval_samples, sampling)
-        base = {"overall": base["overall"], "partial": base["partial"], "tasks": {k: v["score"] for k, v in base["tasks"].items()},
-                "n_images": base["n_images"], "sampling": sampling.to_dict(), "eval_s": round(time.perf_counter() - t0, 2)}
+        base = accuracy(
+            model, world.eval_prompts(cfg.eval_per_category, "heldout"), cfg.eval_samples, sampling
+        )
+        base = {
+            "overall": base["overall"],
+            "partial": base["partial"],
+            "tasks": {k: v["score"] for k, v in base["tasks"].items()},
+            "n_images": base["n_images"],
+            "sampling": sampling.to_dict(),
+            "eval_s": round(time.perf_counter() - t0, 2),
+        }
     stats["heldout_error"] = heldout_error(model, world, max_sequence_length=cfg.max_sequence_length)
-    meta = {"format": FORMAT, "key": key, "config": cfg.to_dict(), "pretraining": stats, "base_accuracy": base,
-            "files": {"train_prompts": "toy/train_prompts.txt", "heldout_metadata": "toy/heldout_metadata.jsonl",
-                      "heldout_prompts": "toy/heldout_prompts.txt",
-                      "train_eval_metadata": "toy/train_eval_metadata.jsonl", "samples": "samples.png"}}
+    meta = {
+        "format": FORMAT,
+        "key": key,
+        "config": cfg.to_dict(),
+        "pretraining": stats,
+        "base_accuracy": base,
+        "files": {
+            "train_prompts": "toy/train_prompts.txt",
+            "heldout_metadata": "toy/heldout_metadata.jsonl",
+            "heldout_prompts": "toy/heldout_prompts.txt",
+            "train_eval_metadata": "toy/train_eval_metadata.jsonl",
+            "samples": "samples.png",
+        },
+    }
     (out / META_FILE).write_text(json.dumps(meta, indent=1))
 
 
@@ -548,7 +663,9 @@ def build_toy_model(out: str | os.PathLike, cfg: ToyModelConfig | None = None, *
     if meta is not None and meta.get("key") == key:
         return out
     if out.exists() and (not out.is_dir() or (meta is None and any(out.iterdir()))):
-        raise UserError(f"--out {str(out)!r} exists and is not a toy model folder; choose an empty or new folder")
+        raise UserError(
+            f"--out {str(out)!r} exists and is not a toy model folder; choose an empty or new folder"
+        )
     cached = _cache_root(cache_dir) / key
     if read_meta(cached) is None:
         cached.parent.mkdir(parents=True, exist_ok=True)

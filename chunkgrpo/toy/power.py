@@ -35,7 +35,13 @@ def mean_ci(values: Sequence[float], level: float = 0.95) -> dict:
     if n < 2:
         return {"mean": m, "ci95": float("nan"), "n": 1, "values": list(values)}
     sd = math.sqrt(sum((v - m) ** 2 for v in values) / (n - 1))
-    out = {"mean": m, "ci95": t_quantile(n - 1, level) * sd / math.sqrt(n), "sd": sd, "n": n, "values": list(values)}
+    out = {
+        "mean": m,
+        "ci95": t_quantile(n - 1, level) * sd / math.sqrt(n),
+        "sd": sd,
+        "n": n,
+        "values": list(values),
+    }
     if sd > 0:
         from scipy import stats
 
@@ -64,7 +70,9 @@ def paired_power(n: int, delta: float, sd: float, alpha: float = 0.05) -> float:
     return power
 
 
-def seeds_needed(delta: float, sd: float, power: float = 0.8, alpha: float = 0.05, max_n: int = 100_000) -> int:
+def seeds_needed(
+    delta: float, sd: float, power: float = 0.8, alpha: float = 0.05, max_n: int = 100_000
+) -> int:
     """The smallest number of paired seeds whose two-sided paired t-test detects `delta` with `power`."""
     if delta == 0:
         raise UserError("delta=0: no number of seeds detects a zero difference")

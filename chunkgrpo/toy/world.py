@@ -46,8 +46,14 @@ GAP = 1  # min empty cells between two objects' boxes
 ALIGN = 2  # object boxes start on multiples of this many cells (one latent token = 2×2 cells)
 BACKGROUND = (255, 255, 255)
 SHAPES = ("circle", "square", "triangle", "cross", "bar", "column")
-PLURALS = {"circle": "circles", "square": "squares", "triangle": "triangles", "cross": "crosses", "bar": "bars",
-           "column": "columns"}
+PLURALS = {
+    "circle": "circles",
+    "square": "squares",
+    "triangle": "triangles",
+    "cross": "crosses",
+    "bar": "bars",
+    "column": "columns",
+}
 # colour names are a subset of GenEval's colour vocabulary; RGB chosen far apart (min pairwise distance checked in tests)
 PALETTE = {
     "red": (220, 20, 30),
@@ -216,7 +222,10 @@ def metadata(tag: str, **a) -> dict:
         md["include"] = [{"class": a["shape"], "count": 1, "color": a["color"]}]
     elif tag == "position":
         subject, target = a["shapes"]
-        md["include"] = [{"class": target, "count": 1}, {"class": subject, "count": 1, "position": [a["relation"], 0]}]
+        md["include"] = [
+            {"class": target, "count": 1},
+            {"class": subject, "count": 1, "position": [a["relation"], 0]},
+        ]
     elif tag == "color_attr":
         md["include"] = [{"class": s, "count": 1, "color": c} for c, s in a["pairs"]]
     return md
@@ -316,7 +325,9 @@ class World:
 
     def __init__(self, seed: int = 0, size: int = SIZE):
         if size < 24 or size % CELL:
-            raise UserError(f"toy world size={size} must be a multiple of {CELL} and >= 24 px (four objects must fit)")
+            raise UserError(
+                f"toy world size={size} must be a multiple of {CELL} and >= 24 px (four objects must fit)"
+            )
         self.seed, self.size = seed, size
         self.grid = size // CELL
         rng = random.Random(f"toy-split-{seed}")
@@ -439,7 +450,10 @@ def corpus() -> list[str]:
     words = [caption("counting", shape=s, count=n) for n in range(1, 5) for s in SHAPES]
     words += [caption("position", shapes=(a, b), relation=r) for a, b in zip(SHAPES, SHAPES[1:] + SHAPES[:1])
               for r in RELATIONS]
-    words += [caption("color_attr", pairs=((c, s), (c2, s2))) for c, c2 in zip(COLORS, COLORS[1:] + COLORS[:1])
-              for s, s2 in zip(SHAPES, SHAPES[1:] + SHAPES[:1])]
+    words += [
+        caption("color_attr", pairs=((c, s), (c2, s2)))
+        for c, c2 in zip(COLORS, COLORS[1:] + COLORS[:1])
+        for s, s2 in zip(SHAPES, SHAPES[1:] + SHAPES[:1])
+    ]
     words += [caption("colors", color=c, shape=s) for c in COLORS for s in SHAPES]
     return words

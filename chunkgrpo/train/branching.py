@@ -90,13 +90,22 @@ def completion_indices(k: int, num_steps: int, granularity: int) -> list[int]:
 def noise_weights(cfg, steps: list[int], sigmas: torch.Tensor) -> dict[int, float]:
     """TempFlow: c·std_k, c = noise_weight_c or 1 / mean(std over the trained steps)."""
     s = cfg.sampling
-    std = {k: float(sde.step_std(float(sigmas[k]), float(sigmas[k + 1]), eta=s.eta, rule=s.rule)) for k in steps}
+    std = {
+        k: float(sde.step_std(float(sigmas[k]), float(sigmas[k + 1]), eta=s.eta, rule=s.rule)) for k in steps
+    }
     c = cfg.noise_weight_c or len(std) / sum(std.values())
     return {k: c * v for k, v in std.items()}
 
 
-def branch_advantages(rewards_by_lambda: dict, weights: dict, group_size: int, *, clip: float, std: str = "unbiased",
-                      eps: float = 1e-8) -> torch.Tensor:
+def branch_advantages(
+    rewards_by_lambda: dict,
+    weights: dict,
+    group_size: int,
+    *,
+    clip: float,
+    std: str = "unbiased",
+    eps: float = 1e-8,
+) -> torch.Tensor:
     """Advantages of the children of one branching step: per granularity λ and per reward the rewards are
     normalised within each group of G children, weighted and SUMMED over rewards and λ, and the sum is
     clipped at ±clip (G2RPO clips after the sum, not each term). One λ: the usual group advantage."""
@@ -117,7 +126,9 @@ class Cost:
     sequential_calls: int
 
 
-def engine_cost(num_steps: int, steps: list[int], grans: list[int], group_size: int, kl_ref: bool = False) -> Cost:
+def engine_cost(
+    num_steps: int, steps: list[int], grans: list[int], group_size: int, kl_ref: bool = False
+) -> Cost:
     """What this module does per anchor: anchor steps up to the last trained k (the trained ones are the
     training forwards), one KL reference forward per k if on, and per child the completions with the
     first ODE step shared across granularities; calls = one batched call per ODE round."""
@@ -232,7 +243,9 @@ def iteration(ctx: IterationContext) -> IterationResult:
         tr.train()
         logp = sde.step_log_prob(children, x_rep, v.repeat_interleave(G, 0), sig, sig_next,
                                  eta=s.eta, rule=s.rule).view(-1, 1)
-        loss = weights[j] * obj.step_policy_loss(logp, None, adv, clip_low=cfg.clip_low, clip_high=cfg.clip_high)
+        loss = weights[j] * obj.step_policy_loss(
+            logp, None, adv, clip_low=cfg.clip_low, clip_high=cfg.clip_high
+        )
         if use_kl:
             kl = kl_to_reference(ctx, x, v, t_j, cond, img_ids, sig, sig_next)
             loss = loss + cfg.kl_ref_coef * kl
@@ -253,10 +266,17 @@ def iteration(ctx: IterationContext) -> IterationResult:
     n = len(steps)
     cost = engine_cost(s.num_steps, steps, grans, G, kl_ref=use_kl)
     metrics = {
-        "reward_mean": sum(stats["reward"]) / n, "reward_std": sum(stats["reward_std"]) / n,
+        "reward_mean": sum(stats["reward"]) / n,
+        "reward_std": sum(stats["reward_std"]) / n,
         **{f"reward/{k}": sum(v) / len(v) for k, v in reward_sums.items()},
-        "loss": sum(stats["loss"]) / n, "clip_frac": 0.0, "ratio_mean": 1.0, "ratio_min": 1.0, "ratio_max": 1.0,
-        "kl_k3": 0.0, "grad_norm": max(stats["grad_norm"]), "adv_abs_mean": sum(stats["adv_abs"]) / n,
+        "loss": sum(stats["loss"]) / n,
+        "clip_frac": 0.0,
+        "ratio_mean": 1.0,
+        "ratio_min": 1.0,
+        "ratio_max": 1.0,
+        "kl_k3": 0.0,
+        "grad_norm": max(stats["grad_norm"]),
+        "adv_abs_mean": sum(stats["adv_abs"]) / n,
         **({"kl_ref": sum(stats["kl_ref"]) / n} if use_kl else {}),
         "transformer_forward": calls["transformer_forward"],
         "transformer_forward_with_grad": calls["transformer_forward_with_grad"],
@@ -309,7 +329,9 @@ def _complete(vel_fn, children: torch.Tensor, k: int, sigmas, ts, num_steps: int
     return out
 
 
-def kl_to_reference(ctx: IterationContext, x, v, t, cond, img_ids, sigma: float, sigma_next: float) -> torch.Tensor:
+def kl_to_reference(
+    ctx: IterationContext, x, v, t, cond, img_ids, sigma: float, sigma_next: float
+) -> torch.Tensor:
     """Flow-GRPO/TempFlow KL to the reference model: mean over elements of (μ_θ − μ_ref)² / (2·std²), with
     μ the step mean of the SDE rule and std = g·sqrt(−dt); the reference is the base (adapter disabled)."""
     s, model = ctx.cfg.sampling, ctx.model

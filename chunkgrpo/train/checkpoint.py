@@ -63,7 +63,7 @@ def writing(staging: Path):
     box = _Failed()
     try:
         yield box
-    except Exception as e:  # noqa: BLE001 - filtered: only write failures are caught
+    except Exception as e:
         name = type(e).__name__
         io = isinstance(e, OSError) or name == "SafetensorError" or (
             isinstance(e, RuntimeError) and ("write" in str(e).lower() or "serializ" in str(e).lower()))
@@ -187,7 +187,8 @@ def prune(root: Path, keep: int, mirror: "Mirror | None" = None, backlog: int = 
             raise MirrorBacklogError(
                 f"checkpoint.keep={keep} would delete {', '.join(p.name for p in lost)}, not yet mirrored to S3 "
                 f"({mirror.last_error or 'S3 unreachable'}; checkpoint.mirror_backlog={backlog}); stopping instead "
-                f"of losing them — they are intact in {root}")
+                f"of losing them — they are intact in {root}"
+            )
         old = [p for p in old if not mirror.is_pending(p)] + in_s3
     for p in old:
         shutil.rmtree(p, ignore_errors=True)
@@ -273,7 +274,7 @@ def read(path: Path, rank: int = 0) -> CheckpointData:
         rng = _load_pt(path / current) if (path / current).exists() else None
         if rng is not None and not (isinstance(rng, dict) and isinstance(rng.get("numpy"), dict)):
             raise ValueError("not an RNG state of this version")
-    except Exception as e:  # noqa: BLE001 - any failure to read a file means the checkpoint is unusable
+    except Exception as e:
         raise CorruptCheckpointError(f"{path.name}/{current}: {_short(e)}") from None
     data = CheckpointData(path, state, weights, optim, sched, rng, ema)
     check_contents(data)
@@ -385,7 +386,9 @@ class Mirror:
     line per failure) and training goes on writing local checkpoints; `pending()` tells the pruning
     which local folders must not be deleted yet."""
 
-    def __init__(self, s3_prefix: str, *, store_factory=None, backoff_s: float = 2.0, max_backoff_s: float = 60.0):
+    def __init__(
+        self, s3_prefix: str, *, store_factory=None, backoff_s: float = 2.0, max_backoff_s: float = 60.0
+    ):
         self.s3_prefix = s3_prefix
         self._store_factory = store_factory
         self._store = None
@@ -470,7 +473,7 @@ class Mirror:
                     uri = "(gone)"
                 else:
                     uri = self._upload(path)
-            except Exception as e:  # noqa: BLE001 - an outage must never stop training
+            except Exception as e:
                 self.failures += 1
                 self.last_error = _short(e)
                 with self._cv:

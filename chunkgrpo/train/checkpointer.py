@@ -116,7 +116,7 @@ class Checkpointer:
                     ckpt.verify(path)
                 except (ckpt.CorruptCheckpointError, OSError) as e:
                     problem, own = str(e), isinstance(e, ckpt.CorruptCheckpointError)
-                except Exception as e:  # noqa: BLE001 - a download that failed verification, S3 errors
+                except Exception as e:
                     from chunkgrpo.store import StoreError
 
                     if not isinstance(e, (StoreError, UserError)):
@@ -363,10 +363,12 @@ class Checkpointer:
             from chunkgrpo.store import StoreError
 
             left = [p.name for p in self.mirror.pending()]
-            raise StoreError(f"training finished (final model in {self.t.out / 'final'}) but {', '.join(left)} "
-                             f"did not reach {cfg.s3_prefix} within {cfg.mirror_wait_s:.0f}s "
-                             f"({self.mirror.last_error}); they are intact in {self.root} — re-run to retry "
-                             "the upload")
+            raise StoreError(
+                f"training finished (final model in {self.t.out / 'final'}) but {', '.join(left)} "
+                f"did not reach {cfg.s3_prefix} within {cfg.mirror_wait_s:.0f}s "
+                f"({self.mirror.last_error}); they are intact in {self.root} — re-run to retry "
+                "the upload"
+            )
         # what `checkpoint.keep` held back during an outage can go now that it is in S3
         ckpt.prune(self.root, cfg.keep, self.mirror, cfg.mirror_backlog)
 

@@ -25,10 +25,14 @@ class LoraConfig(Config):
     alpha: float = option(64.0, "LoRA alpha (scale = alpha / rank)")
     dropout: float = option(0.0, "LoRA dropout")
     init: Literal["default", "gaussian"] = option(
-        "default", "initialisation of A (B = 0 either way): default = peft's Kaiming-uniform, sd 1/sqrt(3·fan_in) "
-        "(≈ 0.010 on FLUX's 3072-wide layers); gaussian = N(0, (1/r)²), TempFlow-GRPO's reference")
-    targets: list[str] = option(["to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj",
-                                 "to_add_out"], "module names to adapt (FLUX attention projections by default)")
+        "default",
+        "initialisation of A (B = 0 either way): default = peft's Kaiming-uniform, sd 1/sqrt(3·fan_in) "
+        "(≈ 0.010 on FLUX's 3072-wide layers); gaussian = N(0, (1/r)²), TempFlow-GRPO's reference",
+    )
+    targets: list[str] = option(
+        ["to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out"],
+        "module names to adapt (FLUX attention projections by default)",
+    )
 
     def __post_init__(self) -> None:
         check_finite(self, "lora.")
@@ -60,11 +64,20 @@ class CheckpointConfig(Config):
     """Checkpoints: local folder + optional S3 mirror, manifest written last."""
 
     every: int = option(50, "save every N optimizer steps (0 = only at the end)")
-    keep: int = option(3, "local checkpoints to keep (older ones are deleted, once in S3 when mirrored; 0 = all)")
+    keep: int = option(
+        3, "local checkpoints to keep (older ones are deleted, once in S3 when mirrored; 0 = all)"
+    )
     s3_prefix: str = option("", "s3://bucket/prefix to mirror checkpoints to ('' = local only)")
-    resume: bool = option(True, "resume from the newest checkpoint in output_dir (or S3) that verifies against its manifest")
-    mirror_backlog: int = option(0, "S3 outage: checkpoints not yet in S3 kept beyond `keep`; one more stops training instead of deleting it")
-    mirror_wait_s: float = option(600.0, "at the end of training, seconds to wait for the S3 mirror to catch up before failing")
+    resume: bool = option(
+        True, "resume from the newest checkpoint in output_dir (or S3) that verifies against its manifest"
+    )
+    mirror_backlog: int = option(
+        0,
+        "S3 outage: checkpoints not yet in S3 kept beyond `keep`; one more stops training instead of deleting it",
+    )
+    mirror_wait_s: float = option(
+        600.0, "at the end of training, seconds to wait for the S3 mirror to catch up before failing"
+    )
     allow_config_change: bool = option(False, "resume even though the checkpoint was trained with another "
                                        "base model, method, lr, optimizer, LoRA, sampling, rewards, seed or "
                                        "chunk sizes (refused otherwise)")
@@ -98,16 +111,22 @@ class TrackingConfig(Config):
     run_name: str = option("", "MLflow run name ('' = derived from the output dir)")
     parent_run_id: str = option("", "parent MLflow run id (pipeline run) to nest this run under")
     image_every: int = option(10, "log a sample image grid every N iterations (0 = never)")
-    timeout_s: int = option(10, "seconds per MLflow request; requests run in a background thread, training never waits")
-    flush_timeout_s: float = option(60.0, "at the end of training, seconds to wait for buffered metrics to reach MLflow")
+    timeout_s: int = option(
+        10, "seconds per MLflow request; requests run in a background thread, training never waits"
+    )
+    flush_timeout_s: float = option(
+        60.0, "at the end of training, seconds to wait for buffered metrics to reach MLflow"
+    )
 
     def __post_init__(self) -> None:
         check_finite(self, "tracking.")
         if self.image_every < 0:
             raise UserError(f"tracking.image_every must be >= 0, got {self.image_every}")
         if self.timeout_s < 1 or self.flush_timeout_s < 0:
-            raise UserError(f"tracking.timeout_s must be >= 1 and flush_timeout_s >= 0, got {self.timeout_s}, "
-                            f"{self.flush_timeout_s}")
+            raise UserError(
+                f"tracking.timeout_s must be >= 1 and flush_timeout_s >= 0, got {self.timeout_s}, "
+                f"{self.flush_timeout_s}"
+            )
 
 
 @dataclass
@@ -136,11 +155,15 @@ class TrainConfig(Config):
         "chunk", "chunk | chunk+ws (weighted chunk sampling) | dance (step-level) | tempflow | granular")
     chunks: str = option("sizes:2,3,4,7", "chunk plan spec (chunk/chunk+ws): a plan.json path, sizes:…, "
                          "uniform:N, step or whole (`chunkgrpo.chunks`)")
-    chunk_weighting: Literal["l1", "softmax"] = option("l1", "chunk+ws: how chunk weights become probabilities")
+    chunk_weighting: Literal["l1", "softmax"] = option(
+        "l1", "chunk+ws: how chunk weights become probabilities"
+    )
     sampling: SamplingConfig = option(factory=SamplingConfig, help="rollout sampling settings")
     group_size: int = option(12, "G: samples per prompt (the GRPO group)")
     prompts_per_rank: int = option(2, "prompts per rank per rollout (groups stay on one rank)")
-    timestep_fraction: float = option(0.5, "fraction of units (chunks, or steps for dance) trained per sample")
+    timestep_fraction: float = option(
+        0.5, "fraction of units (chunks, or steps for dance) trained per sample"
+    )
     clip_low: float = option(5e-5, "PPO clip ε_lo (ratio lower bound 1 − ε_lo)")
     clip_high: float = option(5e-5, "PPO clip ε_hi (ratio upper bound 1 + ε_hi)")
     adv_clip: float = option(5.0, "advantage clip ±")
@@ -151,45 +174,84 @@ class TrainConfig(Config):
     warmup_steps: int = option(0, "linear warm-up optimizer steps")
     max_grad_norm: float = option(0.01, "gradient-norm clip (0 = off)")
     grad_accum: int = option(12, "samples per optimizer step (per rank)")
-    max_steps: int = option(0, "optimizer steps to train (0 = count iterations instead); set exactly one of "
-                            "max_steps / max_iterations (a command-line override of one clears the preset's other)")
-    max_iterations: int = option(0, "iterations (= rollouts; the papers' 'training steps') to train (0 = count "
-                                 "optimizer steps instead); each makes the method's optimizer steps per rollout")
+    max_steps: int = option(
+        0,
+        "optimizer steps to train (0 = count iterations instead); set exactly one of "
+        "max_steps / max_iterations (a command-line override of one clears the preset's other)",
+    )
+    max_iterations: int = option(
+        0,
+        "iterations (= rollouts; the papers' 'training steps') to train (0 = count "
+        "optimizer steps instead); each makes the method's optimizer steps per rollout",
+    )
     chunk_backward: Literal["auto", "graph", "per_step", "accumulate"] = option(
-        "auto", "how off-policy chunk gradients are formed (all exact): graph = a unit's steps in one forward; "
+        "auto",
+        "how off-policy chunk gradients are formed (all exact): graph = a unit's steps in one forward; "
         "per_step = no-grad ratio pass, then per-step backward; accumulate = per-step backward into a side "
         "gradient buffer, coefficient applied at the chunk's end (no extra pass); auto = graph for units "
-        "within policy_batch, accumulate beyond (per_step for full fine-tuning)")
-    policy_batch: int = option(4, "memory budget of the policy phase: most transformer inputs (sample, step) in "
-                               "one training graph; units of one accumulation window are batched up to it")
+        "within policy_batch, accumulate beyond (per_step for full fine-tuning)",
+    )
+    policy_batch: int = option(
+        4,
+        "memory budget of the policy phase: most transformer inputs (sample, step) in "
+        "one training graph; units of one accumulation window are batched up to it",
+    )
     compile: Literal["off", "rollout", "all"] = option(
-        "off", "torch.compile the transformer (chunk/step methods): for the rollout, or for rollout and training "
-        "(the first iteration compiles)")
-    debug_checks: bool = option(False, "also check values that live on the accelerator (σ order, std > 0) on every "
-                                "step, at a host sync each; off = only host values are checked")
-    recompute_old_logp: bool = option(False, "recompute off-policy old log-probs in the training layout (no-grad) instead of the rollout's")
-    branch_steps: list[int] = option([], "tempflow/granular: trained branching steps ([] = the method's default: "
-                                     "tempflow all trainable steps 0..N-2, granular the first half 0..N/2-1)")
-    granularities: list[int] = option([1, 2], "granular: ODE granularities λ for multi-granularity advantages")
+        "off",
+        "torch.compile the transformer (chunk/step methods): for the rollout, or for rollout and training "
+        "(the first iteration compiles)",
+    )
+    debug_checks: bool = option(
+        False,
+        "also check values that live on the accelerator (σ order, std > 0) on every "
+        "step, at a host sync each; off = only host values are checked",
+    )
+    recompute_old_logp: bool = option(
+        False, "recompute off-policy old log-probs in the training layout (no-grad) instead of the rollout's"
+    )
+    branch_steps: list[int] = option(
+        [],
+        "tempflow/granular: trained branching steps ([] = the method's default: "
+        "tempflow all trainable steps 0..N-2, granular the first half 0..N/2-1)",
+    )
+    granularities: list[int] = option(
+        [1, 2], "granular: ODE granularities λ for multi-granularity advantages"
+    )
     branch_update: Literal["auto", "per_step", "per_iteration"] = option(
-        "auto", "tempflow/granular: per_step = one optimizer step per trained branching step k (G2RPO's per-k "
+        "auto",
+        "tempflow/granular: per_step = one optimizer step per trained branching step k (G2RPO's per-k "
         "released trainer, train_g2rpo_hps.py); per_iteration = the loss of each k divided by K, one optimizer step "
         "per iteration (TempFlow; G2RPO's Eq. 9 / Algorithm 1 and train_g2rpo_hps_clip.py @0e69799); "
-        "auto = per_step for granular, per_iteration for tempflow")
-    noise_weight_c: float = option(0.0, "tempflow: c in the step weight c·std_k (0 = 1/mean(std over trained "
-                                   "steps), weights average 1 as in the paper; TempFlow's released FLUX code: 1.73)")
-    kl_ref_coef: float = option(0.0, "tempflow/granular: β of the KL to the reference (base) model, "
-                                "mean((μ_θ − μ_ref)²)/(2·std²) per branching step (TempFlow: 0.004); needs LoRA")
+        "auto = per_step for granular, per_iteration for tempflow",
+    )
+    noise_weight_c: float = option(
+        0.0,
+        "tempflow: c in the step weight c·std_k (0 = 1/mean(std over trained "
+        "steps), weights average 1 as in the paper; TempFlow's released FLUX code: 1.73)",
+    )
+    kl_ref_coef: float = option(
+        0.0,
+        "tempflow/granular: β of the KL to the reference (base) model, "
+        "mean((μ_θ − μ_ref)²)/(2·std²) per branching step (TempFlow: 0.004); needs LoRA",
+    )
     adv_std: Literal["unbiased", "population"] = option(
-        "unbiased", "group std of the advantage: unbiased (DanceGRPO/G2RPO/Chunk-GRPO) or population (Flow-GRPO/TempFlow)")
+        "unbiased",
+        "group std of the advantage: unbiased (DanceGRPO/G2RPO/Chunk-GRPO) or population (Flow-GRPO/TempFlow)",
+    )
     adv_eps: float = option(1e-8, "added to the group std (1e-8 DanceGRPO family, 1e-4 Flow-GRPO/TempFlow)")
     reward_weighting: Literal["given", "normalized"] = option(
         "given", "multi-reward weights as given (DanceGRPO, G2RPO) or normalised to sum 1 (MixGRPO)")
-    rewards: list[RewardSpec] = option(factory=lambda: [RewardSpec()], help="training rewards (weighted advantage aggregation)")
+    rewards: list[RewardSpec] = option(
+        factory=lambda: [RewardSpec()], help="training rewards (weighted advantage aggregation)"
+    )
     lora: LoraConfig = option(factory=LoraConfig, help="LoRA settings")
     ema: EmaConfig = option(factory=EmaConfig, help="EMA of the trainable weights (exported model = EMA)")
-    distributed: Literal["ddp", "fsdp"] = option("ddp", "ddp (replicated, all-reduced grads) or fsdp (full shard, block-wrapped)")
-    mixed_precision: Literal["auto", "fp32", "bf16"] = option("auto", "auto = bf16 autocast on GPU, fp32 on CPU (master weights fp32)")
+    distributed: Literal["ddp", "fsdp"] = option(
+        "ddp", "ddp (replicated, all-reduced grads) or fsdp (full shard, block-wrapped)"
+    )
+    mixed_precision: Literal["auto", "fp32", "bf16"] = option(
+        "auto", "auto = bf16 autocast on GPU, fp32 on CPU (master weights fp32)"
+    )
     gradient_checkpointing: bool = option(True, "activation checkpointing in the transformer blocks")
     device: str = option("auto", "auto | cpu | cuda | cuda:N (one GPU, single process)")
     seed: int = option(42, "base seed (rollout noise, unit selection and data order derive from it)")
@@ -226,24 +288,34 @@ class TrainConfig(Config):
             raise UserError(f"grad_accum must be >= 1, got {self.grad_accum}")
         for unit in ("max_iterations", "max_steps"):
             if getattr(self, unit) < 0:
-                raise UserError(f"{unit} must be >= 0 (0 = use the other unit), got {unit}={getattr(self, unit)}")
+                raise UserError(
+                    f"{unit} must be >= 0 (0 = use the other unit), got {unit}={getattr(self, unit)}"
+                )
         if (self.max_steps > 0) == (self.max_iterations > 0):
-            raise UserError(f"set exactly one of max_iterations (rollouts) and max_steps (optimizer steps); got "
-                            f"max_iterations={self.max_iterations}, max_steps={self.max_steps} (set the other to 0)")
+            raise UserError(
+                f"set exactly one of max_iterations (rollouts) and max_steps (optimizer steps); got "
+                f"max_iterations={self.max_iterations}, max_steps={self.max_steps} (set the other to 0)"
+            )
         if self.kl_ref_coef < 0 or self.noise_weight_c < 0 or self.adv_eps < 0:
             raise UserError(f"kl_ref_coef, noise_weight_c and adv_eps must be >= 0 (got {self.kl_ref_coef}, "
                             f"{self.noise_weight_c}, {self.adv_eps})")
         if self.kl_ref_coef > 0 and self.method not in BRANCHING_METHODS:
-            raise UserError(f"kl_ref_coef={self.kl_ref_coef} (KL to the reference model) is implemented for tempflow/"
-                            f"granular; method={self.method} has kl_coef (KL to the old policy)")
+            raise UserError(
+                f"kl_ref_coef={self.kl_ref_coef} (KL to the reference model) is implemented for tempflow/"
+                f"granular; method={self.method} has kl_coef (KL to the old policy)"
+            )
         if self.kl_ref_coef > 0 and not self.lora.enabled:
-            raise UserError(f"kl_ref_coef={self.kl_ref_coef} needs lora.enabled=true (the reference model is the "
-                            "base with the adapter disabled; a full fine-tune would need a second transformer copy)")
+            raise UserError(
+                f"kl_ref_coef={self.kl_ref_coef} needs lora.enabled=true (the reference model is the "
+                "base with the adapter disabled; a full fine-tune would need a second transformer copy)"
+            )
         if self.method in GRPO_METHODS and self.samples_per_rank % self.grad_accum:
             raise UserError(f"grad_accum={self.grad_accum} must divide prompts_per_rank × group_size = "
                             f"{self.samples_per_rank} (optimizer steps happen within one rollout)")
         if self.policy_batch < 1:
-            raise UserError(f"policy_batch must be >= 1 (transformer inputs per training forward), got {self.policy_batch}")
+            raise UserError(
+                f"policy_batch must be >= 1 (transformer inputs per training forward), got {self.policy_batch}"
+            )
         if not self.rewards:
             raise UserError("no training reward configured (rewards: [{name: ..., weight: ...}])")
         if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):

@@ -147,7 +147,7 @@ class EmbeddingCache:
             ok = (d.get("prompt") == prompt and pe.ndim == 3 and pe.shape[0] == 1 and pe.shape[1] == self.msl
                   and emb.pooled.shape[0] == 1 and bool(torch.isfinite(pe).all())
                   and bool(torch.isfinite(emb.pooled).all()))
-        except Exception as e:  # noqa: BLE001 - any unreadable payload is a cache miss to rebuild
+        except Exception as e:
             raise CorruptEmbeddingError(f"{path.name}: unreadable ({type(e).__name__})") from None
         if not ok:
             raise CorruptEmbeddingError(f"{path.name}: does not hold a finite embedding of this prompt")

@@ -45,7 +45,9 @@ def setup(device: str = "auto") -> DistInfo:
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
     if world > 1 and not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if dev.type == "cuda" else "gloo", device_id=dev if dev.type == "cuda" else None)
+        dist.init_process_group(
+            backend="nccl" if dev.type == "cuda" else "gloo", device_id=dev if dev.type == "cuda" else None
+        )
     return DistInfo(rank, world, local_rank, dev)
 
 
@@ -122,7 +124,11 @@ def shard_fsdp(transformer: torch.nn.Module, mixed_bf16: bool) -> torch.nn.Modul
     exact fp32 values (`chunkgrpo.flux.exact_time_embedding`, tested under torchrun)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if mixed_bf16 else MixedPrecisionPolicy()
+    mp = (
+        MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        if mixed_bf16
+        else MixedPrecisionPolicy()
+    )
     for name in ("transformer_blocks", "single_transformer_blocks"):
         for block in getattr(transformer, name, []):
             fully_shard(block, mp_policy=mp)

@@ -44,11 +44,16 @@ def policy_layout(cfg: TrainConfig, sizes: list[int], fsdp: bool) -> dict:
         # number per forward (ranks train different chunks, so per-step or budget-packed counts differ)
         if cfg.chunk_backward in ("per_step", "accumulate") and "fsdp" not in _warned:
             _warned.add("fsdp")
-            log.warning("fsdp: chunk_backward=%s replaced by 'graph' (same gradients; every rank must make the "
-                        "same number of forwards)", cfg.chunk_backward)
+            log.warning(
+                "fsdp: chunk_backward=%s replaced by 'graph' (same gradients; every rank must make the "
+                "same number of forwards)",
+                cfg.chunk_backward,
+            )
         return {"strategy": "graph", "budget": cfg.policy_batch,
                 "units_per_forward": max(1, cfg.policy_batch // max(sizes)), "side_buffer": False}
-    side = cfg.lora.enabled or cfg.chunk_backward == "accumulate"  # full fine-tuning: a parameter-sized buffer
+    side = (
+        cfg.lora.enabled or cfg.chunk_backward == "accumulate"
+    )  # full fine-tuning: a parameter-sized buffer
     return {"strategy": cfg.chunk_backward, "budget": cfg.policy_batch, "units_per_forward": None,
             "side_buffer": side}
 
@@ -138,7 +143,9 @@ def _iteration(ctx: IterationContext) -> IterationResult:
             raise NonFiniteLossError(f"non-finite loss at iteration {it}, sample {b}, chunk {k}")
         stats += out
         if cfg.recompute_old_logp and w == 0 and len(windows) > 1:
-            old_recomputed = recompute_old_log_probs(windows[1:], window_units, forward, traj, layout, side_buffer)
+            old_recomputed = recompute_old_log_probs(
+                windows[1:], window_units, forward, traj, layout, side_buffer
+            )
         tag = "on" if w == 0 else "off"
         split[f"policy_{tag}_s"] += time.perf_counter() - tw
         split[f"policy_{tag}_samples"] += model.counter.samples - sw
@@ -153,12 +160,17 @@ def _iteration(ctx: IterationContext) -> IterationResult:
                            (torch.exp(-lr_) - 1 + lr_).mean()]).tolist()  # k3 on each unit's log-ratio
     trained_pairs = int(sum(sizes[k] for b in range(B) for k in unit_mask[b].nonzero().flatten().tolist()))
     metrics = {
-        "reward_mean": float(torch.stack(list(rewards.values())).mean()) if len(rewards) == 1 else
-        float(sum(ctx.reward_weights[k] * v.mean() for k, v in rewards.items())),
+        "reward_mean": float(torch.stack(list(rewards.values())).mean())
+        if len(rewards) == 1
+        else float(sum(ctx.reward_weights[k] * v.mean() for k, v in rewards.items())),
         "reward_std": float(next(iter(rewards.values())).std()),
         **{f"reward/{k}": float(v.mean()) for k, v in rewards.items()},
-        "loss": summary[0], "clip_frac": summary[1], "ratio_mean": summary[2], "ratio_min": summary[3],
-        "ratio_max": summary[4], "kl_k3": summary[5],
+        "loss": summary[0],
+        "clip_frac": summary[1],
+        "ratio_mean": summary[2],
+        "ratio_min": summary[3],
+        "ratio_max": summary[4],
+        "kl_k3": summary[5],
         "grad_norm": max(grad_norms) if grad_norms else 0.0,
         "adv_abs_mean": float(adv.abs().mean()),
         "transformer_forward": calls["transformer_forward"],

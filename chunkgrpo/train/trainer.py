@@ -29,13 +29,13 @@ from chunkgrpo.chunks import ChunkPlan, training_plan
 from chunkgrpo.errors import Terminated, UserError
 from chunkgrpo.locks import FileLock, LockHeld
 from chunkgrpo.recipes import GRPO_METHODS
+from chunkgrpo.scoring.rewards import get_reward
 from chunkgrpo.train import checkpoint as ckpt
 from chunkgrpo.train import dist as D
 from chunkgrpo.train.checkpointer import Checkpointer, config_hash
 from chunkgrpo.train.config import TrainConfig
 from chunkgrpo.train.context import IterationContext, NonFiniteLossError
 from chunkgrpo.train.methods import get_method
-from chunkgrpo.scoring.rewards import get_reward
 
 __all__ = ["NonFiniteLossError", "Trainer", "run_training"]
 
@@ -47,8 +47,13 @@ def peft_lora_config(lc):
     initialisation (`default`: peft's Kaiming-uniform; `gaussian`: N(0, (1/r)²), TempFlow-GRPO's)."""
     from peft import LoraConfig
 
-    return LoraConfig(r=lc.rank, lora_alpha=lc.alpha, lora_dropout=lc.dropout, target_modules=list(lc.targets),
-                      init_lora_weights=True if lc.init == "default" else "gaussian")
+    return LoraConfig(
+        r=lc.rank,
+        lora_alpha=lc.alpha,
+        lora_dropout=lc.dropout,
+        target_modules=list(lc.targets),
+        init_lora_weights=True if lc.init == "default" else "gaussian",
+    )
 
 
 def check_trained_units(cfg: TrainConfig, plan: ChunkPlan) -> None:
@@ -58,9 +63,11 @@ def check_trained_units(cfg: TrainConfig, plan: ChunkPlan) -> None:
         return
     K = len(plan.sizes)
     if int(K * cfg.timestep_fraction) < 1:
-        raise UserError(f"timestep_fraction={cfg.timestep_fraction} of {K} chunk(s) (sizes {plan.sizes}) "
-                        f"trains int({K}×{cfg.timestep_fraction}) = 0 units per sample; raise timestep_fraction to "
-                        f">= {1 / K:g} (e.g. 1.0 for 'whole') or plan more chunks")
+        raise UserError(
+            f"timestep_fraction={cfg.timestep_fraction} of {K} chunk(s) (sizes {plan.sizes}) "
+            f"trains int({K}×{cfg.timestep_fraction}) = 0 units per sample; raise timestep_fraction to "
+            f">= {1 / K:g} (e.g. 1.0 for 'whole') or plan more chunks"
+        )
 
 
 class Trainer:
@@ -75,7 +82,9 @@ class Trainer:
         if not cfg.prompts:
             raise UserError("train needs a prompt file (prompts=FILE)")
         if cfg.device.startswith("cuda") and not torch.cuda.is_available():
-            raise UserError(f"device={cfg.device} but no CUDA device is available (use device=auto or device=cpu)")
+            raise UserError(
+                f"device={cfg.device} but no CUDA device is available (use device=auto or device=cpu)"
+            )
         # an s3:// model is fetched in setup(), once per node (`_fetch_model`); a local one is checked now
         self.model_path = "" if str(cfg.model).startswith("s3://") else resolve_model_source(cfg.model)
         self.prompts = load_prompts(cfg.prompts)
@@ -128,11 +137,15 @@ class Trainer:
             if p.requires_grad and p.dtype != torch.float32:
                 p.data = p.data.float()  # fp32 master weights for everything trained
         if not any(p.requires_grad for p in tr.parameters()):
-            raise UserError(f"no trainable parameters: lora.targets {cfg.lora.targets} match no module of the transformer")
+            raise UserError(
+                f"no trainable parameters: lora.targets {cfg.lora.targets} match no module of the transformer"
+            )
         if cfg.gradient_checkpointing:
             tr.enable_gradient_checkpointing()
         if cfg.distributed == "fsdp" and self.info.enabled:
-            D.shard_fsdp(tr, mixed_bf16=self.bf16)  # chunk/step methods then train whole units (train/grpo.py)
+            D.shard_fsdp(
+                tr, mixed_bf16=self.bf16
+            )  # chunk/step methods then train whole units (train/grpo.py)
         else:
             D.broadcast_params(tr)
         self.trainable = [p for p in tr.parameters() if p.requires_grad]
@@ -141,7 +154,9 @@ class Trainer:
                                            weight_decay=cfg.weight_decay)
         from chunkgrpo.train.ema import Ema
 
-        self.ema = Ema(self.trainable, cfg.ema.decay, cfg.ema.every, cfg.ema.warmup) if cfg.ema.decay > 0 else None
+        self.ema = (
+            Ema(self.trainable, cfg.ema.decay, cfg.ema.every, cfg.ema.warmup) if cfg.ema.decay > 0 else None
+        )
         warm = max(0, cfg.warmup_steps)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0)
@@ -178,7 +193,7 @@ class Trainer:
         if self.info.local_rank == 0:
             try:
                 path = resolve_model_source(self.cfg.model)
-            except Exception as e:  # noqa: BLE001 - re-raised below, after the other ranks know
+            except Exception as e:
                 err = e
         if D.any_rank(err is not None, self.info.device):  # a collective: the barrier of the other ranks
             if err is not None:
@@ -239,7 +254,9 @@ class Trainer:
 
     # ------------------------------------------------------------------ one iteration
     def _generator(self, iteration: int) -> torch.Generator:
-        return torch.Generator().manual_seed(self.cfg.seed * 7919 + iteration * 104729 + self.info.rank * 15485863)
+        return torch.Generator().manual_seed(
+            self.cfg.seed * 7919 + iteration * 104729 + self.info.rank * 15485863
+        )
 
     def _autocast(self):
         """bf16 autocast (GPU by default; on CPU with mixed_precision=bf16, which exercises the same path)."""
@@ -255,7 +272,11 @@ class Trainer:
         if cfg.max_grad_norm > 0:
             gn = torch.nn.utils.clip_grad_norm_(self.trainable, cfg.max_grad_norm)
         else:
-            gn = torch.norm(torch.stack([g.detach().float().norm() for g in grads])) if grads else torch.zeros(())
+            gn = (
+                torch.norm(torch.stack([g.detach().float().norm() for g in grads]))
+                if grads
+                else torch.zeros(())
+            )
         gn = float(gn.full_tensor() if hasattr(gn, "full_tensor") else gn)
         if not math.isfinite(gn):
             raise NonFiniteLossError(f"non-finite gradient norm at optimizer step {self.opt_step + 1}")
@@ -269,10 +290,20 @@ class Trainer:
         """This rank's view of the current iteration, handed to the method."""
         prompts = self.stream.batch(self.iteration_idx, self.info.rank)
         return IterationContext(
-            cfg=self.cfg, model=self.model, prompts=prompts, cond=self.embeds.get(prompts),
-            reward_fns=self.reward_fns, reward_weights=self.reward_weights, plan=self.plan,
-            device=self.info.device, iteration=self.iteration_idx, generator=self._generator(self.iteration_idx),
-            autocast=self._autocast, optimizer_step=self._optimizer_step, fsdp=self._is_fsdp())
+            cfg=self.cfg,
+            model=self.model,
+            prompts=prompts,
+            cond=self.embeds.get(prompts),
+            reward_fns=self.reward_fns,
+            reward_weights=self.reward_weights,
+            plan=self.plan,
+            device=self.info.device,
+            iteration=self.iteration_idx,
+            generator=self._generator(self.iteration_idx),
+            autocast=self._autocast,
+            optimizer_step=self._optimizer_step,
+            fsdp=self._is_fsdp(),
+        )
 
     def iteration(self) -> dict:
         """One iteration of the configured method; returns its metrics (this rank's)."""
@@ -325,7 +356,9 @@ class Trainer:
                 if self.ema is not None:
                     self.ema.after_iteration(self.iteration_idx)
                 m["time/iteration"] = time.perf_counter() - t_it
-                m["time/other"] = m["time/iteration"] - sum(m[f"time/{k}"] for k in ("rollout", "reward", "policy"))
+                m["time/other"] = m["time/iteration"] - sum(
+                    m[f"time/{k}"] for k in ("rollout", "reward", "policy")
+                )
                 m = D.all_reduce_mean(m, info.device)
                 m["optimizer_step"] = self.opt_step
                 self.history.append({k: m[k] for k in ("optimizer_step", "reward_mean", "loss", "grad_norm")})
@@ -336,7 +369,9 @@ class Trainer:
                     bar.update(self._progress()[1] - bar.n)
                     bar.set_postfix(reward=f"{m['reward_mean']:.4f}", loss=f"{m['loss']:.2e}")
                 every = cfg.checkpoint.every
-                crossed = every and (self.opt_step // every) > ((self.opt_step - self.steps_per_iteration) // every)
+                crossed = every and (self.opt_step // every) > (
+                    (self.opt_step - self.steps_per_iteration) // every
+                )
                 if crossed or self.done():
                     self.save_checkpoint()
             bar.close()
@@ -391,9 +426,18 @@ class Trainer:
             h.update(t.float().cpu().numpy().tobytes())
         path = self.out / "ranks" / f"rank{self.info.rank}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"rank": self.info.rank, "world": self.info.world, "optimizer_step": self.opt_step,
-                                    "trainable_sha256": h.hexdigest(), "sharded": self._is_fsdp(),
-                                    "history": self.history}))
+        path.write_text(
+            json.dumps(
+                {
+                    "rank": self.info.rank,
+                    "world": self.info.world,
+                    "optimizer_step": self.opt_step,
+                    "trainable_sha256": h.hexdigest(),
+                    "sharded": self._is_fsdp(),
+                    "history": self.history,
+                }
+            )
+        )
 
     def _log_grid(self, tracker) -> None:
         from chunkgrpo.grids import image_grid
@@ -432,8 +476,16 @@ class Trainer:
 
             lora_sd = get_peft_model_state_dict(self.model.transformer, state_dict=weights)
             lc = self.cfg.lora
-            FluxPipeline.save_lora_weights(staging, transformer_lora_layers=lora_sd, transformer_lora_adapter_metadata={
-                "r": lc.rank, "lora_alpha": lc.alpha, "target_modules": list(lc.targets), "lora_dropout": lc.dropout})
+            FluxPipeline.save_lora_weights(
+                staging,
+                transformer_lora_layers=lora_sd,
+                transformer_lora_adapter_metadata={
+                    "r": lc.rank,
+                    "lora_alpha": lc.alpha,
+                    "target_modules": list(lc.targets),
+                    "lora_dropout": lc.dropout,
+                },
+            )
             kind = "lora"
         else:
             from safetensors.torch import save_file
@@ -442,11 +494,17 @@ class Trainer:
             self.model.transformer.save_config(staging / "transformer")
             save_file(weights, str(staging / "transformer" / "diffusion_pytorch_model.safetensors"))
             kind = "full"
-        meta = {"kind": kind, "base_model": self.cfg.model, "method": self.cfg.method,
-                "chunk_sizes": self.plan.sizes,
-                "optimizer_steps": self.opt_step, "config_hash": config_hash(self.cfg),
-                "lora": self.cfg.lora.to_dict() if kind == "lora" else None, "sampling": self.cfg.sampling.to_dict(),
-                "ema": {**self.cfg.ema.to_dict(), "updates": self.ema.updates} if self.ema is not None else None}
+        meta = {
+            "kind": kind,
+            "base_model": self.cfg.model,
+            "method": self.cfg.method,
+            "chunk_sizes": self.plan.sizes,
+            "optimizer_steps": self.opt_step,
+            "config_hash": config_hash(self.cfg),
+            "lora": self.cfg.lora.to_dict() if kind == "lora" else None,
+            "sampling": self.cfg.sampling.to_dict(),
+            "ema": {**self.cfg.ema.to_dict(), "updates": self.ema.updates} if self.ema is not None else None,
+        }
         (staging / "chunkgrpo_model.json").write_text(json.dumps(meta, indent=1))
         ckpt.write_manifest(staging, {"kind": kind})
         if out.exists():

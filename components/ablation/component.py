@@ -11,10 +11,24 @@ from components.images import RUNTIME_IMAGE
 
 
 @dsl.component(base_image=RUNTIME_IMAGE, install_kfp_package=False, additional_funcs=[run_prefix, stage_env])
-def toy_ablation(model: str, methods: list, seeds: int, steps: int, artifact_root: str, run_id: str,
-                 parent_run_id: str, results: Output[Artifact], table: Output[Markdown], curves: Output[Artifact],
-                 metrics: Output[Metrics], series_root: str = "", plan: str = "dynamics", eval_per_category: int = 4,
-                 eval_samples: int = 4, eval_points: int = 2):
+def toy_ablation(
+    model: str,
+    methods: list,
+    seeds: int,
+    steps: int,
+    artifact_root: str,
+    run_id: str,
+    parent_run_id: str,
+    results: Output[Artifact],
+    table: Output[Markdown],
+    curves: Output[Artifact],
+    metrics: Output[Metrics],
+    series_root: str = "",
+    plan: str = "dynamics",
+    eval_per_category: int = 4,
+    eval_samples: int = 4,
+    eval_points: int = 2,
+):
     """Add `seeds` seeds of every method to the ablation series and report all seeds so far.
 
     Args:
@@ -45,11 +59,24 @@ def toy_ablation(model: str, methods: list, seeds: int, steps: int, artifact_roo
     from chunkgrpo.toy.ablation import AblationConfig, run_series
 
     out = Path(tempfile.mkdtemp(prefix="chunkgrpo-ablation-"))
-    cfg = AblationConfig(model=resolve_model_source(model), out=str(out), methods=list(methods), seeds=seeds,
-                         steps=steps, eval_per_category=eval_per_category, eval_samples=eval_samples,
-                         eval_points=eval_points, plan=plan, profile_prompts=6, profile_seeds=1, progress=False)
+    cfg = AblationConfig(
+        model=resolve_model_source(model),
+        out=str(out),
+        methods=list(methods),
+        seeds=seeds,
+        steps=steps,
+        eval_per_category=eval_per_category,
+        eval_samples=eval_samples,
+        eval_points=eval_points,
+        plan=plan,
+        profile_prompts=6,
+        profile_seeds=1,
+        progress=False,
+    )
     root = series_root or artifact_root.rstrip("/") + "/ablation-series"
-    with tracking.stage_run("ablation", parent_run_id=parent_run_id or None, params=tracking.flatten(cfg.to_dict())) as tr:
+    with tracking.stage_run(
+        "ablation", parent_run_id=parent_run_id or None, params=tracking.flatten(cfg.to_dict())
+    ) as tr:
         result = run_series(cfg, root, seeds)
         flat = {}
         for m, e in result["methods"].items():
@@ -61,10 +88,17 @@ def toy_ablation(model: str, methods: list, seeds: int, steps: int, artifact_roo
         pr = result["primary"]
         if pr.get("diff"):
             d = pr["diff"]
-            flat.update({"ablation.primary.diff": d["mean"], "ablation.primary.ci95": d["ci95"],
-                         "ablation.primary.ci_low": d["mean"] - d["ci95"], "ablation.primary.ci_high": d["mean"] + d["ci95"],
-                         "ablation.primary.p": d.get("p", float("nan")), "ablation.primary.mde": pr["mde_at_seeds"],
-                         "ablation.primary.mde_assumed_sd": pr["mde_at_seeds_assumed_sd"]})
+            flat.update(
+                {
+                    "ablation.primary.diff": d["mean"],
+                    "ablation.primary.ci95": d["ci95"],
+                    "ablation.primary.ci_low": d["mean"] - d["ci95"],
+                    "ablation.primary.ci_high": d["mean"] + d["ci95"],
+                    "ablation.primary.p": d.get("p", float("nan")),
+                    "ablation.primary.mde": pr["mde_at_seeds"],
+                    "ablation.primary.mde_assumed_sd": pr["mde_at_seeds_assumed_sd"],
+                }
+            )
         flat["ablation.primary.seeds"] = float(len(result["series"]["seeds"]))
         flat = {k: v for k, v in flat.items() if math.isfinite(v)}  # a category nobody scored: not logged
         tr.log_metrics(flat)

@@ -11,7 +11,7 @@ from components.images import EVAL_IMAGE, RUNTIME_IMAGE
 def evaluate(preset: str, overrides: list, benchmarks: list, num_prompts: int, base_model: str,
              registered_model: str, alias: str, artifact_root: str, run_id: str, stage: str, experiment: str,
              parent_run_id: str, metrics: Output[Metrics], report: Output[HTML], results: Output[Artifact],
-             model: Input[Model] = None, scorer_weights: dict = {}):  # noqa: B006 - KFP parameter default
+             model: Input[Model] = None, scorer_weights: dict = {}):
     """Generate and score benchmark images for the trained model and the base model (same seeds).
 
     Args:
@@ -53,7 +53,7 @@ def evaluate(preset: str, overrides: list, benchmarks: list, num_prompts: int, b
         name, registered_model = registered_model, f"models:/{registered_model}@{alias or 'champion'}"
         try:
             mv = MlflowClient().get_model_version_by_alias(name, alias or "champion")
-        except Exception as e:  # noqa: BLE001 - a missing alias is the common case
+        except Exception as e:
             raise UserError(f"cannot resolve {registered_model}: {e}") from None
         tags = mv.tags or {}
         base_model = base_model or tags.get("base_model", "")
@@ -70,8 +70,14 @@ def evaluate(preset: str, overrides: list, benchmarks: list, num_prompts: int, b
         raise UserError("nothing to evaluate: give a model artifact, registered_model or base_model")
     from chunkgrpo.model_cache import scorer_weight_overrides
 
-    over = [*scorer_weight_overrides(dict(scorer_weights)), *overrides, f"model={source}", f"output_dir={work / 'out'}",
-            f"output_uri={run_prefix(artifact_root, run_id, stage)}", f"experiment={experiment}"]
+    over = [
+        *scorer_weight_overrides(dict(scorer_weights)),
+        *overrides,
+        f"model={source}",
+        f"output_dir={work / 'out'}",
+        f"output_uri={run_prefix(artifact_root, run_id, stage)}",
+        f"experiment={experiment}",
+    ]
     if base_model:
         over.append(f"base_model={base_model}")
     if benchmarks:
@@ -152,7 +158,9 @@ def check_regression(results: Input[Artifact], model_name: str, alias: str, metr
     if base is not None and sign * (today - base) <= 0:
         lines.append(f"\nnote: the {alias} does not beat the base model on {metric} tonight")
     if metric.endswith((".delta_ci_low", ".delta_ci_high")) and sign * today <= 0:
-        lines.append(f"\nnote: tonight the {alias} is not significantly better than the base model ({metric})")
+        lines.append(
+            f"\nnote: tonight the {alias} is not significantly better than the base model ({metric})"
+        )
     Path(summary.path).write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     if parent_run_id and os.environ.get("MLFLOW_TRACKING_URI"):
@@ -160,7 +168,9 @@ def check_regression(results: Input[Artifact], model_name: str, alias: str, metr
         client.set_tag(parent_run_id, "chunkgrpo.regression.metric", metric)
         client.log_metric(parent_run_id, f"nightly.{metric}", float(today))
         if version:
-            client.set_model_version_tag(model_name, version, "nightly.last_regression", str(regressed).lower())
+            client.set_model_version_tag(
+                model_name, version, "nightly.last_regression", str(regressed).lower()
+            )
     if regressed and fail_on_regression:
         raise RuntimeError(f"{model_name}@{alias} regressed on {metric}: {today:.6g} vs {reference:.6g}")
     return regressed

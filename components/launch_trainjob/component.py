@@ -8,13 +8,36 @@ from components.images import LAUNCHER_IMAGE
 
 
 @dsl.component(base_image=LAUNCHER_IMAGE, install_kfp_package=False, additional_funcs=[run_prefix, stage_env])
-def launch_trainjob(kind: str, namespace: str, image: str, num_nodes: int, nproc_per_node: int, gpus_per_node: int,
-                    node_selector: dict, tolerations: list, shm_size: str, model: str, prompts: str, preset: str,
-                    method: str, chunks: str, max_iterations: int, overrides: list, artifact_root: str, run_id: str,
-                    experiment: str, parent_run_id: str, timeout_hours: float,
-                    trained_model: Output[Model], metrics: Output[Metrics], queue_name: str = "",
-                    image_pull_secrets: list = [], reward_weights: dict = {},  # noqa: B006 - KFP defaults
-                    keep_failed: bool = False, schedule_grace_minutes: float = 15.0):
+def launch_trainjob(
+    kind: str,
+    namespace: str,
+    image: str,
+    num_nodes: int,
+    nproc_per_node: int,
+    gpus_per_node: int,
+    node_selector: dict,
+    tolerations: list,
+    shm_size: str,
+    model: str,
+    prompts: str,
+    preset: str,
+    method: str,
+    chunks: str,
+    max_iterations: int,
+    overrides: list,
+    artifact_root: str,
+    run_id: str,
+    experiment: str,
+    parent_run_id: str,
+    timeout_hours: float,
+    trained_model: Output[Model],
+    metrics: Output[Metrics],
+    queue_name: str = "",
+    image_pull_secrets: list = [],
+    reward_weights: dict = {},
+    keep_failed: bool = False,
+    schedule_grace_minutes: float = 15.0,
+):
     """Run `torchrun -m chunkgrpo.train` on `num_nodes` nodes as a TrainJob (Trainer v2) or PyTorchJob (v1).
 
     The job is named from the KFP run id, so a retried step re-attaches to it instead of starting a
@@ -61,35 +84,61 @@ def launch_trainjob(kind: str, namespace: str, image: str, num_nodes: int, nproc
     from chunkgrpo.k8s import jobspec, launcher, trainjob
     from chunkgrpo.k8s.diagnose import JobProbe
     from chunkgrpo.model_cache import reward_weight_overrides
+    from chunkgrpo.recipes import preset_for
     from chunkgrpo.store.client import ArtifactStore
     from chunkgrpo.store.manifest import make_pointer
-    from chunkgrpo.recipes import preset_for
 
     preset = preset_for(method, preset)
 
     prefix = run_prefix(artifact_root, run_id, "train")
     ns = namespace or launcher.current_namespace("kubeflow")
-    prompts_path = "/tmp/inputs/prompts" + (Path(prompts).suffix or ".txt") if prompts.startswith("s3://") else prompts
+    prompts_path = (
+        "/tmp/inputs/prompts" + (Path(prompts).suffix or ".txt") if prompts.startswith("s3://") else prompts
+    )
     spec = jobspec.JobSpec(
-        name=jobspec.job_name(run_id, "train"), namespace=ns, image=image, num_nodes=num_nodes,
-        nproc_per_node=nproc_per_node, gpus_per_node=gpus_per_node, node_selector=dict(node_selector),
-        tolerations=list(tolerations), shm_size=shm_size, run_id=run_id, upload_final_to=f"{prefix}/final",
+        name=jobspec.job_name(run_id, "train"),
+        namespace=ns,
+        image=image,
+        num_nodes=num_nodes,
+        nproc_per_node=nproc_per_node,
+        gpus_per_node=gpus_per_node,
+        node_selector=dict(node_selector),
+        tolerations=list(tolerations),
+        shm_size=shm_size,
+        run_id=run_id,
+        upload_final_to=f"{prefix}/final",
         fetch={prompts_path: prompts} if prompts.startswith("s3://") else {},
-        active_deadline_seconds=int(timeout_hours * 3600) or None, queue_name=queue_name,
+        active_deadline_seconds=int(timeout_hours * 3600) or None,
+        queue_name=queue_name,
         image_pull_secrets=list(image_pull_secrets),
-        secret_env={"AWS_ACCESS_KEY_ID": ("chunkgrpo-s3", "AWS_ACCESS_KEY_ID"),
-                    "AWS_SECRET_ACCESS_KEY": ("chunkgrpo-s3", "AWS_SECRET_ACCESS_KEY")},
+        secret_env={
+            "AWS_ACCESS_KEY_ID": ("chunkgrpo-s3", "AWS_ACCESS_KEY_ID"),
+            "AWS_SECRET_ACCESS_KEY": ("chunkgrpo-s3", "AWS_SECRET_ACCESS_KEY"),
+        },
         env={"CHUNKGRPO_MLFLOW_PARENT_RUN_ID": parent_run_id},
-        train_args=["--config", preset, *overrides, *reward_weight_overrides(preset, list(overrides), dict(reward_weights)),
-                    f"model={model}", f"prompts={prompts_path}", f"method={method}", f"chunks={chunks}",
-                    *([f"max_iterations={max_iterations}"] if max_iterations != 0 else []),  # negative: the trainer says why
-                    "progress=false",
-                    f"checkpoint.s3_prefix={prefix}/checkpoints", f"tracking.experiment={experiment}",
-                    f"tracking.parent_run_id={parent_run_id}", f"tracking.run_name=train-{run_id[:8]}"])
+        train_args=[
+            "--config",
+            preset,
+            *overrides,
+            *reward_weight_overrides(preset, list(overrides), dict(reward_weights)),
+            f"model={model}",
+            f"prompts={prompts_path}",
+            f"method={method}",
+            f"chunks={chunks}",
+            *(
+                [f"max_iterations={max_iterations}"] if max_iterations != 0 else []
+            ),  # negative: the trainer says why
+            "progress=false",
+            f"checkpoint.s3_prefix={prefix}/checkpoints",
+            f"tracking.experiment={experiment}",
+            f"tracking.parent_run_id={parent_run_id}",
+            f"tracking.run_name=train-{run_id[:8]}",
+        ],
+    )
     api = launcher.load_api()
     try:  # ownerReference to the run's Argo Workflow: deleting the run deletes the job
         spec.owner = launcher.owner_from_pod(launcher.this_pod_getter(ns))
-    except Exception as e:  # noqa: BLE001 - the exit handler's cleanup_run still covers this run
+    except Exception as e:
         print(f"warning: no ownerReference for the job ({type(e).__name__}: {e})", flush=True)
     if kind == "PyTorchJob":
         template = launcher.read_template(api, ns)  # TemplateError (one line) if missing or forbidden
@@ -113,9 +162,18 @@ def launch_trainjob(kind: str, namespace: str, image: str, num_nodes: int, nproc
         raise RuntimeError(f"{kind} {spec.name} succeeded but {prefix}/final holds no complete model")
     summary = json.loads(store.get_bytes(f"{prefix}/final.train_summary.json"))
     info = json.loads(store.get_bytes(f"{prefix}/final/chunkgrpo_model.json"))
-    pointer = make_pointer(f"{prefix}/final", manifest.sha256, info["kind"], base_model=model, method=method,
-                           chunk_sizes=summary["chunk_sizes"], optimizer_steps=summary["optimizer_steps"],
-                           config_hash=summary["config_hash"], kfp_run_id=run_id, job=f"{kind}/{ns}/{spec.name}")
+    pointer = make_pointer(
+        f"{prefix}/final",
+        manifest.sha256,
+        info["kind"],
+        base_model=model,
+        method=method,
+        chunk_sizes=summary["chunk_sizes"],
+        optimizer_steps=summary["optimizer_steps"],
+        config_hash=summary["config_hash"],
+        kfp_run_id=run_id,
+        job=f"{kind}/{ns}/{spec.name}",
+    )
     Path(trained_model.path).write_text(json.dumps(pointer, indent=1))
     trained_model.metadata.update({k: v for k, v in pointer.items() if isinstance(v, (str, int, float))})
     metrics.log_metric("optimizer_steps", float(summary["optimizer_steps"]))

@@ -49,11 +49,15 @@ def preflight(model: str, prompts: str, preset: str, train_overrides: list, rewa
     spec = PreflightSpec(model=model, prompts=prompts, weights=weights, benchmarks=benchmarks,
                          artifact_root=artifact_root)
     require(spec)
-    report, problems = capacity_check(preset, list(train_overrides), model, pool, method)  # the model is there now
+    report, problems = capacity_check(
+        preset, list(train_overrides), model, pool, method
+    )  # the model is there now
     Path(capacity.path).write_text(report)
     if problems:
         raise UserError(f"preflight: {len(problems)} problem(s): " + "; ".join(problems))
-    print(f"preflight ok: model {model}, prompts {prompts}, {len(spec.weights)} weight URI(s), benchmarks {benchmarks}")
+    print(
+        f"preflight ok: model {model}, prompts {prompts}, {len(spec.weights)} weight URI(s), benchmarks {benchmarks}"
+    )
     return "ok"
 
 
@@ -80,8 +84,13 @@ def benchmark_preflight(model_name: str, alias: str, base_model: str, eval_prese
 
     benchmarks, weights = evaluation_inputs(eval_preset, list(eval_benchmarks), list(eval_overrides),
                                             dict(scorer_weights))
-    spec = PreflightSpec(model=base_model, registered=f"{model_name}@{alias}", weights=weights, benchmarks=benchmarks,
-                         artifact_root=artifact_root)
+    spec = PreflightSpec(
+        model=base_model,
+        registered=f"{model_name}@{alias}",
+        weights=weights,
+        benchmarks=benchmarks,
+        artifact_root=artifact_root,
+    )
     require(spec)
     print(f"preflight ok: {model_name}@{alias}, {len(spec.weights)} weight URI(s), benchmarks {benchmarks}")
     return "ok"

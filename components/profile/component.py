@@ -8,8 +8,19 @@ from components.images import RUNTIME_IMAGE
 
 
 @dsl.component(base_image=RUNTIME_IMAGE, install_kfp_package=False, additional_funcs=[local_file, stage_env])
-def profile(model: str, prompts: str, preset: str, overrides: list, num_prompts: int, seeds: int, device: str,
-            profile_json: Output[Artifact], plot: Output[Artifact], method: str = "chunk", trajectories: str = "sde"):
+def profile(
+    model: str,
+    prompts: str,
+    preset: str,
+    overrides: list,
+    num_prompts: int,
+    seeds: int,
+    device: str,
+    profile_json: Output[Artifact],
+    plot: Output[Artifact],
+    method: str = "chunk",
+    trajectories: str = "sde",
+):
     """Profile the base model's flow dynamics with the sampling settings of the training preset.
 
     Args:
@@ -36,7 +47,9 @@ def profile(model: str, prompts: str, preset: str, overrides: list, num_prompts:
     from chunkgrpo.train.config import TrainConfig
 
     preset = preset_for(method, preset)
-    sampling = TrainConfig.load(preset, [o for o in overrides if o.startswith("sampling.")]).sampling.to_dict()
+    sampling = TrainConfig.load(
+        preset, [o for o in overrides if o.startswith("sampling.")]
+    ).sampling.to_dict()
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     out = Path(tempfile.mkdtemp(prefix="chunkgrpo-profile-")) / "profile.json"
@@ -45,8 +58,12 @@ def profile(model: str, prompts: str, preset: str, overrides: list, num_prompts:
                                    "trajectories": trajectories, "sampling": sampling})
     _, path = run_profile(cfg, progress=False)
     shutil.copyfile(path, profile_json.path)
-    profile_json.metadata.update({"num_steps": sampling["num_steps"], "model": model, "trajectories": trajectories})
+    profile_json.metadata.update(
+        {"num_steps": sampling["num_steps"], "model": model, "trajectories": trajectories}
+    )
     if path.with_suffix(".png").exists():
         shutil.copyfile(path.with_suffix(".png"), plot.path)
-    print(f"profile: {sampling['num_steps']} steps, {num_prompts or 'all'} prompts x {seeds} seeds, SDE + ODE "
-          f"(planning on {trajectories}) -> {profile_json.uri}")
+    print(
+        f"profile: {sampling['num_steps']} steps, {num_prompts or 'all'} prompts x {seeds} seeds, SDE + ODE "
+        f"(planning on {trajectories}) -> {profile_json.uri}"
+    )

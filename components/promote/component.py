@@ -54,10 +54,10 @@ def promote(model_name: str, version: str, metric: str, margin: float, who: str,
     from pathlib import Path
 
     stage_env("")
+    import os
+
     from chunkgrpo.registry.gate import GateConfig
     from chunkgrpo.registry.promotion import promote as do_promote
-
-    import os
 
     gate = GateConfig(metric=metric, margin=margin)
     if os.environ.get("CHUNKGRPO_PROMOTER_URL"):  # the promoter identity moves champion (server-side gate)

@@ -62,5 +62,7 @@ def register(model_name: str, experiment: str, run_id: str, parent_run_id: str, 
             "run_id": rv.run_id or "", "reused": rv.reused, "checkpoint_uri": pointer["uri"]}
     Path(registered.path).write_text(json.dumps(info, indent=1))
     registered.metadata.update(info)
-    print(f"registered {rv.uri}{' (existing version, same weights)' if rv.reused else ''} from {pointer['uri']}")
+    print(
+        f"registered {rv.uri}{' (existing version, same weights)' if rv.reused else ''} from {pointer['uri']}"
+    )
     return rv.version

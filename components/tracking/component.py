@@ -34,13 +34,20 @@ def open_run(experiment: str, run_name: str, kfp_run_id: str, pipeline: str) -> 
     if not created:
         print(f"MLflow parent run {run.run_id} (existing, retry)")
         return run.run_id
-    print(f"MLflow parent run {run.run_id} in experiment {experiment!r} at {os.environ['MLFLOW_TRACKING_URI']}")
+    print(
+        f"MLflow parent run {run.run_id} in experiment {experiment!r} at {os.environ['MLFLOW_TRACKING_URI']}"
+    )
     return run.run_id
 
 
 @dsl.component(base_image=RUNTIME_IMAGE, install_kfp_package=False)
-def close_run(experiment: str, kfp_run_id: str, status: dsl.PipelineTaskFinalStatus, cleanup_jobs: bool = False,
-              job_namespace: str = ""):
+def close_run(
+    experiment: str,
+    kfp_run_id: str,
+    status: dsl.PipelineTaskFinalStatus,
+    cleanup_jobs: bool = False,
+    job_namespace: str = "",
+):
     """Exit handler: delete the run's still-active training jobs, then set the parent run's final
     MLflow status from the KFP run's state.
 
@@ -59,8 +66,12 @@ def close_run(experiment: str, kfp_run_id: str, status: dsl.PipelineTaskFinalSta
         ns = job_namespace or launcher.current_namespace("kubeflow")
         try:
             deleted = launcher.cleanup_run(launcher.load_api(), ns, kfp_run_id)
-            print(f"deleted orphaned training jobs: {', '.join(deleted)}" if deleted else "no active training jobs left")
-        except Exception as e:  # noqa: BLE001 - the MLflow status must still be recorded; the error is shown
+            print(
+                f"deleted orphaned training jobs: {', '.join(deleted)}"
+                if deleted
+                else "no active training jobs left"
+            )
+        except Exception as e:
             print(f"ERROR: could not clean up the training jobs of run {kfp_run_id} in {ns}: {e}", flush=True)
 
     if not os.environ.get("MLFLOW_TRACKING_URI"):

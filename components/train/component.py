@@ -9,9 +9,23 @@ from components.images import RUNTIME_IMAGE
 
 @dsl.component(base_image=RUNTIME_IMAGE, install_kfp_package=False,
                additional_funcs=[local_file, run_prefix, stage_env])
-def train(model: str, prompts: str, preset: str, method: str, chunks: str, max_iterations: int, nproc_per_node: int,
-          overrides: list, artifact_root: str, run_id: str, experiment: str, parent_run_id: str,
-          trained_model: Output[Model], metrics: Output[Metrics], reward_weights: dict = {}):  # noqa: B006
+def train(
+    model: str,
+    prompts: str,
+    preset: str,
+    method: str,
+    chunks: str,
+    max_iterations: int,
+    nproc_per_node: int,
+    overrides: list,
+    artifact_root: str,
+    run_id: str,
+    experiment: str,
+    parent_run_id: str,
+    trained_model: Output[Model],
+    metrics: Output[Metrics],
+    reward_weights: dict = {},
+):
     """GRPO fine-tuning with `python -m chunkgrpo.torchrun_local --nproc-per-node=N -m chunkgrpo.train` (torchrun,
     rendezvous store listening on 127.0.0.1 only).
 
@@ -38,21 +52,31 @@ def train(model: str, prompts: str, preset: str, method: str, chunks: str, max_i
 
     stage_env(parent_run_id)
     from chunkgrpo.model_cache import reward_weight_overrides
+    from chunkgrpo.recipes import preset_for
     from chunkgrpo.store.client import ArtifactStore
     from chunkgrpo.store.manifest import make_pointer
-    from chunkgrpo.recipes import preset_for
 
     preset = preset_for(method, preset)
 
     prefix = run_prefix(artifact_root, run_id, "train")
     out = Path(tempfile.mkdtemp(prefix="chunkgrpo-train-")) / "out"
-    args = [*overrides, *reward_weight_overrides(preset, list(overrides), dict(reward_weights)), f"model={model}",
-            f"prompts={local_file(prompts)}", f"method={method}", f"chunks={chunks}",
-            *([f"max_iterations={max_iterations}"] if max_iterations != 0 else []),  # negative: the trainer says why
-            f"output_dir={out}", "progress=false",
-            f"checkpoint.s3_prefix={prefix}/checkpoints",  # a retried task resumes from here
-            f"tracking.experiment={experiment}", f"tracking.parent_run_id={parent_run_id}",
-            f"tracking.run_name=train-{run_id[:8]}"]
+    args = [
+        *overrides,
+        *reward_weight_overrides(preset, list(overrides), dict(reward_weights)),
+        f"model={model}",
+        f"prompts={local_file(prompts)}",
+        f"method={method}",
+        f"chunks={chunks}",
+        *(
+            [f"max_iterations={max_iterations}"] if max_iterations != 0 else []
+        ),  # negative: the trainer says why
+        f"output_dir={out}",
+        "progress=false",
+        f"checkpoint.s3_prefix={prefix}/checkpoints",  # a retried task resumes from here
+        f"tracking.experiment={experiment}",
+        f"tracking.parent_run_id={parent_run_id}",
+        f"tracking.run_name=train-{run_id[:8]}",
+    ]
     from chunkgrpo.torchrun_local import command
 
     # torchrun on one node, rendezvous store on 127.0.0.1 only (--standalone listens on every interface)
@@ -60,7 +84,9 @@ def train(model: str, prompts: str, preset: str, method: str, chunks: str, max_i
     print("+ torchrun " + shlex.join(cmd[3:]), flush=True)
     from chunkgrpo.torchrun import run_torchrun
 
-    run_torchrun(cmd)  # ranks' output streamed into the task log; a rank's user error becomes this task's error
+    run_torchrun(
+        cmd
+    )  # ranks' output streamed into the task log; a rank's user error becomes this task's error
 
     summary = json.loads((out / "train_summary.json").read_text())
     info = json.loads((out / "final" / "chunkgrpo_model.json").read_text())
@@ -68,10 +94,18 @@ def train(model: str, prompts: str, preset: str, method: str, chunks: str, max_i
     store = ArtifactStore()
     manifest = store.put_folder(out / "final", uri, meta={"kind": "model", "run_id": run_id})
     store.put_file(out / "train_summary.json", f"{prefix}/train_summary.json")
-    pointer = make_pointer(uri, manifest.sha256, info["kind"], base_model=model, method=method,
-                           chunk_sizes=summary["chunk_sizes"], optimizer_steps=summary["optimizer_steps"],
-                           config_hash=summary["config_hash"], mlflow_run_id=summary.get("mlflow_run_id") or "",
-                           kfp_run_id=run_id)
+    pointer = make_pointer(
+        uri,
+        manifest.sha256,
+        info["kind"],
+        base_model=model,
+        method=method,
+        chunk_sizes=summary["chunk_sizes"],
+        optimizer_steps=summary["optimizer_steps"],
+        config_hash=summary["config_hash"],
+        mlflow_run_id=summary.get("mlflow_run_id") or "",
+        kfp_run_id=run_id,
+    )
     Path(trained_model.path).write_text(json.dumps(pointer, indent=1))
     trained_model.metadata.update({k: v for k, v in pointer.items() if isinstance(v, (str, int, float))})
     hist = summary["history"]

@@ -36,8 +36,18 @@ def prompts_file(tmp_path_factory):
 
 
 def _cfg(model, prompts, out, *over):
-    return TrainConfig.load("tiny_cpu", [f"model={model}", f"prompts={prompts}", f"output_dir={out}", "progress=false",
-                                         "checkpoint.every=1", "tracking.image_every=0", *over])
+    return TrainConfig.load(
+        "tiny_cpu",
+        [
+            f"model={model}",
+            f"prompts={prompts}",
+            f"output_dir={out}",
+            "progress=false",
+            "checkpoint.every=1",
+            "tracking.image_every=0",
+            *over,
+        ],
+    )
 
 
 @pytest.fixture
@@ -68,17 +78,25 @@ def _later(delay_s: float, fn) -> threading.Thread:
     return t
 
 
-def test_mlflow_down_at_start_does_not_block_or_stop_training(tiny_model_dir, prompts_file, tmp_path, env, caplog):
+def test_mlflow_down_at_start_does_not_block_or_stop_training(
+    tiny_model_dir, prompts_file, tmp_path, env, caplog
+):
     env({"MLFLOW_TRACKING_URI": f"http://127.0.0.1:{free_port()}"})  # nothing listens there
     caplog.set_level(logging.WARNING)
     t0 = time.monotonic()
-    summary = run_training(_cfg(tiny_model_dir, prompts_file, tmp_path, "max_steps=2", "tracking.flush_timeout_s=2"))
+    summary = run_training(
+        _cfg(tiny_model_dir, prompts_file, tmp_path, "max_steps=2", "tracking.flush_timeout_s=2")
+    )
     elapsed = time.monotonic() - t0
-    assert summary["optimizer_steps"] == 2 and (tmp_path / "final" / "pytorch_lora_weights.safetensors").exists()
+    assert (
+        summary["optimizer_steps"] == 2 and (tmp_path / "final" / "pytorch_lora_weights.safetensors").exists()
+    )
     assert "mlflow_run_id" not in summary
     assert "MLflow unreachable" in caplog.text and "tracking calls not delivered" in caplog.text
     assert elapsed < 120, elapsed  # it used to hang 256 s at start, then crash
-    assert os.environ.get("MLFLOW_HTTP_REQUEST_MAX_RETRIES") is None  # the bounded settings were scoped to the run
+    assert (
+        os.environ.get("MLFLOW_HTTP_REQUEST_MAX_RETRIES") is None
+    )  # the bounded settings were scoped to the run
 
 
 def test_mlflow_crash_mid_run_loses_no_metric(tiny_model_dir, prompts_file, tmp_path, env, monkeypatch):
@@ -102,7 +120,9 @@ def test_mlflow_crash_mid_run_loses_no_metric(tiny_model_dir, prompts_file, tmp_
         by_step = {m.step: m.value for m in hist}
         assert all(abs(by_step[h["optimizer_step"]] - h["reward_mean"]) < 1e-6 for h in summary["history"])
         assert run.data.params["method"] == "chunk"
-        assert {"chunk_plan.json", "train_summary.json"} <= {a.path for a in MlflowClient().list_artifacts(run.info.run_id)}
+        assert {"chunk_plan.json", "train_summary.json"} <= {
+            a.path for a in MlflowClient().list_artifacts(run.info.run_id)
+        }
 
 
 def test_sigterm_marks_the_run_killed_and_keeps_the_checkpoint(tiny_model_dir, prompts_file, tmp_path, env):
@@ -135,8 +155,13 @@ def test_sigterm_marks_the_run_killed_and_keeps_the_checkpoint(tiny_model_dir, p
         assert run.info.status == "KILLED"
         for p in ckpt.complete_checkpoints(out / "checkpoints"):
             ckpt.verify(p)  # every committed checkpoint is whole
-        r = subprocess.run([*cmd[:-1], "max_steps=3", "tracking.experiment=evicted"], capture_output=True, text=True,
-                           env={**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}, timeout=600)
+        r = subprocess.run(
+            [*cmd[:-1], "max_steps=3", "tracking.experiment=evicted"],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"},
+            timeout=600,
+        )
         assert r.returncode == 0 and "resumed from" in r.stderr, r.stderr[-3000:]
 
 
@@ -160,15 +185,20 @@ def test_s3_outage_mid_run_keeps_training_and_mirrors_everything(tiny_model_dir,
         restarted[0].join(timeout=120)
         assert summary["optimizer_steps"] == 5
         st = ArtifactStore()
-        assert [u.rsplit("/", 1)[-1] for u in st.list_complete(prefix)] == [f"step-{i:06d}" for i in range(1, 6)]
+        assert [u.rsplit("/", 1)[-1] for u in st.list_complete(prefix)] == [
+            f"step-{i:06d}" for i in range(1, 6)
+        ]
         local = ckpt.complete_checkpoints(out / "checkpoints")
-        assert [p.name for p in local] == ["step-000005"]  # older ones deleted once they were in S3 (at the latest: the end)
+        assert [p.name for p in local] == [
+            "step-000005"
+        ]  # older ones deleted once they were in S3 (at the latest: the end)
         st.get_folder(prefix + "/step-000003", tmp_path / "check")  # a checkpoint from the outage, verified
         assert json.loads((tmp_path / "check" / "trainer_state.json").read_text())["optimizer_step"] == 3
 
 
-def test_s3_outage_stops_only_where_the_disk_policy_would_lose_data(tiny_model_dir, prompts_file, tmp_path, env,
-                                                                    monkeypatch):
+def test_s3_outage_stops_only_where_the_disk_policy_would_lose_data(
+    tiny_model_dir, prompts_file, tmp_path, env, monkeypatch
+):
     with local_services(tmp_path / "svc", mlflow=False) as svc:
         env({k: v for k, v in svc.env().items() if not k.startswith("MLFLOW")})
         monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
@@ -194,8 +224,9 @@ def test_s3_outage_stops_only_where_the_disk_policy_would_lose_data(tiny_model_d
         assert names == ["step-000001", "step-000002", "step-000003"]
 
 
-def test_tampered_s3_checkpoint_falls_back_to_the_older_one(services_env, tiny_model_dir, prompts_file, tmp_path,
-                                                            caplog):
+def test_tampered_s3_checkpoint_falls_back_to_the_older_one(
+    services_env, tiny_model_dir, prompts_file, tmp_path, caplog
+):
     """A new pod (empty disk) resumes from S3; the newest S3 checkpoint has a replaced object (its
     manifest untouched): the download fails verification and the previous S3 checkpoint is used."""
     from chunkgrpo.store.client import ArtifactStore
@@ -210,17 +241,28 @@ def test_tampered_s3_checkpoint_falls_back_to_the_older_one(services_env, tiny_m
 
     shutil.rmtree(out)
     caplog.set_level(logging.INFO, logger="chunkgrpo.train.trainer")
-    summary = run_training(_cfg(tiny_model_dir, prompts_file, out, "max_steps=3", f"checkpoint.s3_prefix={prefix}",
-                                "checkpoint.keep=5"))
-    assert "checkpoint step-000002 (s3) is unusable" in caplog.text and "fell back to step-000001" in caplog.text
+    summary = run_training(
+        _cfg(
+            tiny_model_dir,
+            prompts_file,
+            out,
+            "max_steps=3",
+            f"checkpoint.s3_prefix={prefix}",
+            "checkpoint.keep=5",
+        )
+    )
+    assert (
+        "checkpoint step-000002 (s3) is unusable" in caplog.text and "fell back to step-000001" in caplog.text
+    )
     assert summary["optimizer_steps"] == 3 and [h["optimizer_step"] for h in summary["history"]] == [1, 2, 3]
     assert not (out / "checkpoints" / ".download-step-000002").exists()  # the failed download left nothing
     # the re-trained step-2 was mirrored over the tampered S3 copy: it verifies again
     st.get_folder(prefix + "/step-000002", tmp_path / "check")
 
 
-def test_a_crash_marks_the_run_failed_and_keeps_the_checkpoints(services_env, tiny_model_dir, prompts_file, tmp_path,
-                                                                monkeypatch):
+def test_a_crash_marks_the_run_failed_and_keeps_the_checkpoints(
+    services_env, tiny_model_dir, prompts_file, tmp_path, monkeypatch
+):
     """A run that dies of an error (here a diverged loss at iteration 2) is not left RUNNING in MLflow:
     it is FAILED, its metrics so far arrived, and the checkpoints written before stay complete."""
     from mlflow import MlflowClient

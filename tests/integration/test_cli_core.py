@@ -12,8 +12,14 @@ pytestmark = pytest.mark.integration
 
 def _cli(*args, cwd=None):
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    return subprocess.run([sys.executable, "-m", "chunkgrpo", *map(str, args)], capture_output=True, text=True,
-                          env=env, cwd=cwd, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "chunkgrpo", *map(str, args)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd,
+        timeout=300,
+    )
 
 
 def test_tiny_model_profile_plan_end_to_end(tmp_path):
@@ -21,10 +27,12 @@ def test_tiny_model_profile_plan_end_to_end(tmp_path):
     r = _cli("tiny-model", "--out", model, "--seed", 3)
     assert r.returncode == 0, r.stderr
     # the folder is a real diffusers FLUX pipeline that loads offline
-    code = ("import torch; from diffusers import FluxPipeline; "
-            f"p = FluxPipeline.from_pretrained({str(model)!r}, dtype=torch.float32); "
-            "im = p('a cat', height=64, width=64, num_inference_steps=2, guidance_scale=0.0, max_sequence_length=16).images[0]; "
-            "print(type(p.transformer).__name__, im.size)")
+    code = (
+        "import torch; from diffusers import FluxPipeline; "
+        f"p = FluxPipeline.from_pretrained({str(model)!r}, dtype=torch.float32); "
+        "im = p('a cat', height=64, width=64, num_inference_steps=2, guidance_scale=0.0, max_sequence_length=16).images[0]; "
+        "print(type(p.transformer).__name__, im.size)"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=300)
     assert r.returncode == 0, r.stderr
@@ -41,7 +49,12 @@ def test_tiny_model_profile_plan_end_to_end(tmp_path):
     assert all(v > 0 for v in prof["l1rel"])
     assert out.with_suffix(".png").exists()
 
-    for strategy, expect in (("sizes:2,2,3", [2, 2, 3]), ("uniform:3", [3, 3, 1]), ("step", [1] * 7), ("whole", [7])):
+    for strategy, expect in (
+        ("sizes:2,2,3", [2, 2, 3]),
+        ("uniform:3", [3, 3, 1]),
+        ("step", [1] * 7),
+        ("whole", [7]),
+    ):
         plan_out = tmp_path / f"plan-{strategy.split(':')[0]}.json"
         r = _cli("plan", "--profile", out, "--chunks", strategy, "--out", plan_out)
         assert r.returncode == 0, r.stderr

@@ -29,8 +29,15 @@ def tiny_clip(tmp_path_factory):
 
 def test_evaluate_base_vs_trained_8_prompts(tiny_model_dir, trained_dir, tiny_clip, tmp_path):
     out = tmp_path / "eval"
-    cfg = EvalConfig.load("eval_tiny", [f"model={trained_dir}", f"output_dir={out}",
-                                        "scorers=[brightness, contrast, clip]", f"scorer_weights.clip={tiny_clip}"])
+    cfg = EvalConfig.load(
+        "eval_tiny",
+        [
+            f"model={trained_dir}",
+            f"output_dir={out}",
+            "scorers=[brightness, contrast, clip]",
+            f"scorer_weights.clip={tiny_clip}",
+        ],
+    )
     assert cfg.num_prompts == 8 and cfg.sampling.num_steps == 6 and cfg.sampling.trained_steps == 4
     assert cfg.base_model == ""  # taken from the adapter's chunkgrpo_model.json
     result = run_evaluation(cfg)
@@ -111,10 +118,30 @@ def test_geneval_and_wise_layout_and_scoring(tiny_model_dir, trained_dir, tmp_pa
     ]) + "\n")
     wdir = tmp_path / "wise"
     wdir.mkdir()
-    (wdir / "cultural_common_sense_rewrite.json").write_text(json.dumps(
-        [{"prompt_id": 1, "Prompt": "Mooncakes.", "Explanation": "Mid-Autumn food", "Subcategory": "Festival"}]))
-    (wdir / "natural_science_rewrite.json").write_text(json.dumps(
-        [{"prompt_id": 901, "Prompt": "Rusty iron nail.", "Explanation": "oxidation", "Subcategory": "Chemistry"}]))
+    (wdir / "cultural_common_sense_rewrite.json").write_text(
+        json.dumps(
+            [
+                {
+                    "prompt_id": 1,
+                    "Prompt": "Mooncakes.",
+                    "Explanation": "Mid-Autumn food",
+                    "Subcategory": "Festival",
+                }
+            ]
+        )
+    )
+    (wdir / "natural_science_rewrite.json").write_text(
+        json.dumps(
+            [
+                {
+                    "prompt_id": 901,
+                    "Prompt": "Rusty iron nail.",
+                    "Explanation": "oxidation",
+                    "Subcategory": "Chemistry",
+                }
+            ]
+        )
+    )
 
     class FakeJudge(wise.JudgeClient):
         def complete(self, messages):
@@ -122,14 +149,26 @@ def test_geneval_and_wise_layout_and_scoring(tiny_model_dir, trained_dir, tmp_pa
             return "Consistency: 2\nRealism: 1\nAesthetic Quality: 0"
 
     out = tmp_path / "eval"
-    cfg = EvalConfig.load("eval_tiny", [f"model={trained_dir}", f"output_dir={out}", "benchmarks=[geneval, wise]",
-                                        f"geneval_metadata={md}", "geneval_samples=2", f"wise_prompts={wdir}",
-                                        "geneval_detector=transformers"])
+    cfg = EvalConfig.load(
+        "eval_tiny",
+        [
+            f"model={trained_dir}",
+            f"output_dir={out}",
+            "benchmarks=[geneval, wise]",
+            f"geneval_metadata={md}",
+            "geneval_samples=2",
+            f"wise_prompts={wdir}",
+            "geneval_detector=transformers",
+        ],
+    )
     result = run_evaluation(cfg, detector=_FakeDetector(), judge=FakeJudge(wise.JudgeConfig(base_url="http://x/v1")))
     # official GenEval layout per model
     for lb in ("trained", "base"):
         root = out / "geneval" / lb
-        assert json.loads((root / "00001" / "metadata.jsonl").read_text())["prompt"] == "a photo of a bench and a dog"
+        assert (
+            json.loads((root / "00001" / "metadata.jsonl").read_text())["prompt"]
+            == "a photo of a bench and a dog"
+        )
         assert sorted(p.name for p in (root / "00000" / "samples").iterdir()) == ["00000.png", "00001.png"]
         assert (root / "results.jsonl").exists()
         assert sorted(p.name for p in (out / "wise" / lb).glob("*.png")) == ["1.png", "901.png"]
@@ -187,7 +226,9 @@ def test_mlflow_and_s3(services_env, tiny_model_dir, trained_dir, tmp_path):
     client = MlflowClient(services_env.tracking_uri)
     run = client.get_run(result["mlflow_run_id"])
     assert run.data.tags["chunkgrpo.stage"] == "evaluate"
-    assert run.data.metrics["hpdv2.brightness.trained"] == pytest.approx(result["metrics"]["hpdv2.brightness.trained"])
+    assert run.data.metrics["hpdv2.brightness.trained"] == pytest.approx(
+        result["metrics"]["hpdv2.brightness.trained"]
+    )
     assert "hpdv2.brightness.delta" in run.data.metrics
     arts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"metrics.json", "report.html", "grids"} <= arts
@@ -211,9 +252,13 @@ def test_config_validation(tiny_model_dir, tmp_path):
 
         build_scorers(EvalConfig(base_model=str(tiny_model_dir), scorers=["pickscore"]))
     with pytest.raises(UserError, match="needs weights"):  # preflight: fails before any image is generated
-        run_evaluation(EvalConfig(base_model=str(tiny_model_dir), scorers=["pickscore"], output_dir=str(tmp_path)))
+        run_evaluation(
+            EvalConfig(base_model=str(tiny_model_dir), scorers=["pickscore"], output_dir=str(tmp_path))
+        )
     assert not (tmp_path / "hpdv2").exists()
-    cfg = EvalConfig.load("eval_hpdv2", ["model=m", "scorer_options.hpsv3.processor=/q", "wise_judge.workers=2"])
+    cfg = EvalConfig.load(
+        "eval_hpdv2", ["model=m", "scorer_options.hpsv3.processor=/q", "wise_judge.workers=2"]
+    )
     s = cfg.sampling
     assert (s.num_steps, s.trained_steps, s.height, s.guidance, s.schedule) == (50, 30, 1024, 3.5, "dynamic")
     assert cfg.scorers == ["hpsv3", "imagereward"] and cfg.num_prompts == 0

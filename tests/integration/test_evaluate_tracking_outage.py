@@ -38,8 +38,18 @@ def env(monkeypatch):
 
 
 def _cfg(trained_dir, out: Path, uri: str, *over: str) -> EvalConfig:
-    return EvalConfig.load("eval_tiny", [f"model={trained_dir}", "num_prompts=2", "scorers=[brightness]",
-                                         f"output_dir={out}", f"output_uri={uri}", "experiment=eval-outage", *over])
+    return EvalConfig.load(
+        "eval_tiny",
+        [
+            f"model={trained_dir}",
+            "num_prompts=2",
+            "scorers=[brightness]",
+            f"output_dir={out}",
+            f"output_uri={uri}",
+            "experiment=eval-outage",
+            *over,
+        ],
+    )
 
 
 def _kill_mlflow_when_generation_starts(monkeypatch, svc, then=None) -> None:
@@ -50,8 +60,10 @@ def _kill_mlflow_when_generation_starts(monkeypatch, svc, then=None) -> None:
 
         deadline = time.monotonic() + 60  # the stage's run exists (created in the background), then the crash
         while time.monotonic() < deadline and not MlflowClient().search_runs(
-                [e.experiment_id for e in MlflowClient().search_experiments() if e.name == "eval-outage"] or ["0"],
-                filter_string="tags.`chunkgrpo.stage` = 'evaluate'"):
+            [e.experiment_id for e in MlflowClient().search_experiments() if e.name == "eval-outage"]
+            or ["0"],
+            filter_string="tags.`chunkgrpo.stage` = 'evaluate'",
+        ):
             time.sleep(0.2)
         kill_service(svc, "mlflow")
         if then is not None:
@@ -83,7 +95,10 @@ def test_mlflow_unreachable_results_first_then_one_line(trained_dir, tmp_path, e
         result = run_evaluation(_cfg(trained_dir, tmp_path / "eval", uri, "tracking_flush_timeout_s=3"))
         elapsed = time.monotonic() - t0
         saved = json.loads((tmp_path / "eval" / "metrics.json").read_text())
-        assert saved["metrics"] == pytest.approx(result["metrics"]) and "hpdv2.brightness.delta" in saved["metrics"]
+        assert (
+            saved["metrics"] == pytest.approx(result["metrics"])
+            and "hpdv2.brightness.delta" in saved["metrics"]
+        )
         assert saved["mlflow_run_id"] is None
         assert _uploaded(svc, uri)["metrics"] == pytest.approx(result["metrics"])
     lines = [r.getMessage() for r in caplog.records if "tracking calls not delivered" in r.getMessage()]
@@ -121,12 +136,16 @@ def test_mlflow_killed_mid_generation_and_back_gets_everything(trained_dir, tmp_
         client = MlflowClient()
         run = client.get_run(result["mlflow_run_id"])
         assert run.info.status == "FINISHED"
-        assert run.data.metrics["hpdv2.brightness.delta"] == pytest.approx(result["metrics"]["hpdv2.brightness.delta"])
+        assert run.data.metrics["hpdv2.brightness.delta"] == pytest.approx(
+            result["metrics"]["hpdv2.brightness.delta"]
+        )
         assert {"metrics.json", "report.html"} <= {a.path for a in client.list_artifacts(run.info.run_id)}
     assert elapsed < 150, elapsed  # it used to exit 2 after ~500 s
 
 
-def test_mlflow_killed_mid_generation_and_gone_exits_with_results(trained_dir, tmp_path, env, monkeypatch, caplog):
+def test_mlflow_killed_mid_generation_and_gone_exits_with_results(
+    trained_dir, tmp_path, env, monkeypatch, caplog
+):
     with local_services(tmp_path / "svc") as svc:
         env(svc.env())
         from chunkgrpo.store.client import ArtifactStore

@@ -26,17 +26,35 @@ pytestmark = pytest.mark.integration
 
 METADATA = [
     {"tag": "single_object", "include": [{"class": "dog", "count": 1}], "prompt": "a photo of a dog"},
-    {"tag": "two_object", "include": [{"class": "car", "count": 1}, {"class": "dog", "count": 1}],
-     "prompt": "a photo of a car and a dog"},
-    {"tag": "counting", "include": [{"class": "car", "count": 2}], "exclude": [{"class": "car", "count": 3}],
-     "prompt": "a photo of two cars"},
-    {"tag": "colors", "include": [{"class": "car", "count": 1, "color": "red"}], "prompt": "a photo of a red car"},
-    {"tag": "position", "include": [{"class": "car", "count": 1}, {"class": "dog", "count": 1,
-                                                                    "position": ["right of", 0]}],
-     "prompt": "a photo of a dog right of a car"},
-    {"tag": "color_attr", "include": [{"class": "car", "count": 1, "color": "blue"},
-                                      {"class": "dog", "count": 1, "color": "red"}],
-     "prompt": "a photo of a blue car and a red dog"},
+    {
+        "tag": "two_object",
+        "include": [{"class": "car", "count": 1}, {"class": "dog", "count": 1}],
+        "prompt": "a photo of a car and a dog",
+    },
+    {
+        "tag": "counting",
+        "include": [{"class": "car", "count": 2}],
+        "exclude": [{"class": "car", "count": 3}],
+        "prompt": "a photo of two cars",
+    },
+    {
+        "tag": "colors",
+        "include": [{"class": "car", "count": 1, "color": "red"}],
+        "prompt": "a photo of a red car",
+    },
+    {
+        "tag": "position",
+        "include": [{"class": "car", "count": 1}, {"class": "dog", "count": 1, "position": ["right of", 0]}],
+        "prompt": "a photo of a dog right of a car",
+    },
+    {
+        "tag": "color_attr",
+        "include": [
+            {"class": "car", "count": 1, "color": "blue"},
+            {"class": "dog", "count": 1, "color": "red"},
+        ],
+        "prompt": "a photo of a blue car and a red dog",
+    },
 ]
 
 
@@ -52,7 +70,9 @@ def geneval_models(tmp_path_factory):
     return m2f, clip, md
 
 
-def test_geneval_real_mask2former_and_colour_classifier(tiny_model_dir, trained_dir, geneval_models, tmp_path):
+def test_geneval_real_mask2former_and_colour_classifier(
+    tiny_model_dir, trained_dir, geneval_models, tmp_path
+):
     m2f, clip, md = geneval_models
     out = tmp_path / "eval"
     cfg = EvalConfig.load("eval_tiny", [
@@ -73,8 +93,10 @@ def test_geneval_real_mask2former_and_colour_classifier(tiny_model_dir, trained_
     assert kept and all(0 <= b[0] <= b[2] <= 64 and 0 <= b[1] <= b[3] <= 64 and b[4] > 0.3 for b in kept)
     # the colour classifier ran on the masked crops: the colour prompts are decided by colour, not by absence
     colour = [r for r in recs if r["tag"] in ("colors", "color_attr")]
-    assert all(r["correct"] or ("found 1" not in r["reason"] and " red" in r["reason"] or " blue" in r["reason"])
-               for r in colour)
+    assert all(
+        r["correct"] or ("found 1" not in r["reason"] and " red" in r["reason"] or " blue" in r["reason"])
+        for r in colour
+    )
     assert any(("; and " in r["reason"]) or r["correct"] for r in colour)
     # counting uses 0.9: random masks score ~0.5, so no car counts there
     assert all(r["reason"].startswith("expected car>=2, found 0") for r in recs if r["tag"] == "counting")
@@ -84,7 +106,11 @@ def test_geneval_real_mask2former_and_colour_classifier(tiny_model_dir, trained_
     clf = GM.ClipColorClassifier(clip, device="cpu")
     for r in recs[:6]:
         again = G.score_image(out / r["filename"], json.loads(r["metadata"]), det, clf)
-        assert (again["correct"], again["reason"], again["details"]) == (r["correct"], r["reason"], r["details"])
+        assert (again["correct"], again["reason"], again["details"]) == (
+            r["correct"],
+            r["reason"],
+            r["details"],
+        )
 
     # paired statistics per task and overall, exposed as gate-able metrics
     st = g["statistics"]
@@ -114,7 +140,9 @@ def test_colour_classifier_is_checked_before_generation(tiny_model_dir, geneval_
     (broken / "config.json").write_text("{}")
     out = tmp_path / "b"
     with pytest.raises(UserError, match="colour classifier"):
-        run_evaluation(EvalConfig.load("eval_tiny", [*base, f"output_dir={out}", f"geneval_color_model={broken}"]))
+        run_evaluation(
+            EvalConfig.load("eval_tiny", [*base, f"output_dir={out}", f"geneval_color_model={broken}"])
+        )
     assert not list(out.rglob("*.png"))
     with pytest.raises(UserError, match="does not exist"):
         run_evaluation(EvalConfig.load("eval_tiny", [*base, f"output_dir={tmp_path / 'c'}",
@@ -129,8 +157,14 @@ def test_wise_8_prompts_over_http_is_not_comparable(tiny_model_dir, trained_dir,
     wdir = tmp_path / "wise"
     wdir.mkdir()
     for fname, ids in WISE_PROMPTS.items():
-        (wdir / f"{fname}_rewrite.json").write_text(json.dumps(
-            [{"prompt_id": i, "Prompt": f"Prompt {i}.", "Explanation": f"why {i}", "Subcategory": "s"} for i in ids]))
+        (wdir / f"{fname}_rewrite.json").write_text(
+            json.dumps(
+                [
+                    {"prompt_id": i, "Prompt": f"Prompt {i}.", "Explanation": f"why {i}", "Subcategory": "s"}
+                    for i in ids
+                ]
+            )
+        )
     answers = {1: "Consistency: 2\nRealism: 1\nAesthetic Quality: 1",
                2: "**Consistency**: 1\n**Realism**: 1\n**Aesthetic Quality**: 0",
                3: "Assessment:\n0\n1\n1",
@@ -146,11 +180,21 @@ def test_wise_8_prompts_over_http_is_not_comparable(tiny_model_dir, trained_dir,
     monkeypatch.setenv("WISE_JUDGE_TEST_KEY", "sk-local-test")
     out = tmp_path / "eval"
     with JudgeServer(default=default) as srv:
-        cfg = EvalConfig.load("eval_tiny", [
-            f"model={trained_dir}", f"output_dir={out}", "benchmarks=[wise]", f"wise_prompts={wdir}",
-            f"wise_judge.base_url={srv.url}", "wise_judge.model=gpt-4o-2024-05-13",
-            "wise_judge.api_key_env=WISE_JUDGE_TEST_KEY", "wise_judge.backoff_s=0", "wise_judge.max_attempts=2",
-            "bootstrap_samples=500"])
+        cfg = EvalConfig.load(
+            "eval_tiny",
+            [
+                f"model={trained_dir}",
+                f"output_dir={out}",
+                "benchmarks=[wise]",
+                f"wise_prompts={wdir}",
+                f"wise_judge.base_url={srv.url}",
+                "wise_judge.model=gpt-4o-2024-05-13",
+                "wise_judge.api_key_env=WISE_JUDGE_TEST_KEY",
+                "wise_judge.backoff_s=0",
+                "wise_judge.max_attempts=2",
+                "bootstrap_samples=500",
+            ],
+        )
         result = run_evaluation(cfg)
         n_requests = len(srv.requests)
         auth = {r["auth"] for r in srv.requests}

@@ -92,7 +92,9 @@ def test_crashed_service_is_reported_and_restarted(tmp_path, caplog):
             time.sleep(0.1)
         st = svc.status()["s3"]
         assert st.state == "crashed" and "weed.log" in st.detail
-        assert main(["local", "status", "--home", str(tmp_path), "--s3-port", str(s3_port), "--no-mlflow"]) == 1
+        assert (
+            main(["local", "status", "--home", str(tmp_path), "--s3-port", str(s3_port), "--no-mlflow"]) == 1
+        )
         again = svc.up()["s3"]
         assert again.state == "running" and again.pid != first
         assert any("crashed" in r.getMessage() for r in caplog.records)

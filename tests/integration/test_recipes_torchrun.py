@@ -28,12 +28,26 @@ def prompts_file(tmp_path_factory):
     ("tempflow_grpo_tiny_cpu", "ddp", 29581, 2),     # per_iteration: one optimizer step per rollout
     ("granular_grpo_tiny_cpu", "fsdp", 29582, 8),    # per_step: 4 branching steps × 2 rollouts
 ])
-def test_branching_presets_train_under_torchrun(tiny_model_dir, prompts_file, tmp_path, preset, distributed, port,
-                                                steps):
+def test_branching_presets_train_under_torchrun(
+    tiny_model_dir, prompts_file, tmp_path, preset, distributed, port, steps
+):
     out = tmp_path / preset
-    cmd = [TORCHRUN, "--nproc_per_node=2", "--master_addr=127.0.0.1", f"--master_port={port}", "-m", "chunkgrpo.train",
-           "--config", preset, f"model={tiny_model_dir}", f"prompts={prompts_file}", f"output_dir={out}",
-           "progress=false", "max_iterations=2", f"distributed={distributed}"]
+    cmd = [
+        TORCHRUN,
+        "--nproc_per_node=2",
+        "--master_addr=127.0.0.1",
+        f"--master_port={port}",
+        "-m",
+        "chunkgrpo.train",
+        "--config",
+        preset,
+        f"model={tiny_model_dir}",
+        f"prompts={prompts_file}",
+        f"output_dir={out}",
+        "progress=false",
+        "max_iterations=2",
+        f"distributed={distributed}",
+    ]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TRANSFORMERS_VERBOSITY": "error"}
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]

@@ -48,9 +48,20 @@ def own_s3(tmp_path, monkeypatch):
 def _cfg(model, prompts, out, *over):
     p = prompts
     p.write_text("a cat on a chair\na red car\n")
-    return TrainConfig.load("tiny_cpu", [f"model={model}", f"prompts={p}", f"output_dir={out}", "progress=false",
-                                         "tracking.image_every=0", "max_steps=1", "checkpoint.every=1",
-                                         "checkpoint.s3_prefix=s3://chunkgrpo/runs/faults", *over])
+    return TrainConfig.load(
+        "tiny_cpu",
+        [
+            f"model={model}",
+            f"prompts={p}",
+            f"output_dir={out}",
+            "progress=false",
+            "tracking.image_every=0",
+            "max_steps=1",
+            "checkpoint.every=1",
+            "checkpoint.s3_prefix=s3://chunkgrpo/runs/faults",
+            *over,
+        ],
+    )
 
 
 def test_s3_down_while_resuming_fails_in_one_line_after_the_wait(own_s3, tiny_model_dir, tmp_path, caplog):
@@ -66,7 +77,9 @@ def test_s3_down_while_resuming_fails_in_one_line_after_the_wait(own_s3, tiny_mo
     assert not list((out / "checkpoints").glob("step-*")) and not (out / "final").exists()  # nothing trained
 
 
-def test_hung_s3_hits_a_timeout_then_falls_back_to_local_checkpoints(own_s3, tiny_model_dir, tmp_path, caplog):
+def test_hung_s3_hits_a_timeout_then_falls_back_to_local_checkpoints(
+    own_s3, tiny_model_dir, tmp_path, caplog
+):
     out = tmp_path / "run"
     run_training(_cfg(tiny_model_dir, tmp_path / "p.txt", out))  # step-1 locally and in S3
     pgid = own_s3._load_state()["services"]["s3"]["pgid"]
@@ -133,5 +146,7 @@ def test_hung_s3_during_training_fails_the_mirror_attempt_within_its_timeout(own
         os.killpg(pgid, signal.SIGCONT)
         mirror.close()
     assert still_pending and mirror.failing, (still_pending, mirror.failing, mirror.last_error)
-    assert 2.5 <= took < 60, took  # it waited on the frozen server for the 3 s timeout, not 300 s × 6 attempts
+    assert 2.5 <= took < 60, (
+        took
+    )  # it waited on the frozen server for the 3 s timeout, not 300 s × 6 attempts
     assert folder.exists()  # nothing deleted

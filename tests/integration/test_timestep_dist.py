@@ -23,10 +23,22 @@ def test_time_embedding_sees_exact_fp32_timesteps_under_ddp_and_fsdp_bf16(tiny_m
     prompts = tmp_path / "p.txt"
     prompts.write_text("a cat\na dog\n")
     out = tmp_path / "probe.json"
-    cmd = [TORCHRUN, "--nproc_per_node=2", "--master_addr=127.0.0.1", f"--master_port={port}",
-           str(ROOT / "tests" / "timestep_probe.py"), str(out), f"model={tiny_model_dir}", f"prompts={prompts}",
-           f"output_dir={tmp_path / 'o'}", "progress=false", "mixed_precision=bf16", f"distributed={distributed}",
-           f"lora.enabled={lora}", "checkpoint.resume=false"]
+    cmd = [
+        TORCHRUN,
+        "--nproc_per_node=2",
+        "--master_addr=127.0.0.1",
+        f"--master_port={port}",
+        str(ROOT / "tests" / "timestep_probe.py"),
+        str(out),
+        f"model={tiny_model_dir}",
+        f"prompts={prompts}",
+        f"output_dir={tmp_path / 'o'}",
+        "progress=false",
+        "mixed_precision=bf16",
+        f"distributed={distributed}",
+        f"lora.enabled={lora}",
+        "checkpoint.resume=false",
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-3000:]

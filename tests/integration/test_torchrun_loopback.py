@@ -59,6 +59,8 @@ def test_local_torchrun_listens_on_loopback_only(tmp_path):
 
 def test_standalone_would_listen_on_every_interface(tmp_path):
     """The check above can fail: `--standalone` exposes the rendezvous store beyond loopback."""
-    sockets = _listening([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"],
-                         tmp_path / "standalone")
+    sockets = _listening(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"],
+        tmp_path / "standalone",
+    )
     assert any(ip not in ("127.0.0.1", "::1") for ip, _ in sockets), sockets

@@ -27,7 +27,9 @@ def test_s3_checkpoints_resume_and_mlflow_logging(services_env, tiny_model_dir, 
     st = ArtifactStore()
     assert st.latest_complete(prefix).endswith("/step-000002")
     manifest = st.read_manifest(prefix + "/step-000002")
-    assert {"trainable.safetensors", "optimizer.pt", "scheduler.pt", "trainer_state.json"} <= set(manifest.files)
+    assert {"trainable.safetensors", "optimizer.pt", "scheduler.pt", "trainer_state.json"} <= set(
+        manifest.files
+    )
 
     # a new pod with an empty disk: resume from S3 and continue to step 4
     shutil.rmtree(tmp_path / "a")
@@ -47,7 +49,15 @@ def test_s3_checkpoints_resume_and_mlflow_logging(services_env, tiny_model_dir, 
     assert run.data.params["method"] == "chunk"
     hist = c.get_metric_history(run.info.run_id, "reward_mean")
     assert [m.step for m in hist] == [3, 4]
-    for key in ("loss", "clip_frac", "grad_norm", "kl_k3", "transformer_forward", "ratio_mean", "time_rollout"):
+    for key in (
+        "loss",
+        "clip_frac",
+        "grad_norm",
+        "kl_k3",
+        "transformer_forward",
+        "ratio_mean",
+        "time_rollout",
+    ):
         assert key in run.data.metrics, key
     arts = {a.path for a in c.list_artifacts(run.info.run_id)}
     assert {"chunk_plan.json", "samples", "train_summary.json"} <= arts

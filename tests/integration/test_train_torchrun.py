@@ -23,7 +23,9 @@ TORCHRUN = str(Path(sys.executable).parent / "torchrun")
 @pytest.fixture(scope="module")
 def prompts_file(tmp_path_factory):
     p = tmp_path_factory.mktemp("data") / "prompts.txt"
-    p.write_text("a cat on a chair\na red car\nthree apples\na bowl of fruit\na dog in the park\na city at night\n")
+    p.write_text(
+        "a cat on a chair\na red car\nthree apples\na bowl of fruit\na dog in the park\na city at night\n"
+    )
     return p
 
 
@@ -43,8 +45,15 @@ def test_torchrun_two_ranks_ddp_and_fsdp(tiny_model_dir, prompts_file, tmp_path)
     finals = {}
     for port, strategy in ((29531, "ddp"), (29532, "fsdp")):
         out = tmp_path / strategy
-        r = subprocess.run(_train_cmd(2, tiny_model_dir, prompts_file, out, "max_steps=3", f"distributed={strategy}",
-                                      port=port), capture_output=True, text=True, env=_env(), timeout=600)
+        r = subprocess.run(
+            _train_cmd(
+                2, tiny_model_dir, prompts_file, out, "max_steps=3", f"distributed={strategy}", port=port
+            ),
+            capture_output=True,
+            text=True,
+            env=_env(),
+            timeout=600,
+        )
         assert r.returncode == 0, r.stderr[-3000:]
         ranks = [json.loads((out / "ranks" / f"rank{i}.json").read_text()) for i in range(2)]
         assert ranks[0]["world"] == 2 and ranks[0]["optimizer_step"] == 3
@@ -55,9 +64,13 @@ def test_torchrun_two_ranks_ddp_and_fsdp(tiny_model_dir, prompts_file, tmp_path)
             # exact: both replicas apply the same averaged gradient to the same weights with the same kernels
             assert ranks[0]["trainable_sha256"] == ranks[1]["trainable_sha256"]
         else:
-            assert ranks[0]["sharded"] and ranks[0]["trainable_sha256"] != ranks[1]["trainable_sha256"]  # real shards
+            assert (
+                ranks[0]["sharded"] and ranks[0]["trainable_sha256"] != ranks[1]["trainable_sha256"]
+            )  # real shards
         finals[strategy] = load_file(str(out / "final" / "pytorch_lora_weights.safetensors"))
-        assert any(v.abs().sum() > 0 for k, v in finals[strategy].items() if "lora_B" in k)  # moved from zero init
+        assert any(
+            v.abs().sum() > 0 for k, v in finals[strategy].items() if "lora_B" in k
+        )  # moved from zero init
     # same seeds, same maths: only the float reduction order differs between the two strategies (all-reduce vs
     # reduce-scatter), so not bit-exact. The bound is set by the optimizer, not the dtype: 1e-3 is a tenth of one
     # Adam step (lr 1e-2), which a wrongly synchronised update would exceed and rounding does not
@@ -74,8 +87,13 @@ def _final_weights(out: Path) -> dict:
 def test_sigkill_mid_training_then_resume_matches_uninterrupted(tiny_model_dir, prompts_file, tmp_path):
     over = ["max_steps=8", "checkpoint.every=2", "checkpoint.keep=10"]
     ref = tmp_path / "ref"
-    r = subprocess.run(_train_cmd(2, tiny_model_dir, prompts_file, ref, *over, port=29533), capture_output=True,
-                       text=True, env=_env(), timeout=600)
+    r = subprocess.run(
+        _train_cmd(2, tiny_model_dir, prompts_file, ref, *over, port=29533),
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=600,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
 
     out = tmp_path / "killed"
@@ -99,8 +117,13 @@ def test_sigkill_mid_training_then_resume_matches_uninterrupted(tiny_model_dir, 
     orphans = [w for w in workers if w.is_running() and w.status() != psutil.STATUS_ZOMBIE]
     assert orphans and all(os.getsid(w.pid) != proc.pid for w in orphans)
     # a restart while they live is refused (they hold the output_dir lock) instead of racing them
-    r = subprocess.run(_train_cmd(2, tiny_model_dir, prompts_file, out, *over, port=29536), capture_output=True,
-                       text=True, env=_env(), timeout=600)
+    r = subprocess.run(
+        _train_cmd(2, tiny_model_dir, prompts_file, out, *over, port=29536),
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=600,
+    )
     assert r.returncode != 0 and "in use by another training process" in r.stderr, r.stderr[-3000:]
     for w in workers:  # kill every worker by PID
         with contextlib.suppress(psutil.NoSuchProcess):
@@ -108,8 +131,13 @@ def test_sigkill_mid_training_then_resume_matches_uninterrupted(tiny_model_dir, 
     _, alive = psutil.wait_procs(workers, timeout=60)
     assert not alive, f"workers still alive: {[w.pid for w in alive]}"
     assert not (out / "final").exists()
-    r = subprocess.run(_train_cmd(2, tiny_model_dir, prompts_file, out, *over, port=29535), capture_output=True,
-                       text=True, env=_env(), timeout=600)
+    r = subprocess.run(
+        _train_cmd(2, tiny_model_dir, prompts_file, out, *over, port=29535),
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=600,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "resumed from" in r.stderr
     a, b = _final_weights(ref), _final_weights(out)
@@ -131,8 +159,9 @@ def test_learning_sanity_programmatic_reward_rises(tmp_path):
     assert res["gain"] > 0.02, res
 
 
-def test_sigterm_to_torchrun_stops_every_worker_and_marks_the_run_killed(services_env, tiny_model_dir, prompts_file,
-                                                                          tmp_path):
+def test_sigterm_to_torchrun_stops_every_worker_and_marks_the_run_killed(
+    services_env, tiny_model_dir, prompts_file, tmp_path
+):
     """A pod eviction under torchrun: the launcher gets SIGTERM and passes it to its workers. Every
     worker exits, the MLflow run (rank 0's) is KILLED rather than left RUNNING, every committed
     checkpoint verifies, and the same command resumes."""
@@ -142,9 +171,14 @@ def test_sigterm_to_torchrun_stops_every_worker_and_marks_the_run_killed(service
 
     out = tmp_path / "run"
     over = ["checkpoint.every=1", "tracking.image_every=0", "tracking.experiment=evicted-ddp"]
-    proc = subprocess.Popen(_train_cmd(2, tiny_model_dir, prompts_file, out, "max_steps=40", *over, port=29537),
-                            env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        _train_cmd(2, tiny_model_dir, prompts_file, out, "max_steps=40", *over, port=29537),
+        env=_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     workers: list[psutil.Process] = []
     alive: list[psutil.Process] = []
     try:

@@ -40,7 +40,9 @@ OWN_IMAGE_PREFIX = "ghcr.io/chunkgrpo/"
 RDMA_RESOURCE = "rdma/rdma_shared_device_a"
 GPU_PRODUCTS = {"prod-h800": "NVIDIA-H800", "prod-h100": "NVIDIA-H100-80GB-HBM3"}
 
-CRD_KINDS = {("trainer.kubeflow.org/v1alpha1", k) for k in k8s_schemas.TRAINER_KINDS} | {("kubeflow.org/v1", "PyTorchJob")}
+CRD_KINDS = {("trainer.kubeflow.org/v1alpha1", k) for k in k8s_schemas.TRAINER_KINDS} | {
+    ("kubeflow.org/v1", "PyTorchJob")
+}
 
 # An overlay composed in a temporary copy of manifests/: v1 operator template + H100 + RDMA + RoCE +
 # gang scheduling + private registry + the opt-in kfp-launcher + production sizing, pipeline
@@ -91,7 +93,9 @@ def _composed_dir() -> Path:
     overlay.mkdir()
     (overlay / "kustomization.yaml").write_text(COMPOSED_KUSTOMIZATION)
     platform = (MANIFESTS / "overlays" / "dev" / "platform.yaml").read_text()
-    (overlay / "platform.yaml").write_text(platform.replace("pipelineNamespace: kubeflow", "pipelineNamespace: team-a"))
+    (overlay / "platform.yaml").write_text(
+        platform.replace("pipelineNamespace: kubeflow", "pipelineNamespace: team-a")
+    )
     return overlay
 
 
@@ -267,7 +271,10 @@ def policy_violations(docs: list[dict]) -> list[str]:
                 if "nvidia.com/gpu" in limits or "nvidia.com/gpu" in (res.get("requests") or {}):
                     if "nvidia.com/gpu.product" not in selector:
                         out.append(f"{cw}: GPU pod without a nvidia.com/gpu.product nodeSelector")
-                    if not any(t.get("key") == "nvidia.com/gpu" and t.get("effect") == "NoSchedule" for t in tolerations):
+                    if not any(
+                        t.get("key") == "nvidia.com/gpu" and t.get("effect") == "NoSchedule"
+                        for t in tolerations
+                    ):
                         out.append(f"{cw}: GPU pod without the nvidia.com/gpu NoSchedule toleration")
                 elif "nvidia.com/gpu.product" in selector:
                     out.append(f"{cw}: pinned to the GPU pool but requests no GPU")
@@ -286,12 +293,17 @@ def test_renders(variant):
     ids = [(d["kind"], d["metadata"].get("namespace"), d["metadata"]["name"]) for d in docs]
     assert len(ids) == len(set(ids)), "duplicate objects"
     for ns in pipeline_namespaces(variant):
-        assert {("ConfigMap", "chunkgrpo-env"), ("ServiceAccount", "chunkgrpo-trainer"), ("Role", "chunkgrpo-training"),
-                ("RoleBinding", "chunkgrpo-training")} <= {(d["kind"], d["metadata"]["name"]) for d in docs
-                                                           if d["metadata"].get("namespace") == ns}, ns
+        assert {
+            ("ConfigMap", "chunkgrpo-env"),
+            ("ServiceAccount", "chunkgrpo-trainer"),
+            ("Role", "chunkgrpo-training"),
+            ("RoleBinding", "chunkgrpo-training"),
+        } <= {(d["kind"], d["metadata"]["name"]) for d in docs if d["metadata"].get("namespace") == ns}, ns
     assert all("chunkgrpo-platform" != d["metadata"]["name"] for d in docs), "local-config leaked"
     for d in docs:
-        assert d["metadata"].get("labels", {}).get("app.kubernetes.io/part-of") == "chunkgrpo", d["metadata"]["name"]
+        assert d["metadata"].get("labels", {}).get("app.kubernetes.io/part-of") == "chunkgrpo", d["metadata"][
+            "name"
+        ]
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -340,7 +352,11 @@ def test_vendored_schemas_are_valid_json_schema_with_provenance():
         doc = json.loads(path.read_text())
         jsonschema.Draft202012Validator.check_schema(doc)
         prov = doc["x-provenance"]
-        assert prov["license"] == "Apache-2.0" and len(prov["wheel_sha256"]) == 64 and prov["version"] in path.name
+        assert (
+            prov["license"] == "Apache-2.0"
+            and len(prov["wheel_sha256"]) == 64
+            and prov["version"] in path.name
+        )
     assert "Apache-2.0" in (k8s_schemas.FIXTURES / "README.md").read_text()
 
 
@@ -378,7 +394,11 @@ def test_example_trainjob_matches_schema_and_runtime():
     job = yaml.safe_load((MANIFESTS / "examples" / "trainjob-h100.yaml").read_text())
     validate_crd_object(job)
     runtime = find(render("prod-h100"), "ClusterTrainingRuntime", job["spec"]["runtimeRef"]["name"])
-    patched_jobs = {rj["name"] for p in job["spec"]["runtimePatches"] for rj in p["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]}
+    patched_jobs = {
+        rj["name"]
+        for p in job["spec"]["runtimePatches"]
+        for rj in p["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
+    }
     assert patched_jobs <= {rj["name"] for rj in runtime["spec"]["template"]["spec"]["replicatedJobs"]}
 
 
@@ -478,7 +498,11 @@ def test_kfp_launcher_is_left_to_kfp_unless_opted_in(variant):
     assert s3["endpoint"] == f"minio.{SERVICES_NS}.svc.cluster.local:9000"
     assert s3["disableSSL"] is True and s3["forcePathStyle"] is True and s3["region"]
     ref = s3["credentials"]["secretRef"]
-    assert ref == {"secretName": "chunkgrpo-s3", "accessKeyKey": "AWS_ACCESS_KEY_ID", "secretKeyKey": "AWS_SECRET_ACCESS_KEY"}
+    assert ref == {
+        "secretName": "chunkgrpo-s3",
+        "accessKeyKey": "AWS_ACCESS_KEY_ID",
+        "secretKeyKey": "AWS_SECRET_ACCESS_KEY",
+    }
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -486,7 +510,12 @@ def test_mlflow_server(variant):
     docs = render(variant)
     cfg = find(docs, "ConfigMap", "mlflow-config")["data"]
     hosts = cfg["MLFLOW_SERVER_ALLOWED_HOSTS"].split(",")
-    for name in ("mlflow", f"mlflow.{SERVICES_NS}", f"mlflow.{SERVICES_NS}.svc", f"mlflow.{SERVICES_NS}.svc.cluster.local"):
+    for name in (
+        "mlflow",
+        f"mlflow.{SERVICES_NS}",
+        f"mlflow.{SERVICES_NS}.svc",
+        f"mlflow.{SERVICES_NS}.svc.cluster.local",
+    ):
         assert name in hosts and f"{name}:*" in hosts
     assert "*" not in hosts
     assert cfg["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] == "false"
@@ -497,12 +526,22 @@ def test_mlflow_server(variant):
     assert "--allowed-hosts=$(MLFLOW_SERVER_ALLOWED_HOSTS)" in c["command"]
     assert "--app-name=basic-auth" in c["command"], "MLflow must require authentication"
     secret_env = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in c["env"] if "valueFrom" in e}
-    for var, key in (("MLFLOW_AUTH_ADMIN_USERNAME", "admin-username"), ("MLFLOW_AUTH_ADMIN_PASSWORD", "admin-password"),
-                     ("MLFLOW_FLASK_SERVER_SECRET_KEY", "flask-secret-key")):
+    for var, key in (
+        ("MLFLOW_AUTH_ADMIN_USERNAME", "admin-username"),
+        ("MLFLOW_AUTH_ADMIN_PASSWORD", "admin-password"),
+        ("MLFLOW_FLASK_SERVER_SECRET_KEY", "flask-secret-key"),
+    ):
         assert secret_env[var] == {"name": "mlflow-auth", "key": key}, var
-    render_ini = next(i for i in deploy["spec"]["template"]["spec"]["initContainers"] if i["name"] == "render-auth-config")
-    assert "MLFLOW_AUTH_CONFIG_PATH" in render_ini["args"][0] and "default_permission = READ" in render_ini["args"][0]
-    assert cfg["MLFLOW_AUTH_CONFIG_PATH"].startswith("/tmp/")  # an emptyDir, never a ConfigMap (holds the DB URI)
+    render_ini = next(
+        i for i in deploy["spec"]["template"]["spec"]["initContainers"] if i["name"] == "render-auth-config"
+    )
+    assert (
+        "MLFLOW_AUTH_CONFIG_PATH" in render_ini["args"][0]
+        and "default_permission = READ" in render_ini["args"][0]
+    )
+    assert cfg["MLFLOW_AUTH_CONFIG_PATH"].startswith(
+        "/tmp/"
+    )  # an emptyDir, never a ConfigMap (holds the DB URI)
     assert not any("--default-artifact-root" in a for a in c["command"]), "proxied mode only"
     for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
         assert c[probe]["httpGet"]["path"] == "/health"
@@ -513,7 +552,9 @@ def test_mlflow_server(variant):
     assert job["spec"]["template"]["spec"]["containers"][0]["command"][:3] == ["mlflow", "db", "upgrade"]
     init = deploy["spec"]["template"]["spec"]["initContainers"][0]
     assert init["name"] == "wait-for-schema" and "_verify_schema" in init["args"][0]
-    for d in docs:  # trainer pods (and only secrets) carry the pipeline's MLflow credentials; the promoter its own
+    for d in (
+        docs
+    ):  # trainer pods (and only secrets) carry the pipeline's MLflow credentials; the promoter its own
         promoter = d["kind"] == "Deployment" and d["metadata"]["name"] == "chunkgrpo-promoter"
         for where, t in pod_templates(d):
             for c in t["spec"]["containers"]:
@@ -542,7 +583,10 @@ def test_minio(variant):
     if replicas == 1:
         assert target == "/data"
     else:
-        assert target == f"http://minio-{{0...{replicas - 1}}}.{headless['metadata']['name']}.{SERVICES_NS}.svc.cluster.local/data"
+        assert (
+            target
+            == f"http://minio-{{0...{replicas - 1}}}.{headless['metadata']['name']}.{SERVICES_NS}.svc.cluster.local/data"
+        )
     setup = find(docs, "Job", "minio-setup")["spec"]["template"]["spec"]["containers"][0]
     buckets = {e["name"]: e.get("value") for e in setup["env"]}["BUCKETS"].split()
     assert {"chunkgrpo-pipelines", "mlflow-artifacts"} <= set(buckets)
@@ -553,7 +597,11 @@ def test_dev_is_small_and_gpu_free():
     docs = render("dev")
     assert find(docs, "StatefulSet", "minio")["spec"]["replicas"] == 1
     assert find(docs, "Deployment", "mlflow")["spec"]["replicas"] == 1
-    assert quantity(find(docs, "StatefulSet", "minio")["spec"]["volumeClaimTemplates"][0]["spec"]["resources"]["requests"]["storage"]) <= quantity("10Gi")
+    assert quantity(
+        find(docs, "StatefulSet", "minio")["spec"]["volumeClaimTemplates"][0]["spec"]["resources"][
+            "requests"
+        ]["storage"]
+    ) <= quantity("10Gi")
     assert "nvidia.com/gpu" not in render_text("dev")
     assert RDMA_RESOURCE not in render_text("dev")
     assert not [d for d in docs if d["kind"] == "PodDisruptionBudget"]
@@ -566,8 +614,16 @@ def test_prod_overlays(variant):
     assert find(docs, "Deployment", "mlflow")["spec"]["replicas"] >= 2
     pdbs = {d["metadata"]["name"] for d in docs if d["kind"] == "PodDisruptionBudget"}
     assert {"minio", "mlflow"} <= pdbs
-    dev_storage = quantity(find(render("dev"), "StatefulSet", "minio")["spec"]["volumeClaimTemplates"][0]["spec"]["resources"]["requests"]["storage"])
-    prod_storage = quantity(find(docs, "StatefulSet", "minio")["spec"]["volumeClaimTemplates"][0]["spec"]["resources"]["requests"]["storage"])
+    dev_storage = quantity(
+        find(render("dev"), "StatefulSet", "minio")["spec"]["volumeClaimTemplates"][0]["spec"]["resources"][
+            "requests"
+        ]["storage"]
+    )
+    prod_storage = quantity(
+        find(docs, "StatefulSet", "minio")["spec"]["volumeClaimTemplates"][0]["spec"]["resources"][
+            "requests"
+        ]["storage"]
+    )
     assert prod_storage > dev_storage
     rt = find(docs, "ClusterTrainingRuntime", "chunkgrpo-torch")
     assert "numProcPerNode" not in rt["spec"]["mlPolicy"]["torch"]  # removed in Trainer v2.2
@@ -647,7 +703,13 @@ RUN_ACCOUNT_VERBS = [
     ("launch_trainjob: watch", "trainer.kubeflow.org", "trainjobs", "get", "*"),
     ("launch_trainjob: delete on cancel / failed retry", "trainer.kubeflow.org", "trainjobs", "delete", "*"),
     ("close_run: orphan cleanup", "trainer.kubeflow.org", "trainjobs", "list", "*"),
-    ("launch_trainjob: merge overrides (namespaced runtime)", "trainer.kubeflow.org", "trainingruntimes", "get", "*"),
+    (
+        "launch_trainjob: merge overrides (namespaced runtime)",
+        "trainer.kubeflow.org",
+        "trainingruntimes",
+        "get",
+        "*",
+    ),
     ("launch_trainjob v1: create", "kubeflow.org", "pytorchjobs", "create", "*"),
     ("launch_trainjob v1: template + watch", "kubeflow.org", "pytorchjobs", "get", "*"),
     ("launch_trainjob v1: delete", "kubeflow.org", "pytorchjobs", "delete", "*"),
@@ -674,9 +736,14 @@ def test_run_account_can_do_every_verb_the_run_needs(variant):
     kfp = _grants(_vendored_kfp_runner_role()["rules"])
     for ns in pipeline_namespaces(variant):
         role = find([d for d in docs if d["metadata"].get("namespace") == ns], "Role", "chunkgrpo-training")
-        rb = find([d for d in docs if d["metadata"].get("namespace") == ns], "RoleBinding", "chunkgrpo-training")
+        rb = find(
+            [d for d in docs if d["metadata"].get("namespace") == ns], "RoleBinding", "chunkgrpo-training"
+        )
         assert rb["roleRef"]["name"] == "chunkgrpo-training"
-        assert {(s["name"], s["namespace"]) for s in rb["subjects"]} == {("pipeline-runner", ns), ("default-editor", ns)}
+        assert {(s["name"], s["namespace"]) for s in rb["subjects"]} == {
+            ("pipeline-runner", ns),
+            ("default-editor", ns),
+        }
         ours = _grants(role["rules"])
         missing = [row for row in RUN_ACCOUNT_VERBS if not _allows(ours | kfp, *row[1:])]
         assert not missing, f"{ns}: the run account cannot {missing}"
@@ -686,7 +753,9 @@ def test_run_account_can_do_every_verb_the_run_needs(variant):
                                                                for v in ("get", "list", "watch")}
         assert not any("*" in (g, r, v) for g, r, v, _ in ours)
         assert not _allows(ours, "trainer.kubeflow.org", "trainjobs", "update")
-        trainer_sa = find([d for d in docs if d["metadata"].get("namespace") == ns], "ServiceAccount", "chunkgrpo-trainer")
+        trainer_sa = find(
+            [d for d in docs if d["metadata"].get("namespace") == ns], "ServiceAccount", "chunkgrpo-trainer"
+        )
         assert trainer_sa["automountServiceAccountToken"] is False
     crb = find(docs, "ClusterRoleBinding", "chunkgrpo-runtime-reader")
     assert {s["namespace"] for s in crb["subjects"]} == set(pipeline_namespaces(variant))
@@ -694,7 +763,9 @@ def test_run_account_can_do_every_verb_the_run_needs(variant):
     assert cr == {("trainer.kubeflow.org", "clustertrainingruntimes", "get", "chunkgrpo-torch")}
     assert {d["metadata"]["name"] for d in docs if d["kind"] in ("ClusterRole", "ClusterRoleBinding")} == \
         {"chunkgrpo-runtime-reader"}
-    assert not any(d["kind"] == "ServiceAccount" and d["metadata"]["name"] == "chunkgrpo-launcher" for d in docs)
+    assert not any(
+        d["kind"] == "ServiceAccount" and d["metadata"]["name"] == "chunkgrpo-launcher" for d in docs
+    )
 
 
 def test_rbac_table_is_not_vacuous():
@@ -721,24 +792,35 @@ def test_network_policies(variant):
             next(e["values"] for e in sel["matchExpressions"] if e["key"] == "kubernetes.io/metadata.name"
                  and e["operator"] == "In")
         assert sorted(allowed) == sorted(namespaces), name
-        assert all(("podSelector" in p) != ("namespaceSelector" in p) for p in peers), "no ipBlock/any-peer rules"
+        assert all(("podSelector" in p) != ("namespaceSelector" in p) for p in peers), (
+            "no ipBlock/any-peer rules"
+        )
     if DEFAULT_PIPELINE_NS not in namespaces:
         assert "kubeflow" not in json.dumps([d for d in docs if d["kind"] == "NetworkPolicy"])
 
 
 def test_pipeline_namespace_is_configurable():
     docs = render(COMPOSED)
-    in_pipeline_ns = {(d["kind"], d["metadata"]["name"]) for d in docs if d["metadata"].get("namespace") == "team-a"}
-    assert {("ConfigMap", "kfp-launcher"), ("ConfigMap", "chunkgrpo-env"), ("ServiceAccount", "chunkgrpo-trainer"),
-            ("Role", "chunkgrpo-training"), ("RoleBinding", "chunkgrpo-training"),
-            ("PyTorchJob", "chunkgrpo-torch-template")} == in_pipeline_ns
+    in_pipeline_ns = {
+        (d["kind"], d["metadata"]["name"]) for d in docs if d["metadata"].get("namespace") == "team-a"
+    }
+    assert {
+        ("ConfigMap", "kfp-launcher"),
+        ("ConfigMap", "chunkgrpo-env"),
+        ("ServiceAccount", "chunkgrpo-trainer"),
+        ("Role", "chunkgrpo-training"),
+        ("RoleBinding", "chunkgrpo-training"),
+        ("PyTorchJob", "chunkgrpo-torch-template"),
+    } == in_pipeline_ns
     assert "kubeflow" not in {d["metadata"].get("namespace") for d in docs}
     assert {d["metadata"].get("namespace") for d in docs} == {None, SERVICES_NS, "team-a"}
 
 
 def test_multi_profile_has_one_set_of_services_and_one_runtime():
     docs = render(MULTI)
-    assert [d["metadata"]["name"] for d in docs if d["kind"] == "ClusterTrainingRuntime"] == ["chunkgrpo-torch"]
+    assert [d["metadata"]["name"] for d in docs if d["kind"] == "ClusterTrainingRuntime"] == [
+        "chunkgrpo-torch"
+    ]
     assert len([d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "mlflow"]) == 1
     assert {d["metadata"].get("namespace") for d in docs} == {None, SERVICES_NS, "team-a", "team-b"}
     rt = find(docs, "ClusterTrainingRuntime", "chunkgrpo-torch")
@@ -823,7 +905,9 @@ def test_shared_cluster_options():
             env = {e["name"]: e.get("value") for e in t["spec"]["containers"][0]["env"]}
             assert env["NCCL_IB_GID_INDEX"] == "3" and env["NCCL_IB_DISABLE"] == "0", where
             assert t["spec"]["imagePullSecrets"] == [{"name": "chunkgrpo-registry"}], where
-    assert find(docs, "ServiceAccount", "chunkgrpo-trainer")["imagePullSecrets"] == [{"name": "chunkgrpo-registry"}]
+    assert find(docs, "ServiceAccount", "chunkgrpo-trainer")["imagePullSecrets"] == [
+        {"name": "chunkgrpo-registry"}
+    ]
     volcano = copy.deepcopy(rt)
     volcano["spec"]["podGroupPolicy"] = {"volcano": {}}
     k8s_schemas.check(volcano)
@@ -864,7 +948,9 @@ def test_hadolint_clean(dockerfile):
 
 def test_hadolint_catches_a_bad_dockerfile(tmp_path):
     bad = tmp_path / "Dockerfile"
-    bad.write_text("FROM ubuntu:latest\nRUN apt-get update && apt-get install -y curl\nRUN pip install requests\n")
+    bad.write_text(
+        "FROM ubuntu:latest\nRUN apt-get update && apt-get install -y curl\nRUN pip install requests\n"
+    )
     out = _hadolint(bad)
     assert out.returncode != 0
     assert "DL3007" in out.stdout and "DL3008" in out.stdout
@@ -924,8 +1010,11 @@ def test_cuda12_runtime_variant_is_consistent():
     from scripts import digests
 
     text = (IMAGES / "runtime" / "Dockerfile").read_text()
-    args = dict(line.split("=", 1) for line in (IMAGES / "runtime" / "cuda12.build-args").read_text().splitlines()
-                if line and not line.startswith("#"))
+    args = dict(
+        line.split("=", 1)
+        for line in (IMAGES / "runtime" / "cuda12.build-args").read_text().splitlines()
+        if line and not line.startswith("#")
+    )
     assert set(args) == {"CUDA_IMAGE", "TORCH_INDEX_URL"}
     for name in args:
         assert re.search(rf"^ARG {name}=", text, re.M), name

@@ -27,7 +27,9 @@ def tasks(spec) -> dict:
 
 @pytest.fixture(scope="module")
 def tae(tmp_path_factory):
-    return load(compile_pipeline("train_and_evaluate", tmp_path_factory.mktemp("c") / "tae.yaml", pool="h100"))
+    return load(
+        compile_pipeline("train_and_evaluate", tmp_path_factory.mktemp("c") / "tae.yaml", pool="h100")
+    )
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +72,12 @@ def test_caching_and_retries_are_deliberate(tae):
     for name in ("train", "evaluate", "register", "check-gate", "promote", "open-run", "close-run"):
         assert not t[name].get("cachingOptions", {}).get("enableCache"), name
     retries = {n: s.get("retryPolicy", {}).get("maxRetryCount", 0) for n, s in t.items()}
-    assert retries["train"] == 1 and retries["register"] == 2 and retries["promote"] == 2 and retries["open-run"] == 3
+    assert (
+        retries["train"] == 1
+        and retries["register"] == 2
+        and retries["promote"] == 2
+        and retries["open-run"] == 3
+    )
     assert t["train"]["retryPolicy"]["backoffDuration"] == "120s"
 
 
@@ -79,7 +86,10 @@ def test_images_are_pinned_to_the_package_version(tae):
 
     spec, _ = tae
     images = {e["container"]["image"] for e in spec["deploymentSpec"]["executors"].values()}
-    assert images == {f"ghcr.io/chunkgrpo/chunkgrpo-runtime:{__version__}", f"ghcr.io/chunkgrpo/chunkgrpo-eval:{__version__}"}
+    assert images == {
+        f"ghcr.io/chunkgrpo/chunkgrpo-runtime:{__version__}",
+        f"ghcr.io/chunkgrpo/chunkgrpo-eval:{__version__}",
+    }
     for e in spec["deploymentSpec"]["executors"].values():  # install_kfp_package=False: no pip at run time
         assert "pip install" not in " ".join(e["container"]["command"])
 
@@ -87,7 +97,17 @@ def test_images_are_pinned_to_the_package_version(tae):
 def test_dag_shape_promote_under_gate_and_exit_handler(tae):
     spec, _ = tae
     t = tasks(spec)
-    assert {"open-run", "profile", "plan", "train", "evaluate", "register", "check-gate", "promote", "close-run"} <= set(t)
+    assert {
+        "open-run",
+        "profile",
+        "plan",
+        "train",
+        "evaluate",
+        "register",
+        "check-gate",
+        "promote",
+        "close-run",
+    } <= set(t)
     cond = next(s for s in t.values() if s.get("triggerPolicy", {}).get("condition"))
     assert "check-gate" in cond["triggerPolicy"]["condition"] and cond["taskInfo"]["name"] == "gate-passed"
     assert t["close-run"]["triggerPolicy"]["strategy"] == "ALL_UPSTREAM_TASKS_COMPLETED"  # the exit handler
@@ -114,7 +134,9 @@ def test_nightly_has_no_cache_and_gpu_eval(nightly):
     assert not any(s.get("cachingOptions", {}).get("enableCache") for s in t.values())
     assert ex["exec-evaluate"]["nodeSelector"]["labels"] == {"nvidia.com/gpu.product": "NVIDIA-H800"}
     res = spec["deploymentSpec"]["executors"]["exec-evaluate"]["container"]["resources"]
-    assert res["accelerator"]["resourceType"] == "nvidia.com/gpu" and res["accelerator"]["resourceCount"] == "1"
+    assert (
+        res["accelerator"]["resourceType"] == "nvidia.com/gpu" and res["accelerator"]["resourceCount"] == "1"
+    )
 
 
 @pytest.mark.parametrize("trainer,kind", [("trainjob", "TrainJob"), ("pytorchjob", "PyTorchJob")])
@@ -128,7 +150,10 @@ def test_multinode_variant_uses_the_launcher(tmp_path, trainer, kind):
     assert "accelerator" not in launcher.get("resources", {})  # the launcher pod itself holds no GPU
     args = t["launch-trainjob"]["inputs"]["parameters"]
     # pool placement, GPUs, RDMA, memory and /dev/shm are the runtime's: the launcher overrides none of them
-    assert args["gpus_per_node"]["runtimeValue"]["constant"] == 0 and args["shm_size"]["runtimeValue"]["constant"] == ""
+    assert (
+        args["gpus_per_node"]["runtimeValue"]["constant"] == 0
+        and args["shm_size"]["runtimeValue"]["constant"] == ""
+    )
     assert args["node_selector"]["runtimeValue"]["constant"] == {}
     assert t["launch-trainjob"]["retryPolicy"]["maxRetryCount"] == 2  # safe: the job name is deterministic
     # the exit handler deletes the run's jobs if the launcher step dies (eviction, SIGKILL)
@@ -179,15 +204,25 @@ class FakeClient:
         return argparse.Namespace(pipeline_id="pid-1")
 
     def upload_pipeline_version(self, path, pipeline_version_name, pipeline_id, description=""):
-        self.calls.append(("upload_pipeline_version", pipeline_version_name, pipeline_id, yaml.safe_load_all(open(path)).__next__()["pipelineInfo"]["name"]))
+        self.calls.append(
+            (
+                "upload_pipeline_version",
+                pipeline_version_name,
+                pipeline_id,
+                yaml.safe_load_all(open(path)).__next__()["pipelineInfo"]["name"],
+            )
+        )
         return argparse.Namespace(pipeline_version_id="vid-1")
 
     def create_experiment(self, name, namespace=None):
         return argparse.Namespace(experiment_id="eid-1")
 
     def list_recurring_runs(self, experiment_id, page_size):
-        return argparse.Namespace(recurring_runs=[argparse.Namespace(display_name="chunkgrpo-nightly-benchmark-nightly",
-                                                                     recurring_run_id="old")])
+        return argparse.Namespace(
+            recurring_runs=[
+                argparse.Namespace(display_name="chunkgrpo-nightly-benchmark-nightly", recurring_run_id="old")
+            ]
+        )
 
     def delete_recurring_run(self, rid):
         self.calls.append(("delete_recurring_run", rid))
@@ -210,7 +245,11 @@ def test_schedule_creates_a_pinned_nightly_recurring_run(monkeypatch, capsys):
                      "create_recurring_run"]
     assert fake.calls[2][1:] == ("v-test", "pid-1", "chunkgrpo-nightly-benchmark")
     kw = fake.calls[-1][1]
-    assert kw["cron_expression"] == "0 0 2 * * *" and kw["pipeline_id"] == "pid-1" and kw["version_id"] == "vid-1"
+    assert (
+        kw["cron_expression"] == "0 0 2 * * *"
+        and kw["pipeline_id"] == "pid-1"
+        and kw["version_id"] == "vid-1"
+    )
     assert kw["no_catchup"] is True and kw["max_concurrency"] == 1 and kw["enable_caching"] is False
     assert kw["params"] == {"tolerance": 0.01}
     assert kw["service_account"] is None  # the server's default, i.e. the account a UI run uses
@@ -262,21 +301,31 @@ def test_preflight_first_defaults_from_the_model_cache_and_judge_secret(tae):
     for step in ("exec-evaluate", "exec-preflight"):
         judge = [x for x in ex[step]["secretAsEnv"] if x["secretName"] == "chunkgrpo-judge"]
         assert judge and judge[0]["optional"] and judge[0]["keyToEnv"][0]["envVar"] == "OPENAI_API_KEY", step
-    assert t["train"]["inputs"]["parameters"]["reward_weights"]["componentInputParameter"].endswith("reward_weights")
-    assert t["evaluate"]["inputs"]["parameters"]["scorer_weights"]["componentInputParameter"].endswith("scorer_weights")
-    assert "direction" not in t["check-gate"]["inputs"]["parameters"]  # the registered model's, not a run parameter
+    assert t["train"]["inputs"]["parameters"]["reward_weights"]["componentInputParameter"].endswith(
+        "reward_weights"
+    )
+    assert t["evaluate"]["inputs"]["parameters"]["scorer_weights"]["componentInputParameter"].endswith(
+        "scorer_weights"
+    )
+    assert (
+        "direction" not in t["check-gate"]["inputs"]["parameters"]
+    )  # the registered model's, not a run parameter
 
 
 def test_compile_options_pull_secret_and_model_pvc(tmp_path, monkeypatch):
     monkeypatch.setenv("CHUNKGRPO_IMAGE_PULL_SECRETS", "regcred")
     monkeypatch.setenv("CHUNKGRPO_MODEL_PVC", "flux-models")
-    spec, ex = load(compile_pipeline("train_and_evaluate", tmp_path / "p.yaml", pool="gpu", trainer="trainjob"))
+    spec, ex = load(
+        compile_pipeline("train_and_evaluate", tmp_path / "p.yaml", pool="gpu", trainer="trainjob")
+    )
     for name, e in ex.items():
         assert e["imagePullSecret"] == [{"secretName": "regcred"}] or \
             [x.get("secretName") for x in e["imagePullSecret"]] == ["regcred"], name
         assert any(m["mountPath"] == "/models" for m in e.get("pvcMount", [])), name
     t = tasks(spec)
-    assert t["launch-trainjob"]["inputs"]["parameters"]["image_pull_secrets"]["runtimeValue"]["constant"] == ["regcred"]
+    assert t["launch-trainjob"]["inputs"]["parameters"]["image_pull_secrets"]["runtimeValue"]["constant"] == [
+        "regcred"
+    ]
     assert "nodeSelector" not in ex["exec-profile"]  # pool `gpu`: any GPU node
 
 
@@ -295,7 +344,9 @@ def test_ir_parses_with_the_oldest_supported_pipeline_spec(tmp_path, name, train
 
     from pipeline.compile import OLDEST_KFP
 
-    old = load(compile_pipeline(name, tmp_path / "old.yaml", pool="h100", trainer=trainer, target_kfp=OLDEST_KFP))[0]
+    old = load(
+        compile_pipeline(name, tmp_path / "old.yaml", pool="h100", trainer=trainer, target_kfp=OLDEST_KFP)
+    )[0]
     _parse_with_spec(old, "2.15.0")
     new = load(compile_pipeline(name, tmp_path / "new.yaml", pool="h100", trainer=trainer))[0]
     _parse_with_spec(new, "2.16.0")
@@ -310,7 +361,8 @@ def test_nightly_preflight_comes_first_with_the_judge_key(nightly):
     assert "benchmark-preflight" in t["evaluate"]["dependentTasks"]
     assert "benchmark-preflight" in t["open-run"]["dependentTasks"]
     assert t["benchmark-preflight"].get("retryPolicy") is None
-    assert "accelerator" not in spec["deploymentSpec"]["executors"]["exec-benchmark-preflight"]["container"].get(
-        "resources", {})
+    assert "accelerator" not in spec["deploymentSpec"]["executors"]["exec-benchmark-preflight"][
+        "container"
+    ].get("resources", {})
     judge = [x for x in ex["exec-benchmark-preflight"]["secretAsEnv"] if x["secretName"] == "chunkgrpo-judge"]
     assert judge and judge[0]["keyToEnv"][0]["envVar"] == "OPENAI_API_KEY"

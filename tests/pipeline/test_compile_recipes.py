@@ -10,7 +10,9 @@ from pipeline.compile import compile_pipeline
 
 @pytest.fixture(scope="module", params=["torchrun", "trainjob"])
 def ir(request, tmp_path_factory):
-    path = compile_pipeline("train_and_evaluate", tmp_path_factory.mktemp("c") / "p.yaml", trainer=request.param)
+    path = compile_pipeline(
+        "train_and_evaluate", tmp_path_factory.mktemp("c") / "p.yaml", trainer=request.param
+    )
     return next(yaml.safe_load_all(path.read_text())), request.param
 
 
@@ -31,7 +33,9 @@ def test_method_switch_reaches_profile_and_train_with_the_methods_own_preset(ir)
     train = t["train" if trainer == "torchrun" else "launch-trainjob"]["inputs"]["parameters"]
     prof = t["profile"]["inputs"]["parameters"]
     for task in (train, prof):
-        assert task["method"]["componentInputParameter"].endswith("method")  # (inside the exit handler: pipelinechannel--)
+        assert task["method"]["componentInputParameter"].endswith(
+            "method"
+        )  # (inside the exit handler: pipelinechannel--)
         assert task["preset"]["componentInputParameter"].endswith("preset")
 
 

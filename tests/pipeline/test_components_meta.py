@@ -11,8 +11,18 @@ FOLDERS = sorted(p.parent for p in COMPONENTS.glob("*/component.py"))
 
 
 def test_there_are_components():
-    assert {p.name for p in FOLDERS} >= {"evaluate", "launch_trainjob", "models", "plan", "preflight", "profile",
-                                         "promote", "register", "tracking", "train"}
+    assert {p.name for p in FOLDERS} >= {
+        "evaluate",
+        "launch_trainjob",
+        "models",
+        "plan",
+        "preflight",
+        "profile",
+        "promote",
+        "register",
+        "tracking",
+        "train",
+    }
 
 
 @pytest.mark.parametrize("folder", FOLDERS, ids=lambda p: p.name)

@@ -16,9 +16,20 @@ def test_pipeline_trains_each_branching_method(services, tmp_path, method):
     from pipeline.local import run_local
 
     name = f"pipeline-{method}-{uuid.uuid4().hex[:6]}"
-    r = run_local("train_and_evaluate", {"method": method, "preset": f"{method}_grpo_tiny_cpu", "max_iterations": 2,
-                                         "model_name": name, "profile_prompts": 2, "eval_num_prompts": 2},
-                  home=tmp_path, services_env=services.env, demo="tiny")
+    r = run_local(
+        "train_and_evaluate",
+        {
+            "method": method,
+            "preset": f"{method}_grpo_tiny_cpu",
+            "max_iterations": 2,
+            "model_name": name,
+            "profile_prompts": 2,
+            "eval_num_prompts": 2,
+        },
+        home=tmp_path,
+        services_env=services.env,
+        demo="tiny",
+    )
     t = r.tasks
     assert {"profile", "plan", "train", "evaluate", "register"} <= set(t)
     # the profile recorded both trajectory kinds and the plan says which one it used
@@ -29,6 +40,8 @@ def test_pipeline_trains_each_branching_method(services, tmp_path, method):
     assert pointer["method"] == method
     per_rollout = 1 if method == "tempflow" else 4  # per_iteration vs one step per branching step 0..3
     assert pointer["optimizer_steps"] == 2 * per_rollout
-    info = json.loads(ArtifactStore(services.store_config).get_bytes(pointer["uri"] + "/chunkgrpo_model.json"))
+    info = json.loads(
+        ArtifactStore(services.store_config).get_bytes(pointer["uri"] + "/chunkgrpo_model.json")
+    )
     assert info["method"] == method and info["kind"] == "lora"
     assert "evaluate" in t and t["register"]["parameters"]["Output"]

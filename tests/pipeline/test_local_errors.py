@@ -21,9 +21,11 @@ LOG = Path("/tmp/x.log")
 def _section(task: str, body: str, status: str = "FAILURE") -> str:
     """What kfp.local writes for one task (ANSI colours included), body lines indented like its task output."""
     lines = "\n".join("    " + ln for ln in body.strip("\n").splitlines())
-    return (f"11:00:00.000 - INFO - Executing task \x1b[96m'{task}'\x1b[0m\n11:00:00.001 - INFO - Streamed logs:\n\n"
-            f"{lines}\n\n11:00:05.000 - ERROR - Task \x1b[96m'{task}'\x1b[0m finished with status "
-            f"\x1b[91m{status}\x1b[0m\n")
+    return (
+        f"11:00:00.000 - INFO - Executing task \x1b[96m'{task}'\x1b[0m\n11:00:00.001 - INFO - Streamed logs:\n\n"
+        f"{lines}\n\n11:00:05.000 - ERROR - Task \x1b[96m'{task}'\x1b[0m finished with status "
+        f"\x1b[91m{status}\x1b[0m\n"
+    )
 
 
 OK_TASK = _section("open-run", "opened run abc", status="SUCCESS")
@@ -36,19 +38,27 @@ TRACEBACK = """Traceback (most recent call last):
 
 
 def test_user_error_of_a_component_is_the_reason():
-    log = OK_TASK + _section("evaluate", TRACEBACK + "chunkgrpo.errors.UserError: HPDv2 test prompts '/p.txt' does not exist")
+    log = OK_TASK + _section(
+        "evaluate", TRACEBACK + "chunkgrpo.errors.UserError: HPDv2 test prompts '/p.txt' does not exist"
+    )
     f = task_failure(log, "train_and_evaluate", LOG)
     assert (f.task, f.user_error) == ("evaluate", True)
     assert f.reason == "HPDv2 test prompts '/p.txt' does not exist"
-    assert str(f) == ("task 'evaluate' of train_and_evaluate failed: HPDv2 test prompts '/p.txt' does not exist "
-                      f"(full log: {LOG})")
+    assert str(f) == (
+        "task 'evaluate' of train_and_evaluate failed: HPDv2 test prompts '/p.txt' does not exist "
+        f"(full log: {LOG})"
+    )
     assert "\n" not in str(f)
 
 
 def test_rank_error_wins_over_torchruns_traceback():
-    body = ("chunkgrpo train: error: max_steps=0 must be >= 1\n" + TRACEBACK.replace("raise UserError", "raise ChildFailedError")
-            + "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n=====\nchunkgrpo.train FAILED\n"
-            + TRACEBACK + "RuntimeError: torchrun exited with status 1 (see the rank logs above)")
+    body = (
+        "chunkgrpo train: error: max_steps=0 must be >= 1\n"
+        + TRACEBACK.replace("raise UserError", "raise ChildFailedError")
+        + "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n=====\nchunkgrpo.train FAILED\n"
+        + TRACEBACK
+        + "RuntimeError: torchrun exited with status 1 (see the rank logs above)"
+    )
     f = task_failure(OK_TASK + _section("train", body) + _section("close-run", "closed", "SUCCESS"), "p", LOG)
     assert (f.task, f.reason, f.user_error) == ("train", "max_steps=0 must be >= 1", True)
 
@@ -74,13 +84,26 @@ def test_cli_maps_user_errors_to_2_and_internal_failures_to_1(monkeypatch, capsy
             raise TaskFailed("train_and_evaluate", "evaluate", "the reason", user_error, LOG)
 
         monkeypatch.setattr(local, "run_local", fail)
-        args = argparse.Namespace(action="run", local=True, param=[], pipeline="train_and_evaluate", home="h",
-                                  keep_services=False, s3_port=1, mlflow_port=2, verbose=False, registry=None, tag=None,
-                                  demo="tiny")
+        args = argparse.Namespace(
+            action="run",
+            local=True,
+            param=[],
+            pipeline="train_and_evaluate",
+            home="h",
+            keep_services=False,
+            s3_port=1,
+            mlflow_port=2,
+            verbose=False,
+            registry=None,
+            tag=None,
+            demo="tiny",
+        )
         assert cli.run(args) == rc
         err = capsys.readouterr().err
-        assert err.splitlines() == [f"chunkgrpo pipeline: error: task 'evaluate' of train_and_evaluate failed: "
-                                    f"the reason (full log: {LOG})"]
+        assert err.splitlines() == [
+            f"chunkgrpo pipeline: error: task 'evaluate' of train_and_evaluate failed: "
+            f"the reason (full log: {LOG})"
+        ]
 
 
 def test_other_ranks_wait_then_report_with_their_rank(monkeypatch):
@@ -108,13 +131,31 @@ def test_torchrun_user_error_is_printed_once_by_rank_0(tiny_model_dir, tmp_path)
     prompts = tmp_path / "p.txt"
     prompts.write_text("a cat\na dog\n")
     torchrun = str(Path(sys.executable).parent / "torchrun")
-    r = subprocess.run([torchrun, "--nproc_per_node=2", "--master_addr=127.0.0.1", f"--master_port={free_port()}",
-                        "-m", "chunkgrpo.train", "--config", "tiny_cpu", f"model={tiny_model_dir}",
-                        f"prompts={prompts}", f"output_dir={tmp_path / 'out'}", "max_iterations=-1"],
-                       capture_output=True, text=True, env=_env(), timeout=600)
+    r = subprocess.run(
+        [
+            torchrun,
+            "--nproc_per_node=2",
+            "--master_addr=127.0.0.1",
+            f"--master_port={free_port()}",
+            "-m",
+            "chunkgrpo.train",
+            "--config",
+            "tiny_cpu",
+            f"model={tiny_model_dir}",
+            f"prompts={prompts}",
+            f"output_dir={tmp_path / 'out'}",
+            "max_iterations=-1",
+        ],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=600,
+    )
     assert r.returncode != 0
     mine = [ln for ln in (r.stdout + r.stderr).splitlines() if ln.startswith("chunkgrpo train: error:")]
-    assert len(mine) == 1 and "max_iterations" in mine[0] and "-1" in mine[0] and "[rank" not in mine[0], r.stderr[-3000:]
+    assert len(mine) == 1 and "max_iterations" in mine[0] and "-1" in mine[0] and "[rank" not in mine[0], (
+        r.stderr[-3000:]
+    )
     assert not (tmp_path / "out" / "final").exists()
 
 
@@ -124,9 +165,21 @@ def test_torchrun_failure_in_a_task_becomes_the_tasks_user_error(tiny_model_dir,
     from chunkgrpo.local_processes import free_port
     from chunkgrpo.torchrun import run_torchrun
 
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
-           f"--master_port={free_port()}", "-m", "chunkgrpo.train", "--config", "tiny_cpu", f"model={tiny_model_dir}",
-           f"prompts={tmp_path / 'missing.txt'}", f"output_dir={tmp_path / 'out'}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node=2",
+        "--master_addr=127.0.0.1",
+        f"--master_port={free_port()}",
+        "-m",
+        "chunkgrpo.train",
+        "--config",
+        "tiny_cpu",
+        f"model={tiny_model_dir}",
+        f"prompts={tmp_path / 'missing.txt'}",
+        f"output_dir={tmp_path / 'out'}",
+    ]
     out = io.StringIO()
     with pytest.raises(UserError, match="missing.txt"):
         run_torchrun(cmd, env=_env(), out=out)
@@ -139,14 +192,40 @@ def test_pipeline_run_with_a_bad_parameter_is_one_line_exit_2(tmp_path):
     from chunkgrpo.local_processes import free_ports
 
     s3, mlflow = free_ports(2)
-    r = subprocess.run([sys.executable, "-m", "chunkgrpo", "pipeline", "run", "--local", "--home", str(tmp_path / "h"),
-                        "--s3-port", str(s3), "--mlflow-port", str(mlflow), "--demo", "tiny", "-p", "max_iterations=-1"],
-                       capture_output=True, text=True, env=_env(), cwd=tmp_path, timeout=900)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "chunkgrpo",
+            "pipeline",
+            "run",
+            "--local",
+            "--home",
+            str(tmp_path / "h"),
+            "--s3-port",
+            str(s3),
+            "--mlflow-port",
+            str(mlflow),
+            "--demo",
+            "tiny",
+            "-p",
+            "max_iterations=-1",
+        ],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        cwd=tmp_path,
+        timeout=900,
+    )
     assert r.returncode == 2, (r.stdout[-3000:], r.stderr[-3000:])
     assert "Traceback" not in r.stderr
     lines = [ln for ln in r.stderr.splitlines() if ln.startswith("chunkgrpo")]
     assert len(lines) == 1, r.stderr
-    assert "task 'train'" in lines[0] and "max_iterations must be >= 0" in lines[0] and "max_iterations=-1" in lines[0]
+    assert (
+        "task 'train'" in lines[0]
+        and "max_iterations must be >= 0" in lines[0]
+        and "max_iterations=-1" in lines[0]
+    )
     log = Path(tmp_path / lines[0].rsplit("full log: ", 1)[1].rstrip(")"))
     text = log.read_text()
     assert "Traceback" in text  # the details are kept in the log
@@ -163,7 +242,12 @@ def test_missing_prompts_file_fails_the_preflight(services, tmp_path):
                   home=tmp_path, services_env=services.env, demo="tiny")
     f = e.value
     # the preflight (first task, seconds, before any GPU) names it; no later task starts
-    assert f.task == "preflight" and f.user_error and "no-such-prompts.txt" in f.reason and "does not exist" in f.reason
+    assert (
+        f.task == "preflight"
+        and f.user_error
+        and "no-such-prompts.txt" in f.reason
+        and "does not exist" in f.reason
+    )
     assert f.log_path.exists() and f.log_path.parent == tmp_path / "logs"
 
 

@@ -59,7 +59,12 @@ def clone_run(tmp_path_factory):
     # when the command times out or the session is interrupted (run_command stops the command's process group)
     with services_stopped_after(clone / ".chunkgrpo" / "local", s3, mlflow) as svc:
         # pod-faithful (pipeline/pod_faithful.py): each task with its pod's env and volumes, every write audited
-        r = run_command(f"{main_job} {ports} --keep-services --pod-faithful", cwd=clone, env=_clean_env(), timeout=MAIN_JOB_TIMEOUT_S)
+        r = run_command(
+            f"{main_job} {ports} --keep-services --pod-faithful",
+            cwd=clone,
+            env=_clean_env(),
+            timeout=MAIN_JOB_TIMEOUT_S,
+        )
         yield {"clone": clone, "result": r, "ports": ports, "services": svc}
 
 
@@ -99,7 +104,9 @@ def test_main_job_from_a_clone_succeeds_and_promotes(clone_run):
     sizes = t["plan"]["parameters"]["Output"]
     pointer = read_pointer(Path(t["train"]["artifacts"]["trained_model"]["uri"]).read_text())
     assert sizes == "sizes:" + ",".join(map(str, pointer["chunk_sizes"]))
-    assert pointer["optimizer_steps"] == TOY_TRAIN["max_iterations"]  # toy_cpu: one optimizer step per rollout
+    assert (
+        pointer["optimizer_steps"] == TOY_TRAIN["max_iterations"]
+    )  # toy_cpu: one optimizer step per rollout
     # the model is in S3 as a complete folder artifact with the pointer's digest
     store = ArtifactStore(clone_run["services"].store_config())
     assert store.read_manifest(pointer["uri"]).sha256 == pointer["manifest_sha256"]
@@ -120,11 +127,24 @@ def test_main_job_from_a_clone_succeeds_and_promotes(clone_run):
     parent_id = t["open-run"]["parameters"]["Output"]
     parent = client.get_run(parent_id)
     assert parent.info.status == "FINISHED" and parent.data.tags["kfp.state"] == "SUCCEEDED"
-    children = client.search_runs([parent.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent_id}'")
-    assert {"train", "evaluate", "register"} <= {c.data.tags.get("chunkgrpo.stage") or c.info.run_name for c in children}
+    children = client.search_runs(
+        [parent.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent_id}'"
+    )
+    assert {"train", "evaluate", "register"} <= {
+        c.data.tags.get("chunkgrpo.stage") or c.info.run_name for c in children
+    }
     # the summary names every artifact location and the full log, and where the time went
-    for needle in (pointer["uri"], f"models:/{name}/{version}", parent_id, "promoted", "full log", "time breakdown",
-                   "task train", "services", "model"):
+    for needle in (
+        pointer["uri"],
+        f"models:/{name}/{version}",
+        parent_id,
+        "promoted",
+        "full log",
+        "time breakdown",
+        "task train",
+        "services",
+        "model",
+    ):
         assert needle in r.stdout
     log = re.search(r"full log\s+(\S+)", r.stdout).group(1)
     assert (clone / log).is_file() and "Executing task" in (clone / log).read_text()
@@ -144,13 +164,23 @@ def test_trained_beats_base_by_more_than_the_base_seed_spread(clone_run, tmp_pat
     model = clone / ".chunkgrpo" / "models" / "toy"
     base = [m["geneval.overall.base"]]
     for seed in (1042, 2042):
-        cfg = EvalConfig.load("eval_toy", [*toy_eval_overrides(model), f"base_model={model}", "benchmarks=[geneval]",
-                                           f"seed={seed}", f"output_dir={tmp_path / str(seed)}"])
+        cfg = EvalConfig.load(
+            "eval_toy",
+            [
+                *toy_eval_overrides(model),
+                f"base_model={model}",
+                "benchmarks=[geneval]",
+                f"seed={seed}",
+                f"output_dir={tmp_path / str(seed)}",
+            ],
+        )
         base.append(run_evaluation(cfg)["metrics"]["geneval.overall.base"])
     spread = max(base) - min(base)
     gain = m["geneval.overall.trained"] - m["geneval.overall.base"]
-    print(f"held-out toy GenEval: base {base} (spread {spread:.3f}), trained {m['geneval.overall.trained']:.3f} "
-          f"(gain {gain:+.3f})")
+    print(
+        f"held-out toy GenEval: base {base} (spread {spread:.3f}), trained {m['geneval.overall.trained']:.3f} "
+        f"(gain {gain:+.3f})"
+    )
     assert gain > spread, (gain, base)
 
 
@@ -164,8 +194,11 @@ def test_the_pretrained_base_beats_the_random_init_model(clone_run, tmp_path):
         pytest.skip("the main job failed (reported by test_main_job_from_a_clone_succeeds_and_promotes)")
     meta = read_meta(clone_run["clone"] / ".chunkgrpo" / "models" / "toy")
     assert is_current(meta)  # the default toy model (shipped with the package or pretrained by the command)
-    rand = read_meta(build_toy_model(tmp_path / "random", ToyModelConfig(steps=0), cache_dir=tmp_path / "cache",
-                                     progress=False))
+    rand = read_meta(
+        build_toy_model(
+            tmp_path / "random", ToyModelConfig(steps=0), cache_dir=tmp_path / "cache", progress=False
+        )
+    )
     base, noise = meta["base_accuracy"], rand["base_accuracy"]
     assert base["n_images"] == noise["n_images"] >= 200
     print(f"held-out toy GenEval: pretrained {base['overall']:.3f}, random init {noise['overall']:.3f}")
@@ -181,8 +214,12 @@ def test_nightly_benchmark_on_the_champion(clone_run):
     clone = clone_run["clone"]
     if clone_run["result"].returncode != 0:
         pytest.skip("the main job failed (reported by test_main_job_from_a_clone_succeeds_and_promotes)")
-    r = run_command(f".venv/bin/chunkgrpo pipeline run --local --pipeline nightly_benchmark {clone_run['ports']}",
-                    cwd=clone, env=_clean_env(), timeout=NIGHTLY_TIMEOUT_S)
+    r = run_command(
+        f".venv/bin/chunkgrpo pipeline run --local --pipeline nightly_benchmark {clone_run['ports']}",
+        cwd=clone,
+        env=_clean_env(),
+        timeout=NIGHTLY_TIMEOUT_S,
+    )
     assert r.returncode == 0, (r.stdout[-4000:], r.stderr[-4000:])
     t = read_task_outputs(_run_dir(clone, r.stdout))
     assert {"open-run", "evaluate", "check-regression", "close-run"} <= set(t)
@@ -202,6 +239,9 @@ def test_nightly_benchmark_on_the_champion(clone_run):
     ab = json.loads(Path(t["toy-ablation"]["artifacts"]["results"]["uri"]).read_text())
     assert set(ab["methods"]) == {"base", *TOY_NIGHTLY["ablation_methods"]}
     assert all(len(e["seeds"]) == TOY_NIGHTLY["ablation_seeds"] for e in ab["methods"].values())
-    assert ab["paired"][0]["a"] == "chunk_dynamics" and len(ab["paired"][0]["seeds"]) == TOY_NIGHTLY["ablation_seeds"]
+    assert (
+        ab["paired"][0]["a"] == "chunk_dynamics"
+        and len(ab["paired"][0]["seeds"]) == TOY_NIGHTLY["ablation_seeds"]
+    )
     assert "| comparison |" in Path(t["toy-ablation"]["artifacts"]["table"]["uri"]).read_text()
     assert "ablation.chunk_dynamics.overall" in t["toy-ablation"]["artifacts"]["metrics"]["metadata"]

@@ -45,17 +45,29 @@ def prod_template() -> dict:
 
 
 def spec(**kw) -> jobspec.JobSpec:
-    base = dict(name=jobspec.job_name(RUN_ID, "train"), namespace="kubeflow", image="ghcr.io/chunkgrpo/chunkgrpo-runtime:0.1.0",
-                num_nodes=2, nproc_per_node=8, gpus_per_node=8, cpu="96", memory="960Gi",
-                node_selector={"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
-                tolerations=[],  # the runtime's GPU toleration stays; extra ones need the runtime (merged)
-                shm_size="", run_id=RUN_ID, env={"CHUNKGRPO_MLFLOW_PARENT_RUN_ID": "abc"},
-                secret_env={"AWS_ACCESS_KEY_ID": ("chunkgrpo-s3", "AWS_ACCESS_KEY_ID"),
-                            "AWS_SECRET_ACCESS_KEY": ("chunkgrpo-s3", "AWS_SECRET_ACCESS_KEY")},
-                train_args=["--config", "chunk_grpo_flux", "max_iterations=151", "chunks=sizes:2,3,4,7"],
-                upload_final_to="s3://chunkgrpo-checkpoints/pipeline-runs/r/train/final",
-                fetch={"/tmp/inputs/prompts.txt": "s3://chunkgrpo-data/prompts/train.txt"},
-                active_deadline_seconds=172800)
+    base = dict(
+        name=jobspec.job_name(RUN_ID, "train"),
+        namespace="kubeflow",
+        image="ghcr.io/chunkgrpo/chunkgrpo-runtime:0.1.0",
+        num_nodes=2,
+        nproc_per_node=8,
+        gpus_per_node=8,
+        cpu="96",
+        memory="960Gi",
+        node_selector={"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
+        tolerations=[],  # the runtime's GPU toleration stays; extra ones need the runtime (merged)
+        shm_size="",
+        run_id=RUN_ID,
+        env={"CHUNKGRPO_MLFLOW_PARENT_RUN_ID": "abc"},
+        secret_env={
+            "AWS_ACCESS_KEY_ID": ("chunkgrpo-s3", "AWS_ACCESS_KEY_ID"),
+            "AWS_SECRET_ACCESS_KEY": ("chunkgrpo-s3", "AWS_SECRET_ACCESS_KEY"),
+        },
+        train_args=["--config", "chunk_grpo_flux", "max_iterations=151", "chunks=sizes:2,3,4,7"],
+        upload_final_to="s3://chunkgrpo-checkpoints/pipeline-runs/r/train/final",
+        fetch={"/tmp/inputs/prompts.txt": "s3://chunkgrpo-data/prompts/train.txt"},
+        active_deadline_seconds=172800,
+    )
     base.update(kw)
     return jobspec.JobSpec(**base)
 
@@ -67,7 +79,11 @@ def test_job_name_is_deterministic_dns1123_and_short():
     a, b = jobspec.job_name(RUN_ID, "train"), jobspec.job_name(RUN_ID, "train")
     assert a == b and a.startswith("cg-") and a.endswith("-train") and len(a) <= 40
     assert jobspec._DNS1123_LABEL.match(a)
-    assert jobspec.job_name(RUN_ID, "train") != jobspec.job_name(RUN_ID + "x", "train") != jobspec.job_name(RUN_ID, "train-2")
+    assert (
+        jobspec.job_name(RUN_ID, "train")
+        != jobspec.job_name(RUN_ID + "x", "train")
+        != jobspec.job_name(RUN_ID, "train-2")
+    )
     weird = jobspec.job_name("Run ID/with spaces" * 10, "Train Step #1 (8xH100) and a very long suffix")
     assert jobspec._DNS1123_LABEL.match(weird) and len(weird) <= 40
     with pytest.raises(ValueError):
@@ -127,19 +143,25 @@ def _vol(pod: dict, name: str) -> dict:
 def test_trainjob_validates_and_carries_placement_secrets_and_command():
     obj = trainjob.build_trainjob(spec(gpus_per_node=0, cpu="", memory=""))
     validate(obj)
-    assert k8s_schemas.validate(obj, "2.1.0"), "runtimePatches/activeDeadlineSeconds do not exist in Trainer v2.1"
+    assert k8s_schemas.validate(obj, "2.1.0"), (
+        "runtimePatches/activeDeadlineSeconds do not exist in Trainer v2.1"
+    )
     s = obj["spec"]
     assert s["runtimeRef"] == {"apiGroup": "trainer.kubeflow.org", "kind": "ClusterTrainingRuntime",
                                "name": "chunkgrpo-torch"}
     tr = s["trainer"]
     assert tr["numNodes"] == 2 and tr["numProcPerNode"] == 8
     assert "resourcesPerNode" not in tr  # the runtime's resources (GPUs, RDMA, memory) stay untouched
-    assert {"name": "AWS_SECRET_ACCESS_KEY",
-            "valueFrom": {"secretKeyRef": {"name": "chunkgrpo-s3", "key": "AWS_SECRET_ACCESS_KEY"}}} in tr["env"]
+    assert {
+        "name": "AWS_SECRET_ACCESS_KEY",
+        "valueFrom": {"secretKeyRef": {"name": "chunkgrpo-s3", "key": "AWS_SECRET_ACCESS_KEY"}},
+    } in tr["env"]
     script = tr["command"][2]
     assert tr["command"][:2] == ["/bin/sh", "-c"] and "torchrun -m chunkgrpo.train \"$@\"" in script
     assert "fetch s3://chunkgrpo-data/prompts/train.txt /tmp/inputs/prompts.txt" in script
-    assert "upload-final /cache/train/final s3://chunkgrpo-checkpoints" in script and "PET_NODE_RANK" in script
+    assert (
+        "upload-final /cache/train/final s3://chunkgrpo-checkpoints" in script and "PET_NODE_RANK" in script
+    )
     assert tr["args"][:2] == ["--config", "chunk_grpo_flux"] and tr["args"][-1] == "output_dir=/cache/train"
     (patch,) = s["runtimePatches"]
     assert patch["manager"] == trainjob.MANAGER
@@ -185,8 +207,13 @@ def test_resource_overrides_are_merged_into_the_runtimes():
 
 
 def test_merge_resources_keeps_unnamed_keys_and_raises_limits_to_requests():
-    base = {"requests": {"cpu": "96", "memory": "960Gi", "rdma/x": 1}, "limits": {"cpu": "160", "memory": "1200Gi", "rdma/x": 1}}
-    out = jobspec.merge_resources(base, {"requests": {"cpu": "200", "nvidia.com/gpu": 2}, "limits": {"nvidia.com/gpu": 2}})
+    base = {
+        "requests": {"cpu": "96", "memory": "960Gi", "rdma/x": 1},
+        "limits": {"cpu": "160", "memory": "1200Gi", "rdma/x": 1},
+    }
+    out = jobspec.merge_resources(
+        base, {"requests": {"cpu": "200", "nvidia.com/gpu": 2}, "limits": {"nvidia.com/gpu": 2}}
+    )
     assert out["requests"] == {"cpu": "200", "memory": "960Gi", "rdma/x": 1, "nvidia.com/gpu": 2}
     assert out["limits"]["cpu"] == "200" and out["limits"]["rdma/x"] == 1  # limit raised to the new request
     assert base["requests"]["cpu"] == "96"  # input untouched
@@ -211,10 +238,17 @@ def test_kueue_queue_pull_secrets_and_owner():
     assert job["metadata"]["ownerReferences"] == [owner]
     pod = job["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]
     assert pod["template"]["spec"]["template"]["spec"]["imagePullSecrets"] == [{"name": "regcred"}]
-    pj = pytorchjob.build_pytorchjob(spec(queue_name="gpu-team-a", image_pull_secrets=["regcred"], owner=owner), prod_template())
+    pj = pytorchjob.build_pytorchjob(
+        spec(queue_name="gpu-team-a", image_pull_secrets=["regcred"], owner=owner), prod_template()
+    )
     validate(pj)
-    assert pj["spec"]["runPolicy"]["suspend"] is True and pj["metadata"]["labels"][jobspec.LABEL_QUEUE] == "gpu-team-a"
-    assert {"name": "regcred"} in pj["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["imagePullSecrets"]
+    assert (
+        pj["spec"]["runPolicy"]["suspend"] is True
+        and pj["metadata"]["labels"][jobspec.LABEL_QUEUE] == "gpu-team-a"
+    )
+    assert {"name": "regcred"} in pj["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"][
+        "imagePullSecrets"
+    ]
 
 
 def test_minimal_trainjob_is_plain_torchrun_and_matches_example_shape():
@@ -224,8 +258,14 @@ def test_minimal_trainjob_is_plain_torchrun_and_matches_example_shape():
     example = yaml.safe_load((REPO / "manifests" / "examples" / "trainjob-h100.yaml").read_text())
     validate(example)
     assert example["spec"]["runtimeRef"] == obj["spec"]["runtimeRef"]
-    assert obj["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]["name"] \
-        == example["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]["name"]
+    assert (
+        obj["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0][
+            "name"
+        ]
+        == example["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][
+            0
+        ]["name"]
+    )
 
 
 @pytest.mark.parametrize("nodes", [1, 3])
@@ -240,7 +280,11 @@ def test_pytorchjob_from_the_template_merges_resources(nodes):
     for rs in reps.values():
         pod = rs["template"]["spec"]
         (c,) = pod["containers"]
-        assert c["name"] == "pytorch" and c["image"] == spec().image and c["args"][-1] == "output_dir=/cache/train"
+        assert (
+            c["name"] == "pytorch"
+            and c["image"] == spec().image
+            and c["args"][-1] == "output_dir=/cache/train"
+        )
         lim = c["resources"]["limits"]
         assert lim["nvidia.com/gpu"] == 8 and lim["rdma/rdma_shared_device_a"] == 1  # RDMA survives
         assert jobspec.quantity(lim["memory"]) == jobspec.quantity("1200Gi")
@@ -248,7 +292,9 @@ def test_pytorchjob_from_the_template_merges_resources(nodes):
         assert _vol(rs["template"], "dshm")["emptyDir"]["sizeLimit"] == "128Gi"  # the overlay's, not 64Gi
         assert rs["template"]["metadata"]["annotations"]["sidecar.istio.io/inject"] == "false"
         names = [e["name"] for e in c["env"]]
-        assert "HF_HOME" in names and names.count("AWS_ACCESS_KEY_ID") == 1  # template env kept, ours replaces dupes
+        assert (
+            "HF_HOME" in names and names.count("AWS_ACCESS_KEY_ID") == 1
+        )  # template env kept, ours replaces dupes
     assert template["spec"]["runPolicy"]["suspend"] is True  # input not mutated
 
 
@@ -405,15 +451,21 @@ def test_wait_survives_transient_api_errors():
 
 
 def test_failure_reason_surfaces():
-    api = FakeApi(statuses=[RUNNING_V2, cond("Failed", "DeadlineExceeded", "TrainJob exceeded activeDeadlineSeconds")])
+    api = FakeApi(
+        statuses=[RUNNING_V2, cond("Failed", "DeadlineExceeded", "TrainJob exceeded activeDeadlineSeconds")]
+    )
     obj = job()
     launcher.submit_or_attach(api, obj)
-    with pytest.raises(jobspec.JobFailedError, match="DeadlineExceeded: TrainJob exceeded activeDeadlineSeconds"):
+    with pytest.raises(
+        jobspec.JobFailedError, match="DeadlineExceeded: TrainJob exceeded activeDeadlineSeconds"
+    ):
         launcher.wait(api, obj, timeout_s=60, **NO_SLEEP)
 
 
 def test_pytorchjob_conditions():
-    api = FakeApi(statuses=[cond("Created"), cond("Running"), cond("Failed", "PyTorchJobFailed", "pod OOMKilled")])
+    api = FakeApi(
+        statuses=[cond("Created"), cond("Running"), cond("Failed", "PyTorchJobFailed", "pod OOMKilled")]
+    )
     obj = pytorchjob.build_pytorchjob(spec(), prod_template())
     launcher.submit_or_attach(api, obj)
     seen = []
@@ -501,7 +553,9 @@ def test_read_runtime_cluster_scoped():
     api.cluster_status = 403
     with pytest.raises(jobspec.TemplateError, match="chunkgrpo-runtime-reader"):
         launcher.read_runtime(api)
-    api.objects[("trainer.kubeflow.org", "v1alpha1", None, "clustertrainingruntimes", "chunkgrpo-torch")] = prod_runtime()
+    api.objects[("trainer.kubeflow.org", "v1alpha1", None, "clustertrainingruntimes", "chunkgrpo-torch")] = (
+        prod_runtime()
+    )
     assert launcher.read_runtime(api)["kind"] == "ClusterTrainingRuntime"
 
 
@@ -523,7 +577,9 @@ def test_cleanup_deletes_the_runs_active_jobs_only():
     launcher.submit_or_attach(api, mine)
     done = job(name=jobspec.job_name(RUN_ID, "train-old"))
     launcher.submit_or_attach(api, done)
-    api.objects[next(k for k in api.objects if k[-1] == done["metadata"]["name"])]["status"] = cond("Complete")
+    api.objects[next(k for k in api.objects if k[-1] == done["metadata"]["name"])]["status"] = cond(
+        "Complete"
+    )
     other_run = "0000-other"
     other = job(name=jobspec.job_name(other_run, "train"), run_id=other_run)
     launcher.submit_or_attach(api, other)
@@ -533,4 +589,6 @@ def test_cleanup_deletes_the_runs_active_jobs_only():
     names = {k[-1] for k in api.objects}
     assert names == {done["metadata"]["name"], other["metadata"]["name"]}
     assert ("list", "trainjobs", f"{jobspec.LABEL_RUN}={RUN_ID}") in api.calls
-    assert launcher.cleanup_run(api, "kubeflow", RUN_ID, only_active=False) == [f"TrainJob/{done['metadata']['name']}"]
+    assert launcher.cleanup_run(api, "kubeflow", RUN_ID, only_active=False) == [
+        f"TrainJob/{done['metadata']['name']}"
+    ]

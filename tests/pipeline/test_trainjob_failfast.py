@@ -17,8 +17,16 @@ import yaml
 
 from chunkgrpo.k8s import diagnose as dg
 from chunkgrpo.k8s import jobspec, launcher, trainjob
-from tests.pipeline.test_trainjob import (MERGE_KEYS, RUNNING_V2, FakeApi, cond, effective_trainer_pod,
-                                          prod_runtime, spec, strategic_merge)
+from tests.pipeline.test_trainjob import (
+    MERGE_KEYS,
+    RUNNING_V2,
+    FakeApi,
+    cond,
+    effective_trainer_pod,
+    prod_runtime,
+    spec,
+    strategic_merge,
+)
 
 FIX = yaml.safe_load((Path(__file__).resolve().parents[1] / "fixtures" / "k8s" / "failfast.yaml").read_text())
 JOB = "cg-0123456789-train"
@@ -227,7 +235,9 @@ class StaticProbe:
 
 
 def _job():
-    return trainjob.build_trainjob(spec(name=JOB, namespace=NS, gpus_per_node=0, cpu="", memory="", tolerations=[]))
+    return trainjob.build_trainjob(
+        spec(name=JOB, namespace=NS, gpus_per_node=0, cpu="", memory="", tolerations=[])
+    )
 
 
 @pytest.mark.parametrize("blocker,kind", [(dict(events=[event("podsecurity")]), "PodSecurity"),
@@ -349,7 +359,11 @@ def test_no_extra_tolerations_no_runtime_read_and_no_toleration_patch():
 
 
 def test_quantities_use_the_kubernetes_parser():
-    assert jobspec.quantity("1600Gi") == 1600 * 2**30 and jobspec.quantity("500m") * 2 == 1 and jobspec.quantity(8) == 8
+    assert (
+        jobspec.quantity("1600Gi") == 1600 * 2**30
+        and jobspec.quantity("500m") * 2 == 1
+        and jobspec.quantity(8) == 8
+    )
     with pytest.raises(ValueError, match="not a Kubernetes quantity"):
         jobspec.quantity("lots")
 
@@ -384,7 +398,7 @@ class _FakeTrainerAPI:
             def log_message(self, *a):
                 pass
 
-            def do_GET(self):  # noqa: N802
+            def do_GET(self):
                 path = self.path.partition("?")[0]
                 outer.paths.append(self.path)
                 if path.endswith("/log"):
@@ -413,9 +427,8 @@ class _FakeTrainerAPI:
 def test_log_tail_through_the_kubeflow_sdk_trainer_client():
     """The real TrainerClient (kubeflow 0.5) against a fake API: node 0's pod found by its JobSet
     labels, its log read, the tail returned; a PyTorchJob or an unreachable API gives []."""
-    from kubernetes.client import Configuration
-
     from kubeflow.trainer import KubernetesBackendConfig, TrainerClient
+    from kubernetes.client import Configuration
 
     job_obj = {**_job(), "metadata": {**_job()["metadata"], "creationTimestamp": "2026-11-25T13:05:00Z"}}
     node0 = pod("oom")

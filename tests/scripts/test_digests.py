@@ -24,8 +24,13 @@ def _manifests_copy(tmp_path) -> Path:
 def test_a_placeholder_digest_in_a_prod_overlay_fails_the_check(tmp_path):
     root = _manifests_copy(tmp_path)
     comp = root / "manifests" / "components" / "pinned-images" / "kustomization.yaml"
-    comp.write_text(comp.read_text().replace("images: []", "images:\n- name: ghcr.io/mlflow/mlflow\n  newTag: v3.17.2-full\n"
-                                             "  digest: sha256:5772fa203d85ce2176105f755d84c44b57526104560741bd62097126618df20c\n"))
+    comp.write_text(
+        comp.read_text().replace(
+            "images: []",
+            "images:\n- name: ghcr.io/mlflow/mlflow\n  newTag: v3.17.2-full\n"
+            "  digest: sha256:5772fa203d85ce2176105f755d84c44b57526104560741bd62097126618df20c\n",
+        )
+    )
     problems = digests.check(root)
     assert problems and all("was not written by `digests resolve`" in p for p in problems)
     assert any(p.startswith("overlays/prod-h100") for p in problems)
@@ -49,17 +54,26 @@ def test_resolver_writes_lock_component_and_dockerfiles_then_check_passes(tmp_pa
     lock = digests.resolve(root / "manifests" / "images.lock.yaml", repo=root,
                            pinned=root / "manifests" / "components" / "pinned-images" / "kustomization.yaml",
                            now=dt.datetime(2026, 1, 2, tzinfo=dt.timezone.utc))
-    want = {f"{i['name']}:{i['tag']}": "sha256:" + hashlib.sha256(f"{i['name']}:{i['tag']}".encode()).hexdigest()
-            for i in lock["images"]}
+    want = {
+        f"{i['name']}:{i['tag']}": "sha256:" + hashlib.sha256(f"{i['name']}:{i['tag']}".encode()).hexdigest()
+        for i in lock["images"]
+    }
     reread = digests.load_lock(root / "manifests" / "images.lock.yaml")
     for img in reread["images"]:
         ref = f"{img['name']}:{img['tag']}"
-        assert img["digest"] == want[ref] and "imagetools inspect" in img["resolved_by"] and img["resolved_at"]
+        assert (
+            img["digest"] == want[ref] and "imagetools inspect" in img["resolved_by"] and img["resolved_at"]
+        )
     rendered = digests._render(root / "manifests" / "overlays" / "prod-h100")
     assert f"ghcr.io/mlflow/mlflow:v3.17.2-full@{want['ghcr.io/mlflow/mlflow:v3.17.2-full']}" in rendered
-    assert f"python:3.11-slim-bookworm@{want['python:3.11-slim-bookworm']}" in (root / "images/launcher/Dockerfile").read_text()
+    assert (
+        f"python:3.11-slim-bookworm@{want['python:3.11-slim-bookworm']}"
+        in (root / "images/launcher/Dockerfile").read_text()
+    )
     assert digests.check(root, strict=True) == []
     # a digest edited by hand afterwards is caught again
     comp = root / "manifests" / "components" / "pinned-images" / "kustomization.yaml"
-    comp.write_text(comp.read_text().replace(want["ghcr.io/mlflow/mlflow:v3.17.2-full"], "sha256:" + "0" * 64))
+    comp.write_text(
+        comp.read_text().replace(want["ghcr.io/mlflow/mlflow:v3.17.2-full"], "sha256:" + "0" * 64)
+    )
     assert any("not written by" in p for p in digests.check(root))

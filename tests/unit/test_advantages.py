@@ -13,8 +13,12 @@ def test_group_normalisation_unbiased_std_per_prompt():
     r = torch.tensor([1.0, 2.0, 3.0, 10.0, 10.0, 40.0])
     a = group_advantages(r, 3)
     g1 = (torch.tensor([1.0, 2, 3]) - 2) / (torch.tensor([1.0, 2, 3]).std(unbiased=True) + 1e-8)
-    torch.testing.assert_close(a[:3], g1, **tol(torch.float32, ulps=10))  # float64 maths, fp32 result vs fp32 reference
-    torch.testing.assert_close(a[3:].sum(), torch.tensor(0.0), **tol(torch.float32))  # centred within its own group
+    torch.testing.assert_close(
+        a[:3], g1, **tol(torch.float32, ulps=10)
+    )  # float64 maths, fp32 result vs fp32 reference
+    torch.testing.assert_close(
+        a[3:].sum(), torch.tensor(0.0), **tol(torch.float32)
+    )  # centred within its own group
 
 
 def test_zero_variance_group_gives_exact_zeros_not_nan():

@@ -115,25 +115,35 @@ BAD_INPUTS = {
     "profile: invalid JSON": (_profile("prof.json", "{nope"), "not valid JSON"),
     "profile: a JSON list": (_profile("prof.json", "[1, 2]"), "expected a JSON object"),
     "profile: l1rel not a list": (_profile("prof.json", '{"sigmas": [1, 0], "l1rel": 3}'), "no 'l1rel' list"),
-    "profile: NaN in l1rel": (_profile("prof.json", '{"sigmas": [1, 0.5, 0.2, 0], "l1rel": [0.3, NaN, 0.1]}'),
-                              "finite numbers"),
+    "profile: NaN in l1rel": (
+        _profile("prof.json", '{"sigmas": [1, 0.5, 0.2, 0], "l1rel": [0.3, NaN, 0.1]}'),
+        "finite numbers",
+    ),
     # presets / config files
     "preset: not UTF-8": (_preset("c.yaml", b"lr: 1e-5\n# \xff\n"), "not UTF-8 text"),
     "preset: binary": (_preset("c.yaml", BINARY), "binary file"),
     "preset: a directory": (_preset("", None), "is a directory"),
     "preset: invalid YAML": (_preset("c.yaml", "lr: [1, 2\n"), "invalid YAML"),
     "preset: top level not a mapping": (_preset("c.yaml", "- lr\n- 1\n"), "expected a mapping"),
-    "preset: unknown preset name": (lambda ws: ["train", "--config", "no_such_preset", "--dry-run"],
-                                    "neither a file nor a preset"),
+    "preset: unknown preset name": (
+        lambda ws: ["train", "--config", "no_such_preset", "--dry-run"],
+        "neither a file nor a preset",
+    ),
     # chunk plans (train chunks=plan.json)
     "chunks: plan not UTF-8": (_chunks(NON_UTF8), "not UTF-8 text"),
     "chunks: plan is a directory": (_chunks(None), "is a directory"),
     "chunks: sizes not integers": (_chunks('{"sizes": ["2", "5"]}'), "must be a list of integers"),
     "chunks: sizes do not sum to the steps": (_chunks('{"sizes": [2, 2]}'), "trainable steps"),
     # metrics / plan files for register (read before MLflow is contacted)
-    "metrics: not UTF-8": (_register("--metrics", "{ws}/m.json", files={"m.json": NON_UTF8}), "not UTF-8 text"),
+    "metrics: not UTF-8": (
+        _register("--metrics", "{ws}/m.json", files={"m.json": NON_UTF8}),
+        "not UTF-8 text",
+    ),
     "metrics: a directory": (_register("--metrics", "{ws}/adir"), "is a directory"),
-    "metrics: invalid JSON": (_register("--metrics", "{ws}/m.json", files={"m.json": "{x"}), "not valid JSON"),
+    "metrics: invalid JSON": (
+        _register("--metrics", "{ws}/m.json", files={"m.json": "{x"}),
+        "not valid JSON",
+    ),
     "register plan: binary": (_register("--plan", "{ws}/p.json", files={"p.json": BINARY}), "binary file"),
     # register validates the name before anything is uploaded (MLflow is unreachable here: order proven)
     "register: name with '/'": (_register(name="team/model"), "not a valid registered model name"),
@@ -158,7 +168,10 @@ BAD_INPUTS = {
     "device=cuda:first": (_train("device=cuda:first"), "device='cuda:first'"),
     # S3 locations
     "s3_prefix without s3://": (_train("checkpoint.s3_prefix=bucket/ckpt"), "is not an S3 URI"),
-    "s3_prefix with a bad bucket": (_train("checkpoint.s3_prefix=s3://Bad_Bucket/ckpt"), "invalid bucket name"),
+    "s3_prefix with a bad bucket": (
+        _train("checkpoint.s3_prefix=s3://Bad_Bucket/ckpt"),
+        "invalid bucket name",
+    ),
     "s3_prefix with '..'": (_train("checkpoint.s3_prefix=s3://bucket/a/../b"), "'..' are not allowed"),
     "register from an S3 key with '..'": (_register(name="ok"), None),  # replaced below (needs env)
     # dynamics planner options
@@ -169,14 +182,42 @@ BAD_INPUTS = {
     "dynamics:last=2": (_plan("dynamics:last=2"), "last fraction"),
     "unknown strategy": (_plan("zigzag"), "unknown chunk strategy"),
     # outputs that would overwrite or half-write something
-    "tiny-model --out <file>": (lambda ws: ["tiny-model", "--out", _write(ws, "f.bin", b"data")], "not a directory"),
-    "tiny-model --out <non-empty dir>": (lambda ws: ["tiny-model", "--out", str(ws / "adir")], "non-empty directory"),
-    "tiny-model --overwrite on a foreign dir": (lambda ws: ["tiny-model", "--out", str(ws / "adir"), "--overwrite"],
-                                                "not made by"),
-    "plan --out <existing dir>": (lambda ws: ["plan", "--profile", str(ws / "profile.json"), "--chunks", "step",
-                                              "--out", str(ws / "adir")], "is a directory"),
-    "profile --out <existing dir>": (lambda ws: ["profile", "--model", str(ws / "model"), "--prompts",
-                                                 str(ws / "prompts.txt"), "--out", str(ws / "adir")], "is a directory"),
+    "tiny-model --out <file>": (
+        lambda ws: ["tiny-model", "--out", _write(ws, "f.bin", b"data")],
+        "not a directory",
+    ),
+    "tiny-model --out <non-empty dir>": (
+        lambda ws: ["tiny-model", "--out", str(ws / "adir")],
+        "non-empty directory",
+    ),
+    "tiny-model --overwrite on a foreign dir": (
+        lambda ws: ["tiny-model", "--out", str(ws / "adir"), "--overwrite"],
+        "not made by",
+    ),
+    "plan --out <existing dir>": (
+        lambda ws: [
+            "plan",
+            "--profile",
+            str(ws / "profile.json"),
+            "--chunks",
+            "step",
+            "--out",
+            str(ws / "adir"),
+        ],
+        "is a directory",
+    ),
+    "profile --out <existing dir>": (
+        lambda ws: [
+            "profile",
+            "--model",
+            str(ws / "model"),
+            "--prompts",
+            str(ws / "prompts.txt"),
+            "--out",
+            str(ws / "adir"),
+        ],
+        "is a directory",
+    ),
 }
 
 
@@ -225,66 +266,194 @@ def _truncated_lora(ws: Path) -> list[str]:
 
         save_file({"transformer.x.lora_A.weight": torch.zeros(64, 64)}, str(f))
         f.write_bytes(f.read_bytes()[:-4000])
-        (lora / "chunkgrpo_model.json").write_text(json.dumps({"kind": "lora", "base_model": str(ws / "model")}))
+        (lora / "chunkgrpo_model.json").write_text(
+            json.dumps({"kind": "lora", "base_model": str(ws / "model")})
+        )
     return ["evaluate", "--config", "eval_tiny", f"model={lora}", f"base_model={ws / 'model'}",
             f"output_dir={ws / 'eval-out'}"]
 
 
-BAD_INPUTS.update({
-    # destructive (item 10)
-    "tiny-model --overwrite over a user file in an earlier model": (_earlier_tiny_model_with_a_user_file,
-                                                                    "transformer/my-notes.txt"),
-    "train output_dir=''": (_train("output_dir="), "output_dir='' is empty"),
-    # hangs (item 11)
-    "plan: a 2M-step profile": (_profile("big.json", '{"sigmas": [' + ",".join(["0.5"] * 2_000_001) + '], "l1rel": ['
-                                         + ",".join(["0.1"] * 2_000_000) + "]}"), "2000000 transitions"),
-    "prompts: a FIFO": (lambda ws: _train(f"prompts={_fifo(ws)}")(ws), "is not a regular file"),
-    "profile: a FIFO": (lambda ws: ["plan", "--profile", _fifo(ws, "prof.json"), "--chunks", "step",
-                                    "--out", str(ws / "plan.json")], "is not a regular file"),
-    # tracebacks (item 12)
-    "plan --out a FIFO (rename would replace it)": (lambda ws: ["plan", "--profile", str(ws / "profile.json"),
-                                                                "--chunks", "step", "--out", _fifo(ws, "o.json")],
-                                                    "not a regular file"),
-    "profile --out a FIFO": (lambda ws: ["profile", "--model", str(ws / "model"), "--prompts", str(ws / "prompts.txt"),
-                                         "--out", _fifo(ws, "o.json")], "not a regular file"),
-    "plan --out under a file": (lambda ws: ["plan", "--profile", str(ws / "profile.json"), "--chunks", "step",
-                                            "--out", str(ws / "adir" / "keep.txt" / "plan.json")], "keep.txt"),
-    "tiny-model --out under a file": (lambda ws: ["tiny-model", "--out", str(ws / "adir" / "keep.txt" / "m")],
-                                      "keep.txt"),
-    "local up --home under a file": (lambda ws: ["local", "up", "--home", str(ws / "adir" / "keep.txt" / "h")],
-                                     "keep.txt"),
-    "profile --out under a file": (lambda ws: ["profile", "--model", str(ws / "model"), "--prompts",
-                                               str(ws / "prompts.txt"), "--out", str(ws / "adir" / "keep.txt" / "p.json")],
-                                   "keep.txt is a file"),
-    "train output_dir under a file": (lambda ws: [a for a in _train(f"output_dir={ws / 'adir' / 'keep.txt' / 'r'}",
-                                                                    "max_steps=1")(ws) if a != "--dry-run"], "keep.txt"),
-    "evaluate output_dir under a file": (lambda ws: ["evaluate", "--config", "eval_tiny", f"base_model={ws / 'model'}",
-                                                     f"output_dir={ws / 'adir' / 'keep.txt' / 'e'}"], "keep.txt"),
-    "seed=2**80": (_train(f"seed={2**80}"), f"seed={2**80}"),
-    "train: model_index.json {}": (lambda ws: [a for a in _train("max_steps=1")(ws) if a != "--dry-run"],
-                                   "not a loadable FLUX pipeline folder"),
-    "train: truncated transformer safetensors": (
-        lambda ws: [a for a in _train(f"model={_real_model(ws, 'truncated safetensors')}", "max_steps=1")(ws)
-                    if a != "--dry-run"], "not a loadable FLUX pipeline folder"),
-    "train lora.targets=[no_such_module]": (
-        lambda ws: [a for a in _train(f"model={_real_model(ws)}", "max_steps=1", "lora.targets=[no_such_module]")(ws)
-                    if a != "--dry-run"], "lora.targets=['no_such_module']"),
-    "prompts=s3://bucket (bucket root)": (_train("prompts=s3://chunkgrpo"), "prompts=s3://chunkgrpo names a bucket"),
-    "evaluate device=tpu": (lambda ws: ["evaluate", "--config", "eval_tiny", f"base_model={ws / 'model'}",
-                                        "device=tpu", f"output_dir={ws / 'e'}"], "device='tpu'"),
-    "evaluate: a truncated LoRA": (_truncated_lora, "pytorch_lora_weights.safetensors is not a readable safetensors"),
-    # silently accepted (item 13)
-    "profile: negative l1rel": (_profile("prof.json", '{"sigmas": [1, 0.8, 0.5, 0], "l1rel": [0.3, -0.2, 0.1]}'),
-                                "l1rel[1]=-0.2 is negative"),
-    "sampling.max_sequence_length=0": (_train("sampling.max_sequence_length=0"), "sampling.max_sequence_length=0"),
-    "prompts: NUL byte past the first 8 KiB": (_prompts("p.txt", "a cat\n" * 2000 + "a d\x00og\n"),
-                                               "NUL byte at offset 12003"),
-    "prompts: NUL inside a .jsonl prompt": (_prompts("p.jsonl", '{"prompt": "a\\u0000cat"}\n'),
-                                            "contains a NUL character"),
-})
+BAD_INPUTS.update(
+    {
+        # destructive (item 10)
+        "tiny-model --overwrite over a user file in an earlier model": (
+            _earlier_tiny_model_with_a_user_file,
+            "transformer/my-notes.txt",
+        ),
+        "train output_dir=''": (_train("output_dir="), "output_dir='' is empty"),
+        # hangs (item 11)
+        "plan: a 2M-step profile": (
+            _profile(
+                "big.json",
+                '{"sigmas": ['
+                + ",".join(["0.5"] * 2_000_001)
+                + '], "l1rel": ['
+                + ",".join(["0.1"] * 2_000_000)
+                + "]}",
+            ),
+            "2000000 transitions",
+        ),
+        "prompts: a FIFO": (lambda ws: _train(f"prompts={_fifo(ws)}")(ws), "is not a regular file"),
+        "profile: a FIFO": (
+            lambda ws: [
+                "plan",
+                "--profile",
+                _fifo(ws, "prof.json"),
+                "--chunks",
+                "step",
+                "--out",
+                str(ws / "plan.json"),
+            ],
+            "is not a regular file",
+        ),
+        # tracebacks (item 12)
+        "plan --out a FIFO (rename would replace it)": (
+            lambda ws: [
+                "plan",
+                "--profile",
+                str(ws / "profile.json"),
+                "--chunks",
+                "step",
+                "--out",
+                _fifo(ws, "o.json"),
+            ],
+            "not a regular file",
+        ),
+        "profile --out a FIFO": (
+            lambda ws: [
+                "profile",
+                "--model",
+                str(ws / "model"),
+                "--prompts",
+                str(ws / "prompts.txt"),
+                "--out",
+                _fifo(ws, "o.json"),
+            ],
+            "not a regular file",
+        ),
+        "plan --out under a file": (
+            lambda ws: [
+                "plan",
+                "--profile",
+                str(ws / "profile.json"),
+                "--chunks",
+                "step",
+                "--out",
+                str(ws / "adir" / "keep.txt" / "plan.json"),
+            ],
+            "keep.txt",
+        ),
+        "tiny-model --out under a file": (
+            lambda ws: ["tiny-model", "--out", str(ws / "adir" / "keep.txt" / "m")],
+            "keep.txt",
+        ),
+        "local up --home under a file": (
+            lambda ws: ["local", "up", "--home", str(ws / "adir" / "keep.txt" / "h")],
+            "keep.txt",
+        ),
+        "profile --out under a file": (
+            lambda ws: [
+                "profile",
+                "--model",
+                str(ws / "model"),
+                "--prompts",
+                str(ws / "prompts.txt"),
+                "--out",
+                str(ws / "adir" / "keep.txt" / "p.json"),
+            ],
+            "keep.txt is a file",
+        ),
+        "train output_dir under a file": (
+            lambda ws: [
+                a
+                for a in _train(f"output_dir={ws / 'adir' / 'keep.txt' / 'r'}", "max_steps=1")(ws)
+                if a != "--dry-run"
+            ],
+            "keep.txt",
+        ),
+        "evaluate output_dir under a file": (
+            lambda ws: [
+                "evaluate",
+                "--config",
+                "eval_tiny",
+                f"base_model={ws / 'model'}",
+                f"output_dir={ws / 'adir' / 'keep.txt' / 'e'}",
+            ],
+            "keep.txt",
+        ),
+        "seed=2**80": (_train(f"seed={2**80}"), f"seed={2**80}"),
+        "train: model_index.json {}": (
+            lambda ws: [a for a in _train("max_steps=1")(ws) if a != "--dry-run"],
+            "not a loadable FLUX pipeline folder",
+        ),
+        "train: truncated transformer safetensors": (
+            lambda ws: [
+                a
+                for a in _train(f"model={_real_model(ws, 'truncated safetensors')}", "max_steps=1")(ws)
+                if a != "--dry-run"
+            ],
+            "not a loadable FLUX pipeline folder",
+        ),
+        "train lora.targets=[no_such_module]": (
+            lambda ws: [
+                a
+                for a in _train(f"model={_real_model(ws)}", "max_steps=1", "lora.targets=[no_such_module]")(
+                    ws
+                )
+                if a != "--dry-run"
+            ],
+            "lora.targets=['no_such_module']",
+        ),
+        "prompts=s3://bucket (bucket root)": (
+            _train("prompts=s3://chunkgrpo"),
+            "prompts=s3://chunkgrpo names a bucket",
+        ),
+        "evaluate device=tpu": (
+            lambda ws: [
+                "evaluate",
+                "--config",
+                "eval_tiny",
+                f"base_model={ws / 'model'}",
+                "device=tpu",
+                f"output_dir={ws / 'e'}",
+            ],
+            "device='tpu'",
+        ),
+        "evaluate: a truncated LoRA": (
+            _truncated_lora,
+            "pytorch_lora_weights.safetensors is not a readable safetensors",
+        ),
+        # silently accepted (item 13)
+        "profile: negative l1rel": (
+            _profile("prof.json", '{"sigmas": [1, 0.8, 0.5, 0], "l1rel": [0.3, -0.2, 0.1]}'),
+            "l1rel[1]=-0.2 is negative",
+        ),
+        "sampling.max_sequence_length=0": (
+            _train("sampling.max_sequence_length=0"),
+            "sampling.max_sequence_length=0",
+        ),
+        "prompts: NUL byte past the first 8 KiB": (
+            _prompts("p.txt", "a cat\n" * 2000 + "a d\x00og\n"),
+            "NUL byte at offset 12003",
+        ),
+        "prompts: NUL inside a .jsonl prompt": (
+            _prompts("p.jsonl", '{"prompt": "a\\u0000cat"}\n'),
+            "contains a NUL character",
+        ),
+    }
+)
 BAD_INPUTS["register from an S3 key with '..'"] = (
-    lambda ws: ["register", "--model-dir", "s3://chunkgrpo/runs/../x", "--name", "ok", "--base-model", "tiny"],
-    "'..' are not allowed")
+    lambda ws: [
+        "register",
+        "--model-dir",
+        "s3://chunkgrpo/runs/../x",
+        "--name",
+        "ok",
+        "--base-model",
+        "tiny",
+    ],
+    "'..' are not allowed",
+)
 
 
 def _snapshot(root: Path) -> dict[str, bytes]:
@@ -321,8 +490,16 @@ FAILURES = {
     "StoreError": ("chunkgrpo.store", "StoreError", "S3 at http://x still failing after 6 attempts"),
     "ChecksumMismatchError": ("chunkgrpo.store", "ChecksumMismatchError", "s3://b/k: sha256 1 != recorded 2"),
     "NonFiniteLossError": ("chunkgrpo.train.context", "NonFiniteLossError", "non-finite loss at step 3"),
-    "CorruptCheckpointError": ("chunkgrpo.train.checkpoint", "CorruptCheckpointError", "step-000004/optimizer.pt: x"),
-    "MirrorBacklogError": ("chunkgrpo.train.checkpoint", "MirrorBacklogError", "checkpoint.keep=1 would delete"),
+    "CorruptCheckpointError": (
+        "chunkgrpo.train.checkpoint",
+        "CorruptCheckpointError",
+        "step-000004/optimizer.pt: x",
+    ),
+    "MirrorBacklogError": (
+        "chunkgrpo.train.checkpoint",
+        "MirrorBacklogError",
+        "checkpoint.keep=1 would delete",
+    ),
     "ConnectionRefusedError": ("builtins", "ConnectionRefusedError", "[Errno 111] Connection refused"),
     "IsADirectoryError": ("builtins", "IsADirectoryError", None),
     "UnicodeDecodeError": ("builtins", "UnicodeDecodeError", None),

@@ -120,12 +120,31 @@ def test_prediction_matches_a_real_training_iteration(tmp_path, size, gc, lora):
     model = build_tiny_flux(tmp_path / "m", size=size)
     (tmp_path / "p.txt").write_text("a red cat\na blue dog\n")
     # fixed layout: 4 samples (no shared step 0), 4 units of 2 steps, 2 trained per sample, windows of 4 inputs
-    cfg = TrainConfig.load("tiny_cpu", [
-        f"model={model}", f"prompts={tmp_path / 'p.txt'}", f"output_dir={tmp_path / 'out'}", "max_iterations=2",
-        "sampling.height=128", "sampling.width=128", "sampling.max_sequence_length=32", "sampling.num_steps=9",
-        "sampling.same_noise=false", "chunks=uniform:2", "group_size=4", "grad_accum=4", "policy_batch=4",
-        "chunk_backward=graph", f"gradient_checkpointing={str(gc).lower()}", f"lora.enabled={str(lora).lower()}",
-        "checkpoint.every=0", "checkpoint.resume=false", "tracking.image_every=0", "progress=false"])
+    cfg = TrainConfig.load(
+        "tiny_cpu",
+        [
+            f"model={model}",
+            f"prompts={tmp_path / 'p.txt'}",
+            f"output_dir={tmp_path / 'out'}",
+            "max_iterations=2",
+            "sampling.height=128",
+            "sampling.width=128",
+            "sampling.max_sequence_length=32",
+            "sampling.num_steps=9",
+            "sampling.same_noise=false",
+            "chunks=uniform:2",
+            "group_size=4",
+            "grad_accum=4",
+            "policy_batch=4",
+            "chunk_backward=graph",
+            f"gradient_checkpointing={str(gc).lower()}",
+            f"lora.enabled={str(lora).lower()}",
+            "checkpoint.every=0",
+            "checkpoint.resume=false",
+            "tracking.image_every=0",
+            "progress=false",
+        ],
+    )
     trainer = Trainer(cfg)
     try:
         trainer.setup()
@@ -151,8 +170,12 @@ def test_pool_is_read_from_the_rendered_overlay():
     GPUs, memory limit, volumes and env are the rendered ones (whatever a manifest change makes them)."""
     from kubernetes.utils import parse_quantity
 
-    out = subprocess.run([_kubectl(), "kustomize", str(REPO / "manifests/overlays/prod-h800")], capture_output=True,
-                         text=True, check=True)
+    out = subprocess.run(
+        [_kubectl(), "kustomize", str(REPO / "manifests/overlays/prod-h800")],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     rt = next(d for d in yaml.safe_load_all(out.stdout) if d and d.get("kind") == "ClusterTrainingRuntime")
     pod = rt["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
     limits = pod["containers"][0]["resources"]["limits"]
@@ -169,16 +192,47 @@ def test_pool_is_read_from_the_rendered_overlay():
 
 
 def _runtime_yaml(tmp_path, gpu_mem_product="NVIDIA-H800", tmp_size="10Gi", memory="16Gi") -> Path:
-    rt = {"kind": "ClusterTrainingRuntime", "metadata": {"name": "chunkgrpo-torch"}, "spec": {"template": {"spec": {
-        "replicatedJobs": [{"template": {"spec": {"template": {"spec": {
-            "nodeSelector": {"nvidia.com/gpu.product": gpu_mem_product},
-            "containers": [{"name": "node", "env": [{"name": "HOME", "value": "/tmp"}],
-                            "resources": {"limits": {"nvidia.com/gpu": 2, "memory": memory}},
-                            "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"},
-                                             {"name": "cache", "mountPath": "/cache"}]}],
-            # /cache: where the launcher's output_dir (/cache/train) lives, as in the real runtime
-            "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": tmp_size}},
-                        {"name": "cache", "emptyDir": {"sizeLimit": "40Gi"}}]}}}}}]}}}}
+    rt = {
+        "kind": "ClusterTrainingRuntime",
+        "metadata": {"name": "chunkgrpo-torch"},
+        "spec": {
+            "template": {
+                "spec": {
+                    "replicatedJobs": [
+                        {
+                            "template": {
+                                "spec": {
+                                    "template": {
+                                        "spec": {
+                                            "nodeSelector": {"nvidia.com/gpu.product": gpu_mem_product},
+                                            "containers": [
+                                                {
+                                                    "name": "node",
+                                                    "env": [{"name": "HOME", "value": "/tmp"}],
+                                                    "resources": {
+                                                        "limits": {"nvidia.com/gpu": 2, "memory": memory}
+                                                    },
+                                                    "volumeMounts": [
+                                                        {"name": "tmp", "mountPath": "/tmp"},
+                                                        {"name": "cache", "mountPath": "/cache"},
+                                                    ],
+                                                }
+                                            ],
+                                            # /cache: where the launcher's output_dir (/cache/train) lives, as in the real runtime
+                                            "volumes": [
+                                                {"name": "tmp", "emptyDir": {"sizeLimit": tmp_size}},
+                                                {"name": "cache", "emptyDir": {"sizeLimit": "40Gi"}},
+                                            ],
+                                        }
+                                    }
+                                }
+                            }
+                        }
+                    ]
+                }
+            }
+        },
+    }
     path = tmp_path / "runtime.yaml"
     path.write_text(yaml.safe_dump(rt))
     return path
@@ -195,8 +249,19 @@ def test_cli_fails_in_one_line_naming_the_resource_and_the_excess(tiny_model_dir
     line = err.strip().splitlines()[-1]
     assert "volume tmp (/tmp)" in line and "over)" in line and "+" in line
     assert "volume tmp (/tmp)" in out  # the table was printed first
-    rc = main(["capacity", "--config", "tiny_cpu", "--pool", "h800", "--runtime", str(_runtime_yaml(tmp_path)),
-               f"model={tiny_model_dir}", "--json"])
+    rc = main(
+        [
+            "capacity",
+            "--config",
+            "tiny_cpu",
+            "--pool",
+            "h800",
+            "--runtime",
+            str(_runtime_yaml(tmp_path)),
+            f"model={tiny_model_dir}",
+            "--json",
+        ]
+    )
     out, _ = capsys.readouterr()
     assert rc == 0
     import json
@@ -233,7 +298,9 @@ def test_flux_full_finetune_plan_shards_weights_and_counts_checkpoints():
     load = gpu["load phase"]
     assert load.parts["pipeline in load dtype"] < 4 * W + 2 * 5_000_000_000
     assert load.need <= load.have, f"load phase {load.need / 2**30:.1f} GiB > {load.have / 2**30:.1f} GiB"
-    assert all(i.need <= i.have for i in plan.items if i.have), [i.what for i in plan.items if i.need > (i.have or 1e30)]
+    assert all(i.need <= i.have for i in plan.items if i.have), [
+        i.what for i in plan.items if i.need > (i.have or 1e30)
+    ]
 
 
 def test_frozen_components_load_in_the_frozen_dtype(tiny_model_dir):

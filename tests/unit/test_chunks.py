@@ -99,8 +99,11 @@ def test_dynamics_needs_profile():
 
 
 def test_plan_from_profile_writes_json_and_png(tmp_path):
-    prof = {"sigmas": [1 - i / 16 for i in range(17)], "l1rel": _piecewise([2, 5], [-0.1, -0.04, -0.01], n=16),
-            "samples": 4}
+    prof = {
+        "sigmas": [1 - i / 16 for i in range(17)],
+        "l1rel": _piecewise([2, 5], [-0.1, -0.04, -0.01], n=16),
+        "samples": 4,
+    }
     pp = tmp_path / "profile.json"
     pp.write_text(json.dumps(prof))
     plan, out = plan_from_profile(pp, "sizes:2,3,4,6", tmp_path / "plan.json")
@@ -115,7 +118,9 @@ def test_plan_from_profile_writes_json_and_png(tmp_path):
 
 def test_parse_chunks_is_the_one_parser():
     assert parse_chunks(" uniform:3 ") == ChunkSpec("uniform:3", "uniform", size=3)
-    assert parse_chunks("sizes:2,3").sizes == (2, 3) and parse_chunks("runs/plan.json").path == "runs/plan.json"
+    assert (
+        parse_chunks("sizes:2,3").sizes == (2, 3) and parse_chunks("runs/plan.json").path == "runs/plan.json"
+    )
     assert parse_chunks("dynamics:max=4,rel=0.2").options == {"max": 4, "rel": 0.2}
     spec = parse_chunks("sizes:2,3,4,7")
     assert parse_chunks(spec) is spec and plan_chunks(spec, 16).sizes == [2, 3, 4, 7]

@@ -24,7 +24,9 @@ def test_profile_has_sde_and_ode_curves_and_the_plan_records_which(tiny_model, t
     assert json.loads(out.read_text())["trajectories"] == "sde"
     ode_plan, _ = plan_from_profile(path, "dynamics", tmp_path / "plan_ode.json", trajectories="ode")
     assert ode_plan["trajectories"] == "ode"
-    assert ode_plan["chunks"][0]["mean_l1rel"] == pytest.approx(sum(ode[:ode_plan["sizes"][0]]) / ode_plan["sizes"][0])
+    assert ode_plan["chunks"][0]["mean_l1rel"] == pytest.approx(
+        sum(ode[: ode_plan["sizes"][0]]) / ode_plan["sizes"][0]
+    )
 
 
 def test_old_profiles_are_ode_and_missing_curves_are_a_clear_error(tmp_path):

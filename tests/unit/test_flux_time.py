@@ -19,18 +19,24 @@ def guidance_model_dir(tiny_model_dir, tmp_path_factory):
     shutil.copytree(tiny_model_dir, out)
     tr = FluxTransformer2DModel.from_pretrained(out / "transformer")
     torch.manual_seed(0)
-    FluxTransformer2DModel.from_config({**tr.config, "guidance_embeds": True}).save_pretrained(out / "transformer")
+    FluxTransformer2DModel.from_config({**tr.config, "guidance_embeds": True}).save_pretrained(
+        out / "transformer"
+    )
     return out
 
 
 def _seen(model, t: float, guidance: float, autocast: bool):
     seen = []
-    h = model.transformer.time_text_embed.time_proj.register_forward_pre_hook(lambda m, a: seen.append(a[0].clone()))
+    h = model.transformer.time_text_embed.time_proj.register_forward_pre_hook(
+        lambda m, a: seen.append(a[0].clone())
+    )
     cond = model.encode_prompts(["a cat"], 16)
     x = torch.randn(1, *model.latent_shape(64, 64), generator=torch.Generator().manual_seed(0))
     ctx = torch.autocast("cpu", dtype=torch.bfloat16) if autocast else torch.no_grad()
     with torch.no_grad(), ctx:
-        model.velocity(x, torch.tensor([t], dtype=torch.float64), cond, model.img_ids(64, 64), guidance=guidance)
+        model.velocity(
+            x, torch.tensor([t], dtype=torch.float64), cond, model.img_ids(64, 64), guidance=guidance
+        )
     h.remove()
     return seen
 
@@ -49,7 +55,9 @@ def test_without_the_fix_diffusers_would_round_to_bf16(tiny_model_dir):
     """What the embedding gets when the transformer is called directly under bf16 autocast: 979 → 980."""
     model = load_flux(tiny_model_dir)
     seen = []
-    model.transformer.time_text_embed.time_proj.register_forward_pre_hook(lambda m, a: seen.append(a[0].clone()))
+    model.transformer.time_text_embed.time_proj.register_forward_pre_hook(
+        lambda m, a: seen.append(a[0].clone())
+    )
     cond = model.encode_prompts(["a cat"], 16)
     x = torch.randn(1, *model.latent_shape(64, 64))
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):

@@ -58,10 +58,14 @@ def test_one_chunk_is_sequence_level():
 def test_asymmetric_clip_zeroes_gradient_only_on_the_clipped_side():
     old = torch.zeros(2, 1)
     new = torch.tensor([[0.5], [-0.5]], requires_grad=True)  # ratios e^0.5 = 1.65, e^-0.5 = 0.61
-    adv = torch.tensor([1.0, -1.0])  # A>0 with ratio above 1+eps: clipped; A<0 with ratio below 1-eps: clipped
+    adv = torch.tensor(
+        [1.0, -1.0]
+    )  # A>0 with ratio above 1+eps: clipped; A<0 with ratio below 1-eps: clipped
     loss = obj.step_policy_loss(new, old, adv, clip_low=0.2, clip_high=0.3)
     loss.backward()
-    assert torch.equal(new.grad, torch.zeros_like(new.grad))  # exact: the clipped branch does not depend on logp
+    assert torch.equal(
+        new.grad, torch.zeros_like(new.grad)
+    )  # exact: the clipped branch does not depend on logp
     new2 = torch.tensor([[0.5], [-0.5]], requires_grad=True)
     obj.step_policy_loss(new2, old, -adv, clip_low=0.2, clip_high=0.3).backward()  # opposite signs: unclipped
     assert torch.all(new2.grad != 0)
@@ -73,9 +77,13 @@ def test_on_policy_ratio_is_exactly_one_and_gradient_flows():
     loss.backward()
     # d/dlogp of mean_b mean_k (-A ρ_k) at ρ = 1: -A / (B · K · c_k)
     B, K = 4, 2
-    expect = torch.cat([(-adv / (B * K * 2)).view(-1, 1).expand(B, 2), (-adv / (B * K * 4)).view(-1, 1).expand(B, 4)], 1)
+    expect = torch.cat(
+        [(-adv / (B * K * 2)).view(-1, 1).expand(B, 2), (-adv / (B * K * 4)).view(-1, 1).expand(B, 4)], 1
+    )
     torch.testing.assert_close(new.grad, expect, **tol(torch.float32, ulps=10))
-    assert torch.equal(obj.log_ratio(new, None), torch.zeros_like(new))  # exact: x − x is 0 for every finite x
+    assert torch.equal(
+        obj.log_ratio(new, None), torch.zeros_like(new)
+    )  # exact: x − x is 0 for every finite x
 
 
 def test_chunk_mask_averages_only_trained_chunks():
@@ -141,14 +149,23 @@ def _units(pol, off_policy, seed=1):
     """Units of 6 samples on chunks [0,1] / [2,3,4] / [5]; old log-probs from a perturbed policy."""
     g = torch.Generator().manual_seed(seed)
     adv = torch.randn(6, generator=g, dtype=torch.float64)
-    chunks = {0: [[0, 1], [5]], 1: [[0, 1], [2, 3, 4]], 2: [[2, 3, 4]], 3: [[0, 1]], 4: [[0, 1], [5]], 5: [[2, 3, 4], [5]]}
+    chunks = {
+        0: [[0, 1], [5]],
+        1: [[0, 1], [2, 3, 4]],
+        2: [[2, 3, 4]],
+        3: [[0, 1]],
+        4: [[0, 1], [5]],
+        5: [[2, 3, 4], [5]],
+    }
     units = []
     for b, cs in chunks.items():
         for steps in cs:
             old = None
             if off_policy:
                 with torch.no_grad():
-                    old = pol.forward([b] * len(steps), steps) + 0.02 * torch.randn(len(steps), generator=g, dtype=torch.float64)
+                    old = pol.forward([b] * len(steps), steps) + 0.02 * torch.randn(
+                        len(steps), generator=g, dtype=torch.float64
+                    )
             units.append(obj.Unit(b, steps, adv[b], 1.0 / (6 * len(cs)), old))
     return units
 
@@ -184,19 +201,39 @@ def test_window_strategies_give_equal_gradients(off_policy, kl_coef):
     scale = max(float(g.abs().max()) for g in ref)
     tol = 500 * torch.finfo(torch.float64).eps * scale
     if off_policy:
-        clipped = [bool(obj.unit_coefficient(u, pol.forward([u.sample] * len(u.steps), u.steps), clip_low=clip,
-                                             clip_high=clip)[1]["clipped"]) for u in units]
+        clipped = [
+            bool(
+                obj.unit_coefficient(
+                    u, pol.forward([u.sample] * len(u.steps), u.steps), clip_low=clip, clip_high=clip
+                )[1]["clipped"]
+            )
+            for u in units
+        ]
         assert any(clipped) and not all(clipped)  # the test exercises both branches
     for strategy in obj.STRATEGIES:
         for budget in (1, 2, 3, 100):
             for shared in (True, False):
                 key = pol.key if shared else (lambda b, t: (b, t))
                 pol.zero()
-                stats = obj.window_backward(units, pol.forward, clip_low=clip, clip_high=clip, kl_coef=kl_coef,
-                                            strategy=strategy, budget=budget, params=pol.params, key=key)
+                stats = obj.window_backward(
+                    units,
+                    pol.forward,
+                    clip_low=clip,
+                    clip_high=clip,
+                    kl_coef=kl_coef,
+                    strategy=strategy,
+                    budget=budget,
+                    params=pol.params,
+                    key=key,
+                )
                 got = pol.grads()
                 for g, r in zip(got, ref):
-                    assert torch.allclose(g, r, rtol=0, atol=tol), (strategy, budget, shared, float((g - r).abs().max()))
+                    assert torch.allclose(g, r, rtol=0, atol=tol), (
+                        strategy,
+                        budget,
+                        shared,
+                        float((g - r).abs().max()),
+                    )
                 assert len(stats) == len(units) and all(s is not None for s in stats)
                 if not off_policy:
                     assert all(float(s["ratio"]) == 1.0 for s in stats)  # exactly 1 on-policy
@@ -214,7 +251,9 @@ def test_window_forward_counts_and_memory_budget():
     pol = StandIn()
     on, off = _units(pol, False), _units(pol, True)
     pairs = sum(len(u.steps) for u in on)  # 20 (sample, step) pairs
-    distinct = len({pol.key(u.sample, t) for u in on for t in u.steps})  # step 0 of samples 0,1 and of 3,4 shared
+    distinct = len(
+        {pol.key(u.sample, t) for u in on for t in u.steps}
+    )  # step 0 of samples 0,1 and of 3,4 shared
     assert distinct == pairs - 2
     # on-policy: every distinct input exactly once, whatever the strategy; batches of ≤ budget inputs
     for strategy in ("auto", "per_step", "accumulate"):
@@ -222,7 +261,9 @@ def test_window_forward_counts_and_memory_budget():
         assert _count(pol, on, strategy=strategy, budget=4) == (-(-distinct // 4), distinct)
     # off-policy per_step pays a second pass; accumulate and graph do not
     assert _count(pol, off, strategy="per_step", budget=1)[1] == 2 * distinct
-    assert _count(pol, off, strategy="accumulate", budget=1)[1] == pairs  # budget 1: no shared graph kept alive
+    assert (
+        _count(pol, off, strategy="accumulate", budget=1)[1] == pairs
+    )  # budget 1: no shared graph kept alive
     assert _count(pol, off, strategy="accumulate", budget=2)[1] == distinct  # step 0 once per prompt
     assert _count(pol, off, strategy="graph", budget=100) == (1, distinct)
     assert _count(pol, off, strategy="auto", budget=3)[1] == distinct
@@ -266,8 +307,16 @@ def test_recomputed_old_log_probs_replay_the_training_layout():
         olds = obj.window_log_probs(units, pol.forward, strategy=strategy, budget=3, key=pol.key)
         for u, o in zip(units, olds):
             u.old = o
-        stats = obj.window_backward(units, pol.forward, clip_low=0.1, clip_high=0.1, strategy=strategy, budget=3,
-                                    params=pol.params, key=pol.key)
+        stats = obj.window_backward(
+            units,
+            pol.forward,
+            clip_low=0.1,
+            clip_high=0.1,
+            strategy=strategy,
+            budget=3,
+            params=pol.params,
+            key=pol.key,
+        )
         assert all(float(s["log_ratio"]) == 0.0 for s in stats), strategy
     # the same units with old log-probs from one forward per unit (the rollout's layout differs likewise)
     for u in units:
@@ -308,7 +357,9 @@ def test_chunk_sampling_weights_from_own_trajectory():
     assert w.shape == (2, 2)
     torch.testing.assert_close(w.sum(1), torch.ones(2), **tol(torch.float32))
     assert w[0, 0] > w[0, 1] and w[1, 1] > w[1, 0]
-    torch.testing.assert_close(obj.chunk_sampling_weights(lat, [2, 2], mode="softmax").sum(1), torch.ones(2), **tol(torch.float32))
+    torch.testing.assert_close(
+        obj.chunk_sampling_weights(lat, [2, 2], mode="softmax").sum(1), torch.ones(2), **tol(torch.float32)
+    )
 
 
 def test_bad_chunk_plans():

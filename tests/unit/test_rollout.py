@@ -3,7 +3,13 @@ import torch
 
 from chunkgrpo import sde
 from chunkgrpo.errors import UserError
-from chunkgrpo.rollout import SamplingConfig, parse_stochastic, policy_log_probs, rollout_group, sample_trajectory
+from chunkgrpo.rollout import (
+    SamplingConfig,
+    parse_stochastic,
+    policy_log_probs,
+    rollout_group,
+    sample_trajectory,
+)
 from chunkgrpo.schedules import shift_sigmas
 from tests.cpu_kernels import tol
 
@@ -35,16 +41,24 @@ def test_sample_trajectory_with_analytic_field_records_states_and_logps():
         return v_const
 
     mask = parse_stochastic("window:1:3", 5)
-    tr = sample_trajectory(vf, x0, sig, mask, eta=0.5, rule="flow", generator=torch.Generator().manual_seed(0))
+    tr = sample_trajectory(
+        vf, x0, sig, mask, eta=0.5, rule="flow", generator=torch.Generator().manual_seed(0)
+    )
     assert calls == [0, 1, 2, 3, 4]  # exactly one velocity call per step
     assert tr.latents.shape == (3, 6, 4, 2)
     assert torch.isnan(tr.log_probs[:, [0, 3, 4]]).all() and torch.isfinite(tr.log_probs[:, 1:3]).all()
     # ODE step 0 is exact Euler; the recorded log-prob of step 1 is the density of the recorded transition
-    torch.testing.assert_close(tr.latents[:, 1], x0 + (sig[1] - sig[0]).float() * v_const, **tol(torch.float32))
-    lp = sde.step_log_prob(tr.latents[:, 2], tr.latents[:, 1], v_const, float(sig[1]), float(sig[2]), eta=0.5, rule="flow")
+    torch.testing.assert_close(
+        tr.latents[:, 1], x0 + (sig[1] - sig[0]).float() * v_const, **tol(torch.float32)
+    )
+    lp = sde.step_log_prob(
+        tr.latents[:, 2], tr.latents[:, 1], v_const, float(sig[1]), float(sig[2]), eta=0.5, rule="flow"
+    )
     torch.testing.assert_close(lp, tr.log_probs[:, 1], **tol(torch.float32))
     # decoded image = x̂0 of the last step, equal to the final ODE state
-    torch.testing.assert_close(tr.x0, tr.latents[:, -2] - sig[-2].float() * v_const, **tol(torch.float32, ulps=10))
+    torch.testing.assert_close(
+        tr.x0, tr.latents[:, -2] - sig[-2].float() * v_const, **tol(torch.float32, ulps=10)
+    )
     torch.testing.assert_close(tr.x0, tr.latents[:, -1], **tol(torch.float32, ulps=10))
 
 
@@ -59,7 +73,9 @@ def test_group_rollout_on_tiny_flux_one_batch_shared_noise(tiny_model):
     assert tiny_model.counter.samples == cfg.num_steps * 6 - 2 * (3 - 1)
     assert (tr.group_size, tr.shared_steps) == (3, 1)
     # exact: the group's initial noise is one tensor repeated
-    assert torch.equal(tr.latents[0, 0], tr.latents[2, 0]) and not torch.equal(tr.latents[0, 0], tr.latents[3, 0])
+    assert torch.equal(tr.latents[0, 0], tr.latents[2, 0]) and not torch.equal(
+        tr.latents[0, 0], tr.latents[3, 0]
+    )
     assert not torch.equal(tr.latents[0, 1], tr.latents[1, 1])  # SDE noise differs within the group
     assert torch.isfinite(tr.log_probs[:, :-1]).all()
     # training-layout log-probs of the unchanged policy reproduce the rollout's. Another batch layout (6·3 vs 6
@@ -106,9 +122,16 @@ def test_shared_prefix_once_per_prompt_matches_the_full_batch(tiny_model):
     sig = cfg.sigmas(x_init.shape[1])
     ts = cfg.timesteps(sig)
     cond_rep, ids = cond.repeat_interleave(3), tiny_model.img_ids(64, 64)
-    full = sample_trajectory(lambda x, i: tiny_model.velocity(x, ts[i].reshape(1), cond_rep, ids, guidance=cfg.guidance),
-                             x_init, sig, cfg.stochastic_mask(), eta=cfg.eta, rule=cfg.rule,
-                             generator=device_generator(gen, "cpu"), timesteps=ts)
+    full = sample_trajectory(
+        lambda x, i: tiny_model.velocity(x, ts[i].reshape(1), cond_rep, ids, guidance=cfg.guidance),
+        x_init,
+        sig,
+        cfg.stochastic_mask(),
+        eta=cfg.eta,
+        rule=cfg.rule,
+        generator=device_generator(gen, "cpu"),
+        timesteps=ts,
+    )
     assert full.shared_steps == 0
     scale = float(full.latents.abs().max())
     assert torch.allclose(shared.latents, full.latents, rtol=0, atol=FP32_LAYOUT_TOL * scale)
@@ -151,6 +174,15 @@ def test_rollout_noise_on_the_device_is_reproducible():
     for _ in range(2):
         g = device_generator(torch.Generator().manual_seed(3), "cuda")
         assert g.device.type == "cuda"
-        draws.append(sde.sde_step(torch.zeros(2, 4, device="cuda"), torch.zeros(2, 4, device="cuda"), 0.8, 0.6,
-                                  eta=0.7, rule="flow", generator=g)[0])
+        draws.append(
+            sde.sde_step(
+                torch.zeros(2, 4, device="cuda"),
+                torch.zeros(2, 4, device="cuda"),
+                0.8,
+                0.6,
+                eta=0.7,
+                rule="flow",
+                generator=g,
+            )[0]
+        )
     assert torch.equal(draws[0], draws[1])

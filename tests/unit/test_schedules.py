@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from chunkgrpo import schedules
-from tests.cpu_kernels import tol
 from chunkgrpo.errors import UserError
+from tests.cpu_kernels import tol
 
 # float results compared across formulas and layouts: CI runs these under every ATEN_CPU_CAPABILITY
 pytestmark = pytest.mark.exactness
@@ -33,7 +33,9 @@ def test_dynamic_shift_matches_diffusers_flux_values():
     lo = schedules.dynamic_shift_sigmas(10, 1024)
     assert [round(float(x), 3) for x in hi] == [1, .966, .927, .881, .826, .76, .678, .575, .441, .26, 0]
     assert [round(float(x), 3) for x in lo] == [1, .944, .882, .814, .738, .652, .556, .446, .319, .173, 0]
-    assert math.isclose(schedules.dynamic_shift_mu(256), 0.5) and math.isclose(schedules.dynamic_shift_mu(4096), 1.15)
+    assert math.isclose(schedules.dynamic_shift_mu(256), 0.5) and math.isclose(
+        schedules.dynamic_shift_mu(4096), 1.15
+    )
 
 
 def test_unquantized_timesteps_are_float_sigma_times_1000():

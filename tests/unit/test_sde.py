@@ -60,8 +60,15 @@ def test_log_prob_gradient_flows_to_velocity_and_is_per_sample_sigma():
     assert v.grad is not None and torch.isfinite(v.grad).all() and v.grad.abs().sum() > 0
     # per-sample sigma gives the same as scalar sigma row by row
     for b in range(2):
-        one = sde.step_log_prob(x_next[b:b + 1], x[b:b + 1], v[b:b + 1].detach(), float(sig[b]), float(sig_next[b]),
-                                eta=0.7, rule="flow")
+        one = sde.step_log_prob(
+            x_next[b : b + 1],
+            x[b : b + 1],
+            v[b : b + 1].detach(),
+            float(sig[b]),
+            float(sig_next[b]),
+            eta=0.7,
+            rule="flow",
+        )
         torch.testing.assert_close(one, lp[b:b + 1].detach(), **tol(torch.float32, ulps=10))  # batch 1 vs 2
 
 
@@ -110,8 +117,12 @@ def test_sde_preserves_ode_marginals_on_1d_gaussian(rule, eta):
 
 
 def test_step_std_matches_definition():
-    assert math.isclose(float(sde.step_std(0.5, 0.3, eta=0.3, rule="dance")), 0.3 * math.sqrt(0.2), rel_tol=1e-9)
-    assert math.isclose(float(sde.step_std(0.5, 0.3, eta=0.7, rule="flow")), 0.7 * 1.0 * math.sqrt(0.2), rel_tol=1e-9)
+    assert math.isclose(
+        float(sde.step_std(0.5, 0.3, eta=0.3, rule="dance")), 0.3 * math.sqrt(0.2), rel_tol=1e-9
+    )
+    assert math.isclose(
+        float(sde.step_std(0.5, 0.3, eta=0.7, rule="flow")), 0.7 * 1.0 * math.sqrt(0.2), rel_tol=1e-9
+    )
 
 
 def test_checks_of_device_values_only_with_debug_checks():

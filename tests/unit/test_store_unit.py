@@ -48,7 +48,12 @@ def test_store_config_from_env_and_secret_hidden(monkeypatch):
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
     c = StoreConfig()
     assert (c.host, c.use_tls, c.url) == ("127.0.0.1:8333", False, "http://127.0.0.1:8333")
-    assert (c.bucket, c.region, c.access_key, c.secret_key) == ("chunkgrpo", "us-east-1", "AKIDEXAMPLE", SECRET)
+    assert (c.bucket, c.region, c.access_key, c.secret_key) == (
+        "chunkgrpo",
+        "us-east-1",
+        "AKIDEXAMPLE",
+        SECRET,
+    )
     assert SECRET not in repr(c)
     assert "secret_key" not in c.to_dict() and SECRET not in c.to_yaml()
     assert SECRET not in repr(ArtifactStore(c))
@@ -152,8 +157,10 @@ def test_classify_error():
 
 
 def _store(**kw):
-    return ArtifactStore(StoreConfig(endpoint="http://127.0.0.1:1", access_key="AKID", secret_key=SECRET, **kw),
-                         sleep=lambda s: sleeps.append(s))
+    return ArtifactStore(
+        StoreConfig(endpoint="http://127.0.0.1:1", access_key="AKID", secret_key=SECRET, **kw),
+        sleep=lambda s: sleeps.append(s),
+    )
 
 
 sleeps: list[float] = []

@@ -34,7 +34,9 @@ def test_evaluate_passes_scorer_weights_and_outputs(monkeypatch, artifact, tmp_p
     assert cfg.scorer_weights == {"hpsv3": "s3://bkt/models/MizzenAI/HPSv3", "imagereward": "s3://bkt/models/IR"}
     assert cfg.scorer_options["hpsv3"]["processor"] == "s3://bkt/models/Qwen"
     assert cfg.num_prompts == 4 and cfg.output_uri == "s3://bkt/runs/r1/evaluate"
-    assert metrics.metrics == {"hpdv2.hpsv3.trained": 0.3} and json.loads(open(results.path).read())["metrics"]
+    assert (
+        metrics.metrics == {"hpdv2.hpsv3.trained": 0.3} and json.loads(open(results.path).read())["metrics"]
+    )
 
 
 class FakeMlflow:
@@ -71,9 +73,19 @@ def test_regression_rule(monkeypatch, artifact, today, regressed):
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://mlflow.invalid")
     monkeypatch.setattr(mlflow, "MlflowClient", FakeMlflow)
-    res = artifact("res.json", json.dumps({"metrics": {"hpdv2.hpsv3.trained": today, "hpdv2.hpsv3.base": 0.28}}))
-    args = dict(results=res, model_name="m", alias="champion", metric="hpdv2.hpsv3", direction="max", tolerance=0.005,
-                parent_run_id="", summary=artifact("s.md"))
+    res = artifact(
+        "res.json", json.dumps({"metrics": {"hpdv2.hpsv3.trained": today, "hpdv2.hpsv3.base": 0.28}})
+    )
+    args = dict(
+        results=res,
+        model_name="m",
+        alias="champion",
+        metric="hpdv2.hpsv3",
+        direction="max",
+        tolerance=0.005,
+        parent_run_id="",
+        summary=artifact("s.md"),
+    )
     assert check_regression.python_func(fail_on_regression=False, **args) is regressed
     if regressed:
         with pytest.raises(RuntimeError, match="regressed"):
@@ -97,8 +109,15 @@ def test_regression_direction_is_the_registered_models(monkeypatch, artifact):
     # a metric nothing records a direction for: the asserted one is used, none at all is refused
     res2 = artifact("res2.json", json.dumps({"metrics": {"custom.loss.trained": 0.2}}))
     args2 = {**args, "results": res2, "metric": "custom.loss"}
-    monkeypatch.setattr(FakeMlflow, "get_model_version_by_alias", lambda self, n, a: __import__("types").SimpleNamespace(
-        version="3", tags={"metric.eval.custom.loss": "0.30"}))
-    assert check_regression.python_func(direction="min", **args2) is False  # 0.30 -> 0.20 is better when lower
+    monkeypatch.setattr(
+        FakeMlflow,
+        "get_model_version_by_alias",
+        lambda self, n, a: __import__("types").SimpleNamespace(
+            version="3", tags={"metric.eval.custom.loss": "0.30"}
+        ),
+    )
+    assert (
+        check_regression.python_func(direction="min", **args2) is False
+    )  # 0.30 -> 0.20 is better when lower
     with pytest.raises(UserError, match="direction of 'eval.custom.loss' is unknown"):
         check_regression.python_func(direction="", **args2)

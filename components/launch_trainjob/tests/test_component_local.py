@@ -29,7 +29,7 @@ class FakeK8s(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
-    def do_GET(self):  # noqa: N802
+    def do_GET(self):
         path, _, query = self.path.partition("?")
         if path.endswith("/pods"):  # the launcher's probe: the job's pods (none blocked)
             return self._send(200, {"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": []})
@@ -42,22 +42,38 @@ class FakeK8s(BaseHTTPRequestHandler):
             return self._send(200, {"apiVersion": "v1", "kind": "EventList",
                                     "metadata": {"resourceVersion": "1"}, "items": []})
         if "/pods/" in self.path:
-            return self._send(200, {"apiVersion": "v1", "kind": "Pod", "metadata": {
-                "name": self.path.rsplit("/", 1)[1], "namespace": "kubeflow", "ownerReferences": [
-                    {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow", "name": "wf-local", "uid": "uid-7"}]}})
+            return self._send(
+                200,
+                {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "metadata": {
+                        "name": self.path.rsplit("/", 1)[1],
+                        "namespace": "kubeflow",
+                        "ownerReferences": [
+                            {
+                                "apiVersion": "argoproj.io/v1alpha1",
+                                "kind": "Workflow",
+                                "name": "wf-local",
+                                "uid": "uid-7",
+                            }
+                        ],
+                    },
+                },
+            )
         obj = self.objects.get(self.path)
         if obj is None:
             return self._send(404, {"kind": "Status", "code": 404, "reason": "NotFound"})
         obj["status"] = {"conditions": [{"type": "Complete", "status": "True", "reason": "JobSetCompleted"}]}
         return self._send(200, obj)
 
-    def do_POST(self):  # noqa: N802
+    def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         self.objects[f"{self.path}/{body['metadata']['name']}"] = body
         FakeK8s.on_create(body)
         return self._send(201, body)
 
-    def do_DELETE(self):  # noqa: N802
+    def do_DELETE(self):
         return self._send(200 if self.objects.pop(self.path, None) else 404, {"kind": "Status"})
 
 
@@ -83,18 +99,47 @@ def test_launch_trainjob_locally(local_runner, tmp_path, monkeypatch):
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         kubeconfig = tmp_path / "kubeconfig"
-        kubeconfig.write_text(json.dumps({
-            "apiVersion": "v1", "kind": "Config", "current-context": "fake",
-            "clusters": [{"name": "fake", "cluster": {"server": f"http://127.0.0.1:{server.server_port}"}}],
-            "users": [{"name": "u", "user": {"token": "t"}}],
-            "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "u", "namespace": "kubeflow"}}]}))
+        kubeconfig.write_text(
+            json.dumps(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "current-context": "fake",
+                    "clusters": [
+                        {"name": "fake", "cluster": {"server": f"http://127.0.0.1:{server.server_port}"}}
+                    ],
+                    "users": [{"name": "u", "user": {"token": "t"}}],
+                    "contexts": [
+                        {"name": "fake", "context": {"cluster": "fake", "user": "u", "namespace": "kubeflow"}}
+                    ],
+                }
+            )
+        )
         monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
         monkeypatch.setenv("HOSTNAME", "launcher-pod")
-        task = launch_trainjob(kind="TrainJob", namespace="kubeflow", image="img:1", num_nodes=2, nproc_per_node=1,
-                               gpus_per_node=0, node_selector={}, tolerations=[], shm_size="", model="s3://x/m",
-                               prompts="/p.txt", preset="tiny_cpu", method="chunk", chunks="sizes:3,3", max_iterations=4,
-                               overrides=[], artifact_root=root, run_id=run_id, experiment="e", parent_run_id="",
-                               timeout_hours=1.0)
+        task = launch_trainjob(
+            kind="TrainJob",
+            namespace="kubeflow",
+            image="img:1",
+            num_nodes=2,
+            nproc_per_node=1,
+            gpus_per_node=0,
+            node_selector={},
+            tolerations=[],
+            shm_size="",
+            model="s3://x/m",
+            prompts="/p.txt",
+            preset="tiny_cpu",
+            method="chunk",
+            chunks="sizes:3,3",
+            max_iterations=4,
+            overrides=[],
+            artifact_root=root,
+            run_id=run_id,
+            experiment="e",
+            parent_run_id="",
+            timeout_hours=1.0,
+        )
         pointer = json.loads(open(task.outputs["trained_model"].path).read())
         assert pointer["uri"] == f"{root}/{run_id}/train/final" and pointer["optimizer_steps"] == 4
         (job,) = FakeK8s.objects.values()

@@ -26,12 +26,35 @@ class FakeStore:
 
 
 def _args(**kw):
-    return {**dict(kind="TrainJob", namespace="kubeflow", image="img:1", num_nodes=2, nproc_per_node=8, gpus_per_node=0,
-                   node_selector={}, tolerations=[], shm_size="", model="s3://bkt/models/flux", prompts="s3://bkt/p.txt",
-                   preset="chunk_grpo_flux", method="chunk", chunks="sizes:2,3", max_iterations=2, overrides=[],
-                   artifact_root="s3://bkt/runs", run_id="run-9", experiment="e", parent_run_id="", timeout_hours=1.0,
-                   queue_name="team-a", image_pull_secrets=["regcred"],
-                   reward_weights={"hpsv3": "s3://bkt/models/MizzenAI/HPSv3"}), **kw}
+    return {
+        **dict(
+            kind="TrainJob",
+            namespace="kubeflow",
+            image="img:1",
+            num_nodes=2,
+            nproc_per_node=8,
+            gpus_per_node=0,
+            node_selector={},
+            tolerations=[],
+            shm_size="",
+            model="s3://bkt/models/flux",
+            prompts="s3://bkt/p.txt",
+            preset="chunk_grpo_flux",
+            method="chunk",
+            chunks="sizes:2,3",
+            max_iterations=2,
+            overrides=[],
+            artifact_root="s3://bkt/runs",
+            run_id="run-9",
+            experiment="e",
+            parent_run_id="",
+            timeout_hours=1.0,
+            queue_name="team-a",
+            image_pull_secrets=["regcred"],
+            reward_weights={"hpsv3": "s3://bkt/models/MizzenAI/HPSv3"},
+        ),
+        **kw,
+    }
 
 
 @pytest.fixture
@@ -59,16 +82,24 @@ def test_trainjob_keeps_runtime_resources_and_is_owned_by_the_run(fake_cluster, 
     assert "rewards.0.options.weights=s3://bkt/models/MizzenAI/HPSv3" in obj["spec"]["trainer"]["args"]
     from tests import k8s_schemas
 
-    k8s_schemas.check({k: v for k, v in obj.items() if k != "status"})  # status: written by the fake "controller"
+    k8s_schemas.check(
+        {k: v for k, v in obj.items() if k != "status"}
+    )  # status: written by the fake "controller"
     assert json.loads(open(model.path).read())["uri"] == "s3://bkt/runs/run-9/train/final"
 
 
 def test_pytorchjob_needs_the_template(fake_cluster, artifact):
     with pytest.raises(jobspec.TemplateError, match="training-operator-v1"):
-        launch_trainjob.python_func(trained_model=artifact("m.json"), metrics=artifact("x"), **_args(kind="PyTorchJob"))
-    fake_cluster.objects[("kubeflow.org", "v1", "kubeflow", "pytorchjobs", pytorchjob.PYTORCHJOB_TEMPLATE)] = prod_template()
+        launch_trainjob.python_func(
+            trained_model=artifact("m.json"), metrics=artifact("x"), **_args(kind="PyTorchJob")
+        )
+    fake_cluster.objects[
+        ("kubeflow.org", "v1", "kubeflow", "pytorchjobs", pytorchjob.PYTORCHJOB_TEMPLATE)
+    ] = prod_template()
     fake_cluster.statuses = [cond("Succeeded")] * 5  # Training Operator v1 condition names
-    launch_trainjob.python_func(trained_model=artifact("m.json"), metrics=artifact("x"), **_args(kind="PyTorchJob"))
+    launch_trainjob.python_func(
+        trained_model=artifact("m.json"), metrics=artifact("x"), **_args(kind="PyTorchJob")
+    )
     job = next(o for k, o in fake_cluster.objects.items() if k[-1] != pytorchjob.PYTORCHJOB_TEMPLATE)
     master = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
     assert master["resources"]["limits"]["rdma/rdma_shared_device_a"] == 1

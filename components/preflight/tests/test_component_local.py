@@ -10,8 +10,16 @@ pytestmark = pytest.mark.integration
 def test_preflight_locally(local_runner, tiny_model_dir, tmp_path):
     prompts = tmp_path / "p.txt"
     prompts.write_text("a cat\n")
-    args = dict(preset="tiny_cpu", train_overrides=[], reward_weights={}, scorer_weights={}, eval_preset="eval_tiny",
-                eval_benchmarks=[], eval_overrides=[], artifact_root=f"s3://{local_runner.env['CHUNKGRPO_S3_BUCKET']}/runs")
+    args = dict(
+        preset="tiny_cpu",
+        train_overrides=[],
+        reward_weights={},
+        scorer_weights={},
+        eval_preset="eval_tiny",
+        eval_benchmarks=[],
+        eval_overrides=[],
+        artifact_root=f"s3://{local_runner.env['CHUNKGRPO_S3_BUCKET']}/runs",
+    )
     task = preflight(model=str(tiny_model_dir), prompts=str(prompts), **args)
     assert task.outputs["Output"] == "ok"
     assert open(task.outputs["capacity"].path).read().startswith("# Capacity plan: tiny_cpu")

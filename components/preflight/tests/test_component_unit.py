@@ -11,8 +11,19 @@ def _run(**kw):
     from types import SimpleNamespace
 
     report = SimpleNamespace(path=tempfile.mkstemp(suffix=".md")[1])
-    base = dict(model="", prompts="", preset="tiny_cpu", train_overrides=[], reward_weights={}, scorer_weights={},
-                eval_preset="eval_tiny", eval_benchmarks=[], eval_overrides=[], artifact_root="", capacity=report)
+    base = dict(
+        model="",
+        prompts="",
+        preset="tiny_cpu",
+        train_overrides=[],
+        reward_weights={},
+        scorer_weights={},
+        eval_preset="eval_tiny",
+        eval_benchmarks=[],
+        eval_overrides=[],
+        artifact_root="",
+        capacity=report,
+    )
     return preflight.python_func(**{**base, **kw})
 
 
@@ -21,7 +32,10 @@ def test_ok_with_local_model_and_prompts(tiny_model_dir, tmp_path, monkeypatch):
     prompts = tmp_path / "p.txt"
     prompts.write_text("a cat\n")
     weights = {"hpsv3": str(tmp_path / "absent")}  # not used by tiny_cpu / eval_tiny: not checked
-    assert _run(model=str(tiny_model_dir), prompts=str(prompts), reward_weights=weights, scorer_weights=weights) == "ok"
+    assert (
+        _run(model=str(tiny_model_dir), prompts=str(prompts), reward_weights=weights, scorer_weights=weights)
+        == "ok"
+    )
 
 
 def test_every_problem_in_one_line(tmp_path, monkeypatch):
@@ -38,9 +52,16 @@ def test_benchmark_preflight_names_everything_in_one_line(tmp_path, monkeypatch)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     with pytest.raises(UserError) as exc:
-        benchmark_preflight.python_func(model_name="m", alias="champion", base_model=str(tmp_path / "no-base"),
-                                        eval_preset="eval_tiny", eval_benchmarks=["hpdv2", "wise"], eval_overrides=[],
-                                        scorer_weights={}, artifact_root="")
+        benchmark_preflight.python_func(
+            model_name="m",
+            alias="champion",
+            base_model=str(tmp_path / "no-base"),
+            eval_preset="eval_tiny",
+            eval_benchmarks=["hpdv2", "wise"],
+            eval_overrides=[],
+            scorer_weights={},
+            artifact_root="",
+        )
     msg = str(exc.value)
     assert "\n" not in msg and "3 problem(s)" in msg
     assert "m@champion needs an MLflow server" in msg and "no-base" in msg and "OPENAI_API_KEY" in msg
@@ -60,7 +81,13 @@ def test_capacity_plan_is_a_markdown_artifact_and_a_problem_when_it_does_not_fit
     assert "# Capacity plan: tiny_cpu on h800" in (tmp_path / "capacity.md").read_text()
     huge = ["sampling.height=8192", "sampling.width=8192", "group_size=64", "grad_accum=64"]
     with pytest.raises(UserError) as exc:
-        _run(model=str(tiny_model_dir), prompts=str(prompts), pool="h800", capacity=report, train_overrides=huge)
+        _run(
+            model=str(tiny_model_dir),
+            prompts=str(prompts),
+            pool="h800",
+            capacity=report,
+            train_overrides=huge,
+        )
     msg = str(exc.value)
     assert "\n" not in msg and "capacity: GPU memory per rank (decode phase): needs" in msg and "over)" in msg
     assert "does not fit" in (tmp_path / "capacity.md").read_text()

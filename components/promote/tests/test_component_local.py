@@ -29,7 +29,10 @@ def test_gate_then_promote_locally(local_runner, tmp_path):
     name = f"comp-promote-{uuid.uuid4().hex[:6]}"
     v1 = _version(name, tmp_path, 1, 0.3)
     assert check_gate(model_name=name, version=v1, metric="", margin=0.0).output is True
-    assert promote(model_name=name, version=v1, metric="", margin=0.0, who="kfp", why="t").outputs["Output"] == "promoted"
+    assert (
+        promote(model_name=name, version=v1, metric="", margin=0.0, who="kfp", why="t").outputs["Output"]
+        == "promoted"
+    )
     v2 = _version(name, tmp_path, 2, 0.2)  # worse
     assert check_gate(model_name=name, version=v2, metric="", margin=0.0).output is False
     assert MlflowClient().get_registered_model(name).aliases["champion"] == v1

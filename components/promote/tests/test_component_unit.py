@@ -21,5 +21,8 @@ def test_promote_writes_the_decision(monkeypatch, artifact):
     monkeypatch.setattr(promotion, "promote", lambda name, version, gate, who, why: PromotionResult(
         "promoted", name, version, "1", "better"))
     md = artifact("decision.md")
-    assert promote.python_func(model_name="m", version="2", metric="", margin=0.0, who="w", why="y", decision=md) == "promoted"
+    assert (
+        promote.python_func(model_name="m", version="2", metric="", margin=0.0, who="w", why="y", decision=md)
+        == "promoted"
+    )
     assert "m v2: promoted" in open(md.path).read() and md.metadata["previous"] == "1"

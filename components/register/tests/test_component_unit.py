@@ -8,9 +8,14 @@ import pytest
 from chunkgrpo.registry import registration
 from components.register.component import register
 
-EVAL = {"format": "chunkgrpo.eval-metrics/v1", "metrics": {"hpdv2.hpsv3.trained": 0.31, "hpdv2.hpsv3.base": 0.29},
-        "config": {"scorers": ["hpsv3"]}, "seed": 42, "sampling": {"num_steps": 50, "trained_steps": 30},
-        "benchmarks": {"hpdv2": {"n_prompts": 400}}}
+EVAL = {
+    "format": "chunkgrpo.eval-metrics/v1",
+    "metrics": {"hpdv2.hpsv3.trained": 0.31, "hpdv2.hpsv3.base": 0.29},
+    "config": {"scorers": ["hpsv3"]},
+    "seed": 42,
+    "sampling": {"num_steps": 50, "trained_steps": 30},
+    "benchmarks": {"hpdv2": {"n_prompts": 400}},
+}
 
 
 def test_register_maps_metrics_protocol_and_gate(monkeypatch, artifact):
@@ -52,6 +57,13 @@ def test_register_refuses_a_changed_checkpoint(monkeypatch, artifact):
     monkeypatch.setattr(store, "ArtifactStore", lambda: types.SimpleNamespace(
         get_folder=lambda uri, dst: types.SimpleNamespace(sha256="b" * 64)))
     with pytest.raises(RuntimeError, match="changed after training"):
-        register.python_func(model_name="m", experiment="e", run_id="r", parent_run_id="",
-                             model=artifact("p.json", json.dumps(pointer)), eval_results=artifact("m.json", json.dumps(EVAL)),
-                             plan_json=artifact("plan.json", "{}"), registered=artifact("o.json"))
+        register.python_func(
+            model_name="m",
+            experiment="e",
+            run_id="r",
+            parent_run_id="",
+            model=artifact("p.json", json.dumps(pointer)),
+            eval_results=artifact("m.json", json.dumps(EVAL)),
+            plan_json=artifact("plan.json", "{}"),
+            registered=artifact("o.json"),
+        )

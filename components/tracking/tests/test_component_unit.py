@@ -23,7 +23,9 @@ def test_close_run_deletes_the_runs_active_jobs(monkeypatch):
     status = types.SimpleNamespace(state="FAILED", error_message="pod evicted")
     from tests.pipeline.test_trainjob import RUN_ID
 
-    close_run.python_func(experiment="e", kfp_run_id=RUN_ID, status=status, cleanup_jobs=True, job_namespace="kubeflow")
+    close_run.python_func(
+        experiment="e", kfp_run_id=RUN_ID, status=status, cleanup_jobs=True, job_namespace="kubeflow"
+    )
     assert api.objects == {}
     launcher.submit_or_attach(api, orphan)
     close_run.python_func(experiment="e", kfp_run_id=RUN_ID, status=status)  # cleanup_jobs=False: untouched

@@ -33,10 +33,12 @@ def auth_server(tmp_path_factory):
 
     home = tmp_path_factory.mktemp("mlflow-auth")
     ini = home / "basic_auth.ini"
-    ini.write_text("[mlflow]\ndefault_permission = READ\n"  # what the render-auth-config init container writes
-                   f"database_uri = sqlite:///{home / 'auth.db'}\n"
-                   "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
-                   "grant_default_workspace_access = false\n")
+    ini.write_text(
+        "[mlflow]\ndefault_permission = READ\n"  # what the render-auth-config init container writes
+        f"database_uri = sqlite:///{home / 'auth.db'}\n"
+        "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
+        "grant_default_workspace_access = false\n"
+    )
     port = free_port()
     env = {**os.environ, "MLFLOW_AUTH_CONFIG_PATH": str(ini), "MLFLOW_AUTH_ADMIN_USERNAME": ADMIN,
            "MLFLOW_AUTH_ADMIN_PASSWORD": ADMIN_PW, "MLFLOW_FLASK_SERVER_SECRET_KEY": uuid.uuid4().hex,
@@ -45,10 +47,28 @@ def auth_server(tmp_path_factory):
     env.pop("MLFLOW_TRACKING_PASSWORD", None)
     log = open(home / "mlflow.log", "w")
     proc = subprocess.Popen(
-        [str(Path(sys.executable).parent / "mlflow"), "server", "--app-name", "basic-auth", "--host", "127.0.0.1",
-         "--port", str(port), "--workers", "1", "--backend-store-uri", f"sqlite:///{home / 'mlflow.db'}",
-         "--artifacts-destination", str(home / "artifacts"), "--serve-artifacts"],
-        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        [
+            str(Path(sys.executable).parent / "mlflow"),
+            "server",
+            "--app-name",
+            "basic-auth",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+            "--backend-store-uri",
+            f"sqlite:///{home / 'mlflow.db'}",
+            "--artifacts-destination",
+            str(home / "artifacts"),
+            "--serve-artifacts",
+        ],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120
@@ -60,7 +80,9 @@ def auth_server(tmp_path_factory):
             except (urllib.error.URLError, OSError):
                 pass
             if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"mlflow basic-auth server did not start:\n{(home / 'mlflow.log').read_text()[-3000:]}")
+                pytest.fail(
+                    f"mlflow basic-auth server did not start:\n{(home / 'mlflow.log').read_text()[-3000:]}"
+                )
             time.sleep(0.5)
         yield url
     finally:
@@ -122,7 +144,10 @@ def test_alias_moves_need_credentials_and_permission(auth_server, monkeypatch, t
     _as(monkeypatch, url, "reader", reader_pw)
     with pytest.raises(Exception, match="(?i)permission|403"):
         MlflowClient().set_registered_model_alias(name, "champion", rv.version)
-    assert MlflowClient().get_registered_model(name).aliases == {"champion": rv.version, "challenger": rv.version}
+    assert MlflowClient().get_registered_model(name).aliases == {
+        "champion": rv.version,
+        "challenger": rv.version,
+    }
     # 4. the admin (or a user granted MANAGE) can
     assert _post(url, "/api/2.0/mlflow/registered-models/alias", body, (ADMIN, ADMIN_PW)) == 200
     # health stays unauthenticated (the Deployment's probes)
@@ -156,8 +181,13 @@ def test_pipeline_users_cannot_move_champion_but_the_promoter_service_gates_for_
     port = free_port()
     env = {**os.environ, "MLFLOW_TRACKING_URI": url, "MLFLOW_TRACKING_USERNAME": promoter,
            "MLFLOW_TRACKING_PASSWORD": promoter_pw, "MLFLOW_DISABLE_TELEMETRY": "true"}
-    service = subprocess.Popen([sys.executable, "-m", "chunkgrpo.promoter", "--host", "127.0.0.1", "--port", str(port)],
-                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    service = subprocess.Popen(
+        [sys.executable, "-m", "chunkgrpo.promoter", "--host", "127.0.0.1", "--port", str(port)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         promoter_url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 60
@@ -176,10 +206,18 @@ def test_pipeline_users_cannot_move_champion_but_the_promoter_service_gates_for_
             d = tmp_path / f"lora{i}"
             d.mkdir()
             (d / "pytorch_lora_weights.safetensors").write_bytes(bytes([i + 1]) * 1024)
-            rv = register_model(Registration(name, "tiny-flux", d, kind="lora", eval_run_id=run,
-                                             eval_protocol={"preset": "eval_tiny"},
-                                             tags={"metric.eval.hpdv2.hpsv3": "0.99", "eval.run_id": good}),  # ignored
-                                experiment=f"reg-{pipe}")
+            rv = register_model(
+                Registration(
+                    name,
+                    "tiny-flux",
+                    d,
+                    kind="lora",
+                    eval_run_id=run,
+                    eval_protocol={"preset": "eval_tiny"},
+                    tags={"metric.eval.hpdv2.hpsv3": "0.99", "eval.run_id": good},
+                ),  # ignored
+                experiment=f"reg-{pipe}",
+            )
             versions.append(rv.version)
         monkeypatch.delenv("CHUNKGRPO_PROMOTER_URL")
         v_good, v_worse = versions
@@ -188,8 +226,11 @@ def test_pipeline_users_cannot_move_champion_but_the_promoter_service_gates_for_
         assert tags["registered_by"] == pipe and len(tags["model.tree_sha256"]) == 64
         assert MlflowClient().get_registered_model(name).tags["promoter"] == promoter
         with pytest.raises(Exception, match="(?i)permission|403"):  # no version creation around the promoter
-            MlflowClient().create_model_version(name, source=MlflowClient().get_model_version(name, v_good).source,
-                                                run_id=MlflowClient().get_model_version(name, v_good).run_id)
+            MlflowClient().create_model_version(
+                name,
+                source=MlflowClient().get_model_version(name, v_good).source,
+                run_id=MlflowClient().get_model_version(name, v_good).run_id,
+            )
         # the pipeline user: may read, may not move champion itself (the server says no)
         _as(monkeypatch, url, pipe, pipe_pw)
         with pytest.raises(Exception, match="(?i)permission|403"):

@@ -91,7 +91,9 @@ def test_non_finite_and_malformed_metrics_are_refused_at_registration(services_e
                               '{"eval.hpdv2.hpsv3": "high"}', '[0.5, 0.6]']):
         f = tmp_path / f"m{i}.json"
         f.write_text(text)
-        r = cli("register", "--model-dir", str(model), "--name", name, "--base-model", "tiny", "--metrics", str(f))
+        r = cli(
+            "register", "--model-dir", str(model), "--name", name, "--base-model", "tiny", "--metrics", str(f)
+        )
         lines = r.stderr.strip().splitlines()
         assert r.returncode == 2 and len(lines) == 1 and "Traceback" not in r.stderr, (text, r.stderr)
         assert ("finite" in lines[0] or "JSON object" in lines[0]) and str(f) in lines[0], lines
@@ -128,7 +130,9 @@ def test_gate_change_is_promoter_only_audited_and_not_retroactive(services_env, 
     set_gate(name, "eval.hpdv2.other", "max", why="new benchmark")
     assert promote(name, v2.version).action == "rejected"  # judged on the gate it was registered under
     last = promotion_history(name)[-2]
-    assert last["action"] == "set_gate" and last["why"] == "new benchmark" and last["identity"] == "promoter-bot"
+    assert (
+        last["action"] == "set_gate" and last["why"] == "new benchmark" and last["identity"] == "promoter-bot"
+    )
 
 
 def test_force_and_rollback_are_promoter_only_and_audited(services_env, tmp_path, monkeypatch):
@@ -144,12 +148,19 @@ def test_force_and_rollback_are_promoter_only_and_audited(services_env, tmp_path
         assert r.returncode == 2 and "reserved to its promoter identity" in r.stderr, r.stderr
     monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "promoter-bot")
     assert cli("promote", "--model", name, "--version", v2.version, "--force").returncode == 2  # no --why
-    r = cli("promote", "--model", name, "--version", v2.version, "--force", "--why", "hotfix #12", "--who", "ana")
+    r = cli(
+        "promote", "--model", name, "--version", v2.version, "--force", "--why", "hotfix #12", "--who", "ana"
+    )
     assert r.returncode == 0 and "forced by ana (promoter-bot): hotfix #12" in r.stdout, r.stdout + r.stderr
     assert champion(name) == v2.version
     r = cli("promote", "--model", name, "--history")
     forced = [ln for ln in r.stdout.splitlines() if " forced " in ln]
-    assert forced and "hotfix #12" in forced[0] and '"previous": "1"' in forced[0] and "(promoter-bot)" in forced[0]
+    assert (
+        forced
+        and "hotfix #12" in forced[0]
+        and '"previous": "1"' in forced[0]
+        and "(promoter-bot)" in forced[0]
+    )
 
 
 def test_concurrent_promoters_end_with_the_best_champion(services_env, tmp_path):
@@ -211,15 +222,25 @@ def test_mlflow_down_or_closed_port_answers_in_one_line_within_seconds(services_
 
 
 def test_a_300_character_model_name_is_refused(services_env, tmp_path):
-    r = cli("register", "--model-dir", str(lora(tmp_path / "m", 4)), "--name", "n" * 300, "--base-model", "tiny")
+    r = cli(
+        "register", "--model-dir", str(lora(tmp_path / "m", 4)), "--name", "n" * 300, "--base-model", "tiny"
+    )
     assert r.returncode == 2 and "300 characters" in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
 def test_credentials_in_the_tracking_uri_are_never_printed(services_env, tmp_path):
     """An MLFLOW_TRACKING_URI with user:password: nothing chunkgrpo or MLflow prints contains the password."""
     url = services_env.tracking_uri.replace("http://", "http://someone:Pa55-secret@")
-    r = cli("register", "--model-dir", str(lora(tmp_path / "m", 5)), "--name", f"integ-{uuid.uuid4().hex[:6]}",
-            "--base-model", "tiny", env={"MLFLOW_TRACKING_URI": url})
+    r = cli(
+        "register",
+        "--model-dir",
+        str(lora(tmp_path / "m", 5)),
+        "--name",
+        f"integ-{uuid.uuid4().hex[:6]}",
+        "--base-model",
+        "tiny",
+        env={"MLFLOW_TRACKING_URI": url},
+    )
     assert r.returncode == 0, r.stderr
     assert "View run" in r.stdout + r.stderr  # MLflow's line is printed, without the credentials
     assert "Pa55-secret" not in r.stdout + r.stderr

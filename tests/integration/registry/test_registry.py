@@ -84,7 +84,11 @@ def test_register_promote_gate_rollback(services_env, tmp_path):
     assert r.action == "promoted" and r.previous == v1.version
     assert _aliases(name) == {"champion": v2.version, "previous": v1.version, "challenger": v2.version}
     t2 = _tags(name, v2.version)
-    assert t2["promotion.by"] == "tester" and t2["promotion.status"] == "champion" and t2["promotion.forced"] == "false"
+    assert (
+        t2["promotion.by"] == "tester"
+        and t2["promotion.status"] == "champion"
+        and t2["promotion.forced"] == "false"
+    )
     assert json.loads(t2["promotion.gate"])["champion"] == 0.30
     assert _tags(name, v1.version)["promotion.status"] == "previous"
     # idempotent re-run
@@ -114,7 +118,9 @@ def test_register_promote_gate_rollback(services_env, tmp_path):
             promote(name, v3.version, GateConfig(metric=other))
     assert _aliases(name)["champion"] == v2.version
     # another eval protocol (fewer prompts) is never compared, however good the number
-    v5 = _register(name, tmp_path, 5, 0.99, eval_protocol={**PROTOCOL, "benchmarks": {"hpdv2": {"n_prompts": 16}}})
+    v5 = _register(
+        name, tmp_path, 5, 0.99, eval_protocol={**PROTOCOL, "benchmarks": {"hpdv2": {"n_prompts": 16}}}
+    )
     with pytest.raises(UserError, match="different protocols"):
         promote(name, v5.version)
     from chunkgrpo.registry.promotion import gate_check
@@ -128,7 +134,11 @@ def test_register_promote_gate_rollback(services_env, tmp_path):
     assert r.action == "forced"
     assert _aliases(name)["champion"] == v3.version and _aliases(name)["previous"] == v2.version
     t3 = _tags(name, v3.version)
-    assert t3["promotion.forced"] == "true" and t3["promotion.by"] == "oncall" and t3["promotion.why"] == "hotfix"
+    assert (
+        t3["promotion.forced"] == "true"
+        and t3["promotion.by"] == "oncall"
+        and t3["promotion.why"] == "hotfix"
+    )
 
     # rollback restores the previous champion
     r = rollback(name, who="oncall", why="bad samples")
@@ -138,8 +148,16 @@ def test_register_promote_gate_rollback(services_env, tmp_path):
     with pytest.raises(UserError, match="nothing to roll back"):
         rollback(name, why="again")
     log = json.loads(_client().get_registered_model(name).tags["promotion.log"])
-    assert [e["action"] for e in log] == ["set_gate", "promoted", "promoted", "rejected", "rejected", "rejected",
-                                         "forced", "rollback"]
+    assert [e["action"] for e in log] == [
+        "set_gate",
+        "promoted",
+        "promoted",
+        "rejected",
+        "rejected",
+        "rejected",
+        "forced",
+        "rollback",
+    ]
     assert log[0]["metric"] == METRIC and log[0]["direction"] == "max"
     with pytest.raises(UserError, match="no version"):
         promote(name, "999")
@@ -159,14 +177,34 @@ def test_cli_register_promote_and_external_weights(services_env, tmp_path, capsy
         "format": "chunkgrpo.eval-metrics/v1", "metrics": {"hpdv2.hpsv3.trained": 0.4},
         "mlflow_run_id": eval_run({"hpdv2.hpsv3.trained": 0.4})}))
     (tmp_path / "plan.json").write_text(json.dumps({"boundaries": [0, 10, 28]}))
-    assert main(["register", "--model-dir", ckpt, "--name", name, "--base-model", "tiny-flux", "--kind", "full",
-                 "--metrics", str(tmp_path / "metrics.json"), "--plan", str(tmp_path / "plan.json"),
-                 "--external-weights"]) == 0
+    assert (
+        main(
+            [
+                "register",
+                "--model-dir",
+                ckpt,
+                "--name",
+                name,
+                "--base-model",
+                "tiny-flux",
+                "--kind",
+                "full",
+                "--metrics",
+                str(tmp_path / "metrics.json"),
+                "--plan",
+                str(tmp_path / "plan.json"),
+                "--external-weights",
+            ]
+        )
+        == 0
+    )
     assert f"{name} version 1" in capsys.readouterr().out
     m = load_registered_model(f"models:/{name}/1", tmp_path / "dl")
     assert m.info["weights"] == "external" and m.kind == "full"
     assert not (m.path / "transformer").exists()
-    assert (m.weights_dir / "transformer" / "diffusion_pytorch_model.safetensors").read_bytes() == b"w" * 10000
+    assert (
+        m.weights_dir / "transformer" / "diffusion_pytorch_model.safetensors"
+    ).read_bytes() == b"w" * 10000
 
     assert main(["promote", "--model", name, "--version", "1", "--why", "first"]) == 0
     assert "promoted" in capsys.readouterr().out
@@ -179,12 +217,16 @@ def test_cli_register_promote_and_external_weights(services_env, tmp_path, capsy
     assert exc.value.code == 2
     assert main(["promote", "--model", name, "--set-gate", f"{METRIC}:min", "--why", "x"]) == 2
     assert "higher-is-better by definition" in capsys.readouterr().err
-    assert main(["register", "--model-dir", str(tmp_path / "missing"), "--name", name, "--base-model", "x"]) == 2
+    assert (
+        main(["register", "--model-dir", str(tmp_path / "missing"), "--name", name, "--base-model", "x"]) == 2
+    )
 
 
 def test_register_refuses_incomplete_checkpoint(services_env, tmp_path):
     store = ArtifactStore(services_env.store_config)
-    store.put_file(_fake_lora(tmp_path / "l", 9) / "adapter_config.json", "ckpts/incomplete/step-1/adapter_config.json")
+    store.put_file(
+        _fake_lora(tmp_path / "l", 9) / "adapter_config.json", "ckpts/incomplete/step-1/adapter_config.json"
+    )
     with pytest.raises(UserError, match="not a complete folder"):
         register_model(Registration("flux-x", "b", None, kind="full",
                                     checkpoint_uri=store.uri("ckpts/incomplete/step-1")))
@@ -195,7 +237,9 @@ def test_tracking_parent_and_stage_runs(services_env, tmp_path):
 
     exp = f"exp-{uuid.uuid4().hex[:6]}"
     (tmp_path / "report.html").write_text("<html></html>")
-    with start_pipeline_run(exp, "pipeline-1", tags={"git_sha": "abc"}, params={"train": {"lr": 1e-4}}) as run:
+    with start_pipeline_run(
+        exp, "pipeline-1", tags={"git_sha": "abc"}, params={"train": {"lr": 1e-4}}
+    ) as run:
         assert run.enabled
         with run.stage("train", params={"steps": 10}) as st:
             st.log_metrics({"loss": 0.5, "reward": {"mean": 0.1}}, step=3)
@@ -288,8 +332,11 @@ def test_registered_version_is_an_mlflow_pyfunc(services_env, tmp_path, tiny_mod
     from chunkgrpo.serving import decode_image
 
     pipe = FluxPipeline.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
-    pipe.transformer.add_adapter(LoraConfig(r=4, lora_alpha=64, target_modules=["to_q", "to_k", "to_v", "to_out.0"],
-                                            init_lora_weights=False))
+    pipe.transformer.add_adapter(
+        LoraConfig(
+            r=4, lora_alpha=64, target_modules=["to_q", "to_k", "to_v", "to_out.0"], init_lora_weights=False
+        )
+    )
     lora = tmp_path / "lora"
     FluxPipeline.save_lora_weights(lora, transformer_lora_layers=get_peft_model_state_dict(pipe.transformer))
     name = f"flux-pyfunc-{uuid.uuid4().hex[:6]}"
@@ -300,7 +347,9 @@ def test_registered_version_is_an_mlflow_pyfunc(services_env, tmp_path, tiny_mod
                                      eval_run_id=eval_run_for({METRIC: 0.2})))
     assert promote(name, rv.version).action == "promoted"
     model = mlflow.pyfunc.load_model(f"models:/{name}@champion")
-    assert model.metadata.flavors["python_function"]["loader_module"] == "mlflow.pyfunc.loaders.code_model"  # no pickle
+    assert (
+        model.metadata.flavors["python_function"]["loader_module"] == "mlflow.pyfunc.loaders.code_model"
+    )  # no pickle
     df = pd.DataFrame({"prompt": ["a red apple", "a blue car"], "seed": [3, 4]})
     out = model.predict(df)
     assert list(out.columns) == ["prompt", "seed", "image"] and list(out["seed"]) == [3, 4]

@@ -59,7 +59,11 @@ class JudgeServer:
                     message = {"role": "assistant", "content": None, "refusal": answer["refusal"]}
                 else:
                     message = {"role": "assistant", "content": answer, "refusal": None}
-                choices = [] if answer == "<nochoices>" else [{"index": 0, "message": message, "finish_reason": "stop"}]
+                choices = (
+                    []
+                    if answer == "<nochoices>"
+                    else [{"index": 0, "message": message, "finish_reason": "stop"}]
+                )
                 payload = {"id": "chatcmpl-test", "object": "chat.completion", "model": body["model"],
                            "choices": choices}
                 self._send(200, json.dumps(payload).encode())

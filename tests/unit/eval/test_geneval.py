@@ -85,7 +85,11 @@ def test_filter_threshold_strict_sorted_and_capped():
 
 
 def test_single_and_two_object():
-    single = {"tag": "single_object", "prompt": "a photo of a bench", "include": [{"class": "bench", "count": 1}]}
+    single = {
+        "tag": "single_object",
+        "prompt": "a photo of a bench",
+        "include": [{"class": "bench", "count": 1}],
+    }
     assert run({"bench": [box(0, 0)]}, single)["correct"]
     r = run({"bench": [box(0, 0, score=0.25)], "cat": [box(0, 0)]}, single)
     assert not r["correct"] and r["reason"] == "expected bench>=1, found 0"
@@ -95,7 +99,9 @@ def test_single_and_two_object():
     r = run({"bench": [box(0, 0)]}, two)
     assert not r["correct"] and "sports ball>=1" in r["reason"]
     # extra objects do not matter without an exclude clause
-    assert run({"bench": [box(0, 0), box(20, 0)], "sports ball": [box(50, 50)], "dog": [box(9, 9)]}, two)["correct"]
+    assert run({"bench": [box(0, 0), box(20, 0)], "sports ball": [box(50, 50)], "dog": [box(9, 9)]}, two)[
+        "correct"
+    ]
 
 
 @pytest.mark.parametrize("n_found,expected", [(1, False), (2, True), (3, False), (4, False)])
@@ -123,8 +129,12 @@ def test_counting_uses_the_0_9_threshold():
 
 
 def test_exclude_is_or_and_include_is_and():
-    md = {"tag": "counting", "prompt": "p", "include": [{"class": "cat", "count": 1}, {"class": "dog", "count": 1}],
-          "exclude": [{"class": "cat", "count": 2}, {"class": "bird", "count": 1}]}
+    md = {
+        "tag": "counting",
+        "prompt": "p",
+        "include": [{"class": "cat", "count": 1}, {"class": "dog", "count": 1}],
+        "exclude": [{"class": "cat", "count": 2}, {"class": "bird", "count": 1}],
+    }
     ok = {"cat": [box(0, 0)], "dog": [box(30, 0)]}
     assert run(ok, md)["correct"]
     assert not run({**ok, "bird": [box(60, 0)]}, md)["correct"]  # any exclude clause failing fails the image
@@ -184,8 +194,14 @@ def test_relative_position_margin():
 
 
 def test_position_rules():
-    md = {"tag": "position", "prompt": "a photo of a dog right of a teddy bear",
-          "include": [{"class": "teddy bear", "count": 1}, {"class": "dog", "count": 1, "position": ["right of", 0]}]}
+    md = {
+        "tag": "position",
+        "prompt": "a photo of a dog right of a teddy bear",
+        "include": [
+            {"class": "teddy bear", "count": 1},
+            {"class": "dog", "count": 1, "position": ["right of", 0]},
+        ],
+    }
     bear = {"teddy bear": [box(0, 50, 40, 40)]}
     assert run({**bear, "dog": [box(100, 50, 40, 40)]}, md)["correct"]
     r = run({**bear, "dog": [box(-100, 50, 40, 40)]}, md)
@@ -345,12 +361,32 @@ def tiny_mask2former(tmp_path_factory):
     except ImportError:  # pragma: no cover
         from transformers import Mask2FormerImageProcessor as Proc
     names = [f"class{i}" for i in range(80)]
-    backbone = SwinConfig(image_size=64, patch_size=4, embed_dim=8, depths=[1, 1, 1, 1], num_heads=[1, 1, 1, 1],
-                          window_size=4, out_features=["stage1", "stage2", "stage3", "stage4"])
-    cfg = Mask2FormerConfig(backbone_config=backbone, feature_size=32, mask_feature_size=32, hidden_dim=32,
-                            encoder_feedforward_dim=32, dim_feedforward=32, encoder_layers=1, decoder_layers=2,
-                            num_attention_heads=2, num_queries=10, num_labels=80, use_pretrained_backbone=False,
-                            backbone=None, id2label=dict(enumerate(names)), label2id={n: i for i, n in enumerate(names)})
+    backbone = SwinConfig(
+        image_size=64,
+        patch_size=4,
+        embed_dim=8,
+        depths=[1, 1, 1, 1],
+        num_heads=[1, 1, 1, 1],
+        window_size=4,
+        out_features=["stage1", "stage2", "stage3", "stage4"],
+    )
+    cfg = Mask2FormerConfig(
+        backbone_config=backbone,
+        feature_size=32,
+        mask_feature_size=32,
+        hidden_dim=32,
+        encoder_feedforward_dim=32,
+        dim_feedforward=32,
+        encoder_layers=1,
+        decoder_layers=2,
+        num_attention_heads=2,
+        num_queries=10,
+        num_labels=80,
+        use_pretrained_backbone=False,
+        backbone=None,
+        id2label=dict(enumerate(names)),
+        label2id={n: i for i, n in enumerate(names)},
+    )
     torch.manual_seed(0)
     d = tmp_path_factory.mktemp("m2f")
     Mask2FormerForUniversalSegmentation(cfg).save_pretrained(str(d))

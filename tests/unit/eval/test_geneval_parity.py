@@ -37,7 +37,11 @@ def score(raw, md, color_fn=None):
 def test_tie_keeps_the_later_detection_colour():
     """'a photo of a red car': a red car and a blue car, both 0.8, red listed first.
     Official: argsort([0.8, 0.8])[::-1] = [1, 0] -> the BLUE car is checked -> WRONG."""
-    md = {"tag": "colors", "prompt": "a photo of a red car", "include": [{"class": "car", "count": 1, "color": "red"}]}
+    md = {
+        "tag": "colors",
+        "prompt": "a photo of a red car",
+        "include": [{"class": "car", "count": 1, "color": "red"}],
+    }
     raw = {"car": [D((0, 0, 50, 50), 0.8), D((100, 0, 150, 50), 0.8)]}
     rec = score(raw, md, colour_by_x({0: "red", 100: "blue"}))
     assert rec["correct"] is False
@@ -51,8 +55,14 @@ def test_tie_keeps_the_later_detection_colour():
 def test_tie_keeps_the_later_detection_position():
     """'a photo of a dog right of a teddy bear': two dogs at 0.9, the first right of the bear, the second left.
     Official: the later dog is the one checked -> it is left of the bear -> WRONG."""
-    md = {"tag": "position", "prompt": "a photo of a dog right of a teddy bear",
-          "include": [{"class": "teddy bear", "count": 1}, {"class": "dog", "count": 1, "position": ["right of", 0]}]}
+    md = {
+        "tag": "position",
+        "prompt": "a photo of a dog right of a teddy bear",
+        "include": [
+            {"class": "teddy bear", "count": 1},
+            {"class": "dog", "count": 1, "position": ["right of", 0]},
+        ],
+    }
     bear = D((200, 200, 260, 260), 0.95)
     raw = {"teddy bear": [bear], "dog": [D((400, 200, 460, 260), 0.9), D((0, 200, 60, 260), 0.9)]}
     rec = score(raw, md)
@@ -76,7 +86,11 @@ def test_ties_at_the_16_object_cap():
     md = {"tag": "two_object", "prompt": "p", "include": [{"class": "cup", "count": 2}]}
     assert score({"cup": cups}, md)["correct"] is True
     # ...but a colour clause does: the official classifies cups 16 and 7
-    md = {"tag": "color_attr", "prompt": "two red cups", "include": [{"class": "cup", "count": 2, "color": "red"}]}
+    md = {
+        "tag": "color_attr",
+        "prompt": "two red cups",
+        "include": [{"class": "cup", "count": 2, "color": "red"}],
+    }
     colours = {float(10 * i): ("red" if i in (16, 7) else "blue") for i in range(17)}
     assert score({"cup": cups}, md, colour_by_x(colours))["correct"] is True
     colours = {float(10 * i): ("red" if i in (0, 1) else "blue") for i in range(17)}
@@ -105,8 +119,14 @@ def _numpy_classic_argsort(arrays: list[list[float]]) -> list[list[int]] | None:
             "a=json.load(sys.stdin)\n"
             "print(json.dumps([np.argsort(np.asarray(x,dtype=np.float32)).tolist() for x in a]))\n")
     env = {**os.environ, "NPY_DISABLE_CPU_FEATURES": " ".join(dispatch)}
-    proc = subprocess.run([sys.executable, "-c", code], input=json.dumps(arrays), capture_output=True, text=True,
-                          env=env, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        input=json.dumps(arrays),
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     if proc.returncode != 0:
         return None
     return json.loads(proc.stdout)
@@ -173,8 +193,14 @@ def test_relative_position_margin_in_float32():
     off = ca - cb
     dx64 = (max(abs(off[0]) - 0.1 * (da[0] + db[0]), 0) * np.sign(off[0])) / np.linalg.norm(off)
     assert dx64 > 0.5
-    md = {"tag": "position", "prompt": "a photo of a dog right of a teddy bear",
-          "include": [{"class": "teddy bear", "count": 1}, {"class": "dog", "count": 1, "position": ["right of", 0]}]}
+    md = {
+        "tag": "position",
+        "prompt": "a photo of a dog right of a teddy bear",
+        "include": [
+            {"class": "teddy bear", "count": 1},
+            {"class": "dog", "count": 1, "position": ["right of", 0]},
+        ],
+    }
     rec = score({"teddy bear": [D(bear, 0.9)], "dog": [D(dog, 0.9)]}, md)
     assert rec["correct"] is False and rec["reason"] == "expected dog right of target, found  target"
 
@@ -188,7 +214,16 @@ def test_file_discovery_is_re_match(tmp_path):
     md = {"tag": "single_object", "prompt": "a photo of a cat", "include": [{"class": "cat", "count": 1}]}
     G.write_layout([md], tmp_path)
     samples = tmp_path / "00000" / "samples"
-    names = ["00000.png", "00009.png.bak", "7.png~", "grid.png", "x00001.png", "00001.jpg", "00002.PNG", "00003png"]
+    names = [
+        "00000.png",
+        "00009.png.bak",
+        "7.png~",
+        "grid.png",
+        "x00001.png",
+        "00001.jpg",
+        "00002.PNG",
+        "00003png",
+    ]
     for n in names:
         Image.new("RGB", (8, 8)).save(samples / n, format="PNG")
     found = sorted(p.name for p, _ in G.iter_samples(tmp_path))

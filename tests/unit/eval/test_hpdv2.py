@@ -12,6 +12,7 @@ from PIL import Image
 from chunkgrpo.errors import UserError
 from chunkgrpo.eval import hpdv2 as H
 
+
 def test_official_prompts():
     prompts = H.load_prompts()
     assert len(prompts) == 400 and H.is_official()
@@ -48,7 +49,9 @@ def test_aggregate():
     res = H.aggregate({"pickscore": [1.0, 2.0, 3.0], "clip": torch.tensor([0.5, float("nan"), 0.7])},
                       infos, n_expected=3)
     p = res["scorers"]["pickscore"]
-    assert p["mean"] == 2.0 and p["std"] == pytest.approx(1.0) and p["stderr"] == pytest.approx(1 / math.sqrt(3))
+    assert (
+        p["mean"] == 2.0 and p["std"] == pytest.approx(1.0) and p["stderr"] == pytest.approx(1 / math.sqrt(3))
+    )
     assert p["info"]["scale"] == "logit" and p["n"] == 3
     c = res["scorers"]["clip"]
     assert c["n"] == 2 and c["n_nonfinite"] == 1 and c["mean"] == pytest.approx(0.6)

@@ -31,8 +31,16 @@ def make_lora_dir(base_dir, out, *, rank=4, alpha=8.0, seed=0):
             p.data = torch.randn(p.shape, generator=g) * 0.5
     out.mkdir(parents=True, exist_ok=True)
     FluxPipeline.save_lora_weights(out, transformer_lora_layers=get_peft_model_state_dict(tr))
-    (out / "chunkgrpo_model.json").write_text(json.dumps({
-        "kind": "lora", "base_model": str(base_dir), "method": "chunk", "lora": {"rank": rank, "alpha": alpha}}))
+    (out / "chunkgrpo_model.json").write_text(
+        json.dumps(
+            {
+                "kind": "lora",
+                "base_model": str(base_dir),
+                "method": "chunk",
+                "lora": {"rank": rank, "alpha": alpha},
+            }
+        )
+    )
     return out
 
 

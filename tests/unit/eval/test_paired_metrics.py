@@ -28,7 +28,9 @@ def _wise_benchmark(trained_scores: dict, base_scores: dict) -> dict:
                 r.update(dict(zip(W.SCORE_KEYS, s)), wiscore=W.wiscore(*s))
             recs.append(r)
         records[lb] = recs
-    results = {lb: {k: v for k, v in W.aggregate(recs).items() if k != "records"} for lb, recs in records.items()}
+    results = {
+        lb: {k: v for k, v in W.aggregate(recs).items() if k != "records"} for lb, recs in records.items()
+    }
     stats = eval_stats.compute_statistics("wise", records, results, **KW)
     return {"results": results, "statistics": stats}
 
@@ -69,8 +71,16 @@ def test_a_tie_with_float_residue_is_not_significant_in_report_and_gate():
     """WISE biology: 15 prompts tie (sub-scores (1, 2, 0) vs (1, 1, 2): WiScore 0.45 both, 1.1e-16 apart in
     floats), 3 improve. The lower bound is 0: grey in the report, refused by a gate with margin 0."""
     ids = list(range(701, 721))
-    trained = {i: (1, 2, 0) for i in ids[:15]} | {i: (2, 2, 2) for i in ids[15:18]} | {i: (0, 0, 0) for i in ids[18:]}
-    base = {i: (1, 1, 2) for i in ids[:15]} | {i: (1, 1, 1) for i in ids[15:18]} | {i: (0, 0, 0) for i in ids[18:]}
+    trained = (
+        {i: (1, 2, 0) for i in ids[:15]}
+        | {i: (2, 2, 2) for i in ids[15:18]}
+        | {i: (0, 0, 0) for i in ids[18:]}
+    )
+    base = (
+        {i: (1, 1, 2) for i in ids[:15]}
+        | {i: (1, 1, 1) for i in ids[15:18]}
+        | {i: (0, 0, 0) for i in ids[18:]}
+    )
     bench = _wise_benchmark(trained, base)
     cell = bench["statistics"]["biology"]
     assert cell["ci_low"] == 0.0 and cell["significance"] == 0

@@ -35,6 +35,9 @@ def test_programmatic_rewards_are_never_published():
     from chunkgrpo.scoring.adapters import RewardScorer
 
     s = RewardScorer("brightness", {})
-    assert _published("brightness", s) == (False, "brightness is a programmatic reward, not a published metric")
+    assert _published("brightness", s) == (
+        False,
+        "brightness is a programmatic reward, not a published metric",
+    )
     info = _scorer_info(s, "brightness")
     assert info["comparable_to_official"] is False and "programmatic" in info["not_published_because"]

@@ -45,7 +45,9 @@ def test_ci_bars_colour_by_significance():
 
 
 def test_histogram_has_both_labels():
-    svg = P.svg_histogram({"base": [0.1, 0.2, 0.2, 0.9], "trained": [0.5, 0.6, float("nan")]}, title="h", bins=4)
+    svg = P.svg_histogram(
+        {"base": [0.1, 0.2, 0.2, 0.9], "trained": [0.5, 0.6, float("nan")]}, title="h", bins=4
+    )
     assert "base (n=4)" in svg and "trained (n=2)" in svg
     assert svg.count(P.COLORS["base"]) >= 2 and svg.count(P.COLORS["trained"]) >= 2
 
@@ -68,14 +70,16 @@ def report_inputs(tmp_path):
         for lb in ("base", "trained"):
             (out / "hpdv2" / lb).mkdir(parents=True, exist_ok=True)
             Image.new("RGB", (32, 32), (i * 60, 0, 0)).save(out / "hpdv2" / lb / f"{i:03d}.png")
-        jobs["hpdv2"].append(SimpleNamespace(key=str(i), prompt=f"hp prompt {i}", seed=42 + i, rel=f"{i:03d}.png",
-                                             group=""))
+        jobs["hpdv2"].append(
+            SimpleNamespace(key=str(i), prompt=f"hp prompt {i}", seed=42 + i, rel=f"{i:03d}.png", group="")
+        )
     recs = {"base": [], "trained": []}
     for idx, tag in ((0, "colors"), (1, "single_object")):
         for k in range(2):
             rel = f"{idx:05d}/samples/{k:05d}.png"
-            jobs["geneval"].append(SimpleNamespace(key=f"{idx}:{k}", prompt=f"ge prompt {idx}", seed=42 + k, rel=rel,
-                                                   group=tag))
+            jobs["geneval"].append(
+                SimpleNamespace(key=f"{idx}:{k}", prompt=f"ge prompt {idx}", seed=42 + k, rel=rel, group=tag)
+            )
             for lb in ("base", "trained"):
                 p = out / "geneval" / lb / rel
                 p.parent.mkdir(parents=True, exist_ok=True)
@@ -87,37 +91,80 @@ def report_inputs(tmp_path):
                                  "details": json.dumps({"car": [[8.0, 8.0, 56.0, 56.0, 0.87]]})})
     wrecs = {"base": [], "trained": []}
     for pid in (1, 401):
-        jobs["wise"].append(SimpleNamespace(key=str(pid), prompt=f"wise prompt {pid}", seed=42 + pid, rel=f"{pid}.png",
-                                            group="culture" if pid == 1 else "time"))
+        jobs["wise"].append(
+            SimpleNamespace(
+                key=str(pid),
+                prompt=f"wise prompt {pid}",
+                seed=42 + pid,
+                rel=f"{pid}.png",
+                group="culture" if pid == 1 else "time",
+            )
+        )
         for lb in ("base", "trained"):
             (out / "wise" / lb).mkdir(parents=True, exist_ok=True)
             Image.new("RGB", (32, 32)).save(out / "wise" / lb / f"{pid}.png")
             c = 2 if (lb == "trained") == (pid == 1) else 0
-            wrecs[lb].append({"prompt_id": pid, "category": "culture" if pid == 1 else "time", "consistency": c,
-                              "realism": 1, "aesthetic_quality": 1, "wiscore": (0.7 * c + 0.3) / 2,
-                              "answer": f"Consistency: {c}\nRealism: 1\nAesthetic Quality: 1 <b>bold</b>",
-                              "image": f"wise/{lb}/{pid}.png"})
+            wrecs[lb].append(
+                {
+                    "prompt_id": pid,
+                    "category": "culture" if pid == 1 else "time",
+                    "consistency": c,
+                    "realism": 1,
+                    "aesthetic_quality": 1,
+                    "wiscore": (0.7 * c + 0.3) / 2,
+                    "answer": f"Consistency: {c}\nRealism: 1\nAesthetic Quality: 1 <b>bold</b>",
+                    "image": f"wise/{lb}/{pid}.png",
+                }
+            )
     per_image = {"hpdv2": {"base": {"hpsv3": [1.0, 2.0, 3.0]}, "trained": {"hpsv3": [1.5, 1.0, 3.0]}},
                  "geneval": recs, "wise": wrecs}
-    res_g = {lb: {"overall": 0.5, "tasks": {"colors": {"score": 0.5}, "single_object": {"score": 0.5}},
-                  "detector": {"name": "tiny"}, "color_classifier": {"name": "clip"}} for lb in ("base", "trained")}
+    res_g = {
+        lb: {
+            "overall": 0.5,
+            "tasks": {"colors": {"score": 0.5}, "single_object": {"score": 0.5}},
+            "detector": {"name": "tiny"},
+            "color_classifier": {"name": "clip"},
+        }
+        for lb in ("base", "trained")
+    }
     res_w = {lb: {"overall": 0.5, "categories": {"culture": {"wiscore": 0.5, "mean_consistency": 1.0},
                                                    "time": {"wiscore": 0.5}},
                   "judge": {"model": "stub"}, "n_failed": 0} for lb in ("base", "trained")}
     res_h = {lb: {"scorers": {"hpsv3": {"mean": 2.0, "stderr": 0.5, "n": 3}}} for lb in ("base", "trained")}
     result = {
         "labels": ["trained", "base"],
-        "metrics": {"hpdv2.hpsv3.trained": 1.8333, "hpdv2.hpsv3.base": 2.0, "geneval.overall.trained": 0.5,
-                    "geneval.overall.base": 0.5, "wise.overall.trained": 0.5, "wise.overall.base": 0.5},
+        "metrics": {
+            "hpdv2.hpsv3.trained": 1.8333,
+            "hpdv2.hpsv3.base": 2.0,
+            "geneval.overall.trained": 0.5,
+            "geneval.overall.base": 0.5,
+            "wise.overall.trained": 0.5,
+            "wise.overall.base": 0.5,
+        },
         "benchmarks": {
-            "hpdv2": {"n_prompts": 3, "results": res_h, "statistics": {"hpsv3": cell(-0.1667, -0.6, 0.3)},
-                      "comparable_to_official": False, "comparable_notes": ["3 of 400 prompts"]},
-            "geneval": {"n_prompts": 2, "results": res_g,
-                        "statistics": {"overall": cell(0.0, -0.5, 0.5), "colors": cell(1.0, 1.0, 1.0)},
-                        "comparable_to_official": False, "comparable_notes": ["2 of 553 prompts"]},
-            "wise": {"n_prompts": 2, "results": res_w, "statistics": {"overall": cell(0.0, -0.7, 0.7)},
-                     "comparable_to_official": False,
-                     "comparable_notes": ["2 of 1000 WISE prompt ids evaluated (the official Calculate.py needs all 1000)"]},
+            "hpdv2": {
+                "n_prompts": 3,
+                "results": res_h,
+                "statistics": {"hpsv3": cell(-0.1667, -0.6, 0.3)},
+                "comparable_to_official": False,
+                "comparable_notes": ["3 of 400 prompts"],
+            },
+            "geneval": {
+                "n_prompts": 2,
+                "results": res_g,
+                "statistics": {"overall": cell(0.0, -0.5, 0.5), "colors": cell(1.0, 1.0, 1.0)},
+                "comparable_to_official": False,
+                "comparable_notes": ["2 of 553 prompts"],
+            },
+            "wise": {
+                "n_prompts": 2,
+                "results": res_w,
+                "statistics": {"overall": cell(0.0, -0.7, 0.7)},
+                "comparable_to_official": False,
+                "comparable_notes": [
+                    "2 of 1000 WISE prompt ids evaluated (the official Calculate.py needs all 1000)"
+                ],
+            },
         },
     }
     return result, out, jobs, per_image
@@ -137,7 +184,9 @@ def test_report_renders_everything_self_contained(report_inputs):
     # rows by the largest changes in both directions
     assert "Largest improvements (by hpsv3)" in html and "Largest regressions (by hpsv3)" in html
     hp = html.split("id='hpdv2'")[1].split("id='geneval'")[0]
-    assert hp.index("hp prompt 0") < hp.index("hp prompt 1")  # +0.5 improvement listed before the -1.0 regression
+    assert hp.index("hp prompt 0") < hp.index(
+        "hp prompt 1"
+    )  # +0.5 improvement listed before the -1.0 regression
     assert "hp prompt 2" not in hp.split("Largest improvements")[1]  # unchanged prompt not shown
     ge = html.split("id='geneval'")[1].split("id='wise'")[0]
     assert "Largest improvements (share of correct images)" in ge and "Largest regressions" in ge
@@ -154,9 +203,14 @@ def test_geneval_thumbnails_show_the_detected_boxes(report_inputs):
     rec = per_image["geneval"]["trained"][0]
     uri = R.thumbnail(out / rec["filename"], 64, boxes=R._boxes(rec))
     im = np.asarray(Image.open(io.BytesIO(base64.b64decode(uri.split(",", 1)[1]))).convert("RGB")).astype(int)
-    plain = np.asarray(Image.open(io.BytesIO(base64.b64decode(R.thumbnail(out / rec["filename"], 64).split(",", 1)[1])))
-                       .convert("RGB")).astype(int)
+    plain = np.asarray(
+        Image.open(
+            io.BytesIO(base64.b64decode(R.thumbnail(out / rec["filename"], 64).split(",", 1)[1]))
+        ).convert("RGB")
+    ).astype(int)
     assert plain.max() < 20  # the sample is black
     edge = im[30, 7:10]  # the left edge of the box (x1 = 8) on a black image
-    assert edge[:, 0].max() > 150 and (edge[:, 0] - edge[:, 2]).max() > 60  # drawn in the first (red) box colour
+    assert (
+        edge[:, 0].max() > 150 and (edge[:, 0] - edge[:, 2]).max() > 60
+    )  # drawn in the first (red) box colour
     assert R._boxes(rec)[0][0] == "car 0.87"

@@ -77,13 +77,18 @@ def test_built_venv_is_exactly_its_lock(name):
     # the distribution each name resolves to, in sys.path order (the venv's own, then the shared torch venv)
     probe = ("import importlib.metadata as m, json; d = {}\n"
              "for x in m.distributions(): d.setdefault(x.metadata['Name'], x.version)\nprint(json.dumps(d))")
-    res = subprocess.run([str(venv / "bin" / "python"), "-c", probe], capture_output=True, text=True, check=True,
-                         cwd="/")  # not the repo root, whose chunkgrpo.egg-info would show up
+    res = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", probe], capture_output=True, text=True, check=True, cwd="/"
+    )  # not the repo root, whose chunkgrpo.egg-info would show up
     import json
 
     visible = {_norm(k): v for k, v in json.loads(res.stdout).items()}
     locked = {p: v for p, (v, _) in parse_lock(EVAL / f"requirements-{name}.lock").items()}
     shared = {p: v for p, (v, _) in parse_lock(EVAL / "requirements-torch.lock").items()}
     wrong = {p: (v, visible.get(p)) for p, v in locked.items() if visible.get(p) != v}
-    extra = {p: v for p, v in visible.items() if p not in locked and shared.get(p) != v and p not in ("pip", "setuptools")}
+    extra = {
+        p: v
+        for p, v in visible.items()
+        if p not in locked and shared.get(p) != v and p not in ("pip", "setuptools")
+    }
     assert not wrong and not extra, f"venv-{name}: (locked, found) {wrong}; not in the locks {extra}"

@@ -24,8 +24,12 @@ def test_coverage_on_paired_samples_with_a_known_difference():
         widths.append(c["ci_high"] - c["ci_low"])
     assert 0.91 <= covered / 300 <= 0.985
     # the interval shrinks like 1/sqrt(n): 4x the prompts -> about half the width
-    big = [stats.paired_bootstrap(0.6 * (b := rng.normal(0, 1, 240)) + rng.normal(0.2, 0.8, 240), b, samples=1000,
-                                  seed=k) for k in range(20)]
+    big = [
+        stats.paired_bootstrap(
+            0.6 * (b := rng.normal(0, 1, 240)) + rng.normal(0.2, 0.8, 240), b, samples=1000, seed=k
+        )
+        for k in range(20)
+    ]
     ratio = np.mean([c["ci_high"] - c["ci_low"] for c in big]) / np.mean(widths)
     assert 0.4 < ratio < 0.6
 

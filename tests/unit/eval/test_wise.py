@@ -40,7 +40,9 @@ class _Server:
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 with outer.lock:
-                    outer.requests.append({"path": self.path, "auth": self.headers.get("Authorization"), "body": body})
+                    outer.requests.append(
+                        {"path": self.path, "auth": self.headers.get("Authorization"), "body": body}
+                    )
                     text = body["messages"][1]["content"][0]["text"]
                     prompt = re.search(r'PROMPT: "(.*)"', text).group(1)
                     script = outer.scripts[prompt]
@@ -50,9 +52,20 @@ class _Server:
                     self.end_headers()
                     self.wfile.write(b"overloaded")
                     return
-                payload = {"id": "x", "object": "chat.completion", "model": body["model"],
-                           "choices": [] if answer == "<nochoices>" else
-                           [{"index": 0, "message": {"role": "assistant", "content": answer}, "finish_reason": "stop"}]}
+                payload = {
+                    "id": "x",
+                    "object": "chat.completion",
+                    "model": body["model"],
+                    "choices": []
+                    if answer == "<nochoices>"
+                    else [
+                        {
+                            "index": 0,
+                            "message": {"role": "assistant", "content": answer},
+                            "finish_reason": "stop",
+                        }
+                    ],
+                }
                 data = json.dumps(payload).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
@@ -89,7 +102,11 @@ def _write_wise(folder, ids_by_file, rewrite=True, original=True):
     return folder
 
 
-FILES = {"cultural_common_sense": [1, 2], "spatio-temporal_reasoning": [401, 568], "natural_science": [701, 801]}
+FILES = {
+    "cultural_common_sense": [1, 2],
+    "spatio-temporal_reasoning": [401, 568],
+    "natural_science": [701, 801],
+}
 
 
 def test_load_prompts_default_rewrite(tmp_path):
@@ -107,7 +124,9 @@ def test_load_prompts_errors(tmp_path, monkeypatch):
     with pytest.raises(UserError, match="not redistributable.*cultural_common_sense_rewrite.json"):
         W.load_prompts()
     d = _write_wise(tmp_path / "orig_only", FILES, rewrite=False)
-    with pytest.raises(UserError, match="lacks cultural_common_sense_rewrite.json.*found the original variant"):
+    with pytest.raises(
+        UserError, match="lacks cultural_common_sense_rewrite.json.*found the original variant"
+    ):
         W.load_prompts(d)
     part = _write_wise(tmp_path / "partial", {"natural_science": [701]})
     with pytest.raises(UserError, match="spatio-temporal_reasoning_rewrite.json"):
@@ -168,7 +187,11 @@ def test_aggregate_official_weights_when_complete():
 
 @pytest.fixture()
 def wise_run(tmp_path, monkeypatch):
-    ids = {"cultural_common_sense": [1, 2], "spatio-temporal_reasoning": [401, 402], "natural_science": [701, 702]}
+    ids = {
+        "cultural_common_sense": [1, 2],
+        "spatio-temporal_reasoning": [401, 402],
+        "natural_science": [701, 702],
+    }
     d = _write_wise(tmp_path / "wise", ids)
     images = tmp_path / "images"
     images.mkdir()
@@ -183,15 +206,26 @@ def test_judge_end_to_end(wise_run):
     scripts = {
         "rewrite prompt 1": [GOOD],
         "rewrite prompt 2": ["**Consistency**: 1\n**Realism**: 2\n**Aesthetic Quality**: 0"],
-        "rewrite prompt 401": [503, "<nochoices>", "Consistency: 0\nRealism: 0\nAesthetic Quality: 0"],  # retried
+        "rewrite prompt 401": [
+            503,
+            "<nochoices>",
+            "Consistency: 0\nRealism: 0\nAesthetic Quality: 0",
+        ],  # retried
         "rewrite prompt 402": ["Sure! The image shows a clock.", GOOD],  # unparsable once, then fine
         "rewrite prompt 701": ["Rating: excellent overall."],  # always malformed -> failed
         "rewrite prompt 702": [GOOD],
     }
     sleeps = []
     with _Server(scripts) as srv:
-        cfg = W.JudgeConfig(base_url=srv.url, model="judge-vlm", api_key_env="WISE_TEST_KEY", max_attempts=3,
-                            backoff_s=0.5, workers=2, extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+        cfg = W.JudgeConfig(
+            base_url=srv.url,
+            model="judge-vlm",
+            api_key_env="WISE_TEST_KEY",
+            max_attempts=3,
+            backoff_s=0.5,
+            workers=2,
+            extra_body={"chat_template_kwargs": {"enable_thinking": False}},
+        )
         client = W.JudgeClient(cfg, sleep=sleeps.append)
         res = W.evaluate(W.load_prompts(d), images, client)
         reqs = list(srv.requests)
@@ -199,7 +233,9 @@ def test_judge_end_to_end(wise_run):
     assert res["judge"]["model"] == "judge-vlm" and res["variant"] == "rewrite"
     assert res["missing"] == [702]
     assert res["n_scored"] == 4 and res["n_failed"] == 1
-    assert res["failed"] == [{"prompt_id": 701, "error": "unparsable answer", "answer": "Rating: excellent overall."}]
+    assert res["failed"] == [
+        {"prompt_id": 701, "error": "unparsable answer", "answer": "Rating: excellent overall."}
+    ]
     by_id = {r["prompt_id"]: r for r in res["records"]}
     assert by_id[1]["wiscore"] == pytest.approx(W.wiscore(2, 1, 1))
     assert by_id[401]["attempts"] == 3 and by_id[401]["wiscore"] == 0
@@ -223,7 +259,9 @@ def test_judge_end_to_end(wise_run):
     body = r0["body"]
     assert body["model"] == "judge-vlm" and body["temperature"] == 0.0 and body["max_tokens"] == 2000
     assert body["chat_template_kwargs"] == {"enable_thinking": False}
-    assert body["messages"][0]["role"] == "system" and "Vincennes" in body["messages"][0]["content"][0]["text"]
+    assert (
+        body["messages"][0]["role"] == "system" and "Vincennes" in body["messages"][0]["content"][0]["text"]
+    )
     user = body["messages"][1]["content"]
     assert "Aesthetic Quality (0-2)" in user[0]["text"] and 'EXPLANATION: "expl' in user[0]["text"]
     url = user[1]["image_url"]["url"]
@@ -238,7 +276,9 @@ def test_judge_end_to_end(wise_run):
 def test_judge_permanent_http_error_is_user_error(wise_run):
     d, images = wise_run
     with _Server({f"rewrite prompt {i}": [401] for i in (1, 2, 401, 402, 701, 702)}) as srv:
-        client = W.JudgeClient(W.JudgeConfig(base_url=srv.url, api_key_env="NOPE_UNSET"), sleep=lambda s: None)
+        client = W.JudgeClient(
+            W.JudgeConfig(base_url=srv.url, api_key_env="NOPE_UNSET"), sleep=lambda s: None
+        )
         with pytest.raises(UserError, match="HTTP 401"):
             client.judge(W.image_path(images, 1), "rewrite prompt 1", "e")
         assert srv.requests[0]["auth"] is None  # unset key -> no Authorization header

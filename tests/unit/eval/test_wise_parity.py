@@ -31,8 +31,11 @@ def test_official_parser_matches_extract_scores_on_the_committed_table():
     official function read it - scores or an incomplete answer the official retries."""
     table = json.loads(CASES.read_text(encoding="utf-8"))["cases"]
     assert len(table) > 2000 and sum(c["official"] is None for c in table) > 900
-    wrong = [(c["text"], c["official"], _tuple(W.parse_scores(c["text"]))) for c in table
-             if _tuple(W.parse_scores(c["text"])) != (None if c["official"] is None else tuple(c["official"]))]
+    wrong = [
+        (c["text"], c["official"], _tuple(W.parse_scores(c["text"])))
+        for c in table
+        if _tuple(W.parse_scores(c["text"])) != (None if c["official"] is None else tuple(c["official"]))
+    ]
     assert not wrong, f"{len(wrong)} answers differ from the official, e.g. {wrong[:3]}"
 
 
@@ -103,7 +106,9 @@ def test_judge_over_http_official_parser_refusals_and_malformed(images):
     payloads (no choices, not JSON, 5xx), each retried; what still fails is listed, never dropped."""
     scripts = {
         "prompt 1": [GOOD],
-        "prompt 2": ["Consistency: 0 Realism: 0 Aesthetic Quality: 0\nCorrection - Consistency: 1"],  # last wins
+        "prompt 2": [
+            "Consistency: 0 Realism: 0 Aesthetic Quality: 0\nCorrection - Consistency: 1"
+        ],  # last wins
         "prompt 3": ["Consistency: 3\nRealism: 2\nAesthetic Quality: 2"],  # out of range, kept
         "prompt 4": ["Let me rate it.\n1\n1\n0"],  # bare-line fallback
         "prompt 5": [{"refusal": "I can't assist with that."}, GOOD],  # refusal, then fine on retry
@@ -125,10 +130,16 @@ def test_judge_over_http_official_parser_refusals_and_malformed(images):
     assert by[5]["attempts"] == 2 and by[5]["wiscore"] == pytest.approx(W.wiscore(2, 1, 1))
     assert by[6]["refused"] is True and by[6]["error"] == "refused: I can't assist with that."
     assert by[6]["attempts"] == 3 and "wiscore" not in by[6]
-    assert by[7]["refused"] is True and by[7]["error"].startswith("refused") and by[7]["answer"].startswith("I'm sorry")
+    assert (
+        by[7]["refused"] is True
+        and by[7]["error"].startswith("refused")
+        and by[7]["answer"].startswith("I'm sorry")
+    )
     assert by[8]["error"].startswith("HTTP 503") and "wiscore" not in by[8]
     assert counts == {1: 1, 2: 1, 3: 1, 4: 1, 5: 2, 6: 3, 7: 3, 8: 3}
-    assert res["n_scored"] == 5 and res["n_failed"] == 3 and res["n_refused"] == 2 and res["n_out_of_range"] == 1
+    assert (
+        res["n_scored"] == 5 and res["n_failed"] == 3 and res["n_refused"] == 2 and res["n_out_of_range"] == 1
+    )
     assert sorted(f["prompt_id"] for f in res["failed"]) == [6, 7, 8]
     assert res["all_ids_scored"] is False and res["judge"]["parser"] == "official"
     assert len(sleeps) == 1 + 2 + 2 + 2  # a back-off before every retry
@@ -144,8 +155,17 @@ def test_strict_parser_retries_what_the_official_accepts(images):
 
 
 def test_all_ids_scored_needs_the_full_1000():
-    recs = [{"prompt_id": i, "category": W.category_of(i), "consistency": 1, "realism": 1, "aesthetic_quality": 1,
-             "wiscore": W.wiscore(1, 1, 1)} for i in range(1, 1001)]
+    recs = [
+        {
+            "prompt_id": i,
+            "category": W.category_of(i),
+            "consistency": 1,
+            "realism": 1,
+            "aesthetic_quality": 1,
+            "wiscore": W.wiscore(1, 1, 1),
+        }
+        for i in range(1, 1001)
+    ]
     assert W.aggregate(recs)["all_ids_scored"] is True
     assert W.aggregate(recs[:-1])["all_ids_scored"] is False
     failed = recs[:-1] + [{"prompt_id": 1000, "category": "chemistry", "error": "unparsable answer"}]
@@ -167,5 +187,7 @@ def test_prompt_variant_enters_comparability(variant):
     if variant == "original":
         assert ok and notes == []
     else:
-        assert not ok and notes == ["WISE prompt variant 'rewrite' (the official gpt_eval.py usage and the WISE "
-                                    "leaderboard judge the 'original' prompts)"]
+        assert not ok and notes == [
+            "WISE prompt variant 'rewrite' (the official gpt_eval.py usage and the WISE "
+            "leaderboard judge the 'original' prompts)"
+        ]

@@ -22,13 +22,32 @@ def make_tiny_mask2former(folder: str | Path, class_names: Sequence[str], favour
     except ImportError:  # older transformers
         from transformers import Mask2FormerImageProcessor as Proc
     names = list(class_names)
-    backbone = SwinConfig(image_size=64, patch_size=4, embed_dim=8, depths=[1, 1, 1, 1], num_heads=[1, 1, 1, 1],
-                          window_size=4, out_features=["stage1", "stage2", "stage3", "stage4"])
-    cfg = Mask2FormerConfig(backbone_config=backbone, feature_size=32, mask_feature_size=32, hidden_dim=32,
-                            encoder_feedforward_dim=32, dim_feedforward=32, encoder_layers=1, decoder_layers=2,
-                            num_attention_heads=2, num_queries=num_queries, num_labels=len(names),
-                            use_pretrained_backbone=False, backbone=None, id2label=dict(enumerate(names)),
-                            label2id={n: i for i, n in enumerate(names)})
+    backbone = SwinConfig(
+        image_size=64,
+        patch_size=4,
+        embed_dim=8,
+        depths=[1, 1, 1, 1],
+        num_heads=[1, 1, 1, 1],
+        window_size=4,
+        out_features=["stage1", "stage2", "stage3", "stage4"],
+    )
+    cfg = Mask2FormerConfig(
+        backbone_config=backbone,
+        feature_size=32,
+        mask_feature_size=32,
+        hidden_dim=32,
+        encoder_feedforward_dim=32,
+        dim_feedforward=32,
+        encoder_layers=1,
+        decoder_layers=2,
+        num_attention_heads=2,
+        num_queries=num_queries,
+        num_labels=len(names),
+        use_pretrained_backbone=False,
+        backbone=None,
+        id2label=dict(enumerate(names)),
+        label2id={n: i for i, n in enumerate(names)},
+    )
     torch.manual_seed(seed)
     model = Mask2FormerForUniversalSegmentation(cfg)
     if favour:

@@ -6,7 +6,13 @@ import pytest
 
 from chunkgrpo.errors import UserError
 from chunkgrpo.registry.gate import (
-    GateConfig, RegistryConfig, config_hash, eval_protocol, gate_decision, known_direction, protocol_hash,
+    GateConfig,
+    RegistryConfig,
+    config_hash,
+    eval_protocol,
+    gate_decision,
+    known_direction,
+    protocol_hash,
 )
 
 
@@ -46,14 +52,22 @@ def test_registry_config():
 
 
 def test_known_directions_and_protocol_hash():
-    assert known_direction("eval.hpdv2.hpsv3") == "max" and known_direction("eval.hpdv2.hpsv3.delta_ci_low") == "max"
+    assert (
+        known_direction("eval.hpdv2.hpsv3") == "max"
+        and known_direction("eval.hpdv2.hpsv3.delta_ci_low") == "max"
+    )
     assert known_direction("eval.geneval.overall") == "max" and known_direction("eval.fid") is None
     result = {"config": {"scorers": ["imagereward", "hpsv3"], "seed": 42}, "seed": 42,
               "sampling": {"num_steps": 50, "trained_steps": 30},
               "benchmarks": {"hpdv2": {"n_prompts": 400, "official_prompts": True, "results": {"x": 1}}}}
     p = eval_protocol(result, "eval_hpdv2")
-    assert p == {"preset": "eval_hpdv2", "benchmarks": {"hpdv2": {"n_prompts": 400, "official_prompts": True}},
-                 "seed": 42, "sampling": {"num_steps": 50, "trained_steps": 30}, "scorers": ["hpsv3", "imagereward"]}
+    assert p == {
+        "preset": "eval_hpdv2",
+        "benchmarks": {"hpdv2": {"n_prompts": 400, "official_prompts": True}},
+        "seed": 42,
+        "sampling": {"num_steps": 50, "trained_steps": 30},
+        "scorers": ["hpsv3", "imagereward"],
+    }
     fewer = {**result, "benchmarks": {"hpdv2": {"n_prompts": 100, "official_prompts": True}}}
     other_seed = {**result, "seed": 7}
     assert len({protocol_hash(p), protocol_hash(eval_protocol(fewer, "eval_hpdv2")),

@@ -35,7 +35,13 @@ pytestmark = [pytest.mark.reward_envs, pytest.mark.integration]
 
 REPO = Path(__file__).resolve().parents[3]
 SITE = "lib/python3.11/site-packages"
-PROMPTS = ["a photo of a cat", "a red dog on a green chair", "the blue cat", "a photo of a cat", "a yellow car"]
+PROMPTS = [
+    "a photo of a cat",
+    "a red dog on a green chair",
+    "the blue cat",
+    "a photo of a cat",
+    "a yellow car",
+]
 
 
 def reward_venv(name: str) -> Path:
@@ -43,7 +49,9 @@ def reward_venv(name: str) -> Path:
     var = WC.venv_var(name)
     root = Path(os.environ.get("CHUNKGRPO_REWARD_ENVS") or REPO / ".reward-envs")
     venv = Path(os.environ[var]) if os.environ.get(var) else root / f"venv-{name}"
-    built = (venv / "bin" / "python").is_file() and (os.environ.get(var) or (venv / ".chunkgrpo-stamp").is_file())
+    built = (venv / "bin" / "python").is_file() and (
+        os.environ.get(var) or (venv / ".chunkgrpo-stamp").is_file()
+    )
     if not built:
         msg = f"reward venv {venv} is not built: run `bash scripts/reward-envs.sh` (or set {var})"
         if os.environ.get("CI"):
@@ -84,7 +92,9 @@ def assert_real(scorer: S.Scorer, venv: Path, package_dir: str, model_class: str
 def assert_batch_invariant(scorer: S.Scorer, images, prompts, tol: float) -> torch.Tensor:
     batched = scorer.score(images, prompts)
     single = torch.cat([scorer.score([im], [p]) for im, p in zip(images, prompts)])
-    assert batched.shape == (len(images),) and batched.dtype == torch.float32 and torch.isfinite(batched).all()
+    assert (
+        batched.shape == (len(images),) and batched.dtype == torch.float32 and torch.isfinite(batched).all()
+    )
     torch.testing.assert_close(single, batched, rtol=tol, atol=tol)
     assert float(batched.std()) > 10 * tol  # the random model still reacts to its input
     return batched
@@ -93,8 +103,13 @@ def assert_batch_invariant(scorer: S.Scorer, images, prompts, tol: float) -> tor
 def test_chunkgrpo_is_not_installed_in_the_reward_venvs():
     for name in ("hpsv2", "imagereward", "hpsv3"):
         venv = reward_venv(name)
-        res = subprocess.run([str(venv / "bin" / "python"), "-c", "import chunkgrpo"], capture_output=True, text=True,
-                             cwd="/", env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+        res = subprocess.run(
+            [str(venv / "bin" / "python"), "-c", "import chunkgrpo"],
+            capture_output=True,
+            text=True,
+            cwd="/",
+            env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+        )
         assert res.returncode != 0 and "No module named 'chunkgrpo'" in res.stderr
         assert (venv / SITE / "zz-shared-torch.pth").read_text().strip().endswith(f"venv-torch/{SITE}")
 
@@ -106,8 +121,14 @@ def test_chunkgrpo_is_not_installed_in_the_reward_venvs():
 def hpsv2(tmp_path_factory):
     venv = reward_venv("hpsv2")
     tiny = build_tiny("hpsv2", venv, tmp_path_factory.mktemp("tiny-hpsv2"))
-    scorer = S.get_scorer("hpsv2.1", weights=str(Path(tiny["weights"]).parent), model_config=tiny["model_config"],
-                          venv=str(venv), device="cpu", batch_size=4)
+    scorer = S.get_scorer(
+        "hpsv2.1",
+        weights=str(Path(tiny["weights"]).parent),
+        model_config=tiny["model_config"],
+        venv=str(venv),
+        device="cpu",
+        batch_size=4,
+    )
     yield venv, tiny, scorer
     scorer.close()
 
@@ -232,8 +253,12 @@ def test_hpsv2_refuses_a_pickled_payload(hpsv2, tmp_path):
     bad = tmp_path / "HPS_v2.1_compressed.pt"
     with open(bad, "wb") as f:
         pickle.dump({"state_dict": _Payload(marker)}, f)
-    with pytest.raises(UserError, match=r"holds pickled objects other than tensors and is refused \(weights_only=True\)"):
-        S.get_scorer("hpsv2.1", weights=str(bad), model_config=tiny["model_config"], venv=str(venv), device="cpu")
+    with pytest.raises(
+        UserError, match=r"holds pickled objects other than tensors and is refused \(weights_only=True\)"
+    ):
+        S.get_scorer(
+            "hpsv2.1", weights=str(bad), model_config=tiny["model_config"], venv=str(venv), device="cpu"
+        )
     assert not marker.exists()
 
 
@@ -244,11 +269,18 @@ def test_hpsv2_missing_vocabulary_is_a_preflight_error(hpsv2, tmp_path):
     broken = tmp_path / "venv-hpsv2-novocab"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(broken)], check=True)
     site = broken / SITE
-    shutil.copytree(venv / SITE / "hpsv2", site / "hpsv2", ignore=shutil.ignore_patterns("bpe_simple_vocab_16e6.txt.gz"))
-    (site / "zz-reward.pth").write_text(f"{venv / SITE}\n" + (venv / SITE / "zz-shared-torch.pth").read_text())
+    shutil.copytree(
+        venv / SITE / "hpsv2", site / "hpsv2", ignore=shutil.ignore_patterns("bpe_simple_vocab_16e6.txt.gz")
+    )
+    (site / "zz-reward.pth").write_text(
+        f"{venv / SITE}\n" + (venv / SITE / "zz-shared-torch.pth").read_text()
+    )
     S._CHECKED.clear()
-    with pytest.raises(UserError, match=r"hpsv2 wheel lacks open_clip's BPE vocabulary .*bpe_simple_vocab_16e6.txt.gz"
-                                        r".*\[venv .*venv-hpsv2-novocab\]"):
+    with pytest.raises(
+        UserError,
+        match=r"hpsv2 wheel lacks open_clip's BPE vocabulary .*bpe_simple_vocab_16e6.txt.gz"
+        r".*\[venv .*venv-hpsv2-novocab\]",
+    ):
         S.check_scorer_package("hpsv2.1", str(broken))
     with pytest.raises(UserError, match="copy bpe_simple_vocab_16e6.txt.gz from the open-clip-torch package"):
         S.get_scorer("hpsv2.1", weights=tiny["weights"], model_config=tiny["model_config"], venv=str(broken))
@@ -278,7 +310,9 @@ def test_imagereward_real_package_scores_images(imagereward, images):
     assert_real(scorer, venv, "ImageReward", "ImageReward.ImageReward.ImageReward")
     # two images share a prompt: that group goes through inference_rank, the third through score
     # (three images only: the package hard-codes a BLIP ViT-L, seconds per image on a CPU)
-    s = assert_batch_invariant(scorer, images[:3], ["a photo of a cat", "a red dog", "a photo of a cat"], 1e-4)
+    s = assert_batch_invariant(
+        scorer, images[:3], ["a photo of a cat", "a red dog", "a photo of a cat"], 1e-4
+    )
     assert "standardised" in scorer.info["scale"] and s.abs().max() < 1e3
 
 
@@ -286,8 +320,11 @@ def test_imagereward_without_bert_tokenizer_is_a_clear_error(imagereward, monkey
     venv, tiny, _ = imagereward
     monkeypatch.setenv("HF_HOME", str(tmp_path / "empty-hf-home"))
     S._CHECKED.clear()
-    with pytest.raises(UserError, match=r"`bert-base-uncased` tokenizer \(vocab.txt\) is not in the Hugging Face "
-                                        r"cache \(HF_HOME=.*empty-hf-home\).*\[venv .*venv-imagereward\]"):
+    with pytest.raises(
+        UserError,
+        match=r"`bert-base-uncased` tokenizer \(vocab.txt\) is not in the Hugging Face "
+        r"cache \(HF_HOME=.*empty-hf-home\).*\[venv .*venv-imagereward\]",
+    ):
         S.check_scorer_package("imagereward", str(venv))
     with pytest.raises(UserError, match="bert-base-uncased"):
         S.get_scorer("imagereward", weights=str(Path(tiny["weights"]).parent), venv=str(venv), device="cpu")
@@ -349,7 +386,9 @@ def test_imagereward_checkpoint_missing_weights_fails_naming_them(imagereward, t
     assert head  # the real model has an MLP head
     folder = tmp_path / "no-head"
     folder.mkdir()
-    torch.save({k: v for k, v in state.items() if not k.startswith("mlp.")}, folder / Path(tiny["weights"]).name)
+    torch.save(
+        {k: v for k, v in state.items() if not k.startswith("mlp.")}, folder / Path(tiny["weights"]).name
+    )
     shutil.copy(tiny["med_config"], folder / "med_config.json")
     with pytest.raises(UserError) as e:
         S.get_scorer("imagereward", weights=str(folder), venv=str(venv), device="cpu")

@@ -34,7 +34,10 @@ def tiny_clip(tmp_path_factory):
 def images():
     rng = np.random.default_rng(0)
     # different sizes/aspect ratios exercise resize + centre crop
-    return [Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8)) for h, w in [(48, 40), (64, 64), (30, 90)]]
+    return [
+        Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8))
+        for h, w in [(48, 40), (64, 64), (30, 90)]
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +88,9 @@ def test_clip_multiplier_and_info(tiny_clip, clip, pick, images):
         assert info["weights"] == str(tiny_clip)
         assert "center-crop" in info["preprocessing"] and "mean" in info["preprocessing"]
         assert "cosine" in info["scale"]
-    assert "logit_scale" in pick.info["scale"] and pick.info["logit_scale_exp"] == pytest.approx(100.0, rel=1e-3)
+    assert "logit_scale" in pick.info["scale"] and pick.info["logit_scale_exp"] == pytest.approx(
+        100.0, rel=1e-3
+    )
     with pytest.raises(UserError, match="multiplier"):
         S.get_scorer("pickscore", weights=str(tiny_clip), multiplier=2.0)
 
@@ -94,7 +99,9 @@ def test_clip_multiplier_and_info(tiny_clip, clip, pick, images):
 def test_preprocess_matches_transformers_processor(tiny_clip, images):
     from transformers import CLIPImageProcessor
 
-    ref = CLIPImageProcessor.from_pretrained(str(tiny_clip))(images=images, return_tensors="pt")["pixel_values"]
+    ref = CLIPImageProcessor.from_pretrained(str(tiny_clip))(images=images, return_tensors="pt")[
+        "pixel_values"
+    ]
     ours = B.ClipPreprocess.from_dir(tiny_clip)(images)
     torch.testing.assert_close(ours, ref, rtol=0, atol=1e-5)  # normalised pixels of order 1: ~100 ulp of fp32
 
@@ -175,7 +182,9 @@ def test_checkpoint_loads_refuse_pickled_code(tmp_path):
     marker = tmp_path / "pwned"
     with open(tmp_path / "bad.pt", "wb") as f:
         pickle.dump({"state_dict": _Payload(marker)}, f)
-    with pytest.raises(B.SpecError, match=r"is refused \(weights_only=True\).*Re-save it as a plain state_dict"):
+    with pytest.raises(
+        B.SpecError, match=r"is refused \(weights_only=True\).*Re-save it as a plain state_dict"
+    ):
         B.safe_torch_load(tmp_path / "bad.pt", "hpsv2.1: checkpoint")
     assert not marker.exists()
     torch.save({"state_dict": {"w": torch.ones(2)}}, tmp_path / "good.pt")
@@ -241,7 +250,9 @@ def test_s3_weights_through_chunkgrpo_store(monkeypatch, tiny_clip, tmp_path):
     monkeypatch.setattr(store_mod, "ArtifactStore", FakeStore)
     scorer = S.get_scorer("clip", weights="s3://models/scorers/tiny", cache_dir=str(tmp_path), device="cpu")
     assert scorer.score([Image.new("RGB", (40, 40))], ["a cat"]).shape == (1,)
-    one = resolve_weights("s3://models/scorers/HPS_v2.1_compressed.pt", what="hpsv2.1", cache_dir=str(tmp_path))
+    one = resolve_weights(
+        "s3://models/scorers/HPS_v2.1_compressed.pt", what="hpsv2.1", cache_dir=str(tmp_path)
+    )
     assert (one / "HPS_v2.1_compressed.pt").is_file()
     with pytest.raises(UserError, match="nothing is stored under"):
         resolve_weights("s3://models/none", what="clip", cache_dir=str(tmp_path))

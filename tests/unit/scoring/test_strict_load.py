@@ -29,8 +29,10 @@ def test_missing_weights_name_the_keys_in_one_line():
         load_state_strict(_Head(), state, "imagereward: checkpoint 'x.pt'")
     msg = str(e.value)
     assert "\n" not in msg
-    assert msg == ("imagereward: checkpoint 'x.pt' does not fit the model: it lacks 4 of the model's 6 weights "
-                   "(mlp.0.bias, mlp.0.weight, mlp.2.bias, mlp.2.weight)")
+    assert msg == (
+        "imagereward: checkpoint 'x.pt' does not fit the model: it lacks 4 of the model's 6 weights "
+        "(mlp.0.bias, mlp.0.weight, mlp.2.bias, mlp.2.weight)"
+    )
 
 
 def test_extra_weights_and_shapes_are_refused():
@@ -38,7 +40,9 @@ def test_extra_weights_and_shapes_are_refused():
     with pytest.raises(SpecError, match=r"has 1 weights the model does not \(text_decoder.w\)"):
         load_state_strict(_Head(), state, "ckpt")
     bad = {**_Head().state_dict(), "body.weight": torch.zeros(5, 4)}
-    with pytest.raises(SpecError, match=r"ckpt does not fit the model: .*body.weight.*size mismatch|size mismatch"):
+    with pytest.raises(
+        SpecError, match=r"ckpt does not fit the model: .*body.weight.*size mismatch|size mismatch"
+    ):
         load_state_strict(_Head(), bad, "ckpt")
     with pytest.raises(SpecError, match="not a state dict"):
         load_state_strict(_Head(), [1, 2], "ckpt")

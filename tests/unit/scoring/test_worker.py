@@ -37,7 +37,10 @@ def tiny_clip(tmp_path_factory):
 @pytest.fixture(scope="module")
 def images():
     rng = np.random.default_rng(1)
-    return [Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8)) for h, w in [(48, 40), (64, 64), (30, 90), (33, 33)]]
+    return [
+        Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8))
+        for h, w in [(48, 40), (64, 64), (30, 90), (33, 33)]
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +101,9 @@ def test_clip_worker_via_environment_variable(monkeypatch, tiny_clip, images):
         pid = s.pid
         out = s.score(images[:2], PROMPTS[:2])
     assert not _alive(pid)  # `with` stopped the worker
-    ref = S.get_scorer("clip", weights=str(tiny_clip), device="cpu", multiplier=100, venv="").score(images[:2], PROMPTS[:2])
+    ref = S.get_scorer("clip", weights=str(tiny_clip), device="cpu", multiplier=100, venv="").score(
+        images[:2], PROMPTS[:2]
+    )
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-4)
 
 
@@ -114,8 +119,14 @@ def test_staged_worker_imports_only_stdlib_numpy_pil():
         extra = sorted(top - set(sys.stdlib_module_names) - {'numpy', 'PIL', 'chunkgrpo'})
         print(json.dumps({"extra": extra, "file": w.__file__}))
     """)
-    res = subprocess.run([sys.executable, "-c", probe], env=WC.worker_env(), capture_output=True, text=True,
-                         check=True, cwd=Path(__file__).resolve().parents[3])  # from the repo root, like the CLI
+    res = subprocess.run(
+        [sys.executable, "-c", probe],
+        env=WC.worker_env(),
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).resolve().parents[3],
+    )  # from the repo root, like the CLI
     import json
 
     out = json.loads(res.stdout)
@@ -153,7 +164,9 @@ def test_crash_without_restarts_is_a_clear_error(tiny_clip, images):
 
 
 def test_timeout_stops_the_worker(tiny_clip):
-    s = S.get_scorer("clip", weights=str(tiny_clip), device="cpu", venv=MAIN_VENV, timeout=0.01, batch_size=64)
+    s = S.get_scorer(
+        "clip", weights=str(tiny_clip), device="cpu", venv=MAIN_VENV, timeout=0.01, batch_size=64
+    )
     pid = s.pid
     big = [Image.new("RGB", (512, 512), (i, 0, 0)) for i in range(64)]
     t0 = time.monotonic()
@@ -165,8 +178,11 @@ def test_timeout_stops_the_worker(tiny_clip):
 
 
 def test_missing_venv_names_it(monkeypatch, tiny_clip, tmp_path):
-    with pytest.raises(UserError, match=r"venv=/nonexistent/venv-hpsv3 does not exist; build the reward venvs with "
-                                        r"`bash scripts/reward-envs.sh`"):
+    with pytest.raises(
+        UserError,
+        match=r"venv=/nonexistent/venv-hpsv3 does not exist; build the reward venvs with "
+        r"`bash scripts/reward-envs.sh`",
+    ):
         S.get_scorer("hpsv3", weights=str(tmp_path), venv="/nonexistent/venv-hpsv3")
     monkeypatch.setenv("CHUNKGRPO_VENV_HPSV2", str(tmp_path))  # a folder without bin/python
     with pytest.raises(UserError, match=r"CHUNKGRPO_VENV_HPSV2=.* has no bin/python"):
@@ -177,7 +193,9 @@ def test_package_missing_in_venv_is_a_preflight_error(monkeypatch, tmp_path):
     """The runner's preflight (`require_package`) checks the package in the scorer's venv, not in this process."""
     monkeypatch.setenv("CHUNKGRPO_VENV_HPSV3", MAIN_VENV)  # the main venv has no hpsv3
     S._CHECKED.clear()
-    with pytest.raises(UserError, match=r"scorer 'hpsv3': package `hpsv3` is not importable by .*/bin/python .*\[venv "):
+    with pytest.raises(
+        UserError, match=r"scorer 'hpsv3': package `hpsv3` is not importable by .*/bin/python .*\[venv "
+    ):
         S.require_package("hpsv3", "hpsv3", "hpsv3")
     with pytest.raises(UserError, match="package `hpsv3` is not importable"):
         S.preflight_scorer("hpsv3", weights=str(tmp_path))
@@ -207,8 +225,11 @@ def test_non_finite_scores_are_an_error(tiny_clip, tmp_path, images):
     bad = _nan_clip(tiny_clip, tmp_path / "nan-clip")
     for venv in ("", MAIN_VENV):
         with S.get_scorer("pickscore", weights=str(bad), device="cpu", venv=venv) as s:
-            with pytest.raises(S.ScorerError, match=r"pickscore returned non-finite scores for images \[0, 1\] "
-                                                    r"\(prompts \['a photo of a cat', 'a red dog'\]\)"):
+            with pytest.raises(
+                S.ScorerError,
+                match=r"pickscore returned non-finite scores for images \[0, 1\] "
+                r"\(prompts \['a photo of a cat', 'a red dog'\]\)",
+            ):
                 s.score(images[:2], PROMPTS[:2])
 
 

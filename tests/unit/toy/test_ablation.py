@@ -14,8 +14,8 @@ from chunkgrpo.objectives import select_units
 from chunkgrpo.toy.ablation import AblationConfig, dynamics_plan, run_ablation
 from chunkgrpo.toy.ablation_design import PRIMARY, design, expected_transitions
 from chunkgrpo.toy.ablation_runs import _train_overrides
-from chunkgrpo.toy.power import mean_ci
 from chunkgrpo.toy.model import ToyModelConfig, build_toy_model
+from chunkgrpo.toy.power import mean_ci
 from chunkgrpo.train.config import TrainConfig
 from tests.unit.test_chunks import _gaussian_profile
 
@@ -23,8 +23,12 @@ from tests.unit.test_chunks import _gaussian_profile
 @pytest.fixture(scope="module")
 def tiny_toy(tmp_path_factory):
     root = tmp_path_factory.mktemp("toy")
-    return build_toy_model(root / "model", ToyModelConfig(steps=20, batch_size=8, pool=256, eval_per_category=0,
-                                                          sample_steps=4), cache_dir=root / "cache", progress=False)
+    return build_toy_model(
+        root / "model",
+        ToyModelConfig(steps=20, batch_size=8, pool=256, eval_per_category=0, sample_steps=4),
+        cache_dir=root / "cache",
+        progress=False,
+    )
 
 
 def test_mean_ci_is_the_student_t_interval():
@@ -63,8 +67,16 @@ def test_sde_profile_gives_the_plan_and_differs_from_the_ode(tiny_toy, tmp_path)
     # on a profile of the SDE's shape at N = 10 (exact Gaussian flow, η 0.7) the planner gives [2, 3, 4]
     assert plan_chunks("dynamics", 9, _gaussian_profile(10, stochastic=True)).sizes == [2, 3, 4]
     # the design check alone (report-only, nothing trained): an interim report with the power calculation
-    res = run_ablation(AblationConfig(model=str(tiny_toy), out=str(tmp_path), profile_prompts=2, profile_seeds=1,
-                                      plan="sizes:2,3,4", compute=False))
+    res = run_ablation(
+        AblationConfig(
+            model=str(tiny_toy),
+            out=str(tmp_path),
+            profile_prompts=2,
+            profile_seeds=1,
+            plan="sizes:2,3,4",
+            compute=False,
+        )
+    )
     assert res["computed_runs"] == 0 and res["primary"]["status"] == "interim" and res["methods"] == {}
     assert res["power"]["planned_seeds"] == 27 and res["design"]["transitions_per_sample"] == 6
     assert "INTERIM" in (tmp_path / "ablation.md").read_text()
@@ -91,8 +103,17 @@ def test_step_and_chunk_arms_train_equal_transitions(tmp_path, num_steps, fracti
     des = design(cfg, base, plan)
     assert des["transitions_per_sample"] == T and des["sample_budget"] == 72 * 16 * (num_steps + T)
     for m in ("step_flow", "step_dance", "chunk_uniform", "chunk_dynamics"):
-        spec = {"method": m, "arm": des["arms"][m], "plan_path": str(tmp_path / "plan.json"), "uniform": uniform,
-                "overrides": [f"sampling.num_steps={num_steps}"], "model": "m", "prompts": "p", "seed": 0, "steps": 72}
+        spec = {
+            "method": m,
+            "arm": des["arms"][m],
+            "plan_path": str(tmp_path / "plan.json"),
+            "uniform": uniform,
+            "overrides": [f"sampling.num_steps={num_steps}"],
+            "model": "m",
+            "prompts": "p",
+            "seed": 0,
+            "steps": 72,
+        }
         tc = TrainConfig.load("toy_cpu", _train_overrides(spec))
         sizes = training_plan(tc.method, tc.chunks, tc.trainable_steps).sizes
         exact = expected_transitions(sizes, tc.timestep_fraction)
@@ -111,13 +132,25 @@ def test_a_design_with_unequal_budgets_is_refused():
 
 def test_two_seed_two_checkpoint_ablation_writes_curves_endpoint_and_resumes(tiny_toy, tmp_path):
     out = tmp_path / "ablation"
-    cfg = AblationConfig(model=str(tiny_toy), out=str(out), methods=["step_flow", "chunk_dynamics", "tempflow",
-                                                                     "granular"],
-                         seeds=2, secondary_seeds=1, steps=2, eval_points=2, eval_per_category=1, eval_samples=1,
-                         plan="sizes:1,2,3", uniform="uniform:2", progress=False,
-                         overrides=["sampling.num_steps=7", "group_size=4", "grad_accum=8"])
+    cfg = AblationConfig(
+        model=str(tiny_toy),
+        out=str(out),
+        methods=["step_flow", "chunk_dynamics", "tempflow", "granular"],
+        seeds=2,
+        secondary_seeds=1,
+        steps=2,
+        eval_points=2,
+        eval_per_category=1,
+        eval_samples=1,
+        plan="sizes:1,2,3",
+        uniform="uniform:2",
+        progress=False,
+        overrides=["sampling.num_steps=7", "group_size=4", "grad_accum=8"],
+    )
     result = run_ablation(cfg)
-    assert result["computed_runs"] == 2 * 3 + 2  # (base + primary pair) × 2 seeds, then 1 seed of each branch arm
+    assert (
+        result["computed_runs"] == 2 * 3 + 2
+    )  # (base + primary pair) × 2 seeds, then 1 seed of each branch arm
     methods = result["methods"]
     des = result["design"]
     assert des["transitions_per_sample"] == 4 and des["sample_budget"] == 2 * 8 * (7 + 4)
@@ -148,7 +181,9 @@ def test_two_seed_two_checkpoint_ablation_writes_curves_endpoint_and_resumes(tin
          for i in (0, 1)]
     assert pr["diff"]["mean"] == pytest.approx(sum(d) / 2) and pr["status"] == "final"
     prim = next(p for p in saved["paired"] if p["role"] == "primary")
-    assert [c["point"] for c in prim["curve"]] == [0, 1, 2] and prim["curve"][0]["diff"]["mean"] == 0  # same base
+    assert [c["point"] for c in prim["curve"]] == [0, 1, 2] and prim["curve"][0]["diff"][
+        "mean"
+    ] == 0  # same base
     assert {p["role"] for p in saved["paired"]} == {"primary", "secondary"}
     assert all("p_holm" in p for p in saved["paired"] if p["role"] == "secondary")
     assert saved["power"]["planned_seeds"] == 2 and saved["power"]["seeds_for"]["0.03"] == 27
@@ -188,8 +223,12 @@ def test_the_committed_n10_plan_is_the_planners_on_the_committed_sde_profile():
     root = Path(__file__).resolve().parents[3] / "benchmarks" / "results" / "ablation-toy-v2" / "n10"
     prof = json.loads((root / "profile.json").read_text())
     plan = json.loads((root / "plan.json").read_text())
-    assert prof["sampling"]["stochastic"] == "all" and prof["sampling"]["eta"] == 0.7 and prof["num_steps"] == 10
-    assert prof["l1rel_sde"][0] > 10 * prof["l1rel_ode"][0]  # early SDE steps are noise-dominated, ODE ones are not
+    assert (
+        prof["sampling"]["stochastic"] == "all" and prof["sampling"]["eta"] == 0.7 and prof["num_steps"] == 10
+    )
+    assert (
+        prof["l1rel_sde"][0] > 10 * prof["l1rel_ode"][0]
+    )  # early SDE steps are noise-dominated, ODE ones are not
     assert plan["trajectories"] == "sde" and plan["sizes"] == [2, 3, 4]
     assert plan_chunks("dynamics", 9, prof["l1rel_sde"]).sizes == [2, 3, 4]
     assert plan_chunks("dynamics", 9, prof["l1rel_ode"]).sizes != [2, 3, 4]  # v1's plan came from this curve

@@ -4,8 +4,14 @@ import numpy as np
 import pytest
 
 from chunkgrpo.eval.geneval import Detector, relative_position, score_detections
-from chunkgrpo.toy.detector import (ToyColorClassifier, ToyDetector, graded_credit, partial_credit, score,
-                                    shape_similarity)
+from chunkgrpo.toy.detector import (
+    ToyColorClassifier,
+    ToyDetector,
+    graded_credit,
+    partial_credit,
+    score,
+    shape_similarity,
+)
 from chunkgrpo.toy.world import COLORS, RELATIONS, SHAPES, TAGS, Scene, ToyObject, World, metadata
 
 

@@ -23,8 +23,9 @@ def toy_cache(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def short_model(toy_cache, tmp_path_factory):
-    return build_toy_model(tmp_path_factory.mktemp("toy") / "model", ToyModelConfig(**SHORT), cache_dir=toy_cache,
-                           progress=False)
+    return build_toy_model(
+        tmp_path_factory.mktemp("toy") / "model", ToyModelConfig(**SHORT), cache_dir=toy_cache, progress=False
+    )
 
 
 def test_vae_round_trip_is_exact():
@@ -82,9 +83,19 @@ def test_short_pretraining_beats_the_random_init_model(short_model, toy_cache, t
     assert pre["steps"] == SHORT["steps"] and pre["loss_last"] < 0.8 * pre["loss_first"]
     rand_meta = read_meta(build_toy_model(tmp_path / "random", ToyModelConfig(**{**SHORT, "steps": 0}),
                                           cache_dir=toy_cache, progress=False))
-    assert pre["heldout_error"] < 0.7 * rand_meta["pretraining"]["heldout_error"], (pre, rand_meta["pretraining"])
+    assert pre["heldout_error"] < 0.7 * rand_meta["pretraining"]["heldout_error"], (
+        pre,
+        rand_meta["pretraining"],
+    )
     trained = meta["base_accuracy"]
-    assert set(trained["tasks"]) == {"single_object", "two_object", "counting", "colors", "position", "color_attr"}
+    assert set(trained["tasks"]) == {
+        "single_object",
+        "two_object",
+        "counting",
+        "colors",
+        "position",
+        "color_attr",
+    }
     assert 0 <= trained["partial"] <= 1 and trained["overall"] <= trained["partial"] + 1e-9
 
 
@@ -142,7 +153,12 @@ def test_cli_verb(short_model, toy_cache, tmp_path, capsys):
     from chunkgrpo.cli import main
 
     args = [f"{k}={v}" for k, v in SHORT.items()]
-    assert main(["toy-model", "--out", str(tmp_path / "m"), "--cache-dir", str(toy_cache), "--no-progress", *args]) == 0
+    assert (
+        main(
+            ["toy-model", "--out", str(tmp_path / "m"), "--cache-dir", str(toy_cache), "--no-progress", *args]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert model_key(ToyModelConfig(**SHORT)) in out and "base held-out GenEval accuracy" in out
     (tmp_path / "busy").mkdir()

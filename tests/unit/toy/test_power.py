@@ -8,8 +8,15 @@ import pytest
 from scipy import stats
 
 from chunkgrpo.errors import UserError
-from chunkgrpo.toy.power import (eval_sd, holm, mean_ci, min_detectable_effect, paired_power, seeds_needed,
-                                 sequential_decision)
+from chunkgrpo.toy.power import (
+    eval_sd,
+    holm,
+    mean_ci,
+    min_detectable_effect,
+    paired_power,
+    seeds_needed,
+    sequential_decision,
+)
 
 
 def test_paired_power_matches_a_known_case_and_scipy():
@@ -20,7 +27,9 @@ def test_paired_power_matches_a_known_case_and_scipy():
     n, d, sd = 27, 0.03, 0.053
     crit = stats.t.ppf(0.975, n - 1)
     nc = d / sd * math.sqrt(n)
-    assert paired_power(n, d, sd) == pytest.approx(stats.nct.sf(crit, n - 1, nc) + stats.nct.cdf(-crit, n - 1, nc))
+    assert paired_power(n, d, sd) == pytest.approx(
+        stats.nct.sf(crit, n - 1, nc) + stats.nct.cdf(-crit, n - 1, nc)
+    )
     # the power calculation: seeds for Δ 0.03 / 0.05 / 0.02 at sd 0.053; ≈ 0.09 detectable with 5 seeds
     assert [seeds_needed(x, 0.053) for x in (0.03, 0.05, 0.02)] == [27, 11, 58]
     assert min_detectable_effect(5, 0.053) == pytest.approx(0.089, abs=1e-3)

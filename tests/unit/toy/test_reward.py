@@ -28,7 +28,9 @@ def test_registered_and_exact_on_rendered_scenes():
     assert ((dense > 0) & (dense < 1)).any()
     graded = get_reward("toy_geneval", {"dense": "graded"})(images, shuffled)
     assert torch.equal(graded == 1.0, sparse == 1.0)  # 1 exactly when correct by the rules
-    assert (graded[sparse == 0] < 1).all() and (graded > dense).float().mean() > 0.5  # finer than clause counts
+    assert (graded[sparse == 0] < 1).all() and (
+        graded > dense
+    ).float().mean() > 0.5  # finer than clause counts
 
 
 def test_counting_reward_is_dense():

@@ -7,8 +7,21 @@ import pytest
 
 from chunkgrpo.errors import UserError
 from chunkgrpo.eval.geneval import validate_metadata
-from chunkgrpo.toy.world import (ALIGN, COLORS, PALETTE, SHAPE_SIZES, SHAPES, TAGS, ToyObject, World, all_prompts, caption,
-                                 classify_shape, parse_caption, shape_mask)
+from chunkgrpo.toy.world import (
+    ALIGN,
+    COLORS,
+    PALETTE,
+    SHAPE_SIZES,
+    SHAPES,
+    TAGS,
+    ToyObject,
+    World,
+    all_prompts,
+    caption,
+    classify_shape,
+    parse_caption,
+    shape_mask,
+)
 
 
 def test_every_caption_parses_back_to_its_metadata():
@@ -115,5 +128,12 @@ def test_eval_prompts_are_balanced_and_fixed():
     ev = w.eval_prompts(8)
     assert ev == World(0).eval_prompts(8)
     counts = {t: sum(md["tag"] == t for md in ev) for t in TAGS}
-    assert counts == {"single_object": 6, "two_object": 6, "counting": 6, "colors": 8, "position": 8, "color_attr": 8}
+    assert counts == {
+        "single_object": 6,
+        "two_object": 6,
+        "counting": 6,
+        "colors": 8,
+        "position": 8,
+        "color_attr": 8,
+    }
     assert all(w.split.is_held_out(md) for md in ev if md["tag"] != "single_object")

@@ -21,9 +21,19 @@ def prompts_file(tmp_path_factory):
 
 
 def _trainer(tiny_model_dir, prompts_file, out, *over):
-    cfg = TrainConfig.load("tiny_cpu", [f"model={tiny_model_dir}", f"prompts={prompts_file}", f"output_dir={out}",
-                                        "progress=false", "checkpoint.every=0", "checkpoint.resume=false",
-                                        "tracking.image_every=0", *over])
+    cfg = TrainConfig.load(
+        "tiny_cpu",
+        [
+            f"model={tiny_model_dir}",
+            f"prompts={prompts_file}",
+            f"output_dir={out}",
+            "progress=false",
+            "checkpoint.every=0",
+            "checkpoint.resume=false",
+            "tracking.image_every=0",
+            *over,
+        ],
+    )
     t = Trainer(cfg)
     t.setup()
     return t
@@ -39,7 +49,9 @@ class Recorder:
 
         def velocity(x, ts, cond, ids, **kw):
             out = self.orig(x, ts, cond, ids, **kw)
-            self.calls.append((x.detach().clone(), ts.detach().clone(), torch.is_grad_enabled(), out.detach().clone()))
+            self.calls.append(
+                (x.detach().clone(), ts.detach().clone(), torch.is_grad_enabled(), out.detach().clone())
+            )
             return out
 
         def optimizer_step():
@@ -77,7 +89,9 @@ def test_children_after_an_update_are_drawn_from_the_current_policy(tiny_model_d
         for n, p in t.model.transformer.named_parameters():
             if n in init:
                 p.copy_(init[n])
-        v_stale = rec.orig(x_k, ts[k1].reshape(1), t.embeds.get(t.stream.batch(0, 0)), t.model.img_ids(s.height, s.width))
+        v_stale = rec.orig(
+            x_k, ts[k1].reshape(1), t.embeds.get(t.stream.batch(0, 0)), t.model.img_ids(s.height, s.width)
+        )
     t.close()
     mu_cur, std = sde.step_mean_std(x_k, v_cur, float(sig[k1]), float(sig[k1 + 1]), eta=s.eta, rule=s.rule)
     mu_stale, _ = sde.step_mean_std(x_k, v_stale, float(sig[k1]), float(sig[k1 + 1]), eta=s.eta, rule=s.rule)
@@ -96,21 +110,30 @@ def test_children_after_an_update_are_drawn_from_the_current_policy(tiny_model_d
     ("tempflow", ["branch_steps=[0,2,3]", "lora.rank=4", "kl_ref_coef=0.004"], 1),  # per_iteration (auto)
     ("granular", ["branch_steps=[1,3]", "granularities=[1,2,3]"], 2),               # per_step (auto)
 ])
-def test_branching_trains_at_the_minimum_number_of_transformer_calls(tiny_model_dir, prompts_file, tmp_path, method,
-                                                                     extra, updates):
-    t = _trainer(tiny_model_dir, prompts_file, tmp_path, f"method={method}", "group_size=4", "max_steps=2", *extra)
+def test_branching_trains_at_the_minimum_number_of_transformer_calls(
+    tiny_model_dir, prompts_file, tmp_path, method, extra, updates
+):
+    t = _trainer(
+        tiny_model_dir, prompts_file, tmp_path, f"method={method}", "group_size=4", "max_steps=2", *extra
+    )
     cfg = t.cfg
     steps, grans = br.branch_steps(cfg), br.granularities(cfg)
     assert t.steps_per_iteration == updates
     before = {n: p.detach().clone() for n, p in t.model.transformer.named_parameters() if p.requires_grad}
     m = t.iteration()
     assert t.opt_step == updates
-    assert any(not torch.equal(before[n], p.detach()) for n, p in t.model.transformer.named_parameters() if n in before)
+    assert any(
+        not torch.equal(before[n], p.detach())
+        for n, p in t.model.transformer.named_parameters()
+        if n in before
+    )
     cost = br.engine_cost(cfg.sampling.num_steps, steps, grans, cfg.group_size, kl_ref=cfg.kl_ref_coef > 0)
     P = cfg.prompts_per_rank
     # counted by the model's call counter, not by the method
     assert m["transformer_samples"] == P * cost.sample_forwards == m["min_transformer_samples"]
-    assert m["transformer_forward"] == cost.sequential_calls  # all children and granularities batched per round
+    assert (
+        m["transformer_forward"] == cost.sequential_calls
+    )  # all children and granularities batched per round
     assert m["transformer_forward_with_grad"] == len(steps)  # one forward per k serves sampling and training
     assert m["ratio_mean"] == 1.0 and math.isfinite(m["loss"])
     if method == "tempflow":
@@ -148,7 +171,11 @@ def _g2rpo_completion(x, v_fn, sigmas, k, lam):
 @pytest.mark.parametrize("k", [0, 1, 4, 6])
 def test_completion_schedule_and_shared_first_step_match_g2rpo(k):
     N = 8
-    sigmas = torch.linspace(1, 0, N + 1, dtype=torch.float64) * 3 / (1 + 2 * torch.linspace(1, 0, N + 1, dtype=torch.float64))
+    sigmas = (
+        torch.linspace(1, 0, N + 1, dtype=torch.float64)
+        * 3
+        / (1 + 2 * torch.linspace(1, 0, N + 1, dtype=torch.float64))
+    )
     ts = sigmas * 1000
     assert br.completion_indices(1, 16, 2) == [2, 3, 5, 7, 9, 11, 13, 15]  # ends at σ15: x̂0 at σ13
     assert br.completion_indices(0, 16, 2)[-1] == 16 and br.completion_indices(3, 8, 2) == [4, 5, 7]
@@ -162,7 +189,9 @@ def test_completion_schedule_and_shared_first_step_match_g2rpo(k):
 
     def batched(xb, tb):
         calls.append(xb.shape[0])
-        return torch.cat([v_fn(xb[i:i + 1], tb[i if tb.numel() > 1 else 0] / 1000) for i in range(xb.shape[0])])
+        return torch.cat(
+            [v_fn(xb[i : i + 1], tb[i if tb.numel() > 1 else 0] / 1000) for i in range(xb.shape[0])]
+        )
 
     out = br._complete(batched, x, k, sigmas, ts, N, [1, 2, 3])
     for lam in (1, 2, 3):
@@ -202,7 +231,9 @@ def test_tempflow_kl_to_the_reference_model(tiny_model_dir, prompts_file, tmp_pa
     """β·KL with KL = mean((μ_θ − μ_ref)²)/(2 std²) = (−dt)/2·(1/g + g(1−σ)/(2σ))²·mean((v_θ − v_ref)²) (TempFlow
     Eq. 6); zero while the LoRA adapter is at its zero init, positive after it moves; the reference forward
     runs with the adapter disabled."""
-    t = _trainer(tiny_model_dir, prompts_file, tmp_path, "method=tempflow", "kl_ref_coef=0.004", "max_steps=1")
+    t = _trainer(
+        tiny_model_dir, prompts_file, tmp_path, "method=tempflow", "kl_ref_coef=0.004", "max_steps=1"
+    )
     ctx = t.context()
     s, model = t.cfg.sampling, t.model
     sig = s.sigmas(model.latent_shape(s.height, s.width)[0])
@@ -225,17 +256,25 @@ def test_tempflow_kl_to_the_reference_model(tiny_model_dir, prompts_file, tmp_pa
     model.transformer.enable_adapters()
     sg, sn = float(sig[k]), float(sig[k + 1])
     g = float(sde.diffusion_coeff(torch.tensor(sg), torch.tensor(sn), s.eta, s.rule))
-    closed = (sg - sn) / 2 * (1 / g + g * (1 - sg) / (2 * sg)) ** 2 * float(((v.detach() - v_ref) ** 2).mean())
+    closed = (
+        (sg - sn) / 2 * (1 / g + g * (1 - sg) / (2 * sg)) ** 2 * float(((v.detach() - v_ref) ** 2).mean())
+    )
     assert float(kl.detach()) > 0 and float(kl.detach()) == pytest.approx(closed, rel=1e-4)
     kl.backward()  # differentiable in θ (the KL term trains)
-    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.transformer.parameters() if p.requires_grad)
+    assert any(
+        p.grad is not None and p.grad.abs().sum() > 0
+        for p in model.transformer.parameters()
+        if p.requires_grad
+    )
     t.close()
 
 
 def test_defaults_follow_the_references():
     base = ["model=m", "prompts=p"]
     tf = TrainConfig.load("tiny_cpu", [*base, "method=tempflow", "sampling.num_steps=10"])
-    assert br.branch_steps(tf) == list(range(9)) and br.update_mode(tf) == "per_iteration"  # all trainable steps
+    assert (
+        br.branch_steps(tf) == list(range(9)) and br.update_mode(tf) == "per_iteration"
+    )  # all trainable steps
     assert br.steps_per_iteration(tf) == 1
     gr = TrainConfig.load("tiny_cpu", [*base, "method=granular", "sampling.num_steps=16"])
     assert br.branch_steps(gr) == list(range(8)) and br.update_mode(gr) == "per_step"  # 0..7 at 16 steps
@@ -244,6 +283,12 @@ def test_defaults_follow_the_references():
     assert sum(w.values()) / 9 == pytest.approx(1.0)  # c = 1/mean(std): weights average 1
     assert min(w[0], w[1]) > 2 * max(w[7], w[8])  # high-noise steps weigh more
     fixed = br.noise_weights(tf.replace(noise_weight_c=1.73), [0, 1], tf.sampling.sigmas())
-    std0 = float(sde.step_std(float(tf.sampling.sigmas()[0]), float(tf.sampling.sigmas()[1]), eta=tf.sampling.eta,
-                              rule=tf.sampling.rule))
+    std0 = float(
+        sde.step_std(
+            float(tf.sampling.sigmas()[0]),
+            float(tf.sampling.sigmas()[1]),
+            eta=tf.sampling.eta,
+            rule=tf.sampling.rule,
+        )
+    )
     assert fixed[0] == pytest.approx(1.73 * std0)

@@ -28,8 +28,19 @@ def prompts_file(tmp_path_factory):
 
 
 def _cfg(model, prompts, out, *over):
-    return TrainConfig.load("tiny_cpu", [f"model={model}", f"prompts={prompts}", f"output_dir={out}", "progress=false",
-                                         "checkpoint.every=1", "checkpoint.keep=10", "tracking.image_every=0", *over])
+    return TrainConfig.load(
+        "tiny_cpu",
+        [
+            f"model={model}",
+            f"prompts={prompts}",
+            f"output_dir={out}",
+            "progress=false",
+            "checkpoint.every=1",
+            "checkpoint.keep=10",
+            "tracking.image_every=0",
+            *over,
+        ],
+    )
 
 
 @pytest.fixture(scope="module")
@@ -113,14 +124,17 @@ def test_bit_flips_are_detected_by_checksum(two_checkpoints, tiny_model_dir, pro
         ckpt.verify(step2)
     _, final = _resume(tiny_model_dir, prompts_file, two_checkpoints, caplog)
     assert "sha256 differs from the manifest" in caplog.text
-    assert (two_checkpoints / "checkpoints" / "step-000002.bad-1" / "trainable.safetensors").read_bytes() == bytes(data)
+    assert (
+        two_checkpoints / "checkpoints" / "step-000002.bad-1" / "trainable.safetensors"
+    ).read_bytes() == bytes(data)
     assert _same(final, reference)
 
 
 @pytest.mark.parametrize("damage", ["truncated optimizer.pt", "bad safetensors header", "missing file",
                                     "size differs", "manifest unreadable"])
-def test_unreadable_latest_checkpoint_falls_back(damage, two_checkpoints, tiny_model_dir, prompts_file, reference,
-                                                 caplog):
+def test_unreadable_latest_checkpoint_falls_back(
+    damage, two_checkpoints, tiny_model_dir, prompts_file, reference, caplog
+):
     step2 = two_checkpoints / "checkpoints" / "step-000002"
     if damage == "truncated optimizer.pt":  # manifest rewritten to match: only reading can tell
         f = step2 / "optimizer.pt"
@@ -216,7 +230,9 @@ def test_nan_optimizer_state_is_never_committed(tiny_model_dir, prompts_file, tm
     assert ckpt.complete_checkpoints(out / "checkpoints") == []
 
 
-def test_sigterm_while_saving_finishes_the_checkpoint_then_stops(tiny_model_dir, prompts_file, tmp_path, monkeypatch):
+def test_sigterm_while_saving_finishes_the_checkpoint_then_stops(
+    tiny_model_dir, prompts_file, tmp_path, monkeypatch
+):
     import signal
 
     from chunkgrpo.errors import Terminated
@@ -338,7 +354,11 @@ def _unsafe_loads(source: str) -> list[str]:
         if not isinstance(node, ast.Call):
             continue
         f = node.func
-        name = f"{getattr(f.value, 'id', '?')}.{f.attr}" if isinstance(f, ast.Attribute) else getattr(f, "id", "?")
+        name = (
+            f"{getattr(f.value, 'id', '?')}.{f.attr}"
+            if isinstance(f, ast.Attribute)
+            else getattr(f, "id", "?")
+        )
         kw = {k.arg: k.value for k in node.keywords}
         literal_true = lambda v: isinstance(v, ast.Constant) and v.value is True  # noqa: E731
         if name == "torch.load" and not literal_true(kw.get("weights_only")):
@@ -351,9 +371,11 @@ def _unsafe_loads(source: str) -> list[str]:
 
 
 def test_the_guard_finds_unsafe_loads():
-    src = ("import torch, pickle\n"
-           "torch.load(p)\ntorch.load(p, weights_only=False)\ntorch.load(p, weights_only=flag)\n"
-           "pickle.loads(b)\nnp.load(p, allow_pickle=True)\ntorch.load(p, map_location='cpu', weights_only=True)\n")
+    src = (
+        "import torch, pickle\n"
+        "torch.load(p)\ntorch.load(p, weights_only=False)\ntorch.load(p, weights_only=flag)\n"
+        "pickle.loads(b)\nnp.load(p, allow_pickle=True)\ntorch.load(p, map_location='cpu', weights_only=True)\n"
+    )
     assert [b.split(":")[0] for b in _unsafe_loads(src)] == ["line 2", "line 3", "line 4", "line 5", "line 6"]
 
 
@@ -363,7 +385,9 @@ def test_no_code_in_the_package_can_unpickle_code():
     import chunkgrpo
 
     root = Path(chunkgrpo.__file__).parent
-    found = {str(p.relative_to(root)): b for p in sorted(root.rglob("*.py")) if (b := _unsafe_loads(p.read_text()))}
+    found = {
+        str(p.relative_to(root)): b for p in sorted(root.rglob("*.py")) if (b := _unsafe_loads(p.read_text()))
+    }
     assert not found, found
 
 
@@ -424,11 +448,15 @@ def test_step_count_must_agree_with_the_scheduler_and_optimizer(two_checkpoints)
     src = two_checkpoints / "checkpoints" / "step-000002"
     moved = src.rename(src.with_name("step-000009"))
     _rewrite_state(moved, optimizer_step=9)
-    with pytest.raises(ckpt.CorruptCheckpointError, match="optimizer_step=9 but scheduler.pt has taken 2 steps"):
+    with pytest.raises(
+        ckpt.CorruptCheckpointError, match="optimizer_step=9 but scheduler.pt has taken 2 steps"
+    ):
         ckpt.read(moved, 0)
 
 
-def test_a_checkpoint_beyond_the_run_end_is_refused_not_finished(two_checkpoints, tiny_model_dir, prompts_file):
+def test_a_checkpoint_beyond_the_run_end_is_refused_not_finished(
+    two_checkpoints, tiny_model_dir, prompts_file
+):
     """A genuine step-2 checkpoint and max_steps=1: one line, nothing set aside, nothing 'finished'."""
     from chunkgrpo.errors import UserError
 
@@ -439,8 +467,9 @@ def test_a_checkpoint_beyond_the_run_end_is_refused_not_finished(two_checkpoints
 
 
 @pytest.mark.parametrize("change", ["lr=0.5", "model"])
-def test_resume_with_another_lr_or_base_model_is_refused(change, two_checkpoints, tiny_model_dir, prompts_file,
-                                                         tmp_path, caplog):
+def test_resume_with_another_lr_or_base_model_is_refused(
+    change, two_checkpoints, tiny_model_dir, prompts_file, tmp_path, caplog
+):
     from chunkgrpo.errors import UserError
 
     if change == "model":
@@ -463,8 +492,9 @@ def test_resume_with_another_lr_or_base_model_is_refused(change, two_checkpoints
 
 @pytest.mark.parametrize("fault", ["ENOSPC in torch.save", "ENOSPC in safetensors", "EROFS creating the staging",
                                    "ENOSPC writing the manifest"])
-def test_checkpoint_write_failures_are_one_line_and_leave_the_last_checkpoint(fault, tiny_model_dir, prompts_file,
-                                                                               tmp_path, monkeypatch, capsys):
+def test_checkpoint_write_failures_are_one_line_and_leave_the_last_checkpoint(
+    fault, tiny_model_dir, prompts_file, tmp_path, monkeypatch, capsys
+):
     """A disk that fills (or turns read-only) at step 2, simulated at the write boundary: the CLI says so
     in one line (exit 2), the staging folder is gone, step-1 is intact and a re-run resumes from it."""
     import errno
@@ -480,21 +510,42 @@ def test_checkpoint_write_failures_are_one_line_and_leave_the_last_checkpoint(fa
 
     def at_step_2(real, exc):
         def wrapped(*a, **k):
-            if (out / "checkpoints" / "step-000001").exists() and not (out / "checkpoints" / "step-000002").exists():
+            if (out / "checkpoints" / "step-000001").exists() and not (
+                out / "checkpoints" / "step-000002"
+            ).exists():
                 raise exc
             return real(*a, **k)
         return wrapped
 
     if fault == "ENOSPC in torch.save":
         real = torch.save
-        monkeypatch.setattr(torch, "save", lambda obj, f, *a, **k: (
-            at_step_2(real, RuntimeError("[enforce fail at inline_container.cc:603] . unexpected pos 64 vs 0: "
-                                         "PytorchStreamWriter failed writing file data/0: file write failed"))
-            (obj, f, *a, **k)) if str(f).endswith("optimizer.pt") else real(obj, f, *a, **k))
+        monkeypatch.setattr(
+            torch,
+            "save",
+            lambda obj, f, *a, **k: (
+                (
+                    at_step_2(
+                        real,
+                        RuntimeError(
+                            "[enforce fail at inline_container.cc:603] . unexpected pos 64 vs 0: "
+                            "PytorchStreamWriter failed writing file data/0: file write failed"
+                        ),
+                    )(obj, f, *a, **k)
+                )
+                if str(f).endswith("optimizer.pt")
+                else real(obj, f, *a, **k)
+            ),
+        )
         needle = "file write failed"
     elif fault == "ENOSPC in safetensors":
-        monkeypatch.setattr(safetensors.torch, "save_file", at_step_2(
-            safetensors.torch.save_file, OSError(errno.ENOSPC, "No space left on device", "trainable.safetensors")))
+        monkeypatch.setattr(
+            safetensors.torch,
+            "save_file",
+            at_step_2(
+                safetensors.torch.save_file,
+                OSError(errno.ENOSPC, "No space left on device", "trainable.safetensors"),
+            ),
+        )
         needle = "No space left on device"
     elif fault == "EROFS creating the staging":
         monkeypatch.setattr(ckpt, "stage_dir", at_step_2(

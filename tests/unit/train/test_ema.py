@@ -33,7 +33,9 @@ def test_exported_model_is_the_ema_and_resume_continues_it(tiny_model_dir, tmp_p
     prompts.write_text("a cat\na dog\n")
     common = [f"model={tiny_model_dir}", f"prompts={prompts}", "progress=false", "tracking.image_every=0",
               "sampling.num_steps=4", "chunks=sizes:1,2", "ema.decay=0.5", "checkpoint.every=2"]
-    full = run_training(TrainConfig.load("tiny_cpu", [*common, f"output_dir={tmp_path / 'a'}", "max_iterations=4"]))
+    full = run_training(
+        TrainConfig.load("tiny_cpu", [*common, f"output_dir={tmp_path / 'a'}", "max_iterations=4"])
+    )
     assert full["iterations"] == 4
     ema_final = load_file(str(tmp_path / "a" / "final" / "pytorch_lora_weights.safetensors"))
     trained = load_file(str(tmp_path / "a" / "checkpoints" / "step-000004" / "trainable.safetensors"))

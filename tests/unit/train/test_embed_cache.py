@@ -14,7 +14,13 @@ from safetensors.torch import load_file
 from chunkgrpo.train.data import EmbeddingCache, encoder_identity
 from chunkgrpo.train.trainer import run_training
 from tests.unit.train.test_checkpoint_safety import (  # noqa: F401 - fixtures
-    _cfg, _same, prompts_file, reference, stopped_run, two_checkpoints)
+    _cfg,
+    _same,
+    prompts_file,
+    reference,
+    stopped_run,
+    two_checkpoints,
+)
 
 
 def _damage(f, how: str) -> None:
@@ -67,8 +73,12 @@ def test_another_base_model_or_length_is_another_key(tiny_model, tiny_model_dir,
     assert b.identity != a.identity and b.dir != a.dir
     assert b.precompute(["a cat"]) == 1  # not reused
     assert not torch.equal(b.get(["a cat"]).prompt_embeds, a.get(["a cat"]).prompt_embeds)
-    assert encoder_identity(tiny_model_dir, 32, torch.float32) != encoder_identity(tiny_model_dir, 16, torch.float32)
-    assert encoder_identity(tiny_model_dir, 16, torch.bfloat16) != encoder_identity(tiny_model_dir, 16, torch.float32)
+    assert encoder_identity(tiny_model_dir, 32, torch.float32) != encoder_identity(
+        tiny_model_dir, 16, torch.float32
+    )
+    assert encoder_identity(tiny_model_dir, 16, torch.bfloat16) != encoder_identity(
+        tiny_model_dir, 16, torch.float32
+    )
     # a changed tokenizer file alone changes the key
     copy = tmp_path / "copy"
     shutil.copytree(tiny_model_dir, copy)
@@ -79,7 +89,7 @@ def test_another_base_model_or_length_is_another_key(tiny_model, tiny_model_dir,
 
 
 @pytest.mark.parametrize("how", ["truncated", "bit-flip", "swapped"])
-def test_resume_with_a_damaged_cache_ends_exactly_as_an_uninterrupted_run(  # noqa: F811 - pytest fixtures
+def test_resume_with_a_damaged_cache_ends_exactly_as_an_uninterrupted_run(
         how, two_checkpoints, tiny_model_dir, prompts_file, reference):  # noqa: F811
     files = sorted((two_checkpoints / "embeds").rglob("*.pt"))
     assert len(files) >= 2

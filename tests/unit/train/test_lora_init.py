@@ -22,7 +22,9 @@ def _a_sd(init: str, rank: int = 32, width: int = 3072) -> dict[str, float]:
     model = inject_adapter_in_model(peft_lora_config(LoraConfig(rank=rank, alpha=2 * rank, init=init,
                                                                 targets=["to_q", "proj_out"])), Block(width))
     sd = {n.split(".")[0]: float(p.detach().std()) for n, p in model.named_parameters() if "lora_A" in n}
-    assert all(float(p.detach().abs().max()) == 0 for n, p in model.named_parameters() if "lora_B" in n)  # B = 0: no-op start
+    assert all(
+        float(p.detach().abs().max()) == 0 for n, p in model.named_parameters() if "lora_B" in n
+    )  # B = 0: no-op start
     return sd
 
 

@@ -11,7 +11,10 @@ from chunkgrpo.train.methods import TABLE, get_method
 
 def test_every_method_has_an_iteration_and_a_step_count():
     assert set(TABLE) == set(METHOD_NAMES)
-    assert get_method("chunk").iteration is grpo.iteration and get_method("granular").iteration is branching.iteration
+    assert (
+        get_method("chunk").iteration is grpo.iteration
+        and get_method("granular").iteration is branching.iteration
+    )
 
 
 def test_methods_do_not_import_the_trainer():

@@ -27,10 +27,23 @@ def prompts_file(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def trainer(tiny_model_dir, prompts_file, tmp_path_factory):
-    cfg = TrainConfig.load("tiny_cpu", [f"model={tiny_model_dir}", f"prompts={prompts_file}",
-                                        f"output_dir={tmp_path_factory.mktemp('run')}", "progress=false",
-                                        "group_size=4", "prompts_per_rank=2", "grad_accum=4", "timestep_fraction=0.67",
-                                        "kl_coef=0.1", f"clip_low={CLIP}", f"clip_high={CLIP}", "checkpoint.resume=false"])
+    cfg = TrainConfig.load(
+        "tiny_cpu",
+        [
+            f"model={tiny_model_dir}",
+            f"prompts={prompts_file}",
+            f"output_dir={tmp_path_factory.mktemp('run')}",
+            "progress=false",
+            "group_size=4",
+            "prompts_per_rank=2",
+            "grad_accum=4",
+            "timestep_fraction=0.67",
+            "kl_coef=0.1",
+            f"clip_low={CLIP}",
+            f"clip_high={CLIP}",
+            "checkpoint.resume=false",
+        ],
+    )
     t = Trainer(cfg)
     t.setup()
     yield t
@@ -83,14 +96,18 @@ def _window_grads(t, monkeypatch, strategy, budget, share=True, compile="off", s
     assert len(grads) == 2
     # layout noise (~1e-6) must not decide a clip: every ratio is clear of the clip boundaries
     clip = t.cfg.clip_low
-    assert min(abs(abs(r - 1) - clip) for r in ratios) > clip / 20, "test data: a chunk ratio sits on a clip boundary"
+    assert min(abs(abs(r - 1) - clip) for r in ratios) > clip / 20, (
+        "test data: a chunk ratio sits on a clip boundary"
+    )
     return grads, m
 
 
 @pytest.mark.exactness  # cross-layout tolerance: CI re-runs it under every CPU capability
 def test_gradients_equal_across_strategies_budgets_and_sharing(trainer, monkeypatch):
     ref, m_ref = _window_grads(trainer, monkeypatch, "per_step", 1, share=False)
-    assert 0 < m_ref["clip_frac"] < 0.5 and m_ref["ratio_min"] < 1 - CLIP  # off-policy: clipped and unclipped units
+    assert (
+        0 < m_ref["clip_frac"] < 0.5 and m_ref["ratio_min"] < 1 - CLIP
+    )  # off-policy: clipped and unclipped units
     assert m_ref["kl_k3"] > 0
     cases = [("graph", 1, True), ("graph", 64, True), ("accumulate", 1, True), ("accumulate", 3, True),
              ("auto", 3, True), ("auto", 64, True), ("auto", 3, False), ("per_step", 1, True)]
@@ -133,14 +150,30 @@ def test_compiled_transformer_trains_lora_like_eager(trainer, monkeypatch):
 
 
 @pytest.mark.exactness
-def test_full_finetuning_with_gradient_checkpointing(tiny_model_dir, prompts_file, tmp_path_factory, monkeypatch):
+def test_full_finetuning_with_gradient_checkpointing(
+    tiny_model_dir, prompts_file, tmp_path_factory, monkeypatch
+):
     """Full fine-tuning (the side buffer is a parameter copy: `auto` uses per_step beyond the budget, an
     explicit `accumulate` still may) with activation checkpointing recomputing each block in backward."""
-    cfg = TrainConfig.load("tiny_cpu", [f"model={tiny_model_dir}", f"prompts={prompts_file}",
-                                        f"output_dir={tmp_path_factory.mktemp('full')}", "progress=false",
-                                        "group_size=4", "prompts_per_rank=2", "grad_accum=4", "timestep_fraction=0.67",
-                                        "kl_coef=0.1", "clip_low=2e-4", "clip_high=2e-4", "lora.enabled=false",
-                                        "gradient_checkpointing=true", "checkpoint.resume=false"])
+    cfg = TrainConfig.load(
+        "tiny_cpu",
+        [
+            f"model={tiny_model_dir}",
+            f"prompts={prompts_file}",
+            f"output_dir={tmp_path_factory.mktemp('full')}",
+            "progress=false",
+            "group_size=4",
+            "prompts_per_rank=2",
+            "grad_accum=4",
+            "timestep_fraction=0.67",
+            "kl_coef=0.1",
+            "clip_low=2e-4",
+            "clip_high=2e-4",
+            "lora.enabled=false",
+            "gradient_checkpointing=true",
+            "checkpoint.resume=false",
+        ],
+    )
     t = Trainer(cfg)
     t.setup()
     assert grpo.policy_layout(cfg, t.plan.sizes, False)["side_buffer"] is False

@@ -9,8 +9,14 @@ from chunkgrpo.train.config import TrainConfig
 from chunkgrpo.train.methods import get_method
 from chunkgrpo.train.trainer import Trainer, run_training
 
-FLUX_PRESETS = ["chunk_grpo_flux", "chunk_grpo_ws_flux", "step_grpo_flux", "dance_grpo_flux", "tempflow_grpo_flux",
-                "granular_grpo_flux"]
+FLUX_PRESETS = [
+    "chunk_grpo_flux",
+    "chunk_grpo_ws_flux",
+    "step_grpo_flux",
+    "dance_grpo_flux",
+    "tempflow_grpo_flux",
+    "granular_grpo_flux",
+]
 
 
 def optimizer_steps(cfg: TrainConfig) -> int:
@@ -38,7 +44,13 @@ def test_chunk_preset_is_the_authors_script():
         ("chunk", "sizes:2,3,4,7", 12, 2, 12, 0.5)
     assert (c.clip_low, c.clip_high, c.adv_clip, c.lr, c.weight_decay, c.max_grad_norm, c.warmup_steps) == \
         (5e-5, 5e-5, 5.0, 1e-5, 1e-4, 0.01, 0)
-    assert (c.adv_std, c.adv_eps, c.lora.enabled, c.seed, c.rewards[0].name) == ("unbiased", 1e-8, False, 42, "hpsv3")
+    assert (c.adv_std, c.adv_eps, c.lora.enabled, c.seed, c.rewards[0].name) == (
+        "unbiased",
+        1e-8,
+        False,
+        42,
+        "hpsv3",
+    )
     assert TrainConfig.load("chunk_grpo_ws_flux").method == "chunk+ws"
 
 
@@ -68,17 +80,37 @@ def test_dance_preset_is_dancegrpos_own_script():
 
 def test_branching_presets_follow_the_released_code():
     t = TrainConfig.load("tempflow_grpo_flux")
-    assert (t.method, t.sampling.num_steps, t.sampling.schedule, t.sampling.quantize_timesteps, t.sampling.eta) == \
-        ("tempflow", 10, "dynamic", False, 0.7)
+    assert (
+        t.method,
+        t.sampling.num_steps,
+        t.sampling.schedule,
+        t.sampling.quantize_timesteps,
+        t.sampling.eta,
+    ) == ("tempflow", 10, "dynamic", False, 0.7)
     assert (t.group_size, br.branch_steps(t), br.update_mode(t)) == (6, list(range(9)), "per_iteration")
-    assert (t.kl_ref_coef, t.adv_std, t.adv_eps, t.noise_weight_c, t.clip_low) == (0.004, "population", 1e-4, 1.73, 1e-4)
+    assert (t.kl_ref_coef, t.adv_std, t.adv_eps, t.noise_weight_c, t.clip_low) == (
+        0.004,
+        "population",
+        1e-4,
+        1.73,
+        1e-4,
+    )
     assert (t.lora.enabled, t.lora.rank, t.lora.alpha, t.sampling.height, t.sampling.max_sequence_length) == \
         (True, 32, 64.0, 1024, 128)
     assert (t.ema.decay, t.ema.every, t.ema.warmup) == (0.9, 8, True)
     g = TrainConfig.load("granular_grpo_flux")
-    assert (g.method, g.sampling.num_steps, g.sampling.eta, g.sampling.rule, g.group_size) == ("granular", 16, 0.7,
-                                                                                             "flow", 12)
-    assert (br.branch_steps(g), br.granularities(g), br.update_mode(g)) == (list(range(8)), [1, 2], "per_step")
+    assert (g.method, g.sampling.num_steps, g.sampling.eta, g.sampling.rule, g.group_size) == (
+        "granular",
+        16,
+        0.7,
+        "flow",
+        12,
+    )
+    assert (br.branch_steps(g), br.granularities(g), br.update_mode(g)) == (
+        list(range(8)),
+        [1, 2],
+        "per_step",
+    )
     assert (g.lr, g.clip_low, g.clip_high, g.max_grad_norm, g.adv_clip) == (2e-6, 1e-4, 1e-4, 1.0, 5.0)
     assert [r.name for r in g.rewards] == ["hpsv2.1", "clip"] and g.reward_weighting == "given"
     paper = TrainConfig.load("granular_grpo_flux", ["granularities=[1,2,3]"])
@@ -96,7 +128,9 @@ def test_training_length_unit_is_explicit():
     with pytest.raises(UserError, match="set exactly one of max_iterations"):
         TrainConfig.load("tiny_cpu", [*base, "max_steps=0"])  # neither
     with pytest.raises(UserError, match="set exactly one of max_iterations"):
-        TrainConfig.load("chunk_grpo_flux", [*base, "max_steps=10", "max_iterations=5"])  # both on the command line
+        TrainConfig.load(
+            "chunk_grpo_flux", [*base, "max_steps=10", "max_iterations=5"]
+        )  # both on the command line
     # an override of one unit replaces the preset's other one
     c = TrainConfig.load("chunk_grpo_flux", [*base, "max_steps=10"])
     assert (c.max_steps, c.max_iterations) == (10, 0)
@@ -107,9 +141,19 @@ def test_training_length_unit_is_explicit():
 def test_max_iterations_counts_rollouts_and_max_steps_counts_optimizer_steps(tiny_model_dir, tmp_path):
     prompts = tmp_path / "p.txt"
     prompts.write_text("a cat\na dog\n")
-    common = [f"model={tiny_model_dir}", f"prompts={prompts}", "progress=false", "grad_accum=4",  # 2 steps/rollout
-              "checkpoint.every=0", "tracking.image_every=0", "sampling.num_steps=4", "chunks=sizes:1,2"]
-    s = run_training(TrainConfig.load("tiny_cpu", [*common, f"output_dir={tmp_path / 'it'}", "max_iterations=2"]))
+    common = [
+        f"model={tiny_model_dir}",
+        f"prompts={prompts}",
+        "progress=false",
+        "grad_accum=4",  # 2 steps/rollout
+        "checkpoint.every=0",
+        "tracking.image_every=0",
+        "sampling.num_steps=4",
+        "chunks=sizes:1,2",
+    ]
+    s = run_training(
+        TrainConfig.load("tiny_cpu", [*common, f"output_dir={tmp_path / 'it'}", "max_iterations=2"])
+    )
     assert (s["iterations"], s["optimizer_steps"]) == (2, 4)
     s = run_training(TrainConfig.load("tiny_cpu", [*common, f"output_dir={tmp_path / 'st'}", "max_steps=2"]))
     assert (s["iterations"], s["optimizer_steps"]) == (1, 2)
@@ -135,4 +179,6 @@ def test_reward_weights_as_given_or_normalised(tiny_model_dir, tmp_path):
 
     r = {"a": torch.tensor([1.0, 2.0, 4.0]), "b": torch.tensor([3.0, 1.0, 2.0])}
     got = aggregate_advantages(r, {"a": 1.0, "b": 3.0}, 3, normalize_weights=True)
-    assert torch.allclose(got, (0.25 * normalize_group(r["a"], 3) + 0.75 * normalize_group(r["b"], 3)).float())
+    assert torch.allclose(
+        got, (0.25 * normalize_group(r["a"], 3) + 0.75 * normalize_group(r["b"], 3)).float()
+    )

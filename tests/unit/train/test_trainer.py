@@ -22,14 +22,26 @@ def prompts_file(tmp_path_factory):
 
 
 def _cfg(tiny_model_dir, prompts_file, out, *over):
-    return TrainConfig.load("tiny_cpu", [f"model={tiny_model_dir}", f"prompts={prompts_file}", f"output_dir={out}",
-                                         "progress=false", *over])
+    return TrainConfig.load(
+        "tiny_cpu",
+        [f"model={tiny_model_dir}", f"prompts={prompts_file}", f"output_dir={out}", "progress=false", *over],
+    )
 
 
 @pytest.mark.parametrize("method,extra", [("chunk", []), ("dance", ["timestep_fraction=0.34"]),
                                           ("chunk+ws", ["chunk_backward=graph"])])
-def test_training_changes_lora_and_wastes_no_transformer_calls(tiny_model_dir, prompts_file, tmp_path, method, extra):
-    cfg = _cfg(tiny_model_dir, prompts_file, tmp_path, f"method={method}", "max_steps=2", "checkpoint.every=1", *extra)
+def test_training_changes_lora_and_wastes_no_transformer_calls(
+    tiny_model_dir, prompts_file, tmp_path, method, extra
+):
+    cfg = _cfg(
+        tiny_model_dir,
+        prompts_file,
+        tmp_path,
+        f"method={method}",
+        "max_steps=2",
+        "checkpoint.every=1",
+        *extra,
+    )
     t = Trainer(cfg)
     t.setup()
     before = {n: p.detach().clone() for n, p in t.model.transformer.named_parameters() if p.requires_grad}
@@ -37,10 +49,15 @@ def test_training_changes_lora_and_wastes_no_transformer_calls(tiny_model_dir, p
     t.iteration_idx += 1
     after = dict(t.model.transformer.named_parameters())
     assert any(not torch.equal(before[n], after[n]) for n in before if "lora_B" in n)
-    assert all(torch.equal(before[n], after[n].detach()) for n in before if "lora_A" not in n and "lora_B" not in n)
+    assert all(
+        torch.equal(before[n], after[n].detach()) for n in before if "lora_A" not in n and "lora_B" not in n
+    )
     # rollout = N calls for the whole group, step 0 (same noise) once per prompt; training = exactly one
     # forward(+backward) per distinct trained (sample, step) input
-    assert m["rollout_samples"] == cfg.sampling.num_steps * cfg.samples_per_rank - (cfg.group_size - 1) * cfg.prompts_per_rank
+    assert (
+        m["rollout_samples"]
+        == cfg.sampling.num_steps * cfg.samples_per_rank - (cfg.group_size - 1) * cfg.prompts_per_rank
+    )
     assert m["transformer_samples"] == m["min_transformer_samples"]
     assert m["ratio_mean"] == 1.0 and m["clip_frac"] == 0.0  # on-policy exactness
     assert torch.isfinite(torch.tensor(m["loss"]))
@@ -48,7 +65,9 @@ def test_training_changes_lora_and_wastes_no_transformer_calls(tiny_model_dir, p
 
 
 def test_full_run_checkpoints_and_exports_loadable_lora(tiny_model_dir, prompts_file, tmp_path):
-    cfg = _cfg(tiny_model_dir, prompts_file, tmp_path, "max_steps=3", "checkpoint.every=1", "checkpoint.keep=2")
+    cfg = _cfg(
+        tiny_model_dir, prompts_file, tmp_path, "max_steps=3", "checkpoint.every=1", "checkpoint.keep=2"
+    )
     summary = run_training(cfg)
     assert summary["optimizer_steps"] == 3 and len(summary["history"]) == 3
     done = ckpt.complete_checkpoints(tmp_path / "checkpoints")
@@ -67,7 +86,9 @@ def test_full_run_checkpoints_and_exports_loadable_lora(tiny_model_dir, prompts_
     assert (tmp_path / "samples").exists()  # image grids every N iterations
 
 
-def test_nan_loss_stops_run_and_keeps_last_good_checkpoint(tiny_model_dir, prompts_file, tmp_path, monkeypatch):
+def test_nan_loss_stops_run_and_keeps_last_good_checkpoint(
+    tiny_model_dir, prompts_file, tmp_path, monkeypatch
+):
     calls = {"n": 0}
 
     def flaky(**_):
@@ -80,8 +101,15 @@ def test_nan_loss_stops_run_and_keeps_last_good_checkpoint(tiny_model_dir, promp
         return fn
 
     monkeypatch.setitem(REWARDS, "flaky", flaky)
-    cfg = _cfg(tiny_model_dir, prompts_file, tmp_path, "max_steps=5", "checkpoint.every=1", "checkpoint.keep=5",
-               "rewards=[{name: flaky, weight: 1.0}]")
+    cfg = _cfg(
+        tiny_model_dir,
+        prompts_file,
+        tmp_path,
+        "max_steps=5",
+        "checkpoint.every=1",
+        "checkpoint.keep=5",
+        "rewards=[{name: flaky, weight: 1.0}]",
+    )
     with pytest.raises(ValueError, match=r"reward 'flaky' is non-finite for samples \[1\]"):
         run_training(cfg)
     done = ckpt.complete_checkpoints(tmp_path / "checkpoints")

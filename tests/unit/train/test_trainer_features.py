@@ -21,11 +21,14 @@ def prompts_file(tmp_path_factory):
 
 
 def _cfg(model, prompts, out, *over):
-    return TrainConfig.load("tiny_cpu", [f"model={model}", f"prompts={prompts}", f"output_dir={out}", "progress=false",
-                                         *over])
+    return TrainConfig.load(
+        "tiny_cpu", [f"model={model}", f"prompts={prompts}", f"output_dir={out}", "progress=false", *over]
+    )
 
 
-def test_full_finetune_with_gradient_checkpointing_exports_transformer(tiny_model_dir, prompts_file, tmp_path):
+def test_full_finetune_with_gradient_checkpointing_exports_transformer(
+    tiny_model_dir, prompts_file, tmp_path
+):
     cfg = _cfg(tiny_model_dir, prompts_file, tmp_path, "lora.enabled=false", "gradient_checkpointing=true",
                "max_steps=1", "lr=1e-4", "checkpoint.every=0")
     summary = run_training(cfg)
@@ -35,7 +38,11 @@ def test_full_finetune_with_gradient_checkpointing_exports_transformer(tiny_mode
 
     trained = FluxTransformer2DModel.from_pretrained(final / "transformer")
     base = FluxTransformer2DModel.from_pretrained(tiny_model_dir, subfolder="transformer")
-    changed = [n for (n, a), (_, b) in zip(trained.named_parameters(), base.named_parameters()) if not torch.equal(a, b)]
+    changed = [
+        n
+        for (n, a), (_, b) in zip(trained.named_parameters(), base.named_parameters())
+        if not torch.equal(a, b)
+    ]
     assert len(changed) > 10  # the whole transformer trains, not an adapter
     assert summary["optimizer_steps"] == 1
 
@@ -44,8 +51,13 @@ def test_clip_similarity_reward_on_tiny_random_clip(tiny_model_dir, prompts_file
     from chunkgrpo.testing.clip import make_tiny_clip
 
     clip_dir = make_tiny_clip(tmp_path / "clip")
-    cfg = _cfg(tiny_model_dir, prompts_file, tmp_path / "run", "max_steps=1",
-               f"rewards=[{{name: clip, weight: 0.7, options: {{weights: {clip_dir}}}}}, {{name: brightness, weight: 1.4}}]")
+    cfg = _cfg(
+        tiny_model_dir,
+        prompts_file,
+        tmp_path / "run",
+        "max_steps=1",
+        f"rewards=[{{name: clip, weight: 0.7, options: {{weights: {clip_dir}}}}}, {{name: brightness, weight: 1.4}}]",
+    )
     t = Trainer(cfg)
     t.setup()
     m = t.iteration()
