@@ -1,4 +1,5 @@
-"""The paper's ablation on the toy world, budget-matched and powered: chunk (SDE dynamics plan) vs step-level GRPO.
+"""The paper's ablation on the toy world, budget-matched and powered: chunk (SDE dynamics plan) vs
+step-level GRPO.
 
 Same pretrained toy base model; step and chunk arms train the same expected transitions per sample on the
 same rollouts, branching arms (TempFlow, Granular) stop at the same cumulative transformer samples;
@@ -7,13 +8,13 @@ by seed), seeds from the power calculation (or `sequential=true`), Holm-correcte
 curves at `eval_points` points. Cached per (method, seed): re-running the same command resumes and only
 computes what is missing or stale; the report is rewritten after every finished run.
 
-    .venv/bin/python benchmarks/ablation.py --jobs 2                      # the pre-registered design (N = 10)
-    .venv/bin/python benchmarks/ablation.py --jobs 2 sequential=true      # add seeds until the stop rule holds
-    .venv/bin/python benchmarks/ablation.py --report-only --out DIR       # rebuild the report from the cache
+    .venv/bin/python benchmarks/ablation.py --jobs 2                     # the pre-registered design (N = 10)
+    .venv/bin/python benchmarks/ablation.py --jobs 2 sequential=true     # add seeds until the stop rule holds
+    .venv/bin/python benchmarks/ablation.py --report-only --out DIR      # rebuild the report from the cache
     .venv/bin/python benchmarks/ablation.py --report-only --out DIR engine_pin=HASH   # ... of an older engine
     .venv/bin/python benchmarks/ablation.py --seeds 2 --steps 4 --out /tmp/abl eval_samples=2   # a quick look
     .venv/bin/python benchmarks/ablation.py --out DIR sampling.num_steps=17 timestep_fraction=0.5 \
-        plan=sizes:2,3,4,7 uniform=uniform:4                            # the paper's N = 17 setting
+        plan=sizes:2,3,4,7 uniform=uniform:4                           # the paper's N = 17 setting
 
 Writes <out>/ablation.json, ablation.md, curves.png, reward_curves.png, profile.json/png, plan.json and
 runs/<method>/seed-<s>.json.
@@ -36,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     from chunkgrpo.errors import UserError
     from chunkgrpo.toy.ablation import AblationConfig, run_ablation
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", help="toy model folder (default: build/reuse .chunkgrpo/models/toy)")
     ap.add_argument("--out", help="results folder (default benchmarks/results/ablation)")
     ap.add_argument("--seeds", type=int, help="seeds of the primary pair (default: the power calculation's)")

@@ -236,7 +236,8 @@ def main() -> None:
         "sample_s",
     ]
     print(
-        f"hybrid sampling: {args.steps} steps ({args.trained_steps} trained), {args.res}², batch {args.batch}, "
+        f"hybrid sampling: {args.steps} steps ({args.trained_steps} trained), {args.res}², "
+        f"batch {args.batch}, "
         f"LoRA rank {args.rank}, device {args.device}"
     )
     print(" | ".join(cols))
@@ -250,7 +251,8 @@ def main() -> None:
         key = "cuda_max_allocated_mb" if "cuda_max_allocated_mb" in t else "peak_rss_mb"
         rel = abs(t["x0_checksum"] - c["x0_checksum"]) / max(abs(c["x0_checksum"]), 1e-12)
         print(
-            f"{size}: toggle holds {t['weights_mb']:.1f} MB of weights vs two copies {c['weights_mb']:.1f} MB; "
+            f"{size}: toggle holds {t['weights_mb']:.1f} MB of weights "
+            f"vs two copies {c['weights_mb']:.1f} MB; "
             f"{key} {t[key]:.1f} MB vs {c[key]:.1f} MB; "
             f"time {t['sample_s']:.3f}s vs {c['sample_s']:.3f}s; outputs agree to {rel:.1e} (relative)"
         )

@@ -6,7 +6,7 @@ off-policy window (after an optimizer step), plus the iteration split and the al
   python benchmarks/step_cost.py --size mid --res 256 --paper-chunks
   python benchmarks/step_cost.py --rows per_step:1,auto:7 --size mid --res 256 compile=rollout
   python benchmarks/step_cost.py --size flux --res 720 --device cuda --paper-chunks   # FLUX.1-dev-sized, GPU
-  python benchmarks/step_cost.py --method granular           # branching cost vs G2RPO's / TempFlow's released code
+  python benchmarks/step_cost.py --method granular      # branching cost vs G2RPO's / TempFlow's released code
   python benchmarks/step_cost.py --method tempflow sampling.num_steps=10 group_size=6
 
 --method tempflow|granular: per anchor (prompt × initial noise), the per-sample transformer forwards and
@@ -242,14 +242,16 @@ def build_rows(args) -> list[list[str]]:
 
 def table(results: list[dict]) -> str:
     head = (
-        f"{'strategy':<11}{'batch':>6} | {'on: s':>8}{'evals':>7}{'MB':>8} | {'off: s':>8}{'evals':>7}{'MB':>8}"
+        f"{'strategy':<11}{'batch':>6} | {'on: s':>8}{'evals':>7}{'MB':>8}"
+        f" | {'off: s':>8}{'evals':>7}{'MB':>8}"
         f" | {'iter s':>8}{'evals':>7}{'min':>6}"
     )
     lines = [head, "-" * len(head)]
     for r in results:
         on, off, it = r["on_policy_window"], r["off_policy_window"], r["per_iteration"]
         lines.append(
-            f"{r['chunk_backward']:<11}{r['policy_batch']:>6} | {on['wall_s']:>8.3f}{on['sample_evals']:>7.0f}"
+            f"{r['chunk_backward']:<11}{r['policy_batch']:>6}"
+            f" | {on['wall_s']:>8.3f}{on['sample_evals']:>7.0f}"
             f"{on['peak_mb']:>8.1f} | {off['wall_s']:>8.3f}{off['sample_evals']:>7.0f}{off['peak_mb']:>8.1f}"
             f" | {it['wall_s']:>8.3f}{it['transformer_sample_evals']:>7.0f}"
             f"{it['algorithm_minimum_sample_evals']:>6.0f}"

@@ -290,7 +290,8 @@ def plan_dynamics(p: list[float], *, max_chunk: int = 5, last_fraction: float = 
             ", ".join(f"step {cut_at[t]} (peak at {t}, κ={curv[t]:.3g})" for t in sorted(used))
             or "none above threshold"
         ),
-        f"last chunk = steps {late_start}–{S - 1}: the late steps, the last {last_fraction:g} of the {N} sampling "
+        f"last chunk = steps {late_start}–{S - 1}: the late steps, "
+        f"the last {last_fraction:g} of the {N} sampling "
         "steps (pre-observation of where a trained model departs from the base, method.md §5)",
         f"early chunks kept <= {max_chunk} steps" + (f" ({'; '.join(split_notes)})" if split_notes else ""),
     ]

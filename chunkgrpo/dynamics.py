@@ -239,7 +239,8 @@ def run_profile(cfg: ProfileConfig, progress: bool = True) -> tuple[dict, Path]:
         raise UserError("profile needs a prompt file (--prompts FILE)")
     if Path(cfg.out).is_dir():
         raise UserError(
-            f"profile output {cfg.out} is a directory; give a file name (e.g. {Path(cfg.out) / 'profile.json'})"
+            f"profile output {cfg.out} is a directory; "
+            f"give a file name (e.g. {Path(cfg.out) / 'profile.json'})"
         )
     from chunkgrpo.inputs import check_output_file
 

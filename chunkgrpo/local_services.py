@@ -304,7 +304,8 @@ class LocalServices:
             if port_in_use(port):
                 raise UserError(
                     f"port {port} ({what}) on {HOST} is already in use by {port_owner(port)}; stop it or "
-                    f"choose another port (chunkgrpo local up --{'mlflow' if 'MLflow' in what else 's3'}-port N)"
+                    "choose another port "
+                    f"(chunkgrpo local up --{'mlflow' if 'MLflow' in what else 's3'}-port N)"
                 )
 
     def _spawn(self, name: str, cmd: list[str], env: dict[str, str], port: int, **extra: Any) -> dict:

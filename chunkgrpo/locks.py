@@ -43,7 +43,8 @@ class LockHeld(RuntimeError):
 
 
 class FileLock:
-    """An exclusive `flock` on `path` (created with its parent folders if missing); see the module docstring."""
+    """An exclusive `flock` on `path` (created with its parent folders if missing); see the module
+    docstring."""
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
@@ -54,7 +55,8 @@ class FileLock:
         return self._file is not None
 
     def acquire(self, blocking: bool = True) -> None:
-        """Take the lock: wait for it (`blocking`), or raise `LockHeld` at once. Records this pid in the file."""
+        """Take the lock: wait for it (`blocking`), or raise `LockHeld` at once. Records this pid in the
+        file."""
         if self._file is not None:
             raise RuntimeError(f"{self.path} is already locked by this FileLock")
         self.path.parent.mkdir(parents=True, exist_ok=True)

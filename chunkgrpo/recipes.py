@@ -22,8 +22,12 @@ METHOD_PRESETS = {"chunk": "chunk_grpo_flux", "chunk+ws": "chunk_grpo_ws_flux", 
 
 # preset -> what it reproduces (shown by `chunkgrpo train --help-config` readers and the docs)
 REPRODUCES = {
-    "chunk_grpo_flux": "Chunk-GRPO paper Table 1 'Chunk-GRPO w/o ws'; GCPO scripts/finetune/finetune_hpsv3_chunk.sh",
-    "chunk_grpo_ws_flux": "Chunk-GRPO paper Table 1 'Chunk-GRPO w/ ws'; GCPO finetune_hpsv3_chunk.sh + --sample_weight",
+    "chunk_grpo_flux": (
+        "Chunk-GRPO paper Table 1 'Chunk-GRPO w/o ws'; GCPO scripts/finetune/finetune_hpsv3_chunk.sh"
+    ),
+    "chunk_grpo_ws_flux": (
+        "Chunk-GRPO paper Table 1 'Chunk-GRPO w/ ws'; GCPO finetune_hpsv3_chunk.sh + --sample_weight"
+    ),
     "step_grpo_flux": "Chunk-GRPO paper Table 1 'Dance-GRPO' (the authors' baseline); GCPO finetune_hpsv3.sh",
     "dance_grpo_flux": "DanceGRPO scripts/finetune/finetune_flux_grpo_8gpus.sh",
     "tempflow_grpo_flux": "TempFlow-GRPO scripts/train_flux_pr.py with config/dgx.py:flux_pr",

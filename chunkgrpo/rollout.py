@@ -53,7 +53,8 @@ class SamplingConfig(Config):
     same_noise: bool = option(True, "all G samples of a prompt start from the same initial noise")
     stochastic: str = option(
         "all",
-        "which steps are SDE steps: all | none | window:START:END | steps:I,J,K (0-based; the last step is always ODE)",
+        "which steps are SDE steps: all | none | window:START:END | steps:I,J,K "
+        "(0-based; the last step is always ODE)",
     )
 
     def __post_init__(self) -> None:

@@ -1,9 +1,11 @@
 """Compile, upload, run and schedule the Kubeflow pipelines.
 
-    chunkgrpo pipeline compile --pool h100|h800|gpu|cpu [--trainer torchrun|trainjob|pytorchjob] [--out dist/pipelines]
-                               [--target-kfp 2.15|2.16|2.17] [--image-pull-secret NAME] [--model-pvc NAME]
+    chunkgrpo pipeline compile --pool h100|h800|gpu|cpu [--trainer torchrun|trainjob|pytorchjob]
+                               [--out dist/pipelines] [--target-kfp 2.15|2.16|2.17]
+                               [--image-pull-secret NAME] [--model-pvc NAME]
     chunkgrpo pipeline upload   --host URL --pool P [--version NAME]     # new pipeline version(s)
-    chunkgrpo pipeline run --local [-p key=value ...] [--keep-services]  # kfp.local, local S3 + MLflow, toy-world model
+    chunkgrpo pipeline run --local [-p key=value ...]
+                               [--keep-services]  # kfp.local, local S3 + MLflow, toy-world model
     chunkgrpo pipeline run      --host URL [-p key=value ...]            # one run on a cluster
     chunkgrpo pipeline schedule --host URL [--cron '0 0 2 * * *']  # in KFP's cronScheduleTimezone (UTC)
 
@@ -181,7 +183,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             "--trainer",
             default="torchrun",
             choices=["torchrun", "trainjob", "pytorchjob"],
-            help="torchrun inside the train step (single node) or a TrainJob/PyTorchJob launcher (multi-node)",
+            help="torchrun inside the train step (single node) or a TrainJob/PyTorchJob launcher "
+            "(multi-node)",
         )
         p.add_argument(
             "--registry",

@@ -15,7 +15,8 @@ ones (pods stuck in CreateContainerConfigError on an auth-less MLflow), so 2.14 
 tests/pipeline/test_kfp_versions.py parses the pipeline AND platform spec of every compiled variant
 with the vendored protos of every supported backend (tests/fixtures/kfp/<version>/).
 
-    python -m pipeline.compile --pool h100 --out dist/pipelines [--target-kfp 2.15]   # or: chunkgrpo pipeline compile
+    python -m pipeline.compile --pool h100 --out dist/pipelines [--target-kfp 2.15]
+        # or: chunkgrpo pipeline compile
 """
 
 import argparse

@@ -1,6 +1,6 @@
 """`chunkgrpo pipeline run --local`: the real pipeline under `kfp.local` against local S3 + MLflow.
 
-    chunkgrpo pipeline run --local                      # toy model, 2 torchrun processes, a few min on 2 CPU cores
+    chunkgrpo pipeline run --local                 # toy model, 2 torchrun processes, a few min on 2 CPU cores
 
 1. starts (or reuses) SeaweedFS + MLflow (`chunkgrpo.local_services`, state in <home>/local);
 2. builds the pretrained toy-world FLUX model (`chunkgrpo.toy`, cached by content hash) under <home>
@@ -170,7 +170,8 @@ def model_to_s3(model: Path, services_env: dict) -> str:
 
 
 def read_task_outputs(run_dir: Path) -> dict:
-    """{task: {"artifacts": {name: {"uri", "metadata"}}, "parameters": {...}}} from executor_output.json files."""
+    """{task: {"artifacts": {name: {"uri", "metadata"}}, "parameters": {...}}} from executor_output.json
+    files."""
     out: dict = {}
     for f in sorted(run_dir.rglob("executor_output.json")):
         task = f.parent.name
@@ -322,7 +323,8 @@ def check_params(func, params: dict) -> None:
 
 
 def without_retries(func) -> int:
-    """Clear the retry policy of every task of a kfp pipeline function (in place); returns how many had one."""
+    """Clear the retry policy of every task of a kfp pipeline function (in place); returns how many had
+    one."""
     spec = func.pipeline_spec
     dags = [spec.root.dag] + [
         c.dag for c in spec.components.values() if c.WhichOneof("implementation") == "dag"
@@ -598,7 +600,8 @@ def summary_lines(r: LocalRun) -> list[str]:
     if "register" in t:
         reg = art("register", "registered")["metadata"]
         lines.append(
-            f"  registered       {reg.get('uri', '?')}{' (existing version, same weights)' if reg.get('reused') else ''}"
+            f"  registered       {reg.get('uri', '?')}"
+            f"{' (existing version, same weights)' if reg.get('reused') else ''}"
             f"  source {reg.get('source', '')}"
         )
     if "check-gate" in t:
@@ -619,16 +622,19 @@ def summary_lines(r: LocalRun) -> list[str]:
     s3 = env.get("CHUNKGRPO_S3_ENDPOINT", "")
     state = "still running" if r.services_kept else "stopped"
     lines.append(
-        f"  services         S3 {s3} (bucket {env.get('CHUNKGRPO_S3_BUCKET', '')}), MLflow {mlflow}: {state}"
+        f"  services         S3 {s3} (bucket {env.get('CHUNKGRPO_S3_BUCKET', '')}), "
+        f"MLflow {mlflow}: {state}"
     )
     home = _rel(str(r.run_dir.parent.parent / "local"))
     if r.services_kept:
         lines.append(
-            f"                   browse MLflow at the URL above; stop them with `chunkgrpo local down --home {home}`"
+            "                   browse MLflow at the URL above; stop them with "
+            f"`chunkgrpo local down --home {home}`"
         )
     else:
         lines.append(
-            f"                   data kept in {home}; browse it again with `chunkgrpo local up --home {home}` "
+            f"                   data kept in {home}; browse it again with "
+            f"`chunkgrpo local up --home {home}` "
             "(or rerun with --keep-services)"
         )
     return lines

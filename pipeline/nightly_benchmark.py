@@ -3,7 +3,8 @@ benchmark suites with fixed seeds, log to MLflow, flag a regression against the 
 registered score; optionally (`ablation_model`) the toy-world ablation (chunk with the SDE dynamics plan vs
 step-level GRPO from the same toy base model: `components/ablation`), which adds `ablation_seeds` seeds
 per night to one series in S3, so each morning shows the primary difference with its CI, the seeds so
-far and the minimum detectable effect at that count. Scheduled by `chunkgrpo pipeline schedule` (default 02:00 UTC).
+far and the minimum detectable effect at that count. Scheduled by `chunkgrpo pipeline schedule`
+(default 02:00 UTC).
 
 Caching is off on every step (a benchmark that is served from cache measures nothing). The first step,
 `benchmark_preflight`, checks in seconds that the alias exists and that its base model, the scorer
@@ -104,19 +105,28 @@ def make_nightly_benchmark(pool: str = "cpu"):
         eval_benchmarks: Benchmark suites as a JSON list (hpdv2, geneval, wise); [] = the preset's.
         eval_num_prompts: Only the first N prompts per benchmark (0 = the preset's setting, i.e. all).
         eval_overrides: Extra evaluation overrides as a JSON list of "key=value" strings.
-        scorer_weights: Weights of the scorers as a JSON object {scorer: URI, "<scorer>.processor": URI} (S3 model cache).
-        regression_metric: Metric compared with the champion's registered score, e.g. hpdv2.hpsv3, or the lower
-            bound of the paired 95% CI of champion − base, hpdv2.hpsv3.delta_ci_low (docs/evaluation.md).
-        regression_direction: Empty = the registered model's (gate.direction, or the metric's known direction); max/min only to assert it or for a metric nothing records.
+        scorer_weights: Weights of the scorers as a JSON object {scorer: URI, "<scorer>.processor": URI}
+            (S3 model cache).
+        regression_metric: Metric compared with the champion's registered score, e.g. hpdv2.hpsv3, or the
+            lower bound of the paired 95% CI of champion − base, hpdv2.hpsv3.delta_ci_low
+            (docs/evaluation.md).
+        regression_direction: Empty = the registered model's (gate.direction, or the metric's known
+            direction); max/min only to assert it or for a metric nothing records.
         tolerance: Allowed drop (absolute) before it counts as a regression.
         fail_on_regression: Also fail the run on a regression (it is always flagged in MLflow and the UI).
         experiment: MLflow experiment of the nightly runs.
         artifact_root: s3:// prefix for the benchmark images and reports (<root>/<run id>/benchmark).
-        ablation_model: Toy base model (`chunkgrpo toy-model` folder or s3:// folder) for the accumulating step-vs-chunk ablation; '' = skip it.
-        ablation_methods: Ablation methods as a JSON list (step_flow, step_dance, chunk_uniform, chunk_dynamics, chunk_ws, tempflow, granular); must hold chunk_dynamics and step_flow (the primary pair).
-        ablation_seeds: Seeds added to the ablation series each night (earlier nights' seeds are reused from S3).
+        ablation_model: Toy base model (`chunkgrpo toy-model` folder or s3:// folder) for the accumulating
+            step-vs-chunk ablation; '' = skip it.
+        ablation_methods: Ablation methods as a JSON list (step_flow, step_dance, chunk_uniform,
+            chunk_dynamics, chunk_ws, tempflow, granular); must hold chunk_dynamics and step_flow
+            (the primary pair).
+        ablation_seeds: Seeds added to the ablation series each night
+            (earlier nights' seeds are reused from S3).
         ablation_steps: Optimizer steps per ablation run (a multiple of 2: two evaluation points per run).
-        ablation_series_root: s3:// prefix of the accumulating ablation series ('' = <artifact_root>/ablation-series); a changed engine or configuration starts a new series under it.
+        ablation_series_root: s3:// prefix of the accumulating ablation series
+            ('' = <artifact_root>/ablation-series); a changed engine or configuration starts a new series
+            under it.
     """
     return dsl.pipeline(name=NAME, description="Nightly: champion vs base model on HPDv2/GenEval/WISE; "
                         "logs to MLflow and flags regressions.")(nightly_benchmark)

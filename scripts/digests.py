@@ -93,7 +93,8 @@ def write_pinned_component(lock: dict, path: Path = PINNED) -> None:
 
 
 def write_dockerfile_args(lock: dict, repo: Path = REPO) -> None:
-    """`ARG <arg>=<name>:<tag>[@digest]` in each Dockerfile a lock entry names (`dockerfiles: [{path, arg}]`)."""
+    """`ARG <arg>=<name>:<tag>[@digest]` in each Dockerfile a lock entry names
+    (`dockerfiles: [{path, arg}]`)."""
     for img in lock["images"]:
         for ref in img.get("dockerfiles") or []:
             path = repo / ref["path"]

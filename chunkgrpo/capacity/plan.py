@@ -121,10 +121,12 @@ def _gib(n: int | None) -> str:
 def capacity_plan(cfg, pool: Pool, *, nodes: int = 1, output_dir: str = "", preset: str = "",
                   device: str = "cuda", reserve_bytes: int = 3 * GiB, arch: ModelArch | None = None,
                   prompts: int = 0) -> CapacityPlan:
-    """The plan of TrainConfig `cfg` on `nodes` pods of `pool` (one rank per GPU; `device="cpu"` = one CPU rank).
+    """The plan of TrainConfig `cfg` on `nodes` pods of `pool` (one rank per GPU; `device="cpu"` = one CPU
+    rank).
 
-    `output_dir` is the trainer's output folder in the pod ('' = the launcher's default, `JobSpec.output_dir`);
-    `prompts` the number of distinct training prompts (0 = unknown: every prompt of the run is distinct)."""
+    `output_dir` is the trainer's output folder in the pod ('' = the launcher's default,
+    `JobSpec.output_dir`); `prompts` the number of distinct training prompts (0 = unknown: every prompt of
+    the run is distinct)."""
     arch = arch or ModelArch.for_model(cfg.model)
     gpu = device != "cpu"
     ranks_per_node = max(1, pool.gpus_per_node) if gpu else 1
@@ -341,7 +343,8 @@ def render_table(plan: CapacityPlan) -> str:
         f"capacity plan: {plan.preset or 'config'} on pool {plan.pool.name} ({plan.pool.source}); "
         f"{f['world']} rank(s), {f['ranks_per_node']} per node, {plan.pool.gpu_product or 'CPU'}; "
         f"{'FSDP' if f['fsdp'] else 'DDP/single'}, {'LoRA' if f['lora'] else 'full FT'}, "
-        f"compute {f['compute_dtype']}, load {f['load_dtype']}; transformer {f['transformer_params']:,} params, "
+        f"compute {f['compute_dtype']}, load {f['load_dtype']}; "
+        f"transformer {f['transformer_params']:,} params, "
         f"trainable {f['trainable_params']:,}; "
         f"{f['image_tokens']} image + {f['text_tokens']} text tokens; rollout batch {f['rollout_batch']}, "
         f"policy inputs per forward {f['policy_inputs_per_forward']}"

@@ -5,13 +5,17 @@ MLFLOW_TRACKING_URI is set; uploads output_dir to output_uri (s3://) when given.
 
 Examples:
   chunkgrpo evaluate --config eval_hpdv2 model=runs/r1/final scorer_weights.hpsv3=/models/HPSv3 \\
-      scorer_options.hpsv3.processor=/models/Qwen2-VL-7B-Instruct scorer_weights.imagereward=/models/ImageReward
+      scorer_options.hpsv3.processor=/models/Qwen2-VL-7B-Instruct \\
+      scorer_weights.imagereward=/models/ImageReward
   chunkgrpo evaluate --config eval_tiny base_model=models/tiny-flux model=out/final output_dir=eval-tiny
   chunkgrpo evaluate --config eval_hpdv2 --help-config        # every option with its help
 """
 
 NAME = "evaluate"
-HELP = "hybrid-inference evaluation: HPDv2 / GenEval / WISE, metrics.json + report.html (presets: eval_hpdv2, eval_toy, eval_tiny)"
+HELP = (
+    "hybrid-inference evaluation: HPDv2 / GenEval / WISE, metrics.json + report.html "
+    "(presets: eval_hpdv2, eval_toy, eval_tiny)"
+)
 
 
 def add_arguments(p):

@@ -130,6 +130,7 @@ def run(args: argparse.Namespace) -> int:
                            gate_direction=args.gate_direction)
         rv = register_model(req, experiment=args.experiment)
     print(
-        f"{rv.name} version {rv.version}{' (existing, same content)' if rv.reused else ''}: {rv.uri}  source {rv.source}"
+        f"{rv.name} version {rv.version}{' (existing, same content)' if rv.reused else ''}: "
+        f"{rv.uri}  source {rv.source}"
     )
     return 0

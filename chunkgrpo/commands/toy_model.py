@@ -17,7 +17,8 @@ def add_arguments(p):
     p.add_argument(
         "--cache-dir",
         default=None,
-        help="cache root (default $CHUNKGRPO_CACHE or ~/.cache/chunkgrpo); models live in <root>/toy-models/<hash>",
+        help="cache root (default $CHUNKGRPO_CACHE or ~/.cache/chunkgrpo); "
+        "models live in <root>/toy-models/<hash>",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--help-config", action="store_true", help="list every option with its default and help")
@@ -55,7 +56,8 @@ def run(args):
     if base:
         tasks = ", ".join(f"{k} {v:.2f}" for k, v in base["tasks"].items())
         print(
-            f"  base held-out GenEval accuracy: overall {base['overall']:.3f} ({tasks}; {base['n_images']} images; "
+            f"  base held-out GenEval accuracy: overall {base['overall']:.3f} "
+            f"({tasks}; {base['n_images']} images; "
             f"partial credit {base.get('partial', float('nan')):.3f})"
         )
     files = meta["files"]

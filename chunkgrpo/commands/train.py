@@ -2,7 +2,8 @@
 
 Examples:
   chunkgrpo train --config tiny_cpu model=DIR prompts=prompts.txt
-  torchrun --standalone --nproc_per_node=8 -m chunkgrpo.train --config chunk_grpo_flux model=/models/FLUX.1-dev
+  torchrun --standalone --nproc_per_node=8 -m chunkgrpo.train --config chunk_grpo_flux \\
+      model=/models/FLUX.1-dev
   chunkgrpo train --config chunk_grpo_flux --help-config      # every option with its help
 """
 
@@ -39,6 +40,8 @@ def run(args):
     if summary:
         h = summary["history"]
         print(
-            f"trained {summary['optimizer_steps']} optimizer steps ({cfg.method}, chunks {summary['chunk_sizes']}); "
-            f"reward {h[0]['reward_mean']:.4f} -> {h[-1]['reward_mean']:.4f}; model -> {summary['final_model']}"
+            f"trained {summary['optimizer_steps']} optimizer steps "
+            f"({cfg.method}, chunks {summary['chunk_sizes']}); "
+            f"reward {h[0]['reward_mean']:.4f} -> {h[-1]['reward_mean']:.4f}; "
+            f"model -> {summary['final_model']}"
         )

@@ -70,7 +70,8 @@ def fetch_s3_files(uri: str, names: list[str] | tuple[str, ...], what: str = "da
 
 def data_file(relative: str, explicit: str | os.PathLike | None = None, what: str = "data file") -> Path:
     """Resolve a benchmark file: `explicit` if given (a local path that must exist, or an `s3://` URI that
-    is downloaded), else `$CHUNKGRPO_DATA_DIR/<relative>`, else the package's copy `chunkgrpo/data/<relative>`."""
+    is downloaded), else `$CHUNKGRPO_DATA_DIR/<relative>`, else the package's copy
+    `chunkgrpo/data/<relative>`."""
     if explicit is not None and str(explicit) != "":
         if str(explicit).startswith("s3://"):
             return fetch_s3_file(str(explicit), what)

@@ -24,8 +24,9 @@ Pipeline:
 6. The evaluate stage's use of it: `score_stage` (every label's folder -> records + summaries) and
    `comparability_notes` (why a run is not comparable with published numbers).
 
-Size note: one room (~620 lines) on purpose: the layout, the rules and the summary are one protocol pinned to the
-official evaluator (parity tests read them together); the models behind the rules live in `geneval_models`.
+Size note: one room (~620 lines) on purpose: the layout, the rules and the summary are one protocol pinned to
+the official evaluator (parity tests read them together); the models behind the rules live in
+`geneval_models`.
 """
 
 from __future__ import annotations
@@ -472,7 +473,8 @@ def evaluate_detections(
                             if expected_rel not in true_rels:
                                 correct = matched = False
                                 reason.append(
-                                    f"expected {cls} {expected_rel} target, found {' and '.join(sorted(true_rels))} target"
+                                    f"expected {cls} {expected_rel} target, "
+                                    f"found {' and '.join(sorted(true_rels))} target"
                                 )
                                 break
                         if not matched:

@@ -136,9 +136,10 @@ class TransformersMask2FormerDetector:
     """Mask2Former instance segmentation via `transformers` (no mmdet/mmcv), from a local folder.
 
     Post-processing follows mmdet's Mask2Former `instance_postprocess`: mask logits resized (bilinear) to the
-    processed input, cropped to the unpadded region, resized (bilinear) to the original image; top-`max_per_image`
-    (query, class) pairs by softmax score; mask = logit > 0; score = class prob x mean mask prob inside the mask;
-    box from the mask. The checkpoint differs from the official one: NOT comparable with published GenEval."""
+    processed input, cropped to the unpadded region, resized (bilinear) to the original image;
+    top-`max_per_image` (query, class) pairs by softmax score; mask = logit > 0; score = class prob x mean
+    mask prob inside the mask; box from the mask. The checkpoint differs from the official one: NOT
+    comparable with published GenEval."""
 
     name = "transformers-mask2former"
     comparable_to_official = False
@@ -289,7 +290,8 @@ def named(spec: str) -> Any:
 
 
 def check_color_classifier(cfg: EvalConfig):
-    """Load the colour classifier and classify one synthetic crop: bad weights fail here, not after generation."""
+    """Load the colour classifier and classify one synthetic crop: bad weights fail here, not after
+    generation."""
     try:
         clf = ClipColorClassifier(cfg.geneval_color_model, device=cfg.scorer_device)
         probe = Image.new("RGB", (32, 32), (200, 30, 30))

@@ -399,7 +399,8 @@ class HybridSampler:
     def sample_latents(
         self, cond, x_init: torch.Tensor, cfg: HybridConfig, mode: str = "hybrid"
     ) -> torch.Tensor:
-        """ODE-integrate `x_init` (B, L, C) under `cond` (a PromptEmbeds); returns x̂0 (B, L, C) of the last step."""
+        """ODE-integrate `x_init` (B, L, C) under `cond` (a PromptEmbeds); returns x̂0 (B, L, C) of the last
+        step."""
         if mode not in MODES:
             raise UserError(f"mode {mode!r} is not one of {', '.join(MODES)}")
         from chunkgrpo import sde
@@ -432,8 +433,8 @@ class HybridSampler:
     def generate_modes(self, prompts: Sequence[str], seeds: Sequence[int], cfg: HybridConfig,
                        modes: Sequence[str] = ("hybrid", "base"), *, batch_size: int = 4,
                        on_batch: Callable[[str, list[int], list], None] | None = None) -> dict[str, list]:
-        """Images for every mode, prompt i with seed i (same noise in every mode); prompts are encoded once per
-        batch. `on_batch(mode, indices, images)` is called after each batch (e.g. to save files)."""
+        """Images for every mode, prompt i with seed i (same noise in every mode); prompts are encoded once
+        per batch. `on_batch(mode, indices, images)` is called after each batch (e.g. to save files)."""
         prompts, seeds = list(prompts), list(seeds)
         if len(prompts) != len(seeds):
             raise UserError(f"got {len(prompts)} prompts and {len(seeds)} seeds; pass one seed per prompt")

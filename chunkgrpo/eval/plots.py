@@ -86,8 +86,10 @@ def svg_delta_bars(rows: Sequence[tuple[str, Mapping]], *, title: str = "", shar
         ym = y + rh / 2
         parts.append(
             f"<line x1='{lo:.1f}' y1='{ym}' x2='{hi:.1f}' y2='{ym}' stroke='{col}' stroke-width='1.5'/>"
-            f"<line x1='{lo:.1f}' y1='{ym - 5}' x2='{lo:.1f}' y2='{ym + 5}' stroke='{col}' stroke-width='1.5'/>"
-            f"<line x1='{hi:.1f}' y1='{ym - 5}' x2='{hi:.1f}' y2='{ym + 5}' stroke='{col}' stroke-width='1.5'/>"
+            f"<line x1='{lo:.1f}' y1='{ym - 5}' x2='{lo:.1f}' y2='{ym + 5}' "
+            f"stroke='{col}' stroke-width='1.5'/>"
+            f"<line x1='{hi:.1f}' y1='{ym - 5}' x2='{hi:.1f}' y2='{ym + 5}' "
+            f"stroke='{col}' stroke-width='1.5'/>"
         )
         note = f"{d:+.3g} [{c['ci_low']:+.2g}, {c['ci_high']:+.2g}]"
         if not shared_axis:

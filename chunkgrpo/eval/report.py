@@ -14,6 +14,11 @@ Contents
   improvements, half the largest regressions) rather than the first prompts: HPDv2 with per-image
   scores; GenEval with the detected boxes drawn on every sample and the failure reason; WISE with the
   judge's sub-scores (consistency, realism, aesthetic quality), WiScore and the judge's answer.
+
+Size note: one room (~700 lines) on purpose: one HTML document with one stylesheet; the per-benchmark
+sections (`_hpdv2`, `_geneval`, `_wise`) share the cell, thumbnail and image-row helpers and the CSS
+classes defined here, so splitting them off would only move private helpers across modules; the SVG
+plots and the statistics already live in `plots` and `stats`.
 """
 
 from __future__ import annotations
@@ -55,7 +60,8 @@ overflow-wrap:anywhere}
 .plots{display:flex;flex-wrap:wrap;gap:16px;align-items:flex-start}
 .plot{border:1px solid #eee;padding:6px}
 details{font-size:11px;text-align:left;max-width:300px}details pre{white-space:pre-wrap;margin:2px 0}
-pre.answer{font-size:11px;text-align:left;white-space:pre-wrap;background:#f7f7f7;margin:2px 0;padding:2px 4px;
+pre.answer{font-size:11px;text-align:left;white-space:pre-wrap;background:#f7f7f7;\
+margin:2px 0;padding:2px 4px;
 max-width:300px}
 code{font-size:12px}
 """
@@ -85,7 +91,8 @@ def delta_cell(cell: Mapping | None, digits: int = 4) -> str:
         return "<td class=num>–</td>"
     if not _finite(cell.get("ci_low"), cell.get("ci_high")):
         return (
-            f"<td class='num neutral' title='{_e(cell.get('note') or 'no interval')}'>{cell['delta']:+.{digits}f}"
+            f"<td class='num neutral' title='{_e(cell.get('note') or 'no interval')}'>"
+            f"{cell['delta']:+.{digits}f}"
             f"<br><span class=ci>{_e(cell.get('note') or 'no interval')}</span>"
             f"{_paired_means(cell, digits)}</td>"
         )
@@ -111,7 +118,8 @@ def win_cell(cell: Mapping | None) -> str:
     if not cell or not _finite(cell.get("win_rate")):
         return "<td class=num>–</td>"
     if not _finite(cell.get("win_ci_low"), cell.get("win_ci_high")):
-        return f"<td class=num>{cell['win_rate']:.0%}<br><span class=ci>ties {cell.get('tie_rate', 0):.0%}</span></td>"
+        return (f"<td class=num>{cell['win_rate']:.0%}<br>"
+                f"<span class=ci>ties {cell.get('tie_rate', 0):.0%}</span></td>")
     return (f"<td class=num>{cell['win_rate']:.0%}<br><span class=ci>[{cell['win_ci_low']:.0%}, "
             f"{cell['win_ci_high']:.0%}] · ties {cell.get('tie_rate', 0):.0%}</span></td>")
 
@@ -259,9 +267,9 @@ def _summary(result: Mapping) -> str:
     legend = (
         (
             "<p class=muted>Green / red only when the confidence interval of the delta lies entirely above / "
-            "below 0; grey = the interval contains 0 (no significant difference). Win rate = share of prompts "
-            "where trained scores strictly higher than base (same prompt and seed). The base / trained "
-            "columns are each model's own mean over what it scored; the delta, its CI and the paired "
+            "below 0; grey = the interval contains 0 (no significant difference). Win rate = share of "
+            "prompts where trained scores strictly higher than base (same prompt and seed). The base / "
+            "trained columns are each model's own mean over what it scored; the delta, its CI and the paired "
             "means below it use only the prompts scored for both (they differ when e.g. a judgement "
             "failed for one model).</p>"
         )
@@ -288,7 +296,10 @@ def _bench_plots(b: Mapping, title: str, shared_axis: bool) -> str:
     return (
         svg_delta_bars(
             list(stats.items()),
-            title=f"{title}: trained − base, {round(100 * next(iter(stats.values())).get('level', 0.95))}% CI",
+            title=(
+                f"{title}: trained − base, "
+                f"{round(100 * next(iter(stats.values())).get('level', 0.95))}% CI"
+            ),
             shared_axis=shared_axis,
         )
         if stats
@@ -329,9 +340,16 @@ def _hpdv2(result: Mapping, b: Mapping, out: Path, jobs: Sequence, per_image: Ma
         parts.append("<div class=plots>" + "".join(plots) + "</div>")
         infos = result.get("scorers") or {}
         info_rows = "".join(
-            f"<tr><td>{_e(n)}</td><td>{_e(i.get('backend', ''))}</td><td>{_e(i.get('preprocessing', ''))}</td>"
+            f"<tr><td>{_e(n)}</td><td>{_e(i.get('backend', ''))}</td>"
+            f"<td>{_e(i.get('preprocessing', ''))}</td>"
             f"<td>{_e(i.get('scale', ''))}</td><td>{_e(i.get('weights', i.get('options', '')))}</td>"
-            f"<td>{'published metric' if i.get('comparable_to_official') else _e(i.get('not_published_because', 'no'))}</td></tr>"
+            "<td>"
+            + (
+                "published metric"
+                if i.get("comparable_to_official")
+                else _e(i.get("not_published_because", "no"))
+            )
+            + "</td></tr>"
             for n, i in infos.items()
             if n in names
         )
@@ -353,7 +371,10 @@ def _hpdv2(result: Mapping, b: Mapping, out: Path, jobs: Sequence, per_image: Ma
             for lb in labels:
                 scores = {n: v[i] for n, v in (per_image.get(lb) or {}).items() if i < len(v)}
                 txt = " · ".join(f"{n} {_fmt(v, 3)}" for n, v in scores.items())
-                cells += f"<td>{_img(out / 'hpdv2' / lb / j.rel, thumb, j.prompt)}<span class=muted>{_e(txt)}</span></td>"
+                cells += (
+                    f"<td>{_img(out / 'hpdv2' / lb / j.rel, thumb, j.prompt)}"
+                    f"<span class=muted>{_e(txt)}</span></td>"
+                )
             change = ""
             if primary and len(labels) == 2:
                 t, bb = (
@@ -467,14 +488,16 @@ def _geneval(result: Mapping, b: Mapping, out: Path, jobs: Sequence, records: Ma
                     )
                     reason = "" if not r or c else f"<div class=reason>{_e(r.get('reason') or '')}</div>"
                     ims.append(
-                        f"<span class=s style='width:{small + 8}px'>{_img(out / rel, small, j.prompt, _boxes(r))}"
+                        f"<span class=s style='width:{small + 8}px'>"
+                        f"{_img(out / rel, small, j.prompt, _boxes(r))}"
                         f"{badge}{reason}</span>"
                     )
                 acc[lb] = n_ok
                 cells += f"<td class=thumbs>{''.join(ims)}</td>"
             change = (
                 (
-                    f"<br><span class=muted>correct: base {acc['base']}/{len(js)} → trained {acc['trained']}/{len(js)}"
+                    f"<br><span class=muted>correct: base {acc['base']}/{len(js)} "
+                    f"→ trained {acc['trained']}/{len(js)}"
                     "</span>"
                 )
                 if len(labels) == 2
@@ -567,7 +590,10 @@ def _wise(result: Mapping, b: Mapping, out: Path, jobs: Sequence, records: Mappi
         j = jobs[pid]
         r = recs[lb].get(pid)
         if r is None:
-            return f"<td>{_img(out / 'wise' / lb / j.rel, thumb, j.prompt)}<span class=muted>not judged</span></td>"
+            return (
+                f"<td>{_img(out / 'wise' / lb / j.rel, thumb, j.prompt)}"
+                "<span class=muted>not judged</span></td>"
+            )
         if r.get("wiscore") is not None:
             subs = " ".join(f"{s} {r.get(k)}" for k, s in _SUB)
             score = f"<span class=muted>WiScore {_fmt(r['wiscore'], 3)} · {_e(subs)}</span>"

@@ -1,4 +1,5 @@
-"""WISE (Niu et al. 2025, PKU-YuanGroup/WISE, legacy protocol): world-knowledge T2I benchmark with a VLM judge.
+"""WISE (Niu et al. 2025, PKU-YuanGroup/WISE, legacy protocol): world-knowledge T2I benchmark with a VLM
+judge.
 
 - Prompts are NOT redistributable (no licence): `load_prompts(path)` reads the user's copy of the official
   release - a folder with `cultural_common_sense[_rewrite].json`, `spatio-temporal_reasoning[_rewrite].json`,
@@ -6,8 +7,8 @@
   explicit prompts of the paper's Table 2) is the default; `variant="original"` uses the knowledge prompts.
   Either way the judge sees the (rewritten) Prompt plus the original Explanation, as in the paper.
 - Images: one per prompt, `<image_dir>/<prompt_id>.png` (`image_path`).
-- Judge: any OpenAI-compatible `/v1/chat/completions` endpoint (GPT-4o-2024-05-13 for the paper's numbers, or a
-  vLLM-served open VLM - different judge, numbers not comparable). The rubric and system prompt are the
+- Judge: any OpenAI-compatible `/v1/chat/completions` endpoint (GPT-4o-2024-05-13 for the paper's numbers,
+  or a vLLM-served open VLM - different judge, numbers not comparable). The rubric and system prompt are the
   official `gpt_eval.py` text; temperature 0, image sent as a base64 PNG data URL. The API key is read from
   an environment variable (`JudgeConfig.api_key_env`) and never logged or stored.
 - Three 0-2 scores (Consistency, Realism, Aesthetic Quality) parsed as the official `extract_scores` of
@@ -28,8 +29,9 @@
   the evaluated prompts (flagged `complete: false`).
 - The evaluate stage's use of it: `score_stage` (judge every label's folder) and `comparability_notes`.
 
-Size note: one room (~630 lines) on purpose: prompts, rubric, parser, judge client and aggregation are one protocol
-pinned to the official WISE_legacy scripts; the judge client is small and used only by this protocol.
+Size note: one room (~630 lines) on purpose: prompts, rubric, parser, judge client and aggregation are one
+protocol pinned to the official WISE_legacy scripts; the judge client is small and used only by this
+protocol.
 """
 
 from __future__ import annotations
@@ -75,6 +77,7 @@ SYSTEM_PROMPT = (
     "according to the protocol."
 )
 # Verbatim from WISE_legacy/gpt_eval.py (build_evaluation_messages); {prompt} / {explanation} substituted.
+# Its long lines and trailing spaces are the official text, kept as is (hence the noqa on the closing line).
 RUBRIC = """Please evaluate strictly and return ONLY the three scores as requested.
 
 # Text-to-Image Quality Evaluation Protocol
@@ -131,7 +134,7 @@ For **Aesthetic Quality**, a score of '2' demands exceptional artistic merit, no
 Here are the Prompt and EXPLANATION for this evaluation:
 PROMPT: "{prompt}"
 EXPLANATION: "{explanation}"
-Please strictly adhere to the scoring criteria and follow the template format when providing your results."""
+Please strictly adhere to the scoring criteria and follow the template format when providing your results."""  # noqa: E501
 
 # official: a name (any case, up to two '*' either side), an optional ASCII ':' with whitespace (\s, which
 # spans line breaks) around it, then ONE digit (\d: any Unicode decimal digit, e.g. '٣' reads 3)
@@ -184,8 +187,10 @@ def load_prompts(path: str | os.PathLike | None = None, variant: str = "rewrite"
         path = os.environ.get(WISE_DIR_ENV)
         if not path:
             raise UserError(
-                "WISE prompts are not redistributable: download the official release (github.com/PKU-YuanGroup/WISE, "
-                f"WISE_legacy/data/) and pass its folder (or set ${WISE_DIR_ENV}); expected files: {', '.join(files)}"
+                "WISE prompts are not redistributable: download the official release "
+                "(github.com/PKU-YuanGroup/WISE, "
+                f"WISE_legacy/data/) and pass its folder (or set ${WISE_DIR_ENV}); "
+                f"expected files: {', '.join(files)}"
             )
     if str(path).startswith("s3://"):  # the user's copy in S3: the variant's files that exist there
         from chunkgrpo.eval import fetch_s3_files

@@ -49,7 +49,8 @@ _NS_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
 
 def build_job(kind: str, spec: JobSpec, template: dict | None = None) -> dict:
-    """TrainJob (`template` = the runtime, needed only for resource overrides) or PyTorchJob (`template` = its template)."""
+    """TrainJob (`template` = the runtime, needed only for resource overrides) or PyTorchJob (`template` = its
+    template)."""
     if kind == "TrainJob":
         return build_trainjob(spec, template)
     if kind == "PyTorchJob":

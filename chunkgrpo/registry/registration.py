@@ -5,7 +5,8 @@ A registered version is an MLflow Model (`python_function`, model from code, no 
 `create_model_version(source=<run artifact uri>/model)`, so that
 
     model = mlflow.pyfunc.load_model("models:/chunkgrpo-flux@champion")   # base FLUX + the adapter
-    model.predict(pd.DataFrame({"prompt": ["a red apple"], "seed": [7]}))  # -> prompt, seed, image (PNG base64)
+    model.predict(pd.DataFrame({"prompt": ["a red apple"], "seed": [7]}))
+    # -> a DataFrame: prompt, seed, image (PNG base64)
 
 works in any environment with `chunkgrpo` installed. For large full checkpoints the weights can stay
 in S3 (`include_weights=False`): only a pointer is logged (checksum-verified on load).

@@ -100,7 +100,8 @@ def safe_torch_load(path: Path, what: str):
     except pickle.UnpicklingError as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise SpecError(
-            f"{what} {str(path)!r} holds pickled objects other than tensors and is refused (weights_only=True): "
+            f"{what} {str(path)!r} holds pickled objects other than tensors and is refused "
+            "(weights_only=True): "
             f"{first}. Re-save it as a plain state_dict (torch.save(model.state_dict(), ...))."
         ) from None
 
@@ -204,7 +205,8 @@ class Backend:
 
 
 class ClipBackend(Backend):
-    """transformers `CLIPModel` for `clip` (cosine x multiplier) and `pickscore` (logit_scale.exp() x cosine)."""
+    """transformers `CLIPModel` for `clip` (cosine x multiplier) and `pickscore` (logit_scale.exp() x
+    cosine)."""
 
     def __init__(self, name: str, model_dir: str, processor_dir: str | None = None, *, device: str = "auto",
                  dtype: str = "float32", multiplier: float = 1.0) -> None:
@@ -356,13 +358,16 @@ class HPSv2Backend(Backend):
                 "centred, no crop; OpenAI CLIP mean/std; text: open_clip SimpleTokenizer, "
                 "77 tokens; amp on CUDA"
             ),
-            "scale": "cosine of L2-normalised features, as hpsv2.score returns (~0.2-0.37; x100 in HPSv2 tables)",
+            "scale": (
+                "cosine of L2-normalised features, as hpsv2.score returns (~0.2-0.37; x100 in HPSv2 tables)"
+            ),
         }
 
 
 _HPSV2_VOCAB_HINT = (
     "hpsv2: the hpsv2 wheel lacks open_clip's BPE vocabulary ({err}); copy bpe_simple_vocab_16e6.txt.gz from "
-    "the open-clip-torch package into hpsv2/src/open_clip/ (scripts/reward-envs.sh and the eval image do this)"
+    "the open-clip-torch package into hpsv2/src/open_clip/ "
+    "(scripts/reward-envs.sh and the eval image do this)"
 )
 
 
@@ -441,15 +446,15 @@ class ImageRewardBackend(Backend):
             "backend": "image-reward package (BLIP ViT-L + BERT, MLP head)",
             "device": self.device,
             "higher_is_better": True,
-            "preprocessing": "resize 224 bicubic + center-crop 224, OpenAI CLIP mean/std; text truncated to 35 "
-            "tokens (bert-base-uncased tokenizer from the HF cache)",
+            "preprocessing": "resize 224 bicubic + center-crop 224, OpenAI CLIP mean/std; text truncated to "
+            "35 tokens (bert-base-uncased tokenizer from the HF cache)",
             "scale": "standardised reward (r - 0.16717) / 1.03334 (ImageReward-v1.0 output)",
         }
 
 
 def bert_tokenizer_problem() -> str | None:
-    """ImageReward builds `BertTokenizer.from_pretrained('bert-base-uncased')`: offline, that needs the files in
-    the Hugging Face cache. None when they are there, else an actionable message."""
+    """ImageReward builds `BertTokenizer.from_pretrained('bert-base-uncased')`: offline, that needs the files
+    in the Hugging Face cache. None when they are there, else an actionable message."""
     try:
         from huggingface_hub import try_to_load_from_cache
     except ImportError as e:  # pragma: no cover - huggingface_hub is a dependency of image-reward
@@ -513,7 +518,9 @@ class HPSv3Backend(Backend):
             "base_model": self.base_model,
             "device": self.device,
             "higher_is_better": True,
-            "preprocessing": "qwen_vl_utils: resize to 256*28*28 = 200,704 pixels (min=max); HPSv3 instruction prompt",
+            "preprocessing": (
+                "qwen_vl_utils: resize to 256*28*28 = 200,704 pixels (min=max); HPSv3 instruction prompt"
+            ),
             "scale": "mu of the predicted (mu, sigma) (column 0); FLUX.1-dev ~10-11",
         }
 

@@ -85,7 +85,8 @@ def compute_rewards(fns: dict[str, RewardFn], images, prompts) -> dict[str, torc
         bad = (~torch.isfinite(r)).nonzero().flatten().tolist()
         if bad:
             raise ValueError(
-                f"reward {name!r} is non-finite for samples {bad[:8]} (prompts {[prompts[i] for i in bad[:3]]})"
+                f"reward {name!r} is non-finite for samples {bad[:8]} "
+                f"(prompts {[prompts[i] for i in bad[:3]]})"
             )
         out[name] = r
     return out

@@ -1,6 +1,7 @@
 """Reward / preference scorers behind one batch API.
 
-    scorer = get_scorer("pickscore", weights="/models/PickScore_v1", processor="/models/CLIP-ViT-H-14-laion2B")
+    scorer = get_scorer("pickscore", weights="/models/PickScore_v1",
+                        processor="/models/CLIP-ViT-H-14-laion2B")
     scores = scorer.score(images, prompts)      # float32 tensor, shape (n,), on CPU
     scorer.info                                 # name, model, weights, preprocessing, scale, backend, ...
     scorer.close()                              # stops its worker process, if any
@@ -79,8 +80,8 @@ class ScorerConfig(Config):
     )
     processor: str | None = option(
         None,
-        "pickscore/clip: folder (or s3:// prefix) with tokenizer + preprocessor_config.json when they are not "
-        "in `weights` (PickScore_v1 uses laion/CLIP-ViT-H-14-laion2B-s32B-b79K's processor); "
+        "pickscore/clip: folder (or s3:// prefix) with tokenizer + preprocessor_config.json when they are "
+        "not in `weights` (PickScore_v1 uses laion/CLIP-ViT-H-14-laion2B-s32B-b79K's processor); "
         "hpsv3: local Qwen2-VL-7B-Instruct folder (base model)",
     )
     device: str = option("auto", "torch device: auto (cuda if available), cpu, cuda, cuda:1 ...")
@@ -139,7 +140,8 @@ _DTYPES = {"float32", "bfloat16", "float16"}
 
 
 def to_pil_list(images: Any) -> list[Image.Image]:
-    """Accept a list of PIL images / HWC uint8 arrays, or a float tensor (n,3,H,W) in [0,1]; return RGB PILs."""
+    """Accept a list of PIL images / HWC uint8 arrays, or a float tensor (n,3,H,W) in [0,1]; return RGB
+    PILs."""
     try:
         import torch
     except ImportError:  # pragma: no cover - torch is always present where scorers run
@@ -192,8 +194,9 @@ def require_package(module: str, scorer: str, pip_spec: str) -> Any:
         return importlib.import_module(module)
     except ImportError as e:
         raise UserError(
-            f"scorer {scorer!r} needs the `{module}` package, which is not importable here ({e}). It lives only "
-            f"in {EVAL_IMAGE_HINT} because its pins conflict with the training stack: run this scorer there, "
+            f"scorer {scorer!r} needs the `{module}` package, which is not importable here ({e}). "
+            f"It lives only in {EVAL_IMAGE_HINT} because its pins conflict with the training stack: "
+            "run this scorer there, "
             f"or `pip install {pip_spec}` in a separate venv (never the main one)."
         ) from None
 
@@ -219,8 +222,9 @@ def check_scorer_package(name: str, venv: str | None = None) -> None:
             var = WC.venv_var(name)
             raise UserError(
                 f"scorer {name!r} needs the `{module}` package, which is not importable here ({e}). Its pins "
-                f"conflict with the training stack, so it runs in its own venv: set {var} to one (build them with "
-                f"`bash scripts/reward-envs.sh`; {EVAL_IMAGE_HINT} has them at /opt/venv-*), or "
+                f"conflict with the training stack, so it runs in its own venv: set {var} to one "
+                f"(build them with `bash scripts/reward-envs.sh`; "
+                f"{EVAL_IMAGE_HINT} has them at /opt/venv-*), or "
                 f"`pip install {SCORERS[name].pip}` in a separate venv (never the main one)."
             ) from None
         except FileNotFoundError as e:  # hpsv2 without its vocabulary fails like this at import
@@ -319,7 +323,8 @@ def _spec_errors(fn: Callable[[], Any]) -> Any:
 class _HFClipScorer(Scorer):
     """Shared transformers-CLIP path for `clip` and `pickscore`, in this process
     (`chunkgrpo.scoring.backends.ClipBackend`).
-    `preprocess`, `embed_text`, `embed_images` and `cosine` are public (GenEval's colour classifier uses them)."""
+    `preprocess`, `embed_text`, `embed_images` and `cosine` are public (GenEval's colour classifier uses
+    them)."""
 
     model_label = "CLIP"
 
@@ -398,9 +403,9 @@ class InProcessScorer(Scorer):
 
 class WorkerScorer(Scorer):
     """A scorer whose model lives in a worker process in its own venv (`chunkgrpo.scoring.worker`): loaded
-    once, batches of RGB pixels + prompts sent over pipes, scores back. A worker that crashes is restarted (model
-    reloaded) and the batch retried up to `restarts` times; a batch that takes longer than `timeout` stops
-    the worker and raises. Either way the caller gets `ScorerWorkerError`, never a hang."""
+    once, batches of RGB pixels + prompts sent over pipes, scores back. A worker that crashes is restarted
+    (model reloaded) and the batch retried up to `restarts` times; a batch that takes longer than `timeout`
+    stops the worker and raises. Either way the caller gets `ScorerWorkerError`, never a hang."""
 
     def __init__(self, name: str, spec: dict, venv: Path, *, batch_size: int = 16, timeout: float = 600.0,
                  load_timeout: float = 1800.0, restarts: int = 2, weights_source: str | None = None) -> None:

@@ -49,7 +49,8 @@ def resolve_weights(
     path = Path(text).expanduser()
     if not path.exists():
         hint = (
-            " (this looks like a hub id; hub downloads are disabled: download it in advance and pass the folder)"
+            " (this looks like a hub id; hub downloads are disabled: "
+            "download it in advance and pass the folder)"
             if text.count("/") == 1 and not text.startswith((".", "/", "~"))
             else ""
         )

@@ -12,10 +12,10 @@ backend classes run in-process when no venv is configured, so both paths share o
 Protocol (the parent writes to stdin; replies go to the original stdout, and everything the packages
 print is redirected to stderr, which the parent keeps in a log file):
   frame = 8-byte header (two big-endian uint32: JSON length, payload length) + JSON + payload bytes
-  -> {"op": "load", "spec": {...}}                       <- {"op": "ready", "info": {...}, "runtime": {...}}
+  -> {"op": "load", "spec": {...}}                   <- {"op": "ready", "info": {...}, "runtime": {...}}
   -> {"op": "score", "prompts": [...], "shapes": [[h, w], ...]} + RGB uint8 pixels, images back to back
-                                                         <- {"op": "scores", "n": k} + k float64 (little endian)
-  -> {"op": "check", "spec": {...}}                      <- {"op": "checked", "problems": [...], "runtime": {...}}
+                                                     <- {"op": "scores", "n": k} + k float64 (little endian)
+  -> {"op": "check", "spec": {...}}                  <- {"op": "checked", "problems": [...], "runtime": {...}}
   -> {"op": "exit"} (or EOF)
 Any failure answers {"op": "error", "kind": "user" | "internal", "message": ..., "traceback": ...}; the
 worker stays up after a failed request. It exits when the parent goes away (stdin EOF or re-parenting).

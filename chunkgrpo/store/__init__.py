@@ -61,7 +61,8 @@ def parse_s3_uri(uri: str) -> tuple[str, str]:
 
 
 def _check_key(key: str, where: str) -> None:
-    """S3 keys with '.'/'..' segments are rejected by S3 clients (minio raises ValueError): a UserError here."""
+    """S3 keys with '.'/'..' segments are rejected by S3 clients (minio raises ValueError): a UserError
+    here."""
     if any(part in (".", "..") for part in key.split("/")):
         raise UserError(f"{where!r}: '.' and '..' are not allowed as parts of an S3 key")
 

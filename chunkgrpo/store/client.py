@@ -210,7 +210,8 @@ class ArtifactStore:
         self.config = config or StoreConfig()
         if not self.config.endpoint:
             raise UserError(
-                "no S3 endpoint configured: set CHUNKGRPO_S3_ENDPOINT (or store.endpoint); for a local one run "
+                "no S3 endpoint configured: set CHUNKGRPO_S3_ENDPOINT (or store.endpoint); "
+                "for a local one run "
                 '`chunkgrpo local up` and `eval "$(chunkgrpo local env)"`'
             )
         if not self.config.access_key or not self.config.secret_key:
@@ -221,7 +222,10 @@ class ArtifactStore:
         self._client = self._make_client()
 
     def __repr__(self) -> str:
-        return f"ArtifactStore({self.config.url}, bucket={self.config.bucket!r}, access_key={self.config.access_key!r})"
+        return (
+            f"ArtifactStore({self.config.url}, bucket={self.config.bucket!r}, "
+            f"access_key={self.config.access_key!r})"
+        )
 
     @property
     def bucket(self) -> str:
@@ -269,7 +273,8 @@ class ArtifactStore:
                 kind = classify_error(exc)
                 if kind == "auth":
                     raise UserError(
-                        f"S3 authentication failed at {c.url} for access key id {c.access_key!r} while {what}: "
+                        f"S3 authentication failed at {c.url} for access key id {c.access_key!r} "
+                        f"while {what}: "
                         f"{getattr(exc, 'code', '') or type(exc).__name__} — check AWS_ACCESS_KEY_ID/"
                         "AWS_SECRET_ACCESS_KEY (the Kubernetes Secret) and the bucket policy"
                     ) from None
@@ -280,7 +285,8 @@ class ArtifactStore:
                         "clock (NTP)") from None
                 if kind == "missing" and getattr(exc, "code", "") == "NoSuchBucket":
                     raise UserError(
-                        f"bucket {getattr(exc, 'bucket_name', None) or self.bucket!r} does not exist at {c.url} "
+                        f"bucket {getattr(exc, 'bucket_name', None) or self.bucket!r} "
+                        f"does not exist at {c.url} "
                         "(create it: ArtifactStore.ensure_bucket(), or `chunkgrpo local up` locally)"
                     ) from None
                 if kind != "transient":

@@ -14,8 +14,8 @@ in the layout the package's loader reads:
           tokenizer is open_clip's real BPE (its vocabulary file ships with open-clip-torch).
 - imagereward: `ImageReward.pt` (state_dict of `ImageReward.ImageReward`: BLIP ViT-L - the package hard-codes
           'large' - and a 2-layer BERT from a reduced `med_config.json`), and `hf_home/` = a Hugging Face
-          cache holding a locally built `bert-base-uncased` WordPiece tokenizer, which the package loads by name
-          (set HF_HOME to it).
+          cache holding a locally built `bert-base-uncased` WordPiece tokenizer, which the package loads by
+          name (set HF_HOME to it).
 - hpsv3 : `Qwen2-VL-tiny/` (a 2-layer `Qwen2VLForConditionalGeneration` + a byte-level BPE tokenizer with the
           Qwen2-VL special tokens, `Qwen2VLImageProcessor` and a chat template) and `HPSv3.safetensors` = the
           state_dict of `Qwen2VLRewardModelBT` made by hpsv3's own `create_model_and_processor`.
@@ -179,7 +179,8 @@ QWEN_SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>
 # Qwen2-VL's conversation format: system turn, user turn with image placeholders, assistant prefix
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
-    "{% if loop.first and message['role'] != 'system' %}<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"
+    "{% if loop.first and message['role'] != 'system' %}"
+    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"
     "<|im_start|>{{ message['role'] }}\n"
     "{% if message['content'] is string %}{{ message['content'] }}"
     "{% else %}{% for item in message['content'] %}"

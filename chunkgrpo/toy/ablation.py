@@ -271,7 +271,8 @@ def _prepare(cfg: AblationConfig) -> dict:
 
 
 def series_key(cfg: AblationConfig, prep: dict) -> str:
-    """What a seed's runs depend on besides the seed: a changed engine, model or design starts a new series."""
+    """What a seed's runs depend on besides the seed: a changed engine, model or design starts a new
+    series."""
     return _key({"model_key": prep["meta"]["key"], "preset": cfg.preset, "overrides": cfg.overrides,
                  "steps": cfg.steps, "eval": [cfg.eval_per_category, cfg.eval_samples, cfg.eval_points],
                  "engine": cfg.engine_pin or engine_fingerprint(),

@@ -23,7 +23,8 @@ from chunkgrpo.errors import UserError
 from chunkgrpo.toy.power import min_detectable_effect, paired_power, seeds_needed
 
 # per method: training overrides; `kind` step | chunk | branch; `chunks` the chunk strategy of a chunk arm
-# ("{plan}" = the SDE dynamics plan, "{uniform}" = the config's uniform strategy); `weighted` = Eq. 16 sampling
+# ("{plan}" = the SDE dynamics plan, "{uniform}" = the config's uniform strategy);
+# `weighted` = Eq. 16 sampling
 METHODS: dict[str, dict] = {
     "step_flow": {"overrides": ["method=dance", "sampling.rule=flow", "sampling.eta=0.7"], "kind": "step"},
     "step_dance": {"overrides": ["method=dance", "sampling.rule=dance", "sampling.eta=0.3"], "kind": "step"},
@@ -125,7 +126,8 @@ def design(cfg, train_cfg, plan_sizes: list[int] | None) -> dict:
         "transitions_per_sample": T,
         "sample_budget": budget,
         "arms": arms,
-        "rule": f"step/chunk arms: {cfg.steps} optimizer steps × {B} images, {T} of {S} transitions per sample "
+        "rule": f"step/chunk arms: {cfg.steps} optimizer steps × {B} images, "
+        f"{T} of {S} transitions per sample "
         f"in expectation; branching arms stop at {budget} cumulative transformer samples "
         f"(= {cfg.steps} × {B} × ({N} + {T}))",
     }

@@ -147,17 +147,20 @@ def aggregate(cfg, runs: dict[str, dict[int, dict]], des: dict) -> dict:
 
 
 def nightly_summary(result: dict, key: str, seeds_now: list[int]) -> str:
-    """The one-line summary of a nightly series (`run_series`): seeds so far, the primary difference, the MDE."""
+    """The one-line summary of a nightly series (`run_series`): seeds so far, the primary difference, the
+    MDE."""
     pr = result["primary"]
     return (
-        f"series {key}: {len(seeds_now)} seeds so far ({len(result['series']['seeds_added'])} added tonight); "
+        f"series {key}: {len(seeds_now)} seeds so far "
+        f"({len(result['series']['seeds_added'])} added tonight); "
         f"{pr['a']} − {pr['b']} = "
         + (
             f"{pr['diff']['mean']:+.4f} ± {pr['diff']['ci95']:.4f}"
             if pr.get("diff") and pr["diff"]["n"] >= 2
             else "n/a (< 2 seeds)"
         )
-        + f"; minimum detectable effect at {len(seeds_now)} seeds: {_f(pr.get('mde_at_seeds'), 4)} (observed sd), "
+        + f"; minimum detectable effect at {len(seeds_now)} seeds: "
+        f"{_f(pr.get('mde_at_seeds'), 4)} (observed sd), "
         f"{_f(pr.get('mde_at_seeds_assumed_sd'), 4)} (pre-registered sd)"
     )
 
@@ -185,11 +188,14 @@ def markdown(result: dict) -> str:
         f"**Status: {status}** — {pr.get('status_reason', '')}. Primary pair: {len(pr.get('seeds', []))} of "
         f"{pr['planned_seeds']} planned seeds.",
         "",
-        f"Base model `{result['model']['key']}`; {tc['prompts_per_rank']} prompts × {tc['group_size']} samples "
+        f"Base model `{result['model']['key']}`; "
+        f"{tc['prompts_per_rank']} prompts × {tc['group_size']} samples "
         f"per optimizer step; {tc['sampling']['num_steps']} sampling steps at {tc['sampling']['height']}²; "
         f"lr {tc['lr']}, LoRA r{tc['lora']['rank']}; reward `toy_geneval` (graded credit). Evaluation: "
-        f"{len(s['eval_prompts'])} held-out prompts × {s['eval_samples']} images at {s['eval_points']} points per "
-        f"run, trained model alone, ODE, the same noise for every arm of a seed. Mean ± 95 % CI (t) over seeds.",
+        f"{len(s['eval_prompts'])} held-out prompts × {s['eval_samples']} images "
+        f"at {s['eval_points']} points per "
+        "run, trained model alone, ODE, the same noise for every arm of a seed. "
+        "Mean ± 95 % CI (t) over seeds.",
         "",
     ]
     if pr.get("nightly_summary"):
@@ -218,7 +224,8 @@ def markdown(result: dict) -> str:
             f"**Primary result** (`{pr['a']}` − `{pr['b']}`, {d['n']} seeds): "
             f"{_pm(d, 4)}"
             + (f" (95 % CI [{ci[0]:+.4f}, {ci[1]:+.4f}], p = {d.get('p', float('nan')):.3g})" if ci else "")
-            + f"; minimum detectable effect at {d['n']} seeds (80 % power): {_f(pr.get('mde_at_seeds'), 4)} at the "
+            + f"; minimum detectable effect at {d['n']} seeds (80 % power): "
+            f"{_f(pr.get('mde_at_seeds'), 4)} at the "
             f"observed sd, {_f(pr.get('mde_at_seeds_assumed_sd'), 4)} at the pre-registered sd.",
         ]
     lines += ["", "## Power calculation (scipy, " + pw["test"] + ")", "",
@@ -243,7 +250,8 @@ def markdown(result: dict) -> str:
         "",
         des["rule"] + ".",
         "",
-        "| arm | chunks | fraction | transitions / sample | optimizer steps | rewarded images | transformer samples |",
+        "| arm | chunks | fraction | transitions / sample | optimizer steps | rewarded images "
+        "| transformer samples |",
         "|---|---|---|---|---|---|---|",
     ]
     for m, a in des["arms"].items():  # every arm of the design, with the measured means once it has runs
@@ -294,7 +302,8 @@ def markdown(result: dict) -> str:
         for p in result["paired"]:
             lines.append(
                 f"| `{p['a']}` − `{p['b']}` | {p['role']} | {len(p['seeds'])} | {_pm(p['diff'], 4)} | "
-                f"{_f(p['diff'].get('p'), 3)} | {_f(p.get('p_holm'), 3) if p['role'] != 'primary' else '–'} | "
+                f"{_f(p['diff'].get('p'), 3)} | "
+                f"{_f(p.get('p_holm'), 3) if p['role'] != 'primary' else '–'} | "
                 f"{p['wins']} / {p['ties']} / {p['losses']} |"
             )
     curves = [(m, e) for m, e in result["methods"].items() if m != "base" and e.get("curve")]

@@ -54,7 +54,8 @@ PLURALS = {
     "bar": "bars",
     "column": "columns",
 }
-# colour names are a subset of GenEval's colour vocabulary; RGB chosen far apart (min pairwise distance checked in tests)
+# colour names are a subset of GenEval's colour vocabulary; RGB chosen far apart
+# (min pairwise distance checked in tests)
 PALETTE = {
     "red": (220, 20, 30),
     "orange": (250, 140, 0),
@@ -408,7 +409,8 @@ class World:
         return objs
 
     def sample(self, n: int, which: str = "train", seed: int = 0) -> list[Scene]:
-        """`n` scenes of prompts from `which`, category-balanced (tags cycle), deterministic in (world, seed)."""
+        """`n` scenes of prompts from `which`, category-balanced (tags cycle), deterministic in (world,
+        seed)."""
         prompts = self.prompts(which)
         rng = np.random.default_rng([self.seed, seed, 0 if which == "train" else 1])
         out = []

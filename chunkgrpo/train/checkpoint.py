@@ -185,8 +185,10 @@ def prune(root: Path, keep: int, mirror: "Mirror | None" = None, backlog: int = 
         lost = [p for p in held[:max(0, len(held) - backlog)] if mirror.settle(p)]
         if lost:
             raise MirrorBacklogError(
-                f"checkpoint.keep={keep} would delete {', '.join(p.name for p in lost)}, not yet mirrored to S3 "
-                f"({mirror.last_error or 'S3 unreachable'}; checkpoint.mirror_backlog={backlog}); stopping instead "
+                f"checkpoint.keep={keep} would delete {', '.join(p.name for p in lost)}, "
+                "not yet mirrored to S3 "
+                f"({mirror.last_error or 'S3 unreachable'}; checkpoint.mirror_backlog={backlog}); "
+                "stopping instead "
                 f"of losing them — they are intact in {root}"
             )
         old = [p for p in old if not mirror.is_pending(p)] + in_s3

@@ -73,7 +73,8 @@ class CheckpointConfig(Config):
     )
     mirror_backlog: int = option(
         0,
-        "S3 outage: checkpoints not yet in S3 kept beyond `keep`; one more stops training instead of deleting it",
+        "S3 outage: checkpoints not yet in S3 kept beyond `keep`; "
+        "one more stops training instead of deleting it",
     )
     mirror_wait_s: float = option(
         600.0, "at the end of training, seconds to wait for the S3 mirror to catch up before failing"
@@ -220,8 +221,9 @@ class TrainConfig(Config):
     branch_update: Literal["auto", "per_step", "per_iteration"] = option(
         "auto",
         "tempflow/granular: per_step = one optimizer step per trained branching step k (G2RPO's per-k "
-        "released trainer, train_g2rpo_hps.py); per_iteration = the loss of each k divided by K, one optimizer step "
-        "per iteration (TempFlow; G2RPO's Eq. 9 / Algorithm 1 and train_g2rpo_hps_clip.py @0e69799); "
+        "released trainer, train_g2rpo_hps.py); per_iteration = the loss of each k divided by K, "
+        "one optimizer step per iteration "
+        "(TempFlow; G2RPO's Eq. 9 / Algorithm 1 and train_g2rpo_hps_clip.py @0e69799); "
         "auto = per_step for granular, per_iteration for tempflow",
     )
     noise_weight_c: float = option(
@@ -236,7 +238,8 @@ class TrainConfig(Config):
     )
     adv_std: Literal["unbiased", "population"] = option(
         "unbiased",
-        "group std of the advantage: unbiased (DanceGRPO/G2RPO/Chunk-GRPO) or population (Flow-GRPO/TempFlow)",
+        "group std of the advantage: unbiased (DanceGRPO/G2RPO/Chunk-GRPO) "
+        "or population (Flow-GRPO/TempFlow)",
     )
     adv_eps: float = option(1e-8, "added to the group std (1e-8 DanceGRPO family, 1e-4 Flow-GRPO/TempFlow)")
     reward_weighting: Literal["given", "normalized"] = option(
@@ -314,7 +317,8 @@ class TrainConfig(Config):
                             f"{self.samples_per_rank} (optimizer steps happen within one rollout)")
         if self.policy_batch < 1:
             raise UserError(
-                f"policy_batch must be >= 1 (transformer inputs per training forward), got {self.policy_batch}"
+                "policy_batch must be >= 1 (transformer inputs per training forward), "
+                f"got {self.policy_batch}"
             )
         if not self.rewards:
             raise UserError("no training reward configured (rewards: [{name: ..., weight: ...}])")
@@ -328,8 +332,9 @@ class TrainConfig(Config):
 
     @classmethod
     def load(cls, source=None, overrides: list[str] | None = None) -> "TrainConfig":
-        """As `Config.load`; an override that sets one training-length unit (max_steps or max_iterations) to a
-        non-zero value clears the other one from the preset, so `max_steps=10` on the command line just works."""
+        """As `Config.load`; an override that sets one training-length unit (max_steps or max_iterations) to
+        a non-zero value clears the other one from the preset, so `max_steps=10` on the command line just
+        works."""
         from chunkgrpo.config import parse_override
 
         keys = {parse_override(o)[0]: parse_override(o)[1] for o in overrides or []}

@@ -35,7 +35,8 @@ class Ema:
 
     @contextmanager
     def swapped(self):
-        """The parameters hold the EMA weights inside the block (export, checkpoint), the trained ones after."""
+        """The parameters hold the EMA weights inside the block (export, checkpoint), the trained ones
+        after."""
         with torch.no_grad():
             saved = [p.detach().clone() for p in self.params]
             for p, s in zip(self.params, self.shadow):

@@ -178,7 +178,8 @@ def _iteration(ctx: IterationContext) -> IterationResult:
         "transformer_samples": calls["transformer_samples"],
         "rollout_samples": rollout_calls["transformer_samples"],
         # the algorithm's minimum: every distinct transformer input once per θ — the rollout (a group's shared
-        # prefix once per prompt) plus one forward/backward per distinct trained (sample, step) input per window
+        # prefix once per prompt) plus one forward/backward per distinct trained (sample, step) input per
+        # window
         "min_transformer_samples": rollout_minimum(traj, cfg.sampling.num_steps, B) + min_train,
         # without sharing identical inputs: every sample evaluates every step in the rollout and in training
         "unshared_transformer_samples": cfg.sampling.num_steps * B + trained_pairs,

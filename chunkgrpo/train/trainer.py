@@ -58,7 +58,8 @@ def peft_lora_config(lc):
 
 def check_trained_units(cfg: TrainConfig, plan: ChunkPlan) -> None:
     """Chunk/step methods train int(K·timestep_fraction) units per sample (the references' count); a plan
-    where that is 0 (e.g. `whole` with fraction 0.5: GCPO trains nothing) is rejected, not silently raised to 1."""
+    where that is 0 (e.g. `whole` with fraction 0.5: GCPO trains nothing) is rejected, not silently raised
+    to 1."""
     if cfg.method not in GRPO_METHODS:
         return
     K = len(plan.sizes)
@@ -313,7 +314,8 @@ class Trainer:
 
     # ------------------------------------------------------------------ the loop
     def done(self) -> bool:
-        """Training length in the configured unit: rollouts (max_iterations) or optimizer steps (max_steps)."""
+        """Training length in the configured unit: rollouts (max_iterations) or optimizer steps
+        (max_steps)."""
         if self.cfg.max_iterations:
             return self.iteration_idx >= self.cfg.max_iterations
         return self.opt_step >= self.cfg.max_steps

@@ -28,7 +28,8 @@ def evaluate(preset: str, overrides: list, benchmarks: list, num_prompts: int, b
         experiment: MLflow experiment.
         parent_run_id: MLflow parent run id ('' = none).
         model: model pointer from `train` / `launch_trainjob`.
-        scorer_weights: {scorer: weights URI, '<scorer>.processor': URI} (e.g. hpsv3, hpsv3.processor, imagereward).
+        scorer_weights: {scorer: weights URI, '<scorer>.processor': URI} (e.g. hpsv3, hpsv3.processor,
+            imagereward).
     """
     import json
     import shutil
@@ -60,7 +61,8 @@ def evaluate(preset: str, overrides: list, benchmarks: list, num_prompts: int, b
         ckpt = tags.get("checkpoint_uri", "")
         manifest = ArtifactStore().read_manifest(ckpt) if ckpt else None
         if manifest is not None and manifest.content_sha256 == tags.get("content_sha256"):
-            source = ckpt  # the immutable S3 folder the version was registered from (checksums verified on download)
+            # the immutable S3 folder the version was registered from (checksums verified on download)
+            source = ckpt
         else:
             from chunkgrpo.registry.load import load_registered_model
 

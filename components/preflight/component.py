@@ -11,7 +11,8 @@ from components.images import RUNTIME_IMAGE
 def preflight(model: str, prompts: str, preset: str, train_overrides: list, reward_weights: dict,
               scorer_weights: dict, eval_preset: str, eval_benchmarks: list, eval_overrides: list,
               artifact_root: str, capacity: Output[Markdown], method: str = "chunk", pool: str = "") -> str:
-    """Check the base model, prompts, reward/scorer weights, S3, MLflow, the WISE judge key and the capacity plan.
+    """Check the base model, prompts, reward/scorer weights, S3, MLflow, the WISE judge key and the capacity
+    plan.
 
     Args:
         model: base model (s3:// folder artifact, folder in the image/PVC, or hub id in the image's cache).
@@ -26,7 +27,8 @@ def preflight(model: str, prompts: str, preset: str, train_overrides: list, rewa
         artifact_root: s3:// prefix for the run's outputs (its bucket must exist).
         capacity: the capacity plan (per-rank GPU memory, host memory, bytes per volume) as Markdown.
         method: training method (its own preset when `preset` is '').
-        pool: GPU pool of the train step (h800 | h100: checked against its training runtime; else CPU, unchecked).
+        pool: GPU pool of the train step (h800 | h100: checked against its training runtime; else CPU,
+            unchecked).
 
     Returns:
         "ok" (the step fails with one line listing every problem otherwise).
@@ -56,7 +58,8 @@ def preflight(model: str, prompts: str, preset: str, train_overrides: list, rewa
     if problems:
         raise UserError(f"preflight: {len(problems)} problem(s): " + "; ".join(problems))
     print(
-        f"preflight ok: model {model}, prompts {prompts}, {len(spec.weights)} weight URI(s), benchmarks {benchmarks}"
+        f"preflight ok: model {model}, prompts {prompts}, {len(spec.weights)} weight URI(s), "
+        f"benchmarks {benchmarks}"
     )
     return "ok"
 
@@ -64,7 +67,8 @@ def preflight(model: str, prompts: str, preset: str, train_overrides: list, rewa
 @dsl.component(base_image=RUNTIME_IMAGE, install_kfp_package=False, additional_funcs=[stage_env])
 def benchmark_preflight(model_name: str, alias: str, base_model: str, eval_preset: str, eval_benchmarks: list,
                         eval_overrides: list, scorer_weights: dict, artifact_root: str) -> str:
-    """The nightly benchmark's preflight: the registry version, its base model, scorer weights, S3, MLflow, judge key.
+    """The nightly benchmark's preflight: the registry version, its base model, scorer weights, S3, MLflow,
+    judge key.
 
     Args:
         model_name: registered model name.

@@ -1,4 +1,5 @@
-"""Dynamics profiling: SDE (training) and ODE trajectories of the base model -> per-step L1rel profile (JSON + PNG)."""
+"""Dynamics profiling: SDE (training) and ODE trajectories of the base model -> per-step L1rel profile
+(JSON + PNG)."""
 
 from kfp import dsl
 from kfp.dsl import Artifact, Output

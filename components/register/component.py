@@ -26,7 +26,8 @@ def register(model_name: str, experiment: str, run_id: str, parent_run_id: str, 
             version tag `metric.eval.<bench>.<metric>`.
         plan_json: chunk plan (version tag chunk_plan).
         gate_metric: promotion gate metric of a NEW registered model (an existing model keeps its own).
-        gate_direction: max | min for gate_metric of a new registered model ('' = the metric's known direction).
+        gate_direction: max | min for gate_metric of a new registered model ('' = the metric's known
+            direction).
         eval_preset: the evaluation preset (recorded in the eval protocol).
 
     Returns:

@@ -1,4 +1,5 @@
-"""Single-node training inside the KFP task: torchrun (rendezvous on 127.0.0.1), final model -> S3, pointer."""
+"""Single-node training inside the KFP task: torchrun (rendezvous on 127.0.0.1), final model -> S3,
+pointer."""
 
 from kfp import dsl
 from kfp.dsl import Metrics, Model, Output
@@ -26,14 +27,15 @@ def train(
     metrics: Output[Metrics],
     reward_weights: dict = {},
 ):
-    """GRPO fine-tuning with `python -m chunkgrpo.torchrun_local --nproc-per-node=N -m chunkgrpo.train` (torchrun,
-    rendezvous store listening on 127.0.0.1 only).
+    """GRPO fine-tuning with `python -m chunkgrpo.torchrun_local --nproc-per-node=N -m chunkgrpo.train`
+    (torchrun, rendezvous store listening on 127.0.0.1 only).
 
     Args:
         model: base model (diffusers folder, s3:// folder artifact or cached hub id).
         prompts: training prompt file (local path or s3:// object).
         preset: training preset (chunk_grpo_flux, chunk_grpo_ws_flux, step_grpo_flux, dance_grpo_flux,
-            tempflow_grpo_flux, granular_grpo_flux, tiny_cpu, ... or a YAML path); '' = the method's own preset.
+            tempflow_grpo_flux, granular_grpo_flux, tiny_cpu, ... or a YAML path); '' = the method's own
+            preset.
         method: chunk | chunk+ws | dance | tempflow | granular.
         chunks: the chunk plan spec (`sizes:...` from the plan step, or uniform:N | step | whole).
         max_iterations: training length in rollouts (iterations); 0 = the preset's length (< 0 is rejected).
