@@ -31,8 +31,8 @@ def tiny_model(tiny_model_dir):
 
 @pytest.fixture(autouse=True)
 def _mlflow_http_env_restored():
-    """`registry.client.connect` sets process-wide defaults for MLflow's HTTP retries/timeouts (right for a CLI
-    process, which registers or promotes once); tests share one process, so each test gets the variables
+    """`registry.client.connect` sets process-wide defaults for MLflow's HTTP retries/timeouts (right for a
+    CLI process, which registers or promotes once); tests share one process, so each test gets the variables
     back as they were — a test asserting the tracker restores them does not depend on test order."""
     keys = [k for k in os.environ if k.startswith("MLFLOW_HTTP_REQUEST_")]
     before = {k: os.environ[k] for k in keys}

@@ -115,7 +115,8 @@ def services_stopped_after(home: str | Path, s3_port: int, mlflow_port: int):
 
 
 def kill_service(svc, name: str) -> None:
-    """A crash of one of `svc`'s local services: SIGKILL its whole process group, wait until its port is free."""
+    """A crash of one of `svc`'s local services: SIGKILL its whole process group, wait until its port is
+    free."""
     import time
 
     from chunkgrpo.local_processes import port_in_use

@@ -29,7 +29,8 @@ TRAINER_KINDS = ("TrainJob", "TrainingRuntime", "ClusterTrainingRuntime")
 
 # Sources of the rules below (read in the upstream Go API types; Apache-2.0):
 #   kubeflow/trainer pkg/apis/trainer/v1alpha1/trainjob_types.go @ 0015772c282d9e127c9a08330485ef84b4fb3840
-#   kubeflow/trainer pkg/apis/trainer/v1alpha1/trainingruntime_types.go @ 022656ac197e150e44e0f980301c627f04dbc410
+#   kubeflow/trainer pkg/apis/trainer/v1alpha1/trainingruntime_types.go
+#     @ 022656ac197e150e44e0f980301c627f04dbc410
 TRAINJOB_SRC = "trainjob_types.go@0015772c"
 RUNTIME_SRC = "trainingruntime_types.go@022656ac"
 

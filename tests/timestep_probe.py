@@ -1,6 +1,7 @@
-"""Run by torchrun in tests/integration/test_timestep_dist.py (and in-process by tests/unit/test_flux_time.py):
-set up the trainer exactly as training does (DDP or FSDP, bf16, LoRA or full), then record the value the
-transformer's time and guidance embeddings receive for every timestep of the schedule.
+"""Run by torchrun in tests/integration/test_timestep_dist.py (and in-process by
+tests/unit/test_flux_time.py): set up the trainer exactly as training does (DDP or FSDP, bf16, LoRA or
+full), then record the value the transformer's time and guidance embeddings receive for every timestep of
+the schedule.
 
     torchrun --nproc_per_node=2 tests/timestep_probe.py OUT.json key=value ...   (TrainConfig overrides)
 """

@@ -30,7 +30,8 @@ def test_tiny_model_profile_plan_end_to_end(tmp_path):
     code = (
         "import torch; from diffusers import FluxPipeline; "
         f"p = FluxPipeline.from_pretrained({str(model)!r}, dtype=torch.float32); "
-        "im = p('a cat', height=64, width=64, num_inference_steps=2, guidance_scale=0.0, max_sequence_length=16).images[0]; "
+        "im = p('a cat', height=64, width=64, num_inference_steps=2, guidance_scale=0.0, "
+        "max_sequence_length=16).images[0]; "
         "print(type(p.transformer).__name__, im.size)"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -65,7 +65,8 @@ def test_folder_roundtrip_with_checksums(store, tmp_path):
     assert _same_tree(src, tmp_path / "dst")
     mb = manifest.total_bytes / 1e6
     print(
-        f"\nfolder {mb:.1f} MB: upload {mb / up_s:.0f} MB/s ({up_s:.2f}s), download {mb / down_s:.0f} MB/s ({down_s:.2f}s)"
+        f"\nfolder {mb:.1f} MB: upload {mb / up_s:.0f} MB/s ({up_s:.2f}s), "
+        f"download {mb / down_s:.0f} MB/s ({down_s:.2f}s)"
     )
 
     # a corrupted object is caught by the checksum, and no partial file is left behind

@@ -71,9 +71,9 @@ def test_torchrun_two_ranks_ddp_and_fsdp(tiny_model_dir, prompts_file, tmp_path)
         assert any(
             v.abs().sum() > 0 for k, v in finals[strategy].items() if "lora_B" in k
         )  # moved from zero init
-    # same seeds, same maths: only the float reduction order differs between the two strategies (all-reduce vs
-    # reduce-scatter), so not bit-exact. The bound is set by the optimizer, not the dtype: 1e-3 is a tenth of one
-    # Adam step (lr 1e-2), which a wrongly synchronised update would exceed and rounding does not
+    # same seeds, same maths: only the float reduction order differs between the two strategies (all-reduce
+    # vs reduce-scatter), so not bit-exact. The bound is set by the optimizer, not the dtype: 1e-3 is a tenth
+    # of one Adam step (lr 1e-2), which a wrongly synchronised update would exceed and rounding does not
     a, b = finals["ddp"], finals["fsdp"]
     assert a.keys() == b.keys()
     assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-3

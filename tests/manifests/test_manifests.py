@@ -405,7 +405,8 @@ def test_example_trainjob_matches_schema_and_runtime():
 @pytest.mark.parametrize(
     "mutate",
     [
-        lambda j: j["spec"].__setitem__("podSpecOverrides", [{"targetJobs": [{"name": "node"}]}]),  # Trainer 2.0 API
+        # Trainer 2.0 API
+        lambda j: j["spec"].__setitem__("podSpecOverrides", [{"targetJobs": [{"name": "node"}]}]),
         lambda j: j["spec"].__setitem__("podTemplateOverrides", []),  # Trainer 2.1 API
         lambda j: j["spec"]["runtimePatches"][0].pop("manager"),
         lambda j: j["spec"]["trainer"].__setitem__("numProcPerNode", "auto"),
@@ -441,27 +442,62 @@ def _trainer(docs):
 @pytest.mark.parametrize(
     ("variant", "mutate", "expected"),
     [
-        ("dev", lambda d: _mlflow_container(d)["securityContext"].__setitem__("privileged", True), "privileged"),
-        ("dev", lambda d: _mlflow_container(d).__setitem__("image", "ghcr.io/mlflow/mlflow:latest"), "latest"),
-        ("dev", lambda d: _mlflow_container(d).__setitem__("image", "ghcr.io/mlflow/mlflow:v3.17.2@sha256:" + "ab" * 32), "placeholder"),
-        ("dev", lambda d: _mlflow_container(d)["env"].append({"name": "AWS_SECRET_ACCESS_KEY", "value": "hunter2"}), "literal value"),
-        ("dev", lambda d: _mlflow_container(d)["env"].append({"name": "DB", "value": "postgresql://u:hunter2@db/x"}), "literal password"),
-        ("dev", lambda d: d.append({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s"}, "stringData": {"k": "v"}}), "literal secret"),
+        ("dev",
+         lambda d: _mlflow_container(d)["securityContext"].__setitem__("privileged", True),
+         "privileged"),
+        ("dev",
+         lambda d: _mlflow_container(d).__setitem__("image", "ghcr.io/mlflow/mlflow:latest"),
+         "latest"),
+        ("dev",
+         lambda d: _mlflow_container(d).__setitem__("image",
+                                                    "ghcr.io/mlflow/mlflow:v3.17.2@sha256:" + "ab" * 32),
+         "placeholder"),
+        ("dev",
+         lambda d: _mlflow_container(d)["env"].append({"name": "AWS_SECRET_ACCESS_KEY", "value": "hunter2"}),
+         "literal value"),
+        ("dev",
+         lambda d: _mlflow_container(d)["env"].append({"name": "DB",
+                                                       "value": "postgresql://u:hunter2@db/x"}),
+         "literal password"),
+        ("dev",
+         lambda d: d.append({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s"},
+                             "stringData": {"k": "v"}}),
+         "literal secret"),
         ("dev", lambda d: _mlflow_container(d)["resources"].pop("limits"), "no limits.cpu"),
-        ("dev", lambda d: [_mlflow_container(d)["securityContext"].pop("runAsNonRoot"),
-                           find(d, "Deployment", "mlflow")["spec"]["template"]["spec"]["securityContext"].pop("runAsNonRoot")], "runAsNonRoot"),
-        ("dev", lambda d: _mlflow_container(d)["securityContext"]["capabilities"].__setitem__("add", ["NET_ADMIN"]), "adds capabilities"),
-        ("dev", lambda d: _mlflow_container(d)["securityContext"]["capabilities"].__setitem__("drop", []), "drop does not contain ALL"),
-        ("dev", lambda d: find(d, "StatefulSet", "minio")["spec"]["template"]["spec"].__setitem__("hostNetwork", True), "hostNetwork"),
-        ("dev", lambda d: _trainer(d)["containers"][0]["resources"]["limits"].__setitem__("nvidia.com/gpu", 8), "nodeSelector"),
-        ("dev", lambda d: _trainer(d)["containers"][0]["securityContext"]["capabilities"].__setitem__("add", ["IPC_LOCK"]), "IPC_LOCK without an RDMA"),
+        ("dev",
+         lambda d: [_mlflow_container(d)["securityContext"].pop("runAsNonRoot"),
+                    find(d, "Deployment", "mlflow")["spec"]["template"]["spec"]["securityContext"]
+                    .pop("runAsNonRoot")],
+         "runAsNonRoot"),
+        ("dev",
+         lambda d: _mlflow_container(d)["securityContext"]["capabilities"].__setitem__("add", ["NET_ADMIN"]),
+         "adds capabilities"),
+        ("dev",
+         lambda d: _mlflow_container(d)["securityContext"]["capabilities"].__setitem__("drop", []),
+         "drop does not contain ALL"),
+        ("dev",
+         lambda d: find(d, "StatefulSet", "minio")["spec"]["template"]["spec"]
+         .__setitem__("hostNetwork", True),
+         "hostNetwork"),
+        ("dev",
+         lambda d: _trainer(d)["containers"][0]["resources"]["limits"].__setitem__("nvidia.com/gpu", 8),
+         "nodeSelector"),
+        ("dev",
+         lambda d: _trainer(d)["containers"][0]["securityContext"]["capabilities"]
+         .__setitem__("add", ["IPC_LOCK"]),
+         "IPC_LOCK without an RDMA"),
         ("prod-h100", lambda d: _trainer(d).pop("tolerations"), "toleration"),
-        ("prod-h100", lambda d: _trainer(d)["containers"][0]["securityContext"]["capabilities"]["add"].append("SYS_ADMIN"), "SYS_ADMIN"),
-        ("dev", lambda d: find(d, "ConfigMap", "mlflow-config")["data"].__setitem__("DB_PASSWORD", "hunter2"), "looks like a secret"),
+        ("prod-h100",
+         lambda d: _trainer(d)["containers"][0]["securityContext"]["capabilities"]["add"].append("SYS_ADMIN"),
+         "SYS_ADMIN"),
+        ("dev",
+         lambda d: find(d, "ConfigMap", "mlflow-config")["data"].__setitem__("DB_PASSWORD", "hunter2"),
+         "looks like a secret"),
     ],
-    ids=["privileged", "latest-tag", "placeholder-digest", "literal-secret-env", "password-in-uri", "secret-object",
-         "no-limits", "root", "extra-capability", "no-drop-all", "hostNetwork", "gpu-without-selector",
-         "ipc-lock-without-rdma", "gpu-without-toleration", "sys-admin", "secret-in-configmap"],
+    ids=["privileged", "latest-tag", "placeholder-digest", "literal-secret-env", "password-in-uri",
+         "secret-object", "no-limits", "root", "extra-capability", "no-drop-all", "hostNetwork",
+         "gpu-without-selector", "ipc-lock-without-rdma", "gpu-without-toleration", "sys-admin",
+         "secret-in-configmap"],
 )
 def test_policy_checker_catches_violations(variant, mutate, expected):
     """Negative tests: a manifest that breaks each rule is reported (the checker is not vacuous)."""
@@ -585,7 +621,8 @@ def test_minio(variant):
     else:
         assert (
             target
-            == f"http://minio-{{0...{replicas - 1}}}.{headless['metadata']['name']}.{SERVICES_NS}.svc.cluster.local/data"
+            == f"http://minio-{{0...{replicas - 1}}}.{headless['metadata']['name']}.{SERVICES_NS}"
+            ".svc.cluster.local/data"
         )
     setup = find(docs, "Job", "minio-setup")["spec"]["template"]["spec"]["containers"][0]
     buckets = {e["name"]: e.get("value") for e in setup["env"]}["BUCKETS"].split()

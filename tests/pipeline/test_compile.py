@@ -337,7 +337,8 @@ def _parse_with_spec(ir: dict, spec_version: str) -> None:
     parse_pipeline_spec(ir, spec_version)
 
 
-@pytest.mark.parametrize("name,trainer", [("train_and_evaluate", "torchrun"), ("train_and_evaluate", "trainjob"),
+@pytest.mark.parametrize("name,trainer", [("train_and_evaluate", "torchrun"),
+                                          ("train_and_evaluate", "trainjob"),
                                           ("nightly_benchmark", "torchrun"), ("models_sync", "torchrun")])
 def test_ir_parses_with_the_oldest_supported_pipeline_spec(tmp_path, name, trainer):
     from google.protobuf import json_format

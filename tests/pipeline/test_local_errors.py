@@ -19,10 +19,12 @@ LOG = Path("/tmp/x.log")
 
 
 def _section(task: str, body: str, status: str = "FAILURE") -> str:
-    """What kfp.local writes for one task (ANSI colours included), body lines indented like its task output."""
+    """What kfp.local writes for one task (ANSI colours included), body lines indented like its task
+    output."""
     lines = "\n".join("    " + ln for ln in body.strip("\n").splitlines())
     return (
-        f"11:00:00.000 - INFO - Executing task \x1b[96m'{task}'\x1b[0m\n11:00:00.001 - INFO - Streamed logs:\n\n"
+        f"11:00:00.000 - INFO - Executing task \x1b[96m'{task}'\x1b[0m\n"
+        "11:00:00.001 - INFO - Streamed logs:\n\n"
         f"{lines}\n\n11:00:05.000 - ERROR - Task \x1b[96m'{task}'\x1b[0m finished with status "
         f"\x1b[91m{status}\x1b[0m\n"
     )
@@ -55,7 +57,8 @@ def test_rank_error_wins_over_torchruns_traceback():
     body = (
         "chunkgrpo train: error: max_steps=0 must be >= 1\n"
         + TRACEBACK.replace("raise UserError", "raise ChildFailedError")
-        + "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n=====\nchunkgrpo.train FAILED\n"
+        + "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n"
+        "=====\nchunkgrpo.train FAILED\n"
         + TRACEBACK
         + "RuntimeError: torchrun exited with status 1 (see the rank logs above)"
     )
@@ -188,7 +191,8 @@ def test_torchrun_failure_in_a_task_becomes_the_tasks_user_error(tiny_model_dir,
 
 @pytest.mark.integration
 def test_pipeline_run_with_a_bad_parameter_is_one_line_exit_2(tmp_path):
-    """The CLI end to end with its own services: `max_iterations=-1` fails the train task (inside torchrun)."""
+    """The CLI end to end with its own services: `max_iterations=-1` fails the train task (inside
+    torchrun)."""
     from chunkgrpo.local_processes import free_ports
 
     s3, mlflow = free_ports(2)

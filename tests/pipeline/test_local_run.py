@@ -5,9 +5,10 @@ base's own seed-to-seed spread; then the nightly benchmark (with the reduced toy
 champion.
 
 The real `train_and_evaluate` pipeline under kfp.local (SubprocessRunner): the toy base model shipped with
-the package (`chunkgrpo.toy.pretrained`; pretrained by the command itself when no current copy ships), Chunk-GRPO with 2 torchrun processes on the exact GenEval
-reward, local SeaweedFS + MLflow started by the command itself; the clone's `.venv` reuses this
-environment's third-party packages but has the clone's own chunkgrpo installed (`tests/repo_copy.py`)."""
+the package (`chunkgrpo.toy.pretrained`; pretrained by the command itself when no current copy ships),
+Chunk-GRPO with 2 torchrun processes on the exact GenEval reward, local SeaweedFS + MLflow started by the
+command itself; the clone's `.venv` reuses this environment's third-party packages but has the clone's own
+chunkgrpo installed (`tests/repo_copy.py`)."""
 
 from __future__ import annotations
 
@@ -58,7 +59,8 @@ def clone_run(tmp_path_factory):
     # the servers the command starts (kept for the tests) are stopped when the module's tests end, and also
     # when the command times out or the session is interrupted (run_command stops the command's process group)
     with services_stopped_after(clone / ".chunkgrpo" / "local", s3, mlflow) as svc:
-        # pod-faithful (pipeline/pod_faithful.py): each task with its pod's env and volumes, every write audited
+        # pod-faithful (pipeline/pod_faithful.py): each task with its pod's env and volumes, every write
+        # audited
         r = run_command(
             f"{main_job} {ports} --keep-services --pod-faithful",
             cwd=clone,
@@ -178,8 +180,8 @@ def test_trained_beats_base_by_more_than_the_base_seed_spread(clone_run, tmp_pat
     spread = max(base) - min(base)
     gain = m["geneval.overall.trained"] - m["geneval.overall.base"]
     print(
-        f"held-out toy GenEval: base {base} (spread {spread:.3f}), trained {m['geneval.overall.trained']:.3f} "
-        f"(gain {gain:+.3f})"
+        f"held-out toy GenEval: base {base} (spread {spread:.3f}), "
+        f"trained {m['geneval.overall.trained']:.3f} (gain {gain:+.3f})"
     )
     assert gain > spread, (gain, base)
 

@@ -303,8 +303,8 @@ def test_pytorchjob_needs_its_template():
         pytorchjob.build_pytorchjob(spec(), None)
 
 
-@pytest.mark.parametrize("kw", [dict(name="Bad_Name"), dict(nproc_per_node=16), dict(upload_final_to="/local"),
-                                dict(num_nodes=0)])
+@pytest.mark.parametrize("kw", [dict(name="Bad_Name"), dict(nproc_per_node=16),
+                                dict(upload_final_to="/local"), dict(num_nodes=0)])
 def test_invalid_specs_are_rejected(kw):
     with pytest.raises(ValueError):
         spec(**kw)
@@ -538,8 +538,10 @@ def test_library_module_has_no_kfp_and_lazy_kubernetes_imports():
 # ------------------------------------------------------------------------------ templates, orphans
 
 
-@pytest.mark.parametrize("status,match", [(404, "not found in namespace kubeflow: add manifests/components/training"),
-                                          (403, "not allowed to read PyTorchJob template")])
+@pytest.mark.parametrize("status,match", [
+    (404, "not found in namespace kubeflow: add manifests/components/training"),
+    (403, "not allowed to read PyTorchJob template"),
+])
 def test_unreadable_template_fails_loudly(status, match):
     api = FakeApi(get_errors=[status])
     with pytest.raises(jobspec.TemplateError, match=match):

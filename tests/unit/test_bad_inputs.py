@@ -457,7 +457,8 @@ BAD_INPUTS["register from an S3 key with '..'"] = (
 
 
 def _snapshot(root: Path) -> dict[str, bytes]:
-    """Every entry under `root`: files by content, folders and FIFOs by kind (a created folder is a change)."""
+    """Every entry under `root`: files by content, folders and FIFOs by kind (a created folder is a
+    change)."""
     return {str(p.relative_to(root)): (p.read_bytes() if p.is_file() else "dir" if p.is_dir() else "other")
             for p in sorted(root.rglob("*"))}
 

@@ -119,7 +119,8 @@ def test_prediction_matches_a_real_training_iteration(tmp_path, size, gc, lora):
 
     model = build_tiny_flux(tmp_path / "m", size=size)
     (tmp_path / "p.txt").write_text("a red cat\na blue dog\n")
-    # fixed layout: 4 samples (no shared step 0), 4 units of 2 steps, 2 trained per sample, windows of 4 inputs
+    # fixed layout: 4 samples (no shared step 0), 4 units of 2 steps, 2 trained per sample, windows of 4
+    # inputs
     cfg = TrainConfig.load(
         "tiny_cpu",
         [
@@ -218,7 +219,8 @@ def _runtime_yaml(tmp_path, gpu_mem_product="NVIDIA-H800", tmp_size="10Gi", memo
                                                     ],
                                                 }
                                             ],
-                                            # /cache: where the launcher's output_dir (/cache/train) lives, as in the real runtime
+                                            # /cache: where the launcher's output_dir (/cache/train)
+                                            # lives, as in the real runtime
                                             "volumes": [
                                                 {"name": "tmp", "emptyDir": {"sizeLimit": tmp_size}},
                                                 {"name": "cache", "emptyDir": {"sizeLimit": "40Gi"}},

@@ -33,7 +33,8 @@ def test_dynamics_finds_known_knees():
     assert plan.sizes == [2, 3, 4, 7]  # the paper's plan from a profile with knees at 2 and 5
     assert "step 2" in plan.rationale and "step 5" in plan.rationale
     assert plan.details["cuts"] == [2, 5] and plan.details["late_start"] == 9
-    # the last chunk is the second half of the N = 17 sampling steps: 9–15 (the final transition is not trained)
+    # the last chunk is the second half of the N = 17 sampling steps: 9–15 (the final transition is not
+    # trained)
     assert plan_chunks("dynamics:last=0.4", 16, p).sizes[-1] == 5  # steps 11–15 (⌈17·0.6⌉ = 11)
 
 
@@ -47,8 +48,9 @@ def test_dynamics_other_knees_and_max_chunk():
 
 
 def _gaussian_profile(num_steps: int, stochastic: bool, eta: float = 0.7, seed: int = 0) -> list[float]:
-    """L1rel (Eq. 15) of trajectories of the exact flow of Gaussian data N(0, I): v*(x, σ) = (2σ − 1)/var·x with
-    var = (1 − σ)² + σ², sampled with the training SDE (rule "flow") or the ODE, shift-3 schedule."""
+    """L1rel (Eq. 15) of trajectories of the exact flow of Gaussian data N(0, I):
+    v*(x, σ) = (2σ − 1)/var·x with var = (1 − σ)² + σ², sampled with the training SDE (rule "flow") or the
+    ODE, shift-3 schedule."""
     from chunkgrpo import schedules, sde
     from chunkgrpo.objectives import l1rel
 

@@ -41,7 +41,8 @@ def _seen(model, t: float, guidance: float, autocast: bool):
     return seen
 
 
-@pytest.mark.parametrize("dtype,autocast", [(torch.bfloat16, True), (torch.bfloat16, False), (torch.float32, True)])
+@pytest.mark.parametrize("dtype,autocast", [(torch.bfloat16, True), (torch.bfloat16, False),
+                                            (torch.float32, True)])
 def test_time_and_guidance_embeddings_see_exact_fp32_values(guidance_model_dir, dtype, autocast):
     model = load_flux(guidance_model_dir, dtype=dtype)
     for t in (979.0, 906.0, 771.0, 1000.0, 166.0):

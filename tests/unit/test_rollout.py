@@ -78,8 +78,9 @@ def test_group_rollout_on_tiny_flux_one_batch_shared_noise(tiny_model):
     )
     assert not torch.equal(tr.latents[0, 1], tr.latents[1, 1])  # SDE noise differs within the group
     assert torch.isfinite(tr.log_probs[:, :-1]).all()
-    # training-layout log-probs of the unchanged policy reproduce the rollout's. Another batch layout (6·3 vs 6
-    # samples) runs other kernels; the velocity's fp32 rounding is amplified by 1/std² in the log-prob: ~1000 ulp
+    # training-layout log-probs of the unchanged policy reproduce the rollout's. Another batch layout (6·3
+    # vs 6 samples) runs other kernels; the velocity's fp32 rounding is amplified by 1/std² in the log-prob:
+    # ~1000 ulp
     lp = policy_log_probs(tiny_model, tr, cond.repeat_interleave(3), [0, 2, 4], cfg)
     torch.testing.assert_close(lp, tr.log_probs[:, [0, 2, 4]], **tol(torch.float32, ulps=1000))
     images = tiny_model.decode(tr.x0, 64, 64)
@@ -166,7 +167,8 @@ def test_rollout_noise_generator_stays_on_the_cpu_generator():
     assert device_generator(g, "cpu") is g  # CPU results: exactly the iteration generator's numbers
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (rollout noise drawn on the GPU)")
+@pytest.mark.skipif(not torch.cuda.is_available(),
+                    reason="needs a CUDA device (rollout noise drawn on the GPU)")
 def test_rollout_noise_on_the_device_is_reproducible():
     from chunkgrpo.rollout import device_generator
 

@@ -57,7 +57,8 @@ def cli(*args, env=None, timeout=120):
 
 
 def test_metrics_come_from_the_eval_run_not_from_files_or_tags(services_env, tmp_path):
-    """#27.2 and #27.4: a hand-made metrics file (0.99) or an edited metric tag does not crown a worse model."""
+    """#27.2 and #27.4: a hand-made metrics file (0.99) or an edited metric tag does not crown a worse
+    model."""
     from mlflow import MlflowClient
 
     name = f"integ-{uuid.uuid4().hex[:6]}"
@@ -82,7 +83,8 @@ def test_metrics_come_from_the_eval_run_not_from_files_or_tags(services_env, tmp
 
 
 def test_non_finite_and_malformed_metrics_are_refused_at_registration(services_env, tmp_path):
-    """#27.3 and #24.12/13: NaN, Infinity, non-numeric, a JSON list -> exit 2, one line, nothing registered."""
+    """#27.3 and #24.12/13: NaN, Infinity, non-numeric, a JSON list -> exit 2, one line, nothing
+    registered."""
     from mlflow import MlflowClient
 
     name = f"integ-{uuid.uuid4().hex[:6]}"
@@ -136,7 +138,8 @@ def test_gate_change_is_promoter_only_audited_and_not_retroactive(services_env, 
 
 
 def test_force_and_rollback_are_promoter_only_and_audited(services_env, tmp_path, monkeypatch):
-    """#27.7: --force/--rollback need the promoter identity and --why; the audit log shows who/why/previous."""
+    """#27.7: --force/--rollback need the promoter identity and --why; the audit log shows
+    who/why/previous."""
     name = f"integ-{uuid.uuid4().hex[:6]}"
     monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "promoter-bot")
     v1 = reg(name, tmp_path, 1, 0.5)

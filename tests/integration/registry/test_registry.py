@@ -112,7 +112,8 @@ def test_register_promote_gate_rollback(services_env, tmp_path):
     with pytest.raises(UserError, match="gated on eval.hpdv2.hpsv3"):
         promote(name, v3.version, GateConfig(metric="eval.clip"))
     # the only other metric allowed is the CI bound of the model's own metric, in its own direction
-    # (tests/integration/registry/test_gate_ci.py promotes on it): another metric's bound or the wrong bound is not
+    # (tests/integration/registry/test_gate_ci.py promotes on it): another metric's bound or the wrong bound
+    # is not
     for other in ("eval.clip.delta_ci_low", f"{METRIC}.delta_ci_high"):
         with pytest.raises(UserError, match="gated on eval.hpdv2.hpsv3"):
             promote(name, v3.version, GateConfig(metric=other))

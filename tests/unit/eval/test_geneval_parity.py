@@ -53,8 +53,8 @@ def test_tie_keeps_the_later_detection_colour():
 
 
 def test_tie_keeps_the_later_detection_position():
-    """'a photo of a dog right of a teddy bear': two dogs at 0.9, the first right of the bear, the second left.
-    Official: the later dog is the one checked -> it is left of the bear -> WRONG."""
+    """'a photo of a dog right of a teddy bear': two dogs at 0.9, the first right of the bear, the second
+    left. Official: the later dog is the one checked -> it is left of the bear -> WRONG."""
     md = {
         "tag": "position",
         "prompt": "a photo of a dog right of a teddy bear",
@@ -171,8 +171,8 @@ def test_threshold_is_compared_in_float32(s, kept):
 
 @pytest.mark.parametrize("s", [F32_09, 0.9000000001])
 def test_counting_threshold_is_compared_in_float32(s):
-    """'a photo of two clocks': scores 0.95 and a second score that is float32(0.9) once stored as mmdet's float32
-    (0.9000000001 > 0.9 in float64, but rounds to 0.9f) -> dropped (0.9f > 0.9f is false)
+    """'a photo of two clocks': scores 0.95 and a second score that is float32(0.9) once stored as mmdet's
+    float32 (0.9000000001 > 0.9 in float64, but rounds to 0.9f) -> dropped (0.9f > 0.9f is false)
     -> official: only one clock -> WRONG."""
     md = {"tag": "counting", "prompt": "a photo of two clocks", "include": [{"class": "clock", "count": 2}],
           "exclude": [{"class": "clock", "count": 3}]}
@@ -209,8 +209,8 @@ def test_relative_position_margin_in_float32():
 
 
 def test_file_discovery_is_re_match(tmp_path):
-    """The official scores every file whose name *starts with* digits + '.png' (re.match): 00009.png.bak counts;
-    names not starting so (grid.png, x00001.png, 00001.jpg, 00002.PNG, 00003png) do not."""
+    """The official scores every file whose name *starts with* digits + '.png' (re.match): 00009.png.bak
+    counts; names not starting so (grid.png, x00001.png, 00001.jpg, 00002.PNG, 00003png) do not."""
     md = {"tag": "single_object", "prompt": "a photo of a cat", "include": [{"class": "cat", "count": 1}]}
     G.write_layout([md], tmp_path)
     samples = tmp_path / "00000" / "samples"

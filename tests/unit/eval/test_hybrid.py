@@ -107,7 +107,8 @@ def test_lora_hybrid_first_k_trained_last_base(tiny_model_dir, tiny_model, lora_
     assert [c[0] for c in base_calls] == [False] * N
     assert probe_log[:N] == [(i, "trained" if i < K else "base", i < K) for i in range(N)]
     assert sampler.calls == {"trained": K, "base": 2 * N - K}
-    # step 0 sees the same input in both runs (the same x_init tensor): the trained weights give a different velocity ...
+    # step 0 sees the same input in both runs (the same x_init tensor): the trained weights give a different
+    # velocity ...
     assert torch.equal(hybrid_calls[0][1], base_calls[0][1])
     assert not torch.allclose(hybrid_calls[0][2], base_calls[0][2], atol=1e-4)
     assert not torch.allclose(x0_hybrid, x0_base, atol=1e-4)

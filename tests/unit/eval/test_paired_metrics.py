@@ -16,7 +16,8 @@ KW = {"samples": 2000, "seed": 0, "level": 0.95}
 
 
 def _wise_benchmark(trained_scores: dict, base_scores: dict) -> dict:
-    """A WISE benchmark entry as the runner builds it (results + statistics) from {prompt_id: (C, R, A) or None}."""
+    """A WISE benchmark entry as the runner builds it (results + statistics) from
+    {prompt_id: (C, R, A) or None}."""
     records = {}
     for lb, scores in (("trained", trained_scores), ("base", base_scores)):
         recs = []

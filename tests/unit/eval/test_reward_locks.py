@@ -58,7 +58,8 @@ def test_lock_pins_everything_with_hashes_and_honours_the_spec(name):
 
 
 def test_known_drifting_packages_are_pinned():
-    """What used to float with only top-level pins (hpsv3: trl/peft/deepspeed/diffusers; imagereward: numpy/datasets)."""
+    """What used to float with only top-level pins (hpsv3: trl/peft/deepspeed/diffusers; imagereward:
+    numpy/datasets)."""
     h3, ir = parse_lock(EVAL / "requirements-hpsv3.lock"), parse_lock(EVAL / "requirements-imagereward.lock")
     assert {"trl", "peft", "deepspeed", "diffusers", "datasets", "numpy"} <= set(h3)
     assert {"numpy", "datasets", "diffusers", "timm"} <= set(ir)

@@ -70,7 +70,8 @@ def test_deterministic_and_seeded():
 
 
 def test_stratified_statistic_is_the_mean_of_stratum_means():
-    """GenEval overall = unweighted mean of task means (tasks of different sizes); resampling stays inside tasks."""
+    """GenEval overall = unweighted mean of task means (tasks of different sizes); resampling stays inside
+    tasks."""
     t = [1, 1, 1, 1, 0, 0]
     b = [0, 0, 0, 0, 0, 1]
     tags = ["a", "a", "a", "a", "b", "b"]

@@ -45,7 +45,8 @@ PROMPTS = [
 
 
 def reward_venv(name: str) -> Path:
-    """The venv for `name`: $CHUNKGRPO_VENV_<NAME>, else <$CHUNKGRPO_REWARD_ENVS or .reward-envs>/venv-<name>."""
+    """The venv for `name`: $CHUNKGRPO_VENV_<NAME>, else
+    <$CHUNKGRPO_REWARD_ENVS or .reward-envs>/venv-<name>."""
     var = WC.venv_var(name)
     root = Path(os.environ.get("CHUNKGRPO_REWARD_ENVS") or REPO / ".reward-envs")
     venv = Path(os.environ[var]) if os.environ.get(var) else root / f"venv-{name}"
@@ -162,7 +163,8 @@ def test_hpsv2_matches_the_packages_own_score_function(hpsv2, images, tmp_path):
             image_mean=None, image_std=None, light_augmentation=True, aug_cfg={{}}, output_dict=True,
             with_score_predictor=False, with_region_predictor=False)
         img_score.model_dict.update(model=model, preprocess_val=preprocess_val)
-        out = img_score.score({paths!r}, "a red dog on a green chair", cp={tiny["weights"]!r}, hps_version="v2.1")
+        out = img_score.score({paths!r}, "a red dog on a green chair", cp={tiny["weights"]!r},
+                              hps_version="v2.1")
         print(json.dumps([float(x) for x in out]))
     """)
     res = subprocess.run([str(venv / "bin" / "python"), "-c", script], capture_output=True, text=True,
@@ -263,8 +265,9 @@ def test_hpsv2_refuses_a_pickled_payload(hpsv2, tmp_path):
 
 
 def test_hpsv2_missing_vocabulary_is_a_preflight_error(hpsv2, tmp_path):
-    """The hpsv2 wheel without open_clip's BPE file (as pip installs it) fails at import with FileNotFoundError:
-    preflight and loading both say what to do. A venv overlays the real package minus that file."""
+    """The hpsv2 wheel without open_clip's BPE file (as pip installs it) fails at import with
+    FileNotFoundError: preflight and loading both say what to do. A venv overlays the real package minus that
+    file."""
     venv, tiny, _ = hpsv2
     broken = tmp_path / "venv-hpsv2-novocab"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(broken)], check=True)

@@ -152,7 +152,8 @@ def test_s3_weights_through_fetch_hook_and_cache(tiny_clip, tmp_path, images):
         resolve_weights("gs://x/y", what="clip")
 
 
-# ---- reward-package scorers without their venv (the real packages run in tests/unit/eval/test_reward_packages.py)
+# ---- reward-package scorers without their venv
+# (the real packages run in tests/unit/eval/test_reward_packages.py)
 
 
 @pytest.mark.parametrize("name,module", [("hpsv3", "hpsv3"), ("imagereward", "ImageReward"),

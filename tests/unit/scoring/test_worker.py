@@ -108,9 +108,10 @@ def test_clip_worker_via_environment_variable(monkeypatch, tiny_clip, images):
 
 
 def test_staged_worker_imports_only_stdlib_numpy_pil():
-    """Only the worker's own file is staged on the path, and importing it loads nothing but the standard library,
-    numpy and PIL (torch and the package load lazily). (That chunkgrpo is absent from the reward venvs is
-    checked in test_reward_packages; here the main venv's editable install could still serve submodules.)"""
+    """Only the worker's own file is staged on the path, and importing it loads nothing but the standard
+    library, numpy and PIL (torch and the package load lazily). (That chunkgrpo is absent from the reward
+    venvs is checked in test_reward_packages; here the main venv's editable install could still serve
+    submodules.)"""
     probe = textwrap.dedent("""
         import sys, json
         before = set(sys.modules)  # what the interpreter and its site hooks loaded
@@ -190,7 +191,8 @@ def test_missing_venv_names_it(monkeypatch, tiny_clip, tmp_path):
 
 
 def test_package_missing_in_venv_is_a_preflight_error(monkeypatch, tmp_path):
-    """The runner's preflight (`require_package`) checks the package in the scorer's venv, not in this process."""
+    """The runner's preflight (`require_package`) checks the package in the scorer's venv, not in this
+    process."""
     monkeypatch.setenv("CHUNKGRPO_VENV_HPSV3", MAIN_VENV)  # the main venv has no hpsv3
     S._CHECKED.clear()
     with pytest.raises(

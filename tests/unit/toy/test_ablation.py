@@ -95,8 +95,8 @@ def _engine_transitions(cfg: TrainConfig, draws: int = 4000) -> float:
     (17, 0.5, [2, 3, 4, 7], "uniform:4", 8),      # the paper: 2 of 4 chunks = 8 of 16 steps
 ])
 def test_step_and_chunk_arms_train_equal_transitions(tmp_path, num_steps, fraction, plan, uniform, T):
-    """Computed from the arms' training configs (as the runs get them) by the engine's chunk sizes and its unit
-    selection: every step and unweighted chunk arm trains T transitions per sample in expectation."""
+    """Computed from the arms' training configs (as the runs get them) by the engine's chunk sizes and its
+    unit selection: every step and unweighted chunk arm trains T transitions per sample in expectation."""
     (tmp_path / "plan.json").write_text(json.dumps({"sizes": plan}))
     cfg = AblationConfig(timestep_fraction=fraction, uniform=uniform, steps=72)
     base = TrainConfig.load("toy_cpu", [f"sampling.num_steps={num_steps}"])
@@ -216,8 +216,8 @@ def test_series_key_changes_with_engine_or_configuration_not_with_seeds(monkeypa
 
 
 def test_the_committed_n10_plan_is_the_planners_on_the_committed_sde_profile():
-    """benchmarks/results/ablation-toy-v2/n10: the toy model's SDE profile at N = 10 (η 0.7, rule flow) is not its
-    ODE profile, and the planner on the SDE curve gives the committed plan, [2, 3, 4]."""
+    """benchmarks/results/ablation-toy-v2/n10: the toy model's SDE profile at N = 10 (η 0.7, rule flow) is
+    not its ODE profile, and the planner on the SDE curve gives the committed plan, [2, 3, 4]."""
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[3] / "benchmarks" / "results" / "ablation-toy-v2" / "n10"

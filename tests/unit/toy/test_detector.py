@@ -92,7 +92,8 @@ def test_one_attribute_changed_scores_zero(scenes):
 
 
 def _pair_scene(dx, dy, rel):
-    """An 8×8-px square at (2, 2) and an 8×8-px circle offset by (dx, dy) px: the caption says the circle is `rel`."""
+    """An 8×8-px square at (2, 2) and an 8×8-px circle offset by (dx, dy) px: the caption says the circle
+    is `rel`."""
     sq = ToyObject("square", "red", (2, 2, 10, 10))
     ci = ToyObject("circle", "blue", (2 + dx, 2 + dy, 10 + dx, 10 + dy))
     md = metadata("position", shapes=("circle", "square"), relation=rel)

@@ -228,9 +228,9 @@ def test_tempflow_normaliser_is_population_std_plus_1e_4():
 
 
 def test_tempflow_kl_to_the_reference_model(tiny_model_dir, prompts_file, tmp_path):
-    """β·KL with KL = mean((μ_θ − μ_ref)²)/(2 std²) = (−dt)/2·(1/g + g(1−σ)/(2σ))²·mean((v_θ − v_ref)²) (TempFlow
-    Eq. 6); zero while the LoRA adapter is at its zero init, positive after it moves; the reference forward
-    runs with the adapter disabled."""
+    """β·KL with KL = mean((μ_θ − μ_ref)²)/(2 std²) = (−dt)/2·(1/g + g(1−σ)/(2σ))²·mean((v_θ − v_ref)²)
+    (TempFlow Eq. 6); zero while the LoRA adapter is at its zero init, positive after it moves; the reference
+    forward runs with the adapter disabled."""
     t = _trainer(
         tiny_model_dir, prompts_file, tmp_path, "method=tempflow", "kl_ref_coef=0.004", "max_steps=1"
     )

@@ -374,7 +374,8 @@ def test_the_guard_finds_unsafe_loads():
     src = (
         "import torch, pickle\n"
         "torch.load(p)\ntorch.load(p, weights_only=False)\ntorch.load(p, weights_only=flag)\n"
-        "pickle.loads(b)\nnp.load(p, allow_pickle=True)\ntorch.load(p, map_location='cpu', weights_only=True)\n"
+        "pickle.loads(b)\nnp.load(p, allow_pickle=True)\n"
+        "torch.load(p, map_location='cpu', weights_only=True)\n"
     )
     assert [b.split(":")[0] for b in _unsafe_loads(src)] == ["line 2", "line 3", "line 4", "line 5", "line 6"]
 
@@ -391,7 +392,7 @@ def test_no_code_in_the_package_can_unpickle_code():
     assert not found, found
 
 
-# ---------------------------------------------------------------- issue #24 item 7: contents, not just checksums
+# ------------------------------------------------------------- issue #24 item 7: contents, not just checksums
 
 
 def _rewrite_state(step_dir: Path, **changes) -> None:
@@ -490,8 +491,8 @@ def test_resume_with_another_lr_or_base_model_is_refused(
 # ---------------------------------------------------------------- issue #24 item 12: full / read-only disks
 
 
-@pytest.mark.parametrize("fault", ["ENOSPC in torch.save", "ENOSPC in safetensors", "EROFS creating the staging",
-                                   "ENOSPC writing the manifest"])
+@pytest.mark.parametrize("fault", ["ENOSPC in torch.save", "ENOSPC in safetensors",
+                                   "EROFS creating the staging", "ENOSPC writing the manifest"])
 def test_checkpoint_write_failures_are_one_line_and_leave_the_last_checkpoint(
     fault, tiny_model_dir, prompts_file, tmp_path, monkeypatch, capsys
 ):

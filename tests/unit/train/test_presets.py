@@ -117,7 +117,8 @@ def test_branching_presets_follow_the_released_code():
     assert br.granularities(paper) == [1, 2, 3]
 
 
-@pytest.mark.parametrize("name", FLUX_PRESETS + ["tiny_cpu", "tempflow_grpo_tiny_cpu", "granular_grpo_tiny_cpu"])
+@pytest.mark.parametrize("name",
+                         FLUX_PRESETS + ["tiny_cpu", "tempflow_grpo_tiny_cpu", "granular_grpo_tiny_cpu"])
 def test_every_preset_loads_with_exactly_one_training_length(name):
     c = TrainConfig.load(name)
     assert (c.max_iterations > 0) != (c.max_steps > 0)

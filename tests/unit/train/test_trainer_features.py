@@ -56,7 +56,8 @@ def test_clip_similarity_reward_on_tiny_random_clip(tiny_model_dir, prompts_file
         prompts_file,
         tmp_path / "run",
         "max_steps=1",
-        f"rewards=[{{name: clip, weight: 0.7, options: {{weights: {clip_dir}}}}}, {{name: brightness, weight: 1.4}}]",
+        f"rewards=[{{name: clip, weight: 0.7, options: {{weights: {clip_dir}}}}}, "
+        "{name: brightness, weight: 1.4}]",
     )
     t = Trainer(cfg)
     t.setup()
