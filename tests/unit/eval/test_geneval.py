@@ -353,45 +353,10 @@ def test_mmdet_import_guard(monkeypatch, tmp_path):
 
 @pytest.fixture(scope="module")
 def tiny_mask2former(tmp_path_factory):
-    import torch
-    from transformers import Mask2FormerConfig, Mask2FormerForUniversalSegmentation, SwinConfig
+    from tests.unit.eval.tiny_mask2former import make_tiny_mask2former
 
-    try:
-        from transformers import Mask2FormerImageProcessorPil as Proc
-    except ImportError:  # pragma: no cover
-        from transformers import Mask2FormerImageProcessor as Proc
     names = [f"class{i}" for i in range(80)]
-    backbone = SwinConfig(
-        image_size=64,
-        patch_size=4,
-        embed_dim=8,
-        depths=[1, 1, 1, 1],
-        num_heads=[1, 1, 1, 1],
-        window_size=4,
-        out_features=["stage1", "stage2", "stage3", "stage4"],
-    )
-    cfg = Mask2FormerConfig(
-        backbone_config=backbone,
-        feature_size=32,
-        mask_feature_size=32,
-        hidden_dim=32,
-        encoder_feedforward_dim=32,
-        dim_feedforward=32,
-        encoder_layers=1,
-        decoder_layers=2,
-        num_attention_heads=2,
-        num_queries=10,
-        num_labels=80,
-        use_pretrained_backbone=False,
-        backbone=None,
-        id2label=dict(enumerate(names)),
-        label2id={n: i for i, n in enumerate(names)},
-    )
-    torch.manual_seed(0)
-    d = tmp_path_factory.mktemp("m2f")
-    Mask2FormerForUniversalSegmentation(cfg).save_pretrained(str(d))
-    Proc(size={"shortest_edge": 64, "longest_edge": 96}, size_divisor=32).save_pretrained(str(d))
-    return d, names
+    return make_tiny_mask2former(tmp_path_factory.mktemp("m2f"), names, num_queries=10), names
 
 
 def test_transformers_mask2former_detector(tiny_mask2former):
