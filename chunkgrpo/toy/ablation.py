@@ -53,7 +53,7 @@ from pathlib import Path
 
 from chunkgrpo.config import Config, option
 from chunkgrpo.errors import UserError
-from chunkgrpo.toy.ablation_design import METHODS, PRIMARY, PRIOR_SD, design
+from chunkgrpo.toy.ablation_design import ARMS, PRIMARY, PRIOR_SD, design
 from chunkgrpo.toy.ablation_report import (
     aggregate,
     markdown,
@@ -78,7 +78,7 @@ class AblationConfig(Config):
     )
     out: str = option("benchmarks/results/ablation", "results folder (per-run cache, JSON, Markdown, PNG)")
     methods: list[str] = option(
-        list(METHODS), f"methods to run, of {list(METHODS)}; must hold the primary pair"
+        list(ARMS), f"methods to run, of {list(ARMS)}; must hold the primary pair"
     )
     seeds: int = option(0, "training seeds of the primary pair (0 = the power calculation's number for "
                            "primary_delta at assumed_sd)")
@@ -134,9 +134,9 @@ class AblationConfig(Config):
     progress: bool = option(True, "progress output")
 
     def __post_init__(self) -> None:
-        bad = [m for m in self.methods if m not in METHODS]
+        bad = [m for m in self.methods if m not in ARMS]
         if bad or not self.methods:
-            raise UserError(f"methods {bad or self.methods} must be a non-empty subset of {list(METHODS)}")
+            raise UserError(f"methods {bad or self.methods} must be a non-empty subset of {list(ARMS)}")
         self.methods = list(dict.fromkeys(self.methods))
         missing = [m for m in PRIMARY if m not in self.methods]
         if missing:
@@ -254,7 +254,7 @@ def _prepare(cfg: AblationConfig) -> dict:
     world = World(meta["config"]["seed"], meta["config"]["size"])
     eval_md = world.eval_prompts(cfg.eval_per_category, "heldout")
     plan = None
-    if any(METHODS[m].get("chunks") == "{plan}" for m in cfg.methods):
+    if any(ARMS[m].get("chunks") == "{plan}" for m in cfg.methods):
         plan = dynamics_plan(cfg, model_dir, load_prompts(prompts_file), out, base_cfg)
         log.info("dynamics plan (SDE profile): %s", plan["sizes"])
     des = design(cfg, base_cfg, plan["sizes"] if plan else None)
@@ -283,7 +283,7 @@ def series_key(cfg: AblationConfig, prep: dict) -> str:
 def _spec(cfg: AblationConfig, prep: dict, method: str, seed: int) -> dict:
     series = series_key(cfg, prep)
     arm = prep["design"]["arms"].get(method, {"kind": "base"})
-    key = _key({"series": series, "method": method, "seed": seed, "method_overrides": METHODS.get(method)})
+    key = _key({"series": series, "method": method, "seed": seed, "method_overrides": ARMS.get(method)})
     bc = prep["base_cfg"]
     return {
         "method": method,

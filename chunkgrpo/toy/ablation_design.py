@@ -25,7 +25,7 @@ from chunkgrpo.toy.power import min_detectable_effect, paired_power, seeds_neede
 # per method: training overrides; `kind` step | chunk | branch; `chunks` the chunk strategy of a chunk arm
 # ("{plan}" = the SDE dynamics plan, "{uniform}" = the config's uniform strategy);
 # `weighted` = Eq. 16 sampling
-METHODS: dict[str, dict] = {
+ARMS: dict[str, dict] = {
     "step_flow": {"overrides": ["method=dance", "sampling.rule=flow", "sampling.eta=0.7"], "kind": "step"},
     "step_dance": {"overrides": ["method=dance", "sampling.rule=dance", "sampling.eta=0.3"], "kind": "step"},
     "chunk_uniform": {"overrides": ["method=chunk"], "kind": "chunk", "chunks": "{uniform}"},
@@ -72,7 +72,7 @@ def design(cfg, train_cfg, plan_sizes: list[int] | None) -> dict:
     B = train_cfg.prompts_per_rank * train_cfg.group_size
     chunk_sizes: dict[str, list[int]] = {}
     for m in cfg.methods:
-        spec = METHODS[m]
+        spec = ARMS[m]
         if spec["kind"] != "chunk":
             continue
         if spec["chunks"] == "{plan}":
@@ -82,7 +82,7 @@ def design(cfg, train_cfg, plan_sizes: list[int] | None) -> dict:
         else:
             chunk_sizes[m] = plan_chunks(cfg.uniform, S).sizes
     matched = {m: expected_transitions(s, cfg.timestep_fraction) for m, s in chunk_sizes.items()
-               if not METHODS[m].get("weighted")}
+               if not ARMS[m].get("weighted")}
     T = matched[PRIMARY[0]]
     unequal = {m: t for m, t in matched.items() if abs(t - T) > 1e-9}
     if unequal:
@@ -102,7 +102,7 @@ def design(cfg, train_cfg, plan_sizes: list[int] | None) -> dict:
     budget = cfg.steps * B * (N + T)
     arms = {}
     for m in cfg.methods:
-        spec = METHODS[m]
+        spec = ARMS[m]
         if spec["kind"] == "step":
             f = step_fraction(T, S)
             arms[m] = {"kind": "step", "chunk_sizes": [1] * S, "timestep_fraction": f,

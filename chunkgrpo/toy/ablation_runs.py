@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from chunkgrpo.toy.ablation_design import METHODS
+from chunkgrpo.toy.ablation_design import ARMS
 
 # The engine: the training and evaluation code the runs execute (the library's top-level modules, train/,
 # the rewards in scoring/, the toy world, model, detector and this harness) and the presets they start from.
@@ -56,8 +56,8 @@ def eval_seed(seed: int) -> int:
 
 def _train_overrides(spec: dict) -> list[str]:
     arm = spec["arm"]
-    method = list(METHODS[spec["method"]]["overrides"])
-    chunks = METHODS[spec["method"]].get("chunks")
+    method = list(ARMS[spec["method"]]["overrides"])
+    chunks = ARMS[spec["method"]].get("chunks")
     if chunks:
         method.append("chunks=" + (spec["plan_path"] if chunks == "{plan}" else spec["uniform"]))
     if arm["kind"] != "branch":

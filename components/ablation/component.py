@@ -33,7 +33,7 @@ def toy_ablation(
 
     Args:
         model: toy base model folder (`chunkgrpo toy-model --out DIR`) or an s3:// folder artifact of one.
-        methods: methods of chunkgrpo.toy.ablation.METHODS; must hold the primary pair chunk_dynamics,
+        methods: arms of chunkgrpo.toy.ablation_design.ARMS; must hold the primary pair chunk_dynamics,
             step_flow.
         seeds: seeds added tonight (the series keeps every earlier night's).
         steps: optimizer steps per step/chunk run (a multiple of eval_points).
