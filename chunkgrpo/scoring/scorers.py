@@ -238,19 +238,6 @@ def check_scorer_package(name: str, venv: str | None = None) -> None:
     _CHECKED.add(key)
 
 
-def preflight_scorer(name: str, **cfg: Any) -> None:
-    """Everything about a scorer that can be checked without loading it: the config, local weight paths,
-    the package (in its venv when configured) and the files the package needs besides weights."""
-    conf = ScorerConfig.from_dict({"name": name, **cfg})
-    if conf.weights is None or str(conf.weights).strip() == "":
-        raise UserError(
-            f"scorer {conf.name!r} needs weights: set them to a local directory or an s3:// prefix"
-        )
-    if not str(conf.weights).startswith("s3://"):
-        resolve_weights(conf.weights, what=conf.name)
-    check_scorer_package(conf.name, conf.venv)
-
-
 # --------------------------------------------------------------------------------------------------
 # scorers
 
