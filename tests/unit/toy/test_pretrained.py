@@ -93,3 +93,40 @@ def test_the_demo_uses_the_shipped_copy_instead_of_pretraining(tmp_path, monkeyp
     model, prompts = prepare_inputs(tmp_path / "home")
     assert model == tmp_path / "home" / "models" / "toy" and prompts.read_text() == "a red circle\n"
     assert "shipped with chunkgrpo" in capsys.readouterr().out
+
+
+def test_a_stale_demo_model_is_replaced_by_the_shipped_copy_not_pretrained(tmp_path, monkeypatch, capsys):
+    """After an upgrade the demo's model folder holds a model of older code: the shipped current copy takes
+    its place (no 5-minute pretraining), and no staging folder is left beside it."""
+    from chunkgrpo.toy import model as toy_model
+    from pipeline.local import prepare_inputs
+
+    shipped = pretrained.ship(_fake_model(tmp_path / "built"), tmp_path / "pkg")
+    monkeypatch.setattr(pretrained, "PACKAGED", shipped)
+    monkeypatch.setattr(toy_model, "_build",
+                        lambda *a, **k: pytest.fail("pretrained although a current copy is shipped"))
+    home = tmp_path / "home"
+    _fake_model(home / "models" / "toy", key="0123456789abcdef")
+    assert not pretrained.is_current(read_meta(home / "models" / "toy"))
+    model, _ = prepare_inputs(home)
+    assert pretrained.is_current(read_meta(model))
+    assert sorted(p.name for p in model.parent.iterdir()) == ["toy"]
+    assert "built by other code (key 0123456789abcdef)" in capsys.readouterr().out
+
+
+def test_a_stale_demo_model_is_left_alone_when_nothing_current_is_shipped(tmp_path, monkeypatch):
+    from chunkgrpo.toy import model as toy_model
+    from pipeline.local import prepare_inputs
+
+    stale = pretrained.ship(_fake_model(tmp_path / "built"), tmp_path / "pkg")
+    meta = json.loads((stale / META_FILE).read_text())
+    (stale / META_FILE).write_text(json.dumps({**meta, "key": "feedfacefeedface"}))
+    pretrained.write_sums(stale)
+    monkeypatch.setattr(pretrained, "PACKAGED", stale)
+    built = []
+    monkeypatch.setattr(toy_model, "build_toy_model", lambda out, *a, **k: built.append(out))
+    home = tmp_path / "home"
+    _fake_model(home / "models" / "toy", key="0123456789abcdef")
+    prepare_inputs(home)
+    assert built == [home / "models" / "toy"]
+    assert read_meta(home / "models" / "toy")["key"] == "0123456789abcdef"
