@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-POLICIES = ("legacy", "passive")
+POLICIES = ("legacy", "passive", "spin")
 WORKLOADS = ("step", "pretrain")
 
 

@@ -24,6 +24,10 @@ The policy, in order:
   cores). 0 or unset means "all available cores". `configure` (called by the CLI before any command
   runs) applies it: `torch.set_num_threads` when torch is loaded, else `OMP_NUM_THREADS` in the
   environment when the count differs from torch's default, so torch starts with it.
+* `CHUNKGRPO_THREAD_POLICY=spin` replaces passive waiting by a short bounded spin (`GOMP_SPINCOUNT`
+  10000 iterations, `KMP_BLOCKTIME` 1 ms) with the same thread cap: passive waiting costs a process
+  running alone the fork-join latency of every small parallel region (`benchmarks/contention.py`
+  measures the three policies alone and contended).
 * `CHUNKGRPO_THREAD_POLICY=legacy` switches both off (torch's defaults: spinning waits, threads =
   the machine's cores), for before/after measurements only.
 """
@@ -34,7 +38,8 @@ import os
 
 ENV_THREADS = "CHUNKGRPO_THREADS"
 ENV_POLICY = "CHUNKGRPO_THREAD_POLICY"
-POLICIES = ("passive", "legacy")
+POLICIES = ("passive", "spin", "legacy")
+SPIN_COUNT = "10000"  # `spin`: libgomp's busy-wait iterations after a parallel region (its default: 300k)
 
 
 def policy(environ=None) -> str:
@@ -89,6 +94,10 @@ def set_env_policy(environ=None) -> None:
             return
     except ValueError:
         return  # reported by apply(), where a caller can turn it into a one-line error
+    if policy(environ) == "spin":  # a short bounded spin: cheap fork-join alone, little stolen when shared
+        environ.setdefault("GOMP_SPINCOUNT", SPIN_COUNT)
+        environ.setdefault("KMP_BLOCKTIME", "1")
+        return
     environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     environ.setdefault("KMP_BLOCKTIME", "0")  # the same for Intel's OpenMP runtime, if torch uses it
 

@@ -30,6 +30,13 @@ def test_importing_chunkgrpo_sets_the_passive_wait_policy_before_torch_loads():
     r = _py("import chunkgrpo, os; print(os.environ.get('OMP_WAIT_POLICY'))",
             CHUNKGRPO_THREAD_POLICY="legacy")
     assert r.stdout.strip() == "None"
+    # the short-spin policy: a bounded libgomp spin instead of passive waiting, the user's value kept
+    r = _py("import chunkgrpo, os; print(os.environ.get('OMP_WAIT_POLICY'), os.environ['GOMP_SPINCOUNT'])",
+            CHUNKGRPO_THREAD_POLICY="spin")
+    assert r.stdout.split() == ["None", threads.SPIN_COUNT], r.stderr
+    r = _py("import chunkgrpo, os; print(os.environ['GOMP_SPINCOUNT'])", CHUNKGRPO_THREAD_POLICY="spin",
+            GOMP_SPINCOUNT="500")
+    assert r.stdout.strip() == "500"
 
 
 def test_thread_count_order_and_caps(monkeypatch):
@@ -65,8 +72,8 @@ def test_configure_applies_the_override_before_and_after_torch_loads():
 
 @pytest.mark.parametrize("env, bad", [({"CHUNKGRPO_THREADS": "two"}, "CHUNKGRPO_THREADS='two'"),
                                       ({"CHUNKGRPO_THREADS": "-1"}, "CHUNKGRPO_THREADS='-1'"),
-                                      ({"CHUNKGRPO_THREAD_POLICY": "spin"},
-                                       "CHUNKGRPO_THREAD_POLICY='spin'")])
+                                      ({"CHUNKGRPO_THREAD_POLICY": "spinning"},
+                                       "CHUNKGRPO_THREAD_POLICY='spinning'")])
 def test_a_bad_setting_is_one_line_exit_2(env, bad):
     r = subprocess.run([sys.executable, "-m", "chunkgrpo", "local", "status", "--home", "/nonexistent-x"],
                        capture_output=True, text=True, timeout=120,
