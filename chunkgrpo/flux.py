@@ -137,6 +137,16 @@ def resolve_model_source(source: str | os.PathLike, cache_dir: str | os.PathLike
         ) from None
 
 
+def quiet_library_progress() -> None:
+    """Switch off diffusers' and transformers' own carriage-return bars (loading checkpoint shards, writing
+    model shards): they would write into every task's log; our own bars go through `chunkgrpo.progress`."""
+    import diffusers.utils.logging as dlog
+    import transformers.utils.logging as tlog
+
+    dlog.disable_progress_bar()
+    tlog.disable_progress_bar()
+
+
 def load_flux(
     source: str | os.PathLike,
     *,
@@ -153,12 +163,9 @@ def load_flux(
     but its frozen text encoders in bf16: T5-XXL in fp32 alone is 19 GB per GPU, the difference between
     fitting an 80 GB GPU and not (`chunkgrpo capacity`, load phase). Their outputs are cast to `dtype`."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    import diffusers.utils.logging as dlog
-    import transformers.utils.logging as tlog
     from diffusers import FluxPipeline
 
-    dlog.disable_progress_bar()
-    tlog.disable_progress_bar()
+    quiet_library_progress()
     path = resolve_model_source(source)
     device = torch.device(device)
     if dtype is None:

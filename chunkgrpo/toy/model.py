@@ -334,8 +334,8 @@ def encode_images(pipe, images: np.ndarray):
 def pretrain(pipe, cfg: ToyModelConfig, *, progress: bool = True) -> dict:
     """Flow-matching pretraining of `pipe.transformer` on the world's training scenes (in place)."""
     import torch
-    from tqdm import tqdm
 
+    from chunkgrpo.progress import progress_bar
     from chunkgrpo.toy.world import World
 
     t_start, c_start = time.perf_counter(), time.process_time()
@@ -394,7 +394,7 @@ def pretrain(pipe, cfg: ToyModelConfig, *, progress: bool = True) -> dict:
         ema = [copy.deepcopy(mod).requires_grad_(False) for mod in modules] if cfg.ema > 0 else None
         gen = torch.Generator().manual_seed(cfg.seed + 1)
         losses = []
-        bar = tqdm(range(cfg.steps), desc="pretrain toy model", disable=not progress)
+        bar = progress_bar(range(cfg.steps), desc="pretrain toy model", disable=not progress)
         for step in bar:
             idx = torch.randint(0, n, (cfg.batch_size,), generator=gen)
             x0 = latents[idx]
@@ -611,9 +611,10 @@ def write_folder(pipe, cfg: ToyModelConfig, out: Path, key: str, stats: dict) ->
     the samples grid and `toy_model.json` (with the base model's held-out accuracy)."""
     import torch
 
-    from chunkgrpo.flux import FluxModel
+    from chunkgrpo.flux import FluxModel, quiet_library_progress
     from chunkgrpo.toy.world import World, write_metadata, write_prompts
 
+    quiet_library_progress()
     pipe.save_pretrained(out)
     world = World(cfg.seed, cfg.size)
     data = out / "toy"

@@ -168,3 +168,15 @@ def test_cli_verb(short_model, toy_cache, tmp_path, capsys):
     assert "not a toy model folder" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
     assert main(["toy-model", "--out", str(tmp_path / "m2"), "steps=-1"]) == 2
     assert "steps=-1" in capsys.readouterr().err
+
+
+def test_pretraining_progress_is_plain_lines_in_a_log(toy_cache, tmp_path, capsys, monkeypatch):
+    """Into a log (stderr not a TTY) the pretraining bar prints whole lines, not one carriage-return
+    update per step (a log held thousands of them)."""
+    monkeypatch.setenv("CHUNKGRPO_PROGRESS", "auto")
+    build_toy_model(tmp_path / "m", ToyModelConfig(**{**SHORT, "steps": 40, "eval_per_category": 0}),
+                    cache_dir=tmp_path / "cache", progress=True)
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.startswith("pretrain toy model:")]
+    assert "\r" not in err and lines and lines[-1].startswith("pretrain toy model: 40/40 (100%)")
+    assert len(lines) <= 12  # every 10 % at most, plus the first and the last
