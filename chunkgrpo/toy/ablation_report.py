@@ -177,6 +177,19 @@ def _f(x, digits: int = 3) -> str:
     return "–" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:.{digits}f}"
 
 
+def _powered_line(pf: dict, power: dict) -> str:
+    """The design's seed count against the power calculation: "powered for" only when it is; a fixed,
+    smaller count (the N = 17 setting) says its power instead."""
+    needed = (power.get("seeds_for") or {}).get(str(pf["delta"]))
+    if needed is not None and pf["seeds"] < needed:
+        at_planned = power.get("power_at_planned", float("nan"))
+        return (f"- Seeds fixed at {pf['seeds']}, fewer than the {needed} that Δ = {pf['delta']} needs "
+                f"at paired sd {pf['sd']} ({pf['power']:.0%} power): power {at_planned:.2f}, "
+                "a check of the direction, not a powered test.")
+    return (f"- Powered for Δ = {pf['delta']} at paired sd {pf['sd']} ({pf['power']:.0%} power): "
+            f"{pf['seeds']} seeds.")
+
+
 def markdown(result: dict) -> str:
     s = result["settings"]
     tc = s["train_config"]
@@ -207,8 +220,7 @@ def markdown(result: dict) -> str:
         "## Pre-registered primary endpoint",
         "",
         f"- {pr['metric']}; {pr['estimand']}; {pr['test']}.",
-        f"- Powered for Δ = {pr['powered_for']['delta']} at paired sd {pr['powered_for']['sd']} "
-        f"({pr['powered_for']['power']:.0%} power): {pr['powered_for']['seeds']} seeds.",
+        _powered_line(pr["powered_for"], result.get("power") or {}),
         f"- Secondary ({pr['secondary_correction']}): " + ", ".join(f"`{x}`" for x in pr["secondary"]) + ".",
     ]
     if pr.get("sequential"):

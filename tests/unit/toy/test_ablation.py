@@ -253,3 +253,13 @@ def test_engine_pin_is_for_reports_only():
     with pytest.raises(UserError, match="only a report-only run"):
         AblationConfig(engine_pin="0123456789abcdef")
     assert AblationConfig(engine_pin="0123456789abcdef", compute=False).engine_pin == "0123456789abcdef"
+
+
+def test_a_fixed_smaller_seed_count_is_not_called_powered():
+    from chunkgrpo.toy.ablation_report import _powered_line
+
+    pf = {"delta": 0.03, "sd": 0.053, "power": 0.8, "seeds": 8}
+    power = {"seeds_for": {"0.03": 27}, "power_at_planned": 0.2834}
+    line = _powered_line(pf, power)
+    assert "Powered for" not in line and "Seeds fixed at 8" in line and "power 0.28" in line
+    assert _powered_line({**pf, "seeds": 27}, power).startswith("- Powered for Δ = 0.03")
