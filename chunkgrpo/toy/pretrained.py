@@ -80,25 +80,31 @@ def verify(folder: Path) -> str | None:
 RUNTIME_FIELDS = ("threads",)  # config fields that do not change the model (only float rounding)
 
 
-def is_current(meta: dict | None) -> bool:
-    """Whether a toy model folder's `toy_model.json` is the default model of the current code (up to
-    `RUNTIME_FIELDS`)."""
+def current_key(meta: dict | None) -> str | None:
+    """The key the current code gives the default model with `meta`'s `RUNTIME_FIELDS` (None when `meta`
+    is not a toy model's)."""
     from chunkgrpo.toy.model import ToyModelConfig, model_key
 
     if not meta or not isinstance(meta.get("config"), dict):
-        return False
+        return None
     default = ToyModelConfig().to_dict()
     runtime = {k: meta["config"][k] for k in RUNTIME_FIELDS if k in meta["config"]}
     try:
-        cfg = ToyModelConfig(**{**default, **runtime})
+        return model_key(ToyModelConfig(**{**default, **runtime}))
     except (TypeError, UserError):
-        return False
-    return meta.get("key") == model_key(cfg)
+        return None
+
+
+def is_current(meta: dict | None) -> bool:
+    """Whether a toy model folder's `toy_model.json` is the default model of the current code (up to
+    `RUNTIME_FIELDS`)."""
+    key = current_key(meta)
+    return key is not None and meta.get("key") == key
 
 
 def packaged(folder: Path | None = None) -> Path | None:
     """The shipped toy model folder if it is the current default model and intact, else None."""
-    from chunkgrpo.toy.model import ToyModelConfig, model_key, read_meta
+    from chunkgrpo.toy.model import read_meta
 
     folder = folder or PACKAGED
     meta = read_meta(folder)
@@ -106,7 +112,7 @@ def packaged(folder: Path | None = None) -> Path | None:
         return None
     if not is_current(meta):
         log.warning("the shipped toy model %s is stale (key %s, current %s); pretraining instead", folder,
-                    meta.get("key"), model_key(ToyModelConfig()))
+                    meta.get("key"), current_key(meta))
         return None
     reason = verify(folder)
     if reason is not None:

@@ -130,3 +130,14 @@ def test_a_stale_demo_model_is_left_alone_when_nothing_current_is_shipped(tmp_pa
     prepare_inputs(home)
     assert built == [home / "models" / "toy"]
     assert read_meta(home / "models" / "toy")["key"] == "0123456789abcdef"
+
+
+def test_the_stale_warning_names_the_key_it_compares_with(tmp_path, caplog):
+    stale = pretrained.ship(_fake_model(tmp_path / "built", threads=1), tmp_path / "pkg")
+    meta = json.loads((stale / META_FILE).read_text())
+    (stale / META_FILE).write_text(json.dumps({**meta, "key": "0123456789abcdef"}))
+    pretrained.write_sums(stale)
+    with caplog.at_level("WARNING"):
+        assert pretrained.packaged(stale) is None
+    want = model_key(ToyModelConfig(threads=1))
+    assert pretrained.current_key(read_meta(stale)) == want and f"current {want}" in caplog.text
