@@ -30,7 +30,6 @@ import io
 import json
 import os
 import re
-import shutil
 import sys
 import time
 import warnings
@@ -132,16 +131,11 @@ def prepare_inputs(home: Path) -> tuple[Path, Path]:
 
     model = home / "models" / "toy"
     meta = read_meta(model)
-    if meta is None and install(model):  # the pretrained copy shipped with the package (≈ 3 MB)
+    if not is_current(meta) and install(model):  # the pretrained copy shipped with the package (≈ 3 MB)
+        replaced = f"; the one there was built by other code (key {meta.get('key')})" if meta else ""
         print(
-            f"toy-world base model: the pretrained copy shipped with chunkgrpo -> {_rel(str(model))}",
-            flush=True,
-        )
-        meta = read_meta(model)
-    if meta is not None and not is_current(meta) and _replace_with_shipped(model):
-        print(
-            f"toy-world base model in {_rel(str(model))} was built by other code (key {meta.get('key')}): "
-            "replaced by the pretrained copy shipped with chunkgrpo",
+            f"toy-world base model: the pretrained copy shipped with chunkgrpo -> {_rel(str(model))}"
+            f"{replaced}",
             flush=True,
         )
         meta = read_meta(model)
@@ -150,23 +144,6 @@ def prepare_inputs(home: Path) -> tuple[Path, Path]:
               flush=True)
         build_toy_model(model)
     return model, model / read_meta(model)["files"]["train_prompts"]
-
-
-def _replace_with_shipped(model: Path) -> bool:
-    """Swap a stale toy model folder (this demo's own, from an older version of the code) for the shipped
-    current copy: installed beside it first, then two renames, so an interruption leaves either folder
-    whole (a missing one is installed again next time). False, touching nothing, when none is shipped."""
-    from chunkgrpo.toy.pretrained import install
-
-    fresh, old = model.with_name(model.name + ".shipped"), model.with_name(model.name + ".stale")
-    shutil.rmtree(fresh, ignore_errors=True)
-    shutil.rmtree(old, ignore_errors=True)
-    if not install(fresh):
-        return False
-    model.rename(old)
-    fresh.rename(model)
-    shutil.rmtree(old)
-    return True
 
 
 def toy_eval_overrides(model: Path) -> list[str]:

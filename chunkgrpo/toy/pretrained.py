@@ -17,7 +17,8 @@ reproduction target; what must hold is that it is the model the current code wou
   summation order, not what is learned) and every file matches `SHA256SUMS`; otherwise None, and the
   demo pretrains as before (a test fails while the shipped copy is stale, so it is refreshed with the
   command above in the same change).
-* `install(out)` copies it atomically (a temporary sibling, then one rename) and verifies the copy.
+* `install(out)` copies it atomically (a temporary sibling, then one rename) and verifies the copy;
+  a toy model of older code in `out` is replaced.
 """
 
 from __future__ import annotations
@@ -122,12 +123,17 @@ def packaged(folder: Path | None = None) -> Path | None:
 
 
 def install(out: str | os.PathLike, folder: Path | None = None) -> bool:
-    """Copy the shipped toy model to `out` (which must be absent or empty); False if none is usable."""
+    """Copy the shipped toy model to `out` (absent, empty, or holding a toy model of older code, which it
+    replaces: the demo's own folder after an upgrade); False if none is usable. The copy is verified in a
+    temporary sibling first, so an interruption leaves `out` whole or absent."""
+    from chunkgrpo.toy.model import read_meta
+
     src = packaged(folder)
     if src is None:
         return False
     out = Path(out)
-    if out.exists() and any(out.iterdir()):
+    stale = read_meta(out) if out.is_dir() else None
+    if out.exists() and any(out.iterdir()) and (stale is None or is_current(stale)):
         raise UserError(f"{out} is not empty; not overwriting it with the shipped toy model")
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
@@ -137,9 +143,15 @@ def install(out: str | os.PathLike, folder: Path | None = None) -> bool:
         if reason is not None:
             raise RuntimeError(f"copy of the shipped toy model is damaged: {reason}")
         (staging / SUMS).unlink()
-        if out.exists():
-            out.rmdir()
-        staging.rename(out)
+        if stale is not None:  # moved aside (onto an empty sibling), replaced, then deleted
+            old = Path(tempfile.mkdtemp(prefix=f".{out.name}-stale-", dir=out.parent))
+            out.rename(old)
+            staging.rename(out)
+            shutil.rmtree(old)
+        else:
+            if out.exists():
+                out.rmdir()
+            staging.rename(out)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
