@@ -92,11 +92,12 @@ def set_env_policy(environ=None) -> None:
     run before torch is imported in this process to take effect here; child processes inherit it."""
     environ = environ if environ is not None else os.environ
     try:
-        if policy(environ) == "legacy":
-            return
+        chosen = policy(environ)
     except ValueError:
         return  # reported by apply(), where a caller can turn it into a one-line error
-    if policy(environ) == "spin":  # a short bounded spin: cheap fork-join alone, little stolen when shared
+    if chosen == "legacy":
+        return
+    if chosen == "spin":  # a short bounded spin: cheap fork-join alone, little stolen when shared
         environ.setdefault("GOMP_SPINCOUNT", SPIN_COUNT)
         environ.setdefault("KMP_BLOCKTIME", "1")
         return
