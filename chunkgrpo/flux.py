@@ -147,6 +147,22 @@ def quiet_library_progress() -> None:
     tlog.disable_progress_bar()
 
 
+def use_training_attention(device: str | torch.device) -> bool:
+    """Keep cuDNN's fused attention out of training on a GPU; returns whether it was switched off.
+
+    Measured on an H200 (torch 2.11 + CUDA 13, FLUX.1-dev's transformer, 720² = 2,025 image + 512 text
+    tokens, head dim 128, bf16): with gradients, PyTorch's SDPA picks the cuDNN backend and its kernel
+    fails ("mha_graph.execute … is_good()" under CUDA_LAUNCH_BLOCKING, otherwise an illegal memory
+    access), with LoRA or full fine-tuning, with or without gradient checkpointing, and on a 6-block
+    model of the same widths. Without it SDPA uses flash attention and the iteration runs
+    (`benchmarks/flux_gpu.py`, `benchmarks/results/flux-gpu/`). Sampling without gradients was unaffected,
+    so evaluation keeps the default choice."""
+    if torch.device(device).type != "cuda":
+        return False
+    torch.backends.cuda.enable_cudnn_sdp(False)
+    return True
+
+
 def load_flux(
     source: str | os.PathLike,
     *,

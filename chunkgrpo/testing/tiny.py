@@ -158,9 +158,13 @@ def _foreign_files(out: Path) -> list[str]:
 
 
 def build_tiny_flux(
-    out_dir: str | Path, *, seed: int = 0, size: str = "tiny", overwrite: bool = True
+    out_dir: str | Path, *, seed: int = 0, size: str = "tiny", overwrite: bool = True,
+    layers: tuple[int, int] | None = None,
 ) -> Path:
     """Write a diffusers FLUX pipeline folder with random weights. Returns the folder.
+
+    `layers` = (double-stream, single-stream) blocks of the transformer instead of the size's own (the
+    GPU benchmark writes a one-block FLUX-width folder and builds the 57-block transformer on the GPU).
 
     An existing non-empty `out_dir` is replaced only if `overwrite` and it is an earlier tiny model
     (has the marker file); anything else is refused, so a run folder is never deleted by mistake.
@@ -173,7 +177,11 @@ def build_tiny_flux(
     from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
     from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
 
-    cfg = SIZES[size]
+    cfg = dict(SIZES[size])
+    if layers is not None:
+        if len(layers) != 2 or min(layers) < 1:
+            raise UserError(f"layers must be two block counts >= 1, got {layers!r}")
+        cfg["num_layers"], cfg["num_single_layers"] = layers
     torch.manual_seed(seed)
     with tempfile.TemporaryDirectory() as tmp:
         tokenizer = build_clip_tokenizer(Path(tmp))
@@ -217,7 +225,8 @@ def build_tiny_flux(
         staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
         try:
             pipe.save_pretrained(staging)
-            marker = {"size": size, "seed": seed, "files": _file_list(staging)}
+            marker = {"size": size, "seed": seed, "files": _file_list(staging),
+                      **({"layers": list(layers)} if layers else {})}
             (staging / MARKER).write_text(json.dumps(marker))
             _check_target(out, overwrite)  # again: something may have appeared meanwhile
             if out.exists():

@@ -113,9 +113,11 @@ class Trainer:
         if not self.model_path:
             self.model_path = self._fetch_model()
         dev = self.info.device
+        from chunkgrpo.flux import load_flux, use_training_attention
+
+        use_training_attention(dev)
         self.bf16 = cfg.mixed_precision == "bf16" or (cfg.mixed_precision == "auto" and dev.type == "cuda")
         self.reward_fns = {r.name: get_reward(r.name, r.options, device=str(dev)) for r in cfg.rewards}
-        from chunkgrpo.flux import load_flux
 
         base_dtype = torch.bfloat16 if (self.bf16 and cfg.lora.enabled) else torch.float32
         # frozen parts (text encoders, VAE) in bf16 under bf16 mixed precision, also for full fine-tuning

@@ -171,3 +171,19 @@ def test_kl_term_costs_no_extra_transformer_calls(tiny_model_dir, prompts_file, 
     assert m["transformer_samples"] == m["min_transformer_samples"]
     assert m["ratio_mean"] != 1.0 and m["kl_k3"] > 0
     t.close()
+
+
+def test_setup_chooses_the_training_attention_for_its_device(tiny_model_dir, prompts_file, tmp_path,
+                                                              monkeypatch):
+    """`Trainer.setup` routes its device through `flux.use_training_attention` (cuDNN attention off on a
+    GPU: its backward fails on FLUX at 720², measured on an H200) before the model loads."""
+    import chunkgrpo.flux as F
+
+    seen = []
+    real_load = F.load_flux
+    monkeypatch.setattr(F, "use_training_attention", lambda dev: seen.append(("attention", str(dev))))
+    monkeypatch.setattr(F, "load_flux", lambda *a, **k: seen.append(("load",)) or real_load(*a, **k))
+    t = Trainer(_cfg(tiny_model_dir, prompts_file, tmp_path, "max_steps=1"))
+    t.setup()
+    t.close()
+    assert seen[:2] == [("attention", "cpu"), ("load",)]
