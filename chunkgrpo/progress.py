@@ -43,6 +43,15 @@ def mode(stream=None) -> str:
         return "lines"
 
 
+def quiet_mlflow_progress(stream=None) -> bool:
+    """MLflow's own artifact-download bar off unless `stream` gets bars (`mode`): in a log it writes one
+    carriage-return update per file. Sets MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR=false (an explicit value
+    in the environment wins); returns whether the bar is off."""
+    if mode(stream) != "bar":
+        os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    return os.environ.get("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "true").lower() in ("false", "0")
+
+
 class LineProgress(tqdm):
     """tqdm's counting, rate and ETA, printed as whole lines every `every_s` s or `every_pct` % (and at
     the end) instead of a carriage-return bar."""

@@ -34,10 +34,12 @@ def _mlflow_http_env_restored():
     """`registry.client.connect` sets process-wide defaults for MLflow's HTTP retries/timeouts (right for a
     CLI process, which registers or promotes once); tests share one process, so each test gets the variables
     back as they were — a test asserting the tracker restores them does not depend on test order."""
-    keys = [k for k in os.environ if k.startswith("MLFLOW_HTTP_REQUEST_")]
-    before = {k: os.environ[k] for k in keys}
+    def ours(k: str) -> bool:
+        return k.startswith("MLFLOW_HTTP_REQUEST_") or k == "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
+
+    before = {k: os.environ[k] for k in os.environ if ours(k)}
     yield
-    for k in [k for k in os.environ if k.startswith("MLFLOW_HTTP_REQUEST_")]:
+    for k in [k for k in os.environ if ours(k)]:
         if k not in before:
             del os.environ[k]
     os.environ.update(before)

@@ -19,6 +19,7 @@ import urllib.error
 import urllib.request
 
 from chunkgrpo.errors import UserError
+from chunkgrpo.progress import quiet_mlflow_progress
 from chunkgrpo.registry import gate
 from chunkgrpo.tracking import credentials_from_uri, redact_uri
 
@@ -41,6 +42,7 @@ def connect():
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", str(MLFLOW_RETRIES))
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
     check_reachable(os.environ["MLFLOW_TRACKING_URI"])
+    quiet_mlflow_progress()  # a log gets no carriage-return bar per downloaded artifact
     from mlflow import MlflowClient
 
     return MlflowClient()

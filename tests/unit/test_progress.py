@@ -4,6 +4,7 @@ in a log."""
 from __future__ import annotations
 
 import io
+import os
 
 import pytest
 from tqdm import tqdm
@@ -73,3 +74,20 @@ def test_iterating_a_sequence(monkeypatch):
     log = io.StringIO()
     assert list(P.progress_bar(range(20), desc="z", file=log)) == list(range(20))
     assert log.getvalue().splitlines()[-1].startswith("z: 20/20 (100%)")
+
+
+def test_mlflow_download_bar_off_in_a_log_on_in_a_terminal(monkeypatch):
+    from chunkgrpo.progress import quiet_mlflow_progress
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    monkeypatch.delenv("CHUNKGRPO_PROGRESS", raising=False)
+    monkeypatch.delenv("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", raising=False)
+    assert quiet_mlflow_progress(Tty()) is False
+    assert "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR" not in os.environ
+    assert quiet_mlflow_progress(io.StringIO()) is True
+    assert os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] == "false"
+    monkeypatch.setenv("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "true")  # the user's choice wins
+    assert quiet_mlflow_progress(io.StringIO()) is False
