@@ -340,7 +340,9 @@ class LocalServices:
         cmd = [weed_binary(), "mini", f"-dir={data}", f"-ip={HOST}", f"-ip.bind={HOST}",
                "-master.telemetry=false", f"-s3.config={s3cfg}", f"-s3.port={c.s3_port}",
                "-admin.ui=false", "-webdav=false", "-s3.port.iceberg=0", "-s3.port.lance=0",
-               f"-s3.localSocket={self.home / 's3.sock'}", f"-filer.localSocket={self.home / 'filer.sock'}",
+               # relative to weed's working directory (the home): a Unix socket path is limited to 107
+               # bytes, which a deep --home exceeds (weed then dies with "bind: invalid argument")
+               "-s3.localSocket=s3.sock", "-filer.localSocket=filer.sock",
                *[f"-{flag}={port}" for flag, port in internal.items()]]
         return self._spawn("s3", cmd, dict(os.environ), c.s3_port, internal_ports=internal)
 

@@ -121,3 +121,19 @@ def test_port_in_use_gives_a_clear_message(tmp_path):
             svc.up()
         assert all(st.state == "stopped" for st in svc.status().values())
     assert not (tmp_path / "state.json").exists()
+
+
+def test_a_deep_home_folder_works(tmp_path):
+    """weed's Unix sockets live in the home; their path is relative to it, since an absolute one longer than
+    107 bytes cannot be bound (a deep --home, a pytest base folder)."""
+    home = tmp_path / ("d" * 60) / ("e" * 60) / "home"
+    assert len(str(home / "filer.sock")) > 108
+    s3_port, mlflow_port = free_ports(2)
+    svc = LocalServices(LocalServicesConfig(home=str(home), s3_port=s3_port, mlflow_port=mlflow_port))
+    try:
+        svc.up()
+        with socket.create_connection(("127.0.0.1", s3_port), timeout=5):
+            pass
+        assert (home / "filer.sock").is_socket()
+    finally:
+        svc.down()
