@@ -72,8 +72,7 @@ def train(
         *(
             [f"max_iterations={max_iterations}"] if max_iterations != 0 else []
         ),  # negative: the trainer says why
-        f"output_dir={out}",
-        "progress=false",
+        f"output_dir={out}",  # progress: plain lines in the task's log (every 10 % or 30 s), not a bar
         f"checkpoint.s3_prefix={prefix}/checkpoints",  # a retried task resumes from here
         f"tracking.experiment={experiment}",
         f"tracking.parent_run_id={parent_run_id}",
