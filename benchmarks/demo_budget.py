@@ -41,11 +41,13 @@ def evaluate(model: Path, trained: Path | None, seed: int, out: Path) -> dict:
 
 def train(model: Path, iterations: int, lr: float, seed: int, out: Path) -> float:
     prompts = model / "toy" / "train_prompts.txt"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-           "-m", "chunkgrpo.train", "--config", "toy_cpu", f"model={model}", f"prompts={prompts}",
-           "chunks=sizes:2,3,4", f"max_iterations={iterations}", f"lr={lr}", f"seed={seed}",
-           f"output_dir={out}", "checkpoint.every=0", "checkpoint.resume=false", "tracking.image_every=0",
-           "progress=false"]
+    from chunkgrpo.torchrun_local import command
+
+    # the train task's launcher: torchrun on one node, its rendezvous store on 127.0.0.1 only
+    cmd = command(2, "-m", "chunkgrpo.train", "--config", "toy_cpu", f"model={model}", f"prompts={prompts}",
+                  "chunks=sizes:2,3,4", f"max_iterations={iterations}", f"lr={lr}", f"seed={seed}",
+                  f"output_dir={out}", "checkpoint.every=0", "checkpoint.resume=false",
+                  "tracking.image_every=0", "progress=false")
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
     t0 = time.perf_counter()
     r = subprocess.run(cmd, env=env, capture_output=True, text=True)
