@@ -612,3 +612,20 @@ def test_local_down_never_signals_a_process_it_did_not_start(record, tmp_path, c
     finally:
         victim.kill()
         victim.wait()
+
+
+def test_tiny_flux_layers_override(tmp_path):
+    """`build_tiny_flux(layers=)`: the transformer gets the given block counts (the GPU benchmark's
+    one-block folder of FLUX's widths); anything but two counts >= 1 is refused in one line."""
+    import json
+
+    from chunkgrpo.errors import UserError
+    from chunkgrpo.testing.tiny import build_tiny_flux
+
+    out = build_tiny_flux(tmp_path / "m", size="tiny", layers=(2, 3))
+    cfg = json.loads((out / "transformer" / "config.json").read_text())
+    assert (cfg["num_layers"], cfg["num_single_layers"]) == (2, 3)
+    for bad in ((0, 1), (1,), (1, 2, 3)):
+        with pytest.raises(UserError, match="layers must be two block counts"):
+            build_tiny_flux(tmp_path / "bad", size="tiny", layers=bad)
+    assert not (tmp_path / "bad").exists()
