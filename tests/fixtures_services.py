@@ -8,7 +8,10 @@
 
 Servers are stopped at the end of the session, also when tests fail (context manager + atexit), on a
 pytest-timeout and when the session gets SIGTERM (this plugin's `pytest_configure` turns it into
-KeyboardInterrupt, so every fixture's teardown runs).
+KeyboardInterrupt, so every fixture's teardown runs). Under pytest-xdist (README's test command runs two
+workers) the SIGTERM reaches the controller only; it passes it on to its workers and waits for them to
+unwind their fixtures before it stops itself (xdist would otherwise kill them after a few seconds, with their
+servers still running).
 
 A test that runs a whole `chunkgrpo pipeline run --local` command (which starts its own servers):
 
@@ -38,12 +41,35 @@ import pytest
 import chunkgrpo  # noqa: F401 - sets the OpenMP wait policy (chunkgrpo.threads) before anything loads torch
 
 STOP_GRACE_S = 60.0  # a terminated pipeline command stops its tasks (10 s) and its servers (MLflow ~ seconds)
+# an xdist worker told to stop: its running test's command (STOP_GRACE_S) and then its session's servers
+WORKER_STOP_S = 2 * STOP_GRACE_S
+_config = None  # this session's pytest config
+_terminated = False  # this session got SIGTERM
+
+
+def _stop_workers(timeout_s: float = WORKER_STOP_S) -> None:
+    """SIGTERM to each xdist worker (the controller's child processes), then wait until they have exited:
+    each unwinds its fixtures as below. Those still alive after `timeout_s` are killed."""
+    import psutil
+
+    workers = psutil.Process().children()
+    for w in workers:
+        with contextlib.suppress(psutil.Error):
+            w.send_signal(signal.SIGTERM)
+    _, alive = psutil.wait_procs(workers, timeout=timeout_s)
+    for w in alive:
+        with contextlib.suppress(psutil.Error):
+            w.kill()
 
 
 def _sigterm_as_interrupt(signum, frame):
     """SIGTERM to the test session (a CI job's timeout, `kill`) unwinds it like Ctrl-C, so every fixture's
-    teardown runs and stops the servers it started."""
+    teardown runs and stops the servers it started; the xdist controller first has its workers do so."""
+    global _terminated
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends the session at once
+    _terminated = True
+    if _config is not None and _config.pluginmanager.getplugin("dsession") is not None:
+        _stop_workers()  # this process is pytest-xdist's controller: its workers run the tests
     raise KeyboardInterrupt(f"signal {signum}")
 
 
@@ -51,8 +77,21 @@ def pytest_configure(config):
     """Session-wide (tests/ and components/ both load this plugin): the thread policy and SIGTERM."""
     from chunkgrpo import threads
 
+    global _config
     threads.configure()  # torch threads capped at the available cores ($CHUNKGRPO_THREADS to choose)
+    _config = config
     signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+
+
+def pytest_unconfigure(config):
+    """An xdist worker stopped by SIGTERM exits once its fixtures are torn down, instead of waiting for its
+    controller (which is waiting for it, `_stop_workers`)."""
+    if _terminated and hasattr(config, "workerinput"):
+        import sys
+
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
 
 
 @dataclasses.dataclass
