@@ -64,9 +64,17 @@ def _stop_workers(timeout_s: float = WORKER_STOP_S) -> None:
 
 def _sigterm_as_interrupt(signum, frame):
     """SIGTERM to the test session (a CI job's timeout, `kill`) unwinds it like Ctrl-C, so every fixture's
-    teardown runs and stops the servers it started; the xdist controller first has its workers do so."""
+    teardown runs and stops the servers it started; the xdist controller first has its workers do so.
+
+    A second SIGTERM ends a plain session or the controller at once. An xdist worker ignores it while it
+    unwinds: a signal to the whole process group reaches it twice (directly, then from its controller), and
+    the controller kills it after `WORKER_STOP_S` anyway."""
     global _terminated
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends the session at once
+    worker = _config is not None and hasattr(_config, "workerinput")
+    if _terminated and worker:
+        return
+    if not worker:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _terminated = True
     if _config is not None and _config.pluginmanager.getplugin("dsession") is not None:
         _stop_workers()  # this process is pytest-xdist's controller: its workers run the tests

@@ -53,7 +53,10 @@ def _alive_with(needle: str) -> list[str]:
     return found
 
 
-def test_sigterm_to_an_xdist_session_stops_every_workers_servers(tmp_path):
+@pytest.mark.parametrize("to", ["controller", "group"])
+def test_sigterm_to_an_xdist_session_stops_every_workers_servers(tmp_path, to):
+    """`controller`: a CI timeout signals the pytest process; `group`: `kill -- -PGID` signals it and its
+    workers at once, so each worker also gets the controller's SIGTERM while it unwinds."""
     from xdist.workermanage import NodeManager
 
     from chunkgrpo.local_processes import port_in_use
@@ -85,7 +88,10 @@ def test_sigterm_to_an_xdist_session_stops_every_workers_servers(tmp_path):
                  for h in held for k in ("MLFLOW_TRACKING_URI", "CHUNKGRPO_S3_ENDPOINT")]
         assert all(port_in_use(p) for p in ports), ports
         assert all(_alive_with(h["home"]) for h in held)  # each worker's weed + mlflow run meanwhile
-        os.kill(proc.pid, signal.SIGTERM)  # the controller only, as a CI timeout does
+        if to == "controller":
+            os.kill(proc.pid, signal.SIGTERM)  # the controller only, as a CI timeout does
+        else:
+            os.killpg(proc.pid, signal.SIGTERM)
         out, _ = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:
