@@ -49,8 +49,8 @@ def main(argv: list[str]) -> int:
     per_file: dict[str, float] = collections.defaultdict(float)
     for t, cls, _ in cases:
         # JUnit's classname is the module for a test function, module.Class for a method
-        last = cls.rsplit(".", 1)[-1]
-        per_file[cls.rsplit(".", 1)[0] if last[:1].isupper() else cls] += t
+        module, _, last = cls.rpartition(".")
+        per_file[module if last[:1].isupper() else cls] += t
     print(f"\n== test suite: {wall / 60:.1f} min wall ({wall:.0f} s), {len(cases)} tests, pytest exit {rc}")
     print(f"   CPU time of pytest and the processes it waited for: {cpu / 60:.1f} min "
           f"({cpu / wall:.2f} cores busy on average)")

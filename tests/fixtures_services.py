@@ -70,7 +70,7 @@ def _sigterm_as_interrupt(signum, frame):
     unwinds: a signal to the whole process group reaches it twice (directly, then from its controller), and
     the controller kills it after `WORKER_STOP_S` anyway."""
     global _terminated
-    worker = _config is not None and hasattr(_config, "workerinput")
+    worker = hasattr(_config, "workerinput")
     if _terminated and worker:
         return
     if not worker:

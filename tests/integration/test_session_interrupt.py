@@ -77,6 +77,7 @@ def test_sigterm_to_an_xdist_session_stops_every_workers_servers(tmp_path, to):
         cwd=session, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         start_new_session=True,
     )
+    held: list[dict] = []
     try:
         deadline = time.monotonic() + 600
         while len(list(marks.glob("*.json"))) < 2:
@@ -97,10 +98,12 @@ def test_sigterm_to_an_xdist_session_stops_every_workers_servers(tmp_path, to):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+        if not held:  # failed before both workers' servers were up: those that were
+            held = [json.loads(m.read_text()) for m in marks.glob("*.json")]
+        left = [p for h in held for p in _alive_with(h["home"])]
+        for line in left:  # a failure's servers (own sessions) are not left running either
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(int(line.split(":")[0]), signal.SIGKILL)
     assert proc.returncode != 0
-    left = [p for h in held for p in _alive_with(h["home"])]
-    for line in left:  # the failure's servers are not left running either
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(int(line.split(":")[0]), signal.SIGKILL)
     assert left == [], (left, out[-3000:])
     assert not any(port_in_use(p) for p in ports), (ports, out[-3000:])
