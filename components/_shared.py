@@ -30,9 +30,10 @@ def stage_env(parent_run_id: str) -> None:
     )
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
-    from chunkgrpo import threads
+    from chunkgrpo import shutdown, threads
 
     threads.configure()  # torch threads capped at the task's cores; its children wait passively
+    shutdown.fast_exit()  # the task's process exits without the interpreter's repeated final collections
     if parent_run_id:
         os.environ["CHUNKGRPO_MLFLOW_PARENT_RUN_ID"] = parent_run_id
 

@@ -253,7 +253,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="service account of the run's pods (default: the server's, as for a UI run)")
     p.add_argument("--pipeline-root", default="", help="override the pipeline root (s3://...)")
     p.add_argument("--enable-caching", default=None, choices=["true", "false"],
-                   help="override every task's caching setting (default: as compiled)")
+                   help="override every task's caching setting (default: as compiled: profile and plan are "
+                   "cached); also --local, whose cache is dropped when the code or a local input changes")
 
     p = sub.add_parser("schedule", help="create a recurring run (default: nightly benchmark at 02:00 UTC)")
     common(p, which_default="nightly_benchmark", remote=True)
@@ -314,6 +315,12 @@ def _cmd_upload(args) -> int:
     return 0
 
 
+def _caching(args) -> bool | None:
+    """--enable-caching: None = each task's compiled setting."""
+    value = getattr(args, "enable_caching", None)
+    return None if value is None else value == "true"
+
+
 def _cmd_run(args) -> int:
     params = parse_params(args.param)
     if args.local:
@@ -322,14 +329,15 @@ def _cmd_run(args) -> int:
         try:
             r = run_local(args.pipeline, params, home=args.home, keep_services=args.keep_services,
                           s3_port=args.s3_port, mlflow_port=args.mlflow_port, verbose=args.verbose,
-                          demo=args.demo, pod_faithful=getattr(args, "pod_faithful", False))
+                          demo=args.demo, pod_faithful=getattr(args, "pod_faithful", False),
+                          enable_caching=_caching(args))
         except TaskFailed as e:  # one line: task, reason, log path; 2 = bad input, 1 = internal failure
             print(f"chunkgrpo pipeline: error: {e}", file=sys.stderr)
             return 2 if e.user_error else 1
         print("\n" + "\n".join(summary_lines(r)))
         return 0
     client = _kfp_client(args)
-    caching = None if args.enable_caching is None else args.enable_caching == "true"
+    caching = _caching(args)
     with tempfile.TemporaryDirectory() as tmp:
         pkg = _compile(args, args.pipeline, Path(tmp))
         res = client.create_run_from_pipeline_package(

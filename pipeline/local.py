@@ -15,6 +15,11 @@
    ...) are mapped to folders under <home>/pod-volumes; `pod_faithful=True` (`--pod-faithful`) instead runs
    each task in fresh volume folders with its exact compiled env and audits its writes
    (pipeline/pod_faithful.py);
+   kfp.local's task cache is on, with each task's compiled caching setting (as on the cluster: profile and
+   plan are cached) or `--enable-caching true|false` for every task; its folder is named after a
+   fingerprint of the chunkgrpo code and of the local files the parameters name (`cache_root`), so a
+   rebuilt model or edited code never gets an earlier run's profile. A pod-faithful run executes every
+   task (no cache: each task's writes are audited);
 5. prints where every artifact is (local paths, s3:// URIs), the MLflow run and the registry outcome.
 
 Console and log: every line the tasks and kfp print goes to `<home>/logs/<pipeline>-<time>.log`; the
@@ -198,6 +203,7 @@ def _latest_run_dir(root: Path, name: str, before: set) -> Path:
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _TASK_START = re.compile(r"Executing task '([^']+)'")
+_TASK_CACHED = re.compile(r"Task (\S+) cache hit \(key=([0-9a-f]+)\)")  # kfp.local's line for a cache hit
 _TASK_END = re.compile(r"Task '([^']+)' finished with status (\w+)")
 # a `chunkgrpo <command>: error: ...` line (the CLI inside the task, e.g. torchrun rank 0), or the last
 # line of a traceback that ended in a UserError
@@ -265,6 +271,7 @@ class _ConsoleLog(io.TextIOBase):
         self._buf = ""
         self._started: dict[str, float] = {}
         self.took: dict[str, float] = {}  # task -> seconds, in finishing order
+        self.cached: dict[str, str] = {}  # task -> the start of its cache key (kfp.local skipped it)
 
     def writable(self) -> bool:
         return True
@@ -288,10 +295,14 @@ class _ConsoleLog(io.TextIOBase):
             self._started[m.group(1)] = time.perf_counter()
         elif m := _TASK_END.search(line):
             self.took[m.group(1)] = time.perf_counter() - self._started.get(m.group(1), time.perf_counter())
+        elif m := _TASK_CACHED.search(line):
+            self.cached[m.group(1)], self.took[m.group(1)] = m.group(2), 0.0
         if self._verbose:
             return
         if m := _TASK_START.search(line):
             self._console.write(f"  {m.group(1)} ...\n")
+        elif m := _TASK_CACHED.search(line):
+            self._console.write(f"  {m.group(1)}: cached (an earlier run's outputs, same inputs)\n")
         elif m := _TASK_END.search(line):
             took = self.took[m.group(1)]
             word = "done" if m.group(2) == "SUCCESS" else m.group(2).lower()
@@ -343,6 +354,116 @@ def without_retries(func) -> int:
     return n
 
 
+@contextlib.contextmanager
+def _cache_hits(out):
+    """Pass kfp.local's cache-hit lines to `out`. kfp logs them at INFO on the root logger before it
+    sets up its own log handler for the task, so with the root logger's default level they are dropped;
+    meanwhile the root logger takes INFO and a handler forwards those lines only (the handlers already
+    there keep the root's former level)."""
+    import logging
+
+    class Hits(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            msg = record.getMessage()
+            if _TASK_CACHED.search(msg):
+                out.write(msg + "\n")
+
+    root, handler = logging.getLogger(), Hits(logging.INFO)
+    level = root.level
+    others = [(h, h.level) for h in root.handlers]
+    for h, lv in others:
+        h.setLevel(max(lv, level))
+    root.addHandler(handler)
+    root.setLevel(min(level, logging.INFO) if level else logging.INFO)
+    try:
+        yield
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
+        for h, lv in others:
+            h.setLevel(lv)
+
+
+def set_caching(func, enabled: bool | None) -> int:
+    """Set every task's caching option of a kfp pipeline function (in place), as `enable_caching` at
+    submission does on the cluster; None keeps each task's compiled setting. Returns how many tasks."""
+    if enabled is None:
+        return 0
+    spec = func.pipeline_spec
+    dags = [spec.root.dag] + [
+        c.dag for c in spec.components.values() if c.WhichOneof("implementation") == "dag"
+    ]
+    n = 0
+    for dag in dags:
+        for task in dag.tasks.values():
+            task.caching_options.enable_cache = enabled
+            n += 1
+    return n
+
+
+def _local_paths(value) -> list[Path]:
+    """Existing absolute local paths among a parameter value's strings (also `key=/path` overrides)."""
+    if isinstance(value, dict):
+        return [p for v in value.values() for p in _local_paths(v)]
+    if isinstance(value, list):
+        return [p for v in value for p in _local_paths(v)]
+    if not isinstance(value, str):
+        return []
+    out = []
+    for s in {value, value.split("=", 1)[-1]}:
+        if s.startswith("/") and "\n" not in s and Path(s).exists():
+            out.append(Path(s))
+    return out
+
+
+def cache_fingerprint(params: dict, code: list[Path] | None = None) -> str:
+    """What kfp.local's cache key leaves out, as one hash: kfp keys a task by its component, command,
+    arguments and env, so a parameter naming a path stays the same key when the files behind it change,
+    and the library code a component imports is not part of it (on the cluster the image tag is). This
+    hashes the path, size and modification time of every file of the chunkgrpo and components packages
+    and of every local file or folder a parameter names (`model`, `prompts`, `key=/path` overrides): a
+    rebuilt model, an edited prompt file or changed code gives another fingerprint. Stat only, no file
+    contents: a FLUX.1-dev folder (≈ 30 GB) costs as little as the toy model. `code`: the code folders
+    (default: the two packages)."""
+    import hashlib
+
+    import chunkgrpo
+    import components
+
+    roots = code if code is not None else [Path(chunkgrpo.__file__).parent, Path(components.__file__).parent]
+    roots = [*roots, *sorted({p.resolve() for p in _local_paths(params)})]
+    h = hashlib.sha256()
+    for root in roots:
+        files = [root] if root.is_file() else sorted(
+            f for f in root.rglob("*") if f.is_file() and "__pycache__" not in f.parts)
+        h.update(f"{root}\n".encode())
+        for f in files:
+            st = f.stat()
+            rel = f.relative_to(root) if f != root else f.name
+            h.update(f"{rel}:{st.st_size}:{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()[:16]
+
+
+def cached_outputs(cache_root: Path, cached: dict) -> dict:
+    """{task: {"artifacts", "parameters", "cached": True}} of the tasks kfp.local took from its cache
+    (`cached`: task -> the start of its key, from kfp's log line), read from the cache entries."""
+    out: dict = {}
+    for task, key in cached.items():
+        entries = sorted(cache_root.glob(f"{key}*.json"))
+        if len(entries) != 1:
+            continue
+        arts, pars = {}, {}
+        for name, v in json.loads(entries[0].read_text()).items():
+            if isinstance(v, dict) and v.get("__kfp_artifact_list__"):
+                v = (v.get("artifacts") or [{}])[0]
+            if isinstance(v, dict) and v.get("__kfp_artifact__"):
+                arts[name] = {"uri": v.get("uri", ""), "metadata": v.get("metadata") or {}}
+            else:
+                pars[name] = v
+        out[task] = {"artifacts": arts, "parameters": pars, "cached": True}
+    return out
+
+
 def run_local(
     pipeline: str = "train_and_evaluate",
     params: dict | None = None,
@@ -355,13 +476,15 @@ def run_local(
     verbose: bool = False,
     demo: str = "toy",
     pod_faithful: bool = False,
+    enable_caching: bool | None = None,
 ) -> LocalRun:
     """Run a pipeline end to end with kfp.local. `services_env` = use already running services (tests).
     `demo`: toy (the pretrained toy-world model, default) or tiny (the random-weight tiny model: a
     seconds-long wiring check). `pod_faithful`: every task runs with its pod's compiled env in fresh
     folders standing for its volumes, and every write is audited against the volumes' sizeLimits
-    scaled to the local model (pipeline/pod_faithful.py). Raises `TaskFailed` when a task fails (the
-    reason is read from the run's log)."""
+    scaled to the local model (pipeline/pod_faithful.py). `enable_caching`: None = each task's compiled
+    caching setting, True/False = for every task (`--enable-caching`); a pod-faithful run caches nothing.
+    Raises `TaskFailed` when a task fails (the reason is read from the run's log)."""
     from kfp import local
 
     from chunkgrpo.local_services import LocalServices, LocalServicesConfig
@@ -371,8 +494,13 @@ def run_local(
         from chunkgrpo.errors import UserError
 
         raise UserError(f"--demo {demo!r} must be one of {', '.join(DEMOS)}")
+    if pod_faithful and enable_caching:
+        from chunkgrpo.errors import UserError
+
+        raise UserError("--pod-faithful runs and audits every task: it cannot take --enable-caching true")
     func, literals = pipeline_func(pipeline, pool="cpu", trainer="torchrun")
     without_retries(func)
+    set_caching(func, enable_caching)
     check_params(func, params or {})  # before any server starts: a bad -p fails at once, in one line
     for k, v in (params or {}).items():
         try:
@@ -425,8 +553,10 @@ def run_local(
         root = home / "kfp"
         root.mkdir(exist_ok=True)
         before = set(root.glob("*"))
+        cache_root = root / ".kfp_cache" / cache_fingerprint(full)
         local.init(
-            runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(root), raise_on_error=True
+            runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(root), raise_on_error=True,
+            enable_caching=not pod_faithful, cache_root=str(cache_root),
         )
         from kfp.local import subprocess_task_handler as kfp_subprocess
 
@@ -451,7 +581,7 @@ def run_local(
             warnings.filterwarnings("ignore", message=".*custom or non-Python base image.*")
             out = _ConsoleLog(log, sys.stdout, verbose)
             try:
-                with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+                with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out), _cache_hits(out):
                     kfp_subprocess.run_local_subprocess = lambda full_command, env_vars=None: layout.run(
                         original, full_command, env_vars)
                     try:
@@ -468,7 +598,8 @@ def run_local(
         stages["pipeline"] = wall
         stages.update({f"task {name}": s for name, s in out.took.items()})
         run_dir = _latest_run_dir(root, func.name, before)
-        result = LocalRun(pipeline, run_dir, wall, read_task_outputs(run_dir), dict(services_env), full,
+        tasks = {**cached_outputs(cache_root, out.cached), **read_task_outputs(run_dir)}
+        result = LocalRun(pipeline, run_dir, wall, tasks, dict(services_env), full,
                           services_kept=svc is None or keep_services or not started, log_path=log_path,
                           stages=stages)
         result.pod_report = layout.report if pod_faithful else None
@@ -580,12 +711,13 @@ def summary_lines(r: LocalRun) -> list[str]:
     run_id = r.mlflow_run_id
     if run_id:
         lines.append(f"  MLflow run       {run_id}  {r.mlflow_url}")
+    cached = lambda task: "; cached: an earlier run's output" if t[task].get("cached") else ""  # noqa: E731
     if "profile" in t:
         lines.append(f"  profile          {_rel(art('profile', 'profile_json')['uri'])}  (+ plot.png: "
-                     f"{_rel(art('profile', 'plot')['uri'])})")
+                     f"{_rel(art('profile', 'plot')['uri'])}{cached('profile')})")
     if "plan" in t:
         lines.append(f"  plan             {par('plan', 'Output')}  {_rel(art('plan', 'plan_json')['uri'])}  "
-                     f"(Markdown: {_rel(art('plan', 'report')['uri'])})")
+                     f"(Markdown: {_rel(art('plan', 'report')['uri'])}{cached('plan')})")
     if "train" in t:
         m = art("train", "trained_model")
         lines.append(f"  trained model    {m['metadata'].get('uri', '?')}  (manifest sha256 "

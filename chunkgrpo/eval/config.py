@@ -65,6 +65,11 @@ class EvalConfig(Config):
     resume: bool = option(
         True, "keep images already in output_dir when they were made with the same settings"
     )
+    base_cache: str = option(
+        "", "s3://bucket/prefix where base-model images are shared between evaluations (the pipelines: "
+            "s3://<artifact bucket>/eval-base-cache); empty = generate them every time "
+            "(chunkgrpo.eval.base_cache)"
+    )
     generate_only: bool = option(False, "only generate images (score later / elsewhere)")
     device: str = option("auto", "generation device: auto | cpu | cuda | cuda:N")
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = option(
@@ -140,8 +145,16 @@ class EvalConfig(Config):
             raise UserError(f"bootstrap_samples={self.bootstrap_samples} must be >= 100")
         if not 0.5 <= self.ci_level < 1:
             raise UserError(f"ci_level={self.ci_level} must be in [0.5, 1)")
-        if self.output_uri and not self.output_uri.startswith("s3://"):
-            raise UserError(f"output_uri={self.output_uri!r} must be an s3://bucket/prefix URI (or empty)")
+        for key in ("output_uri", "base_cache"):
+            if getattr(self, key) and not getattr(self, key).startswith("s3://"):
+                raise UserError(f"{key}={getattr(self, key)!r} must be an s3://bucket/prefix URI (or empty)")
+        if self.base_cache:
+            from chunkgrpo.store import parse_s3_uri
+
+            try:
+                parse_s3_uri(self.base_cache)
+            except UserError as e:
+                raise UserError(f"base_cache: {e}") from None
         for key in ("device", "scorer_device"):
             dev = getattr(self, key)
             if dev not in ("auto", "cpu", "cuda") and not re.fullmatch(r"cuda:\d+", dev):

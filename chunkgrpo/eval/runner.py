@@ -47,7 +47,7 @@ import torch
 
 from chunkgrpo import tracking
 from chunkgrpo.errors import UserError
-from chunkgrpo.eval import geneval, geneval_models, hpdv2, load_rgb, scorer_setup, stats, wise
+from chunkgrpo.eval import base_cache, geneval, geneval_models, hpdv2, load_rgb, scorer_setup, stats, wise
 from chunkgrpo.eval.config import BENCHMARKS, LABELS, PAPER_SAMPLING, EvalConfig
 from chunkgrpo.eval.hybrid import HybridSampler, load_trained
 from chunkgrpo.eval.report import write_report
@@ -163,7 +163,7 @@ def check_before_generation(cfg: EvalConfig, *, scorers: dict | None = None, det
 
 
 def _job_hash(j: Job) -> str:
-    return hashlib.sha256(f"{j.prompt}\n{j.seed}".encode()).hexdigest()[:16]
+    return base_cache.job_hash(j.prompt, j.seed)
 
 
 def _prepare_resume(cfg: EvalConfig, out: Path, jobs: list[Job], settings: dict) -> None:
@@ -423,8 +423,17 @@ def run_evaluation(cfg: EvalConfig, *, detector=None, color_fn: Callable | None 
     for lb in labels if "geneval" in ctx else ():
         geneval.write_layout(ctx["geneval"]["metadata"], out / "geneval" / lb)
     _prepare_resume(cfg, out, jobs, _fingerprint(cfg, trained, base_model))
+    cache = None
+    if "base" in labels and cfg.base_cache:  # the base label's images shared between evaluations
+        device = resolve_device(cfg.device)
+        cache = base_cache.open_cache(cfg.base_cache, base_model, cfg.sampling.to_dict(), cfg.seed,
+                                      str(_torch_dtype(cfg.dtype, device)), device)
+    from_cache = cache.fetch(out, jobs) if cache else 0
     with _stage_run(cfg, out, base_model) as tracker:
         gen_stats = _generate(cfg, out, jobs, labels, trained, base_model)
+        if cache:
+            gen_stats.update(base_from_cache=from_cache, base_to_cache=cache.store_new(out, jobs),
+                             base_cache=cache.root)
         log.info("generation: %s", gen_stats)
         benchmarks, scorer_infos, per_image = {}, {}, {}
         t_score = time.perf_counter()

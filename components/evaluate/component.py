@@ -70,9 +70,11 @@ def evaluate(preset: str, overrides: list, benchmarks: list, num_prompts: int, b
         print(f"{registered_model} = v{mv.version} <- {source}")
     elif not base_model:
         raise UserError("nothing to evaluate: give a model artifact, registered_model or base_model")
+    from chunkgrpo.eval.base_cache import default_prefix
     from chunkgrpo.model_cache import scorer_weight_overrides
 
     over = [
+        f"base_cache={default_prefix(artifact_root)}",  # base images shared between runs; overrides win
         *scorer_weight_overrides(dict(scorer_weights)),
         *overrides,
         f"model={source}",

@@ -1,0 +1,114 @@
+"""kfp.local's task cache in `pipeline run --local`: the compiled caching settings (profile and plan)
+apply, a later run with the same inputs takes their outputs from the cache, and the cache folder's
+fingerprint changes with the files behind path parameters and with the code."""
+
+import io
+import os
+import time
+import uuid
+
+import pytest
+
+
+def _touch_later(path):
+    st = path.stat()
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+
+
+def test_fingerprint_follows_the_files_behind_paths_and_the_code(tmp_path):
+    from pipeline.local import cache_fingerprint
+
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "mod.py").write_text("x = 1\n")
+    model = tmp_path / "model"
+    (model / "transformer").mkdir(parents=True)
+    (model / "transformer" / "config.json").write_text("{}")
+    meta = tmp_path / "heldout.jsonl"
+    meta.write_text("{}\n")
+    params = {"model": str(model), "eval_overrides": [f"geneval_metadata={meta}"], "max_iterations": 5}
+    first = cache_fingerprint(params, code=[code])
+
+    assert cache_fingerprint(dict(params), code=[code]) == first
+    assert cache_fingerprint({**params, "max_iterations": 6}, code=[code]) == first  # kfp's key has it
+    _touch_later(model / "transformer" / "config.json")                               # a rebuilt model
+    second = cache_fingerprint(params, code=[code])
+    assert second != first
+    (model / "transformer" / "weights.bin").write_bytes(b"0")                          # a new file
+    third = cache_fingerprint(params, code=[code])
+    assert third != second
+    meta.write_text('{"tag": "counting"}\n')                                           # an override's file
+    fourth = cache_fingerprint(params, code=[code])
+    assert fourth != third
+    (code / "mod.py").write_text("x = 22\n")                                           # edited code
+    assert cache_fingerprint(params, code=[code]) != fourth
+    # the default code roots are the two packages a task imports
+    assert cache_fingerprint(params) != cache_fingerprint(params, code=[code])
+
+
+def test_cached_outputs_are_read_from_kfps_cache_entry(tmp_path):
+    from kfp import dsl
+    from kfp.local.cache import LocalCache
+
+    from pipeline.local import cached_outputs
+
+    uri = tmp_path / "profile_json"
+    uri.write_text("{}")
+    art = dsl.Artifact(name="profile_json", uri=str(uri), metadata={"steps": 10})
+    cache = LocalCache(str(tmp_path / "cache"))
+    key = "ab" * 32
+    cache.put(key, {"profile_json": art, "Output": "sizes:2,3,4"})
+
+    out = cached_outputs(tmp_path / "cache", {"profile": key[:12], "plan": "ffffffffffff"})
+    assert out == {"profile": {"artifacts": {"profile_json": {"uri": str(uri), "metadata": {"steps": 10}}},
+                               "parameters": {"Output": "sizes:2,3,4"}, "cached": True}}
+
+
+def test_caching_switch_sets_every_task_or_keeps_the_compiled_settings():
+    from pipeline.compile import pipeline_func
+    from pipeline.local import set_caching
+
+    def settings(func):
+        spec = func.pipeline_spec
+        dags = [spec.root.dag] + [c.dag for c in spec.components.values()
+                                  if c.WhichOneof("implementation") == "dag"]
+        return {n: t.caching_options.enable_cache for d in dags for n, t in d.tasks.items()}
+
+    func, _ = pipeline_func("train_and_evaluate", pool="cpu", trainer="torchrun")
+    compiled = settings(func)
+    assert set_caching(func, None) == 0 and settings(func) == compiled
+    assert compiled["profile"] and compiled["plan"] and not compiled["train"] and not compiled["evaluate"]
+    assert set_caching(func, False) == len(compiled) and not any(settings(func).values())
+    assert set_caching(func, True) == len(compiled) and all(settings(func).values())
+
+
+def test_console_shows_a_cache_hit_as_one_line():
+    from pipeline.local import _ConsoleLog
+
+    log, console = io.StringIO(), io.StringIO()
+    out = _ConsoleLog(log, console)
+    out.write("15:00:00.000 - INFO - Task profile cache hit (key=0123456789ab); skipping execution.\n")
+    assert out.cached == {"profile": "0123456789ab"} and out.took == {"profile": 0.0}
+    assert console.getvalue() == "  profile: cached (an earlier run's outputs, same inputs)\n"
+
+
+@pytest.mark.integration
+def test_a_second_run_takes_profile_and_plan_from_the_cache(services, tmp_path):
+    from pipeline.local import run_local, summary_lines
+
+    params = {"max_iterations": 1, "profile_prompts": 1, "eval_num_prompts": 1,
+              "model_name": f"cache-{uuid.uuid4().hex[:6]}"}
+    first = run_local("train_and_evaluate", params, home=tmp_path, services_env=services.env, demo="tiny")
+    assert not any(t.get("cached") for t in first.tasks.values())
+    time.sleep(0.01)
+    second = run_local("train_and_evaluate", params, home=tmp_path, services_env=services.env, demo="tiny")
+
+    assert {n for n, t in second.tasks.items() if t.get("cached")} == {"profile", "plan"}
+    for task, name in (("profile", "profile_json"), ("plan", "plan_json")):
+        assert second.tasks[task]["artifacts"][name] == first.tasks[task]["artifacts"][name]
+    assert second.tasks["plan"]["parameters"] == first.tasks["plan"]["parameters"]
+    # the tasks after them ran again, on the cached plan
+    assert second.tasks["train"]["artifacts"]["trained_model"]["uri"].startswith(str(second.run_dir))
+    assert second.stages["task profile"] == 0.0
+    text = "\n".join(summary_lines(second))
+    assert "cached: an earlier run's output" in text
