@@ -338,19 +338,24 @@ def check_params(func, params: dict) -> None:
             )
 
 
-def without_retries(func) -> int:
-    """Clear the retry policy of every task of a kfp pipeline function (in place); returns how many had
-    one."""
+def pipeline_tasks(func) -> dict:
+    """{name: task spec} of every task of a kfp pipeline function: its root DAG's and those of the DAGs
+    inside it (exit handler, conditions)."""
     spec = func.pipeline_spec
     dags = [spec.root.dag] + [
         c.dag for c in spec.components.values() if c.WhichOneof("implementation") == "dag"
     ]
+    return {name: task for dag in dags for name, task in dag.tasks.items()}
+
+
+def without_retries(func) -> int:
+    """Clear the retry policy of every task of a kfp pipeline function (in place); returns how many had
+    one."""
     n = 0
-    for dag in dags:
-        for task in dag.tasks.values():
-            if task.HasField("retry_policy"):
-                task.ClearField("retry_policy")
-                n += 1
+    for task in pipeline_tasks(func).values():
+        if task.HasField("retry_policy"):
+            task.ClearField("retry_policy")
+            n += 1
     return n
 
 
@@ -389,16 +394,10 @@ def set_caching(func, enabled: bool | None) -> int:
     submission does on the cluster; None keeps each task's compiled setting. Returns how many tasks."""
     if enabled is None:
         return 0
-    spec = func.pipeline_spec
-    dags = [spec.root.dag] + [
-        c.dag for c in spec.components.values() if c.WhichOneof("implementation") == "dag"
-    ]
-    n = 0
-    for dag in dags:
-        for task in dag.tasks.values():
-            task.caching_options.enable_cache = enabled
-            n += 1
-    return n
+    tasks = pipeline_tasks(func)
+    for task in tasks.values():
+        task.caching_options.enable_cache = enabled
+    return len(tasks)
 
 
 def _local_paths(value) -> list[Path]:

@@ -1,5 +1,6 @@
 """kfp.local runs of the real train_and_evaluate pipeline with the method switch set to each branching
-method, on the tiny model (2 torchrun processes), against the real local SeaweedFS + MLflow."""
+method, on the tiny model (2 torchrun processes), against the real local SeaweedFS + MLflow; then one of
+them again, its profile and plan from kfp.local's task cache."""
 
 import json
 import uuid
@@ -9,27 +10,33 @@ import pytest
 pytestmark = pytest.mark.integration
 
 
+def _params(method: str) -> dict:
+    return {
+        "method": method,
+        "preset": f"{method}_grpo_tiny_cpu",
+        "max_iterations": 2,
+        "model_name": f"pipeline-{method}-{uuid.uuid4().hex[:6]}",
+        "profile_prompts": 2,
+        "eval_num_prompts": 2,
+    }
+
+
+@pytest.fixture(scope="module")
+def runs() -> dict:
+    """method -> (home, params, LocalRun) of this module's runs: the cache test reruns one (one file runs
+    on one xdist worker, `--dist loadfile`)."""
+    return {}
+
+
 @pytest.mark.parametrize("method", ["tempflow", "granular"])
-def test_pipeline_trains_each_branching_method(services, tmp_path, method):
+def test_pipeline_trains_each_branching_method(services, tmp_path, method, runs):
     from chunkgrpo.store.client import ArtifactStore
     from chunkgrpo.store.manifest import read_pointer
     from pipeline.local import run_local
 
-    name = f"pipeline-{method}-{uuid.uuid4().hex[:6]}"
-    r = run_local(
-        "train_and_evaluate",
-        {
-            "method": method,
-            "preset": f"{method}_grpo_tiny_cpu",
-            "max_iterations": 2,
-            "model_name": name,
-            "profile_prompts": 2,
-            "eval_num_prompts": 2,
-        },
-        home=tmp_path,
-        services_env=services.env,
-        demo="tiny",
-    )
+    params = _params(method)
+    r = run_local("train_and_evaluate", params, home=tmp_path, services_env=services.env, demo="tiny")
+    runs[method] = (tmp_path, params, r)
     t = r.tasks
     assert {"profile", "plan", "train", "evaluate", "register"} <= set(t)
     # the profile recorded both trajectory kinds and the plan says which one it used
@@ -45,3 +52,26 @@ def test_pipeline_trains_each_branching_method(services, tmp_path, method):
     )
     assert info["method"] == method and info["kind"] == "lora"
     assert "evaluate" in t and t["register"]["parameters"]["Output"]
+
+
+def test_a_second_run_takes_profile_and_plan_from_the_cache(services, tmp_path, runs):
+    """kfp.local's task cache in `run_local` (pipeline/local.py): the same parameters in the same home
+    again take profile and plan (compiled with caching on) from the first run; every other task runs."""
+    from pipeline.local import run_local, summary_lines
+
+    if "tempflow" not in runs:  # the first run's test was deselected: make the first run here
+        params = _params("tempflow")
+        runs["tempflow"] = (tmp_path, params, run_local("train_and_evaluate", params, home=tmp_path,
+                                                        services_env=services.env, demo="tiny"))
+    home, params, first = runs["tempflow"]
+    assert not any(t.get("cached") for t in first.tasks.values())
+    second = run_local("train_and_evaluate", params, home=home, services_env=services.env, demo="tiny")
+
+    assert {n for n, t in second.tasks.items() if t.get("cached")} == {"profile", "plan"}
+    for task, name in (("profile", "profile_json"), ("plan", "plan_json")):
+        assert second.tasks[task]["artifacts"][name] == first.tasks[task]["artifacts"][name]
+    assert second.tasks["plan"]["parameters"] == first.tasks["plan"]["parameters"]
+    # the tasks after them ran again, on the cached plan
+    assert second.tasks["train"]["artifacts"]["trained_model"]["uri"].startswith(str(second.run_dir))
+    assert second.stages["task profile"] == 0.0
+    assert "cached: an earlier run's output" in "\n".join(summary_lines(second))

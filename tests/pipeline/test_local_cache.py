@@ -4,10 +4,6 @@ fingerprint changes with the files behind path parameters and with the code."""
 
 import io
 import os
-import time
-import uuid
-
-import pytest
 
 
 def _touch_later(path):
@@ -66,13 +62,10 @@ def test_cached_outputs_are_read_from_kfps_cache_entry(tmp_path):
 
 def test_caching_switch_sets_every_task_or_keeps_the_compiled_settings():
     from pipeline.compile import pipeline_func
-    from pipeline.local import set_caching
+    from pipeline.local import pipeline_tasks, set_caching
 
     def settings(func):
-        spec = func.pipeline_spec
-        dags = [spec.root.dag] + [c.dag for c in spec.components.values()
-                                  if c.WhichOneof("implementation") == "dag"]
-        return {n: t.caching_options.enable_cache for d in dags for n, t in d.tasks.items()}
+        return {n: t.caching_options.enable_cache for n, t in pipeline_tasks(func).items()}
 
     func, _ = pipeline_func("train_and_evaluate", pool="cpu", trainer="torchrun")
     compiled = settings(func)
@@ -92,23 +85,5 @@ def test_console_shows_a_cache_hit_as_one_line():
     assert console.getvalue() == "  profile: cached (an earlier run's outputs, same inputs)\n"
 
 
-@pytest.mark.integration
-def test_a_second_run_takes_profile_and_plan_from_the_cache(services, tmp_path):
-    from pipeline.local import run_local, summary_lines
-
-    params = {"max_iterations": 1, "profile_prompts": 1, "eval_num_prompts": 1,
-              "model_name": f"cache-{uuid.uuid4().hex[:6]}"}
-    first = run_local("train_and_evaluate", params, home=tmp_path, services_env=services.env, demo="tiny")
-    assert not any(t.get("cached") for t in first.tasks.values())
-    time.sleep(0.01)
-    second = run_local("train_and_evaluate", params, home=tmp_path, services_env=services.env, demo="tiny")
-
-    assert {n for n, t in second.tasks.items() if t.get("cached")} == {"profile", "plan"}
-    for task, name in (("profile", "profile_json"), ("plan", "plan_json")):
-        assert second.tasks[task]["artifacts"][name] == first.tasks[task]["artifacts"][name]
-    assert second.tasks["plan"]["parameters"] == first.tasks["plan"]["parameters"]
-    # the tasks after them ran again, on the cached plan
-    assert second.tasks["train"]["artifacts"]["trained_model"]["uri"].startswith(str(second.run_dir))
-    assert second.stages["task profile"] == 0.0
-    text = "\n".join(summary_lines(second))
-    assert "cached: an earlier run's output" in text
+# the integration test (a second pipeline run in the same home) is in test_local_branching.py: it reruns
+# one of that file's runs instead of making two more
