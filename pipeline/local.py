@@ -32,6 +32,7 @@ message of the exception that ended it), whether it was a user error, and the lo
 import contextlib
 import dataclasses
 import io
+import itertools
 import json
 import os
 import re
@@ -415,6 +416,9 @@ def _local_paths(value) -> list[Path]:
     return out
 
 
+FINGERPRINT_FILES = 200_000  # entries of one folder that `cache_fingerprint` looks at (FLUX.1-dev: ~30)
+
+
 def cache_fingerprint(params: dict, code: list[Path] | None = None) -> str:
     """What kfp.local's cache key leaves out, as one hash: kfp keys a task by its component, command,
     arguments and env, so a parameter naming a path stays the same key when the files behind it change,
@@ -433,8 +437,9 @@ def cache_fingerprint(params: dict, code: list[Path] | None = None) -> str:
     roots = [*roots, *sorted({p.resolve() for p in _local_paths(params)})]
     h = hashlib.sha256()
     for root in roots:
-        files = [root] if root.is_file() else sorted(
-            f for f in root.rglob("*") if f.is_file() and "__pycache__" not in f.parts)
+        # at most FINGERPRINT_FILES entries per folder: a parameter naming "/" or a huge tree costs seconds
+        entries = [root] if root.is_file() else itertools.islice(root.rglob("*"), FINGERPRINT_FILES)
+        files = sorted(f for f in entries if f.is_file() and "__pycache__" not in f.parts)
         h.update(f"{root}\n".encode())
         for f in files:
             st = f.stat()
