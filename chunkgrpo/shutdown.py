@@ -5,8 +5,8 @@
 
 At exit CPython tears its modules down and runs its cyclic garbage collector several times over every
 object still alive. A process that imported torch, diffusers, transformers, peft and mlflow holds
-millions of objects, and those collections took 1.2-1.4 s per process on this project's 2-core machines
-(`benchmarks/process_exit.py`): every kfp.local task, torchrun worker and CLI subprocess paid it after
+millions of objects, and exiting took 1.56 s (0.49 s with this handler; median of 3 on 2 idle cores,
+`benchmarks/process_exit.py`): every kfp.local task, torchrun worker and CLI subprocess paid it after
 its work was done, about ten times per local pipeline run and hundreds of times per test session.
 
 `fast_exit` registers an atexit handler. Handlers run last-registered first, so registered early it

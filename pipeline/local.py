@@ -172,7 +172,7 @@ def model_to_s3(model: Path, services_env: dict) -> str:
     from chunkgrpo.store.client import ArtifactStore
     from chunkgrpo.store.manifest import build_manifest
 
-    digest = build_manifest(model).sha256[:12]
+    digest = build_manifest(model).content_sha256[:12]  # the files only: `sha256` has the creation time
     uri = f"s3://{services_env.get('CHUNKGRPO_S3_BUCKET') or 'chunkgrpo'}/models/local/{model.name}-{digest}"
     store = ArtifactStore()
     if store.read_manifest(uri) is None:

@@ -4,6 +4,9 @@ fingerprint changes with the files behind path parameters and with the code."""
 
 import io
 import os
+import time
+
+import pytest
 
 
 def _touch_later(path):
@@ -87,3 +90,17 @@ def test_console_shows_a_cache_hit_as_one_line():
 
 # the integration test (a second pipeline run in the same home) is in test_local_branching.py: it reruns
 # one of that file's runs instead of making two more
+
+
+@pytest.mark.integration
+def test_a_local_model_goes_to_s3_once_per_content(services_env, tiny_model_dir):
+    """`--pod-faithful` uploads the local model for its pods: the same files twice are one upload under one
+    name (the name once held the manifest's creation time: every run uploaded it again)."""
+    from chunkgrpo.store.client import ArtifactStore
+    from pipeline.local import model_to_s3
+
+    first = model_to_s3(tiny_model_dir, services_env.env)
+    created = ArtifactStore().read_manifest(first).created
+    time.sleep(1.1)  # the manifest's creation time has a resolution of one second
+    assert model_to_s3(tiny_model_dir, services_env.env) == first
+    assert ArtifactStore().read_manifest(first).created == created  # not uploaded again
