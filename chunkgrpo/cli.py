@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print_user_error(f"chunkgrpo {args.command}: error: {e}")
         return 2
-    shutdown.fast_exit()  # ~1.3 s less at exit once torch, diffusers and mlflow are loaded
+    shutdown.fast_exit()  # ≈ 1 s less at exit once torch, diffusers and mlflow are loaded
     try:
         rc = args._run(args)
     except UserError as e:

@@ -450,18 +450,23 @@ def cache_fingerprint(params: dict, code: list[Path] | None = None) -> str:
 
 def cached_outputs(cache_root: Path, cached: dict) -> dict:
     """{task: {"artifacts", "parameters", "cached": True}} of the tasks kfp.local took from its cache
-    (`cached`: task -> the start of its key, from kfp's log line), read from the cache entries."""
+    (`cached`: task -> the start of its key, from kfp's log line), read by kfp's own `LocalCache`."""
+    from kfp import dsl
+    from kfp.local.cache import LocalCache
+
+    cache = LocalCache(str(cache_root))
     out: dict = {}
     for task, key in cached.items():
         entries = sorted(cache_root.glob(f"{key}*.json"))
-        if len(entries) != 1:
+        outputs = cache.get(entries[0].stem) if len(entries) == 1 else None
+        if outputs is None:
             continue
         arts, pars = {}, {}
-        for name, v in json.loads(entries[0].read_text()).items():
-            if isinstance(v, dict) and v.get("__kfp_artifact_list__"):
-                v = (v.get("artifacts") or [{}])[0]
-            if isinstance(v, dict) and v.get("__kfp_artifact__"):
-                arts[name] = {"uri": v.get("uri", ""), "metadata": v.get("metadata") or {}}
+        for name, v in outputs.items():
+            if isinstance(v, list) and v and isinstance(v[0], dsl.Artifact):
+                v = v[0]
+            if isinstance(v, dsl.Artifact):
+                arts[name] = {"uri": v.uri, "metadata": v.metadata or {}}
             else:
                 pars[name] = v
         out[task] = {"artifacts": arts, "parameters": pars, "cached": True}

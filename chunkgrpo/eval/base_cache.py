@@ -13,7 +13,7 @@ evaluation's GPU time). With `base_cache=s3://bucket/prefix` (the pipelines set
 
 An image is `<prefix>/<key>/<benchmark>/<sha256(prompt, seed)[:16]>.png`. The key is the sha256 of what
 a base image depends on (`cache_inputs`, also stored as `<prefix>/<key>/key.json`): the base model's
-content (an s3:// folder artifact's manifest digest, or a local folder's files hashed), the sampling
+content (`model_digest`: an s3:// folder artifact's manifest, or a local folder's), the sampling
 settings except `trained_steps`, the dtype, the device kind (CPU, or the GPU's name), the torch and
 diffusers versions and the source of the modules that sample (`GENERATION_CODE`). Batch size and
 offloading are left out: they change the arithmetic's order, not what is sampled. A hub id as base
@@ -53,19 +53,31 @@ def job_hash(prompt: str, seed: int) -> str:
 
 
 def model_digest(base_model: str) -> str | None:
-    """The base model's content digest: an s3:// folder artifact's manifest, a local folder's files
-    hashed; None for anything else (a hub id)."""
+    """The base model's content digest (`Manifest.content_sha256`): an s3:// folder artifact's manifest; for
+    a local folder the MANIFEST.json a download from the model cache leaves in it, when every file it lists
+    is there with its recorded size and no other file is (the same digest as the S3 copy's, without reading
+    FLUX.1-dev's 30 GB), else the folder's files hashed; None for anything else (a hub id)."""
+    from chunkgrpo.store.manifest import MANIFEST_NAME, Manifest, build_manifest
+
     if base_model.startswith("s3://"):
         from chunkgrpo.store.client import ArtifactStore
 
         manifest = ArtifactStore().read_manifest(base_model)
         return manifest.content_sha256 if manifest is not None else None
     path = Path(base_model).expanduser()
-    if path.is_dir():
-        from chunkgrpo.store.manifest import build_manifest
-
-        return build_manifest(path).content_sha256
-    return None
+    if not path.is_dir():
+        return None
+    if (path / MANIFEST_NAME).is_file():
+        try:
+            recorded = Manifest.from_json((path / MANIFEST_NAME).read_bytes(), str(path / MANIFEST_NAME))
+        except Exception:
+            recorded = None
+        if recorded is not None:
+            sizes = {f.relative_to(path).as_posix(): f.stat().st_size for f in path.rglob("*")
+                     if f.is_file() and f.name != MANIFEST_NAME}
+            if sizes == {rel: int(e["size"]) for rel, e in recorded.files.items()}:
+                return recorded.content_sha256
+    return build_manifest(path).content_sha256
 
 
 def _code_digest() -> str:
@@ -110,8 +122,10 @@ class BaseImageCache:
         self.root = f"{prefix.rstrip('/')}/{self.key}"
         self.had: set[str] = set()   # object names the cache held when fetched
 
-    def _name(self, benchmark: str, prompt: str, seed: int) -> str:
-        return f"{self.root}/{benchmark}/{job_hash(prompt, seed)}.png"
+    def _pairs(self, out: Path, jobs: Iterable) -> list[tuple[str, Path]]:
+        """(object URI in the cache, local base image under `out`) of each job."""
+        return [(f"{self.root}/{j.benchmark}/{job_hash(j.prompt, j.seed)}.png",
+                 out / j.benchmark / LABEL / j.rel) for j in jobs]
 
     def _workers(self) -> int:
         return max(1, int(getattr(self.store.config, "workers", 4)))
@@ -119,14 +133,16 @@ class BaseImageCache:
     def fetch(self, out: Path, jobs: Iterable) -> int:
         """Download the cached base images of `jobs` missing under `out/<benchmark>/base/`; returns how
         many. The cache stays empty for this evaluation when listing fails (one warning)."""
+        from chunkgrpo.store import parse_s3_uri, s3_uri
+
         try:
-            bucket = self.root.split("/")[2]
-            self.had = {f"s3://{bucket}/{e.key}" for e in self.store.list(self.root + "/")}
+            bucket, _ = parse_s3_uri(self.root)
+            self.had = {s3_uri(bucket, e.key) for e in self.store.list(self.root + "/")}
         except Exception as e:  # a cache: never a reason to fail an evaluation
             log.warning("base image cache %s unreadable (%s): generating every base image", self.root, e)
             return 0
-        todo = [(self._name(j.benchmark, j.prompt, j.seed), out / j.benchmark / LABEL / j.rel) for j in jobs]
-        todo = [(name, path) for name, path in todo if name in self.had and not path.exists()]
+        todo = [(name, path) for name, path in self._pairs(out, jobs)
+                if name in self.had and not path.exists()]
 
         def one(item) -> bool:
             name, path = item
@@ -150,8 +166,8 @@ class BaseImageCache:
     def store_new(self, out: Path, jobs: Iterable) -> int:
         """Upload the base images of `jobs` under `out` that the cache did not hold; returns how many.
         A failed upload is one warning (the next evaluation generates those images again)."""
-        todo = [(self._name(j.benchmark, j.prompt, j.seed), out / j.benchmark / LABEL / j.rel) for j in jobs]
-        todo = [(name, path) for name, path in todo if name not in self.had and path.is_file()]
+        todo = [(name, path) for name, path in self._pairs(out, jobs)
+                if name not in self.had and path.is_file()]
         if not todo:
             return 0
         try:

@@ -145,10 +145,9 @@ class EvalConfig(Config):
             raise UserError(f"bootstrap_samples={self.bootstrap_samples} must be >= 100")
         if not 0.5 <= self.ci_level < 1:
             raise UserError(f"ci_level={self.ci_level} must be in [0.5, 1)")
-        for key in ("output_uri", "base_cache"):
-            if getattr(self, key) and not getattr(self, key).startswith("s3://"):
-                raise UserError(f"{key}={getattr(self, key)!r} must be an s3://bucket/prefix URI (or empty)")
-        if self.base_cache:
+        if self.output_uri and not self.output_uri.startswith("s3://"):
+            raise UserError(f"output_uri={self.output_uri!r} must be an s3://bucket/prefix URI (or empty)")
+        if self.base_cache:  # the same check as output_uri's, plus a valid bucket name and key
             from chunkgrpo.store import parse_s3_uri
 
             try:

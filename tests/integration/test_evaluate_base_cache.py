@@ -93,3 +93,27 @@ def test_key_follows_what_a_base_image_depends_on(tiny_model_dir):
     assert base_cache.open_cache("", str(tiny_model_dir), sampling, 42, "torch.float32", "cpu") is None
     assert base_cache.default_prefix("s3://chunkgrpo-checkpoints/pipeline-runs") == \
         "s3://chunkgrpo-checkpoints/eval-base-cache"
+
+
+def test_a_local_folder_with_its_download_manifest_is_not_read_again(tmp_path):
+    """A folder downloaded from the model cache carries MANIFEST.json: its digest is the manifest's (the S3
+    copy's) as long as the listed files are there at their sizes; otherwise the files are hashed."""
+    from chunkgrpo.store.manifest import MANIFEST_NAME, build_manifest
+
+    model = tmp_path / "model"
+    (model / "transformer").mkdir(parents=True)
+    (model / "transformer" / "weights.bin").write_bytes(b"a" * 64)
+    (model / "model_index.json").write_text("{}")
+    manifest = build_manifest(model)
+    (model / MANIFEST_NAME).write_bytes(manifest.to_json())
+    assert base_cache.model_digest(str(model)) == manifest.content_sha256
+
+    (model / "transformer" / "weights.bin").write_bytes(b"b" * 64)  # same size: the manifest is trusted
+    assert base_cache.model_digest(str(model)) == manifest.content_sha256
+    (model / "transformer" / "weights.bin").write_bytes(b"b" * 65)  # another size: hashed again
+    hashed = build_manifest(model).content_sha256
+    assert base_cache.model_digest(str(model)) == hashed != manifest.content_sha256
+    (model / "transformer" / "weights.bin").write_bytes(b"a" * 64)
+    (model / "extra.txt").write_text("x")                            # a file the manifest does not list
+    hashed = build_manifest(model).content_sha256
+    assert base_cache.model_digest(str(model)) == hashed != manifest.content_sha256
