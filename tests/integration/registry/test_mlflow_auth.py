@@ -7,6 +7,7 @@ service (`chunkgrpo.promoter`), which runs the gate."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -27,11 +28,30 @@ pytestmark = pytest.mark.integration
 ADMIN, ADMIN_PW = "chunkgrpo-admin", "s3cret-" + uuid.uuid4().hex[:12]
 
 
+# The one difference from the Deployment: the server hashes passwords with PBKDF2-SHA256 at 1,000 rounds
+# instead of werkzeug's default scrypt. MLflow checks the password of every request against its stored
+# hash (`check_password_hash`, the method read from the hash), and scrypt cost 0.54 s of CPU per request
+# on a 2-core machine: most of this module's time. Wrong and missing passwords are refused the same way.
+CHEAP_HASH = """import werkzeug.security as _security
+
+_generate = _security.generate_password_hash
+
+
+def generate_password_hash(password, method="pbkdf2:sha256:1000", salt_length=16):
+    return _generate(password, method=method, salt_length=salt_length)
+
+
+_security.generate_password_hash = generate_password_hash
+"""
+
+
 @pytest.fixture(scope="module")
 def auth_server(tmp_path_factory):
     from chunkgrpo.local_processes import free_port
 
     home = tmp_path_factory.mktemp("mlflow-auth")
+    (home / "site").mkdir()
+    (home / "site" / "sitecustomize.py").write_text(CHEAP_HASH)  # before mlflow imports werkzeug's function
     ini = home / "basic_auth.ini"
     ini.write_text(
         "[mlflow]\ndefault_permission = READ\n"  # what the render-auth-config init container writes
@@ -42,7 +62,8 @@ def auth_server(tmp_path_factory):
     port = free_port()
     env = {**os.environ, "MLFLOW_AUTH_CONFIG_PATH": str(ini), "MLFLOW_AUTH_ADMIN_USERNAME": ADMIN,
            "MLFLOW_AUTH_ADMIN_PASSWORD": ADMIN_PW, "MLFLOW_FLASK_SERVER_SECRET_KEY": uuid.uuid4().hex,
-           "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", "MLFLOW_DISABLE_TELEMETRY": "true"}
+           "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", "MLFLOW_DISABLE_TELEMETRY": "true",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(home / "site"), os.environ.get("PYTHONPATH")]))}
     env.pop("MLFLOW_TRACKING_USERNAME", None)
     env.pop("MLFLOW_TRACKING_PASSWORD", None)
     log = open(home / "mlflow.log", "w")
@@ -84,6 +105,11 @@ def auth_server(tmp_path_factory):
                     f"mlflow basic-auth server did not start:\n{(home / 'mlflow.log').read_text()[-3000:]}"
                 )
             time.sleep(0.5)
+        import sqlite3
+
+        with contextlib.closing(sqlite3.connect(home / "auth.db")) as db:
+            (stored,) = db.execute("SELECT password_hash FROM users WHERE username = ?", (ADMIN,)).fetchone()
+        assert stored.startswith("pbkdf2:sha256:1000$"), stored[:20]  # the server took the cheap hash
         yield url
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
