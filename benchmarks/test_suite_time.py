@@ -24,7 +24,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 # README's test command (a later `-n 0` on the command line runs it serially)
-README_OPTIONS = ("-q", "-rs", "--durations=20", "-n", "2", "--dist", "loadfile")
+README_OPTIONS = ("-q", "-rs", "--durations=20", "-n", "2", "--dist", "loadfile", "--no-loadscope-reorder")
 
 
 def _uptime() -> str:
@@ -58,8 +58,11 @@ def main(argv: list[str]) -> int:
     print("== 20 slowest tests (setup + call + teardown)")
     for t, cls, name in sorted(cases, reverse=True)[:20]:
         print(f"   {t:8.1f} s  {cls}::{name}")
-    print("== slowest files")
-    for f, t in sorted(per_file.items(), key=lambda kv: -kv[1])[:15]:
+    busy = sum(t for t, _, _ in cases)
+    print(f"   the tests' own time (setup + call + teardown, all workers): {busy / 60:.1f} min; on 2 workers "
+          f"{busy / 120:.1f} min each if perfectly balanced")
+    print("== slowest files (the first ones are tests/conftest.py LONG_FILES_FIRST's candidates)")
+    for f, t in sorted(per_file.items(), key=lambda kv: -kv[1])[:30]:
         print(f"   {t:8.1f} s  {f}")
     return rc
 

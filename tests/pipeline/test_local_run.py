@@ -97,6 +97,13 @@ def test_main_job_from_a_clone_succeeds_and_promotes(clone_run):
     assert reports, "the demo did not run pod-faithful"
     audit = json.loads(reports[-1].read_text())
     assert audit["failures"] == [] and len(audit["tasks"]) >= 5, audit
+    # the big writers used their /cache volume (outputs, checkpoints, downloads), not /tmp (the layout of
+    # components/k8s.py; tests/pipeline/test_pod_faithful.py shows the layout before it failing the audit)
+    used = {row["task"]: row for row in audit["tasks"]}
+    for task in ("train", "evaluate"):
+        assert 0 < used[task]["used"]["/cache"] <= used[task]["limits"]["/cache"], used[task]
+        assert used[task]["used"]["/tmp"] <= used[task]["limits"]["/tmp"], used[task]
+    assert used["train"]["used"]["/cache"] > used["train"]["used"]["/tmp"], used["train"]
     env = clone_run["services"].env()
     client = MlflowClient(env["MLFLOW_TRACKING_URI"])
     # a promoted model: the registered version carries the champion alias
