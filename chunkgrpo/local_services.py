@@ -32,6 +32,7 @@ import dataclasses
 import json
 import logging
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -67,6 +68,14 @@ SERVICES = ("s3", "mlflow")
 # weed mini's sub-servers; each gets an explicit free port so two instances never collide.
 _WEED_PORT_FLAGS = ("s3.port.grpc", "master.port", "master.port.grpc", "volume.port", "volume.port.grpc",
                     "filer.port", "filer.port.grpc")
+# Those ports are picked free just before weed starts, and another process can bind one in between (a
+# second session starting its own servers, any outgoing connection's ephemeral port): weed then exits at
+# start, with "port N for Master (specified by flag master.port) is not available" when its own check sees
+# it, or "listen tcp 127.0.0.1:N: bind: address already in use" when the port goes after that check. It
+# is started again on newly picked ports, this many times.
+WEED_START_ATTEMPTS = 3
+_PORT_TAKEN = re.compile(r"port (\d+) for [\w ]+ \(specified by flag [\w.]+\) is not available"
+                         r"|listen tcp [0-9.]+:(\d+): bind: address already in use")
 
 
 @dataclasses.dataclass
@@ -148,6 +157,21 @@ def _write_private(path: Path, text: str) -> None:
         f.write(text)
     os.chmod(tmp, 0o600)
     os.replace(tmp, path)
+
+
+def _taken_internal_port(rec: dict) -> int | None:
+    """The internal SeaweedFS port (not the S3 port the user chose) that its last start found taken."""
+    try:
+        text = Path(rec["log"]).read_text(errors="replace")
+    except OSError:
+        return None
+    last = text[text.rfind("\n---- "):]  # this start's lines (the log is appended to on every start)
+    internal = set(rec.get("internal_ports", {}).values())
+    for m in _PORT_TAKEN.finditer(last):
+        port = int(m.group(1) or m.group(2))
+        if port in internal:
+            return port
+    return None
 
 
 def _tail(path: Path, n: int = 8) -> str:
@@ -283,17 +307,31 @@ class LocalServices:
                         {"service": name, "pid": st.pid, "noticed": time.strftime("%Y-%m-%dT%H:%M:%S")})
                     svc.pop(name, None)
                     self._save_state(state)
-                svc[name] = self._start_s3() if name == "s3" else self._start_mlflow(svc["s3"]["port"])
-                self._save_state(state)  # PIDs are on disk before we wait, so `down` can always stop them
-                try:
-                    self._wait_healthy(name, svc[name])
-                except BaseException:
-                    self._stop_record(name, svc.pop(name))
-                    self._save_state(state)
-                    raise
+                self._start_healthy(name, svc, state)
                 if name == "s3":
                     self._ensure_buckets(svc[name]["port"])
             return {name: self._status_of(name, svc.get(name)) for name in SERVICES}
+
+    def _start_healthy(self, name: str, svc: dict, state: dict) -> None:
+        """Start `name` and wait until it is healthy; SeaweedFS again on other internal ports when one of
+        them was taken before it bound it (`WEED_START_ATTEMPTS`). Any other failure stops what started and
+        raises at once."""
+        for attempt in range(1, WEED_START_ATTEMPTS + 1):
+            svc[name] = self._start_s3() if name == "s3" else self._start_mlflow(svc["s3"]["port"])
+            self._save_state(state)  # PIDs are on disk before we wait, so `down` can always stop them
+            try:
+                self._wait_healthy(name, svc[name])
+                return
+            except BaseException as e:
+                rec = svc.pop(name)
+                self._stop_record(name, rec)
+                self._save_state(state)
+                taken = _taken_internal_port(rec) if isinstance(e, UserError) and name == "s3" else None
+                if taken is None or attempt == WEED_START_ATTEMPTS:
+                    raise
+                log.warning("local s3: SeaweedFS found its internal port %d taken by another process; "
+                            "starting it again on other ports (attempt %d of %d)", taken, attempt + 1,
+                            WEED_START_ATTEMPTS)
 
     def _check_ports(self, ports: dict[str, int], grace_s: float = 0.0) -> None:
         """UserError naming the port if one is taken (after up to grace_s for a dying process to let go)."""

@@ -137,3 +137,80 @@ def test_a_deep_home_folder_works(tmp_path):
         assert (home / "filer.sock").is_socket()
     finally:
         svc.down()
+
+
+def _holding(port_taken: list[int]):
+    """free_ports whose first call hands out `port_taken` as its second port (weed's master.port): a port
+    another process binds between the pick and weed's start. Later calls pick truly free ports."""
+    import chunkgrpo.local_services as LS
+
+    real, calls = LS.free_ports, []
+
+    def pick(n: int) -> list[int]:
+        ports = real(n)
+        calls.append(n)
+        if len(calls) == 1:
+            ports[1] = port_taken[0]
+        return ports
+
+    return pick, calls
+
+
+def test_weed_started_again_when_another_process_took_one_of_its_ports(tmp_path, monkeypatch, caplog):
+    """The internal ports are picked free, then weed binds them; a process that binds one in between made
+    weed die at start ("bind: address already in use") and `up` fail. It is started again on new ports."""
+    import chunkgrpo.local_services as LS
+
+    with socket.socket() as thief:
+        thief.bind(("127.0.0.1", 0))
+        thief.listen()
+        taken = thief.getsockname()[1]
+        pick, calls = _holding([taken])
+        monkeypatch.setattr(LS, "free_ports", pick)
+        (s3_port,) = free_ports(1)
+        svc = LocalServices(LocalServicesConfig(home=str(tmp_path), s3_port=s3_port, mlflow=False))
+        try:
+            with caplog.at_level("WARNING", logger="chunkgrpo.local_services"):
+                svc.up()
+            assert svc.status()["s3"].state == "running"
+            state = json.loads((tmp_path / "state.json").read_text())["services"]["s3"]
+            assert taken not in state["internal_ports"].values() and len(calls) == 2
+            log = (tmp_path / "logs" / "weed.log").read_text()
+            assert f"port {taken} for Master (specified by flag master.port) is not available" in log
+            assert f"internal port {taken} taken" in caplog.text
+        finally:
+            svc.down()
+    # every attempt colliding: the last one's error, nothing left running
+    with socket.socket() as thief:
+        thief.bind(("127.0.0.1", 0))
+        thief.listen()
+        taken = thief.getsockname()[1]
+        always = [taken]
+        monkeypatch.setattr(LS, "free_ports", lambda n: [always[0] if i == 1 else p
+                                                         for i, p in enumerate(free_ports(n))])
+        (s3_port,) = free_ports(1)
+        svc = LocalServices(LocalServicesConfig(home=str(tmp_path / "b"), s3_port=s3_port, mlflow=False))
+        with pytest.raises(UserError, match="local s3 exited"):
+            svc.up()
+        assert svc.status()["s3"].state == "stopped"
+        assert (tmp_path / "b" / "logs" / "weed.log").read_text().count("starting:") == LS.WEED_START_ATTEMPTS
+
+
+def test_taken_port_is_read_from_this_starts_log_lines_only(tmp_path):
+    """Both ways weed reports a taken port (its own check; the bind after it), only for its internal ports
+    and only in the lines of the latest start."""
+    from chunkgrpo.local_services import _taken_internal_port
+
+    log = tmp_path / "weed.log"
+    rec = {"log": str(log), "internal_ports": {"master.port": 40001, "filer.port.grpc": 40002}}
+    log.write_text("\n---- start 1\nF1127 filer.go:461 failed to listen on grpc port 40002: listen tcp "
+                   "127.0.0.1:40002: bind: address already in use\n")
+    assert _taken_internal_port(rec) == 40002
+    log.write_text(log.read_text() + "\n---- start 2\nE1127 mini.go:1244 Port allocation failed: port 40001 "
+                   "for Master (specified by flag master.port) is not available on 127.0.0.1\n")
+    assert _taken_internal_port(rec) == 40001
+    log.write_text(log.read_text() + "\n---- start 3\nlisten tcp 127.0.0.1:9000: bind: address already "
+                   "in use\n")
+    assert _taken_internal_port(rec) is None  # the user's S3 port, not an internal one: no retry
+    log.write_text(log.read_text() + "\n---- start 4\npanic: something else\n")
+    assert _taken_internal_port(rec) is None
