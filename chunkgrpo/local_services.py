@@ -165,9 +165,8 @@ def _taken_internal_port(rec: dict) -> int | None:
         text = Path(rec["log"]).read_text(errors="replace")
     except OSError:
         return None
-    last = text[text.rfind("\n---- "):]  # this start's lines (the log is appended to on every start)
     internal = set(rec.get("internal_ports", {}).values())
-    for m in _PORT_TAKEN.finditer(last):
+    for m in _PORT_TAKEN.finditer(text[text.rfind("\n---- "):]):  # this start's lines (the log is appended)
         port = int(m.group(1) or m.group(2))
         if port in internal:
             return port
@@ -330,8 +329,7 @@ class LocalServices:
                 if taken is None or attempt == WEED_START_ATTEMPTS:
                     raise
                 log.warning("local s3: SeaweedFS found its internal port %d taken by another process; "
-                            "starting it again on other ports (attempt %d of %d)", taken, attempt + 1,
-                            WEED_START_ATTEMPTS)
+                            "starting it on other ports (%d of %d)", taken, attempt + 1, WEED_START_ATTEMPTS)
 
     def _check_ports(self, ports: dict[str, int], grace_s: float = 0.0) -> None:
         """UserError naming the port if one is taken (after up to grace_s for a dying process to let go)."""
