@@ -75,7 +75,8 @@ def _rounds(loops: dict, reps: int, sync, warmup: int, counter) -> dict:
     return rows
 
 
-def _grads(params) -> "torch.Tensor":  # noqa: F821 - torch is imported in main
+def _grads(params):
+    """The parameters' gradients as one fp32 vector (torch is imported late: `threads.configure` first)."""
     import torch
 
     return torch.cat([p.grad.detach().float().flatten() for p in params])
