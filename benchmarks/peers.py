@@ -88,8 +88,6 @@ def run(args) -> dict:
     T.configure()
     import torch
 
-    from chunkgrpo import objectives as obj
-    from chunkgrpo.rollout import pair_log_probs, rollout_group
     from chunkgrpo.testing.tiny import build_tiny_flux
     from chunkgrpo.train.config import TrainConfig
     from chunkgrpo.train.trainer import Trainer
@@ -122,7 +120,7 @@ def run(args) -> dict:
         t = Trainer(cfg)
         t.setup()
         try:
-            r = _measure(args, t, torch, obj, pair_log_probs, rollout_group, sync)
+            r = _measure(args, t, sync)
             r["transformer_params"] = built.get("params") or sum(
                 p.numel() for p in t.model.transformer.parameters())
             return r
@@ -130,7 +128,12 @@ def run(args) -> dict:
             t.close()
 
 
-def _measure(args, t, torch, obj, pair_log_probs, rollout_group, sync) -> dict:
+def _measure(args, t, sync) -> dict:
+    import torch
+
+    from chunkgrpo import objectives as obj
+    from chunkgrpo.rollout import pair_log_probs, rollout_group
+
     cfg, model = t.cfg, t.model
     G, N, S = cfg.group_size, cfg.sampling.num_steps, cfg.trainable_steps
     cond = t.embeds.get([PROMPT])

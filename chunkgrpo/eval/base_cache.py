@@ -57,7 +57,7 @@ def model_digest(base_model: str) -> str | None:
     a local folder the MANIFEST.json a download from the model cache leaves in it, when every file it lists
     is there with its recorded size and no other file is (the same digest as the S3 copy's, without reading
     FLUX.1-dev's 30 GB), else the folder's files hashed; None for anything else (a hub id)."""
-    from chunkgrpo.store.manifest import MANIFEST_NAME, Manifest, build_manifest
+    from chunkgrpo.store.manifest import MANIFEST_NAME, Manifest, build_manifest, file_sizes
 
     if base_model.startswith("s3://"):
         from chunkgrpo.store.client import ArtifactStore
@@ -72,11 +72,9 @@ def model_digest(base_model: str) -> str | None:
             recorded = Manifest.from_json((path / MANIFEST_NAME).read_bytes(), str(path / MANIFEST_NAME))
         except Exception:
             recorded = None
-        if recorded is not None:
-            sizes = {f.relative_to(path).as_posix(): f.stat().st_size for f in path.rglob("*")
-                     if f.is_file() and f.name != MANIFEST_NAME}
-            if sizes == {rel: int(e["size"]) for rel, e in recorded.files.items()}:
-                return recorded.content_sha256
+        listed = {rel: int(e["size"]) for rel, e in recorded.files.items()} if recorded is not None else None
+        if listed is not None and file_sizes(path) == listed:
+            return recorded.content_sha256
     return build_manifest(path).content_sha256
 
 

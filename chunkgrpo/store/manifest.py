@@ -94,6 +94,11 @@ def _iter_files(local_dir: Path) -> Iterator[tuple[str, Path]]:
             yield rel, p
 
 
+def file_sizes(local_dir: str | Path) -> dict[str, int]:
+    """{relative path: size} of the files `build_manifest` would hash, without reading them."""
+    return {rel: p.stat().st_size for rel, p in _iter_files(Path(local_dir))}
+
+
 def build_manifest(local_dir: str | Path, meta: dict | None = None) -> Manifest:
     """Hash every file under `local_dir` (symlinks followed, MANIFEST.json itself skipped)."""
     local_dir = Path(local_dir)

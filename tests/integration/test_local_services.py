@@ -139,21 +139,20 @@ def test_a_deep_home_folder_works(tmp_path):
         svc.down()
 
 
-def _holding(port_taken: list[int]):
-    """free_ports whose first call hands out `port_taken` as its second port (weed's master.port): a port
-    another process binds between the pick and weed's start. Later calls pick truly free ports."""
-    import chunkgrpo.local_services as LS
-
-    real, calls = LS.free_ports, []
+def _holding(taken: int, calls: int):
+    """free_ports whose first `calls` calls hand out `taken` as their second port (weed's master.port): a
+    port another process binds between the pick and weed's start. Later calls pick truly free ports.
+    Returns the function and the list of its calls."""
+    made: list[int] = []
 
     def pick(n: int) -> list[int]:
-        ports = real(n)
-        calls.append(n)
-        if len(calls) == 1:
-            ports[1] = port_taken[0]
+        ports = free_ports(n)
+        made.append(n)
+        if len(made) <= calls:
+            ports[1] = taken
         return ports
 
-    return pick, calls
+    return pick, made
 
 
 def test_weed_started_again_when_another_process_took_one_of_its_ports(tmp_path, monkeypatch, caplog):
@@ -165,7 +164,7 @@ def test_weed_started_again_when_another_process_took_one_of_its_ports(tmp_path,
         thief.bind(("127.0.0.1", 0))
         thief.listen()
         taken = thief.getsockname()[1]
-        pick, calls = _holding([taken])
+        pick, calls = _holding(taken, calls=1)
         monkeypatch.setattr(LS, "free_ports", pick)
         (s3_port,) = free_ports(1)
         svc = LocalServices(LocalServicesConfig(home=str(tmp_path), s3_port=s3_port, mlflow=False))
@@ -185,9 +184,7 @@ def test_weed_started_again_when_another_process_took_one_of_its_ports(tmp_path,
         thief.bind(("127.0.0.1", 0))
         thief.listen()
         taken = thief.getsockname()[1]
-        always = [taken]
-        monkeypatch.setattr(LS, "free_ports", lambda n: [always[0] if i == 1 else p
-                                                         for i, p in enumerate(free_ports(n))])
+        monkeypatch.setattr(LS, "free_ports", _holding(taken, calls=LS.WEED_START_ATTEMPTS)[0])
         (s3_port,) = free_ports(1)
         svc = LocalServices(LocalServicesConfig(home=str(tmp_path / "b"), s3_port=s3_port, mlflow=False))
         with pytest.raises(UserError, match="local s3 exited"):

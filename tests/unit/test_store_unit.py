@@ -242,3 +242,17 @@ def test_port_helpers():
         s.bind(("127.0.0.1", 0))
         s.listen()
         assert port_in_use(s.getsockname()[1])
+
+
+def test_file_sizes_lists_what_build_manifest_hashes(tmp_path):
+    """The size-only listing (a downloaded folder checked against its manifest) skips the top-level
+    MANIFEST.json exactly as build_manifest does, and keeps one nested deeper."""
+    from chunkgrpo.store.manifest import MANIFEST_NAME, build_manifest, file_sizes
+
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "a.bin").write_bytes(b"x" * 3)
+    (tmp_path / "sub" / MANIFEST_NAME).write_text("{}")
+    (tmp_path / MANIFEST_NAME).write_text("{}")
+    sizes = file_sizes(tmp_path)
+    assert sizes == {rel: e["size"] for rel, e in build_manifest(tmp_path).files.items()}
+    assert sizes == {"a.bin": 3, f"sub/{MANIFEST_NAME}": 2}
