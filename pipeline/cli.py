@@ -240,6 +240,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "fail a task that writes outside them or beyond their sizeLimits scaled to the local model",
     )
     p.add_argument(
+        "--cold-tasks",
+        action="store_true",
+        help="--local: start every task in a fresh interpreter (default: forked from a server that has "
+        "imported torch and mlflow once, pipeline/warm.py; a --pod-faithful run is always cold)",
+    )
+    p.add_argument(
         "-v",
         "--verbose",
         action="store_true",
@@ -330,7 +336,7 @@ def _cmd_run(args) -> int:
             r = run_local(args.pipeline, params, home=args.home, keep_services=args.keep_services,
                           s3_port=args.s3_port, mlflow_port=args.mlflow_port, verbose=args.verbose,
                           demo=args.demo, pod_faithful=getattr(args, "pod_faithful", False),
-                          enable_caching=_caching(args))
+                          enable_caching=_caching(args), warm=not getattr(args, "cold_tasks", False))
         except TaskFailed as e:  # one line: task, reason, log path; 2 = bad input, 1 = internal failure
             print(f"chunkgrpo pipeline: error: {e}", file=sys.stderr)
             return 2 if e.user_error else 1

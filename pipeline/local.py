@@ -9,7 +9,9 @@
 4. runs the same pipeline function that is compiled for the cluster with
    `kfp.local.SubprocessRunner(use_venv=False)` (tasks run in this venv; Kubernetes settings such as
    GPUs, node selector, tolerations, /dev/shm and secrets are ignored by kfp.local with a warning),
-   pipeline root <home>/kfp. Task retries are switched off locally (the cluster keeps them): against
+   pipeline root <home>/kfp; each task's process is forked from a server that has imported torch, mlflow,
+   diffusers and transformers once (pipeline/warm.py; `--cold-tasks`: kfp.local's fresh interpreters).
+   Task retries are switched off locally (the cluster keeps them): against
    local services a failure is a real one, and a bad parameter must fail at once, not after minutes
    of retry back-off. The pod volumes the tasks' compiled env points at (`/cache`: TMPDIR, CHUNKGRPO_CACHE,
    ...) are mapped to folders under <home>/pod-volumes; `pod_faithful=True` (`--pod-faithful`) instead runs
@@ -31,6 +33,7 @@ message of the exception that ended it), whether it was a user error, and the lo
 
 import contextlib
 import dataclasses
+import functools
 import io
 import itertools
 import json
@@ -110,6 +113,7 @@ class LocalRun:
     log_path: Path | None = None  # everything the tasks and kfp printed
     pod_report: list | None = None  # --pod-faithful: per task, bytes used per volume and its scaled limit
     stages: dict = dataclasses.field(default_factory=dict)  # stage -> seconds (services, model, tasks, total)
+    task_processes: dict = dataclasses.field(default_factory=dict)  # {"warm": n, "cold": n}, pipeline/warm.py
 
     @property
     def mlflow_run_id(self) -> str:
@@ -486,6 +490,7 @@ def run_local(
     demo: str = "toy",
     pod_faithful: bool = False,
     enable_caching: bool | None = None,
+    warm: bool = True,
 ) -> LocalRun:
     """Run a pipeline end to end with kfp.local. `services_env` = use already running services (tests).
     `demo`: toy (the pretrained toy-world model, default) or tiny (the random-weight tiny model: a
@@ -521,6 +526,7 @@ def run_local(
     home = Path(home).resolve()
     home.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
+    launcher = _prestart(pipeline, func, home) if warm and not pod_faithful else None
     stages: dict[str, float] = {}  # where the wall time went: printed by summary_lines
     restore_sigterm = _sigterm_as_interrupt()
     svc, started = None, False
@@ -575,14 +581,19 @@ def run_local(
         layout = layout_for(pipeline, func, home, faithful=pod_faithful, model_dir=model_dir, allow=[root])
         if pod_faithful and pipeline == "train_and_evaluate" and not str(full["model"]).startswith("s3://"):
             full["model"] = model_to_s3(model_dir, services_env)  # as on the cluster: pods download it
+        log_dir = home / "logs"
+        log_path = log_dir / f"{pipeline}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
+        log_dir.mkdir(parents=True, exist_ok=True)
         original = kfp_subprocess.run_local_subprocess
+        runner, counted = original, {}
+        if launcher is not None:
+            runner = functools.partial(launcher.run, cold=original)
+            counted = dict(launcher.runs)
         print(
             "note: kfp.local ignores the Kubernetes settings (GPUs, node selector, tolerations, /dev/shm, "
             "secret env); tasks run in this Python environment with the local services' env, without retries",
             flush=True,
         )
-        log_path = home / "logs" / f"{pipeline}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
-        log_path.parent.mkdir(parents=True, exist_ok=True)
         print(f"{pipeline}: running with kfp.local; full log: {_rel(str(log_path))}", flush=True)
         t0 = time.perf_counter()
         with open(log_path, "w", encoding="utf-8") as log, warnings.catch_warnings():
@@ -592,7 +603,7 @@ def run_local(
             try:
                 with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out), _cache_hits(out):
                     kfp_subprocess.run_local_subprocess = lambda full_command, env_vars=None: layout.run(
-                        original, full_command, env_vars)
+                        runner, full_command, env_vars)
                     try:
                         func(**full)
                     finally:
@@ -612,6 +623,8 @@ def run_local(
                           services_kept=svc is None or keep_services or not started, log_path=log_path,
                           stages=stages)
         result.pod_report = layout.report if pod_faithful else None
+        if launcher is not None:
+            result.task_processes = {k: v - counted.get(k, 0) for k, v in launcher.runs.items()}
         result.mlflow_url = _mlflow_url(services_env.get("MLFLOW_TRACKING_URI", ""), result.mlflow_run_id)
         stages["total"] = time.perf_counter() - t_start
         return result
@@ -624,6 +637,22 @@ def run_local(
                 os.environ[k] = v
         if svc is not None and started and not keep_services:
             svc.down()
+
+
+def _prestart(pipeline: str, func, home: Path):
+    """The warm task servers (pipeline/warm.py) for the environments the tasks will have, started now so
+    that their imports run while the services start and the model is prepared."""
+    from pipeline import warm as warm_tasks
+    from pipeline.pod_faithful import layout_for
+
+    launcher = warm_tasks.launcher()
+    (home / "logs").mkdir(parents=True, exist_ok=True)
+    launcher.log = home / "logs" / "warm-servers.log"
+    layout = layout_for(pipeline, func, home, faithful=False, model_dir=None)
+    base = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}
+    base.setdefault("CHUNKGRPO_CACHE", str(home / "cache"))
+    launcher.prestart([{**base, **layout.env(fn, layout.task_dirs(fn))} for fn in layout.specs])
+    return launcher
 
 
 def _sigterm_as_interrupt():
@@ -765,6 +794,10 @@ def summary_lines(r: LocalRun) -> list[str]:
         lines.append(f"  regression       {'REGRESSION' if par('check-regression', 'Output') else 'none'}  "
                      f"(summary: {_rel(art('check-regression', 'summary')['uri'])})")
     lines += stage_lines(r.stages)
+    if r.task_processes:
+        warm, cold = r.task_processes.get("warm", 0), r.task_processes.get("cold", 0)
+        lines.append(f"  task processes   {warm} forked from a warm server (torch, mlflow imported once), "
+                     f"{cold} fresh interpreter(s)")
     s3 = env.get("CHUNKGRPO_S3_ENDPOINT", "")
     state = "still running" if r.services_kept else "stopped"
     lines.append(

@@ -1,0 +1,81 @@
+"""The main job's wall time, first and later run, with the per-stage breakdown `pipeline run --local`
+prints, for warm task processes (the default, pipeline/warm.py) and fresh interpreters (`--cold-tasks`).
+
+    .venv/bin/python benchmarks/main_job.py [--demo toy|tiny] [--modes warm,cold] [--runs 2] [--out F.json]
+
+For each mode: a fresh --home, then `--runs` runs of `chunkgrpo pipeline run --local` in it (the first
+run starts from nothing but the shipped toy model; later runs find kfp.local's cache and the base-image
+cache). The modes alternate per run index (warm 1, cold 1, warm 2, cold 2, ...), so a slow spell of a
+shared machine falls on both. Prints each run's wall time (this script's clock, the whole command) and
+its breakdown; `--out` writes them as JSON. Run it on an otherwise idle machine.
+"""
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+MODES = {"warm": [], "cold": ["--cold-tasks"]}
+_STAGE = re.compile(r"^\s{4,}(services|model|pipeline|total|task [\w-]+)\s+([\d.]+) s")
+_PROCS = re.compile(r"task processes\s+(\d+) forked.*?(\d+) fresh")
+
+
+def breakdown(output: str) -> dict:
+    """{stage: seconds} and the warm/fresh task counts from the command's summary."""
+    stages = {m.group(1): float(m.group(2)) for ln in output.splitlines() if (m := _STAGE.match(ln))}
+    procs = _PROCS.search(output)
+    if procs:
+        stages["tasks forked warm"], stages["tasks fresh"] = int(procs.group(1)), int(procs.group(2))
+    return stages
+
+
+def run_once(home: Path, demo: str, mode: str) -> dict:
+    cmd = [sys.executable, "-m", "chunkgrpo", "pipeline", "run", "--local", "--home", str(home),
+           "--demo", demo, *MODES[mode]]
+    t0 = time.perf_counter()
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    if r.returncode != 0:
+        raise SystemExit(f"{mode}: `{' '.join(cmd)}` exited {r.returncode}: {r.stderr.strip()[-500:]}")
+    return {"wall_s": round(wall, 1), **breakdown(r.stdout)}
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--demo", default="toy", choices=["toy", "tiny"])
+    ap.add_argument("--modes", default="warm,cold", help="comma-separated: warm, cold")
+    ap.add_argument("--runs", type=int, default=2, help="runs per mode in the same home (default 2)")
+    ap.add_argument("--out", default="", help="write the results as JSON here")
+    args = ap.parse_args(argv)
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    bad = [m for m in modes if m not in MODES]
+    if bad or not modes:
+        print(f"main_job: error: --modes {args.modes!r} must name warm and/or cold", file=sys.stderr)
+        raise SystemExit(2)
+    if args.runs < 1:
+        print(f"main_job: error: --runs {args.runs} must be >= 1", file=sys.stderr)
+        raise SystemExit(2)
+    results: dict = {m: [] for m in modes}
+    with tempfile.TemporaryDirectory(prefix="main-job-") as tmp:
+        for i in range(args.runs):
+            for m in modes:
+                res = run_once(Path(tmp) / m, args.demo, m)
+                results[m].append(res)
+                print(f"{m} run {i + 1}: {res['wall_s']:.1f} s  " + ", ".join(
+                    f"{k} {v:g}" for k, v in res.items() if k != "wall_s"), flush=True)
+    columns = [(m, i) for m in modes for i in range(args.runs)]
+    print(f"\n{'stage':<22}" + "".join(f"{m + ' ' + str(i + 1):>12}" for m, i in columns))
+    keys = list(dict.fromkeys(k for m in modes for r in results[m] for k in r))
+    for k in keys:
+        print(f"{k:<22}" + "".join(f"{results[m][i].get(k, float('nan')):12.1f}" for m, i in columns))
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps({"demo": args.demo, "runs": results}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,224 @@
+"""pipeline/warm.py: kfp.local tasks forked from a server that imported torch and mlflow once, with the
+process a fresh interpreter would give them (environment, folder, exit code, atexit, threads), and a
+server of their own when their environment changes what the imports build."""
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+from kfp import dsl
+
+from pipeline import warm
+
+pytestmark = pytest.mark.integration
+
+
+@dsl.component(install_kfp_package=False)
+def probe(marker: str) -> str:
+    """What the task's process is: pid, parent, folder, torch loaded before the task imported it, an env
+    value; it also leaves an atexit handler and a non-daemon thread that write files after it returns."""
+    import atexit
+    import json
+    import os
+    import sys
+    import threading
+    import time
+
+    loaded = "torch" in sys.modules
+    import torch
+
+    def later():
+        time.sleep(0.5)
+        open(marker + ".thread", "w").write("thread")
+
+    threading.Thread(target=later).start()
+    atexit.register(lambda: open(marker + ".atexit", "w").write("atexit"))
+    print("probe says hello")
+    return json.dumps({"pid": os.getpid(), "ppid": os.getppid(), "cwd": os.getcwd(), "torch_loaded": loaded,
+                       "capability": torch.backends.cpu.get_cpu_capability(),
+                       "value": os.environ.get("CHUNKGRPO_WARM_TEST", ""),
+                       "kfp_runtime": os.environ.get("_KFP_RUNTIME", "")})
+
+
+@dsl.component(install_kfp_package=False)
+def fails(code: int) -> str:
+    import sys
+
+    if code:
+        sys.exit(code)
+    raise ValueError("the task's own error")
+
+
+@pytest.fixture
+def launcher(tmp_path):
+    lau = warm.Launcher(log=tmp_path / "warm-servers.log")
+    yield lau
+    servers = [s.proc for s in lau.servers]
+    lau.close()
+    assert all(p.poll() is not None for p in servers)  # close() stops every server
+
+
+def _run(component, launcher, tmp_path, env_vars=None, **kwargs):
+    """kfp.local with its subprocess runner replaced by the launcher, as `run_local` does."""
+    from kfp import local
+    from kfp.local import subprocess_task_handler as handler
+
+    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(tmp_path / "root"),
+               raise_on_error=False)
+    original = handler.run_local_subprocess
+    commands = []
+
+    extra = env_vars or {}
+
+    def run(full_command, env_vars=None):
+        commands.append(full_command)
+        return launcher.run(full_command, {**(env_vars or {}), **extra}, cold=original)
+
+    handler.run_local_subprocess = run
+    try:
+        return component(**kwargs), commands
+    finally:
+        handler.run_local_subprocess = original
+
+
+def test_a_task_runs_forked_from_the_server_like_a_fresh_interpreter(launcher, tmp_path, capsys):
+    import json
+
+    marker = str(tmp_path / "m")
+    task, commands = _run(probe, launcher, tmp_path, {"CHUNKGRPO_WARM_TEST": "per-task"}, marker=marker)
+    out = json.loads(task.output)
+    assert launcher.runs == {"warm": 1, "cold": 0}
+    (server,) = launcher.servers
+    assert out["ppid"] == server.info["pid"] and out["pid"] == launcher.last_pid != os.getpid()
+    assert out["torch_loaded"]  # imported by the server, not by the task
+    assert out["value"] == "per-task" and out["kfp_runtime"] == "true" and out["cwd"] == os.getcwd()
+    # the interpreter's exit: non-daemon threads joined, then atexit handlers
+    assert open(marker + ".thread").read() == "thread" and open(marker + ".atexit").read() == "atexit"
+    assert "probe says hello" in capsys.readouterr().out  # streamed like kfp.local's own runner
+    assert "def probe(" in warm.executor_task(commands[0])[0]
+
+    # a second task reuses the server: no second import
+    task2, _ = _run(probe, launcher, tmp_path, marker=marker + "2")
+    assert json.loads(task2.output)["ppid"] == server.info["pid"] and len(launcher.servers) == 1
+
+
+def test_exit_codes_and_tracebacks_are_the_interpreters(launcher, tmp_path, capsys):
+    task, _ = _run(fails, launcher, tmp_path, code=0)
+    out = capsys.readouterr().out
+    assert "Traceback (most recent call last)" in out and "ValueError: the task's own error" in out
+    assert launcher.runs["warm"] == 1
+    from kfp import local
+
+    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(tmp_path / "r2"),
+               raise_on_error=False)
+    cmd = None
+
+    def grab(full_command, env_vars=None):
+        nonlocal cmd
+        cmd = full_command
+        return 0
+
+    from kfp.local import subprocess_task_handler as handler
+
+    original, handler.run_local_subprocess = handler.run_local_subprocess, grab
+    try:
+        fails(code=3)  # only to get the command kfp.local would run
+    finally:
+        handler.run_local_subprocess = original
+    assert launcher.run(cmd) == 3  # sys.exit(3) in the task is exit code 3, as from `python -m`
+
+
+def test_a_task_whose_environment_changes_the_imports_gets_its_own_server(launcher, tmp_path):
+    """ATEN_CPU_CAPABILITY is read when torch loads: a task that sets it must not get the first server's
+    torch (its kernels were chosen for the machine's best instruction set)."""
+    import json
+
+    import torch
+
+    if torch.backends.cpu.get_cpu_capability() == "DEFAULT":
+        pytest.skip("this CPU's best capability is already DEFAULT: nothing to tell apart")
+    first, _ = _run(probe, launcher, tmp_path, marker=str(tmp_path / "a"))
+    assert json.loads(first.output)["capability"] != "DEFAULT"
+    second, _ = _run(probe, launcher, tmp_path, {"ATEN_CPU_CAPABILITY": "default"},
+                     marker=str(tmp_path / "b"))
+    out = json.loads(second.output)
+    assert out["capability"] == "DEFAULT"
+    assert len(launcher.servers) == 2 and out["ppid"] == launcher.servers[1].info["pid"]
+    assert launcher.runs == {"warm": 2, "cold": 0}
+
+
+def test_match_names_the_first_variable_that_differs():
+    info = {"import_env": {"HOME": "/root", "TMPDIR": None, "PYTEST_CURRENT_TEST": "a (call)",
+                           "_KFP_RUNTIME": "true"},
+            "prefixes": ["OMP_", "ATEN_", "TQDM_"], "by_prefix": {"OMP_WAIT_POLICY": "PASSIVE"}}
+    env = {"HOME": "/root", "PYTEST_CURRENT_TEST": "b (call)", "OMP_WAIT_POLICY": "PASSIVE", "OTHER": "x"}
+    assert warm.match(info, env) == ""  # pytest's marker is ignored, _KFP_RUNTIME is the command's
+    assert warm.match(info, {**env, "TMPDIR": "/cache"}) == "TMPDIR"
+    assert warm.match(info, {**env, "OMP_WAIT_POLICY": "ACTIVE"}) == "OMP_WAIT_POLICY"
+    assert warm.match(info, {**env, "ATEN_CPU_CAPABILITY": "avx2"}) == "ATEN_CPU_CAPABILITY"
+    assert warm.match(info, {**env, "TQDM_MININTERVAL": "5"}) == "TQDM_MININTERVAL"
+    assert "numpy" in warm.match({**info, "unknown_iterators": ["numpy"]}, env)
+
+
+def test_the_recording_sees_single_reads_and_whole_environment_iterations(monkeypatch):
+    """warm's recording of what imports read, on this process's os.environ (no preload)."""
+    monkeypatch.setenv("WARM_A", "1")
+    monkeypatch.setenv("WARM_D", "4")
+    seen, iterated = {}, set()
+    real = os.environ
+    os.environ = warm._Recording(real, seen, iterated)
+    try:
+        os.environ.get("WARM_A")
+        assert "WARM_B" not in os.environ
+        os.getenv("WARM_C")
+        exec("import os\nsnapshot = {k: v for k, v in os.environ.items() if k.startswith('WARM_')}",
+             {"__name__": "some.iterating.module"})
+        exec("import os\ndef f():\n    return dict(os.environ), os.environ.copy(), {**os.environ}\nf()",
+             {"__name__": "some.copying.module"})
+        os.environ.get("WARM_E")  # a single read after the copies is one again
+    finally:
+        os.environ = real
+    # WARM_D only came by in items() and the copies
+    assert seen == {"WARM_A": "1", "WARM_B": None, "WARM_C": None, "WARM_E": None}
+    assert iterated == {"some.iterating.module", "some.copying.module"}
+
+
+def test_other_commands_run_cold():
+    assert warm.executor_task(["python", "-c", "print(1)"]) is None
+    pip = ["sh", "-c", "python3 -m pip install kfp", "sh", "-ec", "python3 -m kfp.dsl.executor_main"]
+    assert warm.executor_task(pip) is None
+    calls = []
+    lau = warm.Launcher()
+    cold = lambda full_command, env_vars: calls.append(full_command) or 7  # noqa: E731
+    assert lau.run(["python", "-c", "x"], cold=cold) == 7
+    assert calls == [["python", "-c", "x"]] and lau.runs == {"warm": 0, "cold": 1} and not lau.servers
+
+
+def test_servers_stop_when_the_launching_process_dies(tmp_path):
+    code = textwrap.dedent("""
+        import os, sys
+        from pipeline import warm
+        lau = warm.Launcher()
+        s = lau._start(dict(os.environ))
+        assert s.ready(), s.failed
+        print(s.proc.pid, flush=True)
+        os._exit(0)  # no atexit, no close(): only the hung-up socket tells the server
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
+                       cwd=os.getcwd())
+    assert r.returncode == 0, r.stderr
+    import psutil
+
+    pid = int(r.stdout.split()[0])
+    end = time.monotonic() + 60
+    while time.monotonic() < end:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return
+        except psutil.NoSuchProcess:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"warm server {pid} still running after its launcher died")

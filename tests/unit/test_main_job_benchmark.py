@@ -1,0 +1,36 @@
+"""benchmarks/main_job.py: it reads the breakdown `pipeline run --local` prints (local.stage_lines and the
+task-process line of summary_lines), and bad arguments exit 2 naming the value."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def main_job():
+    spec = importlib.util.spec_from_file_location("main_job_benchmark", ROOT / "benchmarks" / "main_job.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_breakdown_the_command_prints_is_read_back(main_job):
+    from pipeline.local import stage_lines
+
+    stages = {"services": 8.4, "model": 0.3, "pipeline": 79.8, "task preflight": 9.8, "task open-run": 0.5,
+              "task check-gate": 0.6, "total": 89.7}
+    text = "\n".join([*stage_lines(stages),
+                      "  task processes   7 forked from a warm server (torch, mlflow imported once), "
+                      "0 fresh interpreter(s)"])
+    got = main_job.breakdown(text)
+    assert got == {**stages, "tasks forked warm": 7, "tasks fresh": 0}
+
+
+@pytest.mark.parametrize("args, word", [(["--modes", "hot"], "'hot'"), (["--runs", "0"], "--runs 0")])
+def test_bad_arguments_exit_2_naming_the_value(main_job, capsys, args, word):
+    with pytest.raises(SystemExit) as e:
+        main_job.main(args)
+    assert e.value.code == 2 and word in capsys.readouterr().err
