@@ -22,6 +22,7 @@ from pathlib import Path
 MODES = {"warm": [], "cold": ["--cold-tasks"]}
 _STAGE = re.compile(r"^\s{4,}(services|model|pipeline|total|task [\w-]+)\s+([\d.]+) s")
 _PROCS = re.compile(r"task processes\s+(\d+) forked.*?(\d+) fresh")
+_ACCURACY = re.compile(r"(geneval\.overall\.(?:base|trained))=([\d.]+)")
 
 
 def breakdown(output: str) -> dict:
@@ -30,6 +31,7 @@ def breakdown(output: str) -> dict:
     procs = _PROCS.search(output)
     if procs:
         stages["tasks forked warm"], stages["tasks fresh"] = int(procs.group(1)), int(procs.group(2))
+    stages.update({m.group(1): float(m.group(2)) for m in _ACCURACY.finditer(output)})
     return stages
 
 
@@ -71,7 +73,7 @@ def main(argv=None) -> None:
     print(f"\n{'stage':<22}" + "".join(f"{m + ' ' + str(i + 1):>12}" for m, i in columns))
     keys = list(dict.fromkeys(k for m in modes for r in results[m] for k in r))
     for k in keys:
-        print(f"{k:<22}" + "".join(f"{results[m][i].get(k, float('nan')):12.1f}" for m, i in columns))
+        print(f"{k:<22}" + "".join(f"{results[m][i].get(k, float('nan')):12.4g}" for m, i in columns))
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps({"demo": args.demo, "runs": results}, indent=1) + "\n")

@@ -1,20 +1,14 @@
 """benchmarks/main_job.py: it reads the breakdown `pipeline run --local` prints (local.stage_lines and the
 task-process line of summary_lines), and bad arguments exit 2 naming the value."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests import benchmark_scripts
 
 
 @pytest.fixture(scope="module")
 def main_job():
-    spec = importlib.util.spec_from_file_location("main_job_benchmark", ROOT / "benchmarks" / "main_job.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return benchmark_scripts.load("main_job")
 
 
 def test_the_breakdown_the_command_prints_is_read_back(main_job):
@@ -24,9 +18,12 @@ def test_the_breakdown_the_command_prints_is_read_back(main_job):
               "task check-gate": 0.6, "total": 89.7}
     text = "\n".join([*stage_lines(stages),
                       "  task processes   7 forked from a warm server (torch, mlflow imported once), "
-                      "0 fresh interpreter(s)"])
+                      "0 fresh interpreter(s)",
+                      "    metrics        geneval.colors.base=0.2812, geneval.overall.base=0.1606, "
+                      "geneval.overall.trained=0.316"])
     got = main_job.breakdown(text)
-    assert got == {**stages, "tasks forked warm": 7, "tasks fresh": 0}
+    assert got == {**stages, "tasks forked warm": 7, "tasks fresh": 0, "geneval.overall.base": 0.1606,
+                   "geneval.overall.trained": 0.316}
 
 
 @pytest.mark.parametrize("args, word", [(["--modes", "hot"], "'hot'"), (["--runs", "0"], "--runs 0")])

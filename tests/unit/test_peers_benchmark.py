@@ -1,21 +1,16 @@
 """benchmarks/peers.py: the loops it compares make the transformer calls their docstring says, the two
 policy updates give the same gradient, and a gradient mismatch fails the run."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests import benchmark_scripts
 
 
 @pytest.fixture(scope="module")
 def peers():
-    spec = importlib.util.spec_from_file_location("peers_benchmark", ROOT / "benchmarks" / "peers.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return benchmark_scripts.load("peers")
 
 
 ARGS = ["--size", "tiny", "--res", "32", "--group", "3", "--steps", "5", "--reps", "1", "--warmup", "0",
