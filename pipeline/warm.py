@@ -275,6 +275,7 @@ def _child(req: dict, out_fd: int, set_by_import: dict) -> None:
         module = program / "ephemeral_component.py"
         module.write_text(req["source"], encoding="utf-8")
         sys.argv = [EXECUTOR, "--component_module_path", str(module), *req["args"]]
+        sys.path[0] = os.getcwd()  # `python -m` puts the working folder first
         code = _run_executor()
     except BaseException:
         import traceback
@@ -426,15 +427,23 @@ class Launcher:
         if server is None:
             self.runs["cold"] += 1
             return cold(full_command=full_command, env_vars=env_vars)
-        self.runs["warm"] += 1
         source, args = task
         r, w = os.pipe()
+        gone = None
         try:
-            try:
-                _send(server.sock, {"env": env, "cwd": os.getcwd(), "source": source, "args": args},
-                      fds=[w])
-            finally:
-                os.close(w)
+            _send(server.sock, {"env": env, "cwd": os.getcwd(), "source": source, "args": args}, fds=[w])
+        except OSError as e:
+            gone = e
+        finally:
+            os.close(w)
+        if gone is not None:  # the server was killed: nothing has started, so the task runs cold
+            os.close(r)
+            self._drop(server)
+            print(f"chunkgrpo warm tasks: the server is gone ({gone}); the task runs cold", flush=True)
+            self.runs["cold"] += 1
+            return cold(full_command=full_command, env_vars=env_vars)
+        self.runs["warm"] += 1
+        try:
             with open(r, encoding="utf-8", errors="replace") as out:
                 reply, _ = _recv(server.sock)
                 self.last_pid = reply["pid"]
@@ -443,12 +452,15 @@ class Launcher:
             print("\n")
             reply, _ = _recv(server.sock)
             return int(reply["exit"])
-        except BaseException:  # interrupted, or the server died: it is not reused
-            with self.lock:
-                if server in self.servers:
-                    self.servers.remove(server)
-            server.close(wait_s=0)
+        except BaseException:  # interrupted, or the server died mid-task: it is not reused
+            self._drop(server)
             raise
+
+    def _drop(self, server: _Server) -> None:
+        with self.lock:
+            if server in self.servers:
+                self.servers.remove(server)
+        server.close(wait_s=0)
 
     def close(self) -> None:
         with self.lock:

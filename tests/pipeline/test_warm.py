@@ -105,6 +105,22 @@ def test_a_task_runs_forked_from_the_server_like_a_fresh_interpreter(launcher, t
     assert json.loads(task2.output)["ppid"] == server.info["pid"] and len(launcher.servers) == 1
 
 
+def test_a_killed_server_costs_its_next_task_nothing_but_time(launcher, tmp_path, capsys):
+    """The task runs cold (kfp.local's runner), with its result, and the message says why."""
+    import json
+    import signal
+
+    first, _ = _run(probe, launcher, tmp_path, marker=str(tmp_path / "a"))
+    (server,) = launcher.servers
+    os.kill(server.info["pid"], signal.SIGKILL)
+    server.proc.wait(timeout=60)
+    second, _ = _run(probe, launcher, tmp_path, {"CHUNKGRPO_WARM_TEST": "after"}, marker=str(tmp_path / "b"))
+    out = json.loads(second.output)
+    assert out["value"] == "after" and not out["torch_loaded"]  # a fresh interpreter ran it
+    assert launcher.runs == {"warm": 1, "cold": 1} and server not in launcher.servers
+    assert "the server is gone" in capsys.readouterr().out
+
+
 def test_exit_codes_and_tracebacks_are_the_interpreters(launcher, tmp_path, capsys):
     task, _ = _run(fails, launcher, tmp_path, code=0)
     out = capsys.readouterr().out
