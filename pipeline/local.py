@@ -526,7 +526,10 @@ def run_local(
     home = Path(home).resolve()
     home.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
-    launcher = _prestart(pipeline, func, home) if warm and not pod_faithful else None
+    # warm task processes on Linux only: on macOS a forked child of a process that loaded Apple's frameworks
+    # may crash
+    warm = warm and not pod_faithful and sys.platform == "linux"
+    launcher = _prestart(pipeline, func, home) if warm else None
     stages: dict[str, float] = {}  # where the wall time went: printed by summary_lines
     restore_sigterm = _sigterm_as_interrupt()
     svc, started = None, False
