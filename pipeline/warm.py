@@ -1,30 +1,31 @@
-"""Warm kfp.local tasks: each task's process forked from a server that has imported torch and mlflow once.
+"""Warm kfp.local tasks: each task's process forked from a server that has imported its libraries once.
 
     launcher = warm.launcher()            # one per process; its servers outlive a run (tests run many)
     launcher.prestart([env, ...])         # start the servers the coming tasks need, in the background
     launcher.run(full_command, env_vars)  # kfp.local's `run_local_subprocess` contract: output, exit code
 
-Why: every kfp.local task is a new `python -m kfp.dsl.executor_main` that imports torch, mlflow and kfp
-before it does any work: 1.5 s for a task that only talks to MLflow, 3-6 s for one that loads a model;
-on 2 cores a tiny-model pipeline spent about 40 of its 52 s importing (`-X importtime`, ten tasks).
-A server (`python -m pipeline.warm`) imports them once (`pipeline/warm_preload.py`), then forks one child
-per task. The child is the task's process: its own pid, environment, working folder, stdin from
-/dev/null and stdout+stderr into a pipe the launcher streams like kfp.local does; it writes the
-component's source to a fresh temporary folder and runs kfp's executor as the task's `sh -ec` command
-would (`_KFP_RUNTIME=true python3 -m kfp.dsl.executor_main --component_module_path ...`), then exits as
-the interpreter would (non-daemon threads joined, atexit handlers run, the exit code of `SystemExit`, 1 and
-the traceback for any other exception).
+Why: every kfp.local task is a new `python -m kfp.dsl.executor_main` that imports torch, mlflow, kfp and
+(for the model tasks) diffusers and transformers before it does any work: 1.5 s for a task that only talks
+to MLflow, 3-6 s for one that loads a model; on 2 cores a tiny-model pipeline spent about 40 of its 52 s
+importing (`-X importtime`, ten tasks). A server (`python -m pipeline.warm`) imports them once
+(`pipeline/warm_preload.py`), then forks one child per task. The child is the task's process: its own pid,
+environment, working folder, stdin from /dev/null and stdout+stderr into a pipe the launcher streams like
+kfp.local does; it writes the component's source to a fresh temporary folder and runs kfp's executor as the
+task's `sh -ec` command would (`_KFP_RUNTIME=true python3 -m kfp.dsl.executor_main --component_module_path
+...`), then exits as the interpreter would (non-daemon threads joined, atexit handlers run, the exit code of
+`SystemExit`, 1 and the traceback for any other exception).
 
 When a task runs warm (`match`): a server preloads under the environment of the first task it was started
-for and records every variable its imports read (`warm_preload.IMPORT_ENV`, the value each import saw)
-plus, compared by prefix, the variables native libraries read with getenv (`NATIVE_PREFIXES`) and those a
-module keeps when it goes through the whole environment at import (`warm_preload.ITERATORS`: tqdm keeps
-`TQDM_*`; an unknown such module makes the server take no task). A task is forked from a server
-only when its environment has those same values, so its imported modules are the ones a fresh interpreter
-would have built; otherwise a server is started for its environment (the pod-volume tasks, whose cache
-variables differ, get their own). A command that is not a lightweight component's executor call, or a
-launcher that cannot start a server, runs the task in a fresh process (kfp.local's own runner): the
-same result, slower. `--pod-faithful` runs never use it (each pod is a fresh process there).
+for and records every variable its imports read (`warm_preload.IMPORT_ENV`, the value each import saw) plus,
+compared by prefix, the variables native libraries read with getenv (`NATIVE_PREFIXES`) and those a module
+keeps when it goes through the whole environment at import (`ITERATORS`: tqdm keeps `TQDM_*`, fsspec
+`FSSPEC_*`, diffusers `COLAB_*`; an unknown such module makes the server take no task). A task is forked
+from a server only when its environment has those same values, so its imported modules are the ones a fresh
+interpreter would have built; otherwise a server is started for its environment (the pod-volume tasks, whose
+cache variables differ, get their own). A command that is not a lightweight component's executor call, or a
+launcher that cannot start a server (or whose server was killed before the task started), runs the task in a
+fresh process (kfp.local's own runner): the same result, slower, and a line in the log saying why.
+`--pod-faithful` runs never use it (each pod is a fresh process there), nor any system but Linux.
 
 Not `multiprocessing`'s forkserver: it keeps one server per process with one preload list, and its
 children run a pickled callable after re-importing the parent's `__main__`; tasks here need a server per
@@ -45,16 +46,16 @@ import threading
 from pathlib import Path
 
 EXECUTOR = "kfp.dsl.executor_main"
+# read by native code with getenv when it loads (OpenMP runtimes, MKL/OpenBLAS, ATen's CPU dispatch, the
+# allocator, the interpreter), where the recording of os.environ cannot see it: compared by prefix
+NATIVE_PREFIXES = ("OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_", "ATEN_", "TORCH_", "PYTORCH_", "LD_",
+                   "MALLOC_", "PYTHON", "CHUNKGRPO_THREAD")
 # read at import but not deciding what an import builds: pytest's per-test marker (mlflow's telemetry
 # opt-out reads it; run_local turns telemetry off with MLFLOW_DISABLE_TELEMETRY) and the shell's
 # last-command variable and folders (the task's folder is set with chdir)
-# read by native code with getenv when it loads (OpenMP runtimes, MKL/OpenBLAS, ATen's CPU dispatch, the
-# allocator, the interpreter), where the recording in warm_preload cannot see it: compared by prefix
-NATIVE_PREFIXES = ("OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_", "ATEN_", "TORCH_", "PYTORCH_", "LD_",
-                   "MALLOC_", "PYTHON", "CHUNKGRPO_THREAD")
 IGNORED = frozenset({"PYTEST_CURRENT_TEST", "_", "PWD", "OLDPWD"})
 MAX_SERVERS = 3
-READY_TIMEOUT_S = 300.0  # a server's imports on a loaded 2-core machine (about 5 s idle)
+READY_TIMEOUT_S = 300.0  # a server's imports on a loaded 2-core machine (about 9 s idle)
 
 
 # ---- what the server's imports read -------------------------------------------------------------------
