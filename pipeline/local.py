@@ -547,11 +547,10 @@ def run_local(
             raise
         services_env = svc.env()
         stages["services"] = time.perf_counter() - t_start
-    saved = {k: os.environ.get(k) for k in [*services_env, "CHUNKGRPO_CACHE", "MLFLOW_DISABLE_TELEMETRY"]}
+    saved = {k: os.environ.get(k) for k in [*services_env, *_run_env(home, {})]}
     try:
         os.environ.update(services_env)
-        os.environ.setdefault("CHUNKGRPO_CACHE", str(home / "cache"))
-        os.environ["MLFLOW_DISABLE_TELEMETRY"] = "true"
+        os.environ.update(_run_env(home, os.environ))
         if demo == "tiny":
             if pipeline == "train_and_evaluate":
                 model, prompts = prepare_tiny_inputs(home)
@@ -642,9 +641,17 @@ def run_local(
             svc.down()
 
 
+def _run_env(home: Path, environ) -> dict:
+    """What a local run adds to the tasks' environment (on top of the services'): the model/weights cache
+    under <home> unless one is set, and MLflow's telemetry off."""
+    return {"CHUNKGRPO_CACHE": environ.get("CHUNKGRPO_CACHE", str(home / "cache")),
+            "MLFLOW_DISABLE_TELEMETRY": "true"}
+
+
 def _prestart(pipeline: str, func, home: Path):
-    """The warm task servers (pipeline/warm.py) for the environments the tasks will have, started now so
-    that their imports run while the services start and the model is prepared."""
+    """The warm task servers (pipeline/warm.py) for the environments the tasks will have (the services'
+    variables aside, which no import reads), started now so that their imports run while the services
+    start and the model is prepared."""
     from pipeline import warm as warm_tasks
     from pipeline.pod_faithful import layout_for
 
@@ -652,8 +659,7 @@ def _prestart(pipeline: str, func, home: Path):
     (home / "logs").mkdir(parents=True, exist_ok=True)
     launcher.log = home / "logs" / "warm-servers.log"
     layout = layout_for(pipeline, func, home, faithful=False, model_dir=None)
-    base = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}
-    base.setdefault("CHUNKGRPO_CACHE", str(home / "cache"))
+    base = {**os.environ, **_run_env(home, os.environ)}
     launcher.prestart([{**base, **layout.env(fn, layout.task_dirs(fn))} for fn in layout.specs])
     return launcher
 

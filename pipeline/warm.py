@@ -290,7 +290,6 @@ def _child(req: dict, out_fd: int, set_by_import: dict) -> None:
 def _run_executor() -> int:
     """kfp's executor as `python -m` runs it, with the interpreter's exit: the exit code, threads joined,
     atexit handlers, streams flushed."""
-    import atexit as _atexit
     import traceback
 
     code = 0
@@ -313,7 +312,7 @@ def _run_executor() -> int:
         threading._shutdown()  # the interpreter waits for non-daemon threads before atexit
     except Exception:
         pass
-    _atexit._run_exitfuncs()
+    atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
