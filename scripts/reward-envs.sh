@@ -13,7 +13,7 @@
 #   eval "$(bash scripts/reward-envs.sh --print-env)"           # export CHUNKGRPO_VENV_* for this shell
 #
 # Location: $CHUNKGRPO_REWARD_ENVS, default <repo>/.reward-envs (git-ignored). Idempotent: a venv whose stamp
-# matches its lock file and build recipe, and that passes its import check, is left alone; a half-built one is
+# matches its lock file and build recipe, and whose packages are at their pinned versions, is left alone; a half-built one is
 # rebuilt. Needs CPython 3.11 (PYTHON=...), ~7.5 GB of disk, network access to PyPI.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -48,6 +48,29 @@ pip_install() {  # pip_install VENV LOCK (drops pip's notes about this machine's
     2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
 }
 
+# pinned VENV LOCK: every package of LOCK is installed in VENV at its pinned version (package metadata only:
+# ~0.1 s, where importing torch and the reward package took ~8 s per venv; the import CHECK below ran once,
+# when the stamp was written)
+pinned() {
+  "$1/bin/python" -I - "$2" <<'PY'
+import re, sys
+from importlib import metadata
+bad = []
+for line in open(sys.argv[1]):
+    m = re.match(r"([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;\\]+)", line)
+    if m:
+        try:
+            have = metadata.version(m.group(1))
+        except metadata.PackageNotFoundError:
+            have = "not installed"
+        if have != m.group(2):
+            bad.append(f"{m.group(1)}=={m.group(2)}: {have}")
+for b in bad:
+    print(f"reward-envs: {b}", file=sys.stderr)
+sys.exit(1 if bad else 0)
+PY
+}
+
 # build NAME LOCK CHECK [POST]: (re)create $ROOT/venv-NAME from LOCK unless its stamp is current and CHECK passes
 build() {
   local name=$1 lock=$2 check=$3 post=${4:-}
@@ -55,7 +78,7 @@ build() {
   local want
   want="$(sha256sum "$lock" | cut -c1-16)-recipe$RECIPE"
   if [ -f "$venv/.chunkgrpo-stamp" ] && [ "$(cat "$venv/.chunkgrpo-stamp")" = "$want" ] \
-     && "$venv/bin/python" -W ignore -c "$check" >/dev/null 2>&1; then
+     && pinned "$venv" "$lock" && { [ "$name" != hpsv2 ] || hpsv2_vocab_present "$venv"; }; then
     echo "reward-envs: venv-$name up to date"
     return 0
   fi
@@ -81,6 +104,12 @@ hpsv2_vocab() {
   src=$("$py" -c 'import importlib.util as u; print(u.find_spec("open_clip").submodule_search_locations[0])')
   dst=$("$py" -c 'import importlib.util as u; print(u.find_spec("hpsv2").submodule_search_locations[0])')/src/open_clip
   cp "$src/bpe_simple_vocab_16e6.txt.gz" "$dst/"
+}
+
+hpsv2_vocab_present() {  # the file hpsv2_vocab copies, found without importing hpsv2
+  local dir
+  dir=$("$1/bin/python" -I -c 'import importlib.util as u; print(u.find_spec("hpsv2").submodule_search_locations[0])') \
+    && [ -s "$dir/src/open_clip/bpe_simple_vocab_16e6.txt.gz" ]
 }
 
 build torch "$LOCKS/requirements-torch.lock" "import torch, torchvision"
