@@ -109,6 +109,14 @@ def _exact_time_hook(module, args):
     return tuple(args)
 
 
+def _not_a_view(t):
+    """`t`, or a copy when it is a view of another tensor. torch.compile guards a view input on its base's
+    shape (`x._base.size()[0] == x.size()[0]`), so a rollout batch sliced from a larger tensor after one that
+    was not (or the reverse) compiled the transformer again, once more per grad mode; FLUX.1-dev compiles
+    for minutes. The copies (latents, text embeddings) are small beside one transformer call."""
+    return t.clone() if torch.is_tensor(t) and t._is_view() else t
+
+
 def resolve_model_source(source: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> str:
     """A local folder path for `source` (local dir, s3:// URI, or hub id from the local cache)."""
     s = str(source)
@@ -277,17 +285,12 @@ class FluxModel:
             else None
         )
         self.counter.record(B)
+        inputs = dict(hidden_states=x.to(self.dtype), timestep=t, guidance=g, pooled_projections=cond.pooled,
+                      encoder_hidden_states=cond.prompt_embeds, txt_ids=cond.text_ids, img_ids=img_ids)
+        if model is self._compiled:
+            inputs = {k: _not_a_view(v) for k, v in inputs.items()}
         with exact_time_embedding(model, t, g):
-            out = model(
-                hidden_states=x.to(self.dtype),
-                timestep=t,
-                guidance=g,
-                pooled_projections=cond.pooled,
-                encoder_hidden_states=cond.prompt_embeds,
-                txt_ids=cond.text_ids,
-                img_ids=img_ids,
-                return_dict=False,
-            )[0]
+            out = model(**inputs, return_dict=False)[0]
         return out.float()
 
     def compiled(self):
