@@ -8,9 +8,11 @@ on a rank (`chunkgrpo <command>: error: ...`), so the pipeline reports the bad v
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
+import threading
 from collections.abc import Sequence
 
 from chunkgrpo.errors import UserError
@@ -20,19 +22,86 @@ _RANK_ERROR = re.compile(r"\bchunkgrpo [\w.-]+: error: (.+)$")
 
 def run_torchrun(cmd: Sequence[str], env: dict | None = None, out=None) -> None:
     """Run `cmd`, copy its output (stdout + stderr) to `out` (default sys.stdout) line by line, and on a
-    non-zero exit raise UserError(first rank error message) or RuntimeError(exit status)."""
+    non-zero exit raise UserError(first rank error message) or RuntimeError(exit status).
+
+    `python -m chunkgrpo.torchrun_local ...` with forked workers on (`torchrun_local.fork_workers`) in a
+    process with no other thread is run in a child forked from this one (`_fork_launcher`) rather than a
+    fresh interpreter: a pipeline task forked from a warm server has torch, diffusers and the trainer's
+    modules loaded already, so the launcher starts at once and forks ranks that need no imports."""
     out = out or sys.stdout
     reason = None
-    with subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
-                          env=env) as proc:
-        assert proc.stdout is not None
-        for line in proc.stdout:
+    launcher = _fork_launcher(list(cmd), env)
+    if launcher is not None:
+        pid, lines = launcher
+    else:
+        proc = subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                bufsize=1, env=env)
+        pid, lines = proc.pid, proc.stdout
+    try:
+        for line in lines:
             out.write(line)
             out.flush()
             if reason is None and (m := _RANK_ERROR.search(line.rstrip("\n"))):
                 reason = m.group(1).strip()
-        rc = proc.wait()
+    finally:
+        lines.close()
+        if launcher is None:
+            rc = proc.wait()
+        else:
+            rc = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
     if rc != 0:
         if reason is not None:
             raise UserError(reason)
         raise RuntimeError(f"torchrun exited with status {rc} (see the rank logs above)")
+
+
+def _fork_launcher(cmd: list[str], env: dict | None):
+    """(pid, its output lines) of `cmd` run by a child forked from this process, or None when it must be a
+    fresh process: not our torchrun launcher, forked workers off, or another thread in this process (a
+    fork copies only the calling thread, and a lock another thread held would stay locked in the child)."""
+    from chunkgrpo import torchrun_local
+
+    if cmd[:3] != [sys.executable, "-m", "chunkgrpo.torchrun_local"] or threading.active_count() != 1:
+        return None
+    environ = dict(os.environ if env is None else env)
+    if not torchrun_local.fork_workers(environ):
+        return None
+    r, w = os.pipe()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()  # nothing buffered here is written twice
+    pid = os.fork()
+    if pid == 0:  # the launcher: `python -m chunkgrpo.torchrun_local ARGS` in this process's image
+        code = 1
+        try:
+            import atexit
+
+            os.close(r)
+            os.dup2(w, 1)
+            os.dup2(w, 2)
+            os.close(w)
+            null = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(null, 0)
+            os.close(null)
+            os.environ.clear()
+            os.environ.update(environ)
+            atexit._clear()  # this process's handlers are not the launcher's
+            sys.argv = [torchrun_local.__file__, *cmd[3:]]
+            try:
+                torchrun_local.main(cmd[3:])
+                code = 0
+            except SystemExit as e:
+                code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+            atexit._run_exitfuncs()
+        except BaseException:
+            import traceback
+
+            traceback.print_exc()
+        finally:
+            for stream in (sys.stdout, sys.stderr):
+                try:
+                    stream.flush()
+                except Exception:
+                    pass
+            os._exit(code)
+    os.close(w)
+    return pid, open(r, encoding="utf-8", errors="replace", buffering=1)

@@ -547,10 +547,10 @@ def run_local(
             raise
         services_env = svc.env()
         stages["services"] = time.perf_counter() - t_start
-    saved = {k: os.environ.get(k) for k in [*services_env, *_run_env(home, {})]}
+    saved = {k: os.environ.get(k) for k in [*services_env, *_run_env(home, {}, warm)]}
     try:
         os.environ.update(services_env)
-        os.environ.update(_run_env(home, os.environ))
+        os.environ.update(_run_env(home, os.environ, warm))
         if demo == "tiny":
             if pipeline == "train_and_evaluate":
                 model, prompts = prepare_tiny_inputs(home)
@@ -641,11 +641,17 @@ def run_local(
             svc.down()
 
 
-def _run_env(home: Path, environ) -> dict:
+def _run_env(home: Path, environ, warm: bool) -> dict:
     """What a local run adds to the tasks' environment (on top of the services'): the model/weights cache
-    under <home> unless one is set, and MLflow's telemetry off."""
-    return {"CHUNKGRPO_CACHE": environ.get("CHUNKGRPO_CACHE", str(home / "cache")),
-            "MLFLOW_DISABLE_TELEMETRY": "true"}
+    under <home> unless one is set, MLflow's telemetry off, and for warm runs torchrun workers forked from
+    their preloaded launcher (chunkgrpo.torchrun_local, unless the variable is set already)."""
+    from chunkgrpo.torchrun_local import ENV_FORK
+
+    env = {"CHUNKGRPO_CACHE": environ.get("CHUNKGRPO_CACHE", str(home / "cache")),
+           "MLFLOW_DISABLE_TELEMETRY": "true"}
+    if warm:
+        env[ENV_FORK] = environ.get(ENV_FORK, "1")
+    return env
 
 
 def _prestart(pipeline: str, func, home: Path):
@@ -659,7 +665,7 @@ def _prestart(pipeline: str, func, home: Path):
     (home / "logs").mkdir(parents=True, exist_ok=True)
     launcher.log = home / "logs" / "warm-servers.log"
     layout = layout_for(pipeline, func, home, faithful=False, model_dir=None)
-    base = {**os.environ, **_run_env(home, os.environ)}
+    base = {**os.environ, **_run_env(home, os.environ, True)}
     launcher.prestart([{**base, **layout.env(fn, layout.task_dirs(fn))} for fn in layout.specs])
     return launcher
 

@@ -58,6 +58,21 @@ def _tree(pid: int) -> list:
         return []
 
 
+def _ranks(pid: int) -> list[str]:
+    """The torchrun ranks under `pid`: fresh (`-m chunkgrpo.train`) or forked (named `train-rankN`)."""
+    import psutil
+
+    found = []
+    for p in _tree(pid)[1:]:
+        try:
+            cmd, name = " ".join(p.cmdline()), p.name()
+        except psutil.Error:
+            continue
+        if "-m chunkgrpo.train" in cmd or name.startswith("train-rank"):
+            found.append(f"{p.pid} {name} {cmd[:80]}")
+    return found
+
+
 def _alive(procs: list) -> list[str]:
     import psutil
 
@@ -85,9 +100,9 @@ def test_sigterm_stops_the_running_task_and_the_services_like_ctrl_c(tmp_path):
         # killed while training: the kfp.local task and its torchrun workers are running
         _wait_for(lambda: "  train ..." in out.read_text() or proc.poll() is not None, 900, "the train task")
         assert proc.poll() is None, (out.read_text()[-2000:], err.read_text()[-2000:])
-        # the train task's launcher (`python -m chunkgrpo.torchrun_local`: torchrun on 127.0.0.1)
-        _wait_for(lambda: any("chunkgrpo.torchrun_local" in " ".join(p.cmdline()) for p in _tree(proc.pid)[1:]
-                              if p.is_running()), 300, "torchrun")
+        # the train task's two torchrun ranks (a local run forks them from their launcher, `train-rankN`)
+        _wait_for(lambda: len(_ranks(proc.pid)) == 2 or proc.poll() is not None, 300, "the torchrun ranks")
+        assert proc.poll() is None, ("ended before the ranks were seen", out.read_text()[-2000:])
         tree = _tree(proc.pid)
         assert _listening(s3) and _listening(mlflow)
         proc.send_signal(signal.SIGTERM)  # to the command only, as `kill PID` does
