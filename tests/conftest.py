@@ -57,6 +57,7 @@ LONG_FILES_FIRST = (
     "tests/integration/test_availability.py",  # 109 s
     "tests/pipeline/test_local_errors.py",  # 87 s
     "tests/integration/test_session_interrupt.py",  # 84 s
+    "tests/integration/test_torchrun_fork.py",  # 82 s (alone, stop 35)
     "tests/pipeline/test_kfp_versions.py",  # 74 s
     "tests/unit/scoring/test_worker.py",  # 66 s
     "tests/integration/test_evaluate_tracking_outage.py",  # 66 s
