@@ -1,7 +1,8 @@
 """The main job's wall time, first and later run, with the per-stage breakdown `pipeline run --local`
-prints, for warm task processes (the default, pipeline/warm.py) and fresh interpreters (`--cold-tasks`).
+prints, for warm task processes (the default, pipeline/warm.py; `fresh-ranks`: the same with torchrun's
+ranks started fresh, `CHUNKGRPO_FORK_WORKERS=0`) and fresh interpreters (`--cold-tasks`).
 
-    .venv/bin/python benchmarks/main_job.py [--demo toy|tiny] [--modes warm,cold] [--runs 2] [--out F.json]
+    python benchmarks/main_job.py [--demo toy|tiny] [--modes warm,fresh-ranks,cold] [--runs 2] [--out F.json]
 
 For each mode: a fresh --home, then `--runs` runs of `chunkgrpo pipeline run --local` in it (the first
 run starts from nothing but the shipped toy model; later runs find kfp.local's cache and the base-image
@@ -12,6 +13,7 @@ its breakdown; `--out` writes them as JSON. Run it on an otherwise idle machine.
 
 import argparse
 import json
+import os
 import re
 import subprocess
 import sys
@@ -19,7 +21,10 @@ import tempfile
 import time
 from pathlib import Path
 
-MODES = {"warm": [], "cold": ["--cold-tasks"]}
+# mode -> (extra arguments, extra environment): `fresh-ranks` is warm tasks with torchrun's ranks started as
+# fresh interpreters (the forked ranks of chunkgrpo/torchrun_local.py off)
+MODES = {"warm": ([], {}), "fresh-ranks": ([], {"CHUNKGRPO_FORK_WORKERS": "0"}),
+         "cold": (["--cold-tasks"], {})}
 _STAGE = re.compile(r"^\s{4,}(services|model|pipeline|total|task [\w-]+)\s+([\d.]+) s")
 _PROCS = re.compile(r"task processes\s+(\d+) forked.*?(\d+) fresh")
 _ACCURACY = re.compile(r"(geneval\.overall\.(?:base|trained))=([\d.]+)")
@@ -36,10 +41,11 @@ def breakdown(output: str) -> dict:
 
 
 def run_once(home: Path, demo: str, mode: str) -> dict:
+    args, env = MODES[mode]
     cmd = [sys.executable, "-m", "chunkgrpo", "pipeline", "run", "--local", "--home", str(home),
-           "--demo", demo, *MODES[mode]]
+           "--demo", demo, *args]
     t0 = time.perf_counter()
-    r = subprocess.run(cmd, capture_output=True, text=True)
+    r = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **env})
     wall = time.perf_counter() - t0
     if r.returncode != 0:
         raise SystemExit(f"{mode}: `{' '.join(cmd)}` exited {r.returncode}: {r.stderr.strip()[-500:]}")
@@ -49,14 +55,15 @@ def run_once(home: Path, demo: str, mode: str) -> dict:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--demo", default="toy", choices=["toy", "tiny"])
-    ap.add_argument("--modes", default="warm,cold", help="comma-separated: warm, cold")
+    ap.add_argument("--modes", default="warm,cold", help="comma-separated: " + ", ".join(MODES))
     ap.add_argument("--runs", type=int, default=2, help="runs per mode in the same home (default 2)")
     ap.add_argument("--out", default="", help="write the results as JSON here")
     args = ap.parse_args(argv)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     bad = [m for m in modes if m not in MODES]
     if bad or not modes:
-        print(f"main_job: error: --modes {args.modes!r} must name warm and/or cold", file=sys.stderr)
+        print(f"main_job: error: --modes {args.modes!r} must name some of {', '.join(MODES)}",
+              file=sys.stderr)
         raise SystemExit(2)
     if args.runs < 1:
         print(f"main_job: error: --runs {args.runs} must be >= 1", file=sys.stderr)

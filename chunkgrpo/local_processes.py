@@ -1,7 +1,8 @@
 """Ports and process bookkeeping for the servers `chunkgrpo.local_services` starts on this machine: free
 ports on 127.0.0.1 (and who holds a busy one), an HTTP health probe, and the identity of a started
 process (pid + start time, so a reused pid is never taken for it), its liveness (a zombie leader with live
-threads still holds its sockets), its process group's signals and the reaping of this process's children.
+threads still holds its sockets), its process group's signals, the reaping of this process's children, and
+the standard streams of a forked child.
 psutil is optional: without it liveness falls back to `kill(pid, 0)`.
 """
 
@@ -145,3 +146,14 @@ def reap(pid: int | None) -> None:
     if child is not None:
         with contextlib.suppress(subprocess.TimeoutExpired):
             child.wait(timeout=5)
+
+
+def child_stdio(out_fd: int) -> None:
+    """In a forked child: stdout and stderr into `out_fd` (closed here), stdin from /dev/null, as a fresh
+    process started with a pipe for its output and no input would have them."""
+    os.dup2(out_fd, 1)
+    os.dup2(out_fd, 2)
+    os.close(out_fd)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)

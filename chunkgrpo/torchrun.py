@@ -75,13 +75,10 @@ def _fork_launcher(cmd: list[str], env: dict | None):
         try:
             import atexit
 
+            from chunkgrpo.local_processes import child_stdio
+
             os.close(r)
-            os.dup2(w, 1)
-            os.dup2(w, 2)
-            os.close(w)
-            null = os.open(os.devnull, os.O_RDONLY)
-            os.dup2(null, 0)
-            os.close(null)
+            child_stdio(w)
             os.environ.clear()
             os.environ.update(environ)
             atexit._clear()  # this process's handlers are not the launcher's

@@ -45,6 +45,8 @@ import sys
 import threading
 from pathlib import Path
 
+from chunkgrpo.local_processes import child_stdio
+
 EXECUTOR = "kfp.dsl.executor_main"
 # read by native code with getenv when it loads (OpenMP runtimes, MKL/OpenBLAS, ATen's CPU dispatch, the
 # allocator, the interpreter), where the recording of os.environ cannot see it: compared by prefix
@@ -255,12 +257,7 @@ def _child(req: dict, out_fd: int, set_by_import: dict) -> None:
     """The task's process: set up like a fresh `sh -ec` + `python3 -m kfp.dsl.executor_main`, run, exit."""
     code = 1
     try:
-        os.dup2(out_fd, 1)
-        os.dup2(out_fd, 2)
-        os.close(out_fd)
-        null = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(null, 0)
-        os.close(null)
+        child_stdio(out_fd)
         signal.signal(signal.SIGINT, signal.default_int_handler)
         os.chdir(req["cwd"])
         env = {**req["env"], **{k: v for k, v in set_by_import.items() if v is not None}}
