@@ -77,10 +77,11 @@ def main(argv=None) -> None:
                 print(f"{m} run {i + 1}: {res['wall_s']:.1f} s  " + ", ".join(
                     f"{k} {v:g}" for k, v in res.items() if k != "wall_s"), flush=True)
     columns = [(m, i) for m in modes for i in range(args.runs)]
-    print(f"\n{'stage':<22}" + "".join(f"{m + ' ' + str(i + 1):>12}" for m, i in columns))
+    width = max(12, *(len(m) + 4 for m in modes))
+    print(f"\n{'stage':<22}" + "".join(f"{m + ' ' + str(i + 1):>{width}}" for m, i in columns))
     keys = list(dict.fromkeys(k for m in modes for r in results[m] for k in r))
     for k in keys:
-        print(f"{k:<22}" + "".join(f"{results[m][i].get(k, float('nan')):12.4g}" for m, i in columns))
+        print(f"{k:<22}" + "".join(f"{results[m][i].get(k, float('nan')):{width}.4g}" for m, i in columns))
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps({"demo": args.demo, "runs": results}, indent=1) + "\n")
