@@ -79,6 +79,12 @@ def _fork_launcher(cmd: list[str], env: dict | None):
 
             os.close(r)
             child_stdio(w)
+            # the standard streams of a fresh interpreter on fds 1 and 2 (this process may have replaced
+            # sys.stdout by an object of its own, such as a log capture, that the pipe would never see)
+            sys.stdout = sys.__stdout__ = open(1, "w", encoding="utf-8", errors="backslashreplace",
+                                               closefd=False)
+            sys.stderr = sys.__stderr__ = open(2, "w", encoding="utf-8", errors="backslashreplace",
+                                               closefd=False)
             os.environ.clear()
             os.environ.update(environ)
             atexit._clear()  # this process's handlers are not the launcher's

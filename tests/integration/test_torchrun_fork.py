@@ -102,8 +102,11 @@ def test_training_is_bit_identical_forked_or_fresh(tiny_model_dir, tmp_path):
 def test_run_torchrun_forks_the_launcher_in_a_single_threaded_process(tmp_path):
     out = tmp_path / "probe"
     out.mkdir()
-    code = ("from chunkgrpo.torchrun import run_torchrun; from chunkgrpo.torchrun_local import command; "
-            f"run_torchrun(command(2, '-m', 'tests.fork_probe', {str(out)!r}))")
+    # this process's sys.stdout is an object of its own (as under a log capture): the forked launcher and
+    # ranks still write into the pipe run_torchrun reads, as fresh processes would
+    code = ("import io, sys; from chunkgrpo.torchrun import run_torchrun; "
+            "from chunkgrpo.torchrun_local import command; real = sys.stdout; sys.stdout = io.StringIO(); "
+            f"run_torchrun(command(2, '-m', 'tests.fork_probe', {str(out)!r}), out=real)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env(True), cwd=ROOT,
                        timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
