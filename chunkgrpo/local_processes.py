@@ -2,7 +2,7 @@
 ports on 127.0.0.1 (and who holds a busy one), an HTTP health probe, and the identity of a started
 process (pid + start time, so a reused pid is never taken for it), its liveness (a zombie leader with live
 threads still holds its sockets), its process group's signals, the reaping of this process's children, and
-the standard streams of a forked child.
+for a forked child that stands in for a fresh interpreter: its standard streams and its exit.
 psutil is optional: without it liveness falls back to `kill(pid, 0)`.
 """
 
@@ -157,3 +157,47 @@ def child_stdio(out_fd: int) -> None:
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)
+
+
+def interpreter_teardown() -> None:
+    """What the interpreter does at exit before the process ends: wait for non-daemon threads, run the atexit
+    handlers, flush the standard streams (a forked child ends with `os._exit`, which does none of it)."""
+    import atexit
+    import sys
+    import threading
+
+    try:
+        threading._shutdown()  # the interpreter waits for non-daemon threads before atexit
+    except Exception:
+        pass
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+
+
+def run_as_main(fn) -> int:
+    """Run `fn()` as a program's main code and return the exit code the interpreter would: SystemExit's
+    (a non-integer code printed, then 1), 1 and the traceback for any other exception; then
+    `interpreter_teardown`."""
+    import sys
+    import traceback
+
+    code = 0
+    try:
+        fn()
+    except SystemExit as e:
+        if e.code is None:
+            code = 0
+        elif isinstance(e.code, int):
+            code = e.code
+        else:
+            print(e.code, file=sys.stderr)
+            code = 1
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    interpreter_teardown()
+    return code

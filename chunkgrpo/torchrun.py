@@ -75,7 +75,7 @@ def _fork_launcher(cmd: list[str], env: dict | None):
         try:
             import atexit
 
-            from chunkgrpo.local_processes import child_stdio
+            from chunkgrpo.local_processes import child_stdio, run_as_main
 
             os.close(r)
             child_stdio(w)
@@ -89,22 +89,13 @@ def _fork_launcher(cmd: list[str], env: dict | None):
             os.environ.update(environ)
             atexit._clear()  # this process's handlers are not the launcher's
             sys.argv = [torchrun_local.__file__, *cmd[3:]]
-            try:
-                torchrun_local.main(cmd[3:])
-                code = 0
-            except SystemExit as e:
-                code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-            atexit._run_exitfuncs()
-        except BaseException:
+            code = run_as_main(lambda: torchrun_local.main(cmd[3:]))
+        except BaseException:  # the set-up above failed: say why, exit 1
             import traceback
 
             traceback.print_exc()
+            sys.stderr.flush()
         finally:
-            for stream in (sys.stdout, sys.stderr):
-                try:
-                    stream.flush()
-                except Exception:
-                    pass
             os._exit(code)
     os.close(w)
     return pid, open(r, encoding="utf-8", errors="replace", buffering=1)

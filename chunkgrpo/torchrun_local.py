@@ -95,22 +95,19 @@ def fork_workers(environ=None) -> bool:
 def _worker(module: str, *argv: str) -> None:
     """One rank, in a child forked by torchrun's agent: `python -u -m module argv` as a fresh interpreter
     would run it, ending as the interpreter ends (threads joined, atexit handlers, SystemExit's code)."""
-    import atexit
     import runpy
-    import threading
+
+    from chunkgrpo.local_processes import interpreter_teardown
 
     os.setsid()  # its own session, as torchrun's subprocess workers (a terminal's Ctrl-C goes to the agent)
     set_process_name(f"{module.rsplit('.', 1)[-1]}-rank{os.environ.get('RANK', '')}")
     for stream in (sys.stdout, sys.stderr):
         stream.reconfigure(line_buffering=True)  # `-u`: the task log gets each line as it is written
     sys.argv = [module, *argv]  # run_module(alter_sys=True) replaces argv[0] with the module's file
-    try:
+    try:  # an exception goes on to torchrun's error file and exit code, as from a fresh `python -m`
         runpy.run_module(module, run_name="__main__", alter_sys=True)
     finally:
-        threading._shutdown()  # the interpreter waits for non-daemon threads, then runs atexit
-        atexit._run_exitfuncs()
-        for stream in (sys.stdout, sys.stderr):
-            stream.flush()
+        interpreter_teardown()
 
 
 def _forking(config_from_args):

@@ -45,7 +45,7 @@ import sys
 import threading
 from pathlib import Path
 
-from chunkgrpo.local_processes import child_stdio
+from chunkgrpo.local_processes import child_stdio, run_as_main
 
 EXECUTOR = "kfp.dsl.executor_main"
 # read by native code with getenv when it loads (OpenMP runtimes, MKL/OpenBLAS, ATen's CPU dispatch, the
@@ -287,35 +287,13 @@ def _child(req: dict, out_fd: int, set_by_import: dict) -> None:
 def _run_executor() -> int:
     """kfp's executor as `python -m` runs it, with the interpreter's exit: the exit code, threads joined,
     atexit handlers, streams flushed."""
-    import traceback
 
-    code = 0
-    try:
+    def executor():
         from kfp.dsl import executor_main
 
         executor_main.executor_main()
-    except SystemExit as e:
-        if e.code is None:
-            code = 0
-        elif isinstance(e.code, int):
-            code = e.code
-        else:
-            print(e.code, file=sys.stderr)
-            code = 1
-    except BaseException:
-        traceback.print_exc()
-        code = 1
-    try:
-        threading._shutdown()  # the interpreter waits for non-daemon threads before atexit
-    except Exception:
-        pass
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except Exception:
-            pass
-    return code
+
+    return run_as_main(executor)
 
 
 # ---- the launcher (in the process that runs the pipeline) -----------------------------------------------

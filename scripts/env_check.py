@@ -30,7 +30,7 @@ def unmet(dist: str = DIST, extras: tuple[str, ...] = EXTRAS, get=metadata.distr
     except metadata.PackageNotFoundError:
         return [f"{dist}: not installed"]
     found: list[str] = []
-    todo, done, checked = list(extras), set(), set()
+    todo, done, checked = ["", *extras], set(), set()  # "": the base dependencies (no marker)
     while todo:
         extra = todo.pop()
         if extra in done:
@@ -41,7 +41,7 @@ def unmet(dist: str = DIST, extras: tuple[str, ...] = EXTRAS, get=metadata.distr
             if req.marker is not None and not req.marker.evaluate({"extra": extra}):
                 continue
             if req.marker is None and extra != "":
-                continue  # the base dependencies: checked once, under the empty extra
+                continue  # a base dependency: checked under ""
             if req.name == dist:
                 todo.extend(req.extras)
                 continue
@@ -56,8 +56,6 @@ def unmet(dist: str = DIST, extras: tuple[str, ...] = EXTRAS, get=metadata.distr
                 continue
             if req.specifier and not req.specifier.contains(version, prereleases=True):
                 found.append(f"{spec}: installed {version}")
-        if extra != "" and "" not in done:
-            todo.append("")
     return found
 
 
