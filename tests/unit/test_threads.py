@@ -80,3 +80,16 @@ def test_a_bad_setting_is_one_line_exit_2(env, bad):
                        env={**os.environ, "PYTHONPATH": str(ROOT), **env})
     assert r.returncode == 2, (r.stdout, r.stderr)
     assert r.stderr.strip().count("\n") == 0 and bad in r.stderr and "Traceback" not in r.stderr
+
+
+def test_xdist_workers_share_the_cores():
+    """Under pytest-xdist each worker gets its share of the cores (tests/fixtures_services.py), as torchrun's
+    ranks do: two 2-thread workers on 2 cores would oversubscribe them."""
+    import torch
+
+    from tests import fixtures_services
+
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)
+    if workers < 2 or fixtures_services.USER_THREADS is not None:
+        pytest.skip("not run by several xdist workers (or $CHUNKGRPO_THREADS chosen by the user)")
+    assert torch.get_num_threads() == max(1, threads.available_cores() // workers)
