@@ -125,44 +125,44 @@ def test_mlflow_crash_mid_run_loses_no_metric(tiny_model_dir, prompts_file, tmp_
         }
 
 
-def test_sigterm_marks_the_run_killed_and_keeps_the_checkpoint(tiny_model_dir, prompts_file, tmp_path, env):
+def test_sigterm_marks_the_run_killed_and_keeps_the_checkpoint(services_env, tiny_model_dir, prompts_file,
+                                                                tmp_path):
+    """Against the session's servers: nothing here stops them (the eviction is the training's)."""
     from mlflow import MlflowClient
 
-    with local_services(tmp_path / "svc") as svc:
-        env(svc.env())
-        out = tmp_path / "run"
-        cmd = [sys.executable, "-m", "chunkgrpo", "train", "--config", "tiny_cpu", f"model={tiny_model_dir}",
-               f"prompts={prompts_file}", f"output_dir={out}", "progress=false", "max_steps=50",
-               "checkpoint.every=1", "tracking.image_every=0", "tracking.experiment=evicted"]
-        proc = subprocess.Popen(cmd, env={**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"},
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        try:
-            deadline = time.monotonic() + 300
-            while not (out / "checkpoints" / "step-000002" / "MANIFEST.json").exists():
-                assert proc.poll() is None, proc.communicate()[1][-3000:]
-                assert time.monotonic() < deadline
-                time.sleep(0.1)
-            proc.send_signal(signal.SIGTERM)  # what the kubelet sends on eviction
-            _, err = proc.communicate(timeout=120)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-        assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
-        assert "chunkgrpo train: terminated by signal 15" in err and "Traceback" not in err
-        client = MlflowClient()
-        exp = client.get_experiment_by_name("evicted")
-        (run,) = client.search_runs([exp.experiment_id])
-        assert run.info.status == "KILLED"
-        for p in ckpt.complete_checkpoints(out / "checkpoints"):
-            ckpt.verify(p)  # every committed checkpoint is whole
-        r = subprocess.run(
-            [*cmd[:-1], "max_steps=3", "tracking.experiment=evicted"],
-            capture_output=True,
-            text=True,
-            env={**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"},
-            timeout=600,
-        )
-        assert r.returncode == 0 and "resumed from" in r.stderr, r.stderr[-3000:]
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "chunkgrpo", "train", "--config", "tiny_cpu", f"model={tiny_model_dir}",
+           f"prompts={prompts_file}", f"output_dir={out}", "progress=false", "max_steps=50",
+           "checkpoint.every=1", "tracking.image_every=0", "tracking.experiment=evicted"]
+    proc = subprocess.Popen(cmd, env={**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not (out / "checkpoints" / "step-000002" / "MANIFEST.json").exists():
+            assert proc.poll() is None, proc.communicate()[1][-3000:]
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)  # what the kubelet sends on eviction
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
+    assert "chunkgrpo train: terminated by signal 15" in err and "Traceback" not in err
+    client = MlflowClient()
+    exp = client.get_experiment_by_name("evicted")
+    (run,) = client.search_runs([exp.experiment_id])
+    assert run.info.status == "KILLED"
+    for p in ckpt.complete_checkpoints(out / "checkpoints"):
+        ckpt.verify(p)  # every committed checkpoint is whole
+    r = subprocess.run(
+        [*cmd[:-1], "max_steps=3", "tracking.experiment=evicted"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"},
+        timeout=600,
+    )
+    assert r.returncode == 0 and "resumed from" in r.stderr, r.stderr[-3000:]
 
 
 def test_s3_outage_mid_run_keeps_training_and_mirrors_everything(tiny_model_dir, prompts_file, tmp_path, env,
