@@ -56,6 +56,27 @@ def peft_lora_config(lc):
     )
 
 
+def canonical_safetensors_header(path: Path) -> None:
+    """Rewrite a safetensors file's JSON header in place with its `__metadata__` keys sorted (same bytes
+    otherwise, same length). safetensors serializes the metadata from a Rust HashMap, whose order is drawn
+    anew in every process: the same LoRA weights were written as different bytes (the diffusers LoRA file
+    has two metadata keys), so the model's manifest digest changed between identical runs."""
+    import struct
+
+    with open(path, "r+b") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(n))
+        meta = header.pop("__metadata__", None)
+        if not meta:
+            return
+        text = json.dumps({"__metadata__": dict(sorted(meta.items())), **header}, separators=(",", ":"),
+                          ensure_ascii=False).encode()
+        if len(text) > n:  # never: the same JSON reordered
+            raise RuntimeError(f"{path}: canonical safetensors header longer than the original")
+        f.seek(8)
+        f.write(text.ljust(n, b" "))
+
+
 def check_trained_units(cfg: TrainConfig, plan: ChunkPlan) -> None:
     """Chunk/step methods train int(K·timestep_fraction) units per sample (the references' count); a plan
     where that is 0 (e.g. `whole` with fraction 0.5: GCPO trains nothing) is rejected, not silently raised
@@ -490,6 +511,7 @@ class Trainer:
                     "lora_dropout": lc.dropout,
                 },
             )
+            canonical_safetensors_header(staging / "pytorch_lora_weights.safetensors")
             kind = "lora"
         else:
             from safetensors.torch import save_file

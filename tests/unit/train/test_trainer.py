@@ -84,6 +84,45 @@ def test_full_run_checkpoints_and_exports_loadable_lora(tiny_model_dir, prompts_
     sd = load_file(str(final / "pytorch_lora_weights.safetensors"))
     assert any(v.abs().sum() > 0 for k, v in sd.items() if "lora_B" in k)
     assert (tmp_path / "samples").exists()  # image grids every N iterations
+    meta_keys = list(_header(final / "pytorch_lora_weights.safetensors")["__metadata__"])
+    assert meta_keys == sorted(meta_keys) and len(meta_keys) == 2  # canonical_safetensors_header ran
+
+
+def _header(path) -> dict:
+    import struct
+
+    raw = path.read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    return json.loads(raw[8:8 + n])
+
+
+def test_the_same_lora_weights_are_written_as_the_same_bytes(tmp_path):
+    """safetensors writes the metadata in a HashMap order drawn per map (8 saves of the same weights in
+    one process gave two different files); after canonical_safetensors_header every save is identical,
+    loads as before and keeps the metadata."""
+    from diffusers import FluxPipeline
+    from safetensors import safe_open
+
+    from chunkgrpo.train.trainer import canonical_safetensors_header
+
+    sd = {"transformer.a.lora_A.weight": torch.arange(6.0).reshape(2, 3), "transformer.a.lora_B.weight":
+          torch.ones(3, 2)}
+    files = []
+    for i in range(8):
+        FluxPipeline.save_lora_weights(tmp_path / str(i), transformer_lora_layers=sd,
+                                       transformer_lora_adapter_metadata={"r": 2, "lora_alpha": 2,
+                                                                          "target_modules": ["to_q"]})
+        path = tmp_path / str(i) / "pytorch_lora_weights.safetensors"
+        before = _header(path)
+        canonical_safetensors_header(path)
+        assert _header(path) == before  # the same header, reordered only
+        files.append(path.read_bytes())
+    assert len(set(files)) == 1
+    loaded = load_file(str(tmp_path / "0" / "pytorch_lora_weights.safetensors"))
+    want = {f"transformer.{k}": v.tolist() for k, v in sd.items()}
+    assert {k: v.tolist() for k, v in loaded.items()} == want
+    with safe_open(str(tmp_path / "0" / "pytorch_lora_weights.safetensors"), "pt") as f:
+        assert json.loads(f.metadata()["lora_adapter_metadata"])["transformer.r"] == 2
 
 
 def test_nan_loss_stops_run_and_keeps_last_good_checkpoint(
