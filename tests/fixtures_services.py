@@ -92,7 +92,7 @@ def pytest_configure(config):
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)
     if workers > 1 and USER_THREADS is None:
         # xdist's workers share the cores as torchrun's ranks share a node's: two 2-thread workers on 2 cores
-        # oversubscribed them (a torch-heavy third of the suite ran 15-25% slower than with 1 thread each)
+        # oversubscribed them (a torch-heavy third of the suite: 72-74 s with 2 threads each, 57-67 s with 1)
         os.environ[threads.ENV_THREADS] = str(max(1, threads.available_cores() // workers))
     threads.configure()  # torch threads capped at the available cores ($CHUNKGRPO_THREADS to choose)
     _config = config
