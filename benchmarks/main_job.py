@@ -1,6 +1,9 @@
 """The main job's wall time, first and later run, with the per-stage breakdown `pipeline run --local`
 prints, for warm task processes (the default, pipeline/warm.py; `fresh-ranks`: the same with torchrun's
-ranks started fresh, `CHUNKGRPO_FORK_WORKERS=0`) and fresh interpreters (`--cold-tasks`).
+ranks started fresh, `CHUNKGRPO_FORK_WORKERS=0`), fresh interpreters (`--cold-tasks`), and `kept`: every run
+with `--keep-services`, so a later run finds the S3 and MLflow servers and the task server (torch, mlflow,
+diffusers imported) still running from the run before; they are stopped (`chunkgrpo local down`) at the
+end.
 
     python benchmarks/main_job.py [--demo toy|tiny] [--modes warm,fresh-ranks,cold] [--runs 2] [--out F.json]
 
@@ -24,7 +27,7 @@ from pathlib import Path
 # mode -> (extra arguments, extra environment): `fresh-ranks` is warm tasks with torchrun's ranks started as
 # fresh interpreters (the forked ranks of chunkgrpo/torchrun_local.py off)
 MODES = {"warm": ([], {}), "fresh-ranks": ([], {"CHUNKGRPO_FORK_WORKERS": "0"}),
-         "cold": (["--cold-tasks"], {})}
+         "cold": (["--cold-tasks"], {}), "kept": (["--keep-services"], {})}
 _STAGE = re.compile(r"^\s{4,}(services|model|pipeline|total|task [\w-]+)\s+([\d.]+) s")
 _PROCS = re.compile(r"task processes\s+(\d+) forked.*?(\d+) fresh")
 _ACCURACY = re.compile(r"(geneval\.overall\.(?:base|trained))=([\d.]+)")
@@ -40,10 +43,10 @@ def breakdown(output: str) -> dict:
     return stages
 
 
-def run_once(home: Path, demo: str, mode: str) -> dict:
+def run_once(home: Path, demo: str, mode: str, ports: tuple[int, int]) -> dict:
     args, env = MODES[mode]
     cmd = [sys.executable, "-m", "chunkgrpo", "pipeline", "run", "--local", "--home", str(home),
-           "--demo", demo, *args]
+           "--demo", demo, "--s3-port", str(ports[0]), "--mlflow-port", str(ports[1]), *args]
     t0 = time.perf_counter()
     r = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **env})
     wall = time.perf_counter() - t0
@@ -69,13 +72,23 @@ def main(argv=None) -> None:
         print(f"main_job: error: --runs {args.runs} must be >= 1", file=sys.stderr)
         raise SystemExit(2)
     results: dict = {m: [] for m in modes}
+    from chunkgrpo.local_processes import free_ports
+
+    free = free_ports(2 * len(modes))  # each mode its own: a kept mode's servers stay up between its runs
+    ports = {m: (free[2 * i], free[2 * i + 1]) for i, m in enumerate(modes)}
     with tempfile.TemporaryDirectory(prefix="main-job-") as tmp:
-        for i in range(args.runs):
+        try:
+            for i in range(args.runs):
+                for m in modes:
+                    res = run_once(Path(tmp) / m, args.demo, m, ports[m])
+                    results[m].append(res)
+                    print(f"{m} run {i + 1}: {res['wall_s']:.1f} s  " + ", ".join(
+                        f"{k} {v:g}" for k, v in res.items() if k != "wall_s"), flush=True)
+        finally:
             for m in modes:
-                res = run_once(Path(tmp) / m, args.demo, m)
-                results[m].append(res)
-                print(f"{m} run {i + 1}: {res['wall_s']:.1f} s  " + ", ".join(
-                    f"{k} {v:g}" for k, v in res.items() if k != "wall_s"), flush=True)
+                if "--keep-services" in MODES[m][0] and (Path(tmp) / m / "local").exists():
+                    subprocess.run([sys.executable, "-m", "chunkgrpo", "local", "down", "--home",
+                                    str(Path(tmp) / m / "local")], check=False)
     columns = [(m, i) for m in modes for i in range(args.runs)]
     width = max(12, *(len(m) + 4 for m in modes))
     print(f"\n{'stage':<22}" + "".join(f"{m + ' ' + str(i + 1):>{width}}" for m, i in columns))

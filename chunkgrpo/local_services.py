@@ -14,6 +14,10 @@ Both servers bind 127.0.0.1 only, with telemetry off (`-master.telemetry=false`,
 2 processes instead of 10). MLflow proxies artifacts to `s3://<mlflow_bucket>/` on the local S3,
 so clients only need `MLFLOW_TRACKING_URI`.
 
+Other layers may record a helper process of theirs here with `adopt` (the pipeline's kept task server,
+`chunkgrpo pipeline run --local --keep-services`): `status` lists it (running while its process lives) and
+`down` stops it first, like the servers.
+
 Each server runs in its own process group; `down` signals exactly the recorded groups (SIGTERM, then
 SIGKILL after `stop_timeout_s`) and waits until every process of the group is gone. A second `up`
 reuses healthy services. A service whose process died is reported as `crashed` by `status` and
@@ -254,6 +258,9 @@ class LocalServices:
     def _status_of(self, name: str, rec: dict | None) -> ServiceStatus:
         if not rec:
             return ServiceStatus(name, "stopped")
+        if name not in SERVICES:  # an adopted helper: no port to ask, alive is running
+            state = "running" if alive(rec.get("pid"), rec.get("create_time")) else "crashed"
+            return ServiceStatus(name, state, rec.get("pid"), rec.get("socket", ""), rec.get("log", ""))
         url = f"http://{HOST}:{rec['port']}"
         logf = rec.get("log", "")
         if not alive(rec.get("pid"), rec.get("create_time")):
@@ -265,9 +272,44 @@ class LocalServices:
         return ServiceStatus(name, "running", rec["pid"], url, logf)
 
     def status(self) -> dict[str, ServiceStatus]:
-        """Per service: running | unhealthy | crashed | stopped."""
+        """Per service: running | unhealthy | crashed | stopped; then each adopted helper."""
         svc = self._load_state().get("services", {})
-        return {name: self._status_of(name, svc.get(name)) for name in SERVICES}
+        out = {name: self._status_of(name, svc.get(name)) for name in SERVICES}
+        out.update({name: self._status_of(name, rec) for name, rec in svc.items() if name not in SERVICES})
+        return out
+
+    def adopt(self, name: str, rec: dict) -> None:
+        """Record a helper process started elsewhere (`rec` as `_spawn` writes it: pid = process group in a
+        session of its own, create_time, cmd; optional log and socket, removed when it stops), so that
+        `status` shows it and `down` stops it. A live helper of that name already recorded is stopped
+        first."""
+        if name in SERVICES:
+            raise ValueError(f"{name!r} is a service name")
+        with self._locked():
+            state = self._load_state()
+            old = state.setdefault("services", {}).pop(name, None)
+            if old is not None:
+                self._stop_record(name, old)
+            state["services"][name] = rec
+            self._save_state(state)
+
+    def record(self, name: str) -> dict | None:
+        """The recorded process `name`, if any."""
+        return self._load_state().get("services", {}).get(name)
+
+    def stop(self, name: str) -> ServiceStatus | None:
+        """Stop one adopted helper and forget it; None if none was recorded."""
+        if name in SERVICES:
+            raise ValueError(f"stop {name!r} with down()")
+        with self._locked():
+            state = self._load_state()
+            rec = state.get("services", {}).pop(name, None)
+            if rec is None:
+                return None
+            was = self._status_of(name, rec)
+            self._stop_record(name, rec)
+            self._save_state(state)
+            return ServiceStatus(name, "stopped", rec.get("pid"), detail="was " + was.state)
 
     # --------------------------------------------------------------------------------- up
 
@@ -442,7 +484,8 @@ class LocalServices:
             state = self._load_state()
             svc = state.get("services", {})
             out = []
-            for name in reversed(SERVICES):
+            helpers = [n for n in svc if n not in SERVICES]  # first: they use the servers
+            for name in [*helpers, *reversed(SERVICES)]:
                 rec = svc.pop(name, None)
                 if rec is None:
                     continue
@@ -460,6 +503,7 @@ class LocalServices:
         if not alive(pid, rec.get("create_time")):
             reap(pid)
             _remove_weed_sockets(rec)
+            _remove_socket(rec)
             return
         why = _not_ours(rec)
         if why:
@@ -491,6 +535,7 @@ class LocalServices:
                 time.sleep(0.1)
         reap(pid)
         _remove_weed_sockets(rec)
+        _remove_socket(rec)
 
     # -------------------------------------------------------------------------------- env
 
@@ -551,6 +596,15 @@ def _remove_weed_sockets(rec: dict) -> None:
                     sock.unlink()
 
 
+def _remove_socket(rec: dict) -> None:
+    """The Unix socket an adopted helper listened on (it cannot remove it when SIGKILLed)."""
+    sock = rec.get("socket")
+    if sock:
+        with contextlib.suppress(OSError):
+            if Path(sock).is_socket():
+                Path(sock).unlink()
+
+
 # --------------------------------------------------------------------------- module-level API
 
 
@@ -591,7 +645,7 @@ def local_services(
         mlflow_port=mlflow_port or (free_port() if free_ports else 5000),
         mlflow=mlflow, **overrides)
     svc = LocalServices(cfg)
-    before = {n: s.state for n, s in svc.status().items()}
+    before = {n: s.state for n, s in svc.status().items() if n in SERVICES}
     try:
         svc.up()
         yield svc

@@ -224,7 +224,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--home", default=".chunkgrpo", help="--local: state dir (services, models, kfp outputs)")
     p.add_argument(
-        "--keep-services", action="store_true", help="--local: leave S3 + MLflow running afterwards"
+        "--keep-services", action="store_true",
+        help="--local: leave S3 + MLflow and the warm task server running afterwards, for the next run "
+             "(`chunkgrpo local down` stops them)"
     )
     p.add_argument(
         "--demo",

@@ -505,7 +505,7 @@ def run_local(
     Raises `TaskFailed` when a task fails (the reason is read from the run's log)."""
     from kfp import local
 
-    from chunkgrpo.local_services import LocalServices, LocalServicesConfig
+    from chunkgrpo.local_services import SERVICES, LocalServices, LocalServicesConfig
     from pipeline.compile import check_literal, pipeline_func
 
     if demo not in DEMOS:
@@ -533,7 +533,7 @@ def run_local(
     # warm task processes on Linux only: on macOS a forked child of a process that loaded Apple's frameworks
     # may crash
     warm = warm and not pod_faithful and sys.platform == "linux"
-    launcher = _prestart(pipeline, func, home) if warm else None
+    launcher = _prestart(pipeline, func, home, keep_services) if warm else None
     stages: dict[str, float] = {}  # where the wall time went: printed by summary_lines
     restore_sigterm = _sigterm_as_interrupt()
     svc, started = None, False
@@ -541,7 +541,7 @@ def run_local(
         svc = LocalServices(
             LocalServicesConfig(home=str(home / "local"), s3_port=s3_port, mlflow_port=mlflow_port)
         )
-        started = any(s.state != "running" for s in svc.status().values())
+        started = any(s.state != "running" for n, s in svc.status().items() if n in SERVICES)
         try:
             svc.up()
         except BaseException:  # interrupted or failed while starting: stop what this call started
@@ -658,10 +658,10 @@ def _run_env(home: Path, environ, warm: bool) -> dict:
     return env
 
 
-def _prestart(pipeline: str, func, home: Path):
+def _prestart(pipeline: str, func, home: Path, keep: bool = False):
     """The warm task servers (pipeline/warm.py) for the environments the tasks will have (the services'
     variables aside, which no import reads), started now so that their imports run while the services
-    start and the model is prepared."""
+    start and the model is prepared. A kept server (below) comes first."""
     from pipeline import warm as warm_tasks
     from pipeline.pod_faithful import layout_for
 
@@ -670,8 +670,59 @@ def _prestart(pipeline: str, func, home: Path):
     launcher.log = home / "logs" / "warm-servers.log"
     layout = layout_for(pipeline, func, home, faithful=False, model_dir=None)
     base = {**os.environ, **_run_env(home, os.environ, True)}
-    launcher.prestart([{**base, **layout.env(fn, layout.task_dirs(fn))} for fn in layout.specs])
+    envs = [{**base, **layout.env(fn, layout.task_dirs(fn))} for fn in layout.specs]
+    _kept_server(launcher, home / "local", envs[0], keep)
+    launcher.prestart(envs)
     return launcher
+
+
+KEPT = "tasks"  # the kept task server's name in <home>/local/state.json (`chunkgrpo local status`)
+
+
+def _kept_server(launcher, local_home: Path, env: dict, keep: bool) -> None:
+    """Servers started once: a task server recorded under `local_home` by an earlier `--keep-services` run
+    is used when it answers and its code is what this run would import (`warm.stale`); else it is stopped.
+    `keep` (`--keep-services`): if none is usable, one is started for `env` in a session of its own and
+    recorded there, so that the next run forks its tasks without waiting for imports; `chunkgrpo local
+    down` stops it with the services."""
+    from chunkgrpo.local_processes import CHILDREN
+    from chunkgrpo.local_services import LocalServices, LocalServicesConfig
+    from pipeline import warm as warm_tasks
+
+    svc = LocalServices(LocalServicesConfig(home=str(local_home)))
+    rec = svc.record(KEPT)
+    if rec is not None:
+        why = ""
+        if svc.status()[KEPT].state != "running":
+            why = "its process is gone"
+        else:
+            server = launcher.attach(rec["socket"])
+            if server is None or not server.ready():
+                why = f"its socket {rec['socket']} does not answer"
+            else:
+                why = warm_tasks.stale(server.info)
+            if why and server is not None:
+                launcher._drop(server)
+        if not why:
+            print(f"chunkgrpo warm tasks: tasks fork from the kept task server (pid {rec['pid']})",
+                  flush=True)
+            return
+        print(f"chunkgrpo warm tasks: the kept task server (pid {rec['pid']}) is not used ({why}); "
+              f"{'starting another' if keep else 'stopping it'}", flush=True)
+        svc.stop(KEPT)
+    if not keep:
+        return
+    local_home.mkdir(parents=True, exist_ok=True)
+    os.chmod(local_home, 0o700)
+    rec = warm_tasks.start_kept(local_home, env, launcher.log)
+    try:
+        svc.adopt(KEPT, rec)
+    except BaseException:
+        proc = CHILDREN.pop(rec["pid"])
+        proc.kill()
+        proc.wait()
+        raise
+    launcher.attach(rec["socket"], env, proc=CHILDREN.get(rec["pid"]))
 
 
 def _sigterm_as_interrupt():
@@ -826,7 +877,7 @@ def summary_lines(r: LocalRun) -> list[str]:
     home = _rel(str(r.run_dir.parent.parent / "local"))
     if r.services_kept:
         lines.append(
-            "                   browse MLflow at the URL above; stop them with "
+            "                   browse MLflow at the URL above; stop them (and the kept task server) with "
             f"`chunkgrpo local down --home {home}`"
         )
     else:

@@ -35,6 +35,7 @@ import environment and the executor's own command-line entry.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import signal
@@ -216,11 +217,8 @@ def match(info: dict, env: dict) -> str:
 
 
 # ---- the server (`python -m pipeline.warm <fd>`) and its children -----------------------------------
-def serve(fd: int) -> None:
-    """Preload, report what the imports read, then fork one child per request until the launcher hangs
-    up. One task at a time: the reply to a request is the child's pid, then its exit code."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the tasks and the launcher
-    sock = socket.socket(fileno=fd)
+def _preload() -> tuple[dict, dict]:
+    """Import `warm_preload`; (the info a launcher matches tasks against, the variables the imports set)."""
     before = dict(os.environ)
     from pipeline import warm_preload
 
@@ -229,7 +227,101 @@ def serve(fd: int) -> None:
     prefixes = [*NATIVE_PREFIXES, *(ITERATORS[m] for m in warm_preload.ITERATED if m in ITERATORS)]
     info = {"import_env": warm_preload.IMPORT_ENV, "set_by_import": set_by_import, "prefixes": prefixes,
             "by_prefix": by_prefix(before, prefixes), "pid": os.getpid(),
-            "unknown_iterators": [m for m in warm_preload.ITERATED if m not in ITERATORS]}
+            "unknown_iterators": [m for m in warm_preload.ITERATED if m not in ITERATORS],
+            "executable": sys.executable, "sources": loaded_sources()}
+    return info, set_by_import
+
+
+def loaded_sources() -> dict[str, list[int]]:
+    """Every loaded module's file -> [mtime_ns, size]: what a kept server's code was built from."""
+    out = {}
+    for mod in list(sys.modules.values()):
+        f = getattr(mod, "__file__", None)
+        if f and f not in out:
+            try:
+                st = os.stat(f)
+            except OSError:
+                continue
+            out[f] = [st.st_mtime_ns, st.st_size]
+    return out
+
+
+def stale(info: dict) -> str:
+    """'' when a kept server's imports are what this interpreter would import now; else what changed (another
+    Python, a source file edited, upgraded or removed since the server loaded it)."""
+    if info.get("executable") != sys.executable:
+        return f"it runs {info.get('executable')}, not {sys.executable}"
+    for f, (mtime, size) in info.get("sources", {}).items():
+        try:
+            st = os.stat(f)
+        except OSError:
+            return f"{f} is gone"
+        if (st.st_mtime_ns, st.st_size) != (mtime, size):
+            return f"{f} changed"
+    return ""
+
+
+def serve(fd: int) -> None:
+    """Preload, report what the imports read, then fork one child per request until the launcher hangs
+    up. One task at a time: the reply to a request is the child's pid, then its exit code."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the tasks and the launcher
+    sock = socket.socket(fileno=fd)
+    info, set_by_import = _preload()
+    _serve_connection(sock, info, set_by_import)
+
+
+def serve_kept(path: str) -> None:
+    """A kept server (`--keep-services`): listens on the Unix socket `path` (mode 0600) and serves each
+    connecting launcher like `serve`, from a forked handler of its own, until `chunkgrpo local down`
+    (SIGTERM to its process group: the handlers stop their running tasks, then exit)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o177)
+    try:
+        listener.bind(path)  # before the imports: a launcher connects at once and waits for the info
+    finally:
+        os.umask(old)
+    listener.listen(8)
+    info, set_by_import = _preload()
+    listener.settimeout(5.0)  # to reap the handlers that ended
+    while True:
+        try:
+            conn, _ = listener.accept()
+        except TimeoutError:
+            conn = None
+        _reap_children()
+        if conn is None:
+            continue
+        pid = os.fork()
+        if pid == 0:
+            listener.close()
+            conn.settimeout(None)
+            try:
+                _serve_connection(conn, {**info, "pid": os.getpid()}, set_by_import, kept=True)
+            except _Terminate:  # between two tasks: nothing to stop
+                pass
+            finally:
+                os._exit(0)
+        conn.close()
+
+
+def _reap_children() -> None:
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def _serve_connection(sock: socket.socket, info: dict, set_by_import: dict, kept: bool = False) -> None:
+    """Send `info`, then fork one child per request until the launcher hangs up. `kept`: each task is a
+    process group of its own, stopped (SIGTERM, then SIGKILL) when the launcher hangs up mid-task (it was
+    interrupted or killed) or this handler gets SIGTERM: a kept server's tasks are not the launcher's
+    descendants, so nothing else would stop them."""
+    if kept:
+        signal.signal(signal.SIGTERM, _terminated)
     try:
         _send(sock, info)
     except OSError:  # the launcher is gone
@@ -242,15 +334,70 @@ def serve(fd: int) -> None:
         pid = os.fork()
         if pid == 0:
             sock.close()
+            if kept:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                os.setpgid(0, 0)
             _child(req, fds[0], set_by_import)  # never returns
+        if kept:
+            with contextlib.suppress(OSError):  # both sides set it: no window where the group is missing
+                os.setpgid(pid, pid)
         for f in fds:
             os.close(f)
         try:
             _send(sock, {"pid": pid})
-            _, status = os.waitpid(pid, 0)
+            status = _wait_task(pid, sock) if kept else os.waitpid(pid, 0)[1]
+            if status is None:  # the launcher hung up: the task was stopped
+                return
             _send(sock, {"exit": os.waitstatus_to_exitcode(status)})
         except OSError:  # the launcher is gone (its task, if still running, is no longer ours to wait for)
+            if kept:
+                _stop_task(pid)
             return
+
+
+class _Terminate(Exception):
+    pass
+
+
+def _terminated(signum, frame):
+    raise _Terminate
+
+
+def _wait_task(pid: int, sock: socket.socket, poll_s: float = 0.2) -> int | None:
+    """The task's wait status; None if the launcher hung up first (the task is then stopped). SIGTERM to
+    this handler stops the task, then exits."""
+    import select
+
+    try:
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                return status
+            readable, _, _ = select.select([sock], [], [], poll_s)
+            if readable and not sock.recv(1, socket.MSG_PEEK):
+                _stop_task(pid)
+                return None
+    except _Terminate:
+        _stop_task(pid)
+        os._exit(143)
+
+
+def _stop_task(pid: int, grace_s: float = 10.0) -> None:
+    """SIGTERM to the task's process group (the task, torchrun and its ranks), SIGKILL after `grace_s`."""
+    import time
+
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGTERM)
+    end = time.monotonic() + grace_s
+    while time.monotonic() < end:
+        with contextlib.suppress(ChildProcessError):
+            if os.waitpid(pid, os.WNOHANG)[0]:
+                break
+        time.sleep(0.1)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGKILL)
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, 0)
 
 
 def _child(req: dict, out_fd: int, set_by_import: dict) -> None:
@@ -339,6 +486,80 @@ class _Server:
                 self.proc.wait()
 
 
+class _Kept(_Server):
+    """A connection to a kept server (`start_kept`): not this process's child, so closing only hangs up
+    (a task still running is then stopped by the server's handler)."""
+
+    def __init__(self, path: str, env: dict | None = None, proc: subprocess.Popen | None = None,
+                 connect_timeout_s: float = 60.0):
+        import time
+
+        self.proc, self.env, self.info, self.failed, self.path = None, env, None, "", path
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        end = time.monotonic() + connect_timeout_s
+        while True:  # a server just started binds its socket within a second (before its imports)
+            try:
+                self.sock.connect(path)
+                return
+            except (FileNotFoundError, ConnectionRefusedError) as e:
+                if time.monotonic() > end or (proc is not None and proc.poll() is not None):
+                    self.failed = f"{type(e).__name__}: {e}"
+                    self.sock.close()
+                    return
+                time.sleep(0.05)
+
+    def close(self, wait_s: float = 0.0) -> None:
+        self.sock.close()
+
+
+def _hung_up(sock: socket.socket) -> bool:
+    """Whether the other end closed this idle connection (a kept server's handler sends nothing between
+    tasks)."""
+    import select
+
+    try:
+        readable, _, _ = select.select([sock], [], [], 0)
+        return bool(readable) and not sock.recv(1, socket.MSG_PEEK)
+    except (OSError, ValueError):
+        return True
+
+
+def socket_path(home: Path) -> str:
+    """Where the kept server of the local services folder `home` listens: in it, or (a Unix socket's path
+    has at most 107 bytes) in the temporary folder under a name derived from it."""
+    path = Path(home).resolve() / "tasks.sock"
+    if len(os.fsencode(path)) <= 100:
+        return str(path)
+    import hashlib
+    import tempfile
+
+    digest = hashlib.sha256(os.fsencode(path)).hexdigest()[:16]
+    return str(Path(tempfile.gettempdir()) / f"chunkgrpo-tasks-{digest}.sock")
+
+
+def start_kept(home: Path, env: dict, log: Path | None) -> dict:
+    """Start a kept server for environment `env` in a session of its own; its record for
+    `LocalServices.adopt` (pid, process group, start time, command, socket, log)."""
+    import time
+
+    from chunkgrpo.local_processes import CHILDREN, start_time
+
+    path = socket_path(home)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)  # a dead server's
+    cmd = [sys.executable, "-m", "pipeline.warm", "--listen", path]
+    out = open(log, "ab") if log else subprocess.DEVNULL
+    try:
+        proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                                cwd=os.getcwd(), start_new_session=True)
+    finally:
+        if log:
+            out.close()
+    CHILDREN[proc.pid] = proc
+    return {"pid": proc.pid, "pgid": proc.pid, "create_time": start_time(proc.pid), "cmd": cmd,
+            "socket": path, "log": str(log or ""), "started_at": time.time()}
+
+
 class Launcher:
     """The servers of this process (at most MAX_SERVERS, oldest stopped first) and the task runner."""
 
@@ -356,6 +577,26 @@ class Launcher:
                 if not any(s.env == env or (s.info is not None and not match(s.info, env))
                            for s in self.servers):
                     self._start(env)
+
+    def attach(self, path: str, env: dict | None = None,
+               proc: subprocess.Popen | None = None) -> _Kept | None:
+        """Use the kept server listening on `path` first (`env`: the environment it was started with, if
+        this process started it: it then covers that environment before its imports are done); None if it
+        cannot be reached."""
+        with self.lock:
+            for s in list(self.servers):
+                if isinstance(s, _Kept) and s.path == path:
+                    if not s.failed and not _hung_up(s.sock):
+                        return s
+                    self.servers.remove(s)  # that server was stopped or replaced since
+                    s.close()
+            s = _Kept(path, env, proc)
+            if s.failed:
+                return None
+            while len(self.servers) >= MAX_SERVERS:
+                self.servers.pop(0).close()
+            self.servers.insert(0, s)
+            return s
 
     def _start(self, env: dict) -> _Server:
         while len(self.servers) >= MAX_SERVERS:
@@ -456,5 +697,8 @@ def launcher() -> Launcher:
 
 
 if __name__ == "__main__":
-    serve(int(sys.argv[1]))
+    if sys.argv[1] == "--listen":
+        serve_kept(sys.argv[2])
+    else:
+        serve(int(sys.argv[1]))
     os._exit(0)  # nothing to flush: skip the teardown of torch and mlflow (a second or more)

@@ -3,7 +3,8 @@
     chunkgrpo local up        start (or reuse) both, wait for health, record PIDs
     chunkgrpo local status    running / unhealthy / crashed / stopped per service (exit 1 unless all fine)
     chunkgrpo local env       `export ...` lines for the other stages: eval "$(chunkgrpo local env)"
-    chunkgrpo local down      stop exactly the recorded processes
+    chunkgrpo local down      stop exactly the recorded processes (also the task server a
+                              `pipeline run --local --keep-services` kept for the next run)
 
 State lives in $CHUNKGRPO_HOME (default ./.chunkgrpo/local). Everything binds 127.0.0.1.
 """

@@ -2,11 +2,13 @@
 process a fresh interpreter would give them (environment, folder, exit code, atexit, threads), and a
 server of their own when their environment changes what the imports build."""
 
+import contextlib
 import os
 import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 from kfp import dsl
@@ -260,3 +262,147 @@ def test_servers_stop_when_the_launching_process_dies(tmp_path):
             return
         time.sleep(0.2)
     raise AssertionError(f"warm server {pid} still running after its launcher died")
+
+
+# ---- the kept server (`--keep-services`): started once, used by the launchers of later runs ------------
+def _gone(pid: int, within_s: float = 60.0) -> bool:
+    import psutil
+
+    end = time.monotonic() + within_s
+    while time.monotonic() < end:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@pytest.fixture
+def kept(tmp_path):
+    """A kept server recorded in a local services folder, as `run_local(keep_services=True)` starts it;
+    `down` stops it (and whatever is left of it at the end)."""
+    from chunkgrpo.local_processes import CHILDREN
+    from chunkgrpo.local_services import LocalServices, LocalServicesConfig
+
+    home = tmp_path / "local"
+    home.mkdir(mode=0o700)
+    # a SIGTERM ignored for 300 s would only then be followed by SIGKILL: `down` returning sooner shows the
+    # processes ended on SIGTERM
+    svc = LocalServices(LocalServicesConfig(home=str(home), stop_timeout_s=300))
+    rec = warm.start_kept(home, dict(os.environ), tmp_path / "kept.log")
+    svc.adopt("tasks", rec)
+    try:
+        yield svc, rec, CHILDREN.get(rec["pid"])
+    finally:
+        svc.down()
+
+
+def _hanging_task(lau_sock, marker: Path):
+    """Send a kept server's handler a task whose component module, on import, writes its pid and sleeps
+    (the executor never gets further): the launcher's side of the wire, by hand."""
+    source = f"import os, time\nopen({str(marker)!r}, 'w').write(str(os.getpid()))\ntime.sleep(600)\n"
+    r, w = os.pipe()
+    try:
+        warm._send(lau_sock, {"env": dict(os.environ), "cwd": os.getcwd(), "source": source,
+                              "args": ["--function_to_execute", "f"]}, fds=[w])
+    finally:
+        os.close(w)
+    reply, _ = warm._recv(lau_sock)
+    os.set_blocking(r, False)
+    out = b""
+    end = time.monotonic() + 120
+    while not marker.exists() and time.monotonic() < end:
+        time.sleep(0.1)
+        with contextlib.suppress(BlockingIOError):
+            out += os.read(r, 65536)
+    os.close(r)
+    assert marker.exists(), out.decode(errors="replace")[-2000:]
+    return reply["pid"], int(marker.read_text())
+
+
+def test_a_kept_server_serves_the_launchers_of_later_runs_and_stops_with_the_services(kept, tmp_path):
+    import json
+
+    svc, rec, proc = kept
+    assert svc.status()["tasks"].state == "running"
+    handlers = []
+    for i in range(2):  # two launchers, as two runs would have: each its own handler, no import of its own
+        lau = warm.Launcher(log=tmp_path / f"l{i}.log")
+        server = lau.attach(rec["socket"], dict(os.environ) if i == 0 else None, proc)
+        assert server is not None and server.ready(), server and server.failed
+        assert oct(os.stat(rec["socket"]).st_mode & 0o777) == "0o600"  # only its user may run code through it
+        task, _ = _run(probe, lau, tmp_path, {"CHUNKGRPO_WARM_TEST": f"run {i}"},
+                       marker=str(tmp_path / f"m{i}"))
+        out = json.loads(task.output)
+        assert lau.runs == {"warm": 1, "cold": 0} and len(lau.servers) == 1
+        assert out["torch_loaded"] and out["value"] == f"run {i}"
+        assert out["ppid"] == server.info["pid"] != rec["pid"]  # a handler forked from the kept server
+        handlers.append(server.info["pid"])
+        lau.close()  # the run ends: it hangs up; the server stays
+    assert handlers[0] != handlers[1] and svc.status()["tasks"].state == "running"
+    (stopped,) = [s for s in svc.down() if s.name == "tasks"]
+    assert stopped.state == "stopped" and _gone(rec["pid"], 1) and not Path(rec["socket"]).exists()
+    assert "tasks" not in svc.status()
+
+
+@pytest.mark.parametrize("how", ["launcher-hangs-up", "local-down"])
+def test_a_kept_servers_running_task_stops_with_its_launcher_or_the_server(kept, tmp_path, how):
+    """The task is not the launcher's descendant: a launcher killed mid-task (its connection closes) or
+    `chunkgrpo local down` must still stop it."""
+    svc, rec, proc = kept
+    conn = warm._Kept(rec["socket"], proc=proc)  # connects once the server has bound its socket
+    assert conn.ready(), conn.failed  # the info, once the imports are done
+    sock = conn.sock
+    pid, task_pid = _hanging_task(sock, tmp_path / "pid")
+    assert pid == task_pid and not _gone(task_pid, 0.5)
+    if how == "launcher-hangs-up":
+        sock.close()
+        assert _gone(task_pid, 30), "the task outlived its launcher's connection"
+        assert svc.status()["tasks"].state == "running"  # the server itself goes on
+    else:
+        t0 = time.monotonic()
+        svc.down()
+        assert time.monotonic() - t0 < svc.config.stop_timeout_s  # the handler stopped its task on SIGTERM
+        assert _gone(task_pid, 1) and _gone(rec["pid"], 1)
+        sock.close()
+
+
+def test_a_stale_kept_server_is_stopped_and_replaced(tmp_path, monkeypatch, capsys):
+    """pipeline/local.py `_kept_server`: used while current; stopped once its code is stale (another
+    interpreter, a source file changed) and, with --keep-services, replaced by a new one."""
+    from chunkgrpo.local_services import LocalServices, LocalServicesConfig
+    from pipeline import local
+
+    home = tmp_path / "local"
+    svc = LocalServices(LocalServicesConfig(home=str(home)))
+    try:
+        local._kept_server(warm.Launcher(), home, dict(os.environ), keep=True)
+        first = svc.record(local.KEPT)
+        lau = warm.Launcher()
+        local._kept_server(lau, home, dict(os.environ), keep=False)
+        assert "tasks fork from the kept task server" in capsys.readouterr().out
+        assert [s.info["pid"] for s in lau.servers] != [first["pid"]] and len(lau.servers) == 1
+        lau.close()
+
+        source = tmp_path / "mod.py"
+        source.write_text("x = 1\n")
+        st = os.stat(source)
+        info = {"executable": sys.executable, "sources": {str(source): [st.st_mtime_ns, st.st_size]}}
+        assert warm.stale(info) == ""
+        source.write_text("x = 22\n")
+        assert warm.stale(info) == f"{source} changed"
+        other = {**info, "executable": "/other/python"}
+        assert warm.stale(other) == f"it runs /other/python, not {sys.executable}"
+        monkeypatch.setattr(warm, "stale", lambda info: f"{source} changed")
+        local._kept_server(warm.Launcher(), home, dict(os.environ), keep=True)
+        out = capsys.readouterr().out
+        assert f"is not used ({source} changed); starting another" in out
+        second = svc.record(local.KEPT)
+        assert second["pid"] != first["pid"] and _gone(first["pid"], 30)
+        local._kept_server(warm.Launcher(), home, dict(os.environ), keep=False)
+        assert "stopping it" in capsys.readouterr().out
+        assert svc.record(local.KEPT) is None and _gone(second["pid"], 30)
+    finally:
+        svc.down()
