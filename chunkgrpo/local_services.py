@@ -127,7 +127,7 @@ class ServiceStatus:
         pid = f" pid={self.pid}" if self.pid else ""
         url = f" {self.url}" if self.url else ""
         detail = f" ({self.detail})" if self.detail else ""
-        return f"{self.name:7s}{self.state:10s}{pid}{url}{detail}"
+        return f"{self.name + ' ':7s}{self.state:10s}{pid}{url}{detail}"
 
 
 # ------------------------------------------------------------------------------- small helpers

@@ -671,29 +671,35 @@ def _prestart(pipeline: str, func, home: Path, keep: bool = False):
     layout = layout_for(pipeline, func, home, faithful=False, model_dir=None)
     base = {**os.environ, **_run_env(home, os.environ, True)}
     envs = [{**base, **layout.env(fn, layout.task_dirs(fn))} for fn in layout.specs]
-    _kept_server(launcher, home / "local", envs[0], keep)
+    _kept_servers(launcher, home / "local", envs, keep)
     launcher.prestart(envs)
     return launcher
 
 
-KEPT = "tasks"  # the kept task server's name in <home>/local/state.json (`chunkgrpo local status`)
+KEPT = "tasks"  # the kept task servers' names in <home>/local/state.json: tasks-1, tasks-2 (`local status`)
 
 
-def _kept_server(launcher, local_home: Path, env: dict, keep: bool) -> None:
-    """Servers started once: a task server recorded under `local_home` by an earlier `--keep-services` run
-    is used when it answers and its code is what this run would import (`warm.stale`); else it is stopped.
-    `keep` (`--keep-services`): if none is usable, one is started for `env` in a session of its own and
-    recorded there, so that the next run forks its tasks without waiting for imports; `chunkgrpo local
-    down` stops it with the services."""
+def _kept_servers(launcher, local_home: Path, envs: list[dict], keep: bool) -> None:
+    """Servers started once: the task servers recorded under `local_home` by an earlier `--keep-services`
+    run are used when they answer and their code is what this run would import (`warm.stale`); else they
+    are stopped. `keep` (`--keep-services`): each of this run's task environments (`envs`: the tasks
+    without volumes, the /cache-volume tasks) that no kept server covers gets one, started in a session of
+    its own and recorded there, so that the next run forks its tasks without waiting for imports; a kept
+    server covering none of them (started from another environment) is replaced. `chunkgrpo local down`
+    stops them with the services."""
     from chunkgrpo.local_processes import CHILDREN
-    from chunkgrpo.local_services import LocalServices, LocalServicesConfig
+    from chunkgrpo.local_services import SERVICES, LocalServices, LocalServicesConfig
     from pipeline import warm as warm_tasks
 
     svc = LocalServices(LocalServicesConfig(home=str(local_home)))
-    rec = svc.record(KEPT)
-    if rec is not None:
-        why = ""
-        if svc.status()[KEPT].state != "running":
+    states = svc.status()
+    usable = {}  # name -> attached server
+    for name, st in states.items():
+        if name in SERVICES or not name.startswith(KEPT):
+            continue
+        rec = svc.record(name)
+        why, server = "", None
+        if st.state != "running":
             why = "its process is gone"
         else:
             server = launcher.attach(rec["socket"])
@@ -701,28 +707,39 @@ def _kept_server(launcher, local_home: Path, env: dict, keep: bool) -> None:
                 why = f"its socket {rec['socket']} does not answer"
             else:
                 why = warm_tasks.stale(server.info)
-            if why and server is not None:
-                launcher._drop(server)
+        if keep and not why and not any(not warm_tasks.match(server.info, env) for env in envs):
+            why = "it was started from another environment"
         if not why:
-            print(f"chunkgrpo warm tasks: tasks fork from the kept task server (pid {rec['pid']})",
-                  flush=True)
-            return
-        print(f"chunkgrpo warm tasks: the kept task server (pid {rec['pid']}) is not used ({why}); "
-              f"{'starting another' if keep else 'stopping it'}", flush=True)
-        svc.stop(KEPT)
+            usable[name] = server
+            continue
+        if server is not None:
+            launcher._drop(server)
+        print(f"chunkgrpo warm tasks: the kept task server {name} (pid {rec['pid']}) is not used ({why}); "
+              "stopping it", flush=True)
+        svc.stop(name)
+    if usable:
+        print("chunkgrpo warm tasks: tasks fork from the kept task server(s) "
+              + ", ".join(f"{n} (pid {svc.record(n)['pid']})" for n in sorted(usable)), flush=True)
     if not keep:
         return
     local_home.mkdir(parents=True, exist_ok=True)
     os.chmod(local_home, 0o700)
-    rec = warm_tasks.start_kept(local_home, env, launcher.log)
-    try:
-        svc.adopt(KEPT, rec)
-    except BaseException:
-        proc = CHILDREN.pop(rec["pid"])
-        proc.kill()
-        proc.wait()
-        raise
-    launcher.attach(rec["socket"], env, proc=CHILDREN.get(rec["pid"]))
+    started: list[dict] = []
+    for env in envs:
+        if any(not warm_tasks.match(s.info, env) for s in usable.values()) or any(e == env for e in started):
+            continue
+        name = next(f"{KEPT}-{i}" for i in range(1, 100) if f"{KEPT}-{i}" not in usable
+                    and svc.record(f"{KEPT}-{i}") is None)
+        rec = warm_tasks.start_kept(local_home, name, env, launcher.log)
+        try:
+            svc.adopt(name, rec)
+        except BaseException:
+            proc = CHILDREN.pop(rec["pid"])
+            proc.kill()
+            proc.wait()
+            raise
+        launcher.attach(rec["socket"], env, proc=CHILDREN.get(rec["pid"]))
+        started.append(env)
 
 
 def _sigterm_as_interrupt():

@@ -524,10 +524,10 @@ def _hung_up(sock: socket.socket) -> bool:
         return True
 
 
-def socket_path(home: Path) -> str:
-    """Where the kept server of the local services folder `home` listens: in it, or (a Unix socket's path
-    has at most 107 bytes) in the temporary folder under a name derived from it."""
-    path = Path(home).resolve() / "tasks.sock"
+def socket_path(home: Path, name: str) -> str:
+    """Where the kept server `name` of the local services folder `home` listens: in it, or (a Unix socket's
+    path has at most 107 bytes) in the temporary folder under a name derived from it."""
+    path = Path(home).resolve() / f"{name}.sock"
     if len(os.fsencode(path)) <= 100:
         return str(path)
     import hashlib
@@ -537,14 +537,14 @@ def socket_path(home: Path) -> str:
     return str(Path(tempfile.gettempdir()) / f"chunkgrpo-tasks-{digest}.sock")
 
 
-def start_kept(home: Path, env: dict, log: Path | None) -> dict:
-    """Start a kept server for environment `env` in a session of its own; its record for
+def start_kept(home: Path, name: str, env: dict, log: Path | None) -> dict:
+    """Start the kept server `name` for environment `env` in a session of its own; its record for
     `LocalServices.adopt` (pid, process group, start time, command, socket, log)."""
     import time
 
     from chunkgrpo.local_processes import CHILDREN, start_time
 
-    path = socket_path(home)
+    path = socket_path(home, name)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)  # a dead server's
     cmd = [sys.executable, "-m", "pipeline.warm", "--listen", path]

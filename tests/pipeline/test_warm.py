@@ -291,7 +291,7 @@ def kept(tmp_path):
     # a SIGTERM ignored for 300 s would only then be followed by SIGKILL: `down` returning sooner shows the
     # processes ended on SIGTERM
     svc = LocalServices(LocalServicesConfig(home=str(home), stop_timeout_s=300))
-    rec = warm.start_kept(home, dict(os.environ), tmp_path / "kept.log")
+    rec = warm.start_kept(home, "tasks", dict(os.environ), tmp_path / "kept.log")
     svc.adopt("tasks", rec)
     try:
         yield svc, rec, CHILDREN.get(rec["pid"])
@@ -369,21 +369,26 @@ def test_a_kept_servers_running_task_stops_with_its_launcher_or_the_server(kept,
         sock.close()
 
 
-def test_a_stale_kept_server_is_stopped_and_replaced(tmp_path, monkeypatch, capsys):
-    """pipeline/local.py `_kept_server`: used while current; stopped once its code is stale (another
-    interpreter, a source file changed) and, with --keep-services, replaced by a new one."""
+def test_kept_servers_are_used_while_current_else_stopped_and_replaced(tmp_path, monkeypatch, capsys):
+    """pipeline/local.py `_kept_servers`: one per task environment of the run; used while current; stopped
+    once stale (another interpreter, a source file changed) and, with --keep-services, replaced."""
     from chunkgrpo.local_services import LocalServices, LocalServicesConfig
     from pipeline import local
 
     home = tmp_path / "local"
     svc = LocalServices(LocalServicesConfig(home=str(home)))
+    envs = [dict(os.environ), {**os.environ, "HF_HOME": str(tmp_path / "volume")}]  # the imports read it
+    names = [f"{local.KEPT}-1", f"{local.KEPT}-2"]
     try:
-        local._kept_server(warm.Launcher(), home, dict(os.environ), keep=True)
-        first = svc.record(local.KEPT)
+        local._kept_servers(warm.Launcher(), home, envs, keep=True)
+        first = {n: svc.record(n)["pid"] for n in names}
         lau = warm.Launcher()
-        local._kept_server(lau, home, dict(os.environ), keep=False)
-        assert "tasks fork from the kept task server" in capsys.readouterr().out
-        assert [s.info["pid"] for s in lau.servers] != [first["pid"]] and len(lau.servers) == 1
+        local._kept_servers(lau, home, envs, keep=True)  # a later run: nothing new
+        assert "tasks fork from the kept task server(s) tasks-1" in capsys.readouterr().out
+        assert {n: svc.record(n)["pid"] for n in names} == first and len(lau.servers) == 2
+        for env in envs:  # each environment has its server, neither is a launcher's own child
+            assert lau.server_for(env) is not None and len(lau.servers) == 2
+        assert sorted(s.info["pid"] for s in lau.servers) != sorted(first.values())  # handlers
         lau.close()
 
         source = tmp_path / "mod.py"
@@ -396,13 +401,13 @@ def test_a_stale_kept_server_is_stopped_and_replaced(tmp_path, monkeypatch, caps
         other = {**info, "executable": "/other/python"}
         assert warm.stale(other) == f"it runs /other/python, not {sys.executable}"
         monkeypatch.setattr(warm, "stale", lambda info: f"{source} changed")
-        local._kept_server(warm.Launcher(), home, dict(os.environ), keep=True)
+        local._kept_servers(warm.Launcher(), home, envs, keep=True)
         out = capsys.readouterr().out
-        assert f"is not used ({source} changed); starting another" in out
-        second = svc.record(local.KEPT)
-        assert second["pid"] != first["pid"] and _gone(first["pid"], 30)
-        local._kept_server(warm.Launcher(), home, dict(os.environ), keep=False)
-        assert "stopping it" in capsys.readouterr().out
-        assert svc.record(local.KEPT) is None and _gone(second["pid"], 30)
+        assert out.count(f"is not used ({source} changed); stopping it") == 2
+        second = {n: svc.record(n)["pid"] for n in names}
+        assert not set(second.values()) & set(first.values()) and all(_gone(p, 30) for p in first.values())
+        local._kept_servers(warm.Launcher(), home, envs[:1], keep=False)
+        assert capsys.readouterr().out.count("stopping it") == 2
+        assert all(svc.record(n) is None for n in names) and all(_gone(p, 30) for p in second.values())
     finally:
         svc.down()
