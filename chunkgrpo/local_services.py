@@ -27,6 +27,10 @@ Credentials: reused from `credentials.json` if present; otherwise taken from
 `AWS_ACCESS_KEY_ID`/`AWS_SECRET_ACCESS_KEY` if both are set; otherwise generated with `secrets`.
 
 Ports, process identity and liveness, signals and reaping: `chunkgrpo.local_processes`.
+
+Size note: one class, because `up`, `status`, `adopt` and `down` share one locked state file and one
+stop procedure (SIGTERM to the recorded group, SIGKILL after the timeout, identity checks); the process
+mechanics already live in `chunkgrpo.local_processes`.
 """
 
 from __future__ import annotations
