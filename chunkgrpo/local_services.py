@@ -628,6 +628,9 @@ def env(config: LocalServicesConfig | None = None) -> dict[str, str]:
     return LocalServices(config).env()
 
 
+_distinct_free_ports = free_ports  # the name `free_ports` is local_services' flag below
+
+
 @contextlib.contextmanager
 def local_services(
     home: str | Path | None = None,
@@ -643,11 +646,13 @@ def local_services(
     With free_ports=True (default) unspecified ports are picked free, so a dev instance on the
     default ports is never disturbed. Only services started here are stopped on exit.
     """
+    if free_ports:  # distinct ones: two separate free_port() calls may return the same port
+        picked = iter([p for p in _distinct_free_ports(3) if p not in (s3_port, mlflow_port)])
+        s3_port = s3_port or next(picked)
+        mlflow_port = mlflow_port or next(picked)
     cfg = LocalServicesConfig(
-        home=str(home or ""),
-        s3_port=s3_port or (free_port() if free_ports else 8333),
-        mlflow_port=mlflow_port or (free_port() if free_ports else 5000),
-        mlflow=mlflow, **overrides)
+        home=str(home or ""), s3_port=s3_port or 8333, mlflow_port=mlflow_port or 5000, mlflow=mlflow,
+        **overrides)
     svc = LocalServices(cfg)
     before = {n: s.state for n, s in svc.status().items() if n in SERVICES}
     try:
