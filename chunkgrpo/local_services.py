@@ -282,20 +282,23 @@ class LocalServices:
         out.update({name: self._status_of(name, rec) for name, rec in svc.items() if name not in SERVICES})
         return out
 
-    def adopt(self, name: str, rec: dict) -> None:
+    def adopt(self, name: str, rec: dict) -> bool:
         """Record a helper process started elsewhere (`rec` as `_spawn` writes it: pid = process group in a
         session of its own, create_time, cmd; optional log and socket, removed when it stops), so that
-        `status` shows it and `down` stops it. A live helper of that name already recorded is stopped
-        first."""
+        `status` shows it and `down` stops it. False, recording nothing, if a live helper already has that
+        name (another run's: it is not stopped); a dead one's record is cleared first."""
         if name in SERVICES:
             raise ValueError(f"{name!r} is a service name")
         with self._locked():
             state = self._load_state()
-            old = state.setdefault("services", {}).pop(name, None)
+            old = state.setdefault("services", {}).get(name)
             if old is not None:
-                self._stop_record(name, old)
+                if alive(old.get("pid"), old.get("create_time")):
+                    return False
+                self._stop_record(name, old)  # nothing to signal: reaps and removes its socket
             state["services"][name] = rec
             self._save_state(state)
+            return True
 
     def record(self, name: str) -> dict | None:
         """The recorded process `name`, if any."""

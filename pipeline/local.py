@@ -731,13 +731,18 @@ def _kept_servers(launcher, local_home: Path, envs: list[dict], keep: bool) -> N
         name = next(f"{KEPT}-{i}" for i in range(1, 100) if f"{KEPT}-{i}" not in usable
                     and svc.record(f"{KEPT}-{i}") is None)
         rec = warm_tasks.start_kept(local_home, name, env, launcher.log)
+        adopted = None
         try:
-            svc.adopt(name, rec)
-        except BaseException:
-            proc = CHILDREN.pop(rec["pid"])
-            proc.kill()
-            proc.wait()
-            raise
+            adopted = svc.adopt(name, rec)
+        finally:
+            if not adopted:  # failed, or another run in this home took the name meanwhile: not kept
+                proc = CHILDREN.pop(rec["pid"])
+                proc.kill()
+                proc.wait()
+        if adopted is False:
+            print(f"chunkgrpo warm tasks: another run keeps {name} now; this run's tasks use their own "
+                  "servers", flush=True)
+            continue
         launcher.attach(rec["socket"], env, proc=CHILDREN.get(rec["pid"]))
         started.append(env)
 

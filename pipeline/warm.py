@@ -525,9 +525,12 @@ def _hung_up(sock: socket.socket) -> bool:
 
 
 def socket_path(home: Path, name: str) -> str:
-    """Where the kept server `name` of the local services folder `home` listens: in it, or (a Unix socket's
-    path has at most 107 bytes) in the temporary folder under a name derived from it."""
-    path = Path(home).resolve() / f"{name}.sock"
+    """A new path for the kept server `name` of the local services folder `home` to listen on (a random
+    part: never another server's, even one another run starts at the same moment): in `home`, or (a Unix
+    socket's path has at most 107 bytes) in the temporary folder under a name derived from it."""
+    import secrets
+
+    path = Path(home).resolve() / f"{name}-{secrets.token_hex(4)}.sock"
     if len(os.fsencode(path)) <= 100:
         return str(path)
     import hashlib
@@ -545,8 +548,6 @@ def start_kept(home: Path, name: str, env: dict, log: Path | None) -> dict:
     from chunkgrpo.local_processes import CHILDREN, start_time
 
     path = socket_path(home, name)
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)  # a dead server's
     cmd = [sys.executable, "-m", "pipeline.warm", "--listen", path]
     out = open(log, "ab") if log else subprocess.DEVNULL
     try:

@@ -347,6 +347,34 @@ def test_a_kept_server_serves_the_launchers_of_later_runs_and_stops_with_the_ser
     assert "tasks" not in svc.status()
 
 
+def test_a_live_kept_server_is_never_replaced_by_another_runs_adopt(kept, tmp_path):
+    """Two runs in one home starting a kept server under the same name: the second is refused (and stops
+    its own), the first keeps serving; a dead server's record is replaced."""
+    import signal
+
+    svc, rec, proc = kept
+    other = warm.start_kept(svc.home, "tasks", dict(os.environ), None)
+    assert other["socket"] != rec["socket"]  # a new path each time: nobody removes a live server's socket
+    try:
+        assert svc.adopt("tasks", other) is False
+        assert svc.record("tasks")["pid"] == rec["pid"] and svc.status()["tasks"].state == "running"
+        conn = warm._Kept(rec["socket"], proc=proc)
+        assert conn.ready(), conn.failed  # still reachable
+        conn.close()
+        os.kill(rec["pid"], signal.SIGKILL)
+        proc.wait(timeout=60)
+        assert svc.adopt("tasks", other) is True and svc.record("tasks")["pid"] == other["pid"]
+        assert not Path(rec["socket"]).exists()  # the dead server's socket went with its record
+    finally:
+        svc.down()
+        with contextlib.suppress(ProcessLookupError):  # never adopted if the test failed before that
+            os.killpg(other["pid"], signal.SIGKILL)
+        from chunkgrpo.local_processes import reap
+
+        reap(other["pid"])
+    assert _gone(other["pid"], 30)
+
+
 @pytest.mark.parametrize("how", ["launcher-hangs-up", "local-down"])
 def test_a_kept_servers_running_task_stops_with_its_launcher_or_the_server(kept, tmp_path, how):
     """The task is not the launcher's descendant: a launcher killed mid-task (its connection closes) or
