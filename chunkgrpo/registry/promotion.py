@@ -165,6 +165,10 @@ def promotion_lock(client, name: str, timeout_s: float = 120.0, stale_s: float =
                                            description=f"promotion lock of {name} (transient)")
             break
         except MlflowException as e:
+            if getattr(e, "error_code", "") == "RESOURCE_DOES_NOT_EXIST":
+                # MLflow's create found the name taken, then looked the holder up to word its error, and
+                # the holder had released it in between: nothing was created; try again at once
+                continue
             if getattr(e, "error_code", "") != "RESOURCE_ALREADY_EXISTS":
                 raise UserError(f"cannot take the promotion lock of {name!r}: "
                                 f"{str(e.message).splitlines()[0]}") from None
