@@ -217,8 +217,9 @@ def match(info: dict, env: dict) -> str:
 
 
 # ---- the server (`python -m pipeline.warm <fd>`) and its children -----------------------------------
-def _preload() -> tuple[dict, dict]:
-    """Import `warm_preload`; (the info a launcher matches tasks against, the variables the imports set)."""
+def _preload(kept: bool = False) -> tuple[dict, dict]:
+    """Import `warm_preload`; (the info a launcher matches tasks against, the variables the imports set).
+    `kept`: the info also lists the loaded files (`stale` checks them), which only a kept server needs."""
     before = dict(os.environ)
     from pipeline import warm_preload
 
@@ -228,7 +229,7 @@ def _preload() -> tuple[dict, dict]:
     info = {"import_env": warm_preload.IMPORT_ENV, "set_by_import": set_by_import, "prefixes": prefixes,
             "by_prefix": by_prefix(before, prefixes), "pid": os.getpid(),
             "unknown_iterators": [m for m in warm_preload.ITERATED if m not in ITERATORS],
-            "executable": sys.executable, "sources": loaded_sources()}
+            "executable": sys.executable, "sources": loaded_sources() if kept else {}}
     return info, set_by_import
 
 
@@ -282,7 +283,7 @@ def serve_kept(path: str) -> None:
     finally:
         os.umask(old)
     listener.listen(8)
-    info, set_by_import = _preload()
+    info, set_by_import = _preload(kept=True)
     listener.settimeout(5.0)  # to reap the handlers that ended
     while True:
         try:
@@ -366,15 +367,12 @@ def _terminated(signum, frame):
 def _wait_task(pid: int, sock: socket.socket, poll_s: float = 0.2) -> int | None:
     """The task's wait status; None if the launcher hung up first (the task is then stopped). SIGTERM to
     this handler stops the task, then exits."""
-    import select
-
     try:
         while True:
             done, status = os.waitpid(pid, os.WNOHANG)
             if done:
                 return status
-            readable, _, _ = select.select([sock], [], [], poll_s)
-            if readable and not sock.recv(1, socket.MSG_PEEK):
+            if _hung_up(sock, poll_s):
                 _stop_task(pid)
                 return None
     except _Terminate:
@@ -512,13 +510,13 @@ class _Kept(_Server):
         self.sock.close()
 
 
-def _hung_up(sock: socket.socket) -> bool:
-    """Whether the other end closed this idle connection (a kept server's handler sends nothing between
-    tasks)."""
+def _hung_up(sock: socket.socket, wait_s: float = 0.0) -> bool:
+    """Whether the other end closed this idle connection within `wait_s` (neither side sends anything
+    while idle: a launcher between tasks, a handler while its task runs)."""
     import select
 
     try:
-        readable, _, _ = select.select([sock], [], [], 0)
+        readable, _, _ = select.select([sock], [], [], wait_s)
         return bool(readable) and not sock.recv(1, socket.MSG_PEEK)
     except (OSError, ValueError):
         return True
