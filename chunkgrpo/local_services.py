@@ -523,8 +523,10 @@ class LocalServices:
             out: list[ServiceStatus] = []
             helpers = [n for n in svc if n not in SERVICES]
             for group in ([[n] for n in helpers] + [[n for n in reversed(SERVICES) if n in svc]]):
+                stopped = len(out)
                 errors = self._stop_together(svc, group, out)
-                self._save_state(state)
+                if len(out) > stopped:  # a refused record alone leaves the state file as it was
+                    self._save_state(state)
                 if errors:
                     raise errors[0]
             state.pop("crashes", None)
