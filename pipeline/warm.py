@@ -46,7 +46,7 @@ import sys
 import threading
 from pathlib import Path
 
-from chunkgrpo.local_processes import child_stdio, run_as_main
+from chunkgrpo.local_processes import child_stdio, run_as_main, signal_group
 
 EXECUTOR = "kfp.dsl.executor_main"
 # read by native code with getenv when it loads (OpenMP runtimes, MKL/OpenBLAS, ATen's CPU dispatch, the
@@ -384,16 +384,14 @@ def _stop_task(pid: int, grace_s: float = 10.0) -> None:
     """SIGTERM to the task's process group (the task, torchrun and its ranks), SIGKILL after `grace_s`."""
     import time
 
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pid, signal.SIGTERM)
+    signal_group(pid, pid, signal.SIGTERM)
     end = time.monotonic() + grace_s
     while time.monotonic() < end:
         with contextlib.suppress(ChildProcessError):
             if os.waitpid(pid, os.WNOHANG)[0]:
                 break
         time.sleep(0.1)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pid, signal.SIGKILL)
+    signal_group(pid, pid, signal.SIGKILL)  # what is left of the group: ranks that outlived the task
     with contextlib.suppress(ChildProcessError):
         os.waitpid(pid, 0)
 
