@@ -365,34 +365,31 @@ class LocalServices:
         SeaweedFS starts and gets its buckets (it needs only S3's address, which is configured, to start):
         MLflow takes ~7.5 s to answer on 2 idle cores, SeaweedFS ~1 s. As before, a service that fails
         is stopped and the error raised (a healthy S3 stays up and recorded); an MLflow spawned early is
-        stopped too when S3 fails or the wait is interrupted."""
+        stopped too when S3 fails or its start is interrupted."""
         early = "mlflow" in names and "s3" in names
         if early:
             svc["mlflow"] = self._start_mlflow(self.config.s3_port)
             self._save_state(state)  # PIDs are on disk before we wait, so `down` can always stop them
-        mlflow_ok = False
-        try:
-            for name in names:
-                if name == "mlflow" and early:
-                    self._wait_healthy("mlflow", svc["mlflow"])
-                    mlflow_ok = True
-                else:
-                    self._start_healthy(name, svc, state)
-                if name == "s3":
-                    self._ensure_buckets(svc[name]["port"])
-        except BaseException:
-            if early and not mlflow_ok and "mlflow" in svc:
-                self._stop_record("mlflow", svc.pop("mlflow"))
-                self._save_state(state)
-            raise
+        if "s3" in names:
+            try:
+                self._start_healthy("s3", svc, state)
+                self._ensure_buckets(svc["s3"]["port"])
+            except BaseException:
+                if early:
+                    self._stop_record("mlflow", svc.pop("mlflow"))
+                    self._save_state(state)
+                raise
+        if "mlflow" in names:
+            self._start_healthy("mlflow", svc, state, spawned=early)
 
-    def _start_healthy(self, name: str, svc: dict, state: dict) -> None:
-        """Start `name` and wait until it is healthy; SeaweedFS again on other internal ports when one of
-        them was taken before it bound it (`WEED_START_ATTEMPTS`). Any other failure stops what started and
-        raises at once."""
+    def _start_healthy(self, name: str, svc: dict, state: dict, spawned: bool = False) -> None:
+        """Start `name` (`spawned`: its process is already in `svc`) and wait until it is healthy; SeaweedFS
+        again on other internal ports when one of them was taken before it bound it
+        (`WEED_START_ATTEMPTS`). Any other failure stops what started and raises at once."""
         for attempt in range(1, WEED_START_ATTEMPTS + 1):
-            svc[name] = self._start_s3() if name == "s3" else self._start_mlflow(svc["s3"]["port"])
-            self._save_state(state)  # PIDs are on disk before we wait, so `down` can always stop them
+            if attempt > 1 or not spawned:
+                svc[name] = self._start_s3() if name == "s3" else self._start_mlflow(svc["s3"]["port"])
+                self._save_state(state)  # PIDs are on disk before we wait, so `down` can always stop them
             try:
                 self._wait_healthy(name, svc[name])
                 return
