@@ -164,5 +164,5 @@ def test_ci_runs_the_readme_test_command_and_the_exactness_tests_per_capability(
     # the known kernel-sensitive tests are marked
     for needle in ("test_hybrid.py::test_same_seed_same_noise_and_batch_invariance",
                    "test_train_torchrun.py::test_sigkill_mid_training_then_resume_matches_uninterrupted",
-                   "test_objectives.py::test_window_strategies_give_equal_gradients"):
+                   "test_policy_window.py::test_window_strategies_give_equal_gradients"):
         assert any(needle in ln for ln in collected), needle
