@@ -93,7 +93,7 @@ def _iteration(ctx: IterationContext) -> IterationResult:
 # ----------------------------------------------------------------------------- the steps, in order
 
 def rollout(ctx: IterationContext) -> Trajectory:
-    """P·G samples in one batch under the current policy, without grad (docs/method.md §1–2)."""
+    """P·G samples in one batch under the current policy, without grad (docs/method.md §2–3)."""
     cfg, model = ctx.cfg, ctx.model
     model.transformer.eval()
     with torch.no_grad(), ctx.autocast():
