@@ -201,7 +201,7 @@ def run_config(size: str, res: int, iterations: int, device: str, overrides: lis
         "samples_per_rollout": cfg.samples_per_rank,
         "samples_per_window": cfg.grad_accum,
         "num_steps": cfg.sampling.num_steps,
-        "chunk_sizes": t.sizes,
+        "chunk_sizes": t.plan.sizes,
         "iterations_timed": len(rows),
         "warmup_iterations": warmup,
         "torch_threads": torch.get_num_threads(),
