@@ -28,11 +28,13 @@ _COUNTED = (r"(?:%|s\b|ms\b|seconds?\b|min(?:utes?)?\b|h\b|hours?\b|servers?\b|p
 # The patterns are assembled from pieces so that this file does not match itself.
 _ABS = "(?<![\\w.~-])/"
 PROCESS_WORDS: dict[str, re.Pattern] = {
-    "work-step number": re.compile(r"\bstops?" + r" \d+\b(?!\.\d)(?!\s*" + _COUNTED + ")", re.I),
+    "work-step number": re.compile(r"\bstops?" + r" \d+\b(?!\.\d)(?!\s*" + _COUNTED + r")|\bstop" + r"-\d+\b"
+                                   r"|\b(?:this|an earlier|a later) stop" + r"\b", re.I),
     "issue number": re.compile(r"\bissues?" + r" #\d+|#\d+(?:'s)? items?\b|\(#\d+\)", re.I),
     "issue owner": re.compile(r"\bissue(?:'s)?" + r" owners?\b|\bdecision for the (?:issue )?owner", re.I),
     "the issue": re.compile(r"\bthe" + r" issue(?:'s)?\b", re.I),
-    "work session": re.compile(r"\bwork" + r" sessions?\b", re.I),
+    "work session": re.compile(r"\b(?:work|agent|helper)" + r" sessions?\b|\bthis session" + r"'s shared"
+                               r"|\bsession's \d+ device" + r" minutes|\blent to this" + r" task", re.I),
     "workspace path": re.compile(_ABS + "work" + "/"),
     "home path": re.compile(_ABS + "root" + r"/(?!\.cache/)"),
 }
@@ -112,6 +114,10 @@ def test_no_tracked_file_speaks_of_the_development_process():
     "What stop" + " 39 checked and found coverage-neutral",
     "## 2026-11-28: forked ranks (stop" + " 35), on a slower machine",
     "the runs of stops" + " 31–38",
+    "the stop" + "-38 services change",
+    "which this stop" + " did not build",
+    "On this session" + "'s shared machine (load 10)",
+    "the device machine is not lent to this" + " task",
     "Targets (issue" + " #26): at most 2x",
     "a bad input (#24" + " item 7)",
     "the change (#" + "41)",
@@ -134,7 +140,9 @@ def test_the_checker_rejects_temporary_paths_in_results_only():
 def test_the_checker_accepts_a_clean_file():
     clean = "\n".join([
         "The local runner can stop 3 servers and stops 2 workers; a CI timeout makes it stop 10 s later.",
-        "Early stopping after 5 evaluations; `stop_after: 40` in the config.",
+        "Early stopping after 5 evaluations; `stop_after: 40` in the config; the bus stop sign.",
+        "A session fixture's setup; this session's servers stop at its end (pytest's session).",
+        "Both are stopped together (each stop waits for its process); processes that stop early.",
         "Colours #000 and #ff0000; see [the section](#faults-and-bad-input); tissue #3 is not an issue.",
         "Paths: benchmarks/results/ablation-toy-v2/n10/plan.json, ./work/out, s3://bucket/work/x, ~/work/x.",
         "Docker caches under /" + "root/.cache/uv; a session-scoped pytest fixture; a pod's owner reference.",
