@@ -1,5 +1,5 @@
 """This engine against its peers' loops, on one model and one set of trajectories: the rollout of a group
-and the policy update over it (issue #26's ratios, printed so that a regression shows).
+and the policy update over it (the ratios are printed so that a regression shows).
 
     python benchmarks/peers.py                                   # mid size, 128², G = 8, 16 steps
     python benchmarks/peers.py --size tiny --res 64 --reps 1     # seconds (the test runs this)
