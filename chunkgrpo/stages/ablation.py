@@ -7,26 +7,30 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
+from chunkgrpo.config import option
 from chunkgrpo.stages.task import run_prefix
 
 
 @dataclass(frozen=True)
 class AblationRequest:
-    model: str              # toy base model folder or s3:// folder artifact of one
-    methods: list = field(default_factory=lambda: ["step_flow", "chunk_dynamics"])  # arms (ablation_design)
-    seeds: int = 2          # seeds added tonight
-    steps: int = 8          # optimizer steps per run (a multiple of eval_points)
-    artifact_root: str = ""  # s3:// prefix; tonight's results go to <root>/<run_id>/ablation
-    run_id: str = ""        # KFP run id
-    parent_run_id: str = ""  # MLflow parent run id ('' = none)
-    series_root: str = ""   # s3:// prefix of the series ('' = <artifact_root>/ablation-series)
-    plan: str = "dynamics"  # chunk strategy of chunk_dynamics
-    eval_per_category: int = 4  # held-out prompts per GenEval category
-    eval_samples: int = 4   # images per held-out prompt
-    eval_points: int = 2    # evaluations per run (the last is the endpoint)
+    """Tonight's part of the accumulating ablation series."""
+
+    model: str = option(help="toy base model folder or s3:// folder artifact of one")
+    methods: list = option(["step_flow", "chunk_dynamics"],
+                           "arms of chunkgrpo.toy.ablation_design.ARMS (with the primary pair)")
+    seeds: int = option(2, "seeds added tonight")
+    steps: int = option(8, "optimizer steps per run (a multiple of eval_points)")
+    artifact_root: str = option("", "s3:// prefix; tonight's results go to <root>/<run_id>/ablation")
+    run_id: str = option("", "KFP run id")
+    parent_run_id: str = option("", "MLflow parent run id ('' = none)")
+    series_root: str = option("", "s3:// prefix of the series ('' = <artifact_root>/ablation-series)")
+    plan: str = option("dynamics", "chunk strategy of chunk_dynamics")
+    eval_per_category: int = option(4, "held-out prompts per GenEval category")
+    eval_samples: int = option(4, "images per held-out prompt")
+    eval_points: int = option(2, "evaluations per run (the last is the endpoint)")
 
 
 @dataclass(frozen=True)

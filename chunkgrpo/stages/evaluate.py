@@ -4,9 +4,10 @@ WISE (same seeds), scored, with metrics.json and report.html."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
+from chunkgrpo.config import option
 from chunkgrpo.stages.task import run_prefix
 
 
@@ -14,23 +15,25 @@ from chunkgrpo.stages.task import run_prefix
 class EvalRequest:
     """A pipeline run's evaluation: which model, which benchmarks, where the outputs go."""
 
-    preset: str                   # evaluation preset (eval_hpdv2, eval_tiny, or a YAML path)
-    overrides: list = field(default_factory=list)    # extra evaluation overrides (key=value)
-    benchmarks: list = field(default_factory=list)   # suites to run ([] = the preset's)
-    num_prompts: int = 0          # first N prompts per benchmark (0 = the preset's)
-    base_model: str = ""          # '' = the one recorded with the trained / registered model
-    model_pointer: str = ""       # path of a model pointer from train / launch_trainjob ('' = none)
-    registered_model: str = ""    # registered model to evaluate instead ('' = the pointer's)
-    alias: str = ""               # its alias ('' = champion)
-    artifact_root: str = ""       # s3:// prefix; outputs go to <root>/<run_id>/<stage>
-    run_id: str = ""              # KFP run id
-    stage: str = "evaluate"       # name of this evaluation in S3/MLflow
-    experiment: str = ""          # MLflow experiment
-    scorer_weights: dict = field(default_factory=dict)  # {scorer: URI, '<scorer>.processor': URI}
+    preset: str = option(help="evaluation preset (eval_hpdv2, eval_tiny, or a YAML path)")
+    overrides: list = option([], "extra evaluation overrides (key=value)")
+    benchmarks: list = option([], "suites to run ([] = the preset's)")
+    num_prompts: int = option(0, "first N prompts per benchmark (0 = the preset's)")
+    base_model: str = option("", "base model ('' = the one recorded with the trained / registered model)")
+    model_pointer: str = option("", "path of a model pointer from train / launch_trainjob ('' = none)")
+    registered_model: str = option("", "registered model to evaluate instead ('' = the pointer's)")
+    alias: str = option("", "alias of registered_model ('' = champion)")
+    artifact_root: str = option("", "s3:// prefix; outputs go to <root>/<run_id>/<stage>")
+    run_id: str = option("", "KFP run id")
+    stage: str = option("evaluate", "name of this evaluation in S3/MLflow")
+    experiment: str = option("", "MLflow experiment")
+    scorer_weights: dict = option({}, "{scorer: URI, '<scorer>.processor': URI}")
 
 
 @dataclass(frozen=True)
 class Evaluation:
+    """A finished evaluation."""
+
     result: dict          # what chunkgrpo.eval.runner.run_evaluation returned (metrics, base_model, ...)
     report: Path          # the self-contained report.html
     metadata: dict        # output_uri, mlflow_run_id, model, base_model (artifact metadata)

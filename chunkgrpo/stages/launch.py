@@ -4,9 +4,10 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
+from chunkgrpo.config import option
 from chunkgrpo.stages.train import TrainedModel, TrainRequest, model_pointer
 
 S3_SECRET_ENV = {"AWS_ACCESS_KEY_ID": ("chunkgrpo-s3", "AWS_ACCESS_KEY_ID"),
@@ -17,20 +18,20 @@ S3_SECRET_ENV = {"AWS_ACCESS_KEY_ID": ("chunkgrpo-s3", "AWS_ACCESS_KEY_ID"),
 class JobOptions:
     """Where and how the training job runs."""
 
-    kind: str = "TrainJob"          # TrainJob (Kubeflow Trainer v2) | PyTorchJob (Training Operator v1)
-    namespace: str = ""             # '' = this pod's namespace
-    image: str = ""                 # training image (the runtime image)
-    num_nodes: int = 1              # nodes
-    nproc_per_node: int = 8         # torchrun processes per node
-    gpus_per_node: int = 0          # 0 = the runtime's/template's resources
-    node_selector: dict = field(default_factory=dict)  # extra node labels for the training pods
-    tolerations: list = field(default_factory=list)    # extra tolerations, added to the runtime's
-    shm_size: str = ""              # memory-backed /dev/shm ('' = the runtime's)
-    timeout_hours: float = 48.0     # fail (and delete the job) after this long
-    queue_name: str = ""            # Kueue LocalQueue ('' = no Kueue)
-    image_pull_secrets: list = field(default_factory=list)  # Secrets for pulling the training image
-    keep_failed: bool = False       # keep a job found blocked (for `kubectl describe`)
-    schedule_grace_minutes: float = 15.0  # how long pods may stay unschedulable
+    kind: str = option("TrainJob", "TrainJob (Kubeflow Trainer v2) | PyTorchJob (Training Operator v1)")
+    namespace: str = option("", "namespace of the job ('' = this pod's)")
+    image: str = option("", "training image (the runtime image)")
+    num_nodes: int = option(1, "training nodes")
+    nproc_per_node: int = option(8, "torchrun processes per node")
+    gpus_per_node: int = option(0, "GPUs per node (0 = the runtime's/template's resources)")
+    node_selector: dict = option({}, "extra node labels for the training pods")
+    tolerations: list = option([], "extra tolerations, added to the runtime's")
+    shm_size: str = option("", "memory-backed /dev/shm ('' = the runtime's)")
+    timeout_hours: float = option(48.0, "fail (and delete the job) after this long")
+    queue_name: str = option("", "Kueue LocalQueue ('' = no Kueue)")
+    image_pull_secrets: list = option([], "Secrets for pulling the training image")
+    keep_failed: bool = option(False, "keep a job found blocked (for `kubectl describe`)")
+    schedule_grace_minutes: float = option(15.0, "how long pods may stay unschedulable")
 
 
 def job_spec(req: TrainRequest, job: JobOptions, namespace: str):

@@ -8,6 +8,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from chunkgrpo.config import option
+
 
 def check_model_name(name: str) -> None:
     """MLflow's registered-model name rules, checked before anything is uploaded."""
@@ -66,21 +68,21 @@ def register_trained(*, model_name: str, experiment: str, run_id: str, pointer: 
 class FolderRegistration:
     """A folder (or s3:// checkpoint folder) to register, as `chunkgrpo register` takes it."""
 
-    model_dir: str                     # folder with the weights, or an s3:// checkpoint folder
-    name: str                          # registered model name
-    base_model: str                    # base model reference (hub id or path)
-    kind: str = "lora"                 # lora | full
-    metrics: str | None = None         # JSON file of evaluation metrics (an evaluation's metrics.json)
-    plan: str | None = None            # JSON file with the chunk plan
-    checkpoint_uri: str | None = None  # s3:// URI of the checkpoint folder
-    config_hash: str = ""              # hash of the training config
-    git_sha: str | None = None         # code version (default: git HEAD or $CHUNKGRPO_GIT_SHA)
-    external_weights: bool = False     # keep the weights at checkpoint_uri instead of copying them
-    experiment: str = "chunkgrpo"      # MLflow experiment of the registration run
-    gate_metric: str | None = None     # gate metric of a new registered model
-    gate_direction: str | None = None  # max | min of gate_metric for a new registered model
-    eval_preset: str = ""              # evaluation preset the metrics file came from (protocol)
-    eval_run_id: str | None = None     # the evaluation's MLflow run (default: the metrics file's)
+    model_dir: str = option(help="folder with the weights, or an s3:// checkpoint folder")
+    name: str = option(help="registered model name")
+    base_model: str = option(help="base model reference (hub id or path)")
+    kind: str = option("lora", "lora | full")
+    metrics: str | None = option(None, "JSON file of evaluation metrics (an evaluation's metrics.json)")
+    plan: str | None = option(None, "JSON file with the chunk plan")
+    checkpoint_uri: str | None = option(None, "s3:// URI of the checkpoint folder")
+    config_hash: str = option("", "hash of the training config")
+    git_sha: str | None = option(None, "code version (default: git HEAD or $CHUNKGRPO_GIT_SHA)")
+    external_weights: bool = option(False, "keep the weights at checkpoint_uri instead of copying them")
+    experiment: str = option("chunkgrpo", "MLflow experiment of the registration run")
+    gate_metric: str | None = option(None, "gate metric of a new registered model")
+    gate_direction: str | None = option(None, "max | min of gate_metric for a new registered model")
+    eval_preset: str = option("", "evaluation preset the metrics file came from (protocol)")
+    eval_run_id: str | None = option(None, "the evaluation's MLflow run (default: the metrics file's)")
 
 
 def _read_json(path: str | None, what: str):

@@ -4,9 +4,10 @@ CLI's `chunkgrpo train` (a run in this process, or a dry run that checks the inp
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
+from chunkgrpo.config import option
 from chunkgrpo.stages.task import local_file, run_prefix
 
 
@@ -14,18 +15,18 @@ from chunkgrpo.stages.task import local_file, run_prefix
 class TrainRequest:
     """A pipeline run's training inputs, shared by the `train` (torchrun) and `launch_trainjob` steps."""
 
-    model: str                 # base model: diffusers folder, s3:// folder artifact or cached hub id
-    prompts: str               # training prompt file (local path or s3:// object)
-    preset: str                # training preset or YAML path ('' = the method's own preset)
-    method: str                # chunk | chunk+ws | dance | tempflow | granular
-    chunks: str                # chunk plan spec (`sizes:...` from the plan step)
-    max_iterations: int        # rollouts; 0 = the preset's length (< 0: the trainer rejects it)
-    overrides: list = field(default_factory=list)        # extra training overrides (key=value)
-    artifact_root: str = ""    # s3:// prefix; outputs go to <root>/<run_id>/train
-    run_id: str = ""           # KFP run id
-    experiment: str = ""       # MLflow experiment
-    parent_run_id: str = ""    # MLflow parent run id ('' = none)
-    reward_weights: dict = field(default_factory=dict)   # {reward: URI, '<reward>.processor': URI}
+    model: str = option(help="base model: diffusers folder, s3:// folder artifact or cached hub id")
+    prompts: str = option(help="training prompt file (local path or s3:// object)")
+    preset: str = option(help="training preset or YAML path ('' = the method's own preset)")
+    method: str = option(help="chunk | chunk+ws | dance | tempflow | granular")
+    chunks: str = option(help="chunk plan spec (`sizes:...` from the plan step)")
+    max_iterations: int = option(help="rollouts; 0 = the preset's length (< 0: the trainer rejects it)")
+    overrides: list = option([], "extra training overrides (key=value)")
+    artifact_root: str = option("", "s3:// prefix; outputs go to <root>/<run_id>/train")
+    run_id: str = option("", "KFP run id")
+    experiment: str = option("", "MLflow experiment")
+    parent_run_id: str = option("", "MLflow parent run id ('' = none)")
+    reward_weights: dict = option({}, "{reward: URI, '<reward>.processor': URI}")
 
     @property
     def config(self) -> str:
