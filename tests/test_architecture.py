@@ -45,13 +45,15 @@ LAYERS: list[tuple[str, ...]] = [
      "local_services", "local_processes", "torchrun", "torchrun_local"),
     # L6 checks that span stages
     ("preflight",),
-    # L7 the command line
+    # L7 the pipeline's steps as plain functions (components and commands call them)
+    ("stages",),
+    # L8 the command line
     ("commands", "cli"),
 ]
 # Units of one layer that must not import each other (the two stages share only what lies below them).
 SEPARATE: list[set[str]] = [{"train", "eval"}]
 # Who may import the fixtures and the toy world (besides themselves).
-FIXTURE_USERS = {"testing": {"testing", "toy", "commands"}, "toy": {"toy", "commands"}}
+FIXTURE_USERS = {"testing": {"testing", "toy", "commands"}, "toy": {"toy", "commands", "stages"}}
 
 
 @dataclass
