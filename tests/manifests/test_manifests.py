@@ -44,9 +44,9 @@ CRD_KINDS = {("trainer.kubeflow.org/v1alpha1", k) for k in k8s_schemas.TRAINER_K
     ("kubeflow.org/v1", "PyTorchJob")
 }
 
-# An overlay composed in a temporary copy of manifests/: v1 operator template + H100 + RDMA + RoCE +
-# gang scheduling + private registry + the opt-in kfp-launcher + production sizing, pipeline
-# namespace moved to `team-a`. Exercises every component together.
+# An overlay composed in a temporary copy of manifests/: v1 operator template + H100 + /cache emptyDir +
+# RDMA + RoCE + gang scheduling + private registry + the opt-in kfp-launcher + production sizing,
+# pipeline namespace moved to `team-a`. Exercises every component together.
 COMPOSED = "composed-v1-team-a"
 COMPOSED_KUSTOMIZATION = """\
 apiVersion: kustomize.config.k8s.io/v1beta1
@@ -58,6 +58,7 @@ resources:
 components:
   - ../../components/training-operator-v1
   - ../../components/gpu-h100
+  - ../../components/cache-emptydir
   - ../../components/rdma
   - ../../components/roce
   - ../../components/gang-coscheduling
