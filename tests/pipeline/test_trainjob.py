@@ -486,6 +486,25 @@ def test_without_strict_validation_the_v2_1_server_would_drop_the_placement():
     assert "runtimePatches" in obj["spec"] and "runtimePatches" not in stored["spec"]
 
 
+def test_unknown_fields_are_read_from_the_kubernetes_clients_error():
+    from kubernetes.client.exceptions import ApiException
+
+    e = ApiException(status=400, reason="Bad Request")
+    e.body = ('{"kind":"Status","apiVersion":"v1","status":"Failure","message":"TrainJob in version '
+              '\\"v1alpha1\\" cannot be handled as a TrainJob: strict decoding error: unknown field '
+              '\\"spec.activeDeadlineSeconds\\", unknown field \\"spec.runtimePatches\\"",'
+              '"reason":"BadRequest","code":400}')
+    assert launcher._unknown_fields(e) == ["spec.activeDeadlineSeconds", "spec.runtimePatches"]
+
+    class Api:
+        def create_namespaced_custom_object(self, *a, **kw):
+            raise e
+
+    with pytest.raises(jobspec.TemplateError,
+                       match=r"no field spec\.activeDeadlineSeconds, spec\.runtimePatches"):
+        launcher.submit_or_attach(Api(), job())
+
+
 @pytest.mark.parametrize("version", ["v2.2.0", "v2.3.0"])
 def test_trainer_v2_2_and_v2_3_accept_the_job_under_strict_validation(version):
     api = FakeApi()
