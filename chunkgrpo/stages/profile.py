@@ -19,7 +19,8 @@ class Profile:
 def training_config(*, model: str, prompts: str, preset: str, method: str, overrides: list,
                     num_prompts: int, seeds: int, device: str, trajectories: str, out: str | Path):
     """The ProfileConfig that profiles a training preset's sampling (its `sampling` section with the
-    `sampling.*` overrides); device auto = cuda when available."""
+    `sampling.*` overrides); device `auto` is resolved by `run_profile` (chunkgrpo.gpu.require: a
+    GPU the pod was granted but CUDA cannot use is an error, never a silent CPU profile)."""
     from chunkgrpo.dynamics import ProfileConfig
     from chunkgrpo.recipes import preset_for
     from chunkgrpo.stages.task import local_file
@@ -27,10 +28,6 @@ def training_config(*, model: str, prompts: str, preset: str, method: str, overr
 
     preset = preset_for(method, preset)
     sampling = TrainConfig.load(preset, [o for o in overrides if o.startswith("sampling.")]).sampling
-    if device == "auto":
-        import torch
-
-        device = "cuda" if torch.cuda.is_available() else "cpu"
     return ProfileConfig.from_dict({"model": model, "prompts": local_file(prompts), "out": str(out),
                                     "num_prompts": num_prompts, "seeds": seeds, "device": device,
                                     "trajectories": trajectories, "sampling": sampling.to_dict()})
