@@ -261,8 +261,26 @@ class FluxModel:
         return self.pipe._prepare_latent_image_ids(1, h // 2, w // 2, self.device, self.dtype)
 
     def initial_noise(self, batch: int, height: int, width: int, generator: torch.Generator) -> torch.Tensor:
+        """(B, L, C) float32 rollout noise drawn directly in the packed layout (training's random stream;
+        evaluation draws `pipeline_noise` instead)."""
         L, C = self.latent_shape(height, width)
         return torch.randn((batch, L, C), generator=generator, dtype=torch.float32).to(self.device)
+
+    def pipeline_noise(self, batch: int, height: int, width: int,
+                       generator: torch.Generator | list[torch.Generator]) -> torch.Tensor:
+        """(B, L, C) float32 initial noise, the same numbers `diffusers.FluxPipeline` starts from for the same
+        `generator` (one generator, or one per image): `prepare_latents` draws `randn_tensor` in the unpacked
+        layout (B, C/4, 2·⌊H/16⌋, 2·⌊W/16⌋) in the prompt embeddings' dtype (the model dtype here), on the
+        generator's device, then packs it into 2×2 patches (`_pack_latents`). So an image sampled from this
+        noise is the image `FluxPipeline(..., generator=torch.Generator().manual_seed(s))` gives."""
+        from diffusers.utils.torch_utils import randn_tensor
+
+        self.check_resolution(height, width)
+        channels = self.transformer.config.in_channels // 4
+        h = 2 * (height // (self.vae_scale_factor * 2))
+        w = 2 * (width // (self.vae_scale_factor * 2))
+        lat = randn_tensor((batch, channels, h, w), generator=generator, device=self.device, dtype=self.dtype)
+        return self.pipe._pack_latents(lat, batch, channels, h, w).float()
 
     # ---------------------------------------------------------------- the velocity call
     def velocity(self, x: torch.Tensor, timesteps: torch.Tensor, cond: PromptEmbeds, img_ids: torch.Tensor,
