@@ -127,3 +127,25 @@ def test_the_modes_differ_so_the_comparison_has_teeth(stock_pipe):
     trained, hybrid, base = (_stock(stock_pipe, k) for k in (CFG.num_steps, CFG.trained_steps, 0))
     assert _max_diff(trained, base) > 8 and _max_diff(hybrid, base) > PIXEL_TOL
     assert _max_diff(trained, hybrid) > PIXEL_TOL
+
+
+@pytest.mark.exactness
+def test_hybrid_by_adapter_weight_equals_hybrid_by_disable_lora(stock_pipe):
+    """docs/diffusers.md's variant for several adapters: the adapter's weight set to 0 from step K on."""
+    name = stock_pipe.get_active_adapters()[0]
+    K = CFG.trained_steps
+
+    def weight_zero_from_step_k(p, i, t, kwargs):
+        if i == K - 1:
+            p.set_adapters([name], adapter_weights=[0.0])
+        return kwargs
+
+    try:
+        image = stock_pipe(PROMPT, generator=torch.Generator().manual_seed(SEED),
+                           num_inference_steps=CFG.num_steps, guidance_scale=CFG.guidance, height=CFG.height,
+                           width=CFG.width, max_sequence_length=CFG.max_sequence_length,
+                           callback_on_step_end=weight_zero_from_step_k).images[0]
+    finally:
+        stock_pipe.set_adapters([name], adapter_weights=[1.0])
+    assert _max_diff(image, _stock(stock_pipe, K)) <= PIXEL_TOL
+    assert _max_diff(image, _stock(stock_pipe, CFG.num_steps)) > PIXEL_TOL
