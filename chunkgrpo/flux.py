@@ -5,12 +5,17 @@ artifact store into a local cache first), or a hub repo id resolved from the loc
 (`local_files_only=True`; nothing is downloaded at run time). The tiny random-weight FLUX built by
 `chunkgrpo.testing.tiny` and a real FLUX.1-dev folder go through the same code.
 
+Only the FLUX.1 architecture is taken (`check_architecture`: `FluxPipeline` with `FluxTransformer2DModel`,
+read from the folder's `model_index.json` and `transformer/config.json` before anything loads); another
+model folder (Stable Diffusion 3, Qwen-Image, ...) is refused in one line.
+
 `FluxModel` wraps the components: prompt encoding, latent packing, the velocity call (with the
 integer-timestep convention of the shift schedule), x̂0 decoding, and a transformer call counter.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -117,6 +122,49 @@ def _not_a_view(t):
     return t.clone() if torch.is_tensor(t) and t._is_view() else t
 
 
+# The architecture the sampling maths, the LoRA targets and the capacity model are written for: the
+# diffusers FLUX.1 text-to-image pipeline (FLUX.1-dev, FLUX.1-schnell and fine-tunes saved in its format).
+SUPPORTED_PIPELINES = ("FluxPipeline",)
+SUPPORTED_TRANSFORMERS = ("FluxTransformer2DModel",)
+
+
+def check_architecture(model_index: dict | None, transformer_config: dict | None, where: str) -> None:
+    """Refuse a model folder of another architecture (one line naming the classes found and the supported
+    ones), from its `model_index.json` and `transformer/config.json` alone: nothing is loaded. A class name
+    that is absent is not judged here (loading reports what is missing)."""
+    index = model_index if isinstance(model_index, dict) else {}
+    config = transformer_config if isinstance(transformer_config, dict) else {}
+    pipeline = index.get("_class_name")
+    entry = index.get("transformer")
+    listed = entry[1] if isinstance(entry, (list, tuple)) and len(entry) == 2 else None
+    transformers = {c for c in (listed, config.get("_class_name")) if c}
+    bad_pipeline = pipeline is not None and pipeline not in SUPPORTED_PIPELINES
+    bad_transformer = bool(transformers - set(SUPPORTED_TRANSFORMERS))
+    if bad_pipeline or bad_transformer:
+        found = str(pipeline or "a pipeline")
+        if transformers:
+            found += f" with transformer {', '.join(sorted(map(str, transformers)))}"
+        raise UserError(f"model {where} is {found}; supported: {' / '.join(SUPPORTED_PIPELINES)} with "
+                        f"{' / '.join(SUPPORTED_TRANSFORMERS)} (FLUX.1-dev, FLUX.1-schnell and their "
+                        "fine-tunes in diffusers format)")
+
+
+def _read_json(path: Path) -> dict | None:
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise UserError(f"{path} is not readable JSON ({type(e).__name__}: {e})") from None
+
+
+def check_model_folder(path: str | os.PathLike) -> None:
+    """`check_architecture` on a local diffusers pipeline folder."""
+    root = Path(path)
+    index = _read_json(root / "model_index.json")
+    check_architecture(index, _read_json(root / "transformer" / "config.json"), str(root))
+
+
 def resolve_model_source(source: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> str:
     """A local folder path for `source` (local dir, s3:// URI, or hub id from the local cache)."""
     s = str(source)
@@ -131,18 +179,21 @@ def resolve_model_source(source: str | os.PathLike, cache_dir: str | os.PathLike
             raise UserError(
                 f"model dir {p} has no model_index.json (expected a diffusers FLUX pipeline folder)"
             )
+        check_model_folder(p)
         return str(p)
     if s.startswith((".", "/", "~")) or os.sep in s and s.count("/") != 1:
         raise UserError(f"model dir {s} does not exist (expected a diffusers FLUX pipeline folder)")
     try:  # a hub repo id: resolve from the local cache only, never download
         from huggingface_hub import snapshot_download
 
-        return snapshot_download(s, local_files_only=True)
+        path = snapshot_download(s, local_files_only=True)
     except Exception as e:
         raise UserError(
             f"model {s!r} is not a local folder and not in the local hub cache ({type(e).__name__}); "
             "pass a folder, an s3:// URI, or pre-populate HF_HOME"
         ) from None
+    check_model_folder(path)
+    return path
 
 
 def quiet_library_progress() -> None:
@@ -261,8 +312,26 @@ class FluxModel:
         return self.pipe._prepare_latent_image_ids(1, h // 2, w // 2, self.device, self.dtype)
 
     def initial_noise(self, batch: int, height: int, width: int, generator: torch.Generator) -> torch.Tensor:
+        """(B, L, C) float32 rollout noise drawn directly in the packed layout (training's random stream;
+        evaluation draws `pipeline_noise` instead)."""
         L, C = self.latent_shape(height, width)
         return torch.randn((batch, L, C), generator=generator, dtype=torch.float32).to(self.device)
+
+    def pipeline_noise(self, batch: int, height: int, width: int,
+                       generator: torch.Generator | list[torch.Generator]) -> torch.Tensor:
+        """(B, L, C) float32 initial noise, the same numbers `diffusers.FluxPipeline` starts from for the same
+        `generator` (one generator, or one per image): `prepare_latents` draws `randn_tensor` in the unpacked
+        layout (B, C/4, 2·⌊H/16⌋, 2·⌊W/16⌋) in the prompt embeddings' dtype (the model dtype here), on the
+        generator's device, then packs it into 2×2 patches (`_pack_latents`). So an image sampled from this
+        noise is the image `FluxPipeline(..., generator=torch.Generator().manual_seed(s))` gives."""
+        from diffusers.utils.torch_utils import randn_tensor
+
+        self.check_resolution(height, width)
+        channels = self.transformer.config.in_channels // 4
+        h = 2 * (height // (self.vae_scale_factor * 2))
+        w = 2 * (width // (self.vae_scale_factor * 2))
+        lat = randn_tensor((batch, channels, h, w), generator=generator, device=self.device, dtype=self.dtype)
+        return self.pipe._pack_latents(lat, batch, channels, h, w).float()
 
     # ---------------------------------------------------------------- the velocity call
     def velocity(self, x: torch.Tensor, timesteps: torch.Tensor, cond: PromptEmbeds, img_ids: torch.Tensor,

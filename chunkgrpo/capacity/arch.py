@@ -3,7 +3,8 @@ artifact's or FLUX.1-dev's published ones), built on the meta device for exact p
 peak live activation bytes of its forward (and backward) simulated at a run's exact shapes.
 
 **Architecture.** `ModelArch` holds the four component configs (FLUX transformer, CLIP-L text, T5 text,
-VAE): those of a local diffusers folder, else FLUX.1-dev's published ones (`FLUX_DEV`). Each is built
+VAE): those of a local diffusers folder, else FLUX.1-dev's published ones (`FLUX_DEV`); a folder of another
+architecture (its model_index.json / transformer config name other classes) is refused. Each is built
 on the meta device (`torch.device("meta")`: shapes only), so parameter counts are exact, e.g.
 FLUX.1-dev's transformer has exactly `FLUX_DEV_TRANSFORMER_PARAMS` = 11,901,408,320 parameters.
 
@@ -211,7 +212,10 @@ class ModelArch:
 
     @classmethod
     def from_folder(cls, path: str | os.PathLike) -> "ModelArch":
+        from chunkgrpo.flux import check_model_folder
+
         root = Path(path)
+        check_model_folder(root)  # another architecture's configs would not fit FLUX's classes
         cfgs = {}
         for name in ("transformer", "text_encoder", "text_encoder_2", "vae"):
             f = root / name / "config.json"
@@ -225,11 +229,15 @@ class ModelArch:
 
     @classmethod
     def from_s3(cls, uri: str, store=None) -> "ModelArch":
-        """The configs of an s3:// folder artifact of the model cache (four small reads + its manifest)."""
+        """The configs of an s3:// folder artifact of the model cache (small reads of model_index.json and
+        the four configs, + its manifest); another architecture is refused (`flux.check_architecture`)."""
+        from chunkgrpo.flux import check_architecture
         from chunkgrpo.store.client import ArtifactStore
 
         store = store or ArtifactStore()
         base = uri.rstrip("/")
+        check_architecture(json.loads(store.get_bytes(f"{base}/model_index.json")),
+                           json.loads(store.get_bytes(f"{base}/transformer/config.json")), uri)
         cfgs = {
             n: {
                 k: v
@@ -255,6 +263,8 @@ class ModelArch:
         if model.startswith("s3://") and os.environ.get("AWS_ACCESS_KEY_ID"):
             try:
                 return cls.from_s3(model)
+            except UserError:  # read, and not a supported architecture
+                raise
             except Exception as e:
                 return cls(**FLUX_DEV, source=f"FLUX.1-dev (published configs; {model} unreadable: "
                                               f"{type(e).__name__})")

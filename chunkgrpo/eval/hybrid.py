@@ -19,7 +19,10 @@ Memory:
 
 Determinism: the initial noise of every image comes from its own seed (`torch.Generator("cpu")
 .manual_seed(seed)`), so an image does not depend on batching and the base and trained models
-start from the same noise for the same seed (fair side-by-side comparison).
+start from the same noise for the same seed (fair side-by-side comparison). It is drawn as
+`diffusers.FluxPipeline` draws it (unpacked layout, then packed): stock diffusers with the exported LoRA
+and `generator=torch.Generator().manual_seed(seed)` starts from the same noise (docs/diffusers.md).
+Training's rollouts keep their own stream (`FluxModel.initial_noise`, drawn packed).
 
 Schedule: `schedule="dynamic"` with float timesteps is the stock diffusers FLUX pipeline schedule
 (FlowMatchEulerDiscreteScheduler with dynamic shifting, as FLUX.1-dev ships it), which MixGRPO's
@@ -262,9 +265,11 @@ def _tuner_layers(transformer) -> list:
 
 
 def noise_for_seeds(model, seeds: Sequence[int], height: int, width: int) -> torch.Tensor:
-    """(B, L, C) initial noise, image b drawn from its own CPU generator seeded with seeds[b]."""
-    out = [model.initial_noise(1, height, width, torch.Generator("cpu").manual_seed(int(s))) for s in seeds]
-    return torch.cat(out, 0)
+    """(B, L, C) initial noise, image b drawn from its own CPU generator seeded with seeds[b], in the layout
+    and dtype `diffusers.FluxPipeline` draws it (`FluxModel.pipeline_noise`): the evaluation image of seed s
+    starts from the noise of `FluxPipeline(..., generator=torch.Generator().manual_seed(s))`."""
+    gens = [torch.Generator("cpu").manual_seed(int(s)) for s in seeds]
+    return model.pipeline_noise(len(gens), height, width, gens)
 
 
 class HybridSampler:
