@@ -168,16 +168,20 @@ def test_a_fabricated_evaluation_is_refused(pipe_env, tmp_path, monkeypatch):
         t.log_metrics({"hpdv2.hpsv3.trained": 0.99})
     with pytest.raises(UserError, match="records no weights digest"):
         register(name, w, t.run_id)
+    # the stronger mode, from a model's start: only the evaluator's experiment counts (the champion's too)
+    strict = f"probe-strict-{uuid.uuid4().hex[:6]}"
+    register(strict, weights(tmp_path / "s0", 9), None)  # creates the model (no evaluation, no champion)
     evaluator = MlflowClient().create_experiment(f"probe-evaluator-{uuid.uuid4().hex[:6]}")
-    set_eval_experiment(name, evaluator, why="evaluations run by the evaluator identity")
+    set_eval_experiment(strict, evaluator, why="evaluations run by the evaluator identity")
     forged = eval_run({"hpdv2.hpsv3.trained": 0.99}, "probe-fabricated", weights=w)
     with pytest.raises(UserError, match="not in the evaluator's experiment"):
-        register(name, w, forged)
+        register(strict, w, forged)
     trusted = eval_run({"hpdv2.hpsv3.trained": 0.6}, MlflowClient().get_experiment(evaluator).name,
                        weights=w)
-    v2 = register(name, w, trusted)
-    assert post(pipe_env.url, "/promote", {"name": name, "version": v2.version, "why": "better"})[1][
-        "action"] == "promoted"
+    v2 = register(strict, w, trusted)
+    code, body = post(pipe_env.url, "/promote", {"name": strict, "version": v2.version, "why": "first"})
+    assert code == 200 and body["action"] == "promoted", body
+    assert aliases(name)["champion"] == v1.version
 
 
 def test_a_source_outside_the_callers_run_is_refused(pipe_env, tmp_path):
