@@ -12,7 +12,7 @@ from chunkgrpo.errors import UserError
 from chunkgrpo.registry.gate import GateConfig
 from chunkgrpo.registry.load import load_registered_model
 from chunkgrpo.registry.payload import MODEL_INFO
-from chunkgrpo.registry.promotion import promote, rollback
+from chunkgrpo.registry.promotion import promote, promotion_history, rollback
 from chunkgrpo.registry.registration import Registration, register_model
 from chunkgrpo.store.client import ArtifactStore
 from tests.registry_helpers import eval_run, eval_run_for
@@ -149,17 +149,9 @@ def test_register_promote_gate_rollback(services_env, tmp_path):
     assert _tags(name, v3.version)["promotion.status"] == "rolled_back"
     with pytest.raises(UserError, match="nothing to roll back"):
         rollback(name, why="again")
-    log = json.loads(_client().get_registered_model(name).tags["promotion.log"])
-    assert [e["action"] for e in log] == [
-        "set_gate",
-        "promoted",
-        "promoted",
-        "rejected",
-        "rejected",
-        "rejected",
-        "forced",
-        "rollback",
-    ]
+    log = promotion_history(name)  # one tag per entry; rejections are counted, not logged
+    assert [e["action"] for e in log] == ["set_gate", "promoted", "promoted", "forced", "rollback"]
+    assert _client().get_registered_model(name).tags["promotion.rejected_count"] == "3"
     assert log[0]["metric"] == METRIC and log[0]["direction"] == "max"
     with pytest.raises(UserError, match="no version"):
         promote(name, "999")
