@@ -11,8 +11,15 @@ aliases, through this small HTTP service:
 
     POST /promote  {"name": ..., "version": ..., "metric": "", "margin": 0.0, "why": ...}
     POST /versions {"name": ..., "source": <artifact URI of an MLflow model in the caller's run>,
-                    "run_id": ..., "eval_run_id": ..., "tags": {...}}
+                    "run_id": ..., "eval_run_id": ..., "tags": {...}, "challenger_alias": "challenger",
+                    "gate_metric": ..., "gate_direction": ..., "idempotency_key": ...}
         Authorization: Basic <the caller's MLflow credentials>
+
+Requests are bounded: a body over 64 KiB gets 413; JSON nested deeper than 4 levels, an unknown field, a
+`why` over gate.MAX_WHY characters or more than 100 tags get 400 with one line. `/versions` creates a
+version only from a run the caller may write to, from a `source` inside that run, never with a protected
+alias, and answers a repeated request with the version it created (`registration.create_version`). On
+start the service reclaims promotion locks whose holders are gone (`promotion.reclaim_locks`).
 
 Creating a version also needs EDIT on the registered model in MLflow (and EDIT moves aliases), so
 registration's privileged half runs here too (`chunkgrpo.registry.registration.create_version`): the

@@ -9,16 +9,20 @@ by an explicit, logged `set_gate`), otherwise the direction of a known metric is
 asks for another direction or metric is refused, so no flag can crown a worse model. The one metric
 a caller may pick besides the model's is the confidence bound of that same metric's paired
 trained − base delta (see `gate.gate_decision`). Metrics measured under different **eval protocols**
-(tag `eval.protocol.sha256`) are never compared. The old champion gets `previous`. Every decision is
-written as tags (who, why, metrics, time) on the version and appended to the registered model's
-`promotion.log` tag. Promoting the current champion again is a no-op; `force=True` skips the gate
-and is recorded. `rollback` moves `champion` back to `previous`.
+(tag `eval.protocol.sha256`) are never compared, and an evaluation run counts only for the weights it
+scored (its tag chunkgrpo.weights_sha256 equals the version's `weights.sha256`). The old champion gets
+`previous`. Every decision is written as tags (who, why, metrics, time) on the version; promotions,
+forced promotions, rollbacks and gate changes are appended to the registered model's audit log (one tag
+per entry, `promotion.log.<time>-<token>`, never rewritten), rejections are counted apart
+(`promotion.rejected_count`). Promoting the current champion again is a no-op; `force=True` skips the
+gate and is recorded. `rollback` moves `champion` back to `previous`.
 
 **Integrity.** A version is judged by the gate recorded at its registration (`rules.at_registration`);
-`set_gate`, `force` and `rollback` are the promoter identity's (tag `promoter` of the registered
-model, = the MLflow user that created it) and need a reason. Promotions hold `promotion_lock` (an
-atomically created registered model) and re-read `champion` after moving it. On a basic-auth MLflow
-only the promoter identity may move aliases, so pipeline users go through `chunkgrpo.promoter`.
+`set_gate`, `set_eval_experiment`, `force` and `rollback` are the promoter identity's (tag `promoter` of
+the registered model, = the MLflow user that created it) and need a reason. Promotions hold
+`promotion_lock` (an atomically created registered model, held as a lease) and re-read `champion` after
+moving it. On a basic-auth MLflow only the promoter identity may move aliases, so pipeline users go
+through `chunkgrpo.promoter`. The trust boundary: docs/promotion.md.
 """
 
 from __future__ import annotations
@@ -355,7 +359,7 @@ def promote(name: str, version: str | int, gate: GateConfig | None = None, *, fo
     it, and the champion is re-read after it is set (compare-and-set): concurrent promoters end with
     the best version as champion. Gate values are the versions' evaluation runs' (`trusted_metric`).
     `force` is reserved to the promoter identity, needs a reason, and is recorded (who, why, previous
-    champion) on the version and in the model's `promotion.log`.
+    champion) on the version and in the model's audit log (`promotion_history`).
     Idempotent: promoting the current champion again changes nothing; re-running a rejected
     promotion rejects again without touching aliases.
     """
@@ -476,7 +480,7 @@ def rollback(name: str, *, who: str | None = None, why: str = "", config: Regist
 
 
 def promotion_history(name: str, *, client=None) -> list[dict]:
-    """The registered model's audit log (`promotion.log` tag): gate changes, promotions, forced
+    """The registered model's audit log (`gate.log_entries`): gate changes, promotions, forced
     promotions and rollbacks with who, identity, why, previous champion and time (newest last)."""
     client = client or connect()
     return rules.log_entries(dict(registered_model(client, name).tags or {}))
