@@ -171,6 +171,8 @@ _INCARNATION = uuid.uuid4().hex[:12]  # this process, as opposed to an earlier o
 def _process_start(pid: int) -> str:
     """When process `pid` started (Linux /proc ticks since boot; '' where unknown, '-' when no such
     process): with the pid it names one process, never a later one that reuses the pid."""
+    if not Path("/proc/self/stat").exists():
+        return ""  # no /proc here: only the lease tells
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
     except FileNotFoundError:
