@@ -199,6 +199,8 @@ def test_pipeline_users_cannot_move_champion_but_the_promoter_service_gates_for_
     promoter, pipe = f"promoter-{uuid.uuid4().hex[:4]}", f"pipeline-{uuid.uuid4().hex[:4]}"
     users.create_user(promoter, promoter_pw)
     users.create_user(pipe, pipe_pw)
+    other_pw = "o-" + uuid.uuid4().hex[:12]
+    users.create_user(f"other-{pipe}", other_pw)  # a second pipeline user
     # the pipeline evaluates (its own experiment, its own runs) ...
     _as(monkeypatch, url, pipe, pipe_pw)
     dirs = []
@@ -267,6 +269,10 @@ def test_pipeline_users_cannot_move_champion_but_the_promoter_service_gates_for_
         with pytest.raises(Exception, match="(?i)permission|403"):
             MlflowClient().set_model_version_tag(name, v_worse, "eval.run_id", good)
         assert "champion" not in MlflowClient().get_registered_model(name).aliases
+        # another pipeline user may read pipe's run but not make a version of it (it may not write to it)
+        mv_good = MlflowClient().get_model_version(name, v_good)
+        body = {"name": name + "-copy", "source": mv_good.source, "run_id": mv_good.run_id}
+        assert _post(promoter_url, "/versions", body, (f"other-{pipe}", other_pw)) == 403
         # unauthenticated or wrong credentials at the promoter: refused
         assert _post(promoter_url, "/promote", {"name": name, "version": v_worse}) == 403
         assert _post(promoter_url, "/promote", {"name": name, "version": v_worse}, (pipe, "wrong")) == 403
