@@ -322,3 +322,24 @@ def test_the_champion_loads_verified_in_a_fresh_process(services_env, tmp_path, 
     r = load("tampered")
     assert r.returncode == 3 and "changed since registration" in r.stdout, r.stdout + r.stderr[-2000:]
     assert not sentinel.exists()
+
+
+def test_a_starting_promoter_reclaims_locks_of_gone_holders_only(services_env):
+    """What `serve` does on start: a lock whose lease expired or whose process is gone is deleted, a live
+    holder's is kept."""
+    from mlflow import MlflowClient
+
+    from chunkgrpo.registry.client import connect
+    from chunkgrpo.registry.gate import LOCK_SUFFIX
+    from chunkgrpo.registry.promotion import lock_holder, reclaim_locks
+
+    c, tag = MlflowClient(), uuid.uuid4().hex[:6]
+    now = time.time()
+    held = {f"gone-{tag}": ("elsewhere:1:1:x", now - 5), f"live-{tag}": (lock_holder(), now + 30)}
+    for name, (holder, expires) in held.items():
+        tags = {"lock.holder": holder, "lock.expires": repr(expires), "lock.at": repr(now - 60)}
+        c.create_registered_model(name + LOCK_SUFFIX, tags=tags)
+    reclaimed = reclaim_locks(connect())
+    assert f"gone-{tag}{LOCK_SUFFIX}" in reclaimed and f"live-{tag}{LOCK_SUFFIX}" not in reclaimed
+    assert c.search_registered_models(f"name = 'live-{tag}{LOCK_SUFFIX}'")
+    c.delete_registered_model(f"live-{tag}{LOCK_SUFFIX}")
