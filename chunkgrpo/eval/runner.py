@@ -54,6 +54,7 @@ from chunkgrpo.eval.report import write_report
 from chunkgrpo.grids import image_grid
 from chunkgrpo.scoring.backends import resolve_device
 from chunkgrpo.store.client import ArtifactStore
+from chunkgrpo.store.manifest import BASE_WEIGHTS_TAG, WEIGHTS_TAG, weights_sha256
 
 log = logging.getLogger(__name__)
 
@@ -374,13 +375,26 @@ def _describe_models(cfg: EvalConfig, labels: list[str], trained, base_model: st
     return out
 
 
-def _stage_run(cfg: EvalConfig, out: Path, base_model: str):
+def _weights_tags(trained, base_model: str) -> dict[str, str]:
+    """The run tags binding the evaluation to the weights it scores: the trained weights' digest
+    (`weights_sha256`, what registration requires to equal the registered version's) and, when the base
+    model is a local folder, the base model's (a hub id is recorded by name, tag chunkgrpo.base_model)."""
+    tags = {}
+    if trained is not None:
+        tags[WEIGHTS_TAG] = weights_sha256(trained.path)
+    if base_model and Path(base_model).expanduser().is_dir():
+        tags[BASE_WEIGHTS_TAG] = weights_sha256(Path(base_model).expanduser())
+    return tags
+
+
+def _stage_run(cfg: EvalConfig, out: Path, base_model: str, trained=None):
     """The MLflow stage run "evaluate", fed from a background thread (as in training): an unreachable or
     dying tracking server never blocks or fails the evaluation. The results are written and uploaded
     first, then handed to MLflow, which gets at most tracking_flush_timeout_s more (then one warning
-    line; the results stay intact)."""
+    line; the results stay intact). Its tags name the weights scored (`_weights_tags`)."""
     params = tracking.flatten({k: v for k, v in cfg.to_dict().items()})
-    tags = {"chunkgrpo.model": cfg.model or "(base only)", "chunkgrpo.base_model": base_model}
+    tags = {"chunkgrpo.model": cfg.model or "(base only)", "chunkgrpo.base_model": base_model,
+            **_weights_tags(trained, base_model)}
     where = f"{out / 'metrics.json'}" + (f" and {cfg.output_uri}" if cfg.output_uri else "")
     return tracking.background_stage_run("evaluate", parent_run_id=cfg.parent_run_id or None,
                                          experiment=cfg.experiment, params=params, tags=tags,
@@ -433,7 +447,7 @@ def run_evaluation(cfg: EvalConfig, *, detector=None, color_fn: Callable | None 
         cache = base_cache.open_cache(cfg.base_cache, base_model, cfg.sampling.to_dict(), cfg.seed,
                                       str(_torch_dtype(cfg.dtype, device)), device)
     from_cache = cache.fetch(out, jobs) if cache else 0
-    with _stage_run(cfg, out, base_model) as tracker:
+    with _stage_run(cfg, out, base_model, trained) as tracker:
         gen_stats = _generate(cfg, out, jobs, labels, trained, base_model)
         if cache:
             gen_stats.update(base_from_cache=from_cache, base_to_cache=cache.store_new(out, jobs),

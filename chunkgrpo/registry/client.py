@@ -21,6 +21,7 @@ import urllib.request
 from chunkgrpo.errors import UserError
 from chunkgrpo.progress import quiet_mlflow_progress
 from chunkgrpo.registry import gate
+from chunkgrpo.store.manifest import WEIGHTS_TAG as RUN_WEIGHTS_TAG
 from chunkgrpo.tracking import credentials_from_uri, redact_uri
 
 # Registry calls: MLflow's defaults retry 7 times with backoff (~250 s on a dead server). A dead or hung
@@ -141,10 +142,14 @@ def set_version_tags(client, name: str, version: str, tags) -> None:
         client.set_model_version_tag(name, version, k, gate.tag_text(v))
 
 
-def eval_run(client, run_id: str):
-    """The evaluation stage's own run (tag chunkgrpo.stage=evaluate, FINISHED), or UserError."""
+def eval_run(client, run_id: str, name: str | None = None):
+    """The evaluation stage's own run (tag chunkgrpo.stage=evaluate, FINISHED), or UserError. When the
+    registered model `name` names the experiment trusted evaluations run in (tag gate.eval_experiment_id,
+    one only the evaluator identity may write to), the run must lie in it."""
     from mlflow.exceptions import MlflowException
 
+    if not isinstance(run_id, str) or not run_id.isalnum() or len(run_id) > 64:
+        raise UserError(f"evaluation run id {str(run_id)[:80]!r} is not an MLflow run id")
     try:
         run = client.get_run(run_id)
     except MlflowException as e:
@@ -152,24 +157,43 @@ def eval_run(client, run_id: str):
             f"evaluation run {run_id!r} cannot be read: {str(e.message).splitlines()[0]}"
         ) from None
     gate.check_eval_run(run_id, (run.data.tags or {}).get("chunkgrpo.stage"), run.info.status)
+    trusted = model_tags(client, name).get(gate.EVAL_EXPERIMENT_TAG) if name and has_model(client, name) \
+        else ""
+    if trusted and str(run.info.experiment_id) != trusted:
+        raise UserError(f"evaluation run {run_id} lies in experiment {run.info.experiment_id}, not in the "
+                        f"evaluator's experiment {trusted} that {name!r} trusts "
+                        f"(tag {gate.EVAL_EXPERIMENT_TAG})")
     return run
 
 
-def eval_run_metrics(client, run_id: str) -> dict[str, float]:
+def has_model(client, name: str) -> bool:
+    from mlflow.exceptions import MlflowException
+
+    try:
+        client.get_registered_model(name)
+        return True
+    except MlflowException:
+        return False
+
+
+def eval_run_metrics(client, run_id: str, name: str | None = None) -> dict[str, float]:
     """The registry metrics of an evaluation run, from the run itself (`gate.registry_metrics`)."""
-    return gate.registry_metrics(eval_run(client, run_id).data.metrics or {})
+    return gate.registry_metrics(eval_run(client, run_id, name).data.metrics or {})
 
 
 def trusted_metric(client, name: str, version: str, metric: str) -> float:
-    """The gate value of a version, read only from the evaluation run it links (tag eval.run_id):
-    never from a `metric.*` tag or a file the registering user wrote. The value must have been logged
+    """The gate value of a version, read only from the evaluation run it links (tag eval.run_id), which
+    must have scored the version's weights (`gate.check_weights_bound`): never from a `metric.*` tag or a
+    file the registering user wrote. The value must have been logged
     exactly once (a re-logged metric is refused) and be finite; UserError otherwise."""
     mv = get_version(client, name, version)
     run_id = (mv.tags or {}).get(gate.EVAL_RUN_TAG)
     if not run_id:
         raise UserError(f"v{version} of {name!r} links no evaluation run (tag {gate.EVAL_RUN_TAG}): it was "
                         "registered without the evaluation's metrics.json, so it has no trusted metrics")
-    run = eval_run(client, run_id)
+    run = eval_run(client, run_id, name)
+    gate.check_weights_bound(run_id, (run.data.tags or {}).get(RUN_WEIGHTS_TAG),
+                             (mv.tags or {}).get(gate.WEIGHTS_TAG), version)
     key = gate.run_metric_key(metric, run.data.metrics or {})
     if key is None:
         raise UserError(f"evaluation run {run_id} of v{version} has no metric for {metric}")

@@ -23,6 +23,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import re
 import sys
 from collections.abc import Mapping
 from typing import Any, Literal
@@ -38,13 +39,23 @@ PROTOCOL_TAG, PROTOCOL_HASH_TAG = "eval.protocol", "eval.protocol.sha256"  # ver
 EVAL_RUN_TAG = "eval.run_id"               # version tag: the evaluation stage's run (the trusted metrics)
 GATE_SNAPSHOT_TAG = "gate.at_registration"  # version tag: the model's gate when the version was created
 TREE_TAG = "model.tree_sha256"             # version tag: digest of every file of the MLflow model (code too)
+WEIGHTS_TAG = "weights.sha256"            # version tag: the registered weights' digest (store.manifest)
+KEY_TAG = "registration.key"               # version tag: the idempotency key of the request that created it
 PROMOTER_TAG = "promoter"                  # registered-model tag: the identity that owns promotion
+EVAL_EXPERIMENT_TAG = "gate.eval_experiment_id"  # registered-model tag: where trusted evaluations run
 LOCK_SUFFIX = ".promotion-lock"            # registered model created/deleted as the promotion mutex
 MAX_NAME_LEN = 200                         # MLflow's name column is 256 wide; the lock adds 15
 MAX_TAG = 5000                             # MLflow's tag value limit
-LOG_ENTRIES = 20                           # entries kept in the registered model's promotion.log
+MAX_WHY = 1000                             # characters of a reason (`why`): an audit entry fits one tag
+LOG_TAG = "promotion.log"                  # registered-model tag of older registries: one JSON list
+LOG_PREFIX = "promotion.log."              # registered-model tags: one per audit entry, never rewritten
+REJECTED_TAG = "promotion.rejected_count"  # registered-model tag: rejected promotions (not in the log)
+# Aliases only the gate moves: no request may name them for a new version (`check_alias`).
+PROTECTED_ALIASES = ("champion", "previous")
+PROTECTED_TAG = "gate.protected_aliases"   # registered-model tag: more aliases a promotion moved (JSON list)
 # the version tags only the registry computes (never copied from a caller's tags)
-TRUSTED_TAGS = (EVAL_RUN_TAG, GATE_SNAPSHOT_TAG, TREE_TAG, METRIC_TAG, "promotion.", "gate.")
+TRUSTED_TAGS = (EVAL_RUN_TAG, GATE_SNAPSHOT_TAG, TREE_TAG, METRIC_TAG, WEIGHTS_TAG, "registration.",
+                "promotion.", "gate.")
 # Direction of metrics whose meaning is fixed (last dotted component, after stripping the
 # .trained/.base/.delta/CI suffixes); anything else needs a gate.direction tag on the model.
 KNOWN_DIRECTIONS = {name: "max" for name in (
@@ -502,16 +513,56 @@ def protocol_hash(protocol: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(protocol, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def append_entry(log_text: str | None, entry: dict) -> str:
-    """The `promotion.log` tag with `entry` appended: the newest LOG_ENTRIES entries, oldest dropped first
-    until the JSON fits a tag (an unreadable log starts over)."""
+def log_entry(entry: dict, at_ns: int, token: str) -> tuple[str, str]:
+    """(tag key, value) of one audit entry: a key of its own (time in ns + a random token, so entries sort
+    by time and two writers never share one), never rewritten; free text cut so the entry fits a tag."""
+    entry = {k: (v[:MAX_WHY] if isinstance(v, str) else v) for k, v in entry.items()}
+    return f"{LOG_PREFIX}{at_ns:020d}-{token}", tag_text(entry)
+
+
+def log_entries(tags: Mapping[str, str]) -> list[dict]:
+    """The audit log of a registered model from its tags, oldest first: an older registry's `promotion.log`
+    list, then every `promotion.log.<time>-<token>` entry."""
+    out: list = []
     try:
-        history = json.loads(log_text or "[]")
+        legacy = json.loads(tags.get(LOG_TAG) or "[]")
+        out.extend(legacy if isinstance(legacy, list) else [])
     except json.JSONDecodeError:
-        history = []
-    history = (history + [entry])[-LOG_ENTRIES:]
-    text = json.dumps(history, sort_keys=True)
-    while len(text) > MAX_TAG and len(history) > 1:
-        history = history[1:]
-        text = json.dumps(history, sort_keys=True)
-    return text
+        pass
+    for k in sorted(k for k in tags if k.startswith(LOG_PREFIX)):
+        try:
+            out.append(json.loads(tags[k]))
+        except json.JSONDecodeError:
+            out.append({"action": "unreadable", "tag": k, "text": tags[k][:200]})
+    return out
+
+
+def check_alias(alias: str) -> None:
+    """An alias a new version may get: a plain name (letters, digits, '-', '_'), not one of the aliases
+    only the gate moves (PROTECTED_ALIASES), not MLflow's reserved `latest` / `vN`; UserError otherwise."""
+    if not isinstance(alias, str) or not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", alias):
+        raise UserError(f"alias {str(alias)[:80]!r} is not a plain name (letters, digits, '-', '_'; 1-64)")
+    if alias.lower() in PROTECTED_ALIASES:
+        raise UserError(f"alias {alias!r} is moved only by the promotion gate (chunkgrpo promote); "
+                        "a new version may not take it")
+    if alias.lower() == "latest" or re.fullmatch(r"[vV]\d+", alias):
+        raise UserError(f"alias {alias!r} is reserved by MLflow")
+
+
+def check_weights_bound(run_id: str, scored: str | None, registered: str | None, version: str = "") -> None:
+    """An evaluation counts for a version only if it scored the version's weights: the run's tag
+    chunkgrpo.weights_sha256 (`scored`) must equal the version's weights digest (`registered`)."""
+    what = f"v{version}" if version else "the registered weights"
+    if not scored:
+        raise UserError(f"evaluation run {run_id} records no weights digest (tag chunkgrpo.weights_sha256): "
+                        f"nothing binds its numbers to {what}; evaluate with `chunkgrpo evaluate`")
+    if not registered:
+        raise UserError(f"{what} records no weights digest (tag {WEIGHTS_TAG}); re-register it")
+    if scored != registered:
+        raise UserError(f"evaluation run {run_id} scored other weights ({scored[:12]}...) than {what} "
+                        f"({registered[:12]}...): its numbers are not {what}'s")
+
+
+def check_why(why: str) -> None:
+    if len(why) > MAX_WHY:
+        raise UserError(f"why is {len(why)} characters; at most {MAX_WHY}")

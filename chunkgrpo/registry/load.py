@@ -61,8 +61,9 @@ def load_pyfunc(model_uri: str, dst: str | Path | None = None):
         raise UserError(f"{mv.name} v{mv.version} records no {TREE_TAG} (registered before code pinning): "
                         "re-register it to load it verified")
     dst = Path(dst or tempfile.mkdtemp(prefix="chunkgrpo-pyfunc-"))
-    local = Path(mlflow.artifacts.download_artifacts(artifact_uri=f"models:/{mv.name}/{mv.version}",
-                                                     dst_path=str(dst)))
+    # the version's own source: exactly the files registered (a `models:/` download adds MLflow's
+    # registered_model_meta, which tree_sha256 leaves out too)
+    local = Path(mlflow.artifacts.download_artifacts(artifact_uri=mv.source, dst_path=str(dst)))
     actual = tree_sha256(local)
     if actual != expected:
         raise UserError(f"{mv.name} v{mv.version}: the model's files in the artifact store changed since "

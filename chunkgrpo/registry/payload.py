@@ -19,17 +19,20 @@ only this module of the registry (`MODEL_INFO`, `weights_from_payload`, `PARAM_D
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from chunkgrpo.errors import UserError
 from chunkgrpo.store.client import ArtifactStore
-from chunkgrpo.store.manifest import Manifest
+from chunkgrpo.store.manifest import Manifest, weights_sha256
 
 MODEL_INFO = "chunkgrpo_registration.json"  # beside the trainer's chunkgrpo_model.json, never over it
 MODEL_INFO_FORMAT = "chunkgrpo.registered-model/v1"
 PAYLOAD = "artifacts/model"                 # where the pyfunc MLmodel keeps the weights + MODEL_INFO
+# files MLflow writes into a `models:/` download that were never registered (not part of tree_sha256)
+REGISTRY_FILES = ("registered_model_meta",)
 # predict(params=...): 0 / -1 mean "as registered" (MLflow params need concrete defaults)
 PARAM_DEFAULTS = {"mode": "hybrid", "num_steps": 0, "trained_steps": -1, "height": 0, "width": 0,
                   "guidance": -1.0, "batch_size": 4, "seed": 42}
@@ -122,11 +125,31 @@ def weights_from_payload(payload: Path, info: dict, store=None) -> Path:
     return weights
 
 
+def weights_digest(folder: str | Path) -> str:
+    """The weights digest (`store.manifest.weights_sha256`) of an MLflow model folder of this layout: the
+    payload's files without MODEL_INFO (inline weights), or, for external weights, the content digest
+    MODEL_INFO pins (its file list, whose manifest digest `weights_from_payload` checks on load)."""
+    root = Path(folder) / PAYLOAD
+    try:
+        info = json.loads((root / MODEL_INFO).read_text())
+    except (OSError, ValueError) as e:
+        raise UserError(f"{Path(folder).name}: not a chunkgrpo model ({MODEL_INFO} unreadable: "
+                        f"{type(e).__name__})") from None
+    if info.get("weights") == "external":
+        files = info.get("files") if isinstance(info.get("files"), dict) else {}
+        return Manifest(files=files).content_sha256
+    return weights_sha256(root, exclude=(MODEL_INFO,))
+
+
 def tree_sha256(folder: str | Path) -> str:
-    """Digest of a folder: every file's relative path and sha256 (code, MLmodel, weights, env files)."""
+    """Digest of a folder: every file's relative path and sha256 (code, MLmodel, weights, env files),
+    without what MLflow adds to a registered model's download (REGISTRY_FILES)."""
     root = Path(folder)
     h = hashlib.sha256()
     for f in sorted(p for p in root.rglob("*") if p.is_file()):
-        h.update(f.relative_to(root).as_posix().encode() + b"\0")
+        rel = f.relative_to(root).as_posix()
+        if rel in REGISTRY_FILES:
+            continue
+        h.update(rel.encode() + b"\0")
         h.update(hashlib.sha256(f.read_bytes()).hexdigest().encode() + b"\n")
     return h.hexdigest()

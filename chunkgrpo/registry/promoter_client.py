@@ -40,12 +40,17 @@ def _call(url: str, path: str, body: dict) -> dict:
 
 
 def request_version(url: str, name: str, source: str, run_id: str, tags: dict, *, eval_run_id=None,
-                    gate_metric=None, gate_direction=None, challenger_alias="challenger"):
+                    gate_metric=None, gate_direction=None, challenger_alias="challenger",
+                    idempotency_key: str | None = None):
     """Ask the promoter to create a version of `name` from the MLflow model at `source` (logged in this
-    identity's run `run_id`): the registry half a READ-only pipeline user cannot do itself."""
-    out = _call(url, "/versions", {"name": name, "source": source, "run_id": run_id, "tags": tags,
-                                    "eval_run_id": eval_run_id, "gate_metric": gate_metric,
-                                    "gate_direction": gate_direction, "challenger_alias": challenger_alias})
+    identity's run `run_id`): the registry half a READ-only pipeline user cannot do itself. Retrying is
+    safe: the same run and source (or the same `idempotency_key`) answer with the version created first."""
+    body = {"name": name, "source": source, "run_id": run_id, "tags": tags, "eval_run_id": eval_run_id,
+            "gate_metric": gate_metric, "gate_direction": gate_direction,
+            "challenger_alias": challenger_alias}
+    if idempotency_key:
+        body["idempotency_key"] = idempotency_key
+    out = _call(url, "/versions", body)
     return SimpleNamespace(name=out["name"], version=out["version"], source=out["source"],
                            run_id=out["run_id"], tags=out["tags"])
 

@@ -9,16 +9,20 @@ by an explicit, logged `set_gate`), otherwise the direction of a known metric is
 asks for another direction or metric is refused, so no flag can crown a worse model. The one metric
 a caller may pick besides the model's is the confidence bound of that same metric's paired
 trained − base delta (see `gate.gate_decision`). Metrics measured under different **eval protocols**
-(tag `eval.protocol.sha256`) are never compared. The old champion gets `previous`. Every decision is
-written as tags (who, why, metrics, time) on the version and appended to the registered model's
-`promotion.log` tag. Promoting the current champion again is a no-op; `force=True` skips the gate
-and is recorded. `rollback` moves `champion` back to `previous`.
+(tag `eval.protocol.sha256`) are never compared, and an evaluation run counts only for the weights it
+scored (its tag chunkgrpo.weights_sha256 equals the version's `weights.sha256`). The old champion gets
+`previous`. Every decision is written as tags (who, why, metrics, time) on the version; promotions,
+forced promotions, rollbacks and gate changes are appended to the registered model's audit log (one tag
+per entry, `promotion.log.<time>-<token>`, never rewritten), rejections are counted apart
+(`promotion.rejected_count`). Promoting the current champion again is a no-op; `force=True` skips the
+gate and is recorded. `rollback` moves `champion` back to `previous`.
 
 **Integrity.** A version is judged by the gate recorded at its registration (`rules.at_registration`);
-`set_gate`, `force` and `rollback` are the promoter identity's (tag `promoter` of the registered
-model, = the MLflow user that created it) and need a reason. Promotions hold `promotion_lock` (an
-atomically created registered model) and re-read `champion` after moving it. On a basic-auth MLflow
-only the promoter identity may move aliases, so pipeline users go through `chunkgrpo.promoter`.
+`set_gate`, `set_eval_experiment`, `force` and `rollback` are the promoter identity's (tag `promoter` of
+the registered model, = the MLflow user that created it) and need a reason. Promotions hold
+`promotion_lock` (an atomically created registered model, held as a lease) and re-read `champion` after
+moving it. On a basic-auth MLflow only the promoter identity may move aliases, so pipeline users go
+through `chunkgrpo.promoter`. The trust boundary: docs/promotion.md.
 """
 
 from __future__ import annotations
@@ -26,9 +30,13 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
+import socket
+import threading
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 from chunkgrpo.errors import UserError
 from chunkgrpo.registry import gate as rules
@@ -71,9 +79,17 @@ def metric_direction(client, name: str, metric: str, asserted: str = "") -> str:
 
 
 def append_log(client, name: str, entry: dict) -> None:
-    """Append `entry` to the registered model's `promotion.log` tag (`gate.append_entry`)."""
-    text = (client.get_registered_model(name).tags or {}).get("promotion.log", "[]")
-    client.set_registered_model_tag(name, "promotion.log", rules.append_entry(text, entry))
+    """Append `entry` to the registered model's audit log: a tag of its own (`gate.log_entry`), so the log
+    is append-only: no request rewrites or trims an earlier entry."""
+    client.set_registered_model_tag(name, *rules.log_entry(entry, time.time_ns(), uuid.uuid4().hex[:8]))
+
+
+def count_rejection(client, name: str) -> None:
+    """Count a rejected promotion on the registered model (tag promotion.rejected_count; the rejection
+    itself is on the version's tags): rejections, which any pipeline user can cause at will, never enter
+    the audit log, so they cannot crowd out what it records. Called under the promotion lock."""
+    n = rules.number(model_tags(client, name).get(rules.REJECTED_TAG)) or 0
+    client.set_registered_model_tag(name, rules.REJECTED_TAG, str(int(n) + 1))
 
 
 def set_gate(name: str, metric: str, direction: str, *, margin: float = 0.0, who: str | None = None,
@@ -148,21 +164,71 @@ def effective_gate(client, name: str, mv, requested: GateConfig | None = None) -
 # ------------------------------------------------------------------------------------ the lock
 
 
+LEASE_S = 30.0  # a promotion lock whose holder stopped renewing it for this long is reclaimed
+_INCARNATION = uuid.uuid4().hex[:12]  # this process, as opposed to an earlier one with the same pid
+
+
+def _process_start(pid: int) -> str:
+    """When process `pid` started (Linux /proc ticks since boot; '' where unknown, '-' when no such
+    process): with the pid it names one process, never a later one that reuses the pid."""
+    if not Path("/proc/self/stat").exists():
+        return ""  # no /proc here: only the lease tells
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except FileNotFoundError:
+        return "-"
+    except (OSError, IndexError):
+        return ""
+
+
+def lock_holder() -> str:
+    """This process as a promotion-lock holder: host, pid, process start, incarnation."""
+    pid = os.getpid()
+    return f"{socket.gethostname()}:{pid}:{_process_start(pid)}:{_INCARNATION}"
+
+
+def holder_gone(tags: dict, now_s: float | None = None) -> str:
+    """Why the holder of a promotion lock (its tags) is gone ('' while it may still hold it): its lease
+    expired (it stopped renewing: killed, hung, or on a lost machine), or it ran on this host and its
+    process no longer exists (killed: reclaimed at once, by the next caller or a restarted promoter)."""
+    now_s = time.time() if now_s is None else now_s
+    expires = rules.number(tags.get("lock.expires"))
+    if expires is None:  # a lock of the earlier format: only its age tells
+        at = rules.number(tags.get("lock.at")) or now_s
+        return f"held {now_s - at:.0f} s without a lease" if now_s - at > LEASE_S else ""
+    if now_s > expires:
+        return f"lease expired {now_s - expires:.0f} s ago"
+    host, _, rest = str(tags.get("lock.holder", "")).partition(":")
+    pid, _, rest = rest.partition(":")
+    start, _, incarnation = rest.partition(":")
+    if host == socket.gethostname() and pid.isdigit():
+        if int(pid) == os.getpid():
+            return "" if incarnation == _INCARNATION else "held by an earlier process with this pid"
+        now_start = _process_start(int(pid))
+        if now_start == "-" or (start and now_start and now_start != start):
+            return f"its process {pid} on this host is gone"
+    return ""
+
+
 @contextlib.contextmanager
-def promotion_lock(client, name: str, timeout_s: float = 120.0, stale_s: float = 600.0) -> Iterator[None]:
+def promotion_lock(client, name: str, timeout_s: float = 120.0, lease_s: float = LEASE_S) -> Iterator[None]:
     """Mutual exclusion of promoters of `name`, whatever machine they run on: the lock is the
     registered model `<name>.promotion-lock`, whose creation MLflow performs atomically (a second
-    create fails with RESOURCE_ALREADY_EXISTS). A lock older than `stale_s` (a promoter killed while
-    holding it) is broken; waiting longer than `timeout_s` is a UserError."""
+    create fails with RESOURCE_ALREADY_EXISTS). It is a lease: its tags name the holder (host, pid,
+    process start) and an expiry the holder renews every lease_s/3 while it holds it. A lock whose holder
+    is gone (`holder_gone`: lease expired, or its process on this host no longer exists) is reclaimed;
+    waiting longer than `timeout_s` for a live holder is a UserError."""
     from mlflow.exceptions import MlflowException
 
     lock, token = name + rules.LOCK_SUFFIX, uuid.uuid4().hex
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            client.create_registered_model(lock, tags={"lock.token": token, "lock.at": repr(time.time()),
-                                                       "lock.by": actor(None), "chunkgrpo.lock_for": name},
-                                           description=f"promotion lock of {name} (transient)")
+            client.create_registered_model(lock, tags={
+                "lock.token": token, "lock.at": repr(time.time()),
+                "lock.expires": repr(time.time() + lease_s),
+                "lock.holder": lock_holder(), "lock.by": actor(None), "chunkgrpo.lock_for": name},
+                description=f"promotion lock of {name} (transient)")
             break
         except MlflowException as e:
             if getattr(e, "error_code", "") == "RESOURCE_DOES_NOT_EXIST":
@@ -173,26 +239,80 @@ def promotion_lock(client, name: str, timeout_s: float = 120.0, stale_s: float =
                 raise UserError(f"cannot take the promotion lock of {name!r}: "
                                 f"{str(e.message).splitlines()[0]}") from None
         try:
-            held_at = (
-                rules.number((client.get_registered_model(lock).tags or {}).get("lock.at")) or time.time()
-            )
+            held = dict(client.get_registered_model(lock).tags or {})
         except MlflowException:
             continue  # released in between: try again at once
-        if time.time() - held_at > stale_s:
-            log.warning("breaking the stale promotion lock of %s (held %.0f s)", name, time.time() - held_at)
+        gone = holder_gone(held)
+        if gone:
+            log.warning("reclaiming the promotion lock of %s from %s (%s)", name,
+                        held.get("lock.holder"), gone)
             with contextlib.suppress(MlflowException):
-                client.delete_registered_model(lock)
+                # only the lock that was read: one re-created meanwhile by another caller is left alone
+                if (client.get_registered_model(lock).tags or {}).get("lock.token") == held.get("lock.token"):
+                    client.delete_registered_model(lock)
             continue
         if time.monotonic() > deadline:
-            raise UserError(f"another promotion of {name!r} holds {lock!r} for more than {timeout_s:.0f} s; "
+            raise UserError(f"another promotion of {name!r} holds {lock!r} "
+                            f"(holder {held.get('lock.holder')}) for more than {timeout_s:.0f} s; "
                             "nothing was changed")
         time.sleep(0.1 + 0.2 * (uuid.uuid4().int % 100) / 100)
+    stop = threading.Event()
+
+    def renew() -> None:
+        while not stop.wait(lease_s / 3):
+            with contextlib.suppress(Exception):
+                client.set_registered_model_tag(lock, "lock.expires", repr(time.time() + lease_s))
+
+    heartbeat = threading.Thread(target=renew, name=f"lease-{name}", daemon=True)
+    heartbeat.start()
     try:
         yield
     finally:
+        stop.set()
+        heartbeat.join(5)
         with contextlib.suppress(MlflowException):
             if (client.get_registered_model(lock).tags or {}).get("lock.token") == token:
                 client.delete_registered_model(lock)
+
+
+def reclaim_locks(client) -> list[str]:
+    """Delete every promotion lock whose holder is gone (`holder_gone`): what a promoter does when it
+    starts, so a lock its killed predecessor held never blocks the next promotion. Returns their names."""
+    from mlflow.exceptions import MlflowException
+
+    gone = []
+    try:
+        locks = client.search_registered_models(f"name LIKE '%{rules.LOCK_SUFFIX}'")
+    except MlflowException as e:
+        log.warning("cannot list promotion locks: %s", str(e.message).splitlines()[0])
+        return gone
+    for rm in locks:
+        why = holder_gone(dict(rm.tags or {}))
+        if why:
+            log.warning("reclaiming %s from %s (%s)", rm.name, (rm.tags or {}).get("lock.holder"), why)
+            with contextlib.suppress(MlflowException):
+                client.delete_registered_model(rm.name)
+                gone.append(rm.name)
+    return gone
+
+
+def protected_aliases(client, name: str) -> set[str]:
+    """The aliases only the gate moves on `name`: gate.PROTECTED_ALIASES and those a promotion of it
+    moved under other names (RegistryConfig.champion_alias/previous_alias; tag gate.protected_aliases)."""
+    try:
+        extra = json.loads(model_tags(client, name).get(rules.PROTECTED_TAG) or "[]")
+    except json.JSONDecodeError:
+        extra = []
+    return set(rules.PROTECTED_ALIASES) | {str(a) for a in extra if isinstance(a, str)}
+
+
+def _protect(client, name: str, cfg: RegistryConfig) -> None:
+    """Record the champion/previous aliases of `cfg` as protected on `name` (before moving them)."""
+    have = protected_aliases(client, name)
+    want = {cfg.champion_alias, cfg.previous_alias}
+    if not want <= have:
+        extra = sorted((have | want) - set(rules.PROTECTED_ALIASES))
+        client.set_registered_model_tag(name, rules.PROTECTED_TAG, json.dumps(extra))
 
 
 # ------------------------------------------------------------------------------------ promotion
@@ -241,13 +361,14 @@ def promote(name: str, version: str | int, gate: GateConfig | None = None, *, fo
     it, and the champion is re-read after it is set (compare-and-set): concurrent promoters end with
     the best version as champion. Gate values are the versions' evaluation runs' (`trusted_metric`).
     `force` is reserved to the promoter identity, needs a reason, and is recorded (who, why, previous
-    champion) on the version and in the model's `promotion.log`.
+    champion) on the version and in the model's audit log (`promotion_history`).
     Idempotent: promoting the current champion again changes nothing; re-running a rejected
     promotion rejects again without touching aliases.
     """
     cfg = config or RegistryConfig(model_name=name)
     client = client or connect()
     version = str(version)
+    rules.check_why(why)
     if force:
         if not why.strip():
             raise UserError("--force crowns a version without the gate: give the reason with --why")
@@ -255,6 +376,7 @@ def promote(name: str, version: str | int, gate: GateConfig | None = None, *, fo
     mv = get_version(client, name, version)
     requested = gate if gate is not None else cfg.gate
     with promotion_lock(client, name):
+        _protect(client, name, cfg)
         current = aliases(client, name)
         champ = current.get(cfg.champion_alias)
         user, at = actor(who), now()
@@ -275,8 +397,7 @@ def promote(name: str, version: str | int, gate: GateConfig | None = None, *, fo
             set_version_tags(client, name, version, {
                 "promotion.status": "rejected", "promotion.reason": decision.reason, "promotion.by": user,
                 "promotion.at": at, "promotion.gate": gate_desc, "promotion.why": why})
-            append_log(client, name, {"action": "rejected", "version": version, "champion": champ, "by": user,
-                                      "at": at, "reason": decision.reason})
+            count_rejection(client, name)
             log.info("%s v%s rejected: %s", name, version, decision.reason)
             return PromotionResult("rejected", name, version, champ, decision.reason)
 
@@ -322,10 +443,12 @@ def rollback(name: str, *, who: str | None = None, why: str = "", config: Regist
     rolled-back version is tagged, `previous` cleared, and the log records who, why and from what."""
     cfg = config or RegistryConfig(model_name=name)
     client = client or connect()
+    rules.check_why(why)
     if not why.strip():
         raise UserError("--rollback replaces the champion without the gate: give the reason with --why")
     require_promoter(client, name, "--rollback")
     with promotion_lock(client, name):
+        _protect(client, name, cfg)
         current = aliases(client, name)
         prev, champ = current.get(cfg.previous_alias), current.get(cfg.champion_alias)
         if not prev:
@@ -359,11 +482,27 @@ def rollback(name: str, *, who: str | None = None, why: str = "", config: Regist
 
 
 def promotion_history(name: str, *, client=None) -> list[dict]:
-    """The registered model's audit log (`promotion.log` tag): gate changes, promotions, forced
+    """The registered model's audit log (`gate.log_entries`): gate changes, promotions, forced
     promotions and rollbacks with who, identity, why, previous champion and time (newest last)."""
     client = client or connect()
-    text = (registered_model(client, name).tags or {}).get("promotion.log", "[]")
-    try:
-        return list(json.loads(text))
-    except (json.JSONDecodeError, TypeError):
-        return []
+    return rules.log_entries(dict(registered_model(client, name).tags or {}))
+
+
+def set_eval_experiment(name: str, experiment_id: str, *, who: str | None = None, why: str = "",
+                        client=None) -> None:
+    """The stronger mode of the gate: trust only evaluation runs in experiment `experiment_id` (tag
+    gate.eval_experiment_id), one only the evaluator identity may write to, so a pipeline user's own
+    evaluation runs (whatever they log) are refused at registration and promotion. Promoter identity
+    only, with a reason, audited; '' turns it off."""
+    client = client or connect()
+    rules.check_why(why)
+    if not why.strip():
+        raise UserError("trusting another evaluation experiment changes which numbers count: give a reason")
+    require_promoter(client, name, "changing the trusted evaluation experiment")
+    if experiment_id:
+        client.get_experiment(experiment_id)  # exists (MlflowException otherwise)
+        client.set_registered_model_tag(name, rules.EVAL_EXPERIMENT_TAG, str(experiment_id))
+    else:
+        client.delete_registered_model_tag(name, rules.EVAL_EXPERIMENT_TAG)
+    append_log(client, name, {"action": "set_eval_experiment", "experiment_id": str(experiment_id),
+                              "by": actor(who), "identity": current_identity(), "at": now(), "why": why})

@@ -37,10 +37,11 @@ from typing import Any, Literal
 from chunkgrpo import tracking
 from chunkgrpo.errors import UserError
 from chunkgrpo.registry import gate, payload
-from chunkgrpo.registry.client import actor, connect, current_identity, eval_run_metrics, now
+from chunkgrpo.registry.client import actor, connect, current_identity, eval_run, now
 from chunkgrpo.registry.promoter_client import request_version
-from chunkgrpo.registry.promotion import gate_snapshot, init_gate
-from chunkgrpo.store.manifest import Manifest, build_manifest
+from chunkgrpo.registry.promotion import gate_snapshot, init_gate, protected_aliases
+from chunkgrpo.store.manifest import WEIGHTS_TAG as RUN_WEIGHTS_TAG
+from chunkgrpo.store.manifest import Manifest, build_manifest, weights_sha256
 
 log = logging.getLogger(__name__)
 
@@ -149,9 +150,13 @@ def register_model(req: Registration, *, run_id: str | None = None, experiment: 
     flat = gate.flat_metrics(req.metrics)  # non-finite / non-numeric: refused before anything is written
     client = connect()
     if req.eval_run_id:
-        run_metrics = eval_run_metrics(client, req.eval_run_id)
+        run = eval_run(client, req.eval_run_id, req.name)
+        run_metrics = gate.registry_metrics(run.data.metrics or {})
         gate.check_agrees(flat, run_metrics, req.eval_run_id)
         gate.check_run_finite(req.eval_run_id, run_metrics)
+        if inline:  # checked again by create_version on the files it registers; here before any upload
+            gate.check_weights_bound(req.eval_run_id, (run.data.tags or {}).get(RUN_WEIGHTS_TAG),
+                                     weights_sha256(req.model_dir))
         flat = {**flat, **run_metrics}
     promoter_url = os.environ.get("CHUNKGRPO_PROMOTER_URL", "")
     if not promoter_url:
@@ -194,8 +199,7 @@ def register_model(req: Registration, *, run_id: str | None = None, experiment: 
                      "gate_direction": req.gate_direction, "challenger_alias": req.challenger_alias}
             if promoter_url:  # the promoter identity creates the version (pipeline users: READ on models)
                 return request_version(promoter_url, req.name, source, run.run_id, version_tags, **gated)
-            return create_version(client, req.name, source, run.run_id, version_tags, **gated,
-                                  tree=payload.tree_sha256(folder))
+            return create_version(client, req.name, source, run.run_id, version_tags, **gated, local=folder)
 
         if run_id:  # a shared run may register several models
             mv = log_and_create(tracking.attach_run(client, run_id), f"model-{manifest.content_sha256[:12]}")
@@ -278,35 +282,107 @@ def _version_tags(req: Registration, info: dict, flat: Mapping[str, float]) -> d
 def create_version(client, name: str, source: str, run_id: str, tags: Mapping[str, str], *,
                    eval_run_id: str | None = None, gate_metric: str | None = None,
                    gate_direction: str | None = None, challenger_alias: str | None = "challenger",
-                   tree: str | None = None):
+                   local: str | Path | None = None, key: str | None = None):
     """The privileged half of registration (the promoter identity's, see `chunkgrpo.promoter`): create the
     registered model and its gate if new, and a version of it from `source` (an MLflow model logged in
-    run `run_id`). The tags promotion relies on are computed here, never taken from the caller: the
-    evaluation run link and its metrics (`metric.*`), the gate in force (`gate.at_registration`) and the
-    model files' digest (`model.tree_sha256`, from `tree` when the caller is this process, else from the
-    downloaded source: the code, MLmodel and a LoRA of up to a few hundred MB; full FLUX transformers
-    are registered with external weights, so only their checksum-pinned pointer is downloaded)."""
+    run `run_id`, inside that run's artifacts: `check_source`).
+
+    The tags promotion relies on are computed here, never taken from the caller: the model files' digest
+    (`model.tree_sha256`) and the weights' digest (`weights.sha256`, `store.manifest.weights_sha256`),
+    both from `local` (the caller's own copy, when the caller is this process) else from the downloaded
+    source (the code, MLmodel and a LoRA of up to a few hundred MB; full FLUX transformers are registered
+    with external weights, so only their checksum-pinned pointer is downloaded); the evaluation run link
+    and its metrics (`metric.*`), only from a run that scored these weights (`gate.check_weights_bound`);
+    the gate in force (`gate.at_registration`). The new version may get `challenger_alias`, never an alias
+    the gate moves (`gate.check_alias`).
+
+    Idempotent: a request naming the same run and source, or the same idempotency `key`, returns the
+    version it created (tag `registration.key`); a key reused for another run or source is refused."""
     import mlflow
 
     gate.check_name(name)
+    if challenger_alias:
+        gate.check_alias(challenger_alias)
+    if key is not None and not (isinstance(key, str) and key.replace("-", "").replace("_", "").isalnum()
+                                and len(key) <= 128):
+        raise UserError(f"idempotency key {str(key)[:80]!r} must be 1-128 letters, digits, '-' or '_'")
+    source = check_source(client, run_id, source)
+    existing = find_request(client, name, run_id, source, key)
+    if existing is not None:
+        log.info("%s v%s already holds %s (run %s): returning it", name, existing.version, source, run_id)
+        return existing
     ensure_registered_model(client, name)
+    if challenger_alias and challenger_alias in protected_aliases(client, name):
+        raise UserError(f"alias {challenger_alias!r} of {name!r} is moved only by the promotion gate; "
+                        "a new version may not take it")
     init_gate(client, name, gate_metric or None, gate_direction or None)
     clean = gate.untrusted(tags)
+    with tempfile.TemporaryDirectory(prefix="chunkgrpo-verify-") as tmp:
+        folder = Path(local) if local is not None else Path(
+            mlflow.artifacts.download_artifacts(artifact_uri=source, dst_path=tmp))
+        clean[gate.TREE_TAG] = payload.tree_sha256(folder)
+        clean[gate.WEIGHTS_TAG] = payload.weights_digest(folder)
     if eval_run_id:
-        run_metrics = eval_run_metrics(client, eval_run_id)
+        run = eval_run(client, eval_run_id, name)
+        gate.check_weights_bound(eval_run_id, (run.data.tags or {}).get(RUN_WEIGHTS_TAG),
+                                 clean[gate.WEIGHTS_TAG])
+        run_metrics = gate.registry_metrics(run.data.metrics or {})
         gate.check_run_finite(eval_run_id, run_metrics)
         clean.update({f"{gate.METRIC_TAG}{k}": repr(v) for k, v in run_metrics.items()})
         clean[gate.EVAL_RUN_TAG] = eval_run_id
     clean[gate.GATE_SNAPSHOT_TAG] = json.dumps(gate_snapshot(client, name), sort_keys=True)
-    if tree is None:
-        with tempfile.TemporaryDirectory(prefix="chunkgrpo-verify-") as tmp:
-            tree = payload.tree_sha256(mlflow.artifacts.download_artifacts(artifact_uri=source, dst_path=tmp))
-    clean[gate.TREE_TAG] = tree
+    if key:
+        clean[gate.KEY_TAG] = key
     mv = client.create_model_version(name, source=source, run_id=run_id,
                                      tags={k: gate.tag_text(v) for k, v in clean.items()})
     if challenger_alias:
         client.set_registered_model_alias(name, challenger_alias, mv.version)
     return mv
+
+
+def check_source(client, run_id: str, source: str) -> str:
+    """`source`, normalised, after checking it lies inside run `run_id`'s own artifacts: no '..', no
+    other run, no other scheme or store; UserError (one line) otherwise."""
+    from mlflow.exceptions import MlflowException
+
+    if not isinstance(run_id, str) or not run_id.isalnum() or len(run_id) > 64:
+        raise UserError(f"run_id {str(run_id)[:80]!r} is not an MLflow run id")
+    if not isinstance(source, str) or not source or len(source) > 1000 or "\\" in source or "\0" in source:
+        raise UserError(f"source {str(source)[:80]!r} is not an artifact URI")
+    try:
+        root = client.get_run(run_id).info.artifact_uri.rstrip("/")
+    except MlflowException as e:
+        raise UserError(f"run {run_id!r} cannot be read: {str(e.message).splitlines()[0]}") from None
+    if not source.startswith(root + "/"):
+        raise UserError(f"source {source[:200]!r} is not an artifact of run {run_id} ({root}/...)")
+    rel = source[len(root) + 1:]
+    parts = rel.split("/")
+    if any(p in ("", ".", "..") for p in parts) or "%" in rel:
+        raise UserError(f"source {source[:200]!r}: path {rel[:120]!r} inside run {run_id} is not a plain "
+                        "relative path ('..', '.', '//' and %-escapes are refused)")
+    return f"{root}/{rel}"
+
+
+def find_request(client, name: str, run_id: str, source: str, key: str | None):
+    """The version an earlier identical request created: same idempotency key (which must then name the
+    same run and source), else the same run and source; None if none."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        if key:
+            by_key = [mv for mv in client.search_model_versions(f"tags.`{gate.KEY_TAG}` = '{key}'")
+                      if mv.name == name]
+            for mv in by_key:
+                if mv.run_id != run_id or mv.source != source:
+                    raise UserError(f"idempotency key {key!r} already created {name} v{mv.version} from "
+                                    f"another run or source; use a new key")
+                return mv
+        same = [mv for mv in client.search_model_versions(f"run_id = '{run_id}'")
+                if mv.name == name and mv.source == source]
+    except MlflowException as e:
+        raise UserError(f"MLflow could not search versions of {name!r}: "
+                        f"{str(e.message).splitlines()[0]}") from None
+    return min(same, key=lambda mv: int(mv.version)) if same else None
 
 
 def ensure_registered_model(client, name: str) -> None:

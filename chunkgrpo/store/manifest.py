@@ -136,3 +136,28 @@ def read_pointer(data: str | bytes | dict) -> dict:
         raise UserError(f"model pointer lacks {', '.join(missing)}")
     make_pointer(body["uri"], body["manifest_sha256"], body["kind"], body["base_model"])
     return body
+
+
+# ------------------------------------------------------------------------------ weights identity
+
+# MLflow run tags of an evaluation: the weights it scored and its base model (`weights_sha256`); the
+# registry creates a version only from the run whose WEIGHTS_TAG equals the version's own weights.
+WEIGHTS_TAG = "chunkgrpo.weights_sha256"
+BASE_WEIGHTS_TAG = "chunkgrpo.base_weights_sha256"
+
+
+def weights_sha256(folder: str | Path, exclude: tuple[str, ...] = ()) -> str:
+    """The identity of a weights folder: `Manifest.content_sha256` (every file's relative path, sha256 and
+    size) of its files, without the store's bookkeeping at its top (MANIFEST.json, hidden files such as the
+    cache's `.manifest-sha256` stamp) and the top-level names in `exclude`. Equal for the same weights
+    wherever they lie: a checkpoint folder in the store, its cached download, a registered payload."""
+    root = Path(folder)
+    if not root.is_dir():
+        raise UserError(f"{root} is not a directory")
+    files = {}
+    for rel, p in _iter_files(root):
+        top = rel.split("/", 1)[0]
+        if top.startswith(".") or top in exclude:
+            continue
+        files[rel] = {"sha256": file_sha256(p), "size": p.stat().st_size}
+    return Manifest(files=files).content_sha256

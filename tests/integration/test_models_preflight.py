@@ -154,7 +154,7 @@ def test_benchmark_preflight_checks_the_registry_version_and_its_base_model(
     lora.mkdir()
     (lora / "pytorch_lora_weights.safetensors").write_bytes(b"\1" * 256)
     gone = tmp_path / "gone-base"
-    run = eval_run({"hpdv2.hpsv3.trained": 0.3})  # promotion trusts only an eval run
+    run = eval_run({"hpdv2.hpsv3.trained": 0.3}, weights=lora)  # promotion trusts only an eval run
     v = register_model(
         Registration(
             name,

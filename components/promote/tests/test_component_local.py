@@ -18,7 +18,7 @@ def _version(name, tmp_path, seed, score):
     (d / "pytorch_lora_weights.safetensors").write_bytes(bytes([seed]) * 512)
     from tests.registry_helpers import eval_run
 
-    run = eval_run({"hpdv2.hpsv3.trained": score})
+    run = eval_run({"hpdv2.hpsv3.trained": score}, weights=d)
     return register_model(Registration(name, "tiny", d, kind="lora", metrics={"eval.hpdv2.hpsv3": score},
                                        eval_protocol=PROTOCOL, eval_run_id=run)).version
 

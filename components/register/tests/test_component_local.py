@@ -34,7 +34,7 @@ def test_register_locally(local_runner, text_artifact, tmp_path):
         "config": {"scorers": ["brightness"]},
         "sampling": {"num_steps": 4, "trained_steps": 2},
         "benchmarks": {"hpdv2": {"n_prompts": 8}},
-        "mlflow_run_id": eval_run({"hpdv2.brightness.trained": 0.6}),
+        "mlflow_run_id": eval_run({"hpdv2.brightness.trained": 0.6}, weights=lora),
     }  # the evaluate stage's run
     name = f"comp-register-{uuid.uuid4().hex[:6]}"
 

@@ -25,7 +25,7 @@ def _register(name, tmp_path, seed, mean, lo):
     # what components/register maps from metrics.json: `<k>.trained` -> eval.<k>, other keys kept
     metrics = {"eval": {"hpdv2.hpsv3": mean, CI: lo, "hpdv2.hpsv3.delta_ci_high": lo + 0.1}}
     # one eval protocol for all versions: the registry never compares metrics measured differently
-    run = eval_run_for({f"eval.{k}": v for k, v in metrics["eval"].items()})  # the gate's only source
+    run = eval_run_for({f"eval.{k}": v for k, v in metrics["eval"].items()}, root)  # the gate's only source
     protocol = {"preset": "eval_hpdv2", "benchmarks": {"hpdv2": 400}}
     return register_model(Registration(name, "tiny-flux", root, kind="lora", metrics=metrics, git="abc",
                                        cfg_hash="cfg", eval_protocol=protocol, eval_run_id=run))

@@ -153,7 +153,7 @@ def test_alias_moves_need_credentials_and_permission(auth_server, monkeypatch, t
     lora.mkdir()
     (lora / "pytorch_lora_weights.safetensors").write_bytes(b"\x01" * 2048)
     protocol = {"preset": "eval_tiny", "seed": 42}
-    run = eval_run({"hpdv2.hpsv3.trained": 0.3})
+    run = eval_run({"hpdv2.hpsv3.trained": 0.3}, weights=lora)
     rv = register_model(Registration(name, "tiny-flux", lora, kind="lora", metrics={"eval.hpdv2.hpsv3": 0.3},
                                      eval_protocol=protocol, eval_run_id=run), experiment="auth-test")
     assert promote(name, rv.version, who="admin").action == "promoted"
@@ -199,10 +199,18 @@ def test_pipeline_users_cannot_move_champion_but_the_promoter_service_gates_for_
     promoter, pipe = f"promoter-{uuid.uuid4().hex[:4]}", f"pipeline-{uuid.uuid4().hex[:4]}"
     users.create_user(promoter, promoter_pw)
     users.create_user(pipe, pipe_pw)
+    other_pw = "o-" + uuid.uuid4().hex[:12]
+    users.create_user(f"other-{pipe}", other_pw)  # a second pipeline user
     # the pipeline evaluates (its own experiment, its own runs) ...
     _as(monkeypatch, url, pipe, pipe_pw)
-    good = eval_run({"hpdv2.hpsv3.trained": 0.5}, experiment=f"pipe-eval-{pipe}")
-    worse = eval_run({"hpdv2.hpsv3.trained": 0.3}, experiment=f"pipe-eval-{pipe}")
+    dirs = []
+    for i in range(2):
+        d = tmp_path / f"lora{i}"
+        d.mkdir()
+        (d / "pytorch_lora_weights.safetensors").write_bytes(bytes([i + 1]) * 1024)
+        dirs.append(d)
+    good = eval_run({"hpdv2.hpsv3.trained": 0.5}, experiment=f"pipe-eval-{pipe}", weights=dirs[0])
+    worse = eval_run({"hpdv2.hpsv3.trained": 0.3}, experiment=f"pipe-eval-{pipe}", weights=dirs[1])
     name = f"flux-gate-{uuid.uuid4().hex[:6]}"
     port = free_port()
     env = {**os.environ, "MLFLOW_TRACKING_URI": url, "MLFLOW_TRACKING_USERNAME": promoter,
@@ -228,10 +236,7 @@ def test_pipeline_users_cannot_move_champion_but_the_promoter_service_gates_for_
         # promoter identity creates the registered model (MANAGE as its creator) and the versions
         monkeypatch.setenv("CHUNKGRPO_PROMOTER_URL", promoter_url)
         versions = []
-        for i, run in enumerate((good, worse)):
-            d = tmp_path / f"lora{i}"
-            d.mkdir()
-            (d / "pytorch_lora_weights.safetensors").write_bytes(bytes([i + 1]) * 1024)
+        for d, run in zip(dirs, (good, worse)):
             rv = register_model(
                 Registration(
                     name,
@@ -264,6 +269,10 @@ def test_pipeline_users_cannot_move_champion_but_the_promoter_service_gates_for_
         with pytest.raises(Exception, match="(?i)permission|403"):
             MlflowClient().set_model_version_tag(name, v_worse, "eval.run_id", good)
         assert "champion" not in MlflowClient().get_registered_model(name).aliases
+        # another pipeline user may read pipe's run but not make a version of it (it may not write to it)
+        mv_good = MlflowClient().get_model_version(name, v_good)
+        body = {"name": name + "-copy", "source": mv_good.source, "run_id": mv_good.run_id}
+        assert _post(promoter_url, "/versions", body, (f"other-{pipe}", other_pw)) == 403
         # unauthenticated or wrong credentials at the promoter: refused
         assert _post(promoter_url, "/promote", {"name": name, "version": v_worse}) == 403
         assert _post(promoter_url, "/promote", {"name": name, "version": v_worse}, (pipe, "wrong")) == 403

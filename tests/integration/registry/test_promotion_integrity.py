@@ -24,13 +24,12 @@ METRIC = "eval.hpdv2.hpsv3"
 PROTOCOL = {"preset": "eval_hpdv2", "seed": 42}
 
 
-def eval_run(score: float) -> str:
-    """An evaluation stage run as `chunkgrpo evaluate` logs one (tag chunkgrpo.stage=evaluate)."""
-    from chunkgrpo.tracking import stage_run
+def eval_run(score: float, weights: Path) -> str:
+    """An evaluation stage run as `chunkgrpo evaluate` logs one (tag chunkgrpo.stage=evaluate, the digest
+    of the weights it scored)."""
+    from tests.registry_helpers import eval_run as logged
 
-    with stage_run("evaluate", experiment="integrity-eval") as t:
-        t.log_metrics({"hpdv2.hpsv3.trained": score, "hpdv2.hpsv3.base": 0.1})
-    return t.run_id
+    return logged({"hpdv2.hpsv3.trained": score, "hpdv2.hpsv3.base": 0.1}, "integrity-eval", weights)
 
 
 def lora(root: Path, seed: int) -> Path:
@@ -40,8 +39,9 @@ def lora(root: Path, seed: int) -> Path:
 
 
 def reg(name, tmp_path, seed, score=None, **kw):
-    run = eval_run(score) if score is not None else None
-    return register_model(Registration(name, "tiny-flux", lora(tmp_path / f"l{seed}", seed), kind="lora",
+    weights = lora(tmp_path / f"l{seed}", seed)
+    run = eval_run(score, weights) if score is not None else None
+    return register_model(Registration(name, "tiny-flux", weights, kind="lora",
                                        eval_protocol=PROTOCOL, eval_run_id=run, **kw))
 
 
@@ -131,7 +131,7 @@ def test_gate_change_is_promoter_only_audited_and_not_retroactive(services_env, 
         set_gate(name, "eval.hpdv2.other", "max")
     set_gate(name, "eval.hpdv2.other", "max", why="new benchmark")
     assert promote(name, v2.version).action == "rejected"  # judged on the gate it was registered under
-    last = promotion_history(name)[-2]
+    last = promotion_history(name)[-1]  # the rejection is counted on the model, not logged
     assert (
         last["action"] == "set_gate" and last["why"] == "new benchmark" and last["identity"] == "promoter-bot"
     )

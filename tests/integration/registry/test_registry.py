@@ -12,7 +12,7 @@ from chunkgrpo.errors import UserError
 from chunkgrpo.registry.gate import GateConfig
 from chunkgrpo.registry.load import load_registered_model
 from chunkgrpo.registry.payload import MODEL_INFO
-from chunkgrpo.registry.promotion import promote, rollback
+from chunkgrpo.registry.promotion import promote, promotion_history, rollback
 from chunkgrpo.registry.registration import Registration, register_model
 from chunkgrpo.store.client import ArtifactStore
 from tests.registry_helpers import eval_run, eval_run_for
@@ -45,8 +45,9 @@ def _fake_lora(root, seed: int):
 
 
 def _register(name, tmp_path, seed: int, score: float, run_id=None, **kw):
-    run = eval_run_for({METRIC: score, "eval.clip": 0.2})  # promotion trusts only the evaluation run
-    req = Registration(name, "tiny-flux", _fake_lora(tmp_path / f"lora-{seed}", seed), kind="lora",
+    weights = _fake_lora(tmp_path / f"lora-{seed}", seed)
+    run = eval_run_for({METRIC: score, "eval.clip": 0.2}, weights)  # promotion trusts only the evaluation run
+    req = Registration(name, "tiny-flux", weights, kind="lora",
                        metrics={"eval": {"hpdv2": {"hpsv3": score}}, "eval.clip": 0.2}, git="abc123",
                        cfg_hash="cfg0001", plan={"boundaries": [0, 4, 8, 16], "seed": seed},
                        **{"eval_protocol": PROTOCOL, "eval_run_id": run, **kw})
@@ -148,17 +149,9 @@ def test_register_promote_gate_rollback(services_env, tmp_path):
     assert _tags(name, v3.version)["promotion.status"] == "rolled_back"
     with pytest.raises(UserError, match="nothing to roll back"):
         rollback(name, why="again")
-    log = json.loads(_client().get_registered_model(name).tags["promotion.log"])
-    assert [e["action"] for e in log] == [
-        "set_gate",
-        "promoted",
-        "promoted",
-        "rejected",
-        "rejected",
-        "rejected",
-        "forced",
-        "rollback",
-    ]
+    log = promotion_history(name)  # one tag per entry; rejections are counted, not logged
+    assert [e["action"] for e in log] == ["set_gate", "promoted", "promoted", "forced", "rollback"]
+    assert _client().get_registered_model(name).tags["promotion.rejected_count"] == "3"
     assert log[0]["metric"] == METRIC and log[0]["direction"] == "max"
     with pytest.raises(UserError, match="no version"):
         promote(name, "999")
@@ -176,7 +169,7 @@ def test_cli_register_promote_and_external_weights(services_env, tmp_path, capsy
     store.put_folder(full, ckpt)
     (tmp_path / "metrics.json").write_text(json.dumps({  # an evaluation's metrics.json names its run
         "format": "chunkgrpo.eval-metrics/v1", "metrics": {"hpdv2.hpsv3.trained": 0.4},
-        "mlflow_run_id": eval_run({"hpdv2.hpsv3.trained": 0.4})}))
+        "mlflow_run_id": eval_run({"hpdv2.hpsv3.trained": 0.4}, weights=full)}))
     (tmp_path / "plan.json").write_text(json.dumps({"boundaries": [0, 10, 28]}))
     assert (
         main(
@@ -280,7 +273,7 @@ def test_registered_lora_loads_into_a_diffusers_pipeline(services_env, tmp_path,
                 "max_sequence_length": 32}
     rv = register_model(Registration(name, str(tiny_model_dir), lora, kind="lora", metrics={METRIC: 0.1},
                                      eval_protocol=PROTOCOL, sampling=sampling,
-                                     eval_run_id=eval_run_for({METRIC: 0.1})))
+                                     eval_run_id=eval_run_for({METRIC: 0.1}, lora)))
     promote(name, rv.version)
     loaded = load_pipeline(f"models:/{name}@champion")
     assert (load_registered_model(f"models:/{name}@champion", tmp_path / "m").path / MODEL_INFO).exists()
@@ -345,7 +338,7 @@ def test_registered_version_is_an_mlflow_pyfunc(services_env, tmp_path, tiny_mod
                 "max_sequence_length": 32}
     rv = register_model(Registration(name, str(tiny_model_dir), lora, kind="lora", metrics={METRIC: 0.2},
                                      eval_protocol=PROTOCOL, sampling=sampling,
-                                     eval_run_id=eval_run_for({METRIC: 0.2})))
+                                     eval_run_id=eval_run_for({METRIC: 0.2}, lora)))
     assert promote(name, rv.version).action == "promoted"
     model = mlflow.pyfunc.load_model(f"models:/{name}@champion")
     assert (

@@ -51,15 +51,36 @@ def test_snapshot_gate_falls_back_on_anything_unusable():
         assert gate.snapshot_gate(text) is None
 
 
-def test_promotion_log_keeps_the_newest_entries_within_a_tag():
-    text = None
-    for i in range(gate.LOG_ENTRIES + 5):
-        text = gate.append_entry(text, {"version": str(i)})
-    entries = json.loads(text)
-    assert len(entries) == gate.LOG_ENTRIES and entries[-1] == {"version": str(gate.LOG_ENTRIES + 4)}
-    big = gate.append_entry(text, {"why": "x" * (gate.MAX_TAG // 2)})
-    assert len(big) <= gate.MAX_TAG and json.loads(big)[-1]["why"].startswith("x")
-    assert json.loads(gate.append_entry("{broken", {"a": 1})) == [{"a": 1}]
+def test_the_audit_log_is_one_tag_per_entry_and_keeps_every_entry():
+    """Each entry has a key of its own (time-ordered); nothing is dropped however many there are, an
+    older registry's `promotion.log` list comes first, a long reason is cut so the entry fits one tag."""
+    tags = {gate.LOG_TAG: json.dumps([{"version": "old"}])}
+    for i in range(50):
+        key, value = gate.log_entry({"version": str(i)}, 1_000 + i, f"t{i:02d}")
+        assert key not in tags and len(value) <= gate.MAX_TAG
+        tags[key] = value
+    entries = gate.log_entries(tags)
+    assert [e["version"] for e in entries] == ["old", *map(str, range(50))]
+    key, value = gate.log_entry({"why": "x" * 60_000}, 5_000, "big")
+    assert len(value) <= gate.MAX_TAG and json.loads(value)["why"] == "x" * gate.MAX_WHY
+
+
+def test_only_the_gate_moves_protected_aliases():
+    gate.check_alias("challenger")
+    gate.check_alias("canary-2")
+    for alias in ("champion", "Champion", "previous", "latest", "v3", "a/b", "", "x" * 65, None, 7):
+        with pytest.raises(UserError):
+            gate.check_alias(alias)
+
+
+def test_an_evaluation_counts_only_for_the_weights_it_scored():
+    gate.check_weights_bound("r1", "a" * 64, "a" * 64, "3")
+    with pytest.raises(UserError, match="records no weights digest"):
+        gate.check_weights_bound("r1", None, "a" * 64, "3")
+    with pytest.raises(UserError, match="scored other weights"):
+        gate.check_weights_bound("r1", "b" * 64, "a" * 64, "3")
+    with pytest.raises(UserError, match="re-register"):
+        gate.check_weights_bound("r1", "b" * 64, "", "3")
 
 
 def test_lock_suffix_is_reserved():
