@@ -432,8 +432,12 @@ def run_evaluation(cfg: EvalConfig, *, detector=None, color_fn: Callable | None 
     out = Path(cfg.output_dir).expanduser()
     labels = cfg.labels()
     trained = load_trained(cfg.model, cache_dir=cfg.cache_dir or None) if cfg.model else None  # before mkdir
-    out.mkdir(parents=True, exist_ok=True)
     base_model = _base_model(cfg, trained)
+    if Path(base_model).is_dir():  # another architecture is refused before anything is written
+        from chunkgrpo.flux import check_model_folder
+
+        check_model_folder(base_model)
+    out.mkdir(parents=True, exist_ok=True)
     built = check_before_generation(cfg, scorers=scorers, detector=detector, color_fn=color_fn)
     models = {"scorers": scorers, "detector": detector, "judge": judge,
               "color_fn": color_fn if color_fn is not None else built.get("color_fn")}

@@ -191,6 +191,7 @@ def test_evaluate_refuses(foreign, kind, tmp_path):
     with pytest.raises(UserError) as e:
         run_evaluation(cfg)
     _refused(e, folder, found)
+    assert not (tmp_path / "e").exists()  # refused before anything is written
 
 
 @pytest.mark.parametrize("kind", KINDS)
