@@ -50,7 +50,6 @@ def policy_env(policy: str, threads: int) -> dict:
 
 
 def _worker_setup(threads: int):
-    import chunkgrpo  # noqa: F401 - the policy's environment before torch loads
     from chunkgrpo import threads as T
 
     T.configure()

@@ -2,7 +2,9 @@
 
 import os
 
-import chunkgrpo  # noqa: F401 - the thread policy (chunkgrpo.threads) before anything loads torch
+from chunkgrpo import threads
+
+threads.set_env_policy()  # the OpenMP wait policy (chunkgrpo.threads) before anything loads torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")

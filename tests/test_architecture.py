@@ -41,7 +41,7 @@ LAYERS: list[tuple[str, ...]] = [
     # L4 the two stages' engines (neither imports the other)
     ("train", "eval"),
     # L5 platform integration and the toy world
-    ("k8s", "registry", "serving", "serving_model", "promoter", "toy", "capacity", "model_cache",
+    ("k8s", "registry", "served_model", "served_model_entry", "promoter", "toy", "capacity", "model_cache",
      "local_services", "local_processes", "torchrun", "torchrun_local"),
     # L6 checks that span stages
     ("preflight",),
