@@ -11,7 +11,7 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-pytest_plugins: list[str] = ["tests.fixtures_services"]
+pytest_plugins: list[str] = ["tests.fixtures_services", "tests.tiers"]
 
 import pytest  # noqa: E402
 

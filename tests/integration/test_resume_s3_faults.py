@@ -19,6 +19,8 @@ from chunkgrpo.train.config import TrainConfig
 from chunkgrpo.train.trainer import run_training
 from tests.fixtures_services import _need_weed
 
+pytestmark = pytest.mark.integration  # starts a SeaweedFS of its own
+
 
 @pytest.fixture
 def own_s3(tmp_path, monkeypatch):
