@@ -36,8 +36,8 @@ def main(argv: list[str]) -> int:
         xml = Path(tmp) / "junit.xml"
         before = _load()
         t0, cpu0 = time.perf_counter(), os.times()
-        cmd = [sys.executable, "-m", "pytest", *OPTIONS, f"--junitxml={xml}", "-o", "junit_duration_report=total",
-               *argv]
+        cmd = [sys.executable, "-m", "pytest", *OPTIONS, f"--junitxml={xml}",
+               "-o", "junit_duration_report=total", *argv]
         rc = subprocess.run(cmd, cwd=ROOT).returncode
         wall = time.perf_counter() - t0
         cpu1 = os.times()
@@ -48,12 +48,15 @@ def main(argv: list[str]) -> int:
             for case in ET.parse(xml).getroot().iter("testcase"):
                 kinds = {child.tag for child in case} & {"failure", "error", "skipped"}
                 outcomes[next(iter(kinds)) if kinds else "passed"] += 1
-                module, _, last = case.get("classname", "").rpartition(".")
-                per_file[module if last[:1].isupper() else case.get("classname", "")] += float(case.get("time", 0))
+                cls = case.get("classname", "")
+                module, _, last = cls.rpartition(".")  # module.Class for a method
+                per_file[module if last[:1].isupper() else cls] += float(case.get("time", 0))
     n = sum(outcomes.values())
-    print(f"\n== fast tier: {wall:.0f} s wall ({wall / 60:.1f} min, target {TARGET_S / 60:.0f} min), {n} tests "
-          f"({', '.join(f'{v} {k}' for k, v in sorted(outcomes.items()))}), pytest exit {rc}")
-    print(f"   CPU time of pytest and its workers: {cpu:.0f} s ({cpu / max(wall, 1e-9):.2f} cores busy on average)")
+    counts = ", ".join(f"{v} {k}" for k, v in sorted(outcomes.items()))
+    print(f"\n== fast tier: {wall:.0f} s wall ({wall / 60:.1f} min, target {TARGET_S / 60:.0f} min), "
+          f"{n} tests ({counts}), pytest exit {rc}")
+    print(f"   CPU time of pytest and its workers: {cpu:.0f} s "
+          f"({cpu / max(wall, 1e-9):.2f} cores busy on average)")
     print(f"   load average before: {before}; after: {_load()}")
     print("== slowest files (setup + call + teardown of their tests)")
     for f, t in sorted(per_file.items(), key=lambda kv: -kv[1])[:20]:
