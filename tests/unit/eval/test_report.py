@@ -217,7 +217,8 @@ def test_geneval_thumbnails_show_the_detected_boxes(report_inputs):
 
 
 def _pixels(uri: str) -> np.ndarray:
-    return np.asarray(Image.open(io.BytesIO(base64.b64decode(uri.split(",", 1)[1]))).convert("RGB")).astype(int)
+    image = Image.open(io.BytesIO(base64.b64decode(uri.split(",", 1)[1])))
+    return np.asarray(image.convert("RGB")).astype(int)
 
 
 def test_geneval_labels_stand_beside_the_image_not_over_it(report_inputs, tmp_path):
