@@ -187,7 +187,7 @@ def test_concurrent_promoters_end_with_the_best_champion(services_env, tmp_path)
 
 
 def test_replaced_model_code_is_refused_at_load(services_env, tmp_path):
-    """#27.6: served_model_entry.py replaced in the artifact store -> load_pyfunc refuses, the code never runs."""
+    """served_model_entry.py replaced in the artifact store -> load_pyfunc refuses, the code never runs."""
     import mlflow
     from mlflow import MlflowClient
 

@@ -282,7 +282,7 @@ class FakeMirror:
     def is_pending(self, p):
         return p in self.pending
 
-    def is_mirrored(self, p):  # nothing uploaded in this mirror's lifetime (see test_checkpoint_format_prune.py)
+    def is_mirrored(self, p):  # nothing uploaded in this mirror's lifetime (test_checkpoint_format_prune.py)
         return False
 
     def settle(self, p):
