@@ -31,6 +31,19 @@ def _load() -> str:
     return ", ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
+def summarize(xml: Path) -> tuple[collections.Counter, dict[str, float]]:
+    """Outcome counts (passed, failure, error, skipped) and seconds per test file of a JUnit XML report."""
+    outcomes: collections.Counter = collections.Counter()
+    per_file: dict[str, float] = collections.defaultdict(float)
+    for case in ET.parse(xml).getroot().iter("testcase"):
+        kinds = {child.tag for child in case} & {"failure", "error", "skipped"}
+        outcomes[next(iter(kinds)) if kinds else "passed"] += 1
+        cls = case.get("classname", "")
+        module, _, last = cls.rpartition(".")  # module.Class for a method
+        per_file[module if last[:1].isupper() else cls] += float(case.get("time", 0))
+    return outcomes, dict(per_file)
+
+
 def main(argv: list[str]) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         xml = Path(tmp) / "junit.xml"
@@ -42,15 +55,7 @@ def main(argv: list[str]) -> int:
         wall = time.perf_counter() - t0
         cpu1 = os.times()
         cpu = (cpu1.children_user + cpu1.children_system) - (cpu0.children_user + cpu0.children_system)
-        outcomes: collections.Counter = collections.Counter()
-        per_file: dict[str, float] = collections.defaultdict(float)
-        if xml.exists():
-            for case in ET.parse(xml).getroot().iter("testcase"):
-                kinds = {child.tag for child in case} & {"failure", "error", "skipped"}
-                outcomes[next(iter(kinds)) if kinds else "passed"] += 1
-                cls = case.get("classname", "")
-                module, _, last = cls.rpartition(".")  # module.Class for a method
-                per_file[module if last[:1].isupper() else cls] += float(case.get("time", 0))
+        outcomes, per_file = summarize(xml) if xml.exists() else (collections.Counter(), {})
     n = sum(outcomes.values())
     counts = ", ".join(f"{v} {k}" for k, v in sorted(outcomes.items()))
     print(f"\n== fast tier: {wall:.0f} s wall ({wall / 60:.1f} min, target {TARGET_S / 60:.0f} min), "
