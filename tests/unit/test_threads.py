@@ -54,6 +54,27 @@ def test_the_module_entry_points_set_the_passive_wait_policy_before_torch_loads(
     assert r.stdout.split() == ["PASSIVE", "False"], r.stderr
 
 
+TORCHRUN_PROBE = """
+import os, sys, types
+run = types.ModuleType("torch.distributed.run")  # torch stands in: what the launcher's environment holds
+run.main = lambda argv: print(os.environ.get("OMP_WAIT_POLICY"))
+dist = types.ModuleType("torch.distributed")
+dist.run = run
+torch = types.ModuleType("torch")
+torch.distributed = dist
+sys.modules.update({"torch": torch, "torch.distributed": dist, "torch.distributed.run": run})
+from chunkgrpo import torchrun_local
+torchrun_local._loopback_store = lambda: None
+torchrun_local.main([])
+"""
+
+
+def test_the_torchrun_launcher_sets_the_policy_before_torch_loads():
+    """`python -m chunkgrpo.torchrun_local`: its forked ranks share the launcher's OpenMP runtime."""
+    r = _py(TORCHRUN_PROBE)
+    assert r.stdout.strip() == "PASSIVE", r.stderr
+
+
 def test_the_cli_sets_the_policy_and_keeps_the_users_choice():
     code = ("import os, sys\nfrom chunkgrpo import cli\n"
             "try:\n    cli.main(['--version'])\nexcept SystemExit:\n    pass\n"
