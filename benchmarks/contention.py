@@ -13,7 +13,7 @@ steps of the toy model's own `pretrain`). Slowdown = contended time / median alo
 the worst sample are printed. Every process is its own (the policy must be set before torch loads). The
 load average is printed before and after: the numbers mean something only on an otherwise idle machine.
 
-Targets (issue #26): ≤ 2× with one competing 2-thread job; measured before: 4.2× median, 13× worst.
+Target: ≤ 2× with one competing 2-thread job (spinning OpenMP threads gave 4.2× median, 13× worst).
 """
 
 from __future__ import annotations

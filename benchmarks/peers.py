@@ -1,5 +1,5 @@
 """This engine against its peers' loops, on one model and one set of trajectories: the rollout of a group
-and the policy update over it (issue #26's ratios, printed so that a regression shows).
+and the policy update over it (the ratios are printed so that a regression shows).
 
     python benchmarks/peers.py                                   # mid size, 128², G = 8, 16 steps
     python benchmarks/peers.py --size tiny --res 64 --reps 1     # seconds (the test runs this)
@@ -16,7 +16,7 @@ Rollout of one prompt's group (G samples, N steps, no grad; `FluxModel.counter` 
 Policy update of one window over the engine's trajectories (all G samples, the same trained steps: the
 config's `timestep_fraction` of the N − 1 trainable steps per sample, DanceGRPO's step-level objective):
 
-* ``engine``: `objectives.window_backward` as `train/grpo.py` calls it in the first window (θ = θ_old,
+* ``engine``: `policy_window.window_backward` as `train/grpo.py` calls it in the first window (θ = θ_old,
   ratio exactly 1): weighted passes of ≤ `policy_batch` distinct transformer inputs, a shared step-0
   input evaluated once.
 * ``dance_grpo``: DanceGRPO's loop: for each sample, for each trained step, one forward of batch 1 with
@@ -133,6 +133,7 @@ def _measure(args, t, sync) -> dict:
 
     from chunkgrpo import objectives as obj
     from chunkgrpo.rollout import pair_log_probs, rollout_group
+    from chunkgrpo.train import policy_window
 
     cfg, model = t.cfg, t.model
     G, N, S = cfg.group_size, cfg.sampling.num_steps, cfg.trainable_steps
@@ -179,10 +180,10 @@ def _measure(args, t, sync) -> dict:
 
     def engine_update():
         zero()
-        units = [obj.Unit(b, [s], adv[b], 1.0 / (G * len(ss))) for b, ss in trained for s in ss]
-        obj.window_backward(units, forward, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
-                            strategy=cfg.chunk_backward, budget=cfg.policy_batch, params=params,
-                            key=traj.input_key)
+        units = [policy_window.Unit(b, [s], adv[b], 1.0 / (G * len(ss))) for b, ss in trained for s in ss]
+        policy_window.window_backward(units, forward, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
+                                      strategy=cfg.chunk_backward, budget=cfg.policy_batch, params=params,
+                                      key=traj.input_key)
         return _grads(params)
 
     def dance_update():

@@ -122,14 +122,14 @@ def run_config(size: str, res: int, iterations: int, device: str, overrides: lis
     """Train `warmup` + `iterations` iterations of one configuration; per-window cost and the split."""
     if threads:
         torch.set_num_threads(threads)
-    from chunkgrpo import objectives
     from chunkgrpo.testing.tiny import build_tiny_flux
+    from chunkgrpo.train import policy_window
     from chunkgrpo.train.config import TrainConfig
     from chunkgrpo.train.trainer import Trainer
 
     cuda = device.startswith("cuda")
     mem = WindowMemory(cuda)
-    real = objectives.window_backward
+    real = policy_window.window_backward
 
     def measured(*a, **k):  # the policy window, bracketed by the memory probe
         mem.start()
@@ -137,7 +137,7 @@ def run_config(size: str, res: int, iterations: int, device: str, overrides: lis
         mem.stop()
         return out
 
-    objectives.window_backward = measured  # grpo calls it through the module
+    policy_window.window_backward = measured  # grpo calls it through the module
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         model_dir = build_tiny_flux(tmp / "model", size=size)
@@ -201,7 +201,7 @@ def run_config(size: str, res: int, iterations: int, device: str, overrides: lis
         "samples_per_rollout": cfg.samples_per_rank,
         "samples_per_window": cfg.grad_accum,
         "num_steps": cfg.sampling.num_steps,
-        "chunk_sizes": t.sizes,
+        "chunk_sizes": t.plan.sizes,
         "iterations_timed": len(rows),
         "warmup_iterations": warmup,
         "torch_threads": torch.get_num_threads(),

@@ -39,7 +39,8 @@ class ProfileConfig(Config):
     num_prompts: int = option(16, "how many prompts from the file to profile (0 = all)")
     seeds: int = option(2, "initial-noise seeds per prompt")
     batch_size: int = option(8, "prompts per batched ODE rollout")
-    device: str = option("cpu", "torch device")
+    device: str = option("cpu", "auto | cpu | cuda | cuda:N (auto: the GPU when CUDA sees one; a GPU asked "
+                         "for that CUDA cannot use is an error, never a CPU run)")
     trajectories: Literal["sde", "ode"] = option(
         "sde", "profile the planner reads: sde = the training trajectories (η, rule, stochastic steps of "
         "`sampling`), ode = deterministic; both are computed, stored and plotted")
@@ -231,8 +232,10 @@ def plot_profile(profile: dict, out: str | Path, plan: dict | None = None) -> Pa
 def run_profile(cfg: ProfileConfig, progress: bool = True) -> tuple[dict, Path]:
     """The profiling stage: load the model and prompts, profile, write JSON + PNG."""
     from chunkgrpo.flux import load_flux
+    from chunkgrpo.gpu import require
     from chunkgrpo.prompts import load_prompts
 
+    device = require(cfg.device)  # first: a GPU asked for that CUDA cannot use is one line, not a CPU profile
     if not cfg.model:
         raise UserError("profile needs a model (--model DIR)")
     if not cfg.prompts:
@@ -247,6 +250,6 @@ def run_profile(cfg: ProfileConfig, progress: bool = True) -> tuple[dict, Path]:
     check_output_file(cfg.out, "profile output")  # before minutes of sampling
     check_output_file(Path(cfg.out).with_suffix(".png"), "profile plot")
     prompts = load_prompts(cfg.prompts, limit=cfg.num_prompts)
-    model = load_flux(cfg.model, device=cfg.device)
+    model = load_flux(cfg.model, device=device)
     prof = profile_model(model, prompts, cfg, progress=progress)
     return prof, write_profile(prof, cfg.out)

@@ -10,7 +10,8 @@ Checks: S3 credentials and endpoint; the base model (an s3:// folder artifact wi
 local diffusers folder, or a hub id already in the local hub cache: nothing is downloaded); the
 prompt file; every reward/scorer weight URI; the bucket of `artifact_root`; the WISE judge's API
 key when `wise` is evaluated; the MLflow server (reachable, and the credentials accepted when it
-runs with basic auth); for a benchmark of a registry version (`registered="name@alias"`, the
+runs with basic auth); with `device` set, that CUDA can use the GPU it asks for (`chunkgrpo.gpu`);
+for a benchmark of a registry version (`registered="name@alias"`, the
 nightly pipeline) that the alias exists, and the base model it was registered with.
 """
 
@@ -38,6 +39,7 @@ class PreflightSpec:
     judge_key_env: str = "OPENAI_API_KEY"
     mlflow: bool = True
     timeout_s: float = 10.0
+    device: str = ""  # the stage's device when preflight runs where the stage will ("" = not checked)
 
 
 def _store():
@@ -192,6 +194,12 @@ def evaluation_inputs(eval_preset: str, eval_benchmarks: list, eval_overrides: l
 def check(spec: PreflightSpec) -> list[str]:
     """Every problem found, one short sentence each ([] = ready to run)."""
     problems: list[str] = []
+    if spec.device:  # a GPU asked for that CUDA cannot use (driver too old for torch's CUDA)
+        from chunkgrpo.gpu import problem
+
+        gpu_problem = problem(spec.device)
+        if gpu_problem:
+            problems.append(gpu_problem)
     mlflow_problem = _check_mlflow(spec.timeout_s) if spec.mlflow else None
     model = spec.model
     if spec.registered and not mlflow_problem:

@@ -1,7 +1,10 @@
-"""Kubeflow Pipelines v2 lightweight components, one per stage, thin wrappers over `chunkgrpo.*`.
+"""Kubeflow Pipelines v2 lightweight components, one per stage, thin adapters over `chunkgrpo.stages`.
 
 Each runs on the project's own image (`components.images`, tag = package version) with
-`install_kfp_package=False`; the function body imports `chunkgrpo` and calls the library. Large
+`install_kfp_package=False`. KFP embeds the function's source in the IR, so the body imports what it
+needs from the image: it turns its Input/Output artifacts into paths and plain values, calls its stage
+(`chunkgrpo.stages.<step>`, where all of the step's logic lives, shared with the CLI), and writes the
+stage's result into its outputs. Large
 outputs (checkpoints, image sets) go to S3 through `chunkgrpo.store.client.ArtifactStore`; the KFP
 artifacts are small pointers, `Metrics`, `HTML` and `Markdown` (rendered by the KFP UI).
 

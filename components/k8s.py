@@ -13,6 +13,8 @@ import dataclasses
 
 from kfp import kubernetes
 
+from chunkgrpo.capacity.nodes import pool_requests
+
 GPU = "nvidia.com/gpu"
 GPU_TAINT = {"key": GPU, "operator": "Exists", "effect": "NoSchedule"}
 
@@ -60,10 +62,11 @@ class Pool:
         return {"nvidia.com/gpu.product": self.product} if self.product else {}
 
 
-POOLS = {
-    "h100": Pool("h100", product="NVIDIA-H100-80GB-HBM3"),
-    "h800": Pool("h800", product="NVIDIA-H800"),
-    "gpu": Pool("gpu"),  # any NVIDIA GPU node (no product selector): single-GPU-type clusters
+POOLS = {  # CPU per GPU: what fits the pool's node types (chunkgrpo.capacity.nodes, docs/node-types.md)
+    "h100": Pool("h100", product="NVIDIA-H100-80GB-HBM3", cpu_per_gpu=pool_requests("h100").cpu_per_gpu),
+    "h800": Pool("h800", product="NVIDIA-H800", cpu_per_gpu=pool_requests("h800").cpu_per_gpu),
+    # any NVIDIA GPU node (no product selector): single-GPU-type clusters
+    "gpu": Pool("gpu", cpu_per_gpu=pool_requests("gpu").cpu_per_gpu),
     "cpu": Pool("cpu", accelerator="", tolerations=(), shm_size="2Gi", cache_size="40Gi",
                 train_cache_size="40Gi"),
 }
@@ -96,8 +99,10 @@ STEP_ENV = {"HOME": "/tmp", "TMPDIR": CACHE_MOUNT, "CHUNKGRPO_CACHE": f"{CACHE_M
 
 
 def with_cache(task, size: str):
-    """The /cache emptyDir (sizeLimit `size`) and STEP_ENV pointing every large path at it."""
-    kubernetes.empty_dir_mount(task, volume_name="cache", mount_path=CACHE_MOUNT, size_limit=size)
+    """The /cache volume (`size`; pipeline/cache_volume.py) and STEP_ENV pointing every large path at it."""
+    from pipeline.cache_volume import mount_cache
+
+    mount_cache(task, size, CACHE_MOUNT)
     for key, value in STEP_ENV.items():
         task.set_env_variable(key, value)
     return task

@@ -87,7 +87,7 @@ TOY_TRAIN = {
     # 50 at 2e-3 gained +0.129, +0.081, +0.000), in a quarter of the training time
     # (benchmarks/results/demo-budget). policy_batch=64: a whole policy window (16 samples × one chunk of
     # ≤ 4 steps) in one forward/backward instead of about 16 (the policy phase 0.47 → 0.27-0.31 s per
-    # rollout on 2 cores; the same gradients up to float rounding, tests/unit/train/test_policy_windows.py)
+    # rollout on 2 cores; the same gradients up to float rounding, tests/unit/train/test_grpo.py)
     "max_iterations": 25,
     "train_overrides": ["lr=0.004", "policy_batch=64"],
     "profile_prompts": 8,

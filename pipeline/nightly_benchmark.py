@@ -15,7 +15,7 @@ assert it).
 
 from kfp import dsl
 
-from components import benchmark_preflight, check_regression, evaluate, toy_ablation
+from components import benchmark_preflight, check_regression, evaluate, open_run, toy_ablation
 from components.k8s import POOLS, configure, on_pool, small, with_judge
 from pipeline.train_and_evaluate import DEFAULT_SCORER_WEIGHTS, DIRECTIONS, _exit_handler
 
@@ -49,8 +49,39 @@ def make_nightly_benchmark(pool: str = "cpu"):
         ablation_steps: int = 8,
         ablation_series_root: str = "",
     ):
-        from components.tracking.component import open_run
+        """Benchmark the champion against the base model and flag regressions.
 
+        Args:
+            model_name: Registered model name in MLflow.
+            alias: Alias of the version to benchmark (champion).
+            base_model: Base FLUX model ('' = the one the champion was trained from).
+            eval_preset: Evaluation preset (eval_hpdv2, eval_toy, eval_tiny) or a YAML path in the image.
+            eval_benchmarks: Benchmark suites as a JSON list (hpdv2, geneval, wise); [] = the preset's.
+            eval_num_prompts: Only the first N prompts per benchmark (0 = the preset's setting, i.e. all).
+            eval_overrides: Extra evaluation overrides as a JSON list of "key=value" strings.
+            scorer_weights: Weights of the scorers as a JSON object {scorer: URI, "<scorer>.processor": URI}
+                (S3 model cache).
+            regression_metric: Metric compared with the champion's registered score, e.g. hpdv2.hpsv3, or the
+                lower bound of the paired 95% CI of champion − base, hpdv2.hpsv3.delta_ci_low
+                (docs/evaluation.md).
+            regression_direction: Empty = the registered model's (gate.direction, or the metric's known
+                direction); max/min only to assert it or for a metric nothing records.
+            tolerance: Allowed drop (absolute) before it counts as a regression.
+            fail_on_regression: Also fail the run on a regression (it is always flagged in MLflow and the UI).
+            experiment: MLflow experiment of the nightly runs.
+            artifact_root: s3:// prefix for the benchmark images and reports (<root>/<run id>/benchmark).
+            ablation_model: Toy base model (`chunkgrpo toy-model` folder or s3:// folder) for the accumulating
+                step-vs-chunk ablation; '' = skip it.
+            ablation_methods: Ablation methods as a JSON list (step_flow, step_dance, chunk_uniform,
+                chunk_dynamics, chunk_ws, tempflow, granular); must hold chunk_dynamics and step_flow
+                (the primary pair).
+            ablation_seeds: Seeds added to the ablation series each night
+                (earlier nights' seeds are reused from S3).
+            ablation_steps: Optimizer steps per ablation run (a multiple of 2: two evaluation points per run).
+            ablation_series_root: s3:// prefix of the accumulating ablation series
+                ('' = <artifact_root>/ablation-series); a changed engine or configuration starts a new series
+                under it.
+        """
         with dsl.ExitHandler(_exit_handler(experiment), name="nightly"):
             pre = benchmark_preflight(model_name=model_name, alias=alias, base_model=base_model,
                                       eval_preset=eval_preset, eval_benchmarks=eval_benchmarks,
@@ -95,39 +126,6 @@ def make_nightly_benchmark(pool: str = "cpu"):
                           cache=False, retries=1)
                 ab.after(pre)
 
-    nightly_benchmark.__doc__ = """Benchmark the champion against the base model and flag regressions.
-
-    Args:
-        model_name: Registered model name in MLflow.
-        alias: Alias of the version to benchmark (champion).
-        base_model: Base FLUX model ('' = the one the champion was trained from).
-        eval_preset: Evaluation preset (eval_hpdv2, eval_toy, eval_tiny) or a YAML path in the image.
-        eval_benchmarks: Benchmark suites as a JSON list (hpdv2, geneval, wise); [] = the preset's.
-        eval_num_prompts: Only the first N prompts per benchmark (0 = the preset's setting, i.e. all).
-        eval_overrides: Extra evaluation overrides as a JSON list of "key=value" strings.
-        scorer_weights: Weights of the scorers as a JSON object {scorer: URI, "<scorer>.processor": URI}
-            (S3 model cache).
-        regression_metric: Metric compared with the champion's registered score, e.g. hpdv2.hpsv3, or the
-            lower bound of the paired 95% CI of champion − base, hpdv2.hpsv3.delta_ci_low
-            (docs/evaluation.md).
-        regression_direction: Empty = the registered model's (gate.direction, or the metric's known
-            direction); max/min only to assert it or for a metric nothing records.
-        tolerance: Allowed drop (absolute) before it counts as a regression.
-        fail_on_regression: Also fail the run on a regression (it is always flagged in MLflow and the UI).
-        experiment: MLflow experiment of the nightly runs.
-        artifact_root: s3:// prefix for the benchmark images and reports (<root>/<run id>/benchmark).
-        ablation_model: Toy base model (`chunkgrpo toy-model` folder or s3:// folder) for the accumulating
-            step-vs-chunk ablation; '' = skip it.
-        ablation_methods: Ablation methods as a JSON list (step_flow, step_dance, chunk_uniform,
-            chunk_dynamics, chunk_ws, tempflow, granular); must hold chunk_dynamics and step_flow
-            (the primary pair).
-        ablation_seeds: Seeds added to the ablation series each night
-            (earlier nights' seeds are reused from S3).
-        ablation_steps: Optimizer steps per ablation run (a multiple of 2: two evaluation points per run).
-        ablation_series_root: s3:// prefix of the accumulating ablation series
-            ('' = <artifact_root>/ablation-series); a changed engine or configuration starts a new series
-            under it.
-    """
     return dsl.pipeline(name=NAME, description="Nightly: champion vs base model on HPDv2/GenEval/WISE; "
                         "logs to MLflow and flags regressions.")(nightly_benchmark)
 

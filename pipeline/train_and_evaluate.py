@@ -3,6 +3,9 @@
     from pipeline.train_and_evaluate import make_train_and_evaluate
     pipeline_func = make_train_and_evaluate(pool="h100", trainer="torchrun")   # or trainer="trainjob"
 
+Each variant is a pipeline function written out with its parameters (names, types, defaults and their help
+in the Args, which the KFP UI shows); the steps before and after training are shared helpers.
+
 Compile-time choices (the IR differs, so they are not run parameters):
 * `pool`: h100 | h800 | gpu (any GPU node) | cpu - node selector, toleration, accelerator and /dev/shm of
   GPU steps. There is deliberately no GPU default: `chunkgrpo pipeline compile` needs `--pool` (or
@@ -28,9 +31,6 @@ Caching and retries (set on every task; `enable_caching` at submission time over
 Nothing is downloaded from a hub during a run: `model`, `reward_weights` and `scorer_weights` point
 at the S3 model cache that `chunkgrpo models sync` (or the `models_sync` pipeline) fills once.
 """
-
-import inspect
-import textwrap
 
 from kfp import dsl
 
@@ -61,104 +61,6 @@ TRAINERS = ("torchrun", "trainjob", "pytorchjob")
 JOB_KINDS = ("TrainJob", "PyTorchJob")
 # Parameters rendered as dropdowns (KFP >= 2.17 UI): injected into the IR by pipeline.compile.
 LITERALS = {"method": METHOD_NAMES, "gate_direction": DIRECTIONS, "job_kind": JOB_KINDS}
-
-# The run parameters, defined once: (name, type, default, help). Both trainer variants take HEAD, their
-# own trainer parameters, then TAIL; the help lines become the pipeline's Args (the KFP UI shows them).
-HEAD = [
-    ("model", str, DEFAULT_MODEL,
-     "Base model - an s3:// folder artifact of the model cache (`chunkgrpo models sync`), a folder in the "
-     "image or on the model PVC (/models/...), or a hub id present in the image's HF cache; never "
-     "downloaded during a run."),
-    ("prompts", str, "s3://chunkgrpo-data/prompts/hpdv2_train.txt",
-     "Training prompt file (.txt/.jsonl/.parquet), local to the image or an s3:// object."),
-    ("method", str, "chunk",
-     "GRPO variant - chunk (Chunk-GRPO), chunk+ws (weighted chunk sampling), dance (step-level DanceGRPO), "
-     "tempflow, granular."),
-    ("preset", str, "",
-     "Training preset or a YAML path in the image; '' = the method's own published recipe (chunk_grpo_flux, "
-     "chunk_grpo_ws_flux, step_grpo_flux = the paper's step-level baseline, tempflow_grpo_flux, "
-     "granular_grpo_flux). Others: dance_grpo_flux (DanceGRPO's own), tiny_cpu, tempflow_grpo_tiny_cpu, "
-     "granular_grpo_tiny_cpu."),
-    ("max_iterations", int, 0,
-     "Training length in ROLLOUTS (iterations, the papers' \"training steps\"); each rollout makes the "
-     "method's optimizer steps (2 for the chunk presets: 151 rollouts = 302 optimizer steps). 0 = the "
-     "preset's length."),
-]
-TORCHRUN = [
-    ("nproc_per_node", int, 8, "torchrun processes = GPUs of the train step."),
-]
-MULTINODE = [
-    ("num_nodes", int, 2, "Training nodes."),
-    ("nproc_per_node", int, 8, "torchrun processes (= GPUs) per node."),
-    ("job_kind", str, "TrainJob", "TrainJob (Kubeflow Trainer v2) or PyTorchJob (Training Operator v1)."),
-    ("job_namespace", str, "", "Namespace of the training job ('' = the run's namespace)."),
-    ("train_image", str, RUNTIME_IMAGE, "Image of the training pods."),
-    ("timeout_hours", float, 48.0, "Fail the step and delete the job after this many hours."),
-    ("queue_name", str, "",
-     "Kueue LocalQueue of the training job ('' = no Kueue): created suspended, admitted by Kueue."),
-]
-TAIL = [
-    ("reward_weights", dict, DEFAULT_REWARD_WEIGHTS,
-     "Weights of the training rewards as a JSON object {reward: URI, \"<reward>.processor\": URI}, e.g. "
-     "{\"hpsv3\": \"s3://.../MizzenAI/HPSv3\", \"hpsv3.processor\": \"s3://.../Qwen/Qwen2-VL-7B-Instruct\"}; "
-     "rewards the preset does not use are ignored."),
-    ("scorer_weights", dict, DEFAULT_SCORER_WEIGHTS,
-     "Weights of the evaluation scorers as a JSON object {scorer: URI, \"<scorer>.processor\": URI} "
-     "(hpsv3, imagereward, hpsv2.1, pickscore, clip)."),
-    ("train_overrides", list, [],
-     "Extra training overrides as a JSON list of \"key=value\" strings, e.g. [\"lr=5e-6\", "
-     "\"sampling.eta=0.3\"]."),
-    ("chunks", str, "dynamics",
-     "Chunk plan - dynamics[:max=5,last=0.5] | uniform:N | sizes:a,b,.. | step | whole."),
-    ("profile_prompts", int, 16, "Prompts used to profile the base model's dynamics (0 = all)."),
-    ("profile_seeds", int, 2, "Initial-noise seeds per profiled prompt."),
-    ("device", str, "auto", "Device for profiling - auto | cpu | cuda."),
-    ("eval_preset", str, "eval_hpdv2",
-     "Evaluation preset (eval_hpdv2, eval_toy, eval_tiny) or a YAML path in the image."),
-    ("eval_benchmarks", list, [],
-     "Benchmark suites as a JSON list (hpdv2, geneval, wise); [] = the preset's."),
-    ("eval_num_prompts", int, 0,
-     "Evaluate only the first N prompts per benchmark (0 = the preset's setting)."),
-    ("eval_overrides", list, [], "Extra evaluation overrides as a JSON list of \"key=value\" strings."),
-    ("model_name", str, "chunkgrpo-flux", "Registered model name in MLflow."),
-    ("gate_metric", str, "eval.hpdv2.hpsv3",
-     "Promotion gate metric (registry tag metric.<name>), e.g. eval.hpdv2.hpsv3; must be the registered "
-     "model's gate.metric once it exists, or its CI bound (eval.<bench>.<metric>.delta_ci_low)."),
-    ("gate_direction", str, "max",
-     "Direction of gate_metric for a NEW registered model only (max = higher is better); an existing model "
-     "keeps the direction it was registered with."),
-    ("gate_margin", float, 0.0,
-     "The candidate must beat the champion by more than this to be promoted. For a CI-bound gate metric "
-     "(eval.<bench>.<metric>.delta_ci_low) the bound itself must exceed it: 0 = significantly better than "
-     "the base model (docs/evaluation.md)."),
-    ("experiment", str, "chunkgrpo", "MLflow experiment of the pipeline run."),
-    ("artifact_root", str, "s3://chunkgrpo-checkpoints/pipeline-runs",
-     "s3:// prefix for checkpoints, models and evaluation images (<root>/<run id>/<stage>)."),
-]
-
-
-def _args_doc(params: list) -> str:
-    """The Google-style `Args:` section of a parameter table (continuation lines indented, <= 110 chars)."""
-    lines = ["", "    Args:"]
-    for name, _, _, help_text in params:
-        lines += textwrap.wrap(f"{name}: {help_text}", width=106, initial_indent=" " * 8,
-                               subsequent_indent=" " * 12, break_on_hyphens=False)
-    return "\n".join(lines) + "\n"
-
-
-def _pipeline_function(params: list, body, summary: str):
-    """A function with the explicit signature KFP reads (`inspect.signature`: names, types, defaults, in
-    table order) that calls `body(p)` with `p` = {name: value}; its docstring lists the Args."""
-    names = [name for name, *_ in params]
-
-    def train_and_evaluate(*args):
-        return body(dict(zip(names, args)))
-
-    train_and_evaluate.__signature__ = inspect.Signature(
-        [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=default, annotation=tp)
-         for name, tp, default, _ in params])
-    train_and_evaluate.__doc__ = summary + "\n" + _args_doc(params)
-    return train_and_evaluate
 
 
 def _after_training(p: dict, pool: Pool, opened, planned, trained) -> None:
@@ -225,50 +127,207 @@ def make_train_and_evaluate(pool: str = "cpu", trainer: str = "torchrun"):
     gpu_pool = POOLS[pool]
     desc = (f"Chunk-GRPO fine-tuning of FLUX.1-dev: profile -> plan -> train ({trainer}, pool {pool}) -> "
             "evaluate -> register -> promote if it beats the champion.")
-
     if trainer == "torchrun":
-        def body(p: dict) -> None:
-            with dsl.ExitHandler(_exit_handler(p["experiment"]), name="chunkgrpo"):
-                opened, planned = _before_training(p, gpu_pool)
-                tr = train(model=p["model"], prompts=p["prompts"], preset=p["preset"], method=p["method"],
-                           chunks=planned.outputs["Output"], max_iterations=p["max_iterations"],
-                           nproc_per_node=p["nproc_per_node"], overrides=p["train_overrides"],
-                           artifact_root=p["artifact_root"], run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
-                           experiment=p["experiment"], parent_run_id=opened.output,
-                           reward_weights=p["reward_weights"])
-                on_pool(tr, gpu_pool, p["nproc_per_node"], cache_size=gpu_pool.train_cache_size)
-                configure(tr, display_name="train (torchrun)", cache=False, retries=1, backoff="120s")
-                _after_training(p, gpu_pool, opened, planned, tr)
-
-        fn = _pipeline_function(HEAD + TORCHRUN + TAIL, body, "Train with Chunk-GRPO (torchrun inside the "
-                                "train step), evaluate, register, promote.")
-        return dsl.pipeline(name=NAME, description=desc)(fn)
+        return dsl.pipeline(name=NAME, description=desc)(_torchrun_pipeline(gpu_pool))
     default_kind = "TrainJob" if trainer == "trainjob" else "PyTorchJob"
-    trainer_params = [(n, t, default_kind if n == "job_kind" else d, h) for n, t, d, h in MULTINODE]
+    fn = _multinode_pipeline(gpu_pool, default_kind)
+    return dsl.pipeline(name=NAME + "-multinode", description=desc)(fn)
 
-    def body(p: dict) -> None:
-        closing = _exit_handler(p["experiment"], cleanup_jobs=True, job_namespace=p["job_namespace"])
+
+def _torchrun_pipeline(gpu_pool: Pool):
+    """The single-node variant: torchrun inside the train task on `gpu_pool`."""
+
+    def train_and_evaluate(
+        model: str = DEFAULT_MODEL,
+        prompts: str = "s3://chunkgrpo-data/prompts/hpdv2_train.txt",
+        method: str = "chunk",
+        preset: str = "",
+        max_iterations: int = 0,
+        nproc_per_node: int = 8,
+        reward_weights: dict = DEFAULT_REWARD_WEIGHTS,
+        scorer_weights: dict = DEFAULT_SCORER_WEIGHTS,
+        train_overrides: list = [],
+        chunks: str = "dynamics",
+        profile_prompts: int = 16,
+        profile_seeds: int = 2,
+        device: str = "auto",
+        eval_preset: str = "eval_hpdv2",
+        eval_benchmarks: list = [],
+        eval_num_prompts: int = 0,
+        eval_overrides: list = [],
+        model_name: str = "chunkgrpo-flux",
+        gate_metric: str = "eval.hpdv2.hpsv3",
+        gate_direction: str = "max",
+        gate_margin: float = 0.0,
+        experiment: str = "chunkgrpo",
+        artifact_root: str = "s3://chunkgrpo-checkpoints/pipeline-runs",
+    ):
+        """Train with Chunk-GRPO (torchrun inside the train step), evaluate, register, promote.
+
+        Args:
+            model: Base model - an s3:// folder artifact of the model cache (`chunkgrpo models sync`), a
+                folder in the image or on the model PVC (/models/...), or a hub id present in the image's HF
+                cache; never downloaded during a run.
+            prompts: Training prompt file (.txt/.jsonl/.parquet), local to the image or an s3:// object.
+            method: GRPO variant - chunk (Chunk-GRPO), chunk+ws (weighted chunk sampling), dance (step-level
+                DanceGRPO), tempflow, granular.
+            preset: Training preset or a YAML path in the image; '' = the method's own published recipe
+                (chunk_grpo_flux, chunk_grpo_ws_flux, step_grpo_flux = the paper's step-level baseline,
+                tempflow_grpo_flux, granular_grpo_flux). Others: dance_grpo_flux (DanceGRPO's own), tiny_cpu,
+                tempflow_grpo_tiny_cpu, granular_grpo_tiny_cpu.
+            max_iterations: Training length in ROLLOUTS (iterations, the papers' "training steps"); each
+                rollout makes the method's optimizer steps (2 for the chunk presets: 151 rollouts = 302
+                optimizer steps). 0 = the preset's length.
+            nproc_per_node: torchrun processes = GPUs of the train step.
+            reward_weights: Weights of the training rewards as a JSON object {reward: URI,
+                "<reward>.processor": URI}, e.g. {"hpsv3": "s3://.../MizzenAI/HPSv3", "hpsv3.processor":
+                "s3://.../Qwen/Qwen2-VL-7B-Instruct"}; rewards the preset does not use are ignored.
+            scorer_weights: Weights of the evaluation scorers as a JSON object {scorer: URI,
+                "<scorer>.processor": URI} (hpsv3, imagereward, hpsv2.1, pickscore, clip).
+            train_overrides: Extra training overrides as a JSON list of "key=value" strings, e.g. ["lr=5e-6",
+                "sampling.eta=0.3"].
+            chunks: Chunk plan - dynamics[:max=5,last=0.5] | uniform:N | sizes:a,b,.. | step | whole.
+            profile_prompts: Prompts used to profile the base model's dynamics (0 = all).
+            profile_seeds: Initial-noise seeds per profiled prompt.
+            device: Device for profiling - auto | cpu | cuda.
+            eval_preset: Evaluation preset (eval_hpdv2, eval_toy, eval_tiny) or a YAML path in the image.
+            eval_benchmarks: Benchmark suites as a JSON list (hpdv2, geneval, wise); [] = the preset's.
+            eval_num_prompts: Evaluate only the first N prompts per benchmark (0 = the preset's setting).
+            eval_overrides: Extra evaluation overrides as a JSON list of "key=value" strings.
+            model_name: Registered model name in MLflow.
+            gate_metric: Promotion gate metric (registry tag metric.<name>), e.g. eval.hpdv2.hpsv3; must be
+                the registered model's gate.metric once it exists, or its CI bound
+                (eval.<bench>.<metric>.delta_ci_low).
+            gate_direction: Direction of gate_metric for a NEW registered model only (max = higher is better);
+                an existing model keeps the direction it was registered with.
+            gate_margin: The candidate must beat the champion by more than this to be promoted. For a CI-bound
+                gate metric (eval.<bench>.<metric>.delta_ci_low) the bound itself must exceed it: 0 =
+                significantly better than the base model (docs/evaluation.md).
+            experiment: MLflow experiment of the pipeline run.
+            artifact_root: s3:// prefix for checkpoints, models and evaluation images (<root>/<run
+                id>/<stage>).
+        """
+        p = dict(locals())  # the run parameters by name, for the steps shared with the multi-node variant
+        with dsl.ExitHandler(_exit_handler(experiment), name="chunkgrpo"):
+            opened, planned = _before_training(p, gpu_pool)
+            tr = train(model=model, prompts=prompts, preset=preset, method=method,
+                       chunks=planned.outputs["Output"], max_iterations=max_iterations,
+                       nproc_per_node=nproc_per_node, overrides=train_overrides, artifact_root=artifact_root,
+                       run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, experiment=experiment,
+                       parent_run_id=opened.output, reward_weights=reward_weights)
+            on_pool(tr, gpu_pool, nproc_per_node, cache_size=gpu_pool.train_cache_size)
+            configure(tr, display_name="train (torchrun)", cache=False, retries=1, backoff="120s")
+            _after_training(p, gpu_pool, opened, planned, tr)
+
+    return train_and_evaluate
+
+
+def _multinode_pipeline(gpu_pool: Pool, default_kind: str):
+    """The multi-node variant: a launcher step runs a TrainJob / PyTorchJob (`default_kind`)."""
+
+    def train_and_evaluate(
+        model: str = DEFAULT_MODEL,
+        prompts: str = "s3://chunkgrpo-data/prompts/hpdv2_train.txt",
+        method: str = "chunk",
+        preset: str = "",
+        max_iterations: int = 0,
+        num_nodes: int = 2,
+        nproc_per_node: int = 8,
+        job_kind: str = default_kind,
+        job_namespace: str = "",
+        train_image: str = RUNTIME_IMAGE,
+        timeout_hours: float = 48.0,
+        queue_name: str = "",
+        reward_weights: dict = DEFAULT_REWARD_WEIGHTS,
+        scorer_weights: dict = DEFAULT_SCORER_WEIGHTS,
+        train_overrides: list = [],
+        chunks: str = "dynamics",
+        profile_prompts: int = 16,
+        profile_seeds: int = 2,
+        device: str = "auto",
+        eval_preset: str = "eval_hpdv2",
+        eval_benchmarks: list = [],
+        eval_num_prompts: int = 0,
+        eval_overrides: list = [],
+        model_name: str = "chunkgrpo-flux",
+        gate_metric: str = "eval.hpdv2.hpsv3",
+        gate_direction: str = "max",
+        gate_margin: float = 0.0,
+        experiment: str = "chunkgrpo",
+        artifact_root: str = "s3://chunkgrpo-checkpoints/pipeline-runs",
+    ):
+        """Train with Chunk-GRPO on several nodes (Kubeflow Trainer TrainJob or PyTorchJob), evaluate,
+        register, promote.
+
+        Args:
+            model: Base model - an s3:// folder artifact of the model cache (`chunkgrpo models sync`), a
+                folder in the image or on the model PVC (/models/...), or a hub id present in the image's HF
+                cache; never downloaded during a run.
+            prompts: Training prompt file (.txt/.jsonl/.parquet), local to the image or an s3:// object.
+            method: GRPO variant - chunk (Chunk-GRPO), chunk+ws (weighted chunk sampling), dance (step-level
+                DanceGRPO), tempflow, granular.
+            preset: Training preset or a YAML path in the image; '' = the method's own published recipe
+                (chunk_grpo_flux, chunk_grpo_ws_flux, step_grpo_flux = the paper's step-level baseline,
+                tempflow_grpo_flux, granular_grpo_flux). Others: dance_grpo_flux (DanceGRPO's own), tiny_cpu,
+                tempflow_grpo_tiny_cpu, granular_grpo_tiny_cpu.
+            max_iterations: Training length in ROLLOUTS (iterations, the papers' "training steps"); each
+                rollout makes the method's optimizer steps (2 for the chunk presets: 151 rollouts = 302
+                optimizer steps). 0 = the preset's length.
+            num_nodes: Training nodes.
+            nproc_per_node: torchrun processes (= GPUs) per node.
+            job_kind: TrainJob (Kubeflow Trainer v2) or PyTorchJob (Training Operator v1).
+            job_namespace: Namespace of the training job ('' = the run's namespace).
+            train_image: Image of the training pods.
+            timeout_hours: Fail the step and delete the job after this many hours.
+            queue_name: Kueue LocalQueue of the training job ('' = no Kueue): created suspended, admitted by
+                Kueue.
+            reward_weights: Weights of the training rewards as a JSON object {reward: URI,
+                "<reward>.processor": URI}, e.g. {"hpsv3": "s3://.../MizzenAI/HPSv3", "hpsv3.processor":
+                "s3://.../Qwen/Qwen2-VL-7B-Instruct"}; rewards the preset does not use are ignored.
+            scorer_weights: Weights of the evaluation scorers as a JSON object {scorer: URI,
+                "<scorer>.processor": URI} (hpsv3, imagereward, hpsv2.1, pickscore, clip).
+            train_overrides: Extra training overrides as a JSON list of "key=value" strings, e.g. ["lr=5e-6",
+                "sampling.eta=0.3"].
+            chunks: Chunk plan - dynamics[:max=5,last=0.5] | uniform:N | sizes:a,b,.. | step | whole.
+            profile_prompts: Prompts used to profile the base model's dynamics (0 = all).
+            profile_seeds: Initial-noise seeds per profiled prompt.
+            device: Device for profiling - auto | cpu | cuda.
+            eval_preset: Evaluation preset (eval_hpdv2, eval_toy, eval_tiny) or a YAML path in the image.
+            eval_benchmarks: Benchmark suites as a JSON list (hpdv2, geneval, wise); [] = the preset's.
+            eval_num_prompts: Evaluate only the first N prompts per benchmark (0 = the preset's setting).
+            eval_overrides: Extra evaluation overrides as a JSON list of "key=value" strings.
+            model_name: Registered model name in MLflow.
+            gate_metric: Promotion gate metric (registry tag metric.<name>), e.g. eval.hpdv2.hpsv3; must be
+                the registered model's gate.metric once it exists, or its CI bound
+                (eval.<bench>.<metric>.delta_ci_low).
+            gate_direction: Direction of gate_metric for a NEW registered model only (max = higher is better);
+                an existing model keeps the direction it was registered with.
+            gate_margin: The candidate must beat the champion by more than this to be promoted. For a CI-bound
+                gate metric (eval.<bench>.<metric>.delta_ci_low) the bound itself must exceed it: 0 =
+                significantly better than the base model (docs/evaluation.md).
+            experiment: MLflow experiment of the pipeline run.
+            artifact_root: s3:// prefix for checkpoints, models and evaluation images (<root>/<run
+                id>/<stage>).
+        """
+        p = dict(locals())  # the run parameters by name, for the steps shared with the torchrun variant
+        closing = _exit_handler(experiment, cleanup_jobs=True, job_namespace=job_namespace)
         with dsl.ExitHandler(closing, name="chunkgrpo"):
             opened, planned = _before_training(p, gpu_pool)
             # GPUs, RDMA devices, CPU/memory and /dev/shm are the runtime's (the overlay's pool):
             # gpus_per_node=0 and shm_size='' keep them; the pod placement is the runtime's too.
             tr = launch_trainjob(
-                kind=p["job_kind"], namespace=p["job_namespace"], image=p["train_image"],
-                num_nodes=p["num_nodes"], nproc_per_node=p["nproc_per_node"], gpus_per_node=0,
-                node_selector={}, tolerations=[], shm_size="", model=p["model"], prompts=p["prompts"],
-                preset=p["preset"], method=p["method"], chunks=planned.outputs["Output"],
-                max_iterations=p["max_iterations"], overrides=p["train_overrides"],
-                artifact_root=p["artifact_root"], run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
-                experiment=p["experiment"], parent_run_id=opened.output, timeout_hours=p["timeout_hours"],
-                queue_name=p["queue_name"], image_pull_secrets=pull_secrets(),
-                reward_weights=p["reward_weights"])
+                kind=job_kind, namespace=job_namespace, image=train_image, num_nodes=num_nodes,
+                nproc_per_node=nproc_per_node, gpus_per_node=0, node_selector={}, tolerations=[], shm_size="",
+                model=model, prompts=prompts, preset=preset, method=method, chunks=planned.outputs["Output"],
+                max_iterations=max_iterations, overrides=train_overrides, artifact_root=artifact_root,
+                run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, experiment=experiment, parent_run_id=opened.output,
+                timeout_hours=timeout_hours, queue_name=queue_name, image_pull_secrets=pull_secrets(),
+                reward_weights=reward_weights)
             configure(small(tr, "2G"), display_name=f"train ({default_kind} launcher)", cache=False,
                       retries=2, backoff="30s")
             _after_training(p, gpu_pool, opened, planned, tr)
 
-    fn = _pipeline_function(HEAD + trainer_params + TAIL, body, "Train with Chunk-GRPO on several nodes "
-                            "(Kubeflow Trainer TrainJob or PyTorchJob), evaluate, register, promote.")
-    return dsl.pipeline(name=NAME + "-multinode", description=desc)(fn)
+    return train_and_evaluate
 
 
 train_and_evaluate = make_train_and_evaluate()  # the CPU variant (kfp.local); clusters compile with --pool

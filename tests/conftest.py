@@ -65,7 +65,7 @@ LONG_FILES_FIRST = (
     "tests/integration/test_evaluate_tracking_outage.py",  # 66 s
     "tests/pipeline/test_local_interrupt.py",  # 65 s
     "tests/integration/registry/test_promotion_integrity.py",  # 62 s
-    "tests/unit/train/test_policy_windows.py",  # 57 s
+    "tests/unit/train/test_grpo.py",  # 57 s
 )
 
 

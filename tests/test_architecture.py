@@ -38,8 +38,8 @@ MAX_LINES = 600
 # Bottom to top. A name is a top-level module or subpackage of chunkgrpo ("" is the package root).
 LAYERS: list[tuple[str, ...]] = [
     # L0 foundation: no I/O beyond files, no models
-    ("", "errors", "checks", "threads", "shutdown", "progress", "inputs", "config", "locks", "schedules",
-     "sde", "advantages", "recipes", "grids"),
+    ("", "errors", "gpu", "checks", "threads", "shutdown", "progress", "inputs", "config", "locks",
+     "schedules", "sde", "advantages", "recipes", "grids"),
     # L1 storage, tracking and the FLUX engine pieces
     ("store", "tracking", "prompts", "flux", "rollout", "objectives", "chunks", "dynamics"),
     # L2 synthetic models, tokenizers and scorers (tests and the wiring demo only)
@@ -53,13 +53,15 @@ LAYERS: list[tuple[str, ...]] = [
      "local_services", "local_processes", "torchrun", "torchrun_local"),
     # L6 checks that span stages
     ("preflight",),
-    # L7 the command line
+    # L7 the pipeline's steps as plain functions (components and commands call them)
+    ("stages",),
+    # L8 the command line
     ("commands", "cli"),
 ]
 # Units of one layer that must not import each other (the two stages share only what lies below them).
 SEPARATE: list[set[str]] = [{"train", "eval"}]
 # Who may import the fixtures and the toy world (besides themselves).
-FIXTURE_USERS = {"testing": {"testing", "toy", "commands"}, "toy": {"toy", "commands"}}
+FIXTURE_USERS = {"testing": {"testing", "toy", "commands"}, "toy": {"toy", "commands", "stages"}}
 
 
 @dataclass

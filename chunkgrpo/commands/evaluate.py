@@ -32,13 +32,14 @@ def run(args):
 
     from chunkgrpo.commands import load_stage_config
     from chunkgrpo.eval.config import EvalConfig
-    from chunkgrpo.eval.runner import run_evaluation, summary_lines
+    from chunkgrpo.eval.runner import summary_lines
+    from chunkgrpo.stages.evaluate import run as evaluate
 
     cfg = load_stage_config(EvalConfig, args)
     if cfg is None:
         return 0
 
-    result = run_evaluation(cfg)
+    result = evaluate(cfg)
     if args.json:
         print(json.dumps(result, indent=1, default=str))
         return 0

@@ -38,6 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from chunkgrpo import model_cache
     from chunkgrpo.errors import UserError
+    from chunkgrpo.stages.models import default_sources, sync_models
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if args.action == "uri":
@@ -46,14 +47,12 @@ def run(args: argparse.Namespace) -> int:
     if args.defaults:
         if args.source or args.to:
             raise UserError("--defaults takes no SOURCE or --to")
-        sources = [model_cache.BASE_MODEL, *model_cache.REWARD_MODELS.values()]
+        sources = default_sources()
     elif args.source:
         sources = [args.source]
     else:
         raise UserError("give a hub id or folder to sync, or --defaults")
     if args.to and len(sources) != 1:
         raise UserError("--to needs exactly one SOURCE")
-    for source in sources:
-        uri, uploaded = model_cache.sync(source, args.to, download=args.download, revision=args.revision)
-        print(f"{source} -> {uri}" + ("" if uploaded else " (already there)"))
+    sync_models(sources, to=args.to, download=args.download, revision=args.revision)
     return 0

@@ -20,9 +20,10 @@ def add_arguments(p):
 
 
 def run(args):
-    from chunkgrpo.chunks import plan_from_profile
+    from chunkgrpo.stages.plan import plan as plan_stage
 
-    plan, out = plan_from_profile(args.profile, args.chunks, args.out, trajectories=args.trajectories)
+    p = plan_stage(args.profile, args.chunks, args.out, trajectories=args.trajectories)
+    plan, out = p.data, p.path
     print(
         f"plan {plan['strategy']} on {plan['trajectories'].upper()} trajectories: sizes {plan['sizes']} over "
         f"{plan['trainable_steps']} trainable steps -> {out}"

@@ -27,7 +27,8 @@ def add_arguments(p):
 
 
 def run(args):
-    from chunkgrpo.dynamics import ProfileConfig, run_profile
+    from chunkgrpo.dynamics import ProfileConfig
+    from chunkgrpo.stages.profile import profile
 
     ov = list(args.overrides)
     for flag, key in (("model", "model"), ("prompts", "prompts"), ("steps", "sampling.num_steps"),
@@ -37,7 +38,8 @@ def run(args):
         if val is not None:
             ov.append(f"{key}={val}")
     cfg = ProfileConfig.load(args.config, ov)
-    prof, out = run_profile(cfg)
+    p = profile(cfg)
+    prof, out = p.data, p.path
     vals = ", ".join(f"{v:.4f}" for v in prof["l1rel"])
     print(f"profile of {prof['samples']} trajectories x {prof['num_steps']} steps -> {out}\n"
           f"  l1rel ({prof['trajectories']}): [{vals}]")

@@ -55,8 +55,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from chunkgrpo.errors import UserError
-    from chunkgrpo.registry.gate import GateConfig
-    from chunkgrpo.registry.promotion import promote, rollback, set_gate
+    from chunkgrpo.registry.promotion import rollback, set_gate
 
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     if args.set_gate:
@@ -85,16 +84,9 @@ def run(args: argparse.Namespace) -> int:
             raise UserError("--rollback takes no gate options or --force")
         print(rollback(args.model, who=args.who, why=args.why).line())
         return 0
-    gate = GateConfig.from_dict({k: v for k, v in {"metric": args.metric, "margin": args.margin}.items()
-                                 if v is not None})
-    import os
+    from chunkgrpo.stages.promote import promote
 
-    if os.environ.get("CHUNKGRPO_PROMOTER_URL") and not args.force:
-        from chunkgrpo.registry.promoter_client import request_promotion
-
-        res = request_promotion(os.environ["CHUNKGRPO_PROMOTER_URL"], args.model, args.version, gate,
-                                why=args.why)
-    else:
-        res = promote(args.model, args.version, gate, force=args.force, who=args.who, why=args.why)
+    res = promote(args.model, args.version, args.metric, args.margin, who=args.who, why=args.why,
+                  force=args.force)
     print(res.line())
     return 1 if (args.strict and res.action == "rejected") else 0

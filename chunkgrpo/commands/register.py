@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-from pathlib import Path
 
 NAME = "register"
 HELP = "register a trained model version in the MLflow registry"
@@ -64,71 +63,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "promotion trusts only that run's metrics")
 
 
-def _read_json(path: str | None, what: str):
-    from chunkgrpo.inputs import read_json
-
-    if not path:
-        return None
-    return read_json(path, f"--{what}")
-
-
-def check_model_name(name: str) -> None:
-    """MLflow's registered-model name rules, checked before anything is uploaded."""
-    from chunkgrpo.errors import UserError
-    from chunkgrpo.registry.gate import check_name
-
-    try:
-        check_name(name)
-    except UserError as e:
-        raise UserError(f"--name: {e}") from None
-    try:
-        from mlflow.exceptions import MlflowException
-        from mlflow.utils.validation import _validate_model_name
-    except ImportError:  # private helper moved: the rules above still apply
-        return
-    try:
-        _validate_model_name(name)
-    except MlflowException as e:
-        raise UserError(f"--name {name!r}: {e.message}") from None
-
-
 def run(args: argparse.Namespace) -> int:
-    import tempfile
+    from dataclasses import fields
 
-    from chunkgrpo.errors import UserError
-    from chunkgrpo.registry.gate import flat_metrics, metrics_from_eval
-    from chunkgrpo.registry.registration import Registration, register_model
+    from chunkgrpo.stages.register import FolderRegistration, register_folder
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    check_model_name(args.name)  # before any upload or run is created
-
-    metrics, plan = _read_json(args.metrics, "metrics"), _read_json(args.plan, "plan")
-    if metrics is not None and not isinstance(metrics, dict):
-        raise UserError(f"--metrics {args.metrics}: expected a JSON object (an evaluation's metrics.json), "
-                        f"got a JSON {type(metrics).__name__}")
-    protocol = sampling = None
-    eval_run_id = args.eval_run_id
-    if isinstance(metrics, dict) and str(metrics.get("format", "")).startswith("chunkgrpo.eval-metrics/"):
-        eval_run_id = eval_run_id or metrics.get("mlflow_run_id") or None
-        metrics, protocol, sampling = metrics_from_eval(metrics, args.eval_preset)
-    flat_metrics(metrics, f"--metrics {args.metrics}")  # NaN/inf/non-numeric: one line, before any upload
-    checkpoint = args.checkpoint_uri
-    with tempfile.TemporaryDirectory(prefix="chunkgrpo-ckpt-") as tmp:
-        model_dir = args.model_dir
-        if model_dir.startswith("s3://"):
-            from chunkgrpo.store.client import ArtifactStore
-
-            ArtifactStore().get_folder(model_dir, tmp)
-            checkpoint = checkpoint or model_dir
-            model_dir = tmp
-        elif not Path(model_dir).is_dir():
-            raise FileNotFoundError(2, "no such directory", model_dir)
-        req = Registration(args.name, args.base_model, model_dir, kind=args.kind, checkpoint_uri=checkpoint,
-                           include_weights=False if args.external_weights else None, metrics=metrics,
-                           eval_run_id=eval_run_id, eval_protocol=protocol, sampling=sampling, plan=plan,
-                           git=args.git_sha, cfg_hash=args.config_hash, gate_metric=args.gate_metric,
-                           gate_direction=args.gate_direction)
-        rv = register_model(req, experiment=args.experiment)
+    # the request's fields are the arguments' names
+    req = FolderRegistration(**{f.name: getattr(args, f.name) for f in fields(FolderRegistration)})
+    rv = register_folder(req)
     print(
         f"{rv.name} version {rv.version}{' (existing, same content)' if rv.reused else ''}: "
         f"{rv.uri}  source {rv.source}"

@@ -15,28 +15,26 @@ def add_arguments(p):
     from chunkgrpo.commands import add_config_arguments
 
     add_config_arguments(p, "lr=5e-6 sampling.eta=0.3")
-    p.add_argument(
-        "--dry-run", action="store_true", help="validate config, model dir, prompts and plan, then exit"
-    )
+    p.add_argument("--dry-run", action="store_true",
+                   help="validate config, model dir, prompts and plan (no weights are loaded), print them "
+                        "as JSON, then exit")
 
 
 def run(args):
     import json
 
     from chunkgrpo.commands import load_stage_config
+    from chunkgrpo.stages.train import dry_run, run_local
     from chunkgrpo.train.config import TrainConfig
-    from chunkgrpo.train.trainer import Trainer, run_training
 
     cfg = load_stage_config(TrainConfig, args)
     if cfg is None:
         return 0
 
     if args.dry_run:
-        t = Trainer(cfg)
-        print(json.dumps({"ok": True, "model": t.model_path or cfg.model, "prompts": len(t.prompts),
-                          "chunk_sizes": t.sizes}))
+        print(json.dumps(dry_run(cfg).to_dict()))
         return 0
-    summary = run_training(cfg)
+    summary = run_local(cfg)
     if summary:
         h = summary["history"]
         print(

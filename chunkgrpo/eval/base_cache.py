@@ -8,7 +8,7 @@ evaluation's GPU time). With `base_cache=s3://bucket/prefix` (the pipelines set
 `s3://<artifact_root's bucket>/eval-base-cache`; `base_cache=` turns it off) the evaluate stage
 
 1. downloads the base images the cache already holds for this evaluation's prompts and seeds,
-2. generates the rest (and the trained label) as before,
+2. generates the rest (and the trained label),
 3. uploads the base images it generated, for the next evaluation.
 
 An image is `<prefix>/<key>/<benchmark>/<sha256(prompt, seed)[:16]>.png`. The key is the sha256 of what

@@ -409,6 +409,10 @@ def run_evaluation(cfg: EvalConfig, *, detector=None, color_fn: Callable | None 
     `detector` / `color_fn` (GenEval), `judge` (a `wise.JudgeClient`) and `scorers` ({name: obj with
     score()/info}) override what the config would build (tests, notebooks)."""
     t_start = time.perf_counter()
+    from chunkgrpo.gpu import require
+
+    for dev in dict.fromkeys((cfg.device, cfg.scorer_device)):  # before any model or bucket is touched
+        require(dev)
     if cfg.output_uri:  # before any work: results must never be "uploaded" to a bucket that does not exist
         ArtifactStore().require_bucket(cfg.output_uri)
     out = Path(cfg.output_dir).expanduser()

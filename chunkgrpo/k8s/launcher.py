@@ -6,7 +6,9 @@ fail fast, delete on cancellation, clean up a run's jobs.
 
 Contracts: the API boundary is any object with the `CustomObjectsApi` methods
 `create_/get_/delete_/list_namespaced_custom_object` (errors carry an HTTP `.status`), so tests use a
-fake. `submit_or_attach` turns a 409 into attaching (only to a job with the same spec hash) and
+fake. Objects are created with `fieldValidation=Strict` (`create_strict`): a field the cluster's CRD
+lacks is refused in one line instead of being pruned. `submit_or_attach` turns a 409 into attaching
+(only to a job with the same spec hash) and
 recreates an attached job that already FAILED; `wait` raises `JobFailedError` with the job's reason,
 or `JobBlockedError` with the one line of a `diagnose.JobProbe` finding; `launch` deletes a blocked
 job unless `keep_failed`; `delete_on_cancel` deletes the job on SIGTERM/SIGINT; `owner` (the run's
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import signal
 import threading
 import time
@@ -64,6 +67,45 @@ def build_job(kind: str, spec: JobSpec, template: dict | None = None) -> dict:
 def _status_code(exc: BaseException) -> int | None:
     code = getattr(exc, "status", None)
     return int(code) if isinstance(code, int) or (isinstance(code, str) and code.isdigit()) else None
+
+
+# Every object is created with fieldValidation=Strict: a field the installed CRD does not know (Trainer
+# v2.1's TrainJob has no `spec.runtimePatches`) is a 400 from the API server, never silently pruned
+# (which would drop the job's labels, node selector and tolerations and still start it).
+FIELD_VALIDATION = "Strict"
+# What a field unknown to the cluster's CRD means, for the fields whose absence has a known cause.
+MISSING_FIELD_CAUSE = {
+    "spec.runtimePatches": "Kubeflow Trainer v2.1 (bundled with Kubeflow 1.11.0) has no TrainJob "
+                           "spec.runtimePatches: install Trainer v2.2 or v2.3 (docs/training-jobs.md), or "
+                           "train with trainer=torchrun (single node) or job_kind=PyTorchJob",
+    "spec.activeDeadlineSeconds": "Kubeflow Trainer v2.1 has no TrainJob spec.activeDeadlineSeconds: install "
+                                  "Trainer v2.2 or v2.3",
+}
+
+
+def _unknown_fields(exc: BaseException) -> list[str]:
+    """The fields a Strict create was refused for ('strict decoding error: unknown field "spec.x"')."""
+    text = " ".join(str(x) for x in (getattr(exc, "body", None), getattr(exc, "reason", None), exc) if x)
+    return sorted(set(re.findall(r'unknown field \\?"([^"\\]+)\\?"', text)))
+
+
+def create_strict(api, kind_name: str, kind: Kind, obj: dict) -> dict:
+    """Create `obj` with fieldValidation=Strict. A field the installed CRD lacks is a TemplateError naming
+    the fields and their cause in one line, and nothing is created."""
+    ns = obj["metadata"]["namespace"]
+    try:
+        return api.create_namespaced_custom_object(kind.group, kind.version, ns, kind.plural, obj,
+                                                   field_validation=FIELD_VALIDATION)
+    except Exception as e:
+        fields = _unknown_fields(e) if _status_code(e) == 400 else []
+        if not fields:
+            raise
+        causes = [MISSING_FIELD_CAUSE[f] for f in fields if f in MISSING_FIELD_CAUSE]
+        raise TemplateError(
+            f"the cluster's {kind_name} CRD ({kind.group}/{kind.version}) has no field "
+            f"{', '.join(fields)}; the API server refused the job instead of dropping the field"
+            + (f": {'; '.join(causes)}" if causes else "")
+        ) from None
 
 
 def _kind_of(obj: dict) -> tuple[str, Kind]:
@@ -137,7 +179,7 @@ def submit_or_attach(api, obj: dict, *, recreate_failed: bool = True, poll_s: fl
     kind_name, kind = _kind_of(obj)
     name, ns = obj["metadata"]["name"], obj["metadata"]["namespace"]
     try:
-        created = api.create_namespaced_custom_object(kind.group, kind.version, ns, kind.plural, obj)
+        created = create_strict(api, kind_name, kind, obj)
         log.info("created %s %s/%s", kind_name, ns, name)
         return created or obj, False
     except Exception as e:
@@ -158,9 +200,7 @@ def submit_or_attach(api, obj: dict, *, recreate_failed: bool = True, poll_s: fl
         )
         delete(api, existing)
         _wait_gone(api, kind, name, ns, timeout_s=600, poll_s=poll_s, sleep=sleep, clock=clock)
-        return api.create_namespaced_custom_object(
-            kind.group, kind.version, ns, kind.plural, obj
-        ) or obj, False
+        return create_strict(api, kind_name, kind, obj) or obj, False
     log.info("attached to existing %s %s/%s (state %s)", kind_name, ns, name, state)
     return existing, True
 

@@ -15,7 +15,7 @@ reproduction target; what must hold is that it is the model the current code wou
   `model_key` of the default `ToyModelConfig()` — the config and the source of `world.py` and
   `model.py` — with, at most, another `threads`, the one field that changes only the floating-point
   summation order, not what is learned) and every file matches `SHA256SUMS`; otherwise None, and the
-  demo pretrains as before (a test fails while the shipped copy is stale, so it is refreshed with the
+  demo pretrains the model (a test fails while the shipped copy is stale, so it is refreshed with the
   command above in the same change).
 * `install(out)` copies it atomically (a temporary sibling, then one rename) and verifies the copy;
   a toy model of older code in `out` is replaced.

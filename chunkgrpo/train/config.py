@@ -256,7 +256,8 @@ class TrainConfig(Config):
         "auto", "auto = bf16 autocast on GPU, fp32 on CPU (master weights fp32)"
     )
     gradient_checkpointing: bool = option(True, "activation checkpointing in the transformer blocks")
-    device: str = option("auto", "auto | cpu | cuda | cuda:N (one GPU, single process)")
+    device: str = option("auto", "auto | cpu | cuda | cuda:N (one GPU, single process); cuda, or auto in a "
+                         "task given GPUs, fails at once when CUDA cannot use the GPU (driver too old)")
     seed: int = option(42, "base seed (rollout noise, unit selection and data order derive from it)")
     checkpoint: CheckpointConfig = option(factory=CheckpointConfig, help="checkpointing")
     tracking: TrackingConfig = option(factory=TrackingConfig, help="MLflow logging")

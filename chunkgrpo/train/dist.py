@@ -35,12 +35,15 @@ class DistInfo:
 
 
 def setup(device: str = "auto") -> DistInfo:
-    """Init the process group from torchrun's env (gloo on CPU, nccl on GPU); single process otherwise."""
+    """Init the process group from torchrun's env (gloo on CPU, nccl on GPU); single process otherwise.
+    A GPU asked for (`cuda`, or `auto` in a task given GPUs) that CUDA cannot use is a UserError naming the
+    driver and torch's CUDA (`chunkgrpo.gpu.require`), never a silent fallback to the CPU."""
+    from chunkgrpo.gpu import require
+
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = require(device)
     dev = torch.device(f"cuda:{local_rank}") if device == "cuda" else torch.device(device)
     if dev.type == "cuda":
         torch.cuda.set_device(dev)

@@ -97,16 +97,14 @@ class Trainer:
         self.cfg = cfg
         # ---- checks that need no model (fail before any GPU time) ----
         from chunkgrpo.flux import resolve_model_source
+        from chunkgrpo.gpu import require
         from chunkgrpo.prompts import load_prompts
 
+        require(cfg.device)  # first: a GPU job whose GPU CUDA cannot use stops here, not after the download
         if not cfg.model:
             raise UserError("train needs a model (model=DIR)")
         if not cfg.prompts:
             raise UserError("train needs a prompt file (prompts=FILE)")
-        if cfg.device.startswith("cuda") and not torch.cuda.is_available():
-            raise UserError(
-                f"device={cfg.device} but no CUDA device is available (use device=auto or device=cpu)"
-            )
         # an s3:// model is fetched in setup(), once per node (`_fetch_model`); a local one is checked now
         self.model_path = "" if str(cfg.model).startswith("s3://") else resolve_model_source(cfg.model)
         self.prompts = load_prompts(cfg.prompts)

@@ -1,4 +1,5 @@
-"""Chunk planning from a dynamics profile -> plan JSON + Markdown summary for the KFP UI."""
+"""Chunk planning from a dynamics profile -> plan JSON + Markdown summary for the KFP UI. The step is
+`chunkgrpo.stages.plan.plan`."""
 
 from kfp import dsl
 from kfp.dsl import Artifact, Input, Markdown, Output
@@ -18,28 +19,19 @@ def plan(profile_json: Input[Artifact], chunks: str, plan_json: Output[Artifact]
     Returns:
         The plan as a `sizes:a,b,...` chunks spec for the trainer (its `chunks`).
     """
-    import json
     import shutil
     import tempfile
     from pathlib import Path
 
-    from chunkgrpo.chunks import plan_from_profile
+    from chunkgrpo.stages.plan import plan as plan_stage
 
     src = Path(tempfile.mkdtemp(prefix="chunkgrpo-plan-"))
-    shutil.copyfile(profile_json.path, src / "profile.json")
-    d, path = plan_from_profile(src / "profile.json", chunks, src / "plan.json")
-    shutil.copyfile(path, plan_json.path)
-    if path.with_suffix(".png").exists():
-        shutil.copyfile(path.with_suffix(".png"), plot.path)
-    sizes = [int(s) for s in d["sizes"]]
-    plan_json.metadata.update({"chunks": chunks, "sizes": sizes, "trajectories": d["trajectories"]})
-    rows = "\n".join(f"| {c['index']} | {c['steps'][0]}-{c['steps'][1]} | {c['size']} |" for c in d["chunks"])
-    rationale = d.get("rationale") or ""
-    Path(report.path).write_text(
-        f"# Chunk plan\n\n**chunks** `{chunks}` -> **sizes** `{sizes}` "
-        f"({d['trainable_steps']} trainable steps of {d['num_steps']}, planned on the "
-        f"{d['trajectories'].upper()} profile)\n\n"
-        f"{rationale if isinstance(rationale, str) else json.dumps(rationale)}\n\n"
-        f"| chunk | steps | size |\n|---|---|---|\n{rows}\n")
-    print(f"plan {chunks}: sizes {sizes}")
-    return "sizes:" + ",".join(str(s) for s in sizes)
+    shutil.copyfile(profile_json.path, src / "profile.json")  # the plan records the profile's file name
+    p = plan_stage(src / "profile.json", chunks, src / "plan.json")
+    shutil.copyfile(p.path, plan_json.path)
+    if p.plot:
+        shutil.copyfile(p.plot, plot.path)
+    plan_json.metadata.update({"chunks": chunks, "sizes": p.sizes, "trajectories": p.data["trajectories"]})
+    Path(report.path).write_text(p.markdown(chunks))
+    print(f"plan {chunks}: sizes {p.sizes}")
+    return p.spec

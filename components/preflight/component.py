@@ -1,13 +1,13 @@
-"""Preflight: fail a run in seconds, with one line naming what is missing, before any GPU is requested."""
+"""Preflight: fail a run in seconds, with one line naming what is missing, before any GPU is requested.
+The steps are `chunkgrpo.stages.preflight`."""
 
 from kfp import dsl
 from kfp.dsl import Markdown, Output
 
-from components._shared import stage_env
 from components.images import RUNTIME_IMAGE
 
 
-@dsl.component(base_image=RUNTIME_IMAGE, install_kfp_package=False, additional_funcs=[stage_env])
+@dsl.component(base_image=RUNTIME_IMAGE, install_kfp_package=False)
 def preflight(model: str, prompts: str, preset: str, train_overrides: list, reward_weights: dict,
               scorer_weights: dict, eval_preset: str, eval_benchmarks: list, eval_overrides: list,
               artifact_root: str, capacity: Output[Markdown], method: str = "chunk", pool: str = "") -> str:
@@ -33,38 +33,20 @@ def preflight(model: str, prompts: str, preset: str, train_overrides: list, rewa
     Returns:
         "ok" (the step fails with one line listing every problem otherwise).
     """
+    from chunkgrpo.stages.task import stage_env
+
     stage_env("")
-    from pathlib import Path
+    from chunkgrpo.stages.preflight import preflight as check
 
-    from chunkgrpo.errors import UserError
-    from chunkgrpo.model_cache import used_reward_weights
-    from chunkgrpo.preflight import PreflightSpec, capacity_check, evaluation_inputs, require
-    from chunkgrpo.recipes import preset_for
-
-    preset = preset_for(method, preset)
-
-    benchmarks, scorers = evaluation_inputs(eval_preset, list(eval_benchmarks), list(eval_overrides),
-                                            dict(scorer_weights))
-    weights = {**{f"reward {k}": v for k, v in used_reward_weights(preset, list(train_overrides),
-                                                                    dict(reward_weights)).items()},
-               **scorers}
-    spec = PreflightSpec(model=model, prompts=prompts, weights=weights, benchmarks=benchmarks,
-                         artifact_root=artifact_root)
-    require(spec)
-    report, problems = capacity_check(
-        preset, list(train_overrides), model, pool, method
-    )  # the model is there now
-    Path(capacity.path).write_text(report)
-    if problems:
-        raise UserError(f"preflight: {len(problems)} problem(s): " + "; ".join(problems))
-    print(
-        f"preflight ok: model {model}, prompts {prompts}, {len(spec.weights)} weight URI(s), "
-        f"benchmarks {benchmarks}"
-    )
+    print(check(model=model, prompts=prompts, preset=preset, method=method,
+                train_overrides=list(train_overrides), reward_weights=dict(reward_weights),
+                scorer_weights=dict(scorer_weights), eval_preset=eval_preset,
+                eval_benchmarks=list(eval_benchmarks), eval_overrides=list(eval_overrides),
+                artifact_root=artifact_root, pool=pool, capacity_out=capacity.path))
     return "ok"
 
 
-@dsl.component(base_image=RUNTIME_IMAGE, install_kfp_package=False, additional_funcs=[stage_env])
+@dsl.component(base_image=RUNTIME_IMAGE, install_kfp_package=False)
 def benchmark_preflight(model_name: str, alias: str, base_model: str, eval_preset: str, eval_benchmarks: list,
                         eval_overrides: list, scorer_weights: dict, artifact_root: str) -> str:
     """The nightly benchmark's preflight: the registry version, its base model, scorer weights, S3, MLflow,
@@ -83,18 +65,12 @@ def benchmark_preflight(model_name: str, alias: str, base_model: str, eval_prese
     Returns:
         "ok" (the step fails with one line listing every problem otherwise).
     """
-    stage_env("")
-    from chunkgrpo.preflight import PreflightSpec, evaluation_inputs, require
+    from chunkgrpo.stages.task import stage_env
 
-    benchmarks, weights = evaluation_inputs(eval_preset, list(eval_benchmarks), list(eval_overrides),
-                                            dict(scorer_weights))
-    spec = PreflightSpec(
-        model=base_model,
-        registered=f"{model_name}@{alias}",
-        weights=weights,
-        benchmarks=benchmarks,
-        artifact_root=artifact_root,
-    )
-    require(spec)
-    print(f"preflight ok: {model_name}@{alias}, {len(spec.weights)} weight URI(s), benchmarks {benchmarks}")
+    stage_env("")
+    from chunkgrpo.stages.preflight import benchmark_preflight as check
+
+    print(check(model_name=model_name, alias=alias, base_model=base_model, eval_preset=eval_preset,
+                eval_benchmarks=list(eval_benchmarks), eval_overrides=list(eval_overrides),
+                scorer_weights=dict(scorer_weights), artifact_root=artifact_root))
     return "ok"

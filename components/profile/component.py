@@ -1,27 +1,16 @@
 """Dynamics profiling: SDE (training) and ODE trajectories of the base model -> per-step L1rel profile
-(JSON + PNG)."""
+(JSON + PNG). The step is `chunkgrpo.stages.profile`."""
 
 from kfp import dsl
 from kfp.dsl import Artifact, Output
 
-from components._shared import local_file, stage_env
 from components.images import RUNTIME_IMAGE
 
 
-@dsl.component(base_image=RUNTIME_IMAGE, install_kfp_package=False, additional_funcs=[local_file, stage_env])
-def profile(
-    model: str,
-    prompts: str,
-    preset: str,
-    overrides: list,
-    num_prompts: int,
-    seeds: int,
-    device: str,
-    profile_json: Output[Artifact],
-    plot: Output[Artifact],
-    method: str = "chunk",
-    trajectories: str = "sde",
-):
+@dsl.component(base_image=RUNTIME_IMAGE, install_kfp_package=False)
+def profile(model: str, prompts: str, preset: str, overrides: list, num_prompts: int, seeds: int, device: str,
+            profile_json: Output[Artifact], plot: Output[Artifact], method: str = "chunk",
+            trajectories: str = "sde"):
     """Profile the base model's flow dynamics with the sampling settings of the training preset.
 
     Args:
@@ -40,31 +29,21 @@ def profile(
     import tempfile
     from pathlib import Path
 
+    from chunkgrpo.stages.task import stage_env
+
     stage_env("")
-    import torch
+    from chunkgrpo.stages.profile import profile as profile_stage
+    from chunkgrpo.stages.profile import training_config
 
-    from chunkgrpo.dynamics import ProfileConfig, run_profile
-    from chunkgrpo.recipes import preset_for
-    from chunkgrpo.train.config import TrainConfig
-
-    preset = preset_for(method, preset)
-    sampling = TrainConfig.load(
-        preset, [o for o in overrides if o.startswith("sampling.")]
-    ).sampling.to_dict()
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
     out = Path(tempfile.mkdtemp(prefix="chunkgrpo-profile-")) / "profile.json"
-    cfg = ProfileConfig.from_dict({"model": model, "prompts": local_file(prompts), "out": str(out),
-                                   "num_prompts": num_prompts, "seeds": seeds, "device": device,
-                                   "trajectories": trajectories, "sampling": sampling})
-    _, path = run_profile(cfg, progress=False)
-    shutil.copyfile(path, profile_json.path)
-    profile_json.metadata.update(
-        {"num_steps": sampling["num_steps"], "model": model, "trajectories": trajectories}
-    )
-    if path.with_suffix(".png").exists():
-        shutil.copyfile(path.with_suffix(".png"), plot.path)
-    print(
-        f"profile: {sampling['num_steps']} steps, {num_prompts or 'all'} prompts x {seeds} seeds, SDE + ODE "
-        f"(planning on {trajectories}) -> {profile_json.uri}"
-    )
+    cfg = training_config(model=model, prompts=prompts, preset=preset, method=method,
+                          overrides=list(overrides), num_prompts=num_prompts, seeds=seeds, device=device,
+                          trajectories=trajectories, out=out)
+    p = profile_stage(cfg, progress=False)
+    shutil.copyfile(p.path, profile_json.path)
+    steps = cfg.sampling.num_steps
+    profile_json.metadata.update({"num_steps": steps, "model": model, "trajectories": trajectories})
+    if p.plot:
+        shutil.copyfile(p.plot, plot.path)
+    print(f"profile: {steps} steps, {num_prompts or 'all'} prompts x {seeds} seeds, SDE + ODE "
+          f"(planning on {trajectories}) -> {profile_json.uri}")

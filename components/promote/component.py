@@ -1,13 +1,13 @@
-"""The promotion gate (a visible decision node) and the gated alias move."""
+"""The promotion gate (a visible decision node) and the gated alias move. The steps are
+`chunkgrpo.stages.promote.gate` and `chunkgrpo.stages.promote.promote`."""
 
 from kfp import dsl
 from kfp.dsl import Markdown, Output
 
-from components._shared import stage_env
 from components.images import RUNTIME_IMAGE
 
 
-@dsl.component(base_image=RUNTIME_IMAGE, install_kfp_package=False, additional_funcs=[stage_env])
+@dsl.component(base_image=RUNTIME_IMAGE, install_kfp_package=False)
 def check_gate(model_name: str, version: str, metric: str, margin: float) -> bool:
     """Does `version` beat the current champion on the registered model's gate (read-only)?
 
@@ -24,16 +24,15 @@ def check_gate(model_name: str, version: str, metric: str, margin: float) -> boo
     Returns:
         True when promote should run (no champion yet counts as a pass).
     """
+    from chunkgrpo.stages.task import stage_env
+
     stage_env("")
-    from chunkgrpo.registry.gate import GateConfig
-    from chunkgrpo.registry.promotion import gate_check
+    from chunkgrpo.stages.promote import gate
 
-    decision = gate_check(model_name, version, GateConfig(metric=metric, margin=margin))
-    print(f"gate {'PASSED' if decision.passed else 'not passed'}: {decision.reason}")
-    return decision.passed
+    return gate(model_name, version, metric, margin).passed
 
 
-@dsl.component(base_image=RUNTIME_IMAGE, install_kfp_package=False, additional_funcs=[stage_env])
+@dsl.component(base_image=RUNTIME_IMAGE, install_kfp_package=False)
 def promote(model_name: str, version: str, metric: str, margin: float, who: str, why: str,
             decision: Output[Markdown]) -> str:
     """Move the `champion` alias to `version` if it (still) passes the gate; old champion -> `previous`.
@@ -53,19 +52,12 @@ def promote(model_name: str, version: str, metric: str, margin: float, who: str,
     """
     from pathlib import Path
 
+    from chunkgrpo.stages.task import stage_env
+
     stage_env("")
-    import os
+    from chunkgrpo.stages.promote import promote as promote_stage
 
-    from chunkgrpo.registry.gate import GateConfig
-    from chunkgrpo.registry.promotion import promote as do_promote
-
-    gate = GateConfig(metric=metric, margin=margin)
-    if os.environ.get("CHUNKGRPO_PROMOTER_URL"):  # the promoter identity moves champion (server-side gate)
-        from chunkgrpo.registry.promoter_client import request_promotion
-
-        res = request_promotion(os.environ["CHUNKGRPO_PROMOTER_URL"], model_name, version, gate, why=why)
-    else:
-        res = do_promote(model_name, version, gate, who=who, why=why)
+    res = promote_stage(model_name, version, metric, margin, who=who, why=why)
     Path(decision.path).write_text(f"# Promotion\n\n`{res.line()}`\n")
     decision.metadata.update({"action": res.action, "version": res.version, "previous": res.previous or ""})
     print(res.line())

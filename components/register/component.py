@@ -1,13 +1,13 @@
-"""Register the trained model (with its eval metrics and chunk plan) as an MLflow model version."""
+"""Register the trained model (with its eval metrics and chunk plan) as an MLflow model version. The step
+is `chunkgrpo.stages.register.register_trained`."""
 
 from kfp import dsl
 from kfp.dsl import Artifact, Input, Model, Output
 
-from components._shared import stage_env
 from components.images import RUNTIME_IMAGE
 
 
-@dsl.component(base_image=RUNTIME_IMAGE, install_kfp_package=False, additional_funcs=[stage_env])
+@dsl.component(base_image=RUNTIME_IMAGE, install_kfp_package=False)
 def register(model_name: str, experiment: str, run_id: str, parent_run_id: str, model: Input[Model],
              eval_results: Input[Artifact], plan_json: Input[Artifact], registered: Output[Artifact],
              gate_metric: str = "", gate_direction: str = "", eval_preset: str = "") -> str:
@@ -34,36 +34,18 @@ def register(model_name: str, experiment: str, run_id: str, parent_run_id: str, 
         The model version (an existing one when the same weights were registered before).
     """
     import json
-    import tempfile
     from pathlib import Path
 
-    stage_env(parent_run_id)
-    from chunkgrpo.registry.gate import metrics_from_eval
-    from chunkgrpo.registry.registration import Registration, register_model
-    from chunkgrpo.store.client import ArtifactStore
-    from chunkgrpo.store.manifest import read_pointer
+    from chunkgrpo.stages.task import stage_env
 
-    pointer = read_pointer(Path(model.path).read_text())
-    evaluation = json.loads(Path(eval_results.path).read_text())
-    metrics, protocol, sampling = metrics_from_eval(evaluation, eval_preset)
-    plan = json.loads(Path(plan_json.path).read_text()) if Path(plan_json.path).exists() else None
-    with tempfile.TemporaryDirectory(prefix="chunkgrpo-register-") as tmp:
-        manifest = ArtifactStore().get_folder(pointer["uri"], tmp)
-        if manifest.sha256 != pointer["manifest_sha256"]:
-            raise RuntimeError(f"{pointer['uri']} changed after training (manifest digest mismatch)")
-        req = Registration(model_name, pointer["base_model"], tmp, kind=pointer["kind"],
-                           checkpoint_uri=pointer["uri"], metrics=metrics, plan=plan,
-                           cfg_hash=pointer.get("config_hash", ""),
-                           tags={"kfp.run_id": run_id, "method": pointer.get("method", "")},
-                           gate_metric=gate_metric or None, gate_direction=gate_direction or None,
-                           eval_protocol=protocol, sampling=sampling,
-                           eval_run_id=evaluation.get("mlflow_run_id") or None)  # the gate's only source
-        rv = register_model(req, experiment=experiment)
-    info = {"name": rv.name, "version": rv.version, "uri": rv.uri, "source": rv.source,
-            "run_id": rv.run_id or "", "reused": rv.reused, "checkpoint_uri": pointer["uri"]}
+    stage_env(parent_run_id)
+    from chunkgrpo.stages.register import read_plan, register_trained
+
+    info = register_trained(model_name=model_name, experiment=experiment, run_id=run_id,
+                            pointer=Path(model.path).read_text(),
+                            evaluation=json.loads(Path(eval_results.path).read_text()),
+                            plan=read_plan(plan_json.path), gate_metric=gate_metric,
+                            gate_direction=gate_direction, eval_preset=eval_preset)
     Path(registered.path).write_text(json.dumps(info, indent=1))
     registered.metadata.update(info)
-    print(
-        f"registered {rv.uri}{' (existing version, same weights)' if rv.reused else ''} from {pointer['uri']}"
-    )
-    return rv.version
+    return info["version"]

@@ -1,12 +1,12 @@
-"""MLflow parent run of a pipeline run: `open_run` (first step) and `close_run` (exit handler)."""
+"""MLflow parent run of a pipeline run: `open_run` (first step) and `close_run` (exit handler). The steps
+are `chunkgrpo.stages.tracking`."""
 
 from kfp import dsl
 
-from components._shared import stage_env
 from components.images import RUNTIME_IMAGE
 
 
-@dsl.component(base_image=RUNTIME_IMAGE, install_kfp_package=False, additional_funcs=[stage_env])
+@dsl.component(base_image=RUNTIME_IMAGE, install_kfp_package=False)
 def open_run(experiment: str, run_name: str, kfp_run_id: str, pipeline: str) -> str:
     """Create the MLflow parent run of this pipeline run, or find it again on a retry.
 
@@ -19,25 +19,12 @@ def open_run(experiment: str, run_name: str, kfp_run_id: str, pipeline: str) -> 
     Returns:
         The MLflow run id ('' when MLFLOW_TRACKING_URI is not set: tracking off).
     """
-    import os
+    from chunkgrpo.stages.task import stage_env
 
     stage_env("")
-    if not os.environ.get("MLFLOW_TRACKING_URI"):
-        print("MLFLOW_TRACKING_URI is not set: MLflow tracking is off for this run")
-        return ""
-    from mlflow import MlflowClient
+    from chunkgrpo.stages.tracking import open_run as open_stage
 
-    from chunkgrpo.tracking import open_pipeline_run
-
-    run, created = open_pipeline_run(MlflowClient(), experiment, run_name, {"kfp.pipeline": pipeline},
-                                     kfp_run_id=kfp_run_id)
-    if not created:
-        print(f"MLflow parent run {run.run_id} (existing, retry)")
-        return run.run_id
-    print(
-        f"MLflow parent run {run.run_id} in experiment {experiment!r} at {os.environ['MLFLOW_TRACKING_URI']}"
-    )
-    return run.run_id
+    return open_stage(experiment, run_name, kfp_run_id, pipeline)
 
 
 @dsl.component(base_image=RUNTIME_IMAGE, install_kfp_package=False)
@@ -58,37 +45,8 @@ def close_run(
             launcher step that was evicted or SIGKILLed cannot delete its own job).
         job_namespace: namespace of the training jobs ('' = this pod's).
     """
-    import os
+    from chunkgrpo.stages import tracking
 
     if cleanup_jobs:
-        from chunkgrpo.k8s import launcher
-
-        ns = job_namespace or launcher.current_namespace("kubeflow")
-        try:
-            deleted = launcher.cleanup_run(launcher.load_api(), ns, kfp_run_id)
-            print(
-                f"deleted orphaned training jobs: {', '.join(deleted)}"
-                if deleted
-                else "no active training jobs left"
-            )
-        except Exception as e:
-            print(f"ERROR: could not clean up the training jobs of run {kfp_run_id} in {ns}: {e}", flush=True)
-
-    if not os.environ.get("MLFLOW_TRACKING_URI"):
-        return
-    from mlflow import MlflowClient
-
-    from chunkgrpo.tracking import find_pipeline_run
-
-    client = MlflowClient()
-    run_id = find_pipeline_run(client, experiment, kfp_run_id)
-    if not run_id:
-        print(f"no MLflow parent run tagged kfp.run_id={kfp_run_id}")
-        return
-    state = {"SUCCEEDED": "FINISHED", "FAILED": "FAILED", "CANCELED": "KILLED", "CANCELLED": "KILLED"}.get(
-        str(status.state).upper(), "FINISHED")
-    client.set_tag(run_id, "kfp.state", str(status.state))
-    if status.error_message:
-        client.set_tag(run_id, "kfp.error", str(status.error_message)[:4000])
-    client.set_terminated(run_id, status=state)
-    print(f"MLflow parent run {run_id}: {state}")
+        tracking.cleanup_jobs(kfp_run_id, job_namespace)
+    tracking.close_run(experiment, kfp_run_id, str(status.state), str(status.error_message or ""))

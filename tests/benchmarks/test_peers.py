@@ -45,16 +45,16 @@ def test_calls_per_loop_and_equal_gradients(peers, tmp_path, capsys, precision):
 
 def test_a_gradient_mismatch_fails_the_run(peers, monkeypatch, capsys):
     """The engine's window with a wrong scale (2×) must be caught by the gradient comparison."""
-    from chunkgrpo import objectives
+    from chunkgrpo.train import policy_window
 
-    real = objectives.window_backward
+    real = policy_window.window_backward
 
     def doubled(units, *a, **k):
         for u in units:
             u.scale *= 2
         return real(units, *a, **k)
 
-    monkeypatch.setattr(objectives, "window_backward", doubled)
+    monkeypatch.setattr(policy_window, "window_backward", doubled)
     assert peers.main(ARGS) == 1
     assert "gradients differ" in capsys.readouterr().err
 

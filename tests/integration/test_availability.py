@@ -1,4 +1,4 @@
-"""Faults in the services around training (issue #16 item 7), against real servers this test starts
+"""Faults in the services around training, against real servers this test starts
 and stops itself: MLflow down at start or mid-run, SIGTERM (a pod eviction), S3 down mid-run, and
 an S3 outage long enough that the local disk policy would have to drop data.
 

@@ -92,7 +92,7 @@ def test_bad_strategy_and_empty_prompt_file(tmp_path, tiny_model_dir):
 @pytest.mark.parametrize("case", ["evaluate output_uri", "models sync --to"])
 def test_upload_to_a_bucket_that_does_not_exist_is_refused_before_any_work(case, services_env, tiny_model_dir,
                                                                             tmp_path, capsys):
-    """Issue #24 item 13, against the real SeaweedFS (which would create the bucket on the first PUT):
+    """An upload to a missing bucket, against the real SeaweedFS (which would create it on the first PUT):
     exit 2, one line naming the bucket, nothing written locally, no bucket created, never 'uploaded'."""
     from chunkgrpo.cli import main
     from chunkgrpo.store.client import ArtifactStore

@@ -1,9 +1,9 @@
 """One model download per node: real torchrun (2 gloo ranks, one node) training from an `s3://` model in the
 real local SeaweedFS, with every S3 request counted by a pass-through proxy in front of it.
 
-Before the fix every rank resolved the model itself (`Trainer.__init__`), so 2 ranks fetched every file
-twice (and raced on the same cache entry); now local rank 0 downloads behind a collective and the other
-rank reads the same files: each model file is fetched from S3 exactly once.
+If every rank resolved the model itself, 2 ranks would fetch every file twice (and race on the same
+cache entry); local rank 0 downloads behind a collective and the other rank reads the same files: each
+model file is fetched from S3 exactly once.
 """
 
 import collections

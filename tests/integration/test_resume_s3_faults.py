@@ -1,4 +1,4 @@
-"""S3 faults while resuming, against a real SeaweedFS of the test's own (issue #24 item 9): an
+"""S3 faults while resuming, against a real SeaweedFS of the test's own: an
 unreachable or hung (SIGSTOP) S3 is retried with backoff for `checkpoint.s3_wait_s`, then the run
 stops with one line — it never starts from scratch while S3 may hold its checkpoints; with local
 checkpoints it resumes from them, saying so; a clock skewed beyond S3's limit is one line too."""

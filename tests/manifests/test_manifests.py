@@ -44,9 +44,9 @@ CRD_KINDS = {("trainer.kubeflow.org/v1alpha1", k) for k in k8s_schemas.TRAINER_K
     ("kubeflow.org/v1", "PyTorchJob")
 }
 
-# An overlay composed in a temporary copy of manifests/: v1 operator template + H100 + RDMA + RoCE +
-# gang scheduling + private registry + the opt-in kfp-launcher + production sizing, pipeline
-# namespace moved to `team-a`. Exercises every component together.
+# An overlay composed in a temporary copy of manifests/: v1 operator template + H100 + /cache emptyDir +
+# RDMA + RoCE + gang scheduling + private registry + the opt-in kfp-launcher + production sizing,
+# pipeline namespace moved to `team-a`. Exercises every component together.
 COMPOSED = "composed-v1-team-a"
 COMPOSED_KUSTOMIZATION = """\
 apiVersion: kustomize.config.k8s.io/v1beta1
@@ -58,6 +58,7 @@ resources:
 components:
   - ../../components/training-operator-v1
   - ../../components/gpu-h100
+  - ../../components/cache-emptydir
   - ../../components/rdma
   - ../../components/roce
   - ../../components/gang-coscheduling
@@ -1041,25 +1042,28 @@ def test_prod_overlays_carry_no_unrecorded_digest():
                 assert c["image"].split("@")[0].rsplit(":", 1)[0] in lock_names, c["image"]
 
 
-def test_cuda12_runtime_variant_is_consistent():
-    """The R535-R570 build-arg set names only ARGs the runtime Dockerfile has, a CUDA 12 base that is in
-    the image lock (so the resolver pins it), and the matching torch wheel index."""
+def test_runtime_image_defaults_to_cuda12_and_cuda13_is_a_consistent_build_option():
+    """The default runtime build uses a CUDA 12 base and the matching torch wheel index (the widest driver
+    support, the minimum `chunkgrpo.gpu` names); the CUDA 13 build-arg set names only ARGs the Dockerfile
+    has, a CUDA 13 base in the image lock (so the resolver pins it) and its matching wheel index."""
+    from chunkgrpo import gpu
     from scripts import digests
 
     text = (IMAGES / "runtime" / "Dockerfile").read_text()
-    args = dict(
+    lock = [{"name": i["name"], "tag": i["tag"]} for i in digests.load_lock()["images"]]
+    default = dict(re.findall(r"^ARG (CUDA_IMAGE|TORCH_INDEX_URL)=(\S+)", text, re.M))
+    option = dict(
         line.split("=", 1)
-        for line in (IMAGES / "runtime" / "cuda12.build-args").read_text().splitlines()
+        for line in (IMAGES / "runtime" / "cuda13.build-args").read_text().splitlines()
         if line and not line.startswith("#")
     )
-    assert set(args) == {"CUDA_IMAGE", "TORCH_INDEX_URL"}
-    for name in args:
-        assert re.search(rf"^ARG {name}=", text, re.M), name
-    name, tag = args["CUDA_IMAGE"].split(":")
-    assert tag.startswith("12.") and {"name": name, "tag": tag} in [
-        {"name": i["name"], "tag": i["tag"]} for i in digests.load_lock()["images"]]
-    cu = "cu" + "".join(tag.split(".")[:2])
-    assert args["TORCH_INDEX_URL"].endswith("/" + cu)
+    assert set(option) == set(default) == {"CUDA_IMAGE", "TORCH_INDEX_URL"}
+    for args, major in ((default, "12"), (option, "13")):
+        name, tag = args["CUDA_IMAGE"].split("@")[0].split(":")
+        assert tag.startswith(major + ".") and {"name": name, "tag": tag} in lock, args
+        cu = "cu" + "".join(tag.split(".")[:2])
+        assert args["TORCH_INDEX_URL"].endswith("/" + cu)
+    assert gpu.DEFAULT_IMAGE_CUDA == ".".join(default["CUDA_IMAGE"].split(":")[1].split(".")[:2])
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

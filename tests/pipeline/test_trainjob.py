@@ -343,12 +343,24 @@ class FakeApi:
         self.get_errors = list(get_errors or [])
         self.missing_plurals: set[str] = set()
         self.cluster_status = 404
+        self.spec_fields: set[str] | None = None  # the CRD's TrainJob spec fields (None = any)
+        self.field_validation: list[str | None] = []
 
     def _key(self, group, version, ns, plural, name):
         return (group, version, ns, plural, name)
 
-    def create_namespaced_custom_object(self, group, version, namespace, plural, body):
+    def create_namespaced_custom_object(self, group, version, namespace, plural, body, field_validation=None):
         self.calls.append(("create", body["metadata"]["name"]))
+        self.field_validation.append(field_validation)
+        unknown = sorted(set(body.get("spec", {})) - self.spec_fields) if self.spec_fields is not None else []
+        if unknown and field_validation == "Strict":  # the API server's strict decoding error (HTTP 400)
+            err = ApiError(400, "BadRequest")
+            err.body = ('{"kind":"Status","status":"Failure","message":"TrainJob in version \\"v1alpha1\\" '
+                        'cannot be handled as a TrainJob: strict decoding error: '
+                        + ", ".join(f'unknown field \\"spec.{f}\\"' for f in unknown) + '","code":400}')
+            raise err
+        for f in unknown:  # without Strict the field is pruned silently
+            body = {**body, "spec": {k: v for k, v in body["spec"].items() if k != f}}
         key = self._key(group, version, namespace, plural, body["metadata"]["name"])
         if key in self.objects:
             raise ApiError(409, "AlreadyExists")
@@ -429,6 +441,76 @@ def test_attach_to_a_failed_job_recreates_it():
     cur, attached = launcher.submit_or_attach(api, obj, **NO_SLEEP)
     assert not attached and ("delete", obj["metadata"]["name"], "Background") in api.calls
     assert len(api.objects) == 1 and "status" not in next(iter(api.objects.values()))
+
+
+def _crd_spec_fields(version: str) -> set[str]:
+    """The TrainJob spec fields of a Trainer release (the vendored schema the CRD is generated from)."""
+    import json
+
+    schema = json.loads((k8s_schemas.FIXTURES / f"trainer-{version}.schema.json").read_text())
+    return set(schema["$defs"]["TrainerV1alpha1TrainJobSpec"]["properties"])
+
+
+def test_jobs_are_created_with_strict_field_validation():
+    api = FakeApi()
+    obj = job()
+    launcher.submit_or_attach(api, obj)
+    api.statuses = [cond("Failed", "BackoffLimitExceeded")]
+    launcher.submit_or_attach(api, obj, **NO_SLEEP)  # the re-creation of a failed job too
+    assert api.field_validation == ["Strict", "Strict", "Strict"]
+
+
+def test_trainer_v2_1_is_refused_in_one_line_before_anything_is_created():
+    """Trainer v2.1's TrainJob CRD has no spec.runtimePatches (Kubeflow 1.11.0 bundles it). Without Strict
+    field validation the API server would prune it and start a job without its labels and tolerations;
+    with it the create is refused, and the launcher names the cause and the fix."""
+    assert "runtimePatches" not in _crd_spec_fields("v2.1.0")
+    api = FakeApi()
+    api.spec_fields = _crd_spec_fields("v2.1.0")
+    with pytest.raises(jobspec.TemplateError) as e:
+        launcher.launch(api, job(), timeout_s=60, **NO_SLEEP)
+    line = str(e.value)
+    assert "\n" not in line and "spec.runtimePatches" in line and "Trainer v2.1" in line
+    assert "v2.2 or v2.3" in line and "trainer=torchrun" in line
+    assert api.objects == {} and [c[0] for c in api.calls] == ["create"]
+
+
+def test_without_strict_validation_the_v2_1_server_would_drop_the_placement():
+    """What Strict protects: the same create without it 'succeeds' and the pod patch is gone."""
+    api = FakeApi()
+    api.spec_fields = _crd_spec_fields("v2.1.0")
+    obj = job()
+    k = jobspec.KINDS["TrainJob"]
+    api.create_namespaced_custom_object(k.group, k.version, obj["metadata"]["namespace"], k.plural, obj)
+    (stored,) = api.objects.values()
+    assert "runtimePatches" in obj["spec"] and "runtimePatches" not in stored["spec"]
+
+
+def test_unknown_fields_are_read_from_the_kubernetes_clients_error():
+    from kubernetes.client.exceptions import ApiException
+
+    e = ApiException(status=400, reason="Bad Request")
+    e.body = ('{"kind":"Status","apiVersion":"v1","status":"Failure","message":"TrainJob in version '
+              '\\"v1alpha1\\" cannot be handled as a TrainJob: strict decoding error: unknown field '
+              '\\"spec.activeDeadlineSeconds\\", unknown field \\"spec.runtimePatches\\"",'
+              '"reason":"BadRequest","code":400}')
+    assert launcher._unknown_fields(e) == ["spec.activeDeadlineSeconds", "spec.runtimePatches"]
+
+    class Api:
+        def create_namespaced_custom_object(self, *a, **kw):
+            raise e
+
+    with pytest.raises(jobspec.TemplateError,
+                       match=r"no field spec\.activeDeadlineSeconds, spec\.runtimePatches"):
+        launcher.submit_or_attach(Api(), job())
+
+
+@pytest.mark.parametrize("version", ["v2.2.0", "v2.3.0"])
+def test_trainer_v2_2_and_v2_3_accept_the_job_under_strict_validation(version):
+    api = FakeApi()
+    api.spec_fields = _crd_spec_fields(version)
+    cur, attached = launcher.submit_or_attach(api, job(active_deadline_seconds=3600, queue_name="q"))
+    assert not attached and "runtimePatches" in cur["spec"]
 
 
 def test_wait_streams_status_changes_and_returns_on_success():

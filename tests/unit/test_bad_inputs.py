@@ -1,6 +1,6 @@
 """Bad input, through the real CLI entry point (`chunkgrpo.cli.main`): every case exits 2 with exactly
 one `chunkgrpo <cmd>: error: ...` line on stderr naming the problem, no traceback, and nothing
-half-written or lost. The table is the count reported for issue #16 (bad inputs tried / handled):
+half-written or lost. Each case is one bad input; pytest's count is the number tried / handled:
 
     .venv/bin/python -m pytest -q tests/unit/test_bad_inputs.py
 """
@@ -221,7 +221,7 @@ BAD_INPUTS = {
 }
 
 
-# ---- issue #24 items 10-13 (train/plan/profile/tiny-model/evaluate side) ----
+# ---- unreadable, special and damaged inputs (train/plan/profile/tiny-model/evaluate side) ----
 def _fifo(ws: Path, name: str = "fifo.txt") -> str:
     path = ws / name
     if not path.exists():
@@ -583,7 +583,7 @@ def test_valid_devices_are_accepted(device):
 
 @pytest.mark.parametrize("record", ["no start time", "another command line", "another process group"])
 def test_local_down_never_signals_a_process_it_did_not_start(record, tmp_path, capsys):
-    """A state.json naming an unrelated live process (issue #24 item 10): exit 2, one line naming the
+    """A state.json naming an unrelated live process: exit 2, one line naming the
     pid, the process untouched, the state file untouched."""
     import subprocess
     import sys

@@ -1,7 +1,7 @@
-"""Promotion integrity (issue #27) against the real local MLflow of the `services` fixture: the gate
+"""Promotion integrity against the real local MLflow of the `services` fixture: the gate
 trusts only the evaluation run's metrics, gates are not retroactive, non-finite metrics are refused,
 concurrent promoters end with the best champion, a replaced model file is refused at load, and bad
-register/promote inputs end in one line (issue #24 items 6, 11-13)."""
+register/promote inputs end in one line."""
 
 from __future__ import annotations
 

@@ -212,7 +212,7 @@ def test_cli_register_promote_and_external_weights(services_env, tmp_path, capsy
     assert _aliases(name)["champion"] == "1"
     assert main(["promote", "--model", name, "--rollback", "--why", "x"]) == 2  # no previous: one-line error
     assert "nothing to roll back" in capsys.readouterr().err
-    # --direction no longer exists: the direction is the registered model's
+    # there is no --direction: the direction is the registered model's
     with pytest.raises(SystemExit) as exc:
         main(["promote", "--model", name, "--version", "1", "--direction", "min"])
     assert exc.value.code == 2

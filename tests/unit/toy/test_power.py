@@ -30,8 +30,8 @@ def test_paired_power_matches_a_known_case_and_scipy():
     assert paired_power(n, d, sd) == pytest.approx(
         stats.nct.sf(crit, n - 1, nc) + stats.nct.cdf(-crit, n - 1, nc)
     )
-    # the power calculation: seeds for Δ 0.03 / 0.05 / 0.02 at sd 0.053; ≈ 0.09 detectable with 5
-    # seeds
+    # the pre-registered power calculation: seeds for Δ 0.03 / 0.05 / 0.02 at sd 0.053; ≈ 0.09
+    # detectable with 5 seeds
     assert [seeds_needed(x, 0.053) for x in (0.03, 0.05, 0.02)] == [27, 11, 58]
     assert min_detectable_effect(5, 0.053) == pytest.approx(0.089, abs=1e-3)
     assert paired_power(26, 0.03, 0.053) < 0.8 <= paired_power(27, 0.03, 0.053)

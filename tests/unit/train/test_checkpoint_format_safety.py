@@ -1,4 +1,4 @@
-"""Nothing read from a checkpoint is trusted (issue #16 items 1, 3, 4, 5): pickled code is refused and
+"""Nothing read from a checkpoint is trusted: pickled code is refused and
 never runs, every file is verified against the manifest, a bad checkpoint is set aside (never
 deleted) and the newest good one is used — resuming exactly —, and NaN weights are never committed."""
 
@@ -392,7 +392,7 @@ def test_no_code_in_the_package_can_unpickle_code():
     assert not found, found
 
 
-# ------------------------------------------------------------- issue #24 item 7: contents, not just checksums
+# ------------------------------------------------------------- contents, not just checksums
 
 
 def _rewrite_state(step_dir: Path, **changes) -> None:
@@ -488,7 +488,7 @@ def test_resume_with_another_lr_or_base_model_is_refused(
     assert summary["history"][0]["optimizer_step"] == 1 and summary["optimizer_steps"] == 3
 
 
-# ---------------------------------------------------------------- issue #24 item 12: full / read-only disks
+# ---------------------------------------------------------------- full / read-only disks
 
 
 @pytest.mark.parametrize("fault", ["ENOSPC in torch.save", "ENOSPC in safetensors",

@@ -1,4 +1,4 @@
-"""The prompt-embedding cache is verified, not trusted (issue #24 item 8): a truncated or bit-flipped
+"""The prompt-embedding cache is verified, not trusted: a truncated or bit-flipped
 cache file is detected and re-encoded (a resumed run ends bit-identical to an uninterrupted one), and
 another base model / encoder / max_sequence_length never reuses the cached embeddings."""
 

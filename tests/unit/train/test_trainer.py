@@ -165,7 +165,7 @@ def test_non_finite_loss_guard(tiny_model_dir, prompts_file, tmp_path, monkeypat
 
     nan = {"loss": torch.tensor(float("nan")), "ratio": torch.tensor(1.0), "log_ratio": torch.tensor(0.0),
            "clipped": torch.tensor(False)}
-    monkeypatch.setattr(tm.obj, "window_backward", lambda units, *a, **k: [nan for _ in units])
+    monkeypatch.setattr(tm.policy_window, "window_backward", lambda units, *a, **k: [nan for _ in units])
     with pytest.raises(NonFiniteLossError, match="non-finite loss"):
         t.iteration()
     t.close()

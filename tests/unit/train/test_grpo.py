@@ -1,5 +1,6 @@
-"""The policy phase on the tiny FLUX: every chunk-backward strategy, batching budget and the shared step-0
-input give the same gradients, on-policy (first window) and off-policy (second window) with a KL term."""
+"""The GRPO iteration's policy phase (`chunkgrpo.train.grpo`) on the tiny FLUX: every chunk-backward
+strategy, batching budget and the shared step-0 input give the same gradients, on-policy (first window) and
+off-policy (second window) with a KL term."""
 
 import dataclasses
 
@@ -78,14 +79,14 @@ def _window_grads(t, monkeypatch, strategy, budget, share=True, compile="off", s
 
         monkeypatch.setattr(grpo, "rollout_group", unshared)
     ratios = []
-    real_wb = grpo.obj.window_backward
+    real_wb = grpo.policy_window.window_backward
 
     def recording(*a, **k):
         out = real_wb(*a, **k)
         ratios.extend(float(o["ratio"]) for o in out)
         return out
 
-    monkeypatch.setattr(grpo.obj, "window_backward", recording)
+    monkeypatch.setattr(grpo.policy_window, "window_backward", recording)
     ctx = t.context()
     cfg = dataclasses.replace(t.cfg, chunk_backward=strategy, policy_batch=budget, compile=compile)
     m = grpo.iteration(dataclasses.replace(ctx, cfg=cfg, optimizer_step=optimizer_step)).metrics

@@ -1,27 +1,11 @@
-"""Helpers embedded into lightweight components with `@dsl.component(additional_funcs=[...])`.
+"""What every pipeline task shares: process setup, where a step's large outputs go, input files."""
 
-Component functions are serialised as source into the pipeline IR, so anything they call must be
-importable in the image (chunkgrpo.*) or be embedded like these. Keep them tiny and self-contained
-(imports inside the body).
-"""
+from __future__ import annotations
 
 
-def local_file(path: str) -> str:
-    """A local path for `path`; an `s3://` object is downloaded (checksum-verified) to a temp dir."""
-    if not path.startswith("s3://"):
-        return path
-    import os
-    import tempfile
-
-    from chunkgrpo.store.client import ArtifactStore
-
-    dst = os.path.join(tempfile.mkdtemp(prefix="chunkgrpo-input-"), path.rstrip("/").rsplit("/", 1)[-1])
-    ArtifactStore().get_file(path, dst)
-    return dst
-
-
-def stage_env(parent_run_id: str) -> None:
-    """Logging to stdout (the KFP UI shows it) and the MLflow parent run for library stage runs."""
+def stage_env(parent_run_id: str = "") -> None:
+    """Logging to stdout (the KFP UI shows it), telemetry off, thread caps, and the MLflow parent run
+    the library's stage runs nest under. Call it first in a task: it must run before torch loads."""
     import logging
     import os
 
@@ -43,3 +27,17 @@ def run_prefix(artifact_root: str, run_id: str, stage: str) -> str:
     if not artifact_root.startswith("s3://"):
         raise ValueError(f"artifact_root={artifact_root!r} must be an s3://bucket/prefix URI")
     return f"{artifact_root.rstrip('/')}/{run_id}/{stage}"
+
+
+def local_file(path: str) -> str:
+    """A local path for `path`; an `s3://` object is downloaded (checksum-verified) to a temp dir."""
+    if not path.startswith("s3://"):
+        return path
+    import os
+    import tempfile
+
+    from chunkgrpo.store.client import ArtifactStore
+
+    dst = os.path.join(tempfile.mkdtemp(prefix="chunkgrpo-input-"), path.rstrip("/").rsplit("/", 1)[-1])
+    ArtifactStore().get_file(path, dst)
+    return dst

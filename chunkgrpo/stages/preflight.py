@@ -1,0 +1,47 @@
+"""Preflight: fail a run in seconds, with one line naming every problem, before any GPU is requested."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def preflight(*, model: str, prompts: str, preset: str, method: str, train_overrides: list,
+              reward_weights: dict, scorer_weights: dict, eval_preset: str, eval_benchmarks: list,
+              eval_overrides: list, artifact_root: str, pool: str, capacity_out: str | Path) -> str:
+    """Check the base model, prompts, the reward/scorer weights the presets use, S3, MLflow, the judge key
+    and the capacity plan on `pool`; the plan (Markdown) is written to `capacity_out` first. Raises one
+    UserError listing every problem; returns the success line."""
+    from chunkgrpo.errors import UserError
+    from chunkgrpo.model_cache import used_reward_weights
+    from chunkgrpo.preflight import PreflightSpec, capacity_check, evaluation_inputs, require
+    from chunkgrpo.recipes import preset_for
+
+    preset = preset_for(method, preset)
+    benchmarks, scorers = evaluation_inputs(eval_preset, list(eval_benchmarks), list(eval_overrides),
+                                            dict(scorer_weights))
+    rewards = used_reward_weights(preset, list(train_overrides), dict(reward_weights))
+    weights = {**{f"reward {k}": v for k, v in rewards.items()}, **scorers}
+    spec = PreflightSpec(model=model, prompts=prompts, weights=weights, benchmarks=benchmarks,
+                         artifact_root=artifact_root)
+    require(spec)
+    report, problems = capacity_check(preset, list(train_overrides), model, pool, method)  # model is there
+    Path(capacity_out).write_text(report)
+    if problems:
+        raise UserError(f"preflight: {len(problems)} problem(s): " + "; ".join(problems))
+    return (f"preflight ok: model {model}, prompts {prompts}, {len(spec.weights)} weight URI(s), "
+            f"benchmarks {benchmarks}")
+
+
+def benchmark_preflight(*, model_name: str, alias: str, base_model: str, eval_preset: str,
+                        eval_benchmarks: list, eval_overrides: list, scorer_weights: dict,
+                        artifact_root: str) -> str:
+    """The nightly benchmark's preflight: the registry version, its base model, scorer weights, S3,
+    MLflow, judge key. Raises one UserError listing every problem; returns the success line."""
+    from chunkgrpo.preflight import PreflightSpec, evaluation_inputs, require
+
+    benchmarks, weights = evaluation_inputs(eval_preset, list(eval_benchmarks), list(eval_overrides),
+                                            dict(scorer_weights))
+    spec = PreflightSpec(model=base_model, registered=f"{model_name}@{alias}", weights=weights,
+                         benchmarks=benchmarks, artifact_root=artifact_root)
+    require(spec)
+    return f"preflight ok: {model_name}@{alias}, {len(spec.weights)} weight URI(s), benchmarks {benchmarks}"

@@ -1,0 +1,63 @@
+"""The MLflow parent run of a pipeline run: opened by the first step (found again on a retry), closed by
+the exit handler with the KFP run's final state, after the run's leftover training jobs are deleted."""
+
+from __future__ import annotations
+
+import os
+
+KFP_TO_MLFLOW = {"SUCCEEDED": "FINISHED", "FAILED": "FAILED", "CANCELED": "KILLED", "CANCELLED": "KILLED"}
+
+
+def open_run(experiment: str, run_name: str, kfp_run_id: str, pipeline: str) -> str:
+    """The parent run's id (tag kfp.run_id makes this idempotent); '' when MLFLOW_TRACKING_URI is unset."""
+    if not os.environ.get("MLFLOW_TRACKING_URI"):
+        print("MLFLOW_TRACKING_URI is not set: MLflow tracking is off for this run")
+        return ""
+    from mlflow import MlflowClient
+
+    from chunkgrpo.tracking import open_pipeline_run
+
+    run, created = open_pipeline_run(MlflowClient(), experiment, run_name, {"kfp.pipeline": pipeline},
+                                     kfp_run_id=kfp_run_id)
+    if not created:
+        print(f"MLflow parent run {run.run_id} (existing, retry)")
+        return run.run_id
+    print(
+        f"MLflow parent run {run.run_id} in experiment {experiment!r} at {os.environ['MLFLOW_TRACKING_URI']}"
+    )
+    return run.run_id
+
+
+def cleanup_jobs(kfp_run_id: str, namespace: str = "") -> None:
+    """Delete the run's still-active TrainJobs/PyTorchJobs (a launcher step that was evicted or SIGKILLed
+    cannot delete its own); a failure is printed, never raised (the run's state must still be recorded)."""
+    from chunkgrpo.k8s import launcher
+
+    ns = namespace or launcher.current_namespace("kubeflow")
+    try:
+        deleted = launcher.cleanup_run(launcher.load_api(), ns, kfp_run_id)
+        print(f"deleted orphaned training jobs: {', '.join(deleted)}" if deleted
+              else "no active training jobs left")
+    except Exception as e:
+        print(f"ERROR: could not clean up the training jobs of run {kfp_run_id} in {ns}: {e}", flush=True)
+
+
+def close_run(experiment: str, kfp_run_id: str, state: str, error_message: str = "") -> None:
+    """Set the parent run's final MLflow status (and tags kfp.state, kfp.error) from the KFP run's state."""
+    if not os.environ.get("MLFLOW_TRACKING_URI"):
+        return
+    from mlflow import MlflowClient
+
+    from chunkgrpo.tracking import find_pipeline_run
+
+    client = MlflowClient()
+    run_id = find_pipeline_run(client, experiment, kfp_run_id)
+    if not run_id:
+        print(f"no MLflow parent run tagged kfp.run_id={kfp_run_id}")
+        return
+    status = KFP_TO_MLFLOW.get(str(state).upper(), "FINISHED")
+    client.set_tag(run_id, "kfp.state", str(state))
+    if error_message:
+        client.set_tag(run_id, "kfp.error", str(error_message)[:4000])
+    client.set_terminated(run_id, status=status)
+    print(f"MLflow parent run {run_id}: {status}")
