@@ -50,7 +50,6 @@ def policy_env(policy: str, threads: int) -> dict:
 
 
 def _worker_setup(threads: int):
-    import chunkgrpo  # noqa: F401 - the policy's environment before torch loads
     from chunkgrpo import threads as T
 
     T.configure()
@@ -98,7 +97,9 @@ def worker_pretrain(samples: int, threads: int, steps: int) -> list[float]:
     import tempfile
 
     _worker_setup(threads)
-    from chunkgrpo.toy.model import ToyModelConfig, build_components, pretrain
+    from chunkgrpo.toy.components import build_components
+    from chunkgrpo.toy.config import ToyModelConfig
+    from chunkgrpo.toy.pretrain import pretrain
 
     cfg = ToyModelConfig(steps=steps, threads=threads, pool=1024, ema=0.0)
     out = []

@@ -1,11 +1,9 @@
 """chunkgrpo: Chunk-GRPO and step-level GRPO for flow-matching text-to-image models.
 
 The library never imports kfp; `components/` and `pipeline/` adapt it to Kubeflow Pipelines.
-Importing it sets the OpenMP thread policy (`chunkgrpo.threads`): this must happen before torch loads.
+Importing it changes nothing in the process: each entry point (the CLI, `python -m chunkgrpo`,
+`python -m chunkgrpo.train` under torchrun, the components' tasks) sets the thread policy
+(`chunkgrpo.threads`) itself, before torch loads.
 """
-
-from chunkgrpo import threads as _threads
-
-_threads.set_env_policy()
 
 __version__ = "0.1.0"

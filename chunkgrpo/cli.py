@@ -54,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    threads.set_env_policy()  # before the parser imports command plugins (one may load torch)
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     os.environ.setdefault(
@@ -101,9 +102,9 @@ def main(argv: list[str] | None = None) -> int:
 _ONE_LINE = {
     "chunkgrpo.store.StoreError": "",  # S3 still failing after retries; ChecksumMismatchError is a subclass
     "chunkgrpo.train.context.NonFiniteLossError": "",
-    "chunkgrpo.train.checkpoint.CorruptCheckpointError": "corrupt checkpoint: ",
-    "chunkgrpo.train.checkpoint.MirrorBacklogError": "",
-    "chunkgrpo.train.checkpoint.CheckpointWriteError": "",
+    "chunkgrpo.train.checkpoint_format.CorruptCheckpointError": "corrupt checkpoint: ",
+    "chunkgrpo.train.checkpoint_format.MirrorBacklogError": "",
+    "chunkgrpo.train.checkpoint_format.CheckpointWriteError": "",
     "mlflow.exceptions.MlflowException": "MLflow: ",
     "requests.exceptions.ConnectionError": "cannot connect: ",
     "requests.exceptions.Timeout": "timed out: ",

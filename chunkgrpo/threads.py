@@ -1,7 +1,7 @@
 """The CPU thread policy of every entry point, decided in one place.
 
-    import chunkgrpo                   # sets the OpenMP environment (before torch / libgomp load)
     from chunkgrpo import threads
+    threads.set_env_policy()           # an entry point, first: the OpenMP environment (before torch loads)
     threads.apply()                    # torch threads: min(cores available to this process, override)
 
 Why: a torch process whose OpenMP threads busy-wait for work (libgomp's default `OMP_WAIT_POLICY`
@@ -15,9 +15,11 @@ more threads than the cores this process may use (`os.sched_getaffinity`, i.e. t
 The policy, in order:
 
 * `OMP_WAIT_POLICY=PASSIVE` unless the user set `OMP_WAIT_POLICY`. libgomp reads it once, when it is
-  loaded (`import torch`), so `set_env_policy` runs when `chunkgrpo` is imported (`chunkgrpo/__init__`):
-  the CLI, `torchrun -m chunkgrpo.train` workers, kfp.local tasks (they inherit the environment and
-  import chunkgrpo), benchmarks and the tests' conftest all import chunkgrpo before torch.
+  loaded (`import torch`), so every entry point calls `set_env_policy` (or `configure`) before anything
+  loads torch: `chunkgrpo.cli.main`, `python -m chunkgrpo`, `torchrun -m chunkgrpo.train` workers, the
+  components' tasks (`components/_shared.py`), the scorer workers (their environment,
+  `chunkgrpo.scoring.client.worker_env`), benchmarks and the tests' conftest. Importing `chunkgrpo`
+  changes no environment variable: a program that imports the library keeps its own OpenMP settings.
 * torch threads (`thread_count`) = the first of: the `threads` argument (> 0), `$CHUNKGRPO_THREADS`,
   `$OMP_NUM_THREADS` (torchrun sets 1 per worker), the cores available to the process — capped at
   the cores available, divided by `$LOCAL_WORLD_SIZE` under torchrun (the ranks of a node share its

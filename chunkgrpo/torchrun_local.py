@@ -131,6 +131,9 @@ def _forking(config_from_args):
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    from chunkgrpo import threads
+
+    threads.set_env_policy()  # before torch loads here: forked ranks share this process's OpenMP runtime
     from torch.distributed import run as torchrun
 
     _loopback_store()

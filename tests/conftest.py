@@ -2,14 +2,16 @@
 
 import os
 
-import chunkgrpo  # noqa: F401 - the thread policy (chunkgrpo.threads) before anything loads torch
+from chunkgrpo import threads
+
+threads.set_env_policy()  # the OpenMP wait policy (chunkgrpo.threads) before anything loads torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-pytest_plugins: list[str] = ["tests.fixtures_services"]
+pytest_plugins: list[str] = ["tests.fixtures_services", "tests.tiers"]
 
 import pytest  # noqa: E402
 

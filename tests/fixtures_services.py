@@ -38,8 +38,6 @@ from pathlib import Path
 
 import pytest
 
-import chunkgrpo  # noqa: F401 - sets the OpenMP wait policy (chunkgrpo.threads) before anything loads torch
-
 STOP_GRACE_S = 60.0  # a terminated pipeline command stops its tasks (10 s) and its servers (MLflow ~ seconds)
 # an xdist worker told to stop: its running test's command (STOP_GRACE_S) and then its session's servers
 WORKER_STOP_S = 2 * STOP_GRACE_S

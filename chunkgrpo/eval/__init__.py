@@ -3,12 +3,14 @@
 Modules (import the one you need; this package import stays light, no torch):
 - `chunkgrpo.eval.hpdv2`    - the 400 HPDv2 test prompts, one fixed seed per prompt, scorer means.
 - `chunkgrpo.eval.geneval`  - GenEval layout, detector backends, the official scoring rules, aggregation.
-- `chunkgrpo.eval.wise`     - WISE prompts (user-supplied), OpenAI-compatible judge, WiScore aggregation.
+- `chunkgrpo.eval.wise`     - WISE prompts (user-supplied), OpenAI-compatible judge, WiScore aggregation;
+                              its rubric and score parsers are `wise_scores`, its judge client `wise_judge`.
 - `chunkgrpo.eval.geneval_models` - GenEval's detector backends and colour classifier (torch, lazily).
 - `chunkgrpo.eval.config`   - `EvalConfig` (sampling nested: `sampling.num_steps`, `sampling.trained_steps`).
 - `chunkgrpo.eval.runner`   - the evaluate stage (`run_evaluation`): orchestration over the modules here;
                               `scorer_setup` builds and checks its HPDv2 scorers, `stats` pairs the labels'
-                              records and computes the paired statistics and flat metrics, `report` renders.
+                              records and computes the paired statistics and flat metrics, `report` renders
+                              the HTML report (its Jinja2 templates: `chunkgrpo/eval/templates/`).
 
 Benchmark prompt data ships with the package (`chunkgrpo/data/`, licences and provenance in its
 README.md). A file is looked up, in order, at an explicit path or `s3://` URI, under

@@ -48,7 +48,7 @@ def _resolve_version(client, model_uri: str):
 
 def load_pyfunc(model_uri: str, dst: str | Path | None = None):
     """`mlflow.pyfunc.load_model(model_uri)`, after checking that the downloaded MLflow model (its
-    code `serving_model.py`, `MLmodel`, environment files and weights) is byte for byte what was
+    code `served_model_entry.py`, `MLmodel`, environment files and weights) is byte for byte what was
     registered (version tag model.tree_sha256, written at registration). A file replaced in the
     artifact store is refused in one line before any of it runs. Plain `mlflow.pyfunc.load_model`
     executes whatever code the artifact store holds: serve and evaluate the champion with this."""

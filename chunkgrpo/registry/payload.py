@@ -1,7 +1,7 @@
 """The files of a registered version: an MLflow Model (`python_function` flavour, "model from code")
 whose artifact `model/` is the payload. Written at registration, read by the serving pyfunc.
 
-    <MLflow model>/MLmodel, serving_model.py, requirements...   (`save_pyfunc`)
+    <MLflow model>/MLmodel, served_model_entry.py, requirements...   (`save_pyfunc`)
     <MLflow model>/artifacts/model/                               (PAYLOAD)
         pytorch_lora_weights.safetensors | transformer/...        (inline weights), or nothing (external)
         chunkgrpo_registration.json                                (MODEL_INFO, `model_info`)
@@ -12,7 +12,7 @@ sha256, metrics, eval protocol, chunk plan, git sha, config hash and the hybrid-
 settings the pyfunc generates with. `tree_sha256` digests every file of the MLflow model (code too);
 the registry records it as tag `model.tree_sha256` and refuses to load a changed version.
 
-The pyfunc's code is `chunkgrpo/serving_model.py` -> `chunkgrpo.serving.FluxPyfunc`, which imports
+The pyfunc's code is `chunkgrpo/served_model_entry.py` -> `chunkgrpo.served_model.FluxPyfunc`, which imports
 only this module of the registry (`MODEL_INFO`, `weights_from_payload`, `PARAM_DEFAULTS`).
 """
 
@@ -40,7 +40,7 @@ PARAM_DEFAULTS = {"mode": "hybrid", "num_steps": 0, "trained_steps": -1, "height
 
 def model_code_path() -> str:
     """The models-from-code script MLflow copies into every registered version."""
-    return str(Path(__file__).parent.parent / "serving_model.py")
+    return str(Path(__file__).parent.parent / "served_model_entry.py")
 
 
 def signature():

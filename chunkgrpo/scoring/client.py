@@ -32,6 +32,7 @@ import time
 import weakref
 from pathlib import Path
 
+from chunkgrpo import threads
 from chunkgrpo.errors import UserError
 from chunkgrpo.scoring import worker as W
 
@@ -170,6 +171,7 @@ def worker_env(extra: dict | None = None, modules: tuple[str, ...] = ()) -> dict
                PYTHONUNBUFFERED="1",
                HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_HUB_DISABLE_TELEMETRY="1",
                TOKENIZERS_PARALLELISM=env.get("TOKENIZERS_PARALLELISM", "false"))
+    threads.set_env_policy(env)  # the worker loads torch: its OpenMP threads wait as this process's do
     env[W.PARENT_ENV] = str(os.getpid())
     env.update(extra or {})
     return env

@@ -21,7 +21,9 @@ the endpoint and access key id (never the secret).
 The package, bottom up (each module imports only those above it):
     chunkgrpo.store           the errors and `s3://` URIs (this module)
     chunkgrpo.store.manifest  the two JSON formats: a folder's MANIFEST.json and the model pointer
-    chunkgrpo.store.client    `StoreConfig` and `ArtifactStore` (the S3 client: retries, multipart, folders)
+    chunkgrpo.store.config    `StoreConfig` (endpoint, credentials, transfer tuning)
+    chunkgrpo.store.retries   `classify_error`: which S3 failures are retried
+    chunkgrpo.store.client    `ArtifactStore` (the S3 client: retries, multipart, folders)
     chunkgrpo.store.cache     the local download cache (`cached_file`, `cached_folder`) under $CHUNKGRPO_CACHE
 """
 

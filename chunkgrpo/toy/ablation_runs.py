@@ -80,7 +80,7 @@ def rewards_per_iteration(cfg) -> int:
 
 def _evaluate(spec: dict, lora: str | None, cfg=None) -> dict:
     from chunkgrpo.flux import load_flux
-    from chunkgrpo.toy.model import accuracy, sampling_config
+    from chunkgrpo.toy.sampling import accuracy, sampling_config
 
     model = load_flux(spec["model"])
     if lora:

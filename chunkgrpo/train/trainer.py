@@ -3,8 +3,8 @@
 Read top to bottom:
   Trainer.__init__   validate everything that can be checked before any GPU time is spent
   Trainer.setup      process group, model (+LoRA / full), FSDP or replicated, optimizer, caches, resume
-                     (checkpoints: `chunkgrpo.train.checkpointer.Checkpointer`; their format:
-                     `chunkgrpo.train.checkpoint`)
+                     (checkpoints: `chunkgrpo.train.checkpoint_policy.Checkpointer`; their format:
+                     `chunkgrpo.train.checkpoint_format`)
   Trainer.train      iterations until `max_iterations` rollouts or `max_steps` optimizer steps (exactly one
                      is set); checkpoints; NaN guard
   Trainer.iteration  builds this rank's `IterationContext` and runs the method's iteration
@@ -30,9 +30,9 @@ from chunkgrpo.errors import Terminated, UserError
 from chunkgrpo.locks import FileLock, LockHeld
 from chunkgrpo.recipes import GRPO_METHODS
 from chunkgrpo.scoring.rewards import get_reward
-from chunkgrpo.train import checkpoint as ckpt
+from chunkgrpo.train import checkpoint_format as ckpt
 from chunkgrpo.train import dist as D
-from chunkgrpo.train.checkpointer import Checkpointer, config_hash
+from chunkgrpo.train.checkpoint_policy import Checkpointer, config_hash
 from chunkgrpo.train.config import TrainConfig
 from chunkgrpo.train.context import IterationContext, NonFiniteLossError
 from chunkgrpo.train.methods import get_method

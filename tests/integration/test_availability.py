@@ -20,7 +20,7 @@ import pytest
 
 from chunkgrpo.local_processes import free_port
 from chunkgrpo.local_services import local_services
-from chunkgrpo.train import checkpoint as ckpt
+from chunkgrpo.train import checkpoint_format as ckpt
 from chunkgrpo.train.config import TrainConfig
 from chunkgrpo.train.trainer import Trainer, run_training
 from tests.fixtures_services import kill_service

@@ -19,6 +19,8 @@ from chunkgrpo.train.config import TrainConfig
 from chunkgrpo.train.trainer import run_training
 from tests.fixtures_services import _need_weed
 
+pytestmark = pytest.mark.integration  # starts a SeaweedFS of its own
+
 
 @pytest.fixture
 def own_s3(tmp_path, monkeypatch):
@@ -125,8 +127,8 @@ def test_hung_s3_during_training_fails_the_mirror_attempt_within_its_timeout(own
     trainer's mirror client gives up on the request after `checkpoint.mirror_timeout_s` and reports
     failing, so pruning decides (keep beyond `keep` within the backlog, or stop in one line) instead of
     training stalling on the socket for the store's upload-sized timeout × its retries."""
-    from chunkgrpo.train import checkpoint as ckpt
-    from chunkgrpo.train.checkpointer import mirror_store
+    from chunkgrpo.train import checkpoint_format as ckpt
+    from chunkgrpo.train.checkpoint_policy import mirror_store
 
     folder = tmp_path / "step-000001"
     folder.mkdir()

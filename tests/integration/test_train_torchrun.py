@@ -167,7 +167,7 @@ def test_sigterm_to_torchrun_stops_every_worker_and_marks_the_run_killed(
     checkpoint verifies, and the same command resumes."""
     from mlflow import MlflowClient
 
-    from chunkgrpo.train import checkpoint as ckpt
+    from chunkgrpo.train import checkpoint_format as ckpt
 
     out = tmp_path / "run"
     over = ["checkpoint.every=1", "tracking.image_every=0", "tracking.experiment=evicted-ddp"]

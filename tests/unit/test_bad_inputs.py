@@ -492,12 +492,12 @@ FAILURES = {
     "ChecksumMismatchError": ("chunkgrpo.store", "ChecksumMismatchError", "s3://b/k: sha256 1 != recorded 2"),
     "NonFiniteLossError": ("chunkgrpo.train.context", "NonFiniteLossError", "non-finite loss at step 3"),
     "CorruptCheckpointError": (
-        "chunkgrpo.train.checkpoint",
+        "chunkgrpo.train.checkpoint_format",
         "CorruptCheckpointError",
         "step-000004/optimizer.pt: x",
     ),
     "MirrorBacklogError": (
-        "chunkgrpo.train.checkpoint",
+        "chunkgrpo.train.checkpoint_format",
         "MirrorBacklogError",
         "checkpoint.keep=1 would delete",
     ),

@@ -108,8 +108,13 @@ def test_meta_simulation_equals_real_cpu_allocations(tiny_model_dir, checkpointi
     assert measured == pytest.approx(predicted, rel=0.02), (measured, predicted)
 
 
-@pytest.mark.parametrize("size,gc,lora", [("tiny", False, True), ("mid", True, False), ("mid", False, False),
-                                          ("mid", False, True)])
+# the mid model's real iterations take 11-14 s of CPU each: the integration tier (the tiny one: the fast tier)
+_MID = pytest.mark.integration
+
+
+@pytest.mark.parametrize("size,gc,lora", [("tiny", False, True), pytest.param("mid", True, False, marks=_MID),
+                                          pytest.param("mid", False, False, marks=_MID),
+                                          pytest.param("mid", False, True, marks=_MID)])
 def test_prediction_matches_a_real_training_iteration(tmp_path, size, gc, lora):
     """The trainer's own iteration (rollout of a group, decode, reward, policy windows, optimizer step) on
     the tiny and mid models: measured peak within 5 % of the plan's working set."""

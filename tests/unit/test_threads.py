@@ -13,30 +13,101 @@ from chunkgrpo import threads
 from tests.repo_copy import ROOT
 
 
-def _py(code: str, **env) -> subprocess.CompletedProcess:
+def _py_env(**env) -> dict:
+    """This environment without the thread settings (the test process has them), plus `env`."""
     base = {k: v for k, v in os.environ.items()
             if k not in ("OMP_WAIT_POLICY", "KMP_BLOCKTIME", "OMP_NUM_THREADS", "CHUNKGRPO_THREADS",
-                         "CHUNKGRPO_THREAD_POLICY")}
+                         "CHUNKGRPO_THREAD_POLICY", "GOMP_SPINCOUNT")}
+    return {**base, "PYTHONPATH": str(ROOT), **env}
+
+
+def _py(code: str, **env) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                          env={**base, "PYTHONPATH": str(ROOT), **env})
+                          env=_py_env(**env))
 
 
-def test_importing_chunkgrpo_sets_the_passive_wait_policy_before_torch_loads():
-    r = _py("import chunkgrpo, os, sys; print(os.environ.get('OMP_WAIT_POLICY'), 'torch' in sys.modules)")
+def test_importing_chunkgrpo_changes_no_environment():
+    r = _py("import os, chunkgrpo, chunkgrpo.cli; print(os.environ.get('OMP_WAIT_POLICY'), "
+            "os.environ.get('KMP_BLOCKTIME'))")
+    assert r.stdout.split() == ["None", "None"], r.stderr
+
+
+PROBE = """
+import os, runpy, sys
+from chunkgrpo import cli
+
+def main(argv=None):  # stands in for the command line: what the entry point set up before calling it
+    print(os.environ.get("OMP_WAIT_POLICY"), "torch" in sys.modules)
+    return 0
+
+cli.main = main
+runpy.run_module(sys.argv[1], run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize("entry", ["chunkgrpo", "chunkgrpo.train"])
+def test_the_module_entry_points_set_the_passive_wait_policy_before_torch_loads(entry):
+    """`python -m chunkgrpo` and `python -m chunkgrpo.train` (torchrun's workers): the policy is in the
+    environment before the command line runs, and torch is not loaded yet."""
+    r = subprocess.run([sys.executable, "-c", PROBE, entry], capture_output=True, text=True, timeout=120,
+                       env=_py_env())
     assert r.stdout.split() == ["PASSIVE", "False"], r.stderr
+
+
+TORCHRUN_PROBE = """
+import os, sys, types
+run = types.ModuleType("torch.distributed.run")  # torch stands in: what the launcher's environment holds
+run.main = lambda argv: print(os.environ.get("OMP_WAIT_POLICY"))
+dist = types.ModuleType("torch.distributed")
+dist.run = run
+torch = types.ModuleType("torch")
+torch.distributed = dist
+sys.modules.update({"torch": torch, "torch.distributed": dist, "torch.distributed.run": run})
+from chunkgrpo import torchrun_local
+torchrun_local._loopback_store = lambda: None
+torchrun_local.main([])
+"""
+
+
+def test_the_torchrun_launcher_sets_the_policy_before_torch_loads():
+    """`python -m chunkgrpo.torchrun_local`: its forked ranks share the launcher's OpenMP runtime."""
+    r = _py(TORCHRUN_PROBE)
+    assert r.stdout.strip() == "PASSIVE", r.stderr
+
+
+def test_the_cli_sets_the_policy_and_keeps_the_users_choice():
+    code = ("import os, sys\nfrom chunkgrpo import cli\n"
+            "try:\n    cli.main(['--version'])\nexcept SystemExit:\n    pass\n"
+            "print(os.environ.get('OMP_WAIT_POLICY'), 'torch' in sys.modules)")
+    r = _py(code)
+    assert r.stdout.split()[-2:] == ["PASSIVE", "False"], r.stderr
     # the user's own choice is kept; the legacy policy (for before/after measurements) sets nothing
-    kept = _py("import chunkgrpo, os; print(os.environ['OMP_WAIT_POLICY'])", OMP_WAIT_POLICY="ACTIVE")
-    assert kept.stdout.strip() == "ACTIVE"
-    r = _py("import chunkgrpo, os; print(os.environ.get('OMP_WAIT_POLICY'))",
-            CHUNKGRPO_THREAD_POLICY="legacy")
-    assert r.stdout.strip() == "None"
+    assert _py(code, OMP_WAIT_POLICY="ACTIVE").stdout.split()[-2] == "ACTIVE"
+    assert _py(code, CHUNKGRPO_THREAD_POLICY="legacy").stdout.split()[-2] == "None"
+
+
+def test_set_env_policy_choices():
+    env = {}
+    threads.set_env_policy(env)
+    assert env == {"OMP_WAIT_POLICY": "PASSIVE", "KMP_BLOCKTIME": "0"}
+    threads.set_env_policy(env := {"OMP_WAIT_POLICY": "ACTIVE"})
+    assert env["OMP_WAIT_POLICY"] == "ACTIVE"  # the user's choice is kept
+    threads.set_env_policy(env := {threads.ENV_POLICY: "legacy"})
+    assert env == {threads.ENV_POLICY: "legacy"}
     # the short-spin policy: a bounded libgomp spin instead of passive waiting, the user's value kept
-    r = _py("import chunkgrpo, os; print(os.environ.get('OMP_WAIT_POLICY'), os.environ['GOMP_SPINCOUNT'])",
-            CHUNKGRPO_THREAD_POLICY="spin")
-    assert r.stdout.split() == ["None", threads.SPIN_COUNT], r.stderr
-    r = _py("import chunkgrpo, os; print(os.environ['GOMP_SPINCOUNT'])", CHUNKGRPO_THREAD_POLICY="spin",
-            GOMP_SPINCOUNT="500")
-    assert r.stdout.strip() == "500"
+    threads.set_env_policy(env := {threads.ENV_POLICY: "spin"})
+    assert env.get("OMP_WAIT_POLICY") is None and env["GOMP_SPINCOUNT"] == threads.SPIN_COUNT
+    threads.set_env_policy(env := {threads.ENV_POLICY: "spin", "GOMP_SPINCOUNT": "500"})
+    assert env["GOMP_SPINCOUNT"] == "500"
+
+
+def test_scorer_workers_get_the_policy_in_their_environment(monkeypatch):
+    from chunkgrpo.scoring import client
+
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    monkeypatch.delenv(threads.ENV_POLICY, raising=False)
+    monkeypatch.setattr(client, "stage_modules", lambda modules: "staged")
+    assert client.worker_env()["OMP_WAIT_POLICY"] == "PASSIVE"
 
 
 def test_thread_count_order_and_caps(monkeypatch):

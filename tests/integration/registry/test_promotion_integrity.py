@@ -187,7 +187,7 @@ def test_concurrent_promoters_end_with_the_best_champion(services_env, tmp_path)
 
 
 def test_replaced_model_code_is_refused_at_load(services_env, tmp_path):
-    """#27.6: serving_model.py replaced in the artifact store -> load_pyfunc refuses, the code never runs."""
+    """served_model_entry.py replaced in the artifact store -> load_pyfunc refuses, the code never runs."""
     import mlflow
     from mlflow import MlflowClient
 
@@ -200,9 +200,9 @@ def test_replaced_model_code_is_refused_at_load(services_env, tmp_path):
     assert len(mv.tags["model.tree_sha256"]) == 64
     local = Path(mlflow.artifacts.download_artifacts(artifact_uri=mv.source, dst_path=str(tmp_path / "dl")))
     sentinel = tmp_path / "planted-code-ran"
-    (local / "serving_model.py").write_text(f"open({str(sentinel)!r}, 'w').write('x')\n")
+    (local / "served_model_entry.py").write_text(f"open({str(sentinel)!r}, 'w').write('x')\n")
     run_id, path = mv.source.split("/artifacts/", 1)
-    MlflowClient().log_artifact(mv.run_id, str(local / "serving_model.py"), path.split("/", 1)[-1]
+    MlflowClient().log_artifact(mv.run_id, str(local / "served_model_entry.py"), path.split("/", 1)[-1]
                                 if "/" in path else path)
     with pytest.raises(UserError, match="changed since registration"):
         load_pyfunc(f"models:/{name}@champion", tmp_path / "load")

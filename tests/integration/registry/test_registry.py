@@ -323,7 +323,7 @@ def test_registered_version_is_an_mlflow_pyfunc(services_env, tmp_path, tiny_mod
     from peft import LoraConfig
     from peft.utils import get_peft_model_state_dict
 
-    from chunkgrpo.serving import decode_image
+    from chunkgrpo.served_model import decode_image
 
     pipe = FluxPipeline.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
     pipe.transformer.add_adapter(

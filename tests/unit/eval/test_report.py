@@ -214,3 +214,25 @@ def test_geneval_thumbnails_show_the_detected_boxes(report_inputs):
         edge[:, 0].max() > 150 and (edge[:, 0] - edge[:, 2]).max() > 60
     )  # drawn in the first (red) box colour
     assert R._boxes(rec)[0][0] == "car 0.87"
+
+
+def _pixels(uri: str) -> np.ndarray:
+    image = Image.open(io.BytesIO(base64.b64decode(uri.split(",", 1)[1])))
+    return np.asarray(image.convert("RGB")).astype(int)
+
+
+def test_geneval_labels_stand_beside_the_image_not_over_it(report_inputs, tmp_path):
+    """A 32×32 toy sample is too small to carry its labels: the box is outlined on it, the label (class and
+    confidence) is text beside it."""
+    result, out, jobs, per_image = report_inputs
+    rec = per_image["geneval"]["trained"][0]
+    im = _pixels(R.thumbnail(out / rec["filename"], 64, boxes=R._boxes(rec)))
+    assert im[12:18, 14:30].max() < 40  # inside the box's top-left corner: the black scene, no label over it
+    small = tmp_path / "small.png"
+    Image.new("RGB", (32, 32)).save(small)
+    px = _pixels(R.thumbnail(small, 64, boxes=[("car 0.87", (4, 4, 28, 28), "#e6194b")]))
+    assert px.shape[:2] == (32, 32) and px[4, 10, 0] > 100 and px[4, 10, 0] - px[4, 10, 2] > 50  # the box
+    assert px[8:24, 8:24].max() < 40  # and nothing else on the scene
+    html = R.render_report(result, out, jobs, per_image, max_prompts=4, thumb=64)
+    ge = html.split("id='geneval'")[1].split("id='wise'")[0]
+    assert "<span class=labels><span style='color:#e6194b'>■</span> car 0.87<br></span>" in ge

@@ -31,7 +31,7 @@ def short_model(toy_cache, tmp_path_factory):
 def test_vae_round_trip_is_exact():
     import torch
 
-    from chunkgrpo.toy.model import build_vae, pixels
+    from chunkgrpo.toy.components import build_vae, pixels
 
     imgs = np.stack([s.render() for s in World(0).sample(48, seed=5)])
     x = pixels(imgs)
@@ -51,7 +51,7 @@ def test_vae_round_trip_is_exact():
 
 
 def test_t5_tokenizer_has_one_token_per_word():
-    from chunkgrpo.toy.model import word_t5_tokenizer
+    from chunkgrpo.toy.components import word_t5_tokenizer
 
     tok = word_t5_tokenizer(corpus())
     for mds in all_prompts().values():

@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 
 from chunkgrpo.train.data import EmbeddingCache, encoder_identity
 from chunkgrpo.train.trainer import run_training
-from tests.unit.train.test_checkpoint_safety import (  # noqa: F401 - fixtures
+from tests.unit.train.test_checkpoint_format_safety import (  # noqa: F401 - fixtures
     _cfg,
     _same,
     prompts_file,

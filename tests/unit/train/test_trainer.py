@@ -9,7 +9,7 @@ from safetensors.torch import load_file
 from chunkgrpo.errors import UserError
 from chunkgrpo.scoring.rewards import compute_rewards
 from chunkgrpo.scoring.table import REWARDS
-from chunkgrpo.train import checkpoint as ckpt
+from chunkgrpo.train import checkpoint_format as ckpt
 from chunkgrpo.train.config import TrainConfig
 from chunkgrpo.train.trainer import NonFiniteLossError, Trainer, run_training
 

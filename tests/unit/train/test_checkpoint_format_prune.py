@@ -1,11 +1,11 @@
-"""Local checkpoints once S3 has them: only the newest stays on the node's disk (train/checkpoint.py
+"""Local checkpoints once S3 has them: only the newest stays on the node's disk (train/checkpoint_format.py
 `prune`), with the real background `Mirror` (its store replaced by an in-memory one)."""
 
 import threading
 
 import pytest
 
-from chunkgrpo.train import checkpoint as ckpt
+from chunkgrpo.train import checkpoint_format as ckpt
 
 
 def _write(root, step):

@@ -7,7 +7,7 @@ generating with the hybrid inference it was evaluated with.
     out["image"][0]                                     # PNG, base64
 
 `chunkgrpo.registry.registration.register_model` saves every version this way ("model from code": the
-MLflow Model holds `serving_model.py`, which imports this module; no pickled objects). The version's
+MLflow Model holds `served_model_entry.py`, which imports this module; no pickled objects). The version's
 artifact `model/` holds the weights (or a checksum-pinned pointer to them in S3) and
 `chunkgrpo_registration.json` with the base model and the sampling settings of the evaluation; that
 format, the signature and the predict() parameters' defaults are `chunkgrpo.registry.payload`'s.

@@ -17,7 +17,7 @@ too). A checkpoint that fails any check is renamed aside (`step-000010.bad-1`), 
 the trainer falls back to the newest one that passes.
 
 What a checkpoint IS lives here (the folder format, writing, verification, pruning, the S3 mirror);
-how the trainer saves, resumes and mirrors its checkpoints is `chunkgrpo.train.checkpointer`.
+how the trainer saves, resumes and mirrors its checkpoints is `chunkgrpo.train.checkpoint_policy`.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 to resume (the newest that verifies, local or in S3), restoring the trainer's state from it, saving it
 (every rank collective, rank 0 writes, manifest last), and the S3 mirror's lifetime.
 
-`chunkgrpo.train.checkpoint` is what a checkpoint IS (the folder format, verification, pruning, the
+`chunkgrpo.train.checkpoint_format` is what a checkpoint IS (the folder format, verification, pruning, the
 background S3 mirror); this module is how the trainer USES it. A `Checkpointer` is built by the trainer
 in `setup()` and reads and writes the trainer's state (model, optimizer, scheduler, EMA, counters).
 """
@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from chunkgrpo.errors import UserError
-from chunkgrpo.train import checkpoint as ckpt
+from chunkgrpo.train import checkpoint_format as ckpt
 from chunkgrpo.train import dist as D
 from chunkgrpo.train.config import TrainConfig
 from chunkgrpo.train.context import NonFiniteLossError

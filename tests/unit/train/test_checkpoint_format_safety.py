@@ -14,7 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from chunkgrpo.train import checkpoint as ckpt
+from chunkgrpo.train import checkpoint_format as ckpt
 from chunkgrpo.train.config import TrainConfig
 from chunkgrpo.train.context import NonFiniteLossError
 from chunkgrpo.train.trainer import Trainer, run_training
@@ -282,7 +282,7 @@ class FakeMirror:
     def is_pending(self, p):
         return p in self.pending
 
-    def is_mirrored(self, p):  # nothing uploaded in this mirror's lifetime (see test_checkpoint_prune.py)
+    def is_mirrored(self, p):  # nothing uploaded in this mirror's lifetime (test_checkpoint_format_prune.py)
         return False
 
     def settle(self, p):
