@@ -99,8 +99,8 @@ STEP_ENV = {"HOME": "/tmp", "TMPDIR": CACHE_MOUNT, "CHUNKGRPO_CACHE": f"{CACHE_M
 
 
 def with_cache(task, size: str):
-    """The /cache volume (`size`; pipeline/cache_volume.py) and STEP_ENV pointing every large path at it."""
-    from pipeline.cache_volume import mount_cache
+    """The /cache volume (`size`; components/cache_volume.py) and STEP_ENV pointing every large path at it."""
+    from components.cache_volume import mount_cache
 
     mount_cache(task, size, CACHE_MOUNT)
     for key, value in STEP_ENV.items():

@@ -132,7 +132,7 @@ def pod_specs(func) -> dict[str, PodSpec]:
         mounts = k8s.get(name, {}).get("emptyDirMounts", [])
         vols = {m["mountPath"]: quantity(m.get("sizeLimit") or "0") for m in mounts
                 if m.get("medium") != "Memory"}
-        # the /cache PVC (pipeline/cache_volume.py)
+        # the /cache PVC (components/cache_volume.py)
         vols.update({m["mountPath"]: quantity(m.get("size") or "0")
                      for m in k8s.get(name, {}).get("genericEphemeralVolume", [])})
         out.setdefault(fn, PodSpec({e["name"]: e.get("value", "") for e in c.get("env") or []}, vols))
