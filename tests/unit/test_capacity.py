@@ -190,6 +190,8 @@ def test_pool_is_read_from_the_rendered_overlay():
     assert pool.gpus_per_node == int(limits["nvidia.com/gpu"]) == 8
     assert pool.memory_limit == int(parse_quantity(limits["memory"]))
     sizes = {v["name"]: v["emptyDir"].get("sizeLimit") for v in pod["volumes"] if "emptyDir" in v}
+    sizes.update({v["name"]: v["ephemeral"]["volumeClaimTemplate"]["spec"]["resources"]["requests"]["storage"]
+                  for v in pod["volumes"] if "ephemeral" in v})  # a generic ephemeral volume: its claim's size
     for v in pool.volumes:
         assert v.size_limit == (int(parse_quantity(sizes[v.name])) if sizes.get(v.name) else None)
     home = pool.env.get("HOME", "")
