@@ -7,7 +7,7 @@
 Runs pytest once (with a JUnit XML report in a temporary folder), then prints the total wall time,
 pytest's own total, the 20 slowest test phases (setup / call / teardown, as `--durations=20`; a
 session fixture's setup is charged to the first test that uses it) and the slowest files. The load
-average is printed before and after: the target (≤ 12 min on 2 idle cores, issue #26) means something
+average is printed before and after: the target (≤ 12 min on 2 idle cores) means something
 only on an otherwise idle machine.
 """
 

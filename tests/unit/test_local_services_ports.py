@@ -1,8 +1,8 @@
-"""chunkgrpo.local_services.local_services: the free ports it picks for S3 and MLflow are distinct."""
+"""chunkgrpo.services.local_services: the free ports it picks for S3 and MLflow are distinct."""
 
 import pytest
 
-from chunkgrpo import local_services as ls
+from chunkgrpo import services as ls
 
 
 @pytest.fixture

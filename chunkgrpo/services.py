@@ -14,10 +14,6 @@ Both servers bind 127.0.0.1 only, with telemetry off (`-master.telemetry=false`,
 2 processes instead of 10). MLflow proxies artifacts to `s3://<mlflow_bucket>/` on the local S3,
 so clients only need `MLFLOW_TRACKING_URI`.
 
-Other layers may record a helper process of theirs here with `adopt` (the pipeline's kept task server,
-`chunkgrpo pipeline run --local --keep-services`): `status` lists it (running while its process lives) and
-`down` stops it first, like the servers.
-
 Each server runs in its own process group; `down` signals exactly the recorded groups (SIGTERM, then
 SIGKILL after `stop_timeout_s`) and waits until every process of the group is gone. A second `up`
 reuses healthy services. A service whose process died is reported as `crashed` by `status` and
@@ -26,11 +22,11 @@ restarted (with a warning and its last log lines) by `up`.
 Credentials: reused from `credentials.json` if present; otherwise taken from
 `AWS_ACCESS_KEY_ID`/`AWS_SECRET_ACCESS_KEY` if both are set; otherwise generated with `secrets`.
 
-Ports, process identity and liveness, signals and reaping: `chunkgrpo.local_processes`.
+Ports, process identity and liveness, signals and reaping: `chunkgrpo.processes`.
 
-Size note: one class, because `up`, `status`, `adopt` and `down` share one locked state file and one
-stop procedure (SIGTERM to the recorded group, SIGKILL after the timeout, identity checks); the process
-mechanics already live in `chunkgrpo.local_processes`.
+Size note: one class, because `up`, `status` and `down` share one locked state file and one stop
+procedure (SIGTERM to the recorded group, SIGKILL after the timeout, identity checks); the process
+mechanics already live in `chunkgrpo.processes`.
 """
 
 from __future__ import annotations
@@ -54,7 +50,8 @@ from typing import Any
 
 from chunkgrpo.config import Config, option
 from chunkgrpo.errors import UserError
-from chunkgrpo.local_processes import (
+from chunkgrpo.locks import FileLock
+from chunkgrpo.processes import (
     CHILDREN,
     HOST,
     alive,
@@ -68,7 +65,6 @@ from chunkgrpo.local_processes import (
     signal_group,
     start_time,
 )
-from chunkgrpo.locks import FileLock
 
 log = logging.getLogger(__name__)
 
@@ -262,9 +258,6 @@ class LocalServices:
     def _status_of(self, name: str, rec: dict | None) -> ServiceStatus:
         if not rec:
             return ServiceStatus(name, "stopped")
-        if name not in SERVICES:  # an adopted helper: no port to ask, alive is running
-            state = "running" if alive(rec.get("pid"), rec.get("create_time")) else "crashed"
-            return ServiceStatus(name, state, rec.get("pid"), rec.get("socket", ""), rec.get("log", ""))
         url = f"http://{HOST}:{rec['port']}"
         logf = rec.get("log", "")
         if not alive(rec.get("pid"), rec.get("create_time")):
@@ -276,47 +269,9 @@ class LocalServices:
         return ServiceStatus(name, "running", rec["pid"], url, logf)
 
     def status(self) -> dict[str, ServiceStatus]:
-        """Per service: running | unhealthy | crashed | stopped; then each adopted helper."""
+        """Per service: running | unhealthy | crashed | stopped."""
         svc = self._load_state().get("services", {})
-        out = {name: self._status_of(name, svc.get(name)) for name in SERVICES}
-        out.update({name: self._status_of(name, rec) for name, rec in svc.items() if name not in SERVICES})
-        return out
-
-    def adopt(self, name: str, rec: dict) -> bool:
-        """Record a helper process started elsewhere (`rec` as `_spawn` writes it: pid = process group in a
-        session of its own, create_time, cmd; optional log and socket, removed when it stops), so that
-        `status` shows it and `down` stops it. False, recording nothing, if a live helper already has that
-        name (another run's: it is not stopped); a dead one's record is cleared first."""
-        if name in SERVICES:
-            raise ValueError(f"{name!r} is a service name")
-        with self._locked():
-            state = self._load_state()
-            old = state.setdefault("services", {}).get(name)
-            if old is not None:
-                if alive(old.get("pid"), old.get("create_time")):
-                    return False
-                self._stop_record(name, old)  # nothing to signal: reaps and removes its socket
-            state["services"][name] = rec
-            self._save_state(state)
-            return True
-
-    def record(self, name: str) -> dict | None:
-        """The recorded process `name`, if any."""
-        return self._load_state().get("services", {}).get(name)
-
-    def stop(self, name: str) -> ServiceStatus | None:
-        """Stop one adopted helper and forget it; None if none was recorded."""
-        if name in SERVICES:
-            raise ValueError(f"stop {name!r} with down()")
-        with self._locked():
-            state = self._load_state()
-            rec = state.get("services", {}).pop(name, None)
-            if rec is None:
-                return None
-            was = self._status_of(name, rec)
-            self._stop_record(name, rec)
-            self._save_state(state)
-            return ServiceStatus(name, "stopped", rec.get("pid"), detail="was " + was.state)
+        return {name: self._status_of(name, svc.get(name)) for name in SERVICES}
 
     # --------------------------------------------------------------------------------- up
 
@@ -509,23 +464,20 @@ class LocalServices:
     # ------------------------------------------------------------------------------- down
 
     def down(self) -> list[ServiceStatus]:
-        """Stop exactly the recorded processes, wait for them, clear the state. The helpers (kept task
-        servers, which use the servers) first, then S3 and MLflow together: nothing talks to them any more,
-        and each mostly waits for its process to exit (SeaweedFS ~2 s, MLflow ~1 s on 2 idle cores; one
-        after the other they took 3.4 s of every `pipeline run --local`). A record that is not ours
-        (`_stop_record`'s UserError) is kept in the state; the others are stopped and cleared first."""
+        """Stop exactly the recorded processes, wait for them, clear the state. S3 and MLflow are stopped
+        together: nothing talks to them any more, and each mostly waits for its process to exit (SeaweedFS
+        ~2 s, MLflow ~1 s on 2 idle cores; one after the other they took 3.4 s of every
+        `pipeline run --local`). A record that is not ours (`_stop_record`'s UserError) is kept in the
+        state; the others are stopped and cleared first."""
         with self._locked():
             state = self._load_state()
             svc = state.get("services", {})
             out: list[ServiceStatus] = []
-            helpers = [n for n in svc if n not in SERVICES]
-            for group in ([[n] for n in helpers] + [[n for n in reversed(SERVICES) if n in svc]]):
-                stopped = len(out)
-                errors = self._stop_together(svc, group, out)
-                if len(out) > stopped:  # a refused record alone leaves the state file as it was
-                    self._save_state(state)
-                if errors:
-                    raise errors[0]
+            errors = self._stop_together(svc, [n for n in reversed(SERVICES) if n in svc], out)
+            if out:  # a refused record alone leaves the state file as it was
+                self._save_state(state)
+            if errors:
+                raise errors[0]
             state.pop("crashes", None)
             self._save_state(state)
             return out
@@ -554,7 +506,6 @@ class LocalServices:
         if not alive(pid, rec.get("create_time")):
             reap(pid)
             _remove_weed_sockets(rec)
-            _remove_socket(rec)
             return
         why = _not_ours(rec)
         if why:
@@ -586,7 +537,6 @@ class LocalServices:
                 time.sleep(0.1)
         reap(pid)
         _remove_weed_sockets(rec)
-        _remove_socket(rec)
 
     # -------------------------------------------------------------------------------- env
 
@@ -647,15 +597,6 @@ def _remove_weed_sockets(rec: dict) -> None:
                     sock.unlink()
 
 
-def _remove_socket(rec: dict) -> None:
-    """The Unix socket an adopted helper listened on (it cannot remove it when SIGKILLed)."""
-    sock = rec.get("socket")
-    if sock:
-        with contextlib.suppress(OSError):
-            if Path(sock).is_socket():
-                Path(sock).unlink()
-
-
 # --------------------------------------------------------------------------- module-level API
 
 
@@ -675,7 +616,7 @@ def env(config: LocalServicesConfig | None = None) -> dict[str, str]:
     return LocalServices(config).env()
 
 
-_distinct_free_ports = free_ports  # the name `free_ports` is local_services' flag below
+_distinct_free_ports = free_ports  # the name `free_ports` is a flag of local_services below
 
 
 @contextlib.contextmanager
