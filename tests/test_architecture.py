@@ -42,7 +42,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("train", "eval"),
     # L5 platform integration and the toy world
     ("k8s", "registry", "serving", "serving_model", "promoter", "toy", "capacity", "model_cache",
-     "services", "processes", "torchrun", "torchrun_local"),
+     "services", "seaweedfs", "processes", "torchrun", "torchrun_local"),
     # L6 checks that span stages
     ("preflight",),
     # L7 the command line
