@@ -124,7 +124,7 @@ class Services:
 
 def _need_weed() -> None:
     from chunkgrpo.errors import UserError
-    from chunkgrpo.services import weed_binary
+    from chunkgrpo.seaweedfs import weed_binary
 
     try:
         weed_binary()
