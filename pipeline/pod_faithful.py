@@ -25,7 +25,7 @@ run therefore maps each pod volume's mount path to a local folder (`Layout`):
   with one line naming the path and its bytes (`chunkgrpo pod-faithful: error: ...`).
 
   kfp.local has no public hook around a task's process, and a pod-faithful task needs one: fresh folders
-  per task, an env without the host's variables (kfp.local passes the compiled env on top of its own),
+  per task, an env without the host's variables (kfp.local adds the compiled env to its own process's),
   and the audit once the process has ended. `tasks_as_pods` therefore replaces the one function kfp.local's
   SubprocessRunner starts every task with (`subprocess_task_handler.run_local_subprocess(full_command,
   env_vars)`) by `Layout.run` for the duration of the run, and puts it back afterwards; a plain run
