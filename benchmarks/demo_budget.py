@@ -33,7 +33,7 @@ sys.path.insert(0, str(REPO))
 def evaluate(model: Path, trained: Path | None, seed: int, out: Path) -> dict:
     from chunkgrpo.eval.config import EvalConfig
     from chunkgrpo.eval.runner import run_evaluation
-    from pipeline.local import toy_eval_overrides
+    from pipeline.demos import toy_eval_overrides
 
     over = [*toy_eval_overrides(model), "benchmarks=[geneval]", f"seed={seed}", f"output_dir={out}"]
     over += [f"base_model={model}"] + ([f"model={trained}", "compare_base=false"] if trained else [])
@@ -43,7 +43,7 @@ def evaluate(model: Path, trained: Path | None, seed: int, out: Path) -> dict:
 def train(model: Path, iterations: int, lr: float, seed: int, out: Path) -> float:
     prompts = model / "toy" / "train_prompts.txt"
     from chunkgrpo.torchrun_local import command
-    from pipeline.local import TOY_TRAIN
+    from pipeline.demos import TOY_TRAIN
 
     # the demo's other training overrides (e.g. policy_batch), so a setting is measured as the demo runs it
     extra = [o for o in TOY_TRAIN["train_overrides"] if not o.startswith(("lr=", "max_iterations="))]

@@ -1,17 +1,16 @@
 """The main job's wall time, first and later run, with the per-stage breakdown `pipeline run --local`
-prints, for warm task processes (the default, pipeline/warm.py; `fresh-ranks`: the same with torchrun's
-ranks started fresh, `CHUNKGRPO_FORK_WORKERS=0`), fresh interpreters (`--cold-tasks`), and `kept`: every run
-with `--keep-services`, so a later run finds the S3 and MLflow servers and the task server (torch, mlflow,
-diffusers imported) still running from the run before; they are stopped (`chunkgrpo local down`) at the
-end.
+prints: every task a fresh interpreter started by kfp.local (`fresh`, the default), and `kept`: every
+run with `--keep-services`, so a later run finds the S3 and MLflow servers still running from the run
+before; they are stopped (`chunkgrpo local down`) at the end.
 
-    python benchmarks/main_job.py [--demo toy|tiny] [--modes warm,fresh-ranks,cold] [--runs 2] [--out F.json]
+    python benchmarks/main_job.py [--demo toy|tiny] [--modes fresh,kept] [--runs 2] [--out F.json]
 
 For each mode: a fresh --home, then `--runs` runs of `chunkgrpo pipeline run --local` in it (the first
 run starts from nothing but the shipped toy model; later runs find kfp.local's cache and the base-image
-cache). The modes alternate per run index (warm 1, cold 1, warm 2, cold 2, ...), so a slow spell of a
-shared machine falls on both. Prints each run's wall time (this script's clock, the whole command) and
-its breakdown; `--out` writes them as JSON. Run it on an otherwise idle machine.
+cache). The modes alternate per run index (fresh 1, kept 1, fresh 2, kept 2, ...), so a slow spell of a
+shared machine falls on both. Prints each run's wall time (this script's clock, the whole command), the
+load average before it, and its breakdown; `--out` writes them as JSON. Run it on an otherwise idle
+machine.
 """
 
 import argparse
@@ -24,41 +23,34 @@ import tempfile
 import time
 from pathlib import Path
 
-# mode -> (extra arguments, extra environment): `fresh-ranks` is warm tasks with torchrun's ranks started as
-# fresh interpreters (the forked ranks of chunkgrpo/torchrun_local.py off)
-MODES = {"warm": ([], {}), "fresh-ranks": ([], {"CHUNKGRPO_FORK_WORKERS": "0"}),
-         "cold": (["--cold-tasks"], {}), "kept": (["--keep-services"], {})}
+MODES = {"fresh": [], "kept": ["--keep-services"]}  # mode -> extra arguments of the command
 _STAGE = re.compile(r"^\s{4,}(services|model|pipeline|total|task [\w-]+)\s+([\d.]+) s")
-_PROCS = re.compile(r"task processes\s+(\d+) forked.*?(\d+) fresh")
 _ACCURACY = re.compile(r"(geneval\.overall\.(?:base|trained))=([\d.]+)")
 
 
 def breakdown(output: str) -> dict:
-    """{stage: seconds} and the warm/fresh task counts from the command's summary."""
+    """{stage: seconds} and the held-out accuracies from the command's summary."""
     stages = {m.group(1): float(m.group(2)) for ln in output.splitlines() if (m := _STAGE.match(ln))}
-    procs = _PROCS.search(output)
-    if procs:
-        stages["tasks forked warm"], stages["tasks fresh"] = int(procs.group(1)), int(procs.group(2))
     stages.update({m.group(1): float(m.group(2)) for m in _ACCURACY.finditer(output)})
     return stages
 
 
 def run_once(home: Path, demo: str, mode: str, ports: tuple[int, int]) -> dict:
-    args, env = MODES[mode]
     cmd = [sys.executable, "-m", "chunkgrpo", "pipeline", "run", "--local", "--home", str(home),
-           "--demo", demo, "--s3-port", str(ports[0]), "--mlflow-port", str(ports[1]), *args]
+           "--demo", demo, "--s3-port", str(ports[0]), "--mlflow-port", str(ports[1]), *MODES[mode]]
+    load = os.getloadavg()[0]
     t0 = time.perf_counter()
-    r = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **env})
+    r = subprocess.run(cmd, capture_output=True, text=True)
     wall = time.perf_counter() - t0
     if r.returncode != 0:
         raise SystemExit(f"{mode}: `{' '.join(cmd)}` exited {r.returncode}: {r.stderr.strip()[-500:]}")
-    return {"wall_s": round(wall, 1), **breakdown(r.stdout)}
+    return {"wall_s": round(wall, 1), "load_1min": load, **breakdown(r.stdout)}
 
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--demo", default="toy", choices=["toy", "tiny"])
-    ap.add_argument("--modes", default="warm,cold", help="comma-separated: " + ", ".join(MODES))
+    ap.add_argument("--modes", default="fresh", help="comma-separated: " + ", ".join(MODES))
     ap.add_argument("--runs", type=int, default=2, help="runs per mode in the same home (default 2)")
     ap.add_argument("--out", default="", help="write the results as JSON here")
     args = ap.parse_args(argv)
@@ -72,7 +64,7 @@ def main(argv=None) -> None:
         print(f"main_job: error: --runs {args.runs} must be >= 1", file=sys.stderr)
         raise SystemExit(2)
     results: dict = {m: [] for m in modes}
-    from chunkgrpo.local_processes import free_ports
+    from chunkgrpo.processes import free_ports
 
     free = free_ports(2 * len(modes))  # each mode its own: a kept mode's servers stay up between its runs
     ports = {m: (free[2 * i], free[2 * i + 1]) for i, m in enumerate(modes)}
@@ -86,7 +78,7 @@ def main(argv=None) -> None:
                         f"{k} {v:g}" for k, v in res.items() if k != "wall_s"), flush=True)
         finally:
             for m in modes:
-                if "--keep-services" in MODES[m][0] and (Path(tmp) / m / "local").exists():
+                if "--keep-services" in MODES[m] and (Path(tmp) / m / "local").exists():
                     subprocess.run([sys.executable, "-m", "chunkgrpo", "local", "down", "--home",
                                     str(Path(tmp) / m / "local")], check=False)
     columns = [(m, i) for m in modes for i in range(args.runs)]

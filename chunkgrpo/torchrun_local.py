@@ -7,37 +7,15 @@ to every interface (`::`): anyone who can reach the pod or the workstation can t
 store while training runs. This entry point is torchrun with a static rendezvous on 127.0.0.1 and a free
 port, whose store server is given a listening socket bound to 127.0.0.1 (TCPStore's `master_listen_fd`),
 so nothing listens beyond loopback. Every other torchrun argument is passed through unchanged.
-
-Forked workers (`$CHUNKGRPO_FORK_WORKERS=1`, which `chunkgrpo pipeline run --local` sets for its tasks):
-torchrun starts each worker as a fresh `python -u -m MODULE`, which imports torch, diffusers, transformers,
-peft and mlflow before it trains (about 6 s of CPU per worker and 2 s for torchrun itself on 2 cores; the
-ranks import at once). With the variable, this process imports the worker's modules once (`PRELOAD`,
-imports only: no torch operator runs, so no OpenMP thread team exists to break a fork) and torchrun's own
-agent forks the workers from it (its `start_method="fork"` for a function entrypoint, the mechanism of
-`torchrun --run-path --start-method fork`). Each worker is then what the fresh process would have been:
-its own session (as torchrun's subprocess workers), torchrun's per-rank environment, `sys.argv` and
-`__main__` as `python -m` sets them, line-buffered output (`-u`), and the interpreter's exit (non-daemon
-threads joined, atexit handlers run, the exit code of `SystemExit`). The preloaded imports read none of
-torchrun's per-rank variables (tests/integration/test_torchrun_fork.py records them), and training gives
-bit-identical weights either way (same test). Not on a machine with an NVIDIA device (`/dev/nvidia*`): an
-import that asks CUDA whether a GPU is there initialises it in the parent, and a forked child then cannot
-use it. Not for a script path or `--no-python`, and not on a cluster pod (the compiled pipeline does not
-set the variable).
 """
 
 from __future__ import annotations
 
-import os
 import socket
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 HOST = "127.0.0.1"
-ENV_FORK = "CHUNKGRPO_FORK_WORKERS"
-# what a `chunkgrpo.train` worker imports before it trains (load_flux imports the FLUX pipeline lazily)
-PRELOAD = ("chunkgrpo.cli", "chunkgrpo.commands.train", "chunkgrpo.train.trainer",
-           "diffusers.pipelines.flux.pipeline_flux", "peft", "mlflow")
 
 
 def _free_port() -> int:
@@ -75,61 +53,6 @@ def _loopback_store() -> None:
     rdzv.TCPStore = store
 
 
-def set_process_name(name: str) -> None:
-    """The name `ps`, `top` and psutil show for this process (Linux: /proc/self/comm, 15 characters): a
-    forked rank keeps the command line of the process it was forked from (torchrun's agent names its own
-    process `pt_elastic`)."""
-    try:
-        Path("/proc/self/comm").write_text(name[:15])
-    except OSError:
-        pass
-
-
-def fork_workers(environ=None) -> bool:
-    """Whether workers are forked from this process: asked for (`$CHUNKGRPO_FORK_WORKERS=1`) and no NVIDIA
-    device on the machine."""
-    env = os.environ if environ is None else environ
-    return env.get(ENV_FORK, "") == "1" and not any(Path("/dev").glob("nvidia[0-9]*"))
-
-
-def _worker(module: str, *argv: str) -> None:
-    """One rank, in a child forked by torchrun's agent: `python -u -m module argv` as a fresh interpreter
-    would run it, ending as the interpreter ends (threads joined, atexit handlers, SystemExit's code)."""
-    import runpy
-
-    from chunkgrpo.local_processes import interpreter_teardown
-
-    os.setsid()  # its own session, as torchrun's subprocess workers (a terminal's Ctrl-C goes to the agent)
-    set_process_name(f"{module.rsplit('.', 1)[-1]}-rank{os.environ.get('RANK', '')}")
-    for stream in (sys.stdout, sys.stderr):
-        stream.reconfigure(line_buffering=True)  # `-u`: the task log gets each line as it is written
-    sys.argv = [module, *argv]  # run_module(alter_sys=True) replaces argv[0] with the module's file
-    try:  # an exception goes on to torchrun's error file and exit code, as from a fresh `python -m`
-        runpy.run_module(module, run_name="__main__", alter_sys=True)
-    finally:
-        interpreter_teardown()
-
-
-def _forking(config_from_args):
-    """torchrun's `config_from_args`, changed to start `-m MODULE` workers by forking this process after
-    `PRELOAD` (everything else of torchrun's `run` is unchanged: rendezvous, agent, restarts, signals)."""
-
-    def config(args):
-        import importlib
-
-        cfg, cmd, cmd_args = config_from_args(args)  # sets OMP_NUM_THREADS=1 for > 1 rank before the imports
-        if not (args.module and isinstance(cmd, str) and args.training_script in cmd_args):
-            return cfg, cmd, cmd_args
-        for name in PRELOAD:
-            importlib.import_module(name)
-        cfg.start_method = "fork"
-        sys.stdout.flush()
-        sys.stderr.flush()
-        return cfg, _worker, cmd_args[cmd_args.index(args.training_script):]
-
-    return config
-
-
 def main(argv: Sequence[str] | None = None) -> None:
     from chunkgrpo import threads
 
@@ -137,8 +60,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     from torch.distributed import run as torchrun
 
     _loopback_store()
-    if fork_workers():
-        torchrun.config_from_args = _forking(torchrun.config_from_args)
     torchrun.main(list(sys.argv[1:] if argv is None else argv))
 
 

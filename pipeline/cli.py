@@ -28,7 +28,7 @@ import tempfile
 from pathlib import Path
 
 from pipeline.compile import KFP_TARGETS
-from pipeline.local import DEMOS
+from pipeline.demos import DEMOS
 
 NAME = "pipeline"
 HELP = "Kubeflow pipelines: compile | upload | run [--local] | schedule (nightly benchmark)"
@@ -225,7 +225,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--home", default=".chunkgrpo", help="--local: state dir (services, models, kfp outputs)")
     p.add_argument(
         "--keep-services", action="store_true",
-        help="--local: leave S3 + MLflow and the warm task server running afterwards, for the next run "
+        help="--local: leave S3 + MLflow running afterwards, for the next run and for browsing MLflow "
              "(`chunkgrpo local down` stops them)"
     )
     p.add_argument(
@@ -240,12 +240,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="--local: run every task with its pod's compiled env in fresh folders for its volumes and "
         "fail a task that writes outside them or beyond their sizeLimits scaled to the local model",
-    )
-    p.add_argument(
-        "--cold-tasks",
-        action="store_true",
-        help="--local: start every task in a fresh interpreter (default: forked from a server that has "
-        "imported torch and mlflow once, pipeline/warm.py; a --pod-faithful run is always cold)",
     )
     p.add_argument(
         "-v",
@@ -332,13 +326,15 @@ def _caching(args) -> bool | None:
 def _cmd_run(args) -> int:
     params = parse_params(args.param)
     if args.local:
-        from pipeline.local import TaskFailed, run_local, summary_lines
+        from pipeline.local_run import run_local
+        from pipeline.summary import summary_lines
+        from pipeline.task_log import TaskFailed
 
         try:
             r = run_local(args.pipeline, params, home=args.home, keep_services=args.keep_services,
                           s3_port=args.s3_port, mlflow_port=args.mlflow_port, verbose=args.verbose,
                           demo=args.demo, pod_faithful=getattr(args, "pod_faithful", False),
-                          enable_caching=_caching(args), warm=not getattr(args, "cold_tasks", False))
+                          enable_caching=_caching(args))
         except TaskFailed as e:  # one line: task, reason, log path; 2 = bad input, 1 = internal failure
             print(f"chunkgrpo pipeline: error: {e}", file=sys.stderr)
             return 2 if e.user_error else 1

@@ -4,8 +4,9 @@ kfp.local passes a task's compiled container env to its subprocess but ignores t
 `/cache/...` paths (components/k8s.py `STEP_ENV`) would point at the local root filesystem. Every local
 run therefore maps each pod volume's mount path to a local folder (`Layout`):
 
-* plain `--local`: one shared folder per volume under `<home>/pod-volumes/` (a warm cache between
-  tasks and runs, like a PVC);
+* plain `--local`: one shared folder per volume under `<home>/pod-volumes/` (a cache kept between
+  tasks and runs, like a PVC), written into each task's env in the pipeline's compiled spec, from which
+  kfp.local reads it (`map_volumes`);
 * `--pod-faithful` (`run_local(pod_faithful=True)`): each task gets fresh, empty folders (an emptyDir
   starts empty), `/tmp` and `$HOME` (the container's writable layer) map to `<task>/tmp`, the env is
   exactly the compiled one (host-only variables such as CHUNKGRPO_CACHE, TMPDIR, HF_HOME, XDG_* are
@@ -23,6 +24,13 @@ run therefore maps each pod volume's mount path to a local folder (`Layout`):
   `MIN_LIMIT` for the model-independent bits (logs, MLflow, prompt files). A breach fails the task
   with one line naming the path and its bytes (`chunkgrpo pod-faithful: error: ...`).
 
+  kfp.local has no public hook around a task's process, and a pod-faithful task needs one: fresh folders
+  per task, an env without the host's variables (kfp.local adds the compiled env to its own process's),
+  and the audit once the process has ended. `tasks_as_pods` therefore replaces the one function kfp.local's
+  SubprocessRunner starts every task with (`subprocess_task_handler.run_local_subprocess(full_command,
+  env_vars)`) by `Layout.run` for the duration of the run, and puts it back afterwards; a plain run
+  leaves kfp.local as it is.
+
 Limits: without root there is no private mount namespace, so the check is an audit, not an
 enforcement; writes from native code that bypass Python's `open`/`os` (e.g. safetensors' Rust
 writer) are seen only through the volume sizes, and sizes are measured when the task ends
@@ -31,6 +39,7 @@ writer) are seen only through the volume sizes, and sizes are measured when the 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -243,13 +252,12 @@ class Layout:
         return [m for _, m in sorted(problems, key=lambda t: -t[0])]
 
     def run(self, original, full_command: list[str], env_vars: dict | None = None) -> int:
-        """The kfp.local subprocess runner, with the task's volumes mapped (and audited when faithful)."""
+        """kfp.local's task subprocess (`original`) as its pod: fresh volume folders, the exact compiled
+        env, the audit afterwards (a breach fails the task)."""
         fn = function_of(full_command)
         if fn not in self.specs:
             return original(full_command=full_command, env_vars=env_vars)
         dirs = self.task_dirs(fn)
-        if not self.faithful:
-            return original(full_command=full_command, env_vars={**(env_vars or {}), **self.env(fn, dirs)})
         base = next(iter(dirs.values())).parent
         hook_dir = base / ".audit-hook"
         hook_dir.mkdir(parents=True, exist_ok=True)
@@ -315,6 +323,42 @@ def layout_for(pipeline: str, func, home: Path, *, faithful: bool, model_dir: Pa
     runs = pods / f"run-{os.getpid()}-{len(list(pods.glob('run-*'))) if pods.exists() else 0}"
     return Layout(runs, specs, faithful=True, limits=scaled_limits(specs, scale), scale=scale,
                   allow=tuple(str(a) for a in allow))
+
+
+def map_volumes(func, layout: Layout) -> int:
+    """Point every pod volume's mount path in the tasks' compiled env at its local folder (`layout`, a plain
+    run's: one shared folder per volume, created here), in place in the pipeline function's compiled spec,
+    whose executors are what kfp.local starts each task with. Returns how many env values changed."""
+    changed = 0
+    executors = func.pipeline_spec.deployment_spec["executors"]
+    for label in executors.keys():
+        container = executors[label]["container"]
+        fn = function_of(list(container["args"]) if "args" in container else [])
+        if fn not in layout.specs or "env" not in container:
+            continue
+        mapped = layout.env(fn, layout.task_dirs(fn))
+        for item in container["env"]:
+            value = mapped.get(item["name"])
+            if value is not None and value != item["value"]:
+                item["value"] = value
+                changed += 1
+    return changed
+
+
+@contextlib.contextmanager
+def tasks_as_pods(layout: Layout):
+    """While open, kfp.local runs every task through `layout.run` (a pod-faithful layout; see the module
+    docstring for why this is the one hook into kfp.local); afterwards the report is written."""
+    from kfp.local import subprocess_task_handler as handler
+
+    original = handler.run_local_subprocess
+    handler.run_local_subprocess = lambda full_command, env_vars=None: layout.run(
+        original, full_command, env_vars)
+    try:
+        yield layout
+    finally:
+        handler.run_local_subprocess = original
+        write_report(layout)
 
 
 def write_report(layout: Layout) -> Path | None:

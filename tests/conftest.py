@@ -47,7 +47,7 @@ def _mlflow_http_env_restored():
     os.environ.update(before)
 
 
-# The longest files (seconds of one xdist worker on 2 idle cores, `benchmarks/test_suite_time.py`, stop 32),
+# The longest files (seconds of one xdist worker on 2 idle cores, `benchmarks/test_suite_time.py`),
 # longest first. README's command runs files on 2 workers in collection order (`--dist loadfile
 # --no-loadscope-reorder`): starting these first keeps one worker from running a 5-minute file alone at the
 # end. (xdist's default order, most tests first, put them last: they have few tests each.)
@@ -59,7 +59,6 @@ LONG_FILES_FIRST = (
     "tests/integration/test_availability.py",  # 109 s
     "tests/pipeline/test_local_errors.py",  # 87 s
     "tests/integration/test_session_interrupt.py",  # 84 s
-    "tests/integration/test_torchrun_fork.py",  # 82 s (alone, stop 35)
     "tests/pipeline/test_kfp_versions.py",  # 74 s
     "tests/unit/scoring/test_worker.py",  # 66 s
     "tests/integration/test_evaluate_tracking_outage.py",  # 66 s

@@ -113,7 +113,7 @@ class Services:
     home: Path
     env: dict[str, str]
     store_config: object  # chunkgrpo.store.client.StoreConfig
-    local: object         # chunkgrpo.local_services.LocalServices
+    local: object         # chunkgrpo.services.LocalServices
 
     @property
     def tracking_uri(self) -> str:
@@ -122,7 +122,7 @@ class Services:
 
 def _need_weed() -> None:
     from chunkgrpo.errors import UserError
-    from chunkgrpo.local_services import weed_binary
+    from chunkgrpo.seaweedfs import weed_binary
 
     try:
         weed_binary()
@@ -134,7 +134,7 @@ def _need_weed() -> None:
 def services(tmp_path_factory):
     """Real weed mini + mlflow server on free 127.0.0.1 ports, for the whole session."""
     _need_weed()
-    from chunkgrpo.local_services import local_services
+    from chunkgrpo.services import local_services
 
     home = tmp_path_factory.mktemp("chunkgrpo-services")
     with local_services(home) as svc:
@@ -156,7 +156,7 @@ def services_env(services, monkeypatch):
 def services_stopped_after(home: str | Path, s3_port: int, mlflow_port: int):
     """The `LocalServices` a pipeline command records under `home` (its `<home>/local`), stopped when the
     block is left in any way (also by an exception, a pytest-timeout or KeyboardInterrupt) and at exit."""
-    from chunkgrpo.local_services import LocalServices, LocalServicesConfig
+    from chunkgrpo.services import LocalServices, LocalServicesConfig
 
     svc = LocalServices(LocalServicesConfig(home=str(home), s3_port=s3_port, mlflow_port=mlflow_port))
     atexit.register(svc.down)
@@ -172,7 +172,7 @@ def kill_service(svc, name: str) -> None:
     free."""
     import time
 
-    from chunkgrpo.local_processes import port_in_use
+    from chunkgrpo.processes import port_in_use
 
     st = svc.status()[name]
     os.killpg(st.pid, signal.SIGKILL)

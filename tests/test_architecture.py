@@ -50,7 +50,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("train", "eval"),
     # L5 platform integration and the toy world
     ("k8s", "registry", "served_model", "served_model_entry", "promoter", "toy", "capacity", "model_cache",
-     "local_services", "local_processes", "torchrun", "torchrun_local"),
+     "services", "seaweedfs", "processes", "torchrun", "torchrun_local"),
     # L6 checks that span stages
     ("preflight",),
     # L7 the pipeline's steps as plain functions (components and commands call them)
@@ -237,7 +237,7 @@ def test_large_modules_state_why(project):
 def test_the_graph_holds_the_three_packages_without_their_tests(project):
     tops = {_top(m) for m in project.modules}
     assert tops == set(PACKAGES)
-    assert "pipeline.local" in project.modules and "components.train.component" in project.modules
+    assert "pipeline.local_run" in project.modules and "components.train.component" in project.modules
     assert not [m for m in project.modules if ".tests" in m or m.endswith("conftest")]
 
 

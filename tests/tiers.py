@@ -9,7 +9,7 @@ without the marker fails at once, before anything starts, when
 
 * it asks for a fixture that starts servers or a kfp.local runner (`SERVICE_FIXTURES`), or
 * it launches one of those processes itself (`launch_kind` of the command line, checked in
-  `subprocess.Popen` and in the forking torchrun launcher of `chunkgrpo.torchrun`).
+  `subprocess.Popen`, through which torchrun, the servers and kfp.local tasks all start).
 """
 
 from __future__ import annotations
@@ -74,15 +74,6 @@ def _guarded_popen_init(self, args, *a, **k):
 
 def pytest_configure(config):
     subprocess.Popen.__init__ = _guarded_popen_init
-    from chunkgrpo import torchrun
-
-    fork_launcher = torchrun._fork_launcher
-
-    def guarded_fork_launcher(cmd, env):
-        check_launch(cmd)
-        return fork_launcher(cmd, env)
-
-    torchrun._fork_launcher = guarded_fork_launcher
 
 
 def pytest_unconfigure(config):

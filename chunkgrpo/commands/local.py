@@ -3,8 +3,8 @@
     chunkgrpo local up        start (or reuse) both, wait for health, record PIDs
     chunkgrpo local status    running / unhealthy / crashed / stopped per service (exit 1 unless all fine)
     chunkgrpo local env       `export ...` lines for the other stages: eval "$(chunkgrpo local env)"
-    chunkgrpo local down      stop exactly the recorded processes (also the task server a
-                              `pipeline run --local --keep-services` kept for the next run)
+    chunkgrpo local down      stop exactly the recorded processes (also the servers a
+                              `pipeline run --local --keep-services` left running)
 
 State lives in $CHUNKGRPO_HOME (default ./.chunkgrpo/local). Everything binds 127.0.0.1.
 """
@@ -34,7 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from chunkgrpo.local_services import LocalServices, LocalServicesConfig
+    from chunkgrpo.services import LocalServices, LocalServicesConfig
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     cfg = LocalServicesConfig(home=args.home, s3_port=args.s3_port, mlflow_port=args.mlflow_port,

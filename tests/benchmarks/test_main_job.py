@@ -1,5 +1,5 @@
-"""benchmarks/main_job.py: it reads the breakdown `pipeline run --local` prints (local.stage_lines and the
-task-process line of summary_lines), and bad arguments exit 2 naming the value."""
+"""benchmarks/main_job.py: it reads the breakdown `pipeline run --local` prints (summary.stage_lines and the
+held-out accuracies of summary_lines), and bad arguments exit 2 naming the value."""
 
 import pytest
 
@@ -12,18 +12,15 @@ def main_job():
 
 
 def test_the_breakdown_the_command_prints_is_read_back(main_job):
-    from pipeline.local import stage_lines
+    from pipeline.summary import stage_lines
 
     stages = {"services": 8.4, "model": 0.3, "pipeline": 79.8, "task preflight": 9.8, "task open-run": 0.5,
               "task check-gate": 0.6, "total": 89.7}
     text = "\n".join([*stage_lines(stages),
-                      "  task processes   7 forked from a warm server (torch, mlflow imported once), "
-                      "0 fresh interpreter(s)",
                       "    metrics        geneval.colors.base=0.2812, geneval.overall.base=0.1606, "
                       "geneval.overall.trained=0.316"])
     got = main_job.breakdown(text)
-    assert got == {**stages, "tasks forked warm": 7, "tasks fresh": 0, "geneval.overall.base": 0.1606,
-                   "geneval.overall.trained": 0.316}
+    assert got == {**stages, "geneval.overall.base": 0.1606, "geneval.overall.trained": 0.316}
 
 
 @pytest.mark.parametrize("args, word", [(["--modes", "hot"], "'hot'"), (["--runs", "0"], "--runs 0")])

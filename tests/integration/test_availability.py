@@ -18,8 +18,8 @@ import time
 
 import pytest
 
-from chunkgrpo.local_processes import free_port
-from chunkgrpo.local_services import local_services
+from chunkgrpo.processes import free_port
+from chunkgrpo.services import local_services
 from chunkgrpo.train import checkpoint_format as ckpt
 from chunkgrpo.train.config import TrainConfig
 from chunkgrpo.train.trainer import Trainer, run_training

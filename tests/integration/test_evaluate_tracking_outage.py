@@ -1,5 +1,5 @@
 """`chunkgrpo evaluate` with MLflow unreachable or killed mid-generation (issue 24 item 6), against real
-servers this test starts and stops itself (SeaweedFS S3 + MLflow, `chunkgrpo.local_services`).
+servers this test starts and stops itself (SeaweedFS S3 + MLflow, `chunkgrpo.services`).
 
 The evaluation computes, writes metrics.json and uploads the results to S3 first; MLflow is fed from a
 background thread and gets a bounded time at the end: a dead server costs seconds, not minutes (it used
@@ -20,8 +20,8 @@ import pytest
 from chunkgrpo.eval import runner
 from chunkgrpo.eval.config import EvalConfig
 from chunkgrpo.eval.runner import run_evaluation
-from chunkgrpo.local_processes import free_port
-from chunkgrpo.local_services import local_services
+from chunkgrpo.processes import free_port
+from chunkgrpo.services import local_services
 from tests.fixtures_services import kill_service
 
 pytestmark = pytest.mark.integration

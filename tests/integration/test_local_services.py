@@ -15,8 +15,8 @@ import pytest
 
 from chunkgrpo.cli import main
 from chunkgrpo.errors import UserError
-from chunkgrpo.local_processes import free_ports
-from chunkgrpo.local_services import LocalServices, LocalServicesConfig
+from chunkgrpo.processes import free_ports
+from chunkgrpo.services import LocalServices, LocalServicesConfig
 
 pytestmark = pytest.mark.integration
 
@@ -158,7 +158,7 @@ def _holding(taken: int, calls: int):
 def test_weed_started_again_when_another_process_took_one_of_its_ports(tmp_path, monkeypatch, caplog):
     """The internal ports are picked free, then weed binds them; a process that binds one in between made
     weed die at start ("bind: address already in use") and `up` fail. It is started again on new ports."""
-    import chunkgrpo.local_services as LS
+    import chunkgrpo.services as LS
 
     with socket.socket() as thief:
         thief.bind(("127.0.0.1", 0))
@@ -169,7 +169,7 @@ def test_weed_started_again_when_another_process_took_one_of_its_ports(tmp_path,
         (s3_port,) = free_ports(1)
         svc = LocalServices(LocalServicesConfig(home=str(tmp_path), s3_port=s3_port, mlflow=False))
         try:
-            with caplog.at_level("WARNING", logger="chunkgrpo.local_services"):
+            with caplog.at_level("WARNING", logger="chunkgrpo.services"):
                 svc.up()
             assert svc.status()["s3"].state == "running"
             state = json.loads((tmp_path / "state.json").read_text())["services"]["s3"]
@@ -196,18 +196,18 @@ def test_weed_started_again_when_another_process_took_one_of_its_ports(tmp_path,
 def test_taken_port_is_read_from_this_starts_log_lines_only(tmp_path):
     """Both ways weed reports a taken port (its own check; the bind after it), only for its internal ports
     and only in the lines of the latest start."""
-    from chunkgrpo.local_services import _taken_internal_port
+    from chunkgrpo.seaweedfs import taken_internal_port
 
     log = tmp_path / "weed.log"
     rec = {"log": str(log), "internal_ports": {"master.port": 40001, "filer.port.grpc": 40002}}
     log.write_text("\n---- start 1\nF1127 filer.go:461 failed to listen on grpc port 40002: listen tcp "
                    "127.0.0.1:40002: bind: address already in use\n")
-    assert _taken_internal_port(rec) == 40002
+    assert taken_internal_port(rec) == 40002
     log.write_text(log.read_text() + "\n---- start 2\nE1127 mini.go:1244 Port allocation failed: port 40001 "
                    "for Master (specified by flag master.port) is not available on 127.0.0.1\n")
-    assert _taken_internal_port(rec) == 40001
+    assert taken_internal_port(rec) == 40001
     log.write_text(log.read_text() + "\n---- start 3\nlisten tcp 127.0.0.1:9000: bind: address already "
                    "in use\n")
-    assert _taken_internal_port(rec) is None  # the user's S3 port, not an internal one: no retry
+    assert taken_internal_port(rec) is None  # the user's S3 port, not an internal one: no retry
     log.write_text(log.read_text() + "\n---- start 4\npanic: something else\n")
-    assert _taken_internal_port(rec) is None
+    assert taken_internal_port(rec) is None

@@ -86,7 +86,7 @@ class CountingProxy:
 
 
 def test_two_ranks_download_the_s3_model_once(services, tiny_model_dir, tmp_path):
-    from chunkgrpo.local_processes import free_ports
+    from chunkgrpo.processes import free_ports
     from chunkgrpo.store.client import ArtifactStore
     from chunkgrpo.store.manifest import MANIFEST_NAME
 

@@ -26,8 +26,8 @@ pytestmark = pytest.mark.integration  # starts a SeaweedFS of its own
 def own_s3(tmp_path, monkeypatch):
     """A SeaweedFS only this test uses (it is stopped, frozen or killed here); always stopped at the end."""
     _need_weed()
-    from chunkgrpo.local_processes import free_port
-    from chunkgrpo.local_services import LocalServices, LocalServicesConfig
+    from chunkgrpo.processes import free_port
+    from chunkgrpo.services import LocalServices, LocalServicesConfig
 
     svc = LocalServices(LocalServicesConfig(home=str(tmp_path / "svc"), s3_port=free_port(), mlflow=False))
     svc.up()

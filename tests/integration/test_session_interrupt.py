@@ -59,7 +59,7 @@ def test_sigterm_to_an_xdist_session_stops_every_workers_servers(tmp_path, to):
     workers at once, so each worker also gets the controller's SIGTERM while it unwinds."""
     from xdist.workermanage import NodeManager
 
-    from chunkgrpo.local_processes import port_in_use
+    from chunkgrpo.processes import port_in_use
 
     session = tmp_path / "session"
     marks = tmp_path / "marks"

@@ -150,7 +150,7 @@ def test_wrong_credentials_give_a_clear_error(services):
 
 def test_server_restarted_midway_is_retried(tmp_path, caplog):
     """Stop the S3 server, start it again a moment later: the operations in between retry and succeed."""
-    from chunkgrpo.local_services import local_services
+    from chunkgrpo.services import local_services
 
     with local_services(tmp_path / "home", mlflow=False) as svc:
         cfg = dataclasses.replace(svc.store_config(), part_size_mb=5, backoff_s=0.5, max_backoff_s=2.0,

@@ -32,7 +32,7 @@ def runs() -> dict:
 def test_pipeline_trains_each_branching_method(services, tmp_path, method, runs):
     from chunkgrpo.store.client import ArtifactStore
     from chunkgrpo.store.manifest import read_pointer
-    from pipeline.local import run_local
+    from pipeline.local_run import run_local
 
     params = _params(method)
     r = run_local("train_and_evaluate", params, home=tmp_path, services_env=services.env, demo="tiny")
@@ -55,9 +55,10 @@ def test_pipeline_trains_each_branching_method(services, tmp_path, method, runs)
 
 
 def test_a_second_run_takes_profile_and_plan_from_the_cache(services, tmp_path, runs):
-    """kfp.local's task cache in `run_local` (pipeline/local.py): the same parameters in the same home
+    """kfp.local's task cache in `run_local` (pipeline/local_run.py): the same parameters in the same home
     again take profile and plan (compiled with caching on) from the first run; every other task runs."""
-    from pipeline.local import run_local, summary_lines
+    from pipeline.local_run import run_local
+    from pipeline.summary import summary_lines
 
     if "tempflow" not in runs:  # the first run's test was deselected: make the first run here
         params = _params("tempflow")

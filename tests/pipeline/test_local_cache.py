@@ -15,7 +15,7 @@ def _touch_later(path):
 
 
 def test_fingerprint_follows_the_files_behind_paths_and_the_code(tmp_path):
-    from pipeline.local import cache_fingerprint
+    from pipeline.kfp_tasks import cache_fingerprint
 
     code = tmp_path / "code"
     code.mkdir()
@@ -49,7 +49,7 @@ def test_cached_outputs_are_read_from_kfps_cache_entry(tmp_path):
     from kfp import dsl
     from kfp.local.cache import LocalCache
 
-    from pipeline.local import cached_outputs
+    from pipeline.kfp_tasks import cached_outputs
 
     uri = tmp_path / "profile_json"
     uri.write_text("{}")
@@ -65,7 +65,7 @@ def test_cached_outputs_are_read_from_kfps_cache_entry(tmp_path):
 
 def test_caching_switch_sets_every_task_or_keeps_the_compiled_settings():
     from pipeline.compile import pipeline_func
-    from pipeline.local import pipeline_tasks, set_caching
+    from pipeline.kfp_tasks import pipeline_tasks, set_caching
 
     def settings(func):
         return {n: t.caching_options.enable_cache for n, t in pipeline_tasks(func).items()}
@@ -79,10 +79,10 @@ def test_caching_switch_sets_every_task_or_keeps_the_compiled_settings():
 
 
 def test_console_shows_a_cache_hit_as_one_line():
-    from pipeline.local import _ConsoleLog
+    from pipeline.task_log import ConsoleLog
 
     log, console = io.StringIO(), io.StringIO()
-    out = _ConsoleLog(log, console)
+    out = ConsoleLog(log, console)
     out.write("15:00:00.000 - INFO - Task profile cache hit (key=0123456789ab); skipping execution.\n")
     assert out.cached == {"profile": "0123456789ab"} and out.took == {"profile": 0.0}
     assert console.getvalue() == "  profile: cached (an earlier run's outputs, same inputs)\n"
@@ -97,7 +97,7 @@ def test_a_local_model_goes_to_s3_once_per_content(services_env, tiny_model_dir)
     """`--pod-faithful` uploads the local model for its pods: the same files twice are one upload under one
     name (the name once held the manifest's creation time: every run uploaded it again)."""
     from chunkgrpo.store.client import ArtifactStore
-    from pipeline.local import model_to_s3
+    from pipeline.demos import model_to_s3
 
     first = model_to_s3(tiny_model_dir, services_env.env)
     created = ArtifactStore().read_manifest(first).created

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from chunkgrpo import errors
-from pipeline.local import TaskFailed, task_failure
+from pipeline.task_log import TaskFailed, task_failure
 
 LOG = Path("/tmp/x.log")
 
@@ -80,13 +80,13 @@ def test_internal_failure_reports_the_last_exception_line():
 
 def test_cli_maps_user_errors_to_2_and_internal_failures_to_1(monkeypatch, capsys):
     import pipeline.cli as cli
-    import pipeline.local as local
+    import pipeline.local_run as local_run
 
     for user_error, rc in ((True, 2), (False, 1)):
         def fail(*a, user_error=user_error, **kw):
             raise TaskFailed("train_and_evaluate", "evaluate", "the reason", user_error, LOG)
 
-        monkeypatch.setattr(local, "run_local", fail)
+        monkeypatch.setattr(local_run, "run_local", fail)
         args = argparse.Namespace(
             action="run",
             local=True,
@@ -129,7 +129,7 @@ def _env():
 
 @pytest.mark.integration
 def test_torchrun_user_error_is_printed_once_by_rank_0(tiny_model_dir, tmp_path):
-    from chunkgrpo.local_processes import free_port
+    from chunkgrpo.processes import free_port
 
     prompts = tmp_path / "p.txt"
     prompts.write_text("a cat\na dog\n")
@@ -165,7 +165,7 @@ def test_torchrun_user_error_is_printed_once_by_rank_0(tiny_model_dir, tmp_path)
 @pytest.mark.integration
 def test_torchrun_failure_in_a_task_becomes_the_tasks_user_error(tiny_model_dir, tmp_path):
     from chunkgrpo.errors import UserError
-    from chunkgrpo.local_processes import free_port
+    from chunkgrpo.processes import free_port
     from chunkgrpo.torchrun import run_torchrun
 
     cmd = [
@@ -193,7 +193,7 @@ def test_torchrun_failure_in_a_task_becomes_the_tasks_user_error(tiny_model_dir,
 def test_pipeline_run_with_a_bad_parameter_is_one_line_exit_2(tmp_path):
     """The CLI end to end with its own services: `max_iterations=-1` fails the train task (inside
     torchrun)."""
-    from chunkgrpo.local_processes import free_ports
+    from chunkgrpo.processes import free_ports
 
     s3, mlflow = free_ports(2)
     r = subprocess.run(
@@ -239,7 +239,7 @@ def test_pipeline_run_with_a_bad_parameter_is_one_line_exit_2(tmp_path):
 
 @pytest.mark.integration
 def test_missing_prompts_file_fails_the_preflight(services, tmp_path):
-    from pipeline.local import run_local
+    from pipeline.local_run import run_local
 
     with pytest.raises(TaskFailed) as e:
         run_local("train_and_evaluate", {"prompts": str(tmp_path / "no-such-prompts.txt"), "model_name": "x"},
@@ -257,7 +257,7 @@ def test_missing_prompts_file_fails_the_preflight(services, tmp_path):
 
 def test_bad_parameter_names_and_types_fail_before_anything_starts(tmp_path):
     from chunkgrpo.errors import UserError
-    from pipeline.local import run_local
+    from pipeline.local_run import run_local
 
     for params, match in (({"max_stepz": 3}, "unknown pipeline parameter 'max_stepz'"),
                           ({"max_iterations": "abc"}, r"-p max_iterations='abc': expected integer, got str"),

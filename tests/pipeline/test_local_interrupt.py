@@ -59,7 +59,7 @@ def _tree(pid: int) -> list:
 
 
 def _ranks(pid: int) -> list[str]:
-    """The torchrun ranks under `pid`: fresh (`-m chunkgrpo.train`) or forked (named `train-rankN`)."""
+    """The torchrun ranks under `pid` (`python -u -m chunkgrpo.train ...`)."""
     import psutil
 
     found = []
@@ -68,7 +68,7 @@ def _ranks(pid: int) -> list[str]:
             cmd, name = " ".join(p.cmdline()), p.name()
         except psutil.Error:
             continue
-        if "-m chunkgrpo.train" in cmd or name.startswith("train-rank"):
+        if "-m chunkgrpo.train" in cmd:
             found.append(f"{p.pid} {name} {cmd[:80]}")
     return found
 
@@ -87,8 +87,8 @@ def _alive(procs: list) -> list[str]:
 
 
 def test_sigterm_stops_the_running_task_and_the_services_like_ctrl_c(tmp_path):
-    from chunkgrpo.local_processes import free_ports
-    from chunkgrpo.local_services import LocalServices, LocalServicesConfig
+    from chunkgrpo.processes import free_ports
+    from chunkgrpo.services import LocalServices, LocalServicesConfig
 
     s3, mlflow = free_ports(2)
     home = tmp_path / "h"
@@ -100,7 +100,7 @@ def test_sigterm_stops_the_running_task_and_the_services_like_ctrl_c(tmp_path):
         # killed while training: the kfp.local task and its torchrun workers are running
         _wait_for(lambda: "  train ..." in out.read_text() or proc.poll() is not None, 900, "the train task")
         assert proc.poll() is None, (out.read_text()[-2000:], err.read_text()[-2000:])
-        # the train task's two torchrun ranks (a local run forks them from their launcher, `train-rankN`)
+        # the train task's two torchrun ranks
         _wait_for(lambda: len(_ranks(proc.pid)) == 2 or proc.poll() is not None, 300, "the torchrun ranks")
         assert proc.poll() is None, ("ended before the ranks were seen", out.read_text()[-2000:])
         tree = _tree(proc.pid)
@@ -128,7 +128,7 @@ class _FixtureTimeout(Exception):
 def test_a_fixture_whose_pipeline_times_out_leaves_no_server_behind(tmp_path):
     import psutil
 
-    from chunkgrpo.local_processes import free_ports
+    from chunkgrpo.processes import free_ports
 
     s3, mlflow = free_ports(2)
     home = tmp_path / "h"

@@ -49,7 +49,7 @@ def _clean_env() -> dict:
 
 @pytest.fixture(scope="module")
 def clone_run(tmp_path_factory):
-    from chunkgrpo.local_processes import free_ports
+    from chunkgrpo.processes import free_ports
 
     clone = export_repo(tmp_path_factory.mktemp("user"))
     assert not (clone.parent / "shared").exists() and not (clone / "data").exists()
@@ -83,7 +83,8 @@ def test_main_job_from_a_clone_succeeds_and_promotes(clone_run):
 
     from chunkgrpo.store.client import ArtifactStore
     from chunkgrpo.store.manifest import read_pointer
-    from pipeline.local import TOY_TRAIN, read_task_outputs
+    from pipeline.demos import TOY_TRAIN
+    from pipeline.kfp_tasks import read_task_outputs
 
     clone, r = clone_run["clone"], clone_run["result"]
     assert r.returncode == 0, (r.stdout[-4000:], r.stderr[-4000:])
@@ -171,7 +172,8 @@ def test_trained_beats_base_by_more_than_the_base_seed_spread(clone_run, tmp_pat
     seed-to-seed spread (the base evaluated with the pipeline's seed and two other seeds)."""
     from chunkgrpo.eval.config import EvalConfig
     from chunkgrpo.eval.runner import run_evaluation
-    from pipeline.local import read_task_outputs, toy_eval_overrides
+    from pipeline.demos import toy_eval_overrides
+    from pipeline.kfp_tasks import read_task_outputs
 
     clone, r = clone_run["clone"], clone_run["result"]
     if r.returncode != 0:
@@ -225,7 +227,8 @@ def test_the_pretrained_base_beats_the_random_init_model(clone_run, tmp_path):
 def test_nightly_benchmark_on_the_champion(clone_run):
     from mlflow import MlflowClient
 
-    from pipeline.local import TOY_NIGHTLY, read_task_outputs
+    from pipeline.demos import TOY_NIGHTLY
+    from pipeline.kfp_tasks import read_task_outputs
 
     clone = clone_run["clone"]
     if clone_run["result"].returncode != 0:

@@ -21,7 +21,7 @@ PARAMS = {"max_iterations": 2, "profile_prompts": 2, "eval_num_prompts": 2}
 
 
 def _run(services, home, **kw):
-    from pipeline.local import run_local
+    from pipeline.local_run import run_local
 
     return run_local("train_and_evaluate", {**PARAMS, "model_name": f"pf-{uuid.uuid4().hex[:6]}"}, home=home,
                      services_env=services.env, demo="tiny", **kw)
@@ -32,7 +32,7 @@ def test_todays_tmp_layout_fails_the_pod_faithful_check(services, tmp_path, monk
     (HOME=/tmp from the image only). Compiling the pipeline that way and auditing it must fail the run,
     in one line naming /tmp and the bytes written there."""
     from components import k8s
-    from pipeline.local import TaskFailed
+    from pipeline.task_log import TaskFailed
 
     monkeypatch.setattr(k8s, "with_cache", lambda task, size: task)  # no /cache volume, no STEP_ENV
     with pytest.raises(TaskFailed) as e:
@@ -66,14 +66,53 @@ def test_audit_flags_a_write_outside_the_volumes(tmp_path):
     assert cache.read_text() == "ok"  # CHUNKGRPO_CACHE was mapped into the task's /cache folder
 
 
-def test_plain_local_run_maps_pod_volumes_to_shared_folders(tmp_path):
-    from pipeline.pod_faithful import Layout, PodSpec
+def _env_pipeline():
+    from kfp import dsl
 
-    lay = Layout(tmp_path, {"train": PodSpec({"TMPDIR": "/cache", "CHUNKGRPO_CACHE": "/cache/chunkgrpo",
-                                              "HOME": "/tmp"}, {"/cache": 10})})
-    seen = {}
-    lay.run(lambda full_command, env_vars: seen.update(env_vars) or 0,
-            ["x", "--function_to_execute", "train"], {"TMPDIR": "/cache"})
-    assert seen["TMPDIR"] == str(tmp_path / "cache")
-    assert seen["CHUNKGRPO_CACHE"] == str(tmp_path / "cache/chunkgrpo")
-    assert seen["HOME"] == os.environ["HOME"]  # /tmp is no volume: a plain local run keeps the host's HOME
+    @dsl.component(base_image="python:3.11")
+    def work():
+        pass
+
+    @dsl.pipeline(name="env-pipeline")
+    def env_pipeline():
+        task = work()
+        for k, v in {"TMPDIR": "/cache", "CHUNKGRPO_CACHE": "/cache/chunkgrpo", "HOME": "/tmp",
+                     "OTHER": "/opt/x"}.items():
+            task.set_env_variable(k, v)
+
+    return env_pipeline
+
+
+def _compiled_env(func) -> dict:
+    executors = func.pipeline_spec.deployment_spec["executors"]
+    (label,) = list(executors.keys())
+    return {e["name"]: e["value"] for e in executors[label]["container"]["env"]}
+
+
+def test_plain_local_run_maps_pod_volumes_to_shared_folders(tmp_path):
+    """A plain run writes the local folders into the compiled env kfp.local starts each task with."""
+    from pipeline.pod_faithful import Layout, PodSpec, map_volumes
+
+    func = _env_pipeline()
+    lay = Layout(tmp_path, {"work": PodSpec(_compiled_env(func), {"/cache": 10})})
+    assert map_volumes(func, lay) == 3
+    env = _compiled_env(func)
+    assert env["TMPDIR"] == str(tmp_path / "cache") and (tmp_path / "cache").is_dir()
+    assert env["CHUNKGRPO_CACHE"] == str(tmp_path / "cache/chunkgrpo")
+    assert env["HOME"] == os.environ["HOME"]  # /tmp is no volume: a plain local run keeps the host's HOME
+    assert env["OTHER"] == "/opt/x"  # no volume's path: unchanged
+
+
+def test_pod_faithful_tasks_go_through_the_layout_and_kfp_is_restored(tmp_path):
+    from kfp.local import subprocess_task_handler as handler
+
+    from pipeline.pod_faithful import Layout, tasks_as_pods
+
+    original = handler.run_local_subprocess
+    lay = Layout(tmp_path / "pods", {}, faithful=True)
+    seen = []
+    lay.run = lambda original, full_command, env_vars: seen.append(full_command) or 7
+    with tasks_as_pods(lay):
+        assert handler.run_local_subprocess(full_command=["x"], env_vars={}) == 7
+    assert seen == [["x"]] and handler.run_local_subprocess is original
+    assert (tmp_path / "pods" / "pod-faithful.json").exists()

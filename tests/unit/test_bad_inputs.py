@@ -546,7 +546,7 @@ def test_a_bug_keeps_its_traceback(monkeypatch):
 
 def test_kfp_unreachable_is_one_line(capsys, monkeypatch):
     pytest.importorskip("kfp")
-    from chunkgrpo.local_processes import free_port
+    from chunkgrpo.processes import free_port
 
     rc = main(["pipeline", "upload", "--host", f"http://127.0.0.1:{free_port()}"])
     err = capsys.readouterr().err

@@ -1,8 +1,9 @@
-"""chunkgrpo.local_services.local_services: the free ports it picks for S3 and MLflow are distinct."""
+"""chunkgrpo.services.local_services: the free ports it picks for S3 and MLflow are distinct."""
 
 import pytest
 
-from chunkgrpo import local_services as ls
+from chunkgrpo import processes
+from chunkgrpo import services as ls
 
 
 @pytest.fixture
@@ -24,7 +25,7 @@ def test_two_picked_ports_differ_even_when_the_kernel_offers_the_same_one_twice(
                                                                               tmp_path):
     # what happened in a CI run: two separate free_port() calls returned the same port (nothing held the
     # first one while the second was picked), and the session's services fixture failed for 40 tests
-    monkeypatch.setattr(ls, "free_port", lambda: 32941)
+    monkeypatch.setattr(processes, "free_port", lambda: 32941)
     with ls.local_services(tmp_path):
         pass
     ((s3, mlflow),) = no_servers

@@ -1,13 +1,13 @@
-"""chunkgrpo.local_services.LocalServices up and down. `up`: MLflow (the slow one to answer) is spawned
+"""chunkgrpo.services.LocalServices up and down. `up`: MLflow (the slow one to answer) is spawned
 before SeaweedFS starts, so its imports overlap S3's start; if S3 fails, that MLflow is stopped. `down`: S3
-and MLflow are stopped together (each stop mostly waits for its process to exit), helpers before them; a
-record that cannot be stopped stays in the state."""
+and MLflow are stopped together (each stop mostly waits for its process to exit); a record that cannot be
+stopped stays in the state."""
 
 import threading
 
 import pytest
 
-from chunkgrpo import local_services as ls
+from chunkgrpo import services as ls
 from chunkgrpo.errors import UserError
 
 
@@ -21,7 +21,7 @@ def _services(tmp_path, monkeypatch, names, stop):
     return svc
 
 
-def test_s3_and_mlflow_stop_at_the_same_time_after_the_helpers(tmp_path, monkeypatch):
+def test_s3_and_mlflow_stop_at_the_same_time(tmp_path, monkeypatch):
     both = threading.Barrier(2, timeout=20)  # one stop after the other would break it: neither returns
     order = []
 
@@ -30,10 +30,10 @@ def test_s3_and_mlflow_stop_at_the_same_time_after_the_helpers(tmp_path, monkeyp
         if name in ls.SERVICES:
             both.wait()
 
-    svc = _services(tmp_path, monkeypatch, ["s3", "mlflow", "tasks-1"], stop)
+    svc = _services(tmp_path, monkeypatch, ["s3", "mlflow"], stop)
     out = svc.down()
-    assert order[0] == "tasks-1" and set(order[1:]) == set(ls.SERVICES)
-    assert [s.name for s in out] == ["tasks-1", "mlflow", "s3"] and {s.state for s in out} == {"stopped"}
+    assert set(order) == set(ls.SERVICES)
+    assert [s.name for s in out] == ["mlflow", "s3"] and {s.state for s in out} == {"stopped"}
     assert not svc.state_file.exists()  # nothing left recorded
 
 

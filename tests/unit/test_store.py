@@ -8,8 +8,8 @@ import socket
 import pytest
 
 from chunkgrpo.errors import UserError
-from chunkgrpo.local_processes import free_ports, port_in_use
-from chunkgrpo.local_services import LocalServicesConfig
+from chunkgrpo.processes import free_ports, port_in_use
+from chunkgrpo.services import LocalServicesConfig
 from chunkgrpo.store import ChecksumMismatchError, StoreError, parse_s3_uri, s3_uri
 from chunkgrpo.store.client import ArtifactStore, StoreConfig, classify_error
 from chunkgrpo.store.manifest import Manifest, build_manifest, make_pointer, read_pointer

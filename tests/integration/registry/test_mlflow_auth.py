@@ -47,7 +47,7 @@ _security.generate_password_hash = generate_password_hash
 
 @pytest.fixture(scope="module")
 def auth_server(tmp_path_factory):
-    from chunkgrpo.local_processes import free_port
+    from chunkgrpo.processes import free_port
 
     home = tmp_path_factory.mktemp("mlflow-auth")
     (home / "site").mkdir()
@@ -189,7 +189,7 @@ def test_pipeline_users_cannot_move_champion_but_the_promoter_service_gates_for_
     from mlflow import MlflowClient
     from mlflow.server.auth.client import AuthServiceClient
 
-    from chunkgrpo.local_processes import free_port
+    from chunkgrpo.processes import free_port
     from chunkgrpo.registry.registration import Registration, register_model
 
     url = auth_server

