@@ -127,23 +127,31 @@ def train(req: TrainRequest, nproc_per_node: int) -> TrainedModel:
 @dataclass(frozen=True)
 class DryRun:
     """What a dry run checked: the model (its local folder; '' for s3://, fetched at setup), the number of
-    prompts, and the chunk sizes the run would train."""
+    prompts, the chunk sizes the run would train, and whether this machine can give the run its device
+    (`device_problem`: the one-line reason a real run would stop at, '' when it would not)."""
 
     model: str
     prompts: int
     chunk_sizes: list
+    device: str = ""
+    device_problem: str = ""
 
     def to_dict(self) -> dict:
-        return {"ok": True, "model": self.model, "prompts": self.prompts, "chunk_sizes": self.chunk_sizes}
+        return {"ok": True, "model": self.model, "prompts": self.prompts, "chunk_sizes": self.chunk_sizes,
+                "device": self.device, "device_ok_here": not self.device_problem,
+                **({"device_problem": self.device_problem} if self.device_problem else {})}
 
 
 def dry_run(cfg) -> DryRun:
     """Check a TrainConfig's model folder, prompts, chunk plan and rewards without loading any weights
-    (the checks `Trainer` makes before `setup`)."""
+    (the checks `Trainer` makes before `setup`). A config for a GPU is checked on any machine: whether
+    this one has a usable GPU is reported, not an error (the real run stops on it in one line)."""
+    from chunkgrpo.gpu import problem
     from chunkgrpo.train.trainer import Trainer
 
-    t = Trainer(cfg)
-    return DryRun(t.model_path or cfg.model, len(t.prompts), [int(s) for s in t.plan.sizes])
+    t = Trainer(cfg, check_device=False)
+    return DryRun(t.model_path or cfg.model, len(t.prompts), [int(s) for s in t.plan.sizes], cfg.device,
+                  problem(cfg.device) or "")
 
 
 def run_local(cfg) -> dict:

@@ -93,14 +93,16 @@ def check_trained_units(cfg: TrainConfig, plan: ChunkPlan) -> None:
 
 
 class Trainer:
-    def __init__(self, cfg: TrainConfig):
+    def __init__(self, cfg: TrainConfig, check_device: bool = True):
+        """`check_device=False` (a dry run): the GPU check is left to the caller, which reports it."""
         self.cfg = cfg
         # ---- checks that need no model (fail before any GPU time) ----
         from chunkgrpo.flux import resolve_model_source
         from chunkgrpo.gpu import require
         from chunkgrpo.prompts import load_prompts
 
-        require(cfg.device)  # first: a GPU job whose GPU CUDA cannot use stops here, not after the download
+        if check_device:
+            require(cfg.device)  # first: a GPU CUDA cannot use stops the job here, before any download
         if not cfg.model:
             raise UserError("train needs a model (model=DIR)")
         if not cfg.prompts:

@@ -37,6 +37,32 @@ def test_dry_run_checks_inputs_and_loads_no_weights(preset, tmp_path, capsys, mo
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     cfg = TrainConfig.load(preset, over)
     expected = training_plan(cfg.method, cfg.chunks, cfg.trainable_steps).sizes
-    assert out == {"ok": True, "model": str(model), "prompts": 3, "chunk_sizes": [int(s) for s in expected]}
+    from chunkgrpo.gpu import problem
+
+    why = problem(cfg.device)  # a GPU preset on a machine without one: reported, not an error
+    assert out == {"ok": True, "model": str(model), "prompts": 3, "chunk_sizes": [int(s) for s in expected],
+                   "device": cfg.device, "device_ok_here": why is None,
+                   **({"device_problem": why} if why else {})}
     assert sum(out["chunk_sizes"]) == cfg.trainable_steps
     assert not (tmp_path / "run").exists()  # nothing written
+
+
+def test_a_real_run_of_a_gpu_preset_still_stops_on_the_missing_gpu(tmp_path, capsys, monkeypatch):
+    """The dry run reports what a real run of the same config stops on: the GPU check stays first there."""
+    from chunkgrpo.gpu import problem
+    from chunkgrpo.train.config import TrainConfig
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "model_index.json").write_text("{}")
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a cat\n")
+    over = [f"model={model}", f"prompts={prompts}", f"output_dir={tmp_path / 'run'}"]
+    why = problem(TrainConfig.load("chunk_grpo_flux", over).device)
+    if why is None:
+        pytest.skip("this machine has a usable CUDA device")
+    assert main(["train", "--config", "chunk_grpo_flux", "--dry-run", *over]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["device_ok_here"] is False and out["device_problem"] == why
+    assert main(["train", "--config", "chunk_grpo_flux", *over]) == 2
+    assert why in capsys.readouterr().err
