@@ -50,13 +50,17 @@ class LoraConfig(Config):
 class RewardSpec(Config):
     """One training reward: a registry name, its weight and its options."""
 
-    name: str = option("brightness", "reward name (see `chunkgrpo.scoring.table`: a programmatic reward or "
-                                     "a scorer name)")
+    name: str = option("brightness", "reward name: a built-in reward or scorer (`chunkgrpo.scoring.table`), "
+                                     "an import path module:attr of a factory, or an entry point of group "
+                                     "chunkgrpo.rewards (docs/rewards.md)")
     weight: float = option(1.0, "weight in the advantage aggregation")
     options: dict[str, str] = option({}, "reward-specific options (e.g. target=0.8, model=DIR)")
 
     def __post_init__(self) -> None:
         check_finite(self, f"rewards[{self.name}].")
+        from chunkgrpo.scoring.custom import check_name  # imports the factory only, no torch, no model
+
+        check_name(self.name, "reward")
 
 
 @dataclass
