@@ -8,7 +8,8 @@ from a local dir / S3 (`options.weights`), wrapped as a reward (`chunkgrpo.scori
 Those run through the same scorer boundary as evaluation: with `$CHUNKGRPO_VENV_<NAME>` set (or
 `options.venv`), the reward model lives in a worker process in its own venv (`chunkgrpo.scoring.worker`);
 otherwise in-process. Any other name is a user's reward (`chunkgrpo.scoring.custom`: `module:attr` or an
-entry point of group `chunkgrpo.rewards`).
+entry point of group `chunkgrpo.rewards`). A reward with a `url` is scored by a reward server
+(`chunkgrpo.scoring.remote`).
 """
 
 from __future__ import annotations
@@ -66,9 +67,17 @@ def contrast() -> RewardFn:
     return fn
 
 
-def get_reward(name: str, options: dict | None = None, device: str = "cpu") -> RewardFn:
-    """A reward callable by name (programmatic rewards first, then the model scorers, then a user's)."""
+def get_reward(name: str, options: dict | None = None, device: str = "cpu", url: str = "") -> RewardFn:
+    """A reward callable by name (programmatic rewards first, then the model scorers, then a user's); with
+    `url`, the reward server there scores it (`options` are then the client's: max_batch, deadline_s, ...)."""
     options = dict(options or {})
+    if url:
+        from chunkgrpo.scoring.remote import RemoteReward
+
+        try:
+            return RemoteReward(url, name, **options)
+        except TypeError as e:
+            raise UserError(f"reward {name!r} at {url}: bad client options {options} ({e})") from None
     if name in REWARDS:
         return build_reward(name, options)
     if not is_builtin(name):

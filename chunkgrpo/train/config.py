@@ -54,10 +54,19 @@ class RewardSpec(Config):
                                      "an import path module:attr of a factory, or an entry point of group "
                                      "chunkgrpo.rewards (docs/rewards.md)")
     weight: float = option(1.0, "weight in the advantage aggregation")
-    options: dict[str, str] = option({}, "reward-specific options (e.g. target=0.8, model=DIR)")
+    options: dict[str, str] = option({}, "reward-specific options (e.g. target=0.8, model=DIR); with url: "
+                                     "the client's (max_batch, deadline_s, timeout_s, backoff_s)")
+    url: str = option("", "a reward server (`chunkgrpo reward-server`) that scores `name`, e.g. "
+                          "http://hpsv3-reward:8080 ('' = score in this process); "
+                          "token: $CHUNKGRPO_REWARD_TOKEN")
 
     def __post_init__(self) -> None:
         check_finite(self, f"rewards[{self.name}].")
+        if self.url:  # the server resolves the name
+            from chunkgrpo.scoring.remote import check_url
+
+            self.url = check_url(self.url)
+            return
         from chunkgrpo.scoring.custom import check_name  # imports the factory only, no torch, no model
 
         check_name(self.name, "reward")
