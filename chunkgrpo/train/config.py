@@ -358,6 +358,15 @@ class TrainConfig(Config):
                 extra.append(f"{other}=0")
         return super().load(source, [*(overrides or []), *extra])
 
+    def to_dict(self) -> dict:
+        """As `Config.to_dict`; a reward scored in-process has no `url` key, so its record (checkpoints
+        compare it on resume, runs hash it) is what it was before rewards could be served."""
+        d = super().to_dict()
+        for r in d.get("rewards", []):
+            if not r.get("url"):
+                r.pop("url", None)
+        return d
+
     @property
     def trainable_steps(self) -> int:
         return self.sampling.num_steps - 1
