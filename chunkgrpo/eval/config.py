@@ -41,7 +41,8 @@ class EvalConfig(Config):
     scorers: list[str] = option(
         ["hpsv3", "imagereward"],
         "HPDv2 scorers: programmatic rewards (brightness, color, contrast) or eval scorers "
-        "(hpsv3, imagereward, hpsv2.1, pickscore, clip)",
+        "(hpsv3, imagereward, hpsv2.1, pickscore, clip), or a user's scorer: an import path module:attr of a "
+        "reward factory or an entry point of group chunkgrpo.scorers / chunkgrpo.rewards (docs/rewards.md)",
     )
     scorer_weights: dict[str, str] = option({}, "weights per scorer: {name: local dir/file or s3:// prefix}")
     scorer_options: dict[str, dict] = option(
@@ -126,14 +127,10 @@ class EvalConfig(Config):
         self.benchmarks = list(dict.fromkeys(self.benchmarks))
         if "hpdv2" in self.benchmarks and not self.scorers and not self.generate_only:
             raise UserError("scorers is empty: name at least one HPDv2 scorer (e.g. hpsv3, imagereward)")
-        from chunkgrpo.scoring.table import REWARDS, canonical_name  # no torch: configs validate anywhere
+        from chunkgrpo.scoring.custom import check_name  # no torch: configs validate anywhere
 
         for name in self.scorers:
-            if name not in REWARDS:
-                try:
-                    canonical_name(name)
-                except UserError as e:
-                    raise UserError(f"{e}; programmatic rewards: {', '.join(sorted(REWARDS))}") from None
+            check_name(name, "scorer")  # built in, an import path module:attr or an entry point
         for key, what in (("num_prompts", 0), ("batch_size", 1), ("geneval_samples", 1),
                           ("report_max_prompts", 0), ("report_thumb_size", 16)):
             if getattr(self, key) < what:

@@ -16,6 +16,7 @@ from typing import Any
 from chunkgrpo.errors import UserError
 from chunkgrpo.eval.config import EvalConfig
 from chunkgrpo.scoring.adapters import RewardScorer
+from chunkgrpo.scoring.custom import is_builtin
 from chunkgrpo.scoring.table import REWARDS, canonical_name
 
 OFFICIAL_SCORERS = ("hpsv3", "imagereward", "hpsv2.1", "hpsv2", "pickscore", "clip")
@@ -26,8 +27,8 @@ def build_scorers(cfg: EvalConfig) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name in cfg.scorers:
         opts = dict(cfg.scorer_options.get(name) or {})
-        if name in REWARDS:
-            out[name] = RewardScorer(name, opts)
+        if name in REWARDS or not is_builtin(name):  # programmatic, or a user's scorer (custom)
+            out[name] = RewardScorer(name, opts, "scorer")
             continue
         from chunkgrpo.scoring.scorers import get_scorer
 
@@ -52,7 +53,7 @@ def check_scorers(cfg: EvalConfig) -> None:
     packages = {"hpsv3": ("hpsv3", "hpsv3"), "imagereward": ("ImageReward", "image-reward"),
                 "hpsv2.1": ("hpsv2", "hpsv2"), "hpsv2": ("hpsv2", "hpsv2")}
     for name in cfg.scorers:
-        if name in REWARDS:
+        if name in REWARDS or not is_builtin(name):
             continue
         canon = canonical_name(name)
         weights = (cfg.scorer_weights.get(name) or cfg.scorer_weights.get(canon)

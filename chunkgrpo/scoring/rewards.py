@@ -7,7 +7,9 @@ The names are those of `chunkgrpo.scoring.table`: a programmatic reward (`bright
 from a local dir / S3 (`options.weights`), wrapped as a reward (`chunkgrpo.scoring.adapters.ScorerReward`).
 Those run through the same scorer boundary as evaluation: with `$CHUNKGRPO_VENV_<NAME>` set (or
 `options.venv`), the reward model lives in a worker process in its own venv (`chunkgrpo.scoring.worker`);
-otherwise in-process.
+otherwise in-process. Any other name is a user's reward (`chunkgrpo.scoring.custom`: `module:attr` or an
+entry point of group `chunkgrpo.rewards`). A reward with a `url` is scored by a reward server
+(`chunkgrpo.scoring.remote`).
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ import torch
 
 from chunkgrpo.errors import UserError
 from chunkgrpo.scoring.adapters import ScorerReward
+from chunkgrpo.scoring.custom import build, is_builtin
 from chunkgrpo.scoring.scorers import get_scorer
-from chunkgrpo.scoring.table import REWARDS, SCORER_NAMES, build_reward, known_names
+from chunkgrpo.scoring.table import REWARDS, build_reward
 
 RewardFn = Callable[[Sequence, Sequence[str]], torch.Tensor]
 
@@ -64,13 +67,21 @@ def contrast() -> RewardFn:
     return fn
 
 
-def get_reward(name: str, options: dict | None = None, device: str = "cpu") -> RewardFn:
-    """A reward callable by name (programmatic rewards first, then the model scorers)."""
+def get_reward(name: str, options: dict | None = None, device: str = "cpu", url: str = "") -> RewardFn:
+    """A reward callable by name (programmatic rewards first, then the model scorers, then a user's); with
+    `url`, the reward server there scores it (`options` are then the client's: max_batch, deadline_s, ...)."""
     options = dict(options or {})
+    if url:
+        from chunkgrpo.scoring.remote import RemoteReward
+
+        try:
+            return RemoteReward(url, name, **options)
+        except TypeError as e:
+            raise UserError(f"reward {name!r} at {url}: bad client options {options} ({e})") from None
     if name in REWARDS:
         return build_reward(name, options)
-    if name not in SCORER_NAMES:
-        raise UserError(f"unknown reward {name!r} (known: {', '.join(known_names())})")
+    if not is_builtin(name):
+        return build(name, options, "reward")  # a user's reward: import path or entry point
     options.setdefault("device", device)
     return ScorerReward(get_scorer(name, **options))
 

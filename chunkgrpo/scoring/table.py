@@ -14,8 +14,10 @@ Two kinds of names:
   (`$CHUNKGRPO_VENV_<NAME>`, see `chunkgrpo.scoring.client`). Scorer names are case-insensitive and
   have aliases (`canonical_name`).
 
-A programmatic reward wins over a scorer of the same name (there is none today). Tests and plugins may
-register a factory directly: `REWARDS["mine"] = factory`.
+A programmatic reward wins over a scorer of the same name (there is none today). Tests may register a
+factory directly: `REWARDS["mine"] = factory`. Any other name is a user's reward or scorer: an import path
+`module:attr` or an installed package's entry point (groups `chunkgrpo.rewards`, `chunkgrpo.scorers`),
+resolved by `chunkgrpo.scoring.custom`.
 """
 
 from __future__ import annotations

@@ -50,13 +50,26 @@ class LoraConfig(Config):
 class RewardSpec(Config):
     """One training reward: a registry name, its weight and its options."""
 
-    name: str = option("brightness", "reward name (see `chunkgrpo.scoring.table`: a programmatic reward or "
-                                     "a scorer name)")
+    name: str = option("brightness", "reward name: a built-in reward or scorer (`chunkgrpo.scoring.table`), "
+                                     "an import path module:attr of a factory, or an entry point of group "
+                                     "chunkgrpo.rewards (docs/rewards.md)")
     weight: float = option(1.0, "weight in the advantage aggregation")
-    options: dict[str, str] = option({}, "reward-specific options (e.g. target=0.8, model=DIR)")
+    options: dict[str, str] = option({}, "reward-specific options (e.g. target=0.8, model=DIR); with url: "
+                                     "the client's (max_batch, deadline_s, timeout_s, backoff_s)")
+    url: str = option("", "a reward server (`chunkgrpo reward-server`) that scores `name`, e.g. "
+                          "http://hpsv3-reward:8080 ('' = score in this process); "
+                          "token: $CHUNKGRPO_REWARD_TOKEN")
 
     def __post_init__(self) -> None:
         check_finite(self, f"rewards[{self.name}].")
+        if self.url:  # the server resolves the name
+            from chunkgrpo.scoring.remote import check_url
+
+            self.url = check_url(self.url)
+            return
+        from chunkgrpo.scoring.custom import check_name  # imports the factory only, no torch, no model
+
+        check_name(self.name, "reward")
 
 
 @dataclass
@@ -344,6 +357,15 @@ class TrainConfig(Config):
             if unit in keys and other not in keys and keys[unit] not in (0, "0", None, ""):
                 extra.append(f"{other}=0")
         return super().load(source, [*(overrides or []), *extra])
+
+    def to_dict(self) -> dict:
+        """As `Config.to_dict`; a reward scored in-process has no `url` key, so its record (checkpoints
+        compare it on resume, runs hash it) is what it was before rewards could be served."""
+        d = super().to_dict()
+        for r in d.get("rewards", []):
+            if not r.get("url"):
+                r.pop("url", None)
+        return d
 
     @property
     def trainable_steps(self) -> int:

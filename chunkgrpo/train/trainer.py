@@ -138,7 +138,7 @@ class Trainer:
 
         use_training_attention(dev)
         self.bf16 = cfg.mixed_precision == "bf16" or (cfg.mixed_precision == "auto" and dev.type == "cuda")
-        self.reward_fns = {r.name: get_reward(r.name, r.options, device=str(dev)) for r in cfg.rewards}
+        self.reward_fns = {r.name: get_reward(r.name, r.options, str(dev), r.url) for r in cfg.rewards}
 
         base_dtype = torch.bfloat16 if (self.bf16 and cfg.lora.enabled) else torch.float32
         # frozen parts (text encoders, VAE) in bf16 under bf16 mixed precision, also for full fine-tuning

@@ -1,0 +1,266 @@
+"""`chunkgrpo reward-server` as a real process on 127.0.0.1, and the training client against it."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image
+
+from chunkgrpo.errors import UserError
+from chunkgrpo.scoring.remote import RemoteReward, RewardServiceError
+from chunkgrpo.scoring.rewards import get_reward
+from chunkgrpo.train.config import TrainConfig
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+TOKEN = "test-token-4b1f"
+
+# A user reward the server can serve that answers wrongly on purpose (counts and NaNs are the client's check)
+BAD_REWARDS = '''
+import torch
+
+def short():
+    return lambda images, prompts: torch.zeros(max(len(images) - 1, 0))
+
+def nan():
+    return lambda images, prompts: torch.full((len(images),), float("nan"))
+'''
+
+
+class Server:
+    def __init__(self, tmp_path: Path, scorer: str, *extra: str, token: str | None = TOKEN) -> None:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(tmp_path)])}
+        env.pop("CHUNKGRPO_REWARD_TOKEN", None)
+        if token:
+            env["CHUNKGRPO_REWARD_TOKEN"] = token
+        self.log = open(tmp_path / f"server-{scorer.replace(':', '_')}.log", "w")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "chunkgrpo", "reward-server", "--scorer", scorer, "--port", "0", *extra],
+            env=env, stdout=subprocess.PIPE, stderr=self.log, text=True, cwd=tmp_path)
+        line = self.proc.stdout.readline()
+        assert line.startswith("listening on http://127.0.0.1:"), line
+        self.url = line.split()[-1]
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"{self.url}/readyz", timeout=5) as r:
+                    if r.status == 200:
+                        return
+            except urllib.error.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise AssertionError("reward server not ready")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc.stdout.close()
+        self.log.close()
+
+
+@pytest.fixture
+def servers(tmp_path):
+    (tmp_path / "badrewards.py").write_text(BAD_REWARDS)
+    started: list[Server] = []
+
+    def start(scorer: str, *extra: str, token: str | None = TOKEN) -> Server:
+        s = Server(tmp_path, scorer, *extra, token=token)
+        started.append(s)
+        return s
+
+    yield start
+    for s in started:
+        s.stop()
+
+
+@pytest.fixture
+def token_env(monkeypatch):
+    monkeypatch.setenv("CHUNKGRPO_REWARD_TOKEN", TOKEN)
+
+
+def _images(n: int, seed: int = 0, size: int = 16) -> list[Image.Image]:
+    g = torch.Generator().manual_seed(seed)
+    px = (torch.rand(n, size, size, 3, generator=g) * 255).to(torch.uint8).numpy()
+    return [Image.fromarray(a, "RGB") for a in px]
+
+
+def _post(url: str, body: bytes, token: str | None = TOKEN) -> tuple[int, dict]:
+    headers = {"Content-Type": "application/json"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    try:
+        with urllib.request.urlopen(urllib.request.Request(f"{url}/score", data=body, headers=headers),
+                                    timeout=30) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"{}")
+
+
+def _body(images, prompts) -> bytes:
+    def png(im):
+        buf = io.BytesIO()
+        im.save(buf, format="PNG")
+        return base64.b64encode(buf.getvalue()).decode()
+
+    return json.dumps({"prompts": prompts, "images": [png(im) for im in images]}).encode()
+
+
+@pytest.mark.parametrize("scorer,options", [("brightness", {}), ("contrast", {}),
+                                            ("color", {"rgb": "10,200,30"})])
+def test_served_reward_equals_in_process(servers, token_env, scorer, options):
+    extra = [a for k, v in options.items() for a in ("--option", f"{k}={v}")]
+    s = servers(scorer, *extra)
+    images, prompts = _images(37), [f"p{i}" for i in range(37)]
+    local = get_reward(scorer, options)(images, prompts)
+    remote = RemoteReward(s.url, scorer, max_batch=8)(images, prompts)  # 5 requests, the last of 5 images
+    assert remote.dtype == torch.float32 and remote.shape == (37,)
+    assert torch.allclose(remote, local, rtol=1e-6, atol=0)
+    metrics = urllib.request.urlopen(f"{s.url}/metrics", timeout=5).read().decode()
+    assert f'chunkgrpo_reward_requests_total{{code="200",scorer="{scorer}"}} 5' in metrics
+    assert f'chunkgrpo_reward_images_total{{scorer="{scorer}"}} 37' in metrics
+    assert "chunkgrpo_reward_batch_size_count 5" in metrics
+    assert "chunkgrpo_reward_latency_seconds_sum" in metrics
+
+
+def test_token_and_limits(servers, tmp_path, monkeypatch):
+    s = servers("brightness", "--max-batch", "4", "--max-request-bytes", "20000")
+    images = _images(3)
+    code, body = _post(s.url, _body(images, ["a", "b", "c"]))
+    assert code == 200 and body["scorer"] == "brightness" and len(body["scores"]) == 3
+    assert body["version"].startswith("chunkgrpo ")
+    assert _post(s.url, _body(images, ["a", "b", "c"]), token=None)[0] == 401
+    assert _post(s.url, _body(images, ["a", "b", "c"]), token="wrong")[0] == 401
+    code, body = _post(s.url, _body(_images(5), list("abcde")))
+    assert code == 413 and "at most 4" in body["error"]
+    big = _images(2, size=128)  # random pixels: ~2 x 49 KB of PNG
+    code, body = _post(s.url, _body(big, ["a", "b"]))
+    assert code == 413 and "at most 20000" in body["error"]
+    assert _post(s.url, json.dumps({"prompts": ["a"], "images": ["not png"]}).encode())[0] == 400
+    assert urllib.request.urlopen(f"{s.url}/healthz", timeout=5).status == 200
+    assert TOKEN not in (tmp_path / "server-brightness.log").read_text()
+    # the client names the URL and the cause, without retrying a refusal
+    monkeypatch.delenv("CHUNKGRPO_REWARD_TOKEN", raising=False)
+    with pytest.raises(RewardServiceError, match=rf"reward 'brightness' at {s.url}/score: HTTP 401 "
+                                                 r"\(missing or wrong bearer token\)$"):
+        RemoteReward(s.url, "brightness", deadline_s=30)(images, ["a", "b", "c"])
+
+
+def test_killed_server_is_one_line_naming_the_url(servers, token_env):
+    s = servers("brightness")
+    reward = RemoteReward(s.url, "brightness", deadline_s=2, backoff_s=0.1)
+    assert reward(_images(2), ["a", "b"]).shape == (2,)
+    s.proc.kill()
+    s.proc.wait()
+    t0 = time.monotonic()
+    with pytest.raises(RewardServiceError) as e:
+        reward(_images(2), ["a", "b"])
+    msg = str(e.value)
+    assert msg.startswith(f"reward 'brightness' at {s.url}/score: ") and "\n" not in msg
+    assert "Connection refused" in msg or "ConnectionRefusedError" in msg, msg
+    assert "gave up after" in msg and time.monotonic() - t0 < 10
+
+
+@pytest.mark.parametrize("scorer,match", [
+    ("badrewards:short", r"HTTP 500 \(UserError: reward 'badrewards:short' \(badrewards:short\): "
+                         r"returned shape \(2,\) for 3 images \(expected \(3,\)\)\)"),
+    ("badrewards:nan", r"HTTP 500 \(UserError: .*non-finite values for samples \[0, 1, 2\] of 3\)")])
+def test_bad_served_reward_is_one_line(servers, token_env, scorer, match):
+    s = servers(scorer)
+    with pytest.raises(RewardServiceError, match=rf"^reward '{scorer}' at {s.url}/score: {match}$"):
+        RemoteReward(s.url, scorer)(_images(3), ["a", "b", "c"])
+
+
+@pytest.mark.parametrize("scores,match", [([0.5, 0.5], r"2 scores for 3 images"),
+                                          ([0.5, float("nan"), 1.0], r"non-finite scores for samples \[1\]"),
+                                          (None, r"no scores for 3 images")])
+def test_client_checks_count_and_nan(scores, match):
+    """A server that answers wrongly (here: a stand-in on 127.0.0.1) never yields a reward."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Wrong(BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            data = json.dumps({"scores": scores, "scorer": "brightness", "version": "x"}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Wrong)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        with pytest.raises(RewardServiceError, match=rf"^reward 'brightness' at {url}/score: {match}$"):
+            RemoteReward(url, "brightness")(_images(3), ["a", "b", "c"])
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_another_scorer_is_refused(servers, token_env):
+    s = servers("contrast")
+    with pytest.raises(RewardServiceError, match="the server scores with 'contrast', not 'brightness'"):
+        RemoteReward(s.url, "brightness")(_images(2), ["a", "b"])
+
+
+def test_url_in_the_train_config(tiny_model_dir, tmp_path, servers, token_env):
+    s = servers("brightness")
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a cat\na dog\n")
+    cfg = TrainConfig.load("tiny_cpu", [f"model={tiny_model_dir}", f"prompts={prompts}",
+                                        f"output_dir={tmp_path / 'run'}", "progress=false", "max_steps=1",
+                                        "checkpoint.every=0",
+                                        f'rewards=[{{name: brightness, url: "{s.url}/"}}]'])
+    assert cfg.rewards[0].url == s.url
+    from chunkgrpo.train.trainer import run_training
+
+    summary = run_training(cfg)
+    assert summary["optimizer_steps"] == 1
+    metrics = urllib.request.urlopen(f"{s.url}/metrics", timeout=5).read().decode()
+    assert 'chunkgrpo_reward_images_total{scorer="brightness"} 8' in metrics  # the one rollout's 8 samples
+    with pytest.raises(UserError, match="reward url 'ftp://x' must look like http://host:port"):
+        TrainConfig.load("tiny_cpu", ["rewards=[{name: brightness, url: 'ftp://x'}]"])
+
+
+def test_throughput_eight_clients(servers, token_env, capsys):
+    s = servers("brightness", "--max-batch", "16")
+    images, prompts = _images(16, size=64), [f"p{i}" for i in range(16)]
+    rounds, done = 6, []
+
+    def client():
+        r = RemoteReward(s.url, "brightness", max_batch=16)
+        for _ in range(rounds):
+            done.append(len(r(images, prompts)))
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=client) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    dt = time.perf_counter() - t0
+    assert sum(done) == 8 * rounds * 16
+    with capsys.disabled():
+        print(f"\nreward-server throughput: {sum(done) / dt:.0f} images/s "
+              f"(8 clients, 64x64 PNG, batches of 16, brightness, CPU)")
