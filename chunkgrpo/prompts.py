@@ -21,7 +21,22 @@ def _pick(row: dict, where: str) -> str:
     for f in _FIELDS:
         if f in row and isinstance(row[f], str):
             return row[f]
+    present = [f for f in _FIELDS if f in row]
+    if present:  # a null or non-string prompt is refused, never trained on as 'None' or a number
+        x = row[present[0]]
+        what = "null" if x is None else f"{type(x).__name__} {str(x)[:40]!r}"
+        raise UserError(f"{where}: field {present[0]!r} is {what}, expected a string prompt")
     raise UserError(f"{where}: no prompt field (looked for {', '.join(_FIELDS)}; got {sorted(row)[:6]})")
+
+
+def _string_cells(cells: list, where: str) -> list[str]:
+    """A column's cells as prompts: a null, number or bytes cell is refused naming its row (never
+    trained on as 'None' or a repr)."""
+    for i, x in enumerate(cells):
+        if not isinstance(x, str):
+            what = "null" if x is None else f"{type(x).__name__} {str(x)[:40]!r}"
+            raise UserError(f"{where}: row {i} is {what}, expected a string prompt")
+    return cells
 
 
 def _fetch(uri: str) -> Path:
@@ -74,7 +89,7 @@ def load_prompts(path: str | Path, limit: int = 0) -> list[str]:
             raise UserError(
                 f"{path}: no prompt column (looked for {', '.join(_FIELDS)}; got {table.column_names})"
             )
-        prompts = [str(x) for x in table.column(col).to_pylist()]
+        prompts = _string_cells(table.column(col).to_pylist(), f"{path}: column {col!r}")
     else:
         prompts = [ln.strip() for ln in read_text(path, "prompt file").splitlines()
                    if ln.strip() and not ln.lstrip().startswith("#")]
