@@ -7,11 +7,13 @@ from __future__ import annotations
 import csv
 import io
 import json
+import logging
 from pathlib import Path
 
 from chunkgrpo.errors import UserError
 from chunkgrpo.inputs import read_text
 
+log = logging.getLogger(__name__)
 _FIELDS = ("prompt", "text", "Prompt", "caption")
 
 
@@ -63,18 +65,25 @@ def load_prompts(path: str | Path, limit: int = 0) -> list[str]:
     check_regular(path, "prompt file")
     suffix = path.suffix.lower()
     prompts: list[str] = []
+    blank = 0  # blank lines are skipped in every text format (and said so), never an empty prompt
     if suffix == ".jsonl":
         for i, line in enumerate(read_text(path, "prompt file").splitlines(), 1):
             if not line.strip():
+                blank += 1
                 continue
             try:
                 prompts.append(_pick(json.loads(line), f"{path}:{i}"))
             except json.JSONDecodeError as e:
                 raise UserError(f"{path}:{i}: invalid JSON ({e.msg})") from None
     elif suffix == ".tsv":
-        fh = io.StringIO(read_text(path, "prompt file"), newline="")
-        for i, row in enumerate(csv.DictReader(fh, delimiter="\t"), 2):
-            prompts.append(_pick(row, f"{path}:{i}"))
+        text = read_text(path, "prompt file")
+        blank = sum(1 for ln in text.splitlines()[1:] if not ln.strip())
+        fh = io.StringIO(text, newline="")
+        reader = csv.DictReader(fh, delimiter="\t")
+        for row in reader:
+            if not any(v.strip() for v in row.values() if isinstance(v, str)):
+                continue  # a whitespace-only line between rows, like an empty one
+            prompts.append(_pick(row, f"{path}:{reader.line_num}"))
     elif suffix == ".parquet":
         import pyarrow.parquet as pq
 
@@ -91,8 +100,9 @@ def load_prompts(path: str | Path, limit: int = 0) -> list[str]:
             )
         prompts = _string_cells(table.column(col).to_pylist(), f"{path}: column {col!r}")
     else:
-        prompts = [ln.strip() for ln in read_text(path, "prompt file").splitlines()
-                   if ln.strip() and not ln.lstrip().startswith("#")]
+        lines = read_text(path, "prompt file").splitlines()
+        prompts = [ln.strip() for ln in lines if ln.strip() and not ln.lstrip().startswith("#")]
+        blank = sum(1 for ln in lines if not ln.strip())
     prompts = [p.strip() for p in prompts]
     nul = [i for i, p in enumerate(prompts) if "\x00" in p]
     if nul:
@@ -102,4 +112,6 @@ def load_prompts(path: str | Path, limit: int = 0) -> list[str]:
         raise UserError(f"{path}: empty prompt at entry {empty[0]}")
     if not prompts:
         raise UserError(f"prompt file {path} contains no prompts")
+    if blank:
+        log.info("%s: %d prompts (%d blank lines skipped)", path, len(prompts), blank)
     return prompts[:limit] if limit else prompts
