@@ -86,3 +86,19 @@ def test_a_broken_symlink_is_refused_and_nothing_is_uploaded(store, tmp_path, ca
     err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
     assert len(err) == 1 and "sub/weights.safetensors" in err[0] and "broken symlink" in err[0], err
     assert _objects(store, dest) == {}
+
+
+@pytest.mark.parametrize("where", ["nothing there", "a bucket that does not exist"])
+def test_train_from_an_s3_model_that_is_not_there_is_one_line(store, where, tmp_path, capsys):
+    model = (store.uri(f"nothing-{uuid.uuid4().hex[:6]}/model") if where == "nothing there"
+             else f"s3://no-such-bucket-{uuid.uuid4().hex[:6]}/model")
+    (tmp_path / "p.txt").write_text("a cat\n")
+    capsys.readouterr()
+    rc = main(["train", "--config", "tiny_cpu", f"model={model}", f"prompts={tmp_path / 'p.txt'}",
+               f"output_dir={tmp_path / 'run'}", "max_steps=1"])
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.strip() and "WARNING" not in ln]
+    assert rc == 2 and "Traceback" not in err, err
+    needle = model if where == "nothing there" else model.split("/")[2]  # the URI, or its missing bucket
+    assert len(lines) == 1 and needle in lines[0], err
+    assert not (tmp_path / "run").exists()
