@@ -33,6 +33,7 @@ set the variable).
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import sys
 from collections.abc import Sequence
@@ -177,7 +178,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     if fork_workers():
         torchrun.config_from_args = _forking(torchrun.config_from_args)
     torchrun.parse_args = lambda _argv: args  # torchrun's main (error recording, run) on these arguments
-    torchrun.main([])
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    try:
+        torchrun.main([])
+    except SignalException as e:  # SIGTERM/SIGINT to this agent: its workers are stopped by then
+        signum = int(e.sigval)
+        print(f"chunkgrpo.torchrun_local: stopped by signal {signum} ({signal.Signals(signum).name}); "
+              "its workers were stopped", file=sys.stderr, flush=True)
+        raise SystemExit(128 + signum) from None
 
 
 if __name__ == "__main__":
