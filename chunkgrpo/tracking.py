@@ -270,11 +270,9 @@ def _ended(tracker: MlflowTracker, params: Mapping[str, Any] | None = None) -> I
         tracker.log_params(params)
     try:
         yield tracker
-    except (Terminated, KeyboardInterrupt):
-        tracker.client.set_terminated(tracker.run_id, status="KILLED")
-        raise
-    except BaseException:
-        tracker.client.set_terminated(tracker.run_id, status="FAILED")
+    except BaseException as e:
+        killed = isinstance(e, (Terminated, KeyboardInterrupt))
+        tracker.client.set_terminated(tracker.run_id, status="KILLED" if killed else "FAILED")
         raise
     tracker.client.set_terminated(tracker.run_id, status="FINISHED")
 
