@@ -81,6 +81,7 @@ def sync(source: str, dest: str | None = None, *, download: bool = False, revisi
     store = store or ArtifactStore()
     store.require_bucket(dest)  # before any download: a missing bucket is never "uploaded"
     local = _local_source(source, download, revision)
+    _refuse_broken_links(local)
     want = build_manifest(local)
     if not want.files:
         raise UserError(f"{local} is empty")
@@ -88,8 +89,58 @@ def sync(source: str, dest: str | None = None, *, download: bool = False, revisi
     if have is not None and have.content_sha256 == want.content_sha256:
         log.info("%s already holds %s (%d files)", dest, source, len(want.files))
         return dest, False
-    store.put_folder(local, dest, meta={"kind": "model-cache", "source": source, "revision": revision or ""})
+    recorded = _source_label(source)
+    _refuse_foreign_prefix(store, dest, have, {recorded, source}, set(want.files))
+    store.put_folder(local, dest,
+                     meta={"kind": "model-cache", "source": recorded, "revision": revision or ""})
     return dest, True
+
+
+def _source_label(source: str) -> str:
+    """What a sync records as its source: a hub id as given, a folder as its absolute path (the same
+    folder synced again from another working directory is recognised)."""
+    path = Path(source).expanduser()
+    return str(path.resolve()) if path.is_dir() else source
+
+
+def _refuse_broken_links(local: Path) -> None:
+    """A dangling symlink is a file the model lacks: refused, naming it, before anything is uploaded."""
+    for dirpath, dirnames, filenames in os.walk(local, followlinks=True):
+        for name in [*dirnames, *filenames]:
+            p = Path(dirpath) / name
+            if p.is_symlink() and not p.exists():
+                raise UserError(
+                    f"{p} is a broken symlink (to {os.readlink(p)}); fix or remove it before syncing")
+
+
+def _refuse_foreign_prefix(store, dest: str, have, sources: set[str], new_files: set[str]) -> None:
+    """`sync` replaces only what an earlier sync of the same source put at `dest`: a prefix holding
+    anything else (another model, a README, a half-upload of other files) is refused, nothing deleted.
+
+    An earlier sync is recognised by the manifest it wrote last (meta kind 'model-cache' and the same
+    source); without a manifest (an interrupted upload), only objects the new folder would rewrite
+    under the same name are tolerated."""
+    from chunkgrpo.store import parse_s3_uri
+    from chunkgrpo.store.client import folder_prefix
+    from chunkgrpo.store.manifest import MANIFEST_NAME
+
+    source = min(sources, key=len)
+    if have is not None:
+        meta = have.meta or {}
+        if meta.get("kind") == "model-cache" and meta.get("source") in sources:
+            return
+        was = f"a sync of {meta['source']}" if meta.get("kind") == "model-cache" and meta.get("source") \
+            else f"a folder artifact ({meta.get('kind') or 'not from models sync'})"
+        raise UserError(f"{dest} already holds {was} ({len(have.files)} files), not {source}; "
+                        "choose an empty prefix or remove it first")
+    _, key = parse_s3_uri(dest)
+    base = folder_prefix(key)
+    others = sorted(e.key[len(base):] for e in store.list(dest.rstrip("/") + "/")
+                    if e.key[len(base):] not in new_files and e.key[len(base):] != MANIFEST_NAME)
+    if others:
+        shown = ", ".join(others[:3]) + (f", ... ({len(others)} in all)" if len(others) > 3 else "")
+        raise UserError(f"{dest} is not empty and not an earlier sync of {source}: it holds {shown}; "
+                        "choose an empty prefix or remove it first")
 
 
 # ------------------------------------------------------------------------- weight URIs -> overrides

@@ -7,11 +7,13 @@ from __future__ import annotations
 import csv
 import io
 import json
+import logging
 from pathlib import Path
 
 from chunkgrpo.errors import UserError
 from chunkgrpo.inputs import read_text
 
+log = logging.getLogger(__name__)
 _FIELDS = ("prompt", "text", "Prompt", "caption")
 
 
@@ -21,7 +23,22 @@ def _pick(row: dict, where: str) -> str:
     for f in _FIELDS:
         if f in row and isinstance(row[f], str):
             return row[f]
+    present = [f for f in _FIELDS if f in row]
+    if present:  # a null or non-string prompt is refused, never trained on as 'None' or a number
+        x = row[present[0]]
+        what = "null" if x is None else f"{type(x).__name__} {str(x)[:40]!r}"
+        raise UserError(f"{where}: field {present[0]!r} is {what}, expected a string prompt")
     raise UserError(f"{where}: no prompt field (looked for {', '.join(_FIELDS)}; got {sorted(row)[:6]})")
+
+
+def _string_cells(cells: list, where: str) -> list[str]:
+    """A column's cells as prompts: a null, number or bytes cell is refused naming its row (never
+    trained on as 'None' or a repr)."""
+    for i, x in enumerate(cells):
+        if not isinstance(x, str):
+            what = "null" if x is None else f"{type(x).__name__} {str(x)[:40]!r}"
+            raise UserError(f"{where}: row {i} is {what}, expected a string prompt")
+    return cells
 
 
 def _fetch(uri: str) -> Path:
@@ -48,18 +65,25 @@ def load_prompts(path: str | Path, limit: int = 0) -> list[str]:
     check_regular(path, "prompt file")
     suffix = path.suffix.lower()
     prompts: list[str] = []
+    blank = 0  # blank lines are skipped in every text format (and said so), never an empty prompt
     if suffix == ".jsonl":
         for i, line in enumerate(read_text(path, "prompt file").splitlines(), 1):
             if not line.strip():
+                blank += 1
                 continue
             try:
                 prompts.append(_pick(json.loads(line), f"{path}:{i}"))
             except json.JSONDecodeError as e:
                 raise UserError(f"{path}:{i}: invalid JSON ({e.msg})") from None
     elif suffix == ".tsv":
-        fh = io.StringIO(read_text(path, "prompt file"), newline="")
-        for i, row in enumerate(csv.DictReader(fh, delimiter="\t"), 2):
-            prompts.append(_pick(row, f"{path}:{i}"))
+        text = read_text(path, "prompt file")
+        blank = sum(1 for ln in text.splitlines()[1:] if not ln.strip())
+        fh = io.StringIO(text, newline="")
+        reader = csv.DictReader(fh, delimiter="\t")
+        for row in reader:
+            if not any(v.strip() for v in row.values() if isinstance(v, str)):
+                continue  # a whitespace-only line between rows, like an empty one
+            prompts.append(_pick(row, f"{path}:{reader.line_num}"))
     elif suffix == ".parquet":
         import pyarrow.parquet as pq
 
@@ -74,10 +98,11 @@ def load_prompts(path: str | Path, limit: int = 0) -> list[str]:
             raise UserError(
                 f"{path}: no prompt column (looked for {', '.join(_FIELDS)}; got {table.column_names})"
             )
-        prompts = [str(x) for x in table.column(col).to_pylist()]
+        prompts = _string_cells(table.column(col).to_pylist(), f"{path}: column {col!r}")
     else:
-        prompts = [ln.strip() for ln in read_text(path, "prompt file").splitlines()
-                   if ln.strip() and not ln.lstrip().startswith("#")]
+        lines = read_text(path, "prompt file").splitlines()
+        prompts = [ln.strip() for ln in lines if ln.strip() and not ln.lstrip().startswith("#")]
+        blank = sum(1 for ln in lines if not ln.strip())
     prompts = [p.strip() for p in prompts]
     nul = [i for i, p in enumerate(prompts) if "\x00" in p]
     if nul:
@@ -87,4 +112,6 @@ def load_prompts(path: str | Path, limit: int = 0) -> list[str]:
         raise UserError(f"{path}: empty prompt at entry {empty[0]}")
     if not prompts:
         raise UserError(f"prompt file {path} contains no prompts")
+    if blank:
+        log.info("%s: %d prompts (%d blank lines skipped)", path, len(prompts), blank)
     return prompts[:limit] if limit else prompts

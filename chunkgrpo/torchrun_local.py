@@ -6,16 +6,24 @@
 to every interface (`::`): anyone who can reach the pod or the workstation can talk to the rendezvous
 store while training runs. This entry point is torchrun with a static rendezvous on 127.0.0.1 and a free
 port, whose store server is given a listening socket bound to 127.0.0.1 (TCPStore's `master_listen_fd`),
-so nothing listens beyond loopback. Every other torchrun argument is passed through unchanged.
+so nothing listens beyond loopback. That holds in every form it is started with: without
+`--master-port` (where torchrun itself would switch to a c10d rendezvous on every interface), with
+`--standalone` or a c10d rendezvous on a loopback endpoint, the launch becomes the static rendezvous on
+127.0.0.1 (the given port, else a free one); a non-loopback `--master-addr`/`--rdzv-endpoint`, more than
+one node or another rendezvous backend is refused in one line (exit 2). Every other torchrun argument is
+passed through unchanged. SIGTERM/SIGINT to the launcher stops its workers and ends in one line
+(exit 128 + the signal).
 """
 
 from __future__ import annotations
 
+import signal
 import socket
 import sys
 from collections.abc import Sequence
 
 HOST = "127.0.0.1"
+LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
 
 
 def _free_port() -> int:
@@ -53,14 +61,57 @@ def _loopback_store() -> None:
     rdzv.TCPStore = store
 
 
+def single_node_loopback(args):
+    """torchrun's parsed arguments turned into one node's static rendezvous on 127.0.0.1 (the only
+    rendezvous whose store `_loopback_store` binds to loopback); a launch that would have to listen
+    elsewhere is a UserError naming the option."""
+    from torch.distributed import run as torchrun
+
+    from chunkgrpo.errors import UserError
+
+    _, max_nodes = torchrun.parse_min_max_nnodes(args.nnodes)
+    if max_nodes != 1:
+        raise UserError(f"--nnodes={args.nnodes}: this launcher runs one node only (torchrun runs several)")
+    if args.rdzv_backend not in ("static", "c10d"):
+        raise UserError(f"--rdzv-backend={args.rdzv_backend}: one node's launch uses a static rendezvous")
+    port = args.master_port
+    if args.rdzv_endpoint:
+        host, _, endpoint_port = args.rdzv_endpoint.rpartition(":")
+        if (host or args.rdzv_endpoint) not in LOOPBACK:
+            raise UserError(f"--rdzv-endpoint={args.rdzv_endpoint}: the rendezvous listens on {HOST} only")
+        port = port or (int(endpoint_port) if endpoint_port.isdigit() and int(endpoint_port) else None)
+    if args.master_addr not in LOOPBACK:
+        raise UserError(f"--master-addr={args.master_addr}: the rendezvous listens on {HOST} only")
+    args.standalone = False
+    args.rdzv_backend, args.rdzv_endpoint, args.master_addr = "static", "", HOST
+    args.master_port = port or _free_port()
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     from chunkgrpo import threads
 
-    threads.set_env_policy()  # before torch loads here: forked ranks share this process's OpenMP runtime
+    threads.set_env_policy()  # an entry point: the OpenMP environment before torch loads
     from torch.distributed import run as torchrun
 
+    from chunkgrpo.errors import UserError
+
+    try:
+        args = single_node_loopback(torchrun.parse_args(list(sys.argv[1:] if argv is None else argv)))
+    except UserError as e:
+        print(f"chunkgrpo.torchrun_local: error: {e}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
     _loopback_store()
-    torchrun.main(list(sys.argv[1:] if argv is None else argv))
+    torchrun.parse_args = lambda _argv: args  # torchrun's main (error recording, run) on these arguments
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    try:
+        torchrun.main([])
+    except SignalException as e:  # SIGTERM/SIGINT to this agent: its workers are stopped by then
+        signum = int(e.sigval)
+        print(f"chunkgrpo.torchrun_local: stopped by signal {signum} ({signal.Signals(signum).name}); "
+              "its workers were stopped", file=sys.stderr, flush=True)
+        raise SystemExit(128 + signum) from None
 
 
 if __name__ == "__main__":

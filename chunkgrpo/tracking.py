@@ -262,13 +262,17 @@ def _run(
 
 @contextlib.contextmanager
 def _ended(tracker: MlflowTracker, params: Mapping[str, Any] | None = None) -> Iterator[MlflowTracker]:
-    """`tracker` (params logged first), its run ended FINISHED, or FAILED on an exception."""
+    """`tracker` (params logged first), its run ended FINISHED, FAILED on an exception, or KILLED when
+    interrupted (SIGTERM as `Terminated`, Ctrl-C): never left RUNNING by a run that stopped."""
+    from chunkgrpo.errors import Terminated
+
     if params:
         tracker.log_params(params)
     try:
         yield tracker
-    except BaseException:
-        tracker.client.set_terminated(tracker.run_id, status="FAILED")
+    except BaseException as e:
+        killed = isinstance(e, (Terminated, KeyboardInterrupt))
+        tracker.client.set_terminated(tracker.run_id, status="KILLED" if killed else "FAILED")
         raise
     tracker.client.set_terminated(tracker.run_id, status="FINISHED")
 

@@ -48,12 +48,20 @@ class Pool:
         return best
 
 
-def _quantity(value) -> int | None:
+def _quantity(value, what: str = "quantity", source: str = "") -> int | None:
+    """A Kubernetes quantity ('80Gi', '8') as an int; a malformed, negative or non-finite one is a
+    UserError naming the field (a negative limit would make every plan 'fit' or never fit)."""
     if value in (None, ""):
         return None
     from kubernetes.utils import parse_quantity
 
-    return int(parse_quantity(str(value)))
+    try:
+        q = parse_quantity(str(value))
+    except (ValueError, ArithmeticError):
+        raise UserError(f"{source or 'runtime'}: {what}={value!r} is not a Kubernetes quantity") from None
+    if not q.is_finite() or q < 0:
+        raise UserError(f"{source or 'runtime'}: {what}={value!r} must be a non-negative quantity")
+    return int(q)
 
 
 def pool_from_runtime(runtime: dict, name: str = "", source: str = "") -> Pool:
@@ -65,7 +73,7 @@ def pool_from_runtime(runtime: dict, name: str = "", source: str = "") -> Pool:
     except (KeyError, IndexError, TypeError):
         raise UserError(f"{source or 'runtime'}: not a ClusterTrainingRuntime with a pod template") from None
     limits = (c.get("resources") or {}).get("limits") or {}
-    gpus = int(_quantity(limits.get("nvidia.com/gpu")) or 0)
+    gpus = int(_quantity(limits.get("nvidia.com/gpu"), "limits.nvidia.com/gpu", source) or 0)
     product = (pod.get("nodeSelector") or {}).get("nvidia.com/gpu.product", "")
     if gpus and product not in GPU_MEMORY:
         raise UserError(f"{source or 'runtime'}: GPU product {product!r} has no known memory size "
@@ -76,9 +84,11 @@ def pool_from_runtime(runtime: dict, name: str = "", source: str = "") -> Pool:
     for m in c.get("volumeMounts") or []:
         spec = specs.get(m["name"], {})
         ed = spec.get("emptyDir")
-        size = _quantity(ed.get("sizeLimit")) if ed is not None else None
+        size = (_quantity(ed.get("sizeLimit"), f"volume {m['name']} sizeLimit", source)
+                if ed is not None else None)
         eph = (spec.get("ephemeral") or {}).get("volumeClaimTemplate", {}).get("spec", {})
-        pvc = _quantity((eph.get("resources") or {}).get("requests", {}).get("storage")) if eph else None
+        pvc = _quantity((eph.get("resources") or {}).get("requests", {}).get("storage"),
+                        f"volume {m['name']} storage request", source) if eph else None
         vols.append(Volume(m["name"], m["mountPath"], size if ed is not None else pvc,
                            (ed or {}).get("medium", "") if ed is not None else ("pvc" if eph else "other")))
     return Pool(
@@ -86,8 +96,8 @@ def pool_from_runtime(runtime: dict, name: str = "", source: str = "") -> Pool:
         gpu_product=product,
         gpu_memory=GPU_MEMORY.get(product, 0),
         gpus_per_node=gpus,
-        memory_limit=_quantity(limits.get("memory")),
-        ephemeral_limit=_quantity(limits.get("ephemeral-storage")),
+        memory_limit=_quantity(limits.get("memory"), "limits.memory", source),
+        ephemeral_limit=_quantity(limits.get("ephemeral-storage"), "limits.ephemeral-storage", source),
         volumes=vols,
         env=env,
         source=source,

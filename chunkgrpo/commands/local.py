@@ -34,8 +34,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import math
+
+    from chunkgrpo.errors import UserError
     from chunkgrpo.services import LocalServices, LocalServicesConfig
 
+    if not (math.isfinite(args.timeout) and args.timeout > 0):  # NaN would never time out, nor report
+        raise UserError(f"--timeout {args.timeout} must be a positive number of seconds")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     cfg = LocalServicesConfig(home=args.home, s3_port=args.s3_port, mlflow_port=args.mlflow_port,
                               mlflow=not args.no_mlflow, start_timeout_s=args.timeout)

@@ -42,7 +42,10 @@ def load_prompts(path: str | os.PathLike | None = None, *, strict: bool | None =
     """The HPDv2 test prompts, one per line (blank lines dropped). With the default file (or `strict=True`)
     exactly 400 prompts are required; a custom list may have any length."""
     p = data_file(PROMPTS_FILE, path, what="HPDv2 test prompts (hpdv2_test_prompts_400.txt)")
-    prompts = [ln.strip() for ln in p.read_text(encoding="utf-8").splitlines() if ln.strip()]
+    from chunkgrpo.inputs import read_text
+
+    # a binary, non-UTF-8 or special file is one line naming it (read_text), not a decode traceback
+    prompts = [ln.strip() for ln in read_text(p, "HPDv2 prompt file").splitlines() if ln.strip()]
     if strict is None:
         strict = path is None
     if strict and len(prompts) != N_PROMPTS:

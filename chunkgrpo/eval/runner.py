@@ -437,11 +437,11 @@ def run_evaluation(cfg: EvalConfig, *, detector=None, color_fn: Callable | None 
         from chunkgrpo.flux import check_model_folder
 
         check_model_folder(base_model)
+    jobs, ctx = image_jobs(cfg)  # a bad prompt file is refused before the output folder exists
     out.mkdir(parents=True, exist_ok=True)
     built = check_before_generation(cfg, scorers=scorers, detector=detector, color_fn=color_fn)
     models = {"scorers": scorers, "detector": detector, "judge": judge,
               "color_fn": color_fn if color_fn is not None else built.get("color_fn")}
-    jobs, ctx = image_jobs(cfg)
     for lb in labels if "geneval" in ctx else ():
         geneval.write_layout(ctx["geneval"]["metadata"], out / "geneval" / lb)
     _prepare_resume(cfg, out, jobs, _fingerprint(cfg, trained, base_model))

@@ -171,6 +171,8 @@ def build_tiny_flux(
     """
     if size not in SIZES:
         raise UserError(f"unknown tiny-model size {size!r} (choose one of {sorted(SIZES)})")
+    if not 0 <= seed < 2**32:  # the range torch.manual_seed accepts on every device, and train's seed range
+        raise UserError(f"seed={seed} must be in 0..{2**32 - 1}")
     out = Path(out_dir)
     _check_target(out, overwrite)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -15,6 +15,10 @@ from chunkgrpo.errors import UserError
 from chunkgrpo.recipes import BRANCHING_METHODS, GRPO_METHODS, METHOD_NAMES
 from chunkgrpo.rollout import SamplingConfig
 
+# Samples one rank rolls out per iteration (prompts_per_rank × group_size): far above what any GPU holds,
+# below the sizes at which a rollout's tensor sizes overflow.
+MAX_SAMPLES_PER_RANK = 2**16
+
 
 @dataclass
 class LoraConfig(Config):
@@ -284,6 +288,15 @@ class TrainConfig(Config):
                             "an empty one would write into the current directory")
         if not 0 <= self.seed < 2**32:
             raise UserError(f"seed={self.seed} must be in 0..{2**32 - 1}")
+        for name in ("model", "prompts"):  # an s3:// location is checked (bucket name, no '..') up front
+            value = getattr(self, name)
+            if isinstance(value, str) and value.startswith("s3://"):
+                from chunkgrpo.store import parse_s3_uri
+
+                try:
+                    parse_s3_uri(value)
+                except UserError as e:
+                    raise UserError(f"{name}={value}: {e}") from None
         if self.device not in ("auto", "cpu", "cuda") and not re.fullmatch(r"cuda:\d+", self.device):
             raise UserError(f"device={self.device!r} is not one of auto, cpu, cuda, cuda:N")
         if self.max_grad_norm < 0:
@@ -296,6 +309,9 @@ class TrainConfig(Config):
             raise UserError(f"group_size must be >= 2 for group-relative advantages, got {self.group_size}")
         if self.prompts_per_rank < 1:
             raise UserError(f"prompts_per_rank must be >= 1, got {self.prompts_per_rank}")
+        if self.samples_per_rank > MAX_SAMPLES_PER_RANK:  # tensor sizes past this overflow, not just OOM
+            raise UserError(f"prompts_per_rank={self.prompts_per_rank} × group_size={self.group_size} = "
+                            f"{self.samples_per_rank} samples per rank is over {MAX_SAMPLES_PER_RANK}")
         if not 0 < self.timestep_fraction <= 1:
             raise UserError(f"timestep_fraction must be in (0, 1], got {self.timestep_fraction}")
         for name in ("clip_low", "clip_high", "lr", "adv_clip"):

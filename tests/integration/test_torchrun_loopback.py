@@ -1,4 +1,4 @@
-"""#27: the local torchrun launch (components/train, `chunkgrpo.torchrun_local`) listens on 127.0.0.1 only;
+"""The local torchrun launch (components/train, `chunkgrpo.torchrun_local`) listens on 127.0.0.1 only;
 `torchrun --standalone` (what it replaced) listens on every interface."""
 
 from __future__ import annotations
@@ -64,3 +64,55 @@ def test_standalone_would_listen_on_every_interface(tmp_path):
         tmp_path / "standalone",
     )
     assert any(ip not in ("127.0.0.1", "::1") for ip, _ in sockets), sockets
+
+
+
+@pytest.mark.parametrize("form", [
+    ["--nproc-per-node=2"],  # the documented form: torchrun alone would take a c10d rendezvous on `::`
+    ["--nproc-per-node=2", "--standalone"],
+    ["--nproc-per-node=2", "--rdzv-backend=c10d", "--rdzv-endpoint=localhost:0"],
+    ["--nproc-per-node=2", "--master-port=0"],
+], ids=["plain", "standalone", "c10d-localhost", "master-port-0"])
+def test_every_documented_form_listens_on_loopback_only(form, tmp_path):
+    sockets = _listening([sys.executable, "-m", "chunkgrpo.torchrun_local", *form], tmp_path / "form")
+    assert sockets and all(ip == "127.0.0.1" for ip, _ in sockets), sockets
+
+
+@pytest.mark.parametrize("option", ["--master-addr=0.0.0.0", "--rdzv-endpoint=10.0.0.1:29400", "--nnodes=2",
+                                    "--rdzv-backend=etcd"])
+def test_a_launch_that_would_listen_elsewhere_is_refused_in_one_line(option, tmp_path):
+    (tmp_path / "w.py").write_text("raise SystemExit('started')\n")
+    r = subprocess.run([sys.executable, "-m", "chunkgrpo.torchrun_local", "--nproc-per-node=2", option,
+                        str(tmp_path / "w.py")], capture_output=True, text=True, timeout=120)
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.returncode == 2 and len(lines) == 1, r.stderr
+    assert lines[0].startswith("chunkgrpo.torchrun_local: error: ") and option.split("=")[0] in lines[0]
+
+
+def test_sigterm_to_the_launcher_stops_its_workers_in_one_line(tmp_path):
+    """A pod eviction or `kill` of the launcher: its ranks are stopped and it says so in one line, exit
+    128 + SIGTERM, no traceback."""
+    import psutil
+
+    (tmp_path / "w.py").write_text(WORKER)
+    ready = tmp_path / "ready"
+    ready.mkdir()
+    env = {**os.environ, "READY_DIR": str(ready), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([*command(2), str(tmp_path / "w.py")], env=env, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not ((ready / "0").exists() and (ready / "1").exists()):
+            assert proc.poll() is None and time.monotonic() < deadline, "torchrun did not start its 2 ranks"
+            time.sleep(0.2)
+        ranks = psutil.Process(proc.pid).children(recursive=True)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 128 + signal.SIGTERM and "Traceback" not in err, err[-3000:]
+    assert err.strip().splitlines()[-1] == (
+        "chunkgrpo.torchrun_local: stopped by signal 15 (SIGTERM); its workers were stopped")
+    assert not [p for p in ranks if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]

@@ -456,6 +456,102 @@ BAD_INPUTS["register from an S3 key with '..'"] = (
 )
 
 
+
+def _parquet(ws: Path, name: str, cells: list) -> str:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = ws / name
+    if not path.exists():
+        pq.write_table(pa.table({"prompt": cells}), path)
+    return str(path)
+
+
+def _runtime_with(ws: Path, **limits) -> str:
+    import yaml
+
+    pod = {"nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H800"},
+           "containers": [{"name": "node", "resources": {"limits": {"nvidia.com/gpu": 8, **limits}}}]}
+    rt = {"kind": "ClusterTrainingRuntime", "metadata": {"name": "chunkgrpo-torch"},
+          "spec": {"template": {"spec": {"replicatedJobs": [
+              {"template": {"spec": {"template": {"spec": pod}}}}]}}}}
+    return _write(ws, "runtime.yaml", yaml.safe_dump(rt))
+
+
+def _capacity(*extra: str):
+    return lambda ws: ["capacity", "--config", "chunk_grpo_flux", "--pool", "h800", *extra]
+
+
+BAD_INPUTS.update(
+    {
+        # prompt cells that are not strings are refused by row, never trained on as 'None' or a number
+        "prompts: .parquet with a null prompt": (
+            lambda ws: _train(f"prompts={_parquet(ws, 'p.parquet', ['a cat', None])}")(ws),
+            "row 1 is null",
+        ),
+        "prompts: .parquet with integer prompts": (
+            lambda ws: _train(f"prompts={_parquet(ws, 'p.parquet', [1, 2])}")(ws),
+            "row 0 is int '1'",
+        ),
+        "prompts: .parquet with bytes prompts": (
+            lambda ws: _train(f"prompts={_parquet(ws, 'p.parquet', [b'a cat'])}")(ws),
+            "row 0 is bytes",
+        ),
+        "prompts: .jsonl with a null prompt": (
+            _prompts("p.jsonl", '{"prompt": "a cat"}\n{"prompt": null}\n'),
+            "p.jsonl:2: field 'prompt' is null",
+        ),
+        "prompts: .jsonl with a number prompt": (
+            _prompts("p.jsonl", '{"prompt": 7}\n'),
+            "field 'prompt' is int '7'",
+        ),
+        "evaluate hpdv2_prompts=<binary file>": (
+            lambda ws: ["evaluate", "--config", "eval_tiny", f"base_model={ws / 'model'}",
+                        f"hpdv2_prompts={_write(ws, 'h.txt', BINARY)}", f"output_dir={ws / 'e'}"],
+            "HPDv2 prompt file",
+        ),
+        # numbers out of range
+        "tiny-model --seed 2**80": (
+            lambda ws: ["tiny-model", "--out", str(ws / "tm"), "--seed", str(2**80)],
+            f"seed={2**80} must be in 0..4294967295",
+        ),
+        "capacity: 10**15 samples per rank (tensor sizes overflow)": (
+            _capacity("group_size=1000000000", "prompts_per_rank=1000000", "grad_accum=1"),
+            "1000000000000000 samples per rank",
+        ),
+        "train group_size=10**9": (_train("group_size=1000000000", "grad_accum=1"), "samples per rank"),
+        "capacity --runtime with a negative memory limit": (
+            lambda ws: _capacity("--runtime", _runtime_with(ws, memory="-16Gi"))(ws),
+            "limits.memory='-16Gi' must be a non-negative quantity",
+        ),
+        "capacity --runtime with a negative GPU count": (
+            lambda ws: _capacity("--runtime", _runtime_with(ws, **{"nvidia.com/gpu": -8}))(ws),
+            "limits.nvidia.com/gpu=-8",
+        ),
+        "capacity --runtime with a malformed quantity": (
+            lambda ws: _capacity("--runtime", _runtime_with(ws, **{"ephemeral-storage": "lots"}))(ws),
+            "limits.ephemeral-storage='lots' is not a Kubernetes quantity",
+        ),
+        "local up --timeout nan": (
+            lambda ws: ["local", "up", "--home", str(ws / "h"), "--timeout", "nan"],
+            "--timeout nan",
+        ),
+        "local up --timeout -1": (
+            lambda ws: ["local", "up", "--home", str(ws / "h"), "--timeout", "-1"],
+            "--timeout -1.0",
+        ),
+        # s3:// model URIs are checked (bucket naming, no '..') before anything is read or written
+        "train model=s3://Bad_Bucket/x": (
+            _train("model=s3://Bad_Bucket/x"),
+            "invalid bucket name 'Bad_Bucket'",
+        ),
+        "train model=s3://chunkgrpo/a/../b": (
+            _train("model=s3://chunkgrpo/a/../b"),
+            "'..' are not allowed",
+        ),
+    }
+)
+
 def _snapshot(root: Path) -> dict[str, bytes]:
     """Every entry under `root`: files by content, folders and FIFOs by kind (a created folder is a
     change)."""
