@@ -74,10 +74,27 @@ def taken_internal_port(rec: dict) -> int | None:
 
 
 def remove_weed_sockets(rec: dict) -> None:
-    """weed leaves /tmp/seaweedfs-<kind>-grpc-<port>.sock behind; remove those of this (dead) instance."""
+    """weed leaves /tmp/seaweedfs-<kind>-grpc-<port>.sock behind; remove those of this (dead) instance.
+    A socket that still accepts a connection belongs to a live program (another SeaweedFS that took the
+    same port since, in another home, or anything else) and is left alone: only a socket nobody listens
+    on is removed."""
     for flag, port in (rec.get("internal_ports") or {}).items():
         if flag.endswith(".grpc"):
             sock = Path(tempfile.gettempdir()) / f"seaweedfs-{flag.split('.')[0]}-grpc-{port}.sock"
             with contextlib.suppress(OSError):
-                if sock.is_socket():
+                if sock.is_socket() and not socket_listened_on(sock):
                     sock.unlink()
+
+
+def socket_listened_on(path: Path) -> bool:
+    """Whether a program accepts connections on the Unix socket at `path` (a refused or failed connect:
+    nobody does)."""
+    import socket
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(1.0)
+        try:
+            s.connect(str(path))
+        except OSError:
+            return False
+    return True
