@@ -138,24 +138,19 @@ class RemoteReward:
 
 
 def check_service(url: str, name: str, timeout_s: float = 10.0) -> str | None:
-    """Whether the reward server at `url` can score `name` for a run, asked once with no retry: GET /readyz
-    (reachable, loaded, serving `name`), then POST /score with one 8x8 image (the token is accepted and a
-    finite score comes back). None when it can, else one line naming the URL and the cause."""
-    from PIL import Image
-
+    """Whether the reward server at `url` can score `name` for a run, asked once with no retry and scoring
+    nothing: GET /readyz (reachable, loaded, serving `name`), then GET /info with the token (accepted).
+    None when it can, else one line naming the URL and the cause."""
     try:
         base = check_url(url)
     except UserError as e:
         return str(e)
     where = f"reward {name!r} at {base}"
 
-    def ask(path: str, body: bytes | None = None) -> tuple[int, dict]:
-        headers = {"Content-Type": "application/json"}
+    def ask(path: str) -> tuple[int, dict]:
         token = os.environ.get(TOKEN_ENV)
-        if token and body is not None:
-            headers["Authorization"] = f"Bearer {token}"
-        req = urllib.request.Request(base + path, data=body, headers=headers,
-                                     method="GET" if body is None else "POST")
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        req = urllib.request.Request(base + path, headers=headers)
         try:
             with urllib.request.urlopen(req, timeout=timeout_s) as r:
                 code, raw = r.status, r.read()
@@ -169,25 +164,20 @@ def check_service(url: str, name: str, timeout_s: float = 10.0) -> str | None:
 
     try:
         code, ready = ask("/readyz")
+        served = ready.get("scorer")
+        if code in (200, 503) and served is not None and _canon(served) != _canon(name):
+            return f"{where}: the server scores with {served!r}, not {name!r}"
         if code == 503:
             return f"{where}/readyz: not ready (HTTP 503: the reward is still loading)"
-        if code != 200:
-            return f"{where}/readyz: HTTP {code} (is this a chunkgrpo reward-server?)"
-        served = ready.get("scorer")
-        if _canon(served) != _canon(name):
-            return f"{where}: the server scores with {served!r}, not {name!r}"
-        body = json.dumps({"prompts": ["a preflight check"], "images": [_png(Image.new("RGB", (8, 8)))]})
-        code, answer = ask("/score", body.encode())
+        if code != 200 or served is None:
+            return f"{where}/readyz: HTTP {code} without a scorer (is this a chunkgrpo reward-server?)"
+        code, answer = ask("/info")
     except (urllib.error.URLError, OSError) as e:
         reason = getattr(e, "reason", e)
         return f"{where} is not reachable ({' '.join(f'{type(reason).__name__}: {reason}'.split())})"
     if code == 401:
-        return f"{where}/score: unauthorised (HTTP 401: ${TOKEN_ENV} is missing or wrong)"
+        return f"{where}/info: unauthorised (HTTP 401: ${TOKEN_ENV} is missing or wrong)"
     if code != 200:
         detail = answer.get("error", "")
-        return f"{where}/score: HTTP {code}" + (f" ({detail})" if detail else "")
-    scores = answer.get("scores")
-    if not isinstance(scores, list) or len(scores) != 1 or not isinstance(scores[0], (int, float)) \
-            or scores[0] != scores[0] or scores[0] in (float("inf"), float("-inf")):
-        return f"{where}/score: no finite score for one image ({str(scores)[:60]})"
+        return f"{where}/info: HTTP {code}" + (f" ({detail})" if detail else "")
     return None

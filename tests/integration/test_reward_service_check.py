@@ -4,10 +4,12 @@ serving another reward than the config names."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
 import sys
+import urllib.request
 
 import pytest
 
@@ -36,9 +38,16 @@ def _spec(tmp_path, name: str, url: str) -> PreflightSpec:
 
 
 def test_a_ready_server_with_the_token_passes(servers, token_env, tmp_path):  # noqa: F811
-    s = servers("brightness")
+    s = servers("brightness", "--max-batch", "16")
     assert check_service(s.url + "/", "brightness") is None
     assert check(_spec(tmp_path, "brightness", s.url)) == []
+    req = urllib.request.Request(f"{s.url}/info", headers={"Authorization": f"Bearer {TOKEN}"})
+    with urllib.request.urlopen(req, timeout=5) as r:
+        info = json.loads(r.read())
+    assert info["scorer"] == "brightness" and info["max_batch"] == 16 and info["ready"] is True
+    assert info["version"].startswith("chunkgrpo ")
+    metrics = urllib.request.urlopen(f"{s.url}/metrics", timeout=5).read().decode()
+    assert 'chunkgrpo_reward_images_total{scorer="brightness"} 0' in metrics  # the checks scored nothing
 
 
 def test_a_wrong_or_missing_token_is_unauthorised(servers, tmp_path, monkeypatch):  # noqa: F811
@@ -49,7 +58,7 @@ def test_a_wrong_or_missing_token_is_unauthorised(servers, tmp_path, monkeypatch
         else:
             monkeypatch.delenv("CHUNKGRPO_REWARD_TOKEN", raising=False)
         assert check(_spec(tmp_path, "brightness", s.url)) == [
-            f"reward 'brightness' at {s.url}/score: unauthorised (HTTP 401: $CHUNKGRPO_REWARD_TOKEN is "
+            f"reward 'brightness' at {s.url}/info: unauthorised (HTTP 401: $CHUNKGRPO_REWARD_TOKEN is "
             "missing or wrong)"]
 
 
