@@ -76,3 +76,26 @@ def test_pipeline_has_reward_url_for_preflight_and_train(tmp_path, trainer, step
         assert token and token[0]["optional"], e
         assert token[0]["keyToEnv"] == [{"secretKey": "CHUNKGRPO_REWARD_TOKEN",
                                          "envVar": "CHUNKGRPO_REWARD_TOKEN"}]
+
+
+def test_preflight_checks_the_server_not_the_served_weights(monkeypatch, tmp_path):
+    import chunkgrpo.preflight as pf
+    from chunkgrpo.stages.preflight import preflight
+
+    seen = []
+
+    def require(spec):
+        seen.append(spec)
+        raise UserError("stop here")
+
+    monkeypatch.setattr(pf, "require", require)
+    kw = dict(model="m", prompts="p.txt", preset="chunk_grpo_flux", method="chunk", train_overrides=[],
+              reward_weights={"hpsv3": "s3://b/hpsv3", "hpsv3.processor": "s3://b/qwen"}, scorer_weights={},
+              eval_preset="eval_hpdv2", eval_benchmarks=["geneval"], eval_overrides=[],
+              artifact_root="s3://b/runs", pool="cpu", capacity_out=tmp_path / "c.md")
+    for url in ("", URL):
+        with pytest.raises(UserError, match="stop here"):
+            preflight(**kw, reward_url=url)
+    local, served = seen
+    assert local.reward_servers == [] and set(local.weights) == {"reward hpsv3", "reward hpsv3.processor"}
+    assert served.reward_servers == [("hpsv3", URL)] and served.weights == {}
