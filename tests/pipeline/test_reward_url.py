@@ -99,3 +99,15 @@ def test_preflight_checks_the_server_not_the_served_weights(monkeypatch, tmp_pat
     local, served = seen
     assert local.reward_servers == [] and set(local.weights) == {"reward hpsv3", "reward hpsv3.processor"}
     assert served.reward_servers == [("hpsv3", URL)] and served.weights == {}
+
+
+def test_training_job_pods_get_the_token_only_when_a_reward_is_served():
+    from chunkgrpo.stages.launch import JobOptions, job_spec
+
+    job = JobOptions(image="ghcr.io/chunkgrpo/chunkgrpo-runtime:0.1.0")
+    plain = job_spec(_req(run_id="a" * 32), job, "team-a").secret_env
+    served = job_spec(_req(run_id="a" * 32, reward_url=URL), job, "team-a").secret_env
+    assert set(plain) == {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"}
+    assert served == {**plain, "CHUNKGRPO_REWARD_TOKEN": ("chunkgrpo-reward", "CHUNKGRPO_REWARD_TOKEN")}
+    args = job_spec(_req(run_id="a" * 32, reward_url=URL), job, "team-a").train_args
+    assert f"rewards.0.url={URL}" in args
