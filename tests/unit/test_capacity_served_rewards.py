@@ -3,7 +3,13 @@ every training rank's phases and the model cache, and the plan sizes the reward 
 
 from __future__ import annotations
 
-from chunkgrpo.capacity.plan import ASSUMED_ITERATION_S, REWARD_MODELS, capacity_plan, render_table
+from chunkgrpo.capacity.plan import (
+    ASSUMED_ITERATION_S,
+    REWARD_MODELS,
+    capacity_plan,
+    render_markdown,
+    render_table,
+)
 from chunkgrpo.capacity.pool import load_pool
 from chunkgrpo.train.config import TrainConfig
 
@@ -26,7 +32,7 @@ def test_served_reward_leaves_the_ranks_and_sizes_the_server():
     assert all(i.parts["reward models"] == hpsv3 for i in _gpu(local).values())
     assert not [i for i in local.items if i.resource.startswith("reward server")]
     assert local.facts["reward_services"] == [] and local.facts["reward_bytes_freed_per_rank"] == 0
-    assert "reward server" not in render_table(local)
+    assert "reward server" not in render_table(local) and "reward server" not in render_markdown(local)
 
     # served: no phase has a reward part, each is smaller by exactly the model, and so is the model cache
     assert served.facts["reward_bytes_freed_per_rank"] == hpsv3
@@ -48,3 +54,6 @@ def test_served_reward_leaves_the_ranks_and_sizes_the_server():
     text = render_table(served)
     assert "served rewards free 15.4 GiB of GPU memory per rank" in text
     assert f"192 images per iteration / {ASSUMED_ITERATION_S:g} s per iteration (assumed)" in text
+    md = render_markdown(served)  # the pipeline preflight's capacity report
+    assert "| reward server hpsv3 | GPU memory (model) | 15.4 GiB |" in md
+    assert "Served rewards free 15.4 GiB of GPU memory per rank." in md and "192 images per iteration" in md
