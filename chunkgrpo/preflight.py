@@ -10,9 +10,11 @@ Checks: S3 credentials and endpoint; the base model (an s3:// folder artifact wi
 local diffusers folder, or a hub id already in the local hub cache: nothing is downloaded); the
 prompt file; every reward/scorer weight URI; the bucket of `artifact_root`; the WISE judge's API
 key when `wise` is evaluated; the MLflow server (reachable, and the credentials accepted when it
-runs with basic auth); with `device` set, that CUDA can use the GPU it asks for (`chunkgrpo.gpu`);
-for a benchmark of a registry version (`registered="name@alias"`, the
-nightly pipeline) that the alias exists, and the base model it was registered with.
+runs with basic auth); every reward server the run scores with (reachable, loaded, serving the named
+reward, accepting $CHUNKGRPO_REWARD_TOKEN: `scoring.remote.check_service`); with `device` set, that
+CUDA can use the GPU it asks for (`chunkgrpo.gpu`); for a benchmark of a registry version
+(`registered="name@alias"`, the nightly pipeline) that the alias exists, and the base model it was
+registered with.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ class PreflightSpec:
     mlflow: bool = True
     timeout_s: float = 10.0
     device: str = ""  # the stage's device when preflight runs where the stage will ("" = not checked)
+    reward_servers: list[tuple[str, str]] = dataclasses.field(default_factory=list)  # (name, url) served
 
 
 def _store():
@@ -248,6 +251,12 @@ def check(spec: PreflightSpec) -> list[str]:
                         "(Secret chunkgrpo-judge, key OPENAI_API_KEY)")
     if mlflow_problem:
         problems.append(mlflow_problem)
+    if spec.reward_servers:
+        from chunkgrpo.scoring.remote import check_service
+
+        for name, url in spec.reward_servers:
+            if p := check_service(url, name, spec.timeout_s):
+                problems.append(p)
     return problems
 
 

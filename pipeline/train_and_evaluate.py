@@ -36,6 +36,7 @@ from kfp import dsl
 
 from chunkgrpo.model_cache import BASE_MODEL, default_weights, model_uri
 from chunkgrpo.recipes import METHOD_NAMES
+from chunkgrpo.scoring.service import TOKEN_ENV
 from components import (
     check_gate,
     close_run,
@@ -52,6 +53,10 @@ from components import (
 from components.images import RUNTIME_IMAGE
 from components.k8s import POOLS, Pool, configure, on_pool, pull_secrets, small, with_judge
 
+# The reward server's bearer token (manifests/components/reward-server); optional: a run without
+# `reward_url` needs none, and preflight names the server when it refuses a missing token.
+REWARD_SECRET = "chunkgrpo-reward"
+
 NAME = "chunkgrpo-train-and-evaluate"
 DEFAULT_MODEL = model_uri(BASE_MODEL)                      # s3://chunkgrpo-data/models/black-forest-labs/FLUX.1-dev
 DEFAULT_SCORER_WEIGHTS = default_weights()                 # hpsv3 (+ its Qwen2-VL processor), imagereward
@@ -61,6 +66,15 @@ TRAINERS = ("torchrun", "trainjob", "pytorchjob")
 JOB_KINDS = ("TrainJob", "PyTorchJob")
 # Parameters rendered as dropdowns (KFP >= 2.17 UI): injected into the IR by pipeline.compile.
 LITERALS = {"method": METHOD_NAMES, "gate_direction": DIRECTIONS, "job_kind": JOB_KINDS}
+
+
+def with_reward_token(task):
+    """$CHUNKGRPO_REWARD_TOKEN from the optional Secret chunkgrpo-reward, for the steps calling the server."""
+    from kfp import kubernetes
+
+    kubernetes.use_secret_as_env(task, secret_name=REWARD_SECRET, secret_key_to_env={TOKEN_ENV: TOKEN_ENV},
+                                 optional=True)
+    return task
 
 
 def _after_training(p: dict, pool: Pool, opened, planned, trained) -> None:
@@ -95,8 +109,9 @@ def _before_training(p: dict, pool: Pool):
                     scorer_weights=p["scorer_weights"],
                     eval_preset=p["eval_preset"], eval_benchmarks=p["eval_benchmarks"],
                     eval_overrides=p["eval_overrides"], artifact_root=p["artifact_root"], method=p["method"],
-                    pool=pool.name)
-    with_judge(configure(small(pre, "4G"), display_name="preflight", cache=False, retries=0))
+                    pool=pool.name, reward_url=p["reward_url"])
+    with_reward_token(with_judge(configure(small(pre, "4G"), display_name="preflight", cache=False,
+                                           retries=0)))
     opened = open_run(experiment=p["experiment"], run_name=dsl.PIPELINE_JOB_NAME_PLACEHOLDER,
                       kfp_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, pipeline=NAME)
     configure(small(opened), display_name="mlflow run", cache=False, retries=3, backoff="10s")
@@ -147,6 +162,7 @@ def _torchrun_pipeline(gpu_pool: Pool):
         reward_weights: dict = DEFAULT_REWARD_WEIGHTS,
         scorer_weights: dict = DEFAULT_SCORER_WEIGHTS,
         train_overrides: list = [],
+        reward_url: str = "",
         chunks: str = "dynamics",
         profile_prompts: int = 16,
         profile_seeds: int = 2,
@@ -186,6 +202,10 @@ def _torchrun_pipeline(gpu_pool: Pool):
                 "<scorer>.processor": URI} (hpsv3, imagereward, hpsv2.1, pickscore, clip).
             train_overrides: Extra training overrides as a JSON list of "key=value" strings, e.g. ["lr=5e-6",
                 "sampling.eta=0.3"].
+            reward_url: A reward server (`chunkgrpo reward-server`, manifests/components/reward-server) that
+                scores every training reward without a url of its own, e.g. http://reward-server:8000; '' =
+                the rewards as configured. Preflight checks it before any GPU time; its token is the
+                Secret chunkgrpo-reward's CHUNKGRPO_REWARD_TOKEN.
             chunks: Chunk plan - dynamics[:max=5,last=0.5] | uniform:N | sizes:a,b,.. | step | whole.
             profile_prompts: Prompts used to profile the base model's dynamics (0 = all).
             profile_seeds: Initial-noise seeds per profiled prompt.
@@ -214,9 +234,10 @@ def _torchrun_pipeline(gpu_pool: Pool):
                        chunks=planned.outputs["Output"], max_iterations=max_iterations,
                        nproc_per_node=nproc_per_node, overrides=train_overrides, artifact_root=artifact_root,
                        run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, experiment=experiment,
-                       parent_run_id=opened.output, reward_weights=reward_weights)
+                       parent_run_id=opened.output, reward_weights=reward_weights, reward_url=reward_url)
             on_pool(tr, gpu_pool, nproc_per_node, cache_size=gpu_pool.train_cache_size)
-            configure(tr, display_name="train (torchrun)", cache=False, retries=1, backoff="120s")
+            with_reward_token(configure(tr, display_name="train (torchrun)", cache=False, retries=1,
+                                        backoff="120s"))
             _after_training(p, gpu_pool, opened, planned, tr)
 
     return train_and_evaluate
@@ -241,6 +262,7 @@ def _multinode_pipeline(gpu_pool: Pool, default_kind: str):
         reward_weights: dict = DEFAULT_REWARD_WEIGHTS,
         scorer_weights: dict = DEFAULT_SCORER_WEIGHTS,
         train_overrides: list = [],
+        reward_url: str = "",
         chunks: str = "dynamics",
         profile_prompts: int = 16,
         profile_seeds: int = 2,
@@ -288,6 +310,10 @@ def _multinode_pipeline(gpu_pool: Pool, default_kind: str):
                 "<scorer>.processor": URI} (hpsv3, imagereward, hpsv2.1, pickscore, clip).
             train_overrides: Extra training overrides as a JSON list of "key=value" strings, e.g. ["lr=5e-6",
                 "sampling.eta=0.3"].
+            reward_url: A reward server (`chunkgrpo reward-server`, manifests/components/reward-server) that
+                scores every training reward without a url of its own, e.g. http://reward-server:8000; '' =
+                the rewards as configured. Preflight checks it before any GPU time; its token is the
+                Secret chunkgrpo-reward's CHUNKGRPO_REWARD_TOKEN.
             chunks: Chunk plan - dynamics[:max=5,last=0.5] | uniform:N | sizes:a,b,.. | step | whole.
             profile_prompts: Prompts used to profile the base model's dynamics (0 = all).
             profile_seeds: Initial-noise seeds per profiled prompt.
@@ -322,7 +348,7 @@ def _multinode_pipeline(gpu_pool: Pool, default_kind: str):
                 max_iterations=max_iterations, overrides=train_overrides, artifact_root=artifact_root,
                 run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, experiment=experiment, parent_run_id=opened.output,
                 timeout_hours=timeout_hours, queue_name=queue_name, image_pull_secrets=pull_secrets(),
-                reward_weights=reward_weights)
+                reward_weights=reward_weights, reward_url=reward_url)
             configure(small(tr, "2G"), display_name=f"train ({default_kind} launcher)", cache=False,
                       retries=2, backoff="30s")
             _after_training(p, gpu_pool, opened, planned, tr)

@@ -71,6 +71,9 @@ from chunkgrpo.recipes import BRANCHING_METHODS
 REWARD_MODELS = {"hpsv3": (8_291_375_616, 2), "hpsv2.1": (986_109_697, 4), "hpsv2": (986_109_697, 4),
                  "pickscore": (986_109_697, 4), "clip": (986_109_697, 4), "imagereward": (447_000_000, 4)}
 PROCESS_HOST_BYTES = 3 * GiB  # host memory of one rank's Python + torch + CUDA runtime, before the model
+# Seconds of one training iteration (rollout + decode + policy windows + optimizer steps) assumed when sizing
+# a reward server's throughput; the config has no such field, so the plan states it with the rate.
+ASSUMED_ITERATION_S = 120.0
 
 
 # ------------------------------------------------------------------------------ the plan
@@ -120,13 +123,15 @@ def _gib(n: int | None) -> str:
 
 def capacity_plan(cfg, pool: Pool, *, nodes: int = 1, output_dir: str = "", preset: str = "",
                   device: str = "cuda", reserve_bytes: int = 3 * GiB, arch: ModelArch | None = None,
-                  prompts: int = 0) -> CapacityPlan:
+                  prompts: int = 0, iteration_s: float = ASSUMED_ITERATION_S) -> CapacityPlan:
     """The plan of TrainConfig `cfg` on `nodes` pods of `pool` (one rank per GPU; `device="cpu"` = one CPU
     rank).
 
     `output_dir` is the trainer's output folder in the pod ('' = the launcher's default,
     `JobSpec.output_dir`); `prompts` the number of distinct training prompts (0 = unknown: every prompt of
-    the run is distinct)."""
+    the run is distinct). A reward with a `url` is served (`chunkgrpo reward-server` on its own GPU): its
+    model is on no training rank and in no model cache; the plan sizes its server instead (the model's GPU
+    memory and the images per second the run sends it, assuming `iteration_s` seconds per iteration)."""
     arch = arch or ModelArch.for_model(cfg.model)
     gpu = device != "cpu"
     ranks_per_node = max(1, pool.gpus_per_node) if gpu else 1
@@ -215,22 +220,26 @@ def capacity_plan(cfg, pool: Pool, *, nodes: int = 1, output_dir: str = "", pres
     per_token_block = saved_1 / ((L + T) * max(1, blocks))
 
     # ---- per-rank GPU memory
-    rewards = sum(math.prod(REWARD_MODELS.get(r.name, (0, 0))) for r in cfg.rewards)
+    local_rewards = [r for r in cfg.rewards if not r.url]  # a served reward's model is on its server's GPU
+    rewards = sum(math.prod(REWARD_MODELS.get(r.name, (0, 0))) for r in local_rewards)
+    freed = sum(math.prod(REWARD_MODELS.get(r.name, (0, 0))) for r in cfg.rewards if r.url)
+    # with every reward served, no phase has a reward part at all; otherwise the local ones' sum
+    reward_part = {} if (freed and not rewards) else {"reward models": rewards}
     weights = (4 * W // shard) if not lora else (b_base * W + 4 * P) // shard
     adam = 8 * P // shard
     ema = (4 * P // shard) if cfg.ema.decay > 0 else 0
     embeds = n_prompts * (T * D_txt + D_pool) * b_base
     vae_w = counts["vae"] * b_frozen
     resident = {"transformer weights": weights, "AdamW state": adam, "EMA": ema, "VAE": vae_w,
-                "reward models": rewards, "prompt embeddings": embeds}
+                **reward_part, "prompt embeddings": embeds}
     traj = 4 * B * (N + 1) * L * C + 4 * B * N
     block = block_params(tr)
     unsharded_fwd = 2 * block * b_c if fsdp else 0
     grads = 4 * P // shard + (4 * P if (not fsdp and world > 1) else 0)
-    load = {"pipeline in load dtype": W * b_base + sum(counts.values()) * b_frozen, "reward models": rewards}
+    load = {"pipeline in load dtype": W * b_base + sum(counts.values()) * b_frozen, **reward_part}
     text_encoders = (counts["text_encoder"] + counts["text_encoder_2"]) * b_frozen
     encode_phase = {"transformer weights": weights, "text encoders": text_encoders, "VAE": vae_w,
-                    "reward models": rewards, "prompt embeddings": embeds, "T5 forward": encode}
+                    **reward_part, "prompt embeddings": embeds, "T5 forward": encode}
     rollout = {**resident, "trajectory": traj, "transformer no-grad forward": roll_fwd,
                "FSDP unsharded blocks": unsharded_fwd}
     decoding = {**resident, "trajectory": traj, f"VAE decode of {decode_batch} images": decode}
@@ -263,7 +272,7 @@ def capacity_plan(cfg, pool: Pool, *, nodes: int = 1, output_dir: str = "", pres
         )
     if arch.folder_bytes is not None:
         model_folder = arch.folder_bytes
-    reward_files = sum(REWARD_MODELS.get(r.name, (0, 0))[0] * 2 for r in cfg.rewards)
+    reward_files = sum(REWARD_MODELS.get(r.name, (0, 0))[0] * 2 for r in local_rewards)
     checkpoint = 4 * P + 8 * P + (4 * P if cfg.ema.decay > 0 else 0)
     keep = cfg.checkpoint.keep
     total_steps = iterations * _steps_per_iteration(cfg)
@@ -298,6 +307,18 @@ def capacity_plan(cfg, pool: Pool, *, nodes: int = 1, output_dir: str = "", pres
         items.append(
             Item("ephemeral storage per pod", "disk-backed emptyDirs", disk_total, pool.ephemeral_limit)
         )
+    # ---- reward servers: one per served reward, on a GPU of the pool's kind
+    images_per_iteration = B * world
+    services = []
+    for r in cfg.rewards:
+        if not r.url:
+            continue
+        gpu_bytes = math.prod(REWARD_MODELS.get(r.name, (0, 0)))
+        services.append({"name": r.name, "url": r.url, "gpu_bytes": gpu_bytes,
+                         "images_per_iteration": images_per_iteration, "iteration_s": iteration_s,
+                         "images_per_s": images_per_iteration / iteration_s})
+        items.append(Item(f"reward server {r.name}", "GPU memory (model)", gpu_bytes, cap,
+                          {f"{r.name} weights": gpu_bytes}))
     facts = {
         "architecture": arch.source,
         "transformer_params": W,
@@ -320,6 +341,8 @@ def capacity_plan(cfg, pool: Pool, *, nodes: int = 1, output_dir: str = "", pres
         "checkpoint_bytes": checkpoint,
         "gpu_reserve_bytes": reserve_bytes if gpu else 0,
         "prompts_per_rank_in_run": n_prompts,
+        "reward_bytes_freed_per_rank": freed,
+        "reward_services": services,
     }
     return CapacityPlan(preset, pool, world, facts, items)
 
@@ -335,6 +358,13 @@ def _default_output_dir() -> str:
 
 
 # ------------------------------------------------------------------------------ output
+
+
+def _service_line(svc: dict) -> str:
+    return (f"reward server {svc['name']} ({svc['url']}): {_gib(svc['gpu_bytes'])} of GPU memory for the "
+            f"model, off every training rank; throughput needed {svc['images_per_s']:.2f} images/s = "
+            f"{svc['images_per_iteration']} images per iteration / {svc['iteration_s']:g} s per iteration "
+            "(assumed)")
 
 
 def render_table(plan: CapacityPlan) -> str:
@@ -360,6 +390,9 @@ def render_table(plan: CapacityPlan) -> str:
         lines.append("  ".join(r[c].ljust(widths[c]) for c in range(5)) + "  " + r[5])
         if n == 0:
             lines.append("  ".join("-" * w for w in widths) + "  " + "-" * 13)
+    if f.get("reward_bytes_freed_per_rank"):
+        lines.append(f"served rewards free {_gib(f['reward_bytes_freed_per_rank'])} of GPU memory per rank")
+    lines += [_service_line(svc) for svc in f.get("reward_services", [])]
     probs = plan.problems()
     lines += ["", "FITS" if not probs else "DOES NOT FIT: " + "; ".join(probs)]
     return "\n".join(lines)
@@ -379,4 +412,7 @@ def render_markdown(plan: CapacityPlan) -> str:
             f"compute {f['compute_dtype']}; "
             f"transformer {f['transformer_params']:,} parameters ({f['architecture']}), trainable "
             f"{f['trainable_params']:,}; pool from {plan.pool.source}.\n\n"
-            f"| resource | phase / limit | need | have | fits | parts |\n|---|---|---|---|---|---|\n{rows}\n")
+            f"| resource | phase / limit | need | have | fits | parts |\n|---|---|---|---|---|---|\n{rows}\n"
+            + (f"\nServed rewards free {_gib(f['reward_bytes_freed_per_rank'])} of GPU memory per rank.\n"
+               if f.get("reward_bytes_freed_per_rank") else "")
+            + "".join(f"\n{_service_line(svc)}\n" for svc in f.get("reward_services", [])))

@@ -135,3 +135,49 @@ class RemoteReward:
                 raise self._fail(f"non-finite scores for samples {bad[:8]}")
             scores += values
         return torch.tensor(scores, dtype=torch.float32)
+
+
+def check_service(url: str, name: str, timeout_s: float = 10.0) -> str | None:
+    """Whether the reward server at `url` can score `name` for a run, asked once with no retry and scoring
+    nothing: GET /readyz (reachable, loaded, serving `name`), then GET /info with the token (accepted).
+    None when it can, else one line naming the URL and the cause."""
+    try:
+        base = check_url(url)
+    except UserError as e:
+        return str(e)
+    where = f"reward {name!r} at {base}"
+
+    def ask(path: str) -> tuple[int, dict]:
+        token = os.environ.get(TOKEN_ENV)
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        req = urllib.request.Request(base + path, headers=headers)
+        try:
+            with urllib.request.urlopen(req, timeout=timeout_s) as r:
+                code, raw = r.status, r.read()
+        except urllib.error.HTTPError as e:
+            code, raw = e.code, e.read()
+        try:
+            answer = json.loads(raw)
+        except ValueError:
+            answer = None
+        return code, answer if isinstance(answer, dict) else {}
+
+    try:
+        code, ready = ask("/readyz")
+        served = ready.get("scorer")
+        if code in (200, 503) and served is not None and _canon(served) != _canon(name):
+            return f"{where}: the server scores with {served!r}, not {name!r}"
+        if code == 503:
+            return f"{where}/readyz: not ready (HTTP 503: the reward is still loading)"
+        if code != 200 or served is None:
+            return f"{where}/readyz: HTTP {code} without a scorer (is this a chunkgrpo reward-server?)"
+        code, answer = ask("/info")
+    except (urllib.error.URLError, OSError) as e:
+        reason = getattr(e, "reason", e)
+        return f"{where} is not reachable ({' '.join(f'{type(reason).__name__}: {reason}'.split())})"
+    if code == 401:
+        return f"{where}/info: unauthorised (HTTP 401: ${TOKEN_ENV} is missing or wrong)"
+    if code != 200:
+        detail = answer.get("error", "")
+        return f"{where}/info: HTTP {code}" + (f" ({detail})" if detail else "")
+    return None

@@ -11,6 +11,8 @@ Wire format (JSON, UTF-8):
 
     GET /healthz   200 while the process serves          GET /readyz   200 once the reward is loaded, else 503
     GET /metrics   Prometheus text format: requests by status, images, batch sizes, latency
+    GET /info      Authorization as /score: 200 {"scorer": NAME, "version": ..., "max_batch": N,
+                   "ready": bool}, 401 otherwise (a client checks its token and the scorer, scoring nothing)
 
 Images are decoded to RGB `PIL.Image`s: exactly what the reward receives in a training process, so a
 served reward gives the same numbers as the in-process one (PNG is lossless). Scoring calls are
@@ -194,6 +196,11 @@ class _Handler(BaseHTTPRequestHandler):
             return self._answer(200 if ready else 503, body)
         if self.path == "/metrics":
             return self._answer(200, s.metrics.text(s.name), "text/plain; version=0.0.4")
+        if self.path == "/info":
+            if not s.authorized(self.headers.get("Authorization")):
+                return self._answer(401, {"error": "missing or wrong bearer token"})
+            return self._answer(200, {"scorer": s.name, "version": s.version, "max_batch": s.max_batch,
+                                      "ready": s.fn is not None})
         return self._answer(404, {"error": "not found"})
 
     def do_POST(self):

@@ -34,6 +34,15 @@ class JobOptions:
     schedule_grace_minutes: float = option(15.0, "how long pods may stay unschedulable")
 
 
+def _reward_token(req: TrainRequest) -> dict:
+    """The reward server's token (Secret chunkgrpo-reward in the job's namespace) when a reward is served."""
+    from chunkgrpo.scoring.service import TOKEN_ENV
+    from chunkgrpo.stages.train import reward_servers
+
+    served = reward_servers(req.config, list(req.overrides), req.reward_url)
+    return {TOKEN_ENV: ("chunkgrpo-reward", TOKEN_ENV)} if served else {}
+
+
 def job_spec(req: TrainRequest, job: JobOptions, namespace: str):
     """The JobSpec of a run: named from the run id (a retry re-attaches), the model uploaded to
     `<prefix>/final` by node 0, an s3:// prompt file fetched into the pods first."""
@@ -49,7 +58,7 @@ def job_spec(req: TrainRequest, job: JobOptions, namespace: str):
         run_id=req.run_id, upload_final_to=f"{prefix}/final",
         fetch={prompts_path: prompts} if fetched else {},
         active_deadline_seconds=int(job.timeout_hours * 3600) or None, queue_name=job.queue_name,
-        image_pull_secrets=list(job.image_pull_secrets), secret_env=dict(S3_SECRET_ENV),
+        image_pull_secrets=list(job.image_pull_secrets), secret_env={**S3_SECRET_ENV, **_reward_token(req)},
         env={"CHUNKGRPO_MLFLOW_PARENT_RUN_ID": req.parent_run_id},
         train_args=["--config", preset, *req.train_args(prompts_path)],
     )

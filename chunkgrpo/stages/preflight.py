@@ -7,29 +7,36 @@ from pathlib import Path
 
 def preflight(*, model: str, prompts: str, preset: str, method: str, train_overrides: list,
               reward_weights: dict, scorer_weights: dict, eval_preset: str, eval_benchmarks: list,
-              eval_overrides: list, artifact_root: str, pool: str, capacity_out: str | Path) -> str:
-    """Check the base model, prompts, the reward/scorer weights the presets use, S3, MLflow, the judge key
-    and the capacity plan on `pool`; the plan (Markdown) is written to `capacity_out` first. Raises one
-    UserError listing every problem; returns the success line."""
+              eval_overrides: list, artifact_root: str, pool: str, capacity_out: str | Path,
+              reward_url: str = "") -> str:
+    """Check the base model, prompts, the reward/scorer weights the presets use, the reward servers (each
+    reward's url, else `reward_url`), S3, MLflow, the judge key and the capacity plan on `pool`; the plan
+    (Markdown) is written to `capacity_out` first. Raises one UserError listing every problem; returns the
+    success line."""
     from chunkgrpo.errors import UserError
     from chunkgrpo.model_cache import used_reward_weights
     from chunkgrpo.preflight import PreflightSpec, capacity_check, evaluation_inputs, require
     from chunkgrpo.recipes import preset_for
+    from chunkgrpo.stages.train import reward_servers, served_rewards
 
     preset = preset_for(method, preset)
     benchmarks, scorers = evaluation_inputs(eval_preset, list(eval_benchmarks), list(eval_overrides),
                                             dict(scorer_weights))
+    servers = reward_servers(preset, list(train_overrides), reward_url)
+    served = {name for name, _ in servers}  # a server holds its reward's weights
     rewards = used_reward_weights(preset, list(train_overrides), dict(reward_weights))
-    weights = {**{f"reward {k}": v for k, v in rewards.items()}, **scorers}
+    weights = {**{f"reward {k}": v for k, v in rewards.items() if k.split(".processor")[0] not in served},
+               **scorers}
     spec = PreflightSpec(model=model, prompts=prompts, weights=weights, benchmarks=benchmarks,
-                         artifact_root=artifact_root)
+                         artifact_root=artifact_root, reward_servers=servers)
     require(spec)
-    report, problems = capacity_check(preset, list(train_overrides), model, pool, method)  # model is there
+    overrides = [*train_overrides, *served_rewards(preset, list(train_overrides), reward_url)[1]]
+    report, problems = capacity_check(preset, overrides, model, pool, method)  # model is there
     Path(capacity_out).write_text(report)
     if problems:
         raise UserError(f"preflight: {len(problems)} problem(s): " + "; ".join(problems))
     return (f"preflight ok: model {model}, prompts {prompts}, {len(spec.weights)} weight URI(s), "
-            f"benchmarks {benchmarks}")
+            f"{len(servers)} reward server(s), benchmarks {benchmarks}")
 
 
 def benchmark_preflight(*, model_name: str, alias: str, base_model: str, eval_preset: str,

@@ -27,6 +27,8 @@ class TrainRequest:
     experiment: str = option("", "MLflow experiment")
     parent_run_id: str = option("", "MLflow parent run id ('' = none)")
     reward_weights: dict = option({}, "{reward: URI, '<reward>.processor': URI}")
+    reward_url: str = option("", "a reward server (`chunkgrpo reward-server`) for every reward without a url "
+                                 "of its own ('' = the rewards as configured)")
 
     @property
     def config(self) -> str:
@@ -42,13 +44,19 @@ class TrainRequest:
     def train_args(self, prompts_path: str, output_dir: str = "") -> list[str]:
         """The trainer's overrides: the run's own, the preset's rewards pointed at `reward_weights`, the
         inputs, the length, and where checkpoints (a retry resumes from them) and tracking go.
-        `output_dir` for a run in the task; without one, progress=false (training pods log no progress)."""
+        `output_dir` for a run in the task; without one, progress=false (training pods log no progress).
+        With `reward_url`, every reward without a url of its own is scored by that server, and a served
+        reward gets no weight overrides (its server holds the weights)."""
         from chunkgrpo.model_cache import reward_weight_overrides
 
         overrides = list(self.overrides)
+        served, url_overrides = served_rewards(self.config, overrides, self.reward_url)
+        weights = [o for o in reward_weight_overrides(self.config, overrides, dict(self.reward_weights))
+                   if int(o.split(".")[1]) not in served]
         return [
             *overrides,
-            *reward_weight_overrides(self.config, overrides, dict(self.reward_weights)),
+            *url_overrides,
+            *weights,
             f"model={self.model}",
             f"prompts={prompts_path}",
             f"method={self.method}",
@@ -60,6 +68,37 @@ class TrainRequest:
             f"tracking.parent_run_id={self.parent_run_id}",
             f"tracking.run_name=train-{self.run_id[:8]}",
         ]
+
+
+def _rewards(preset: str, overrides: list[str]) -> list:
+    from chunkgrpo.config import _set_dotted, load_yaml, parse_override
+
+    data = load_yaml(preset)
+    for text in overrides or []:
+        key, value = parse_override(text)
+        _set_dotted(data, key, value)
+    return [r or {} for r in data.get("rewards") or []]
+
+
+def reward_servers(preset: str, overrides: list[str], url: str) -> list[tuple[str, str]]:
+    """(name, url) of every reward the run scores on a server: its own url, else `url` when set."""
+    rewards = _rewards(preset, overrides) or [{"name": "brightness"}]
+    return [(r.get("name", ""), r.get("url") or url) for r in rewards if r.get("url") or url]
+
+
+def served_rewards(preset: str, overrides: list[str], url: str) -> tuple[set[int], list[str]]:
+    """(indices of the rewards scored by a server, the overrides pointing those without a url at `url`)
+    for the preset's rewards after `overrides`; `url` '' adds none."""
+    rewards = _rewards(preset, overrides)
+    if not url:
+        return {i for i, r in enumerate(rewards) if r.get("url")}, []
+    from chunkgrpo.scoring.remote import check_url
+
+    url = check_url(url)
+    if not rewards:  # the config's default reward, served
+        return {0}, [f"rewards={json.dumps([{'name': 'brightness', 'url': url}])}"]
+    out = [f"rewards.{i}.url={url}" for i, r in enumerate(rewards) if not r.get("url")]
+    return set(range(len(rewards))), out
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ from chunkgrpo.chunks import ChunkPlan, training_plan
 from chunkgrpo.errors import Terminated, UserError
 from chunkgrpo.locks import FileLock, LockHeld
 from chunkgrpo.recipes import GRPO_METHODS
+from chunkgrpo.scoring.remote import check_service
 from chunkgrpo.scoring.rewards import get_reward
 from chunkgrpo.train import checkpoint_format as ckpt
 from chunkgrpo.train import dist as D
@@ -115,6 +116,9 @@ class Trainer:
                                               cfg.reward_weighting == "normalized")
         if len(self.reward_weights) != len(cfg.rewards):
             raise UserError(f"duplicate reward names in {[r.name for r in cfg.rewards]}")
+        for r in cfg.rewards:  # a served reward's server answers before any model is loaded
+            if r.url and (problem := check_service(r.url, r.name)):
+                raise UserError(problem)
         check_trained_units(cfg, self.plan)
         self.method = get_method(cfg.method)
         self.out = Path(cfg.output_dir)

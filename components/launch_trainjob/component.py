@@ -14,7 +14,7 @@ def launch_trainjob(
     chunks: str, max_iterations: int, overrides: list, artifact_root: str, run_id: str, experiment: str,
     parent_run_id: str, timeout_hours: float, trained_model: Output[Model], metrics: Output[Metrics],
     queue_name: str = "", image_pull_secrets: list = [], reward_weights: dict = {}, keep_failed: bool = False,
-    schedule_grace_minutes: float = 15.0,
+    schedule_grace_minutes: float = 15.0, reward_url: str = "",
 ):
     """Run `torchrun -m chunkgrpo.train` on `num_nodes` nodes as a TrainJob (Trainer v2) or PyTorchJob (v1).
 
@@ -54,6 +54,7 @@ def launch_trainjob(
         reward_weights: {reward: weights URI, '<reward>.processor': URI} for the preset's rewards.
         keep_failed: keep a job the launcher found blocked (for `kubectl describe`); default: delete it.
         schedule_grace_minutes: how long pods may stay unschedulable before the step fails.
+        reward_url: a reward server for every reward without a url of its own ('' = none).
     """
     from chunkgrpo.stages.task import stage_env
 
@@ -62,7 +63,7 @@ def launch_trainjob(
     from chunkgrpo.stages.train import TrainRequest
 
     req = TrainRequest(model, prompts, preset, method, chunks, max_iterations, list(overrides), artifact_root,
-                       run_id, experiment, parent_run_id, dict(reward_weights))
+                       run_id, experiment, parent_run_id, dict(reward_weights), reward_url)
     job = JobOptions(kind, namespace, image, num_nodes, nproc_per_node, gpus_per_node, dict(node_selector),
                      list(tolerations), shm_size, timeout_hours, queue_name, list(image_pull_secrets),
                      keep_failed, schedule_grace_minutes)

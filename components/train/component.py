@@ -11,7 +11,7 @@ from components.images import RUNTIME_IMAGE
 def train(model: str, prompts: str, preset: str, method: str, chunks: str, max_iterations: int,
           nproc_per_node: int, overrides: list, artifact_root: str, run_id: str, experiment: str,
           parent_run_id: str, trained_model: Output[Model], metrics: Output[Metrics],
-          reward_weights: dict = {}):
+          reward_weights: dict = {}, reward_url: str = ""):
     """GRPO fine-tuning with `python -m chunkgrpo.torchrun_local --nproc-per-node=N -m chunkgrpo.train`
     (torchrun, rendezvous store listening on 127.0.0.1 only).
 
@@ -31,6 +31,7 @@ def train(model: str, prompts: str, preset: str, method: str, chunks: str, max_i
         experiment: MLflow experiment.
         parent_run_id: MLflow parent run id ('' = none).
         reward_weights: {reward: weights URI, '<reward>.processor': URI} for the preset's rewards.
+        reward_url: a reward server for every reward without a url of its own ('' = none).
     """
     from chunkgrpo.stages.task import stage_env
 
@@ -39,7 +40,7 @@ def train(model: str, prompts: str, preset: str, method: str, chunks: str, max_i
     from chunkgrpo.stages.train import train as train_stage
 
     req = TrainRequest(model, prompts, preset, method, chunks, max_iterations, list(overrides), artifact_root,
-                       run_id, experiment, parent_run_id, dict(reward_weights))
+                       run_id, experiment, parent_run_id, dict(reward_weights), reward_url)
     out = train_stage(req, nproc_per_node)
     out.write(trained_model.path)
     trained_model.metadata.update(out.metadata)
