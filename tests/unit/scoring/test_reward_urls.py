@@ -6,7 +6,7 @@ from chunkgrpo.cli import main
 from chunkgrpo.errors import UserError
 from chunkgrpo.scoring.remote import RemoteReward
 from chunkgrpo.scoring.rewards import get_reward
-from chunkgrpo.train.checkpointer import resume_config
+from chunkgrpo.train.checkpoint_policy import resume_config
 from chunkgrpo.train.config import TrainConfig
 
 
