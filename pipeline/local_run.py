@@ -227,6 +227,9 @@ def _run_pipeline(func, pipeline: str, full: dict, model_dir: Path, home: Path, 
                 raise
             log.flush()
             raise task_failure(log_path.read_text(encoding="utf-8"), pipeline, log_path, str(e)) from None
+        except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the run's MLflow parent run ends KILLED
+            end_parent_run_killed(root, func.name, before, services_env)
+            raise
     wall = time.perf_counter() - t0
     stages["pipeline"] = wall
     stages.update({f"task {name}": s for name, s in out.took.items()})
@@ -292,3 +295,23 @@ def _sid(pid: int) -> int:
         return os.getsid(pid)
     except OSError:
         return -1
+
+
+def end_parent_run_killed(root: Path, name: str, before: set, services_env: dict) -> None:
+    """An interrupted run's MLflow parent run (opened by its open-run task; its close-run task never runs)
+    ends KILLED with kfp.state=CANCELED instead of staying RUNNING. Best effort: the interruption is what
+    the user sees, whatever MLflow answers."""
+    uri = services_env.get("MLFLOW_TRACKING_URI", "")
+    if not uri:
+        return
+    with contextlib.suppress(Exception):  # no run directory yet, no open-run output, MLflow unreachable
+        run_dir = latest_run_dir(root, name, before)
+        run_id = str(read_task_outputs(run_dir).get("open-run", {}).get("parameters", {}).get("Output", ""))
+        if not run_id:
+            return
+        from mlflow import MlflowClient
+
+        client = MlflowClient(uri)
+        if client.get_run(run_id).info.status == "RUNNING":
+            client.set_tag(run_id, "kfp.state", "CANCELED")
+            client.set_terminated(run_id, status="KILLED")

@@ -114,6 +114,14 @@ def test_sigterm_stops_the_running_task_and_the_services_like_ctrl_c(tmp_path):
         cfg = LocalServicesConfig(home=str(home / "local"), s3_port=s3, mlflow_port=mlflow)
         status = LocalServices(cfg).status()
         assert {s.state for s in status.values()} == {"stopped"}, status
+        # the pipeline's MLflow runs (parent, and the train stage's) end KILLED, none stays RUNNING
+        from mlflow import MlflowClient
+
+        db = MlflowClient(f"sqlite:///{home / 'local' / 'mlflow' / 'mlflow.db'}")
+        runs = [r for x in db.search_experiments() for r in db.search_runs([x.experiment_id])]
+        assert runs and "RUNNING" not in {r.info.status for r in runs}, [(r.info.run_name, r.info.status)
+                                                                       for r in runs]
+        assert "KILLED" in {r.info.status for r in runs}
     finally:  # whatever the outcome, nothing of this test stays behind
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
