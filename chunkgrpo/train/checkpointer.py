@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from chunkgrpo.errors import UserError
+from chunkgrpo.store import StoreError
 from chunkgrpo.train import checkpoint as ckpt
 from chunkgrpo.train import dist as D
 from chunkgrpo.train.config import TrainConfig
@@ -61,6 +62,37 @@ def bounded_store(timeout_s: float):
     return ArtifactStore(dataclasses.replace(base, retries=1,
                                              read_timeout_s=min(base.read_timeout_s, timeout_s),
                                              connect_timeout_s=min(base.connect_timeout_s, timeout_s)))
+
+
+class S3UnreachableError(StoreError):
+    """A checkpoint in S3 could not be read (S3 down, the connection cut, a timeout) for
+    `checkpoint.s3_wait_s`: the run stops — an unreachable checkpoint is never counted as unverifiable,
+    nothing is set aside or deleted, and training never starts from scratch because of it."""
+
+
+def unreachable(e: BaseException) -> bool:
+    """`e` says S3 could not be reached or did not answer (after the store's own retries), as opposed to
+    content that was read and is wrong (a checksum mismatch, a bad manifest, a missing object)."""
+    from chunkgrpo.store import ChecksumMismatchError
+    from chunkgrpo.store.client import classify_error
+
+    if isinstance(e, ChecksumMismatchError):
+        return False
+    if classify_error(e) == "transient":
+        return True
+    cause = e.__cause__
+    return isinstance(e, StoreError) and cause is not None and classify_error(cause) == "transient"
+
+
+def download_store(wait_s: float):
+    """The resume download's S3 client: the store's retries (a cut transfer resumes at the byte offset
+    reached), each request's connect and read timeout bounded like the listing's (s3_wait_s/4, ≤ 30 s)."""
+    from chunkgrpo.store.client import ArtifactStore, StoreConfig
+
+    bound = max(1.0, min(30.0, wait_s / 4))
+    base = StoreConfig()
+    return ArtifactStore(dataclasses.replace(base, read_timeout_s=min(base.read_timeout_s, bound),
+                                             connect_timeout_s=min(base.connect_timeout_s, bound)))
 
 
 def mirror_store(cfg: TrainConfig):
@@ -107,13 +139,16 @@ class Checkpointer:
         for step, source in candidates:
             path = ckpt.step_dir(self.root, step)
             problem, own = "", False  # own: this node's copy failed (only then is it set aside here)
+            fatal = ""  # S3 could not be read: stop every rank, set nothing aside
             if info.local_rank == 0:
                 try:
                     if source == "s3" or (not ckpt.is_complete(path) and step in remote):
-                        ckpt.download(remote[step], self.root, step)
+                        self.download(step, remote[step])
                     elif not ckpt.is_complete(path):
                         raise FileNotFoundError(f"{path.name} is not on this node")
                     ckpt.verify(path)
+                except S3UnreachableError as e:
+                    fatal = str(e)
                 except (ckpt.CorruptCheckpointError, OSError) as e:
                     problem, own = str(e), isinstance(e, ckpt.CorruptCheckpointError)
                 except Exception as e:
@@ -122,6 +157,10 @@ class Checkpointer:
                     if not isinstance(e, (StoreError, UserError)):
                         raise
                     problem = f"{source} copy: {e}"
+            if D.any_rank(bool(fatal), info.device):
+                raise S3UnreachableError(fatal or f"another node could not read checkpoint {path.name} "
+                                         f"from {self.cfg.checkpoint.s3_prefix} (see its log); nothing was "
+                                         "set aside")
             data = None
             if not D.any_rank(bool(problem), info.device):
                 try:
@@ -159,6 +198,35 @@ class Checkpointer:
             return
         if rejected and info.is_main:
             log.warning("no checkpoint verifies (%s set aside); starting from scratch", ", ".join(rejected))
+
+    def download(self, step: int, uri: str, sleep=time.sleep) -> Path:
+        """Fetch the S3 checkpoint `uri` into `root/step-N`. While S3 cannot be read (down, the connection
+        cut mid-download, timing out) it is retried with backoff (1 s doubling to 30 s) for
+        `checkpoint.s3_wait_s`, then S3UnreachableError in one line naming the endpoint, the checkpoint and
+        the cause: a checkpoint that could not be read is never taken for one that fails verification.
+        Content that was read and is wrong (checksum, manifest) raises as before, for the caller to reject."""
+        cfg = self.cfg.checkpoint
+        store = download_store(cfg.s3_wait_s)
+        t0, delay = time.monotonic(), 1.0
+        while True:
+            try:
+                return ckpt.download(uri, self.root, step, store)
+            except Exception as e:
+                if not unreachable(e):
+                    raise
+                error = e
+            waited = time.monotonic() - t0
+            if waited + delay > cfg.s3_wait_s:
+                break
+            log.warning("cannot download checkpoint %s (%s); retrying in %.0fs (checkpoint.s3_wait_s=%.0f)",
+                        uri, str(error).splitlines()[0][:200], delay, cfg.s3_wait_s)
+            sleep(delay)
+            delay = min(30.0, delay * 2)
+        reason = ckpt._short(error.__cause__ or error)
+        raise S3UnreachableError(
+            f"cannot read checkpoint {uri} from S3 at {store.config.url} for {time.monotonic() - t0:.0f}s "
+            f"({reason}); nothing was set aside or deleted — re-run once S3 answers "
+            f"(checkpoint.s3_wait_s={cfg.s3_wait_s:.0f})")
 
     def remote_checkpoints(self, sleep=time.sleep) -> dict[int, str]:
         """The S3 checkpoints, retried with exponential backoff (1 s doubling to 30 s) for

@@ -82,9 +82,12 @@ class CheckpointConfig(Config):
     allow_config_change: bool = option(False, "resume even though the checkpoint was trained with another "
                                        "base model, method, lr, optimizer, LoRA, sampling, rewards, seed or "
                                        "chunk sizes (refused otherwise)")
-    s3_wait_s: float = option(120.0, "resume: seconds to keep retrying (with backoff) an unreachable S3 "
-                              "before failing; training never starts from scratch while S3 may hold its "
-                              "checkpoints")
+    s3_wait_s: float = option(900.0, "resume: seconds to keep retrying (with backoff) an S3 that cannot be "
+                              "read (down, connection cut, timing out) before failing in one line; an "
+                              "unreachable checkpoint is never taken for a bad one, and training never "
+                              "starts from scratch while S3 may hold its checkpoints. 900 s outlasts an S3 "
+                              "restart or rolling upgrade; a pod failing sooner would only be retried into "
+                              "the same outage")
     mirror_timeout_s: float = option(120.0, "S3 mirror: read timeout of each upload request (one part, "
                                      "<= 64 MiB); a hung S3 server fails the attempt after this instead of "
                                      "stalling training, and the mirror retries with backoff")
