@@ -88,6 +88,10 @@ class CheckpointConfig(Config):
                               "starts from scratch while S3 may hold its checkpoints. 900 s outlasts an S3 "
                               "restart or rolling upgrade; a pod failing sooner would only be retried into "
                               "the same outage")
+    lease_expiry_s: float = option(600.0, "S3 mirror: the writer lease under s3_prefix (one training per "
+                                   "prefix) expires this long after its last heartbeat (renewed every "
+                                   "quarter of it); a stale lease is taken over, a live one of another run "
+                                   "refuses to start")
     mirror_timeout_s: float = option(120.0, "S3 mirror: read timeout of each upload request (one part, "
                                      "<= 64 MiB); a hung S3 server fails the attempt after this instead of "
                                      "stalling training, and the mirror retries with backoff")
@@ -97,8 +101,9 @@ class CheckpointConfig(Config):
         for name in ("every", "keep", "mirror_backlog", "mirror_wait_s", "s3_wait_s"):
             if getattr(self, name) < 0:
                 raise UserError(f"checkpoint.{name} must be >= 0, got {getattr(self, name)}")
-        if self.mirror_timeout_s <= 0:
-            raise UserError(f"checkpoint.mirror_timeout_s must be > 0, got {self.mirror_timeout_s}")
+        for name in ("mirror_timeout_s", "lease_expiry_s"):
+            if getattr(self, name) <= 0:
+                raise UserError(f"checkpoint.{name} must be > 0, got {getattr(self, name)}")
         if self.s3_prefix:
             if not self.s3_prefix.startswith("s3://"):
                 raise UserError(f"checkpoint.s3_prefix={self.s3_prefix!r} is not an S3 URI (expected s3://bucket/prefix)")
