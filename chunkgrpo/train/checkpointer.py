@@ -162,7 +162,7 @@ class Checkpointer:
         cfg = self.cfg.checkpoint
         lease = WriterLease(bounded_store(max(1.0, min(30.0, cfg.s3_wait_s / 4))), cfg.s3_prefix,
                             output_dir=str(self.t.out.resolve()), seed=self.cfg.seed,
-                            expires_s=cfg.lease_expiry_s)
+                            expires_s=cfg.lease_expiry_s, writer_id=cfg.writer_id)
         try:
             lease.acquire()
             lease.start_heartbeat()

@@ -88,10 +88,14 @@ class CheckpointConfig(Config):
                               "starts from scratch while S3 may hold its checkpoints. 900 s outlasts an S3 "
                               "restart or rolling upgrade; a pod failing sooner would only be retried into "
                               "the same outage")
-    lease_expiry_s: float = option(600.0, "S3 mirror: the writer lease under s3_prefix (one training per "
+    lease_expiry_s: float = option(300.0, "S3 mirror: the writer lease under s3_prefix (one training per "
                                    "prefix) expires this long after its last heartbeat (renewed every "
                                    "quarter of it); a stale lease is taken over, a live one of another run "
-                                   "refuses to start")
+                                   "refuses to start. 300 s: a retried pod reaches the lease after loading "
+                                   "the model, by then its dead predecessor's lease has expired")
+    writer_id: str = option("", "who this training is for the writer lease ('' = output_dir and seed); a "
+                            "pipeline sets its run id, so a retried pod with a fresh output_dir takes its "
+                            "run's lease back at once")
     mirror_timeout_s: float = option(120.0, "S3 mirror: read timeout of each upload request (one part, "
                                      "<= 64 MiB); a hung S3 server fails the attempt after this instead of "
                                      "stalling training, and the mirror retries with backoff")

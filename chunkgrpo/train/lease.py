@@ -3,7 +3,8 @@ training that mirrors there (host, pid, output dir, seed), its last heartbeat an
 expires. It is taken before the first mirror upload and renewed by a heartbeat thread while training runs.
 
 - no lease: this run creates it (`If-None-Match: *`);
-- a lease of the same run (same output dir and seed: a retried pod of the run) is taken back;
+- a lease of the same run (same `checkpoint.writer_id`, or without one the same output dir, and the same
+  seed: a retried pod of the run) is taken back;
 - a lease whose heartbeat is older than its stated expiry is taken over, with one warning line;
 - a live lease of another run: UserError in one line naming the holder — two trainings never interleave
   their checkpoints under one prefix.
@@ -41,13 +42,17 @@ class Holder:
     seed: int
     heartbeat: float
     expires_s: float
+    writer_id: str = ""  # the run's own name for itself (a pipeline run id); '' = output_dir and seed
 
     def same_run(self, other: "Holder") -> bool:
+        if self.writer_id or other.writer_id:
+            return (self.writer_id, self.seed) == (other.writer_id, other.seed)
         return (self.output_dir, self.seed) == (other.output_dir, other.seed)
 
     def describe(self, now: float) -> str:
-        return (f"host={self.host} pid={self.pid} output_dir={self.output_dir} seed={self.seed}, heartbeat "
-                f"{now - self.heartbeat:.0f}s ago (expires after {self.expires_s:.0f}s)")
+        who = f"writer_id={self.writer_id} " if self.writer_id else ""
+        return (f"{who}host={self.host} pid={self.pid} output_dir={self.output_dir} seed={self.seed}, "
+                f"heartbeat {now - self.heartbeat:.0f}s ago (expires after {self.expires_s:.0f}s)")
 
 
 class LeaseLostError(RuntimeError):
@@ -58,10 +63,11 @@ class WriterLease:
     """The lease of `prefix` for this run; `acquire()` before the first upload, `release()` at the end."""
 
     def __init__(self, store, prefix: str, *, output_dir: str, seed: int, expires_s: float,
-                 clock=time.time):
+                 writer_id: str = "", clock=time.time):
         self.store, self.prefix, self.clock = store, prefix.rstrip("/"), clock
         self.key = f"{self.prefix}/{LEASE_NAME}"
-        self.me = Holder(socket.gethostname(), os.getpid(), str(output_dir), int(seed), 0.0, float(expires_s))
+        self.me = Holder(socket.gethostname(), os.getpid(), str(output_dir), int(seed), 0.0, float(expires_s),
+                         writer_id)
         self.etag: str | None = None
         self.lost = ""
         self._stop = threading.Event()
@@ -73,8 +79,9 @@ class WriterLease:
         except FileNotFoundError:
             return None, None
         try:
-            return Holder(**json.loads(raw)), etag
-        except (ValueError, TypeError):
+            fields = {k: v for k, v in json.loads(raw).items() if k in Holder.__dataclass_fields__}
+            return Holder(**fields), etag
+        except (ValueError, TypeError, AttributeError):
             return Holder("?", 0, "(unreadable lease)", 0, 0.0, 0.0), etag  # unreadable: treated as stale
 
     def _write(self, etag: str | None) -> None:

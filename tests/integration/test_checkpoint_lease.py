@@ -98,3 +98,15 @@ def test_two_trainings_mirroring_to_one_prefix_the_second_is_refused(prefix, tin
         first.close()
     run_training(_cfg(tiny_model_dir, prompts, tmp_path / "a", prefix))  # the same run, retried: resumes
     assert [u.rsplit("/", 1)[-1] for u in ArtifactStore().list_complete(prefix)] == ["step-000001"]
+
+
+def test_a_retried_pod_with_a_fresh_output_dir_takes_its_runs_lease_back_by_writer_id(prefix):
+    dead = WriterLease(ArtifactStore(), prefix, output_dir="/cache/tmpa", seed=1, expires_s=60,
+                       writer_id="run-1")
+    dead.acquire()
+    dead.stop()
+    WriterLease(ArtifactStore(), prefix, output_dir="/cache/tmpb", seed=1, expires_s=60,
+                writer_id="run-1").acquire()
+    with pytest.raises(UserError, match="writer_id=run-1"):
+        WriterLease(ArtifactStore(), prefix, output_dir="/cache/tmpc", seed=1, expires_s=60,
+                    writer_id="run-2").acquire()

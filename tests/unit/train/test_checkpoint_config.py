@@ -21,4 +21,4 @@ def test_bad_values_are_one_line(override, needle):
 
 def test_defaults_wait_out_an_s3_restart():
     c = TrainConfig.load("tiny_cpu", []).checkpoint
-    assert c.s3_wait_s == 900 and c.lease_expiry_s == 600
+    assert c.s3_wait_s == 900 and c.lease_expiry_s == 300
