@@ -12,7 +12,9 @@ expires. It is taken before the first mirror upload and renewed by a heartbeat t
 Every write is an S3 conditional write (create-only, or `If-Match` the ETag that was read), so two
 writers racing for the same lease cannot both win: the loser's write is refused and it re-reads. A writer
 whose lease was taken over (its heartbeat stalled past the expiry) notices at its next heartbeat and
-stops mirroring with one error line.
+stops mirroring with one error line. Staleness compares the holder's heartbeat with this host's clock:
+clocks that differ shift the expiry by that much (S3 itself refuses requests from clocks off by more than
+15 minutes, so the shift is bounded).
 """
 
 from __future__ import annotations
