@@ -42,6 +42,10 @@ class IncompleteArtifactError(UserError):
     """A folder artifact has no manifest (upload interrupted or still running)."""
 
 
+class PreconditionFailedError(StoreError):
+    """A conditional write was refused: the object exists (create-only) or changed since it was read."""
+
+
 class ChecksumMismatchError(StoreError):
     """Downloaded bytes do not match the recorded sha256/size."""
 

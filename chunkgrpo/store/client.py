@@ -276,6 +276,45 @@ class ArtifactStore:
             s3_uri(bucket, key), lambda: self._retry(f"reading {s3_uri(bucket, key)}", go)
         )
 
+    def get_bytes_etag(self, key: str) -> tuple[bytes, str]:
+        """A small object and its ETag, from one response (for a conditional rewrite). Missing ->
+        FileNotFoundError."""
+        bucket, key = self._loc(key)
+
+        def go() -> tuple[bytes, str]:
+            resp = self._client.get_object(bucket, key)
+            try:
+                return resp.read(), (resp.headers.get("ETag") or "").strip('"')
+            finally:
+                resp.close()
+                resp.release_conn()
+
+        return self._missing_as_fnf(
+            s3_uri(bucket, key), lambda: self._retry(f"reading {s3_uri(bucket, key)}", go)
+        )
+
+    def put_bytes_if(self, data: bytes, key: str, etag: str | None) -> str:
+        """Write a small object only if it does not exist (`etag` None: `If-None-Match: *`) or still has
+        `etag` (`If-Match`): S3 conditional writes (AWS S3, MinIO, SeaweedFS). Returns the new ETag;
+        PreconditionFailedError if another writer got there first. Sent through the minio client's
+        single-request PUT, whose public `put_object` would turn these headers into user metadata."""
+        from minio.error import S3Error
+
+        from chunkgrpo.store import PreconditionFailedError
+
+        bucket, key = self._loc(key)
+        headers = {"If-None-Match": "*"} if etag is None else {"If-Match": f'"{etag}"'}
+        headers["Content-Type"] = "application/json"
+        try:
+            res = self._retry(f"writing {s3_uri(bucket, key)}",
+                              lambda: self._client._put_object(bucket, key, data, headers=headers))
+        except S3Error as e:
+            if e.code in ("PreconditionFailed", "ConditionalRequestConflict"):
+                raise PreconditionFailedError(f"{s3_uri(bucket, key)}: changed by another writer "
+                                              f"({e.code})") from None
+            raise
+        return (res.etag or "").strip('"')
+
     def _missing_as_fnf(self, uri: str, fn: Callable[[], T]) -> T:
         from minio.error import S3Error
 

@@ -389,9 +389,11 @@ class Mirror:
     which local folders must not be deleted yet."""
 
     def __init__(
-        self, s3_prefix: str, *, store_factory=None, backoff_s: float = 2.0, max_backoff_s: float = 60.0
+        self, s3_prefix: str, *, store_factory=None, backoff_s: float = 2.0, max_backoff_s: float = 60.0,
+        guard=None,
     ):
         self.s3_prefix = s3_prefix
+        self._guard = guard  # called before each upload; raises when this run may no longer write there
         self._store_factory = store_factory
         self._store = None
         self.backoff_s, self.max_backoff_s = backoff_s, max_backoff_s
@@ -459,6 +461,8 @@ class Mirror:
             from chunkgrpo.store.client import ArtifactStore
 
             self._store = (self._store_factory or ArtifactStore)()
+        if self._guard is not None:
+            self._guard()
         return upload(path, self.s3_prefix, self._store)
 
     def _loop(self) -> None:

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from chunkgrpo.errors import UserError
+from chunkgrpo.store import StoreError
 from chunkgrpo.train import checkpoint_format as ckpt
 from chunkgrpo.train import dist as D
 from chunkgrpo.train.config import TrainConfig
@@ -30,7 +31,13 @@ log = logging.getLogger(__name__)
 # what a resumed run must share with its checkpoint (the rest — length, checkpointing, logging — may
 # change); the chunk plan is compared by its sizes (a plan file's path may differ between retries)
 RESUME_FIXED = ("model", "method", "lr", "betas", "weight_decay", "warmup_steps", "group_size",
-                "timestep_fraction", "seed", "sampling", "rewards", "lora")
+                "timestep_fraction", "seed", "sampling", "rewards", "lora",
+                # the objective: another loss is another experiment
+                "clip_low", "clip_high", "adv_clip", "kl_coef", "kl_ref_coef", "max_grad_norm", "grad_accum",
+                "chunk_weighting", "noise_weight_c", "adv_std", "adv_eps", "reward_weighting", "branch_steps",
+                "granularities", "branch_update",
+                # the EMA the exported model is, and the data order
+                "ema", "prompts_per_rank")
 
 
 def config_hash(cfg: TrainConfig) -> str:
@@ -43,11 +50,24 @@ def resume_config(cfg: TrainConfig) -> dict:
     return {k: d[k] for k in RESUME_FIXED}
 
 
+def _kept_ema(state: dict) -> bool:
+    """The checkpoint's run kept an EMA of the trainable weights (so it must hold ema.safetensors)."""
+    ema = (state.get("config") or {}).get("ema")
+    return int(state.get("ema_updates") or 0) > 0 or (isinstance(ema, dict) and (ema.get("decay") or 0) > 0)
+
+
+def prompts_digest(prompts: list[str]) -> str:
+    """sha256 of the training prompts (their content and order, not the file's path)."""
+    return hashlib.sha256("\n".join(prompts).encode()).hexdigest()
+
+
 def config_changes(recorded: dict, cfg: TrainConfig) -> list[str]:
-    """`key: was → now` for every RESUME_FIXED field (nested ones by dotted name) that differs."""
+    """`key: was → now` for every RESUME_FIXED field (nested ones by dotted name) that differs; a field
+    the checkpoint did not record (written before it was fixed) is not compared."""
     from chunkgrpo.tracking import flatten
 
-    was, now = flatten(recorded), flatten(resume_config(cfg))
+    was = flatten(recorded)
+    now = flatten({k: v for k, v in resume_config(cfg).items() if k in recorded})
     return [f"{k}: {was.get(k)!r} → {now.get(k)!r}" for k in sorted(set(was) | set(now))
             if was.get(k) != now.get(k)]
 
@@ -61,6 +81,37 @@ def bounded_store(timeout_s: float):
     return ArtifactStore(dataclasses.replace(base, retries=1,
                                              read_timeout_s=min(base.read_timeout_s, timeout_s),
                                              connect_timeout_s=min(base.connect_timeout_s, timeout_s)))
+
+
+class S3UnreachableError(StoreError):
+    """A checkpoint in S3 could not be read (S3 down, the connection cut, a timeout) for
+    `checkpoint.s3_wait_s`: the run stops — an unreachable checkpoint is never counted as unverifiable,
+    nothing is set aside or deleted, and training never starts from scratch because of it."""
+
+
+def unreachable(e: BaseException) -> bool:
+    """`e` says S3 could not be reached or did not answer (after the store's own retries), as opposed to
+    content that was read and is wrong (a checksum mismatch, a bad manifest, a missing object)."""
+    from chunkgrpo.store import ChecksumMismatchError
+    from chunkgrpo.store.client import classify_error
+
+    if isinstance(e, ChecksumMismatchError):
+        return False
+    if classify_error(e) == "transient":
+        return True
+    cause = e.__cause__
+    return isinstance(e, StoreError) and cause is not None and classify_error(cause) == "transient"
+
+
+def download_store(wait_s: float):
+    """The resume download's S3 client: the store's retries (a cut transfer resumes at the byte offset
+    reached), each request's connect and read timeout bounded like the listing's (s3_wait_s/4, ≤ 30 s)."""
+    from chunkgrpo.store.client import ArtifactStore, StoreConfig
+
+    bound = max(1.0, min(30.0, wait_s / 4))
+    base = StoreConfig()
+    return ArtifactStore(dataclasses.replace(base, read_timeout_s=min(base.read_timeout_s, bound),
+                                             connect_timeout_s=min(base.connect_timeout_s, bound)))
 
 
 def mirror_store(cfg: TrainConfig):
@@ -84,9 +135,43 @@ class Checkpointer:
         if info.is_main:
             self.root.mkdir(parents=True, exist_ok=True)
         D.barrier()
+        self.lease = None
+        self.config_changes: list[dict] = []  # resumes that changed the config (allow_config_change)
+        error: Exception | None = None
         if self.cfg.checkpoint.s3_prefix and info.is_main:
+            try:
+                self.lease = self.take_lease()
+            except (UserError, StoreError) as e:
+                error = e
+        if D.any_rank(error is not None, info.device):
+            raise error or UserError(f"rank 0 could not take the checkpoint writer lease of "
+                                     f"{self.cfg.checkpoint.s3_prefix} (see its log)")
+        if self.cfg.checkpoint.s3_prefix and info.is_main:
+            lease = self.lease
             self.mirror = ckpt.Mirror(self.cfg.checkpoint.s3_prefix,
-                                      store_factory=lambda: mirror_store(self.cfg))
+                                      store_factory=lambda: mirror_store(self.cfg),
+                                      guard=lease.ensure)
+
+    def take_lease(self):
+        """The writer lease of `checkpoint.s3_prefix` (`chunkgrpo.train.lease`), kept alive by a heartbeat:
+        another live writer there refuses this run now (UserError naming it). S3 unreachable now: one line,
+        and the mirror takes the lease before its first upload instead (training goes on with local
+        checkpoints meanwhile, as during any outage; a refusal then stops the mirror, never mixes runs)."""
+        from chunkgrpo.train.lease import WriterLease
+
+        cfg = self.cfg.checkpoint
+        lease = WriterLease(bounded_store(max(1.0, min(30.0, cfg.s3_wait_s / 4))), cfg.s3_prefix,
+                            output_dir=str(self.t.out.resolve()), seed=self.cfg.seed,
+                            expires_s=cfg.lease_expiry_s, writer_id=cfg.writer_id)
+        try:
+            lease.acquire()
+            lease.start_heartbeat()
+        except StoreError as e:
+            if not unreachable(e):
+                raise
+            log.warning("cannot take the checkpoint writer lease of %s now (%s); the mirror takes it before "
+                        "its first upload", cfg.s3_prefix, str(e).splitlines()[0][:200])
+        return lease
 
     # ------------------------------------------------------------------ resume
     def resume(self) -> None:
@@ -107,13 +192,16 @@ class Checkpointer:
         for step, source in candidates:
             path = ckpt.step_dir(self.root, step)
             problem, own = "", False  # own: this node's copy failed (only then is it set aside here)
+            fatal = ""  # S3 could not be read: stop every rank, set nothing aside
             if info.local_rank == 0:
                 try:
                     if source == "s3" or (not ckpt.is_complete(path) and step in remote):
-                        ckpt.download(remote[step], self.root, step)
+                        self.download(step, remote[step])
                     elif not ckpt.is_complete(path):
                         raise FileNotFoundError(f"{path.name} is not on this node")
                     ckpt.verify(path)
+                except S3UnreachableError as e:
+                    fatal = str(e)
                 except (ckpt.CorruptCheckpointError, OSError) as e:
                     problem, own = str(e), isinstance(e, ckpt.CorruptCheckpointError)
                 except Exception as e:
@@ -122,10 +210,17 @@ class Checkpointer:
                     if not isinstance(e, (StoreError, UserError)):
                         raise
                     problem = f"{source} copy: {e}"
+            if D.any_rank(bool(fatal), info.device):
+                raise S3UnreachableError(fatal or f"another node could not read checkpoint {path.name} "
+                                         f"from {self.cfg.checkpoint.s3_prefix} (see its log); nothing was "
+                                         "set aside")
             data = None
             if not D.any_rank(bool(problem), info.device):
                 try:
                     data = ckpt.read(path, info.rank)
+                    if data.ema is None and _kept_ema(data.state):
+                        raise ckpt.CorruptCheckpointError(
+                            f"{path.name}/ema.safetensors: missing, but the run that wrote it kept an EMA")
                 except ckpt.CorruptCheckpointError as e:
                     problem, own = str(e), True
                 if D.any_rank(bool(problem), info.device):
@@ -159,6 +254,35 @@ class Checkpointer:
             return
         if rejected and info.is_main:
             log.warning("no checkpoint verifies (%s set aside); starting from scratch", ", ".join(rejected))
+
+    def download(self, step: int, uri: str, sleep=time.sleep) -> Path:
+        """Fetch the S3 checkpoint `uri` into `root/step-N`. While S3 cannot be read (down, the connection
+        cut mid-download, timing out) it is retried with backoff (1 s doubling to 30 s) for
+        `checkpoint.s3_wait_s`, then S3UnreachableError in one line naming the endpoint, the checkpoint and
+        the cause: a checkpoint that could not be read is never taken for one that fails verification.
+        Content that was read and is wrong (checksum, manifest) raises as before, for the caller to reject."""
+        cfg = self.cfg.checkpoint
+        store = download_store(cfg.s3_wait_s)
+        t0, delay = time.monotonic(), 1.0
+        while True:
+            try:
+                return ckpt.download(uri, self.root, step, store)
+            except Exception as e:
+                if not unreachable(e):
+                    raise
+                error = e
+            waited = time.monotonic() - t0
+            if waited + delay > cfg.s3_wait_s:
+                break
+            log.warning("cannot download checkpoint %s (%s); retrying in %.0fs (checkpoint.s3_wait_s=%.0f)",
+                        uri, str(error).splitlines()[0][:200], delay, cfg.s3_wait_s)
+            sleep(delay)
+            delay = min(30.0, delay * 2)
+        reason = ckpt._short(error.__cause__ or error)
+        raise S3UnreachableError(
+            f"cannot read checkpoint {uri} from S3 at {store.config.url} for {time.monotonic() - t0:.0f}s "
+            f"({reason}); nothing was set aside or deleted — re-run once S3 answers "
+            f"(checkpoint.s3_wait_s={cfg.s3_wait_s:.0f})")
 
     def remote_checkpoints(self, sleep=time.sleep) -> dict[int, str]:
         """The S3 checkpoints, retried with exponential backoff (1 s doubling to 30 s) for
@@ -205,10 +329,19 @@ class Checkpointer:
         changes = config_changes(state["config"], self.cfg) if isinstance(state.get("config"), dict) else []
         if isinstance(state.get("chunk_sizes"), list) and state["chunk_sizes"] != t.plan.sizes:
             changes.append(f"chunk sizes: {state['chunk_sizes']} → {t.plan.sizes}")
+        digest = prompts_digest(t.prompts)
+        if isinstance(state.get("prompts_sha256"), str) and state["prompts_sha256"] != digest:
+            changes.append(f"prompts (sha256): {state['prompts_sha256'][:12]} → {digest[:12]}")
         if changes and not self.cfg.checkpoint.allow_config_change:
             raise UserError(f"checkpoint {data.path} was trained with another config ({'; '.join(changes)}); "
                             "refusing to resume (checkpoint.allow_config_change=true to resume anyway, or "
                             "another output_dir)")
+        self.config_changes = list(state.get("config_changes") or [])
+        if changes:  # allowed: recorded in every later checkpoint's trainer_state.json
+            self.config_changes.append({"at_optimizer_step": int(state["optimizer_step"]),
+                                        "from": data.path.name, "changes": changes, "time": time.time()})
+            log.warning("resuming %s with a changed config (checkpoint.allow_config_change=true): %s",
+                        data.path, "; ".join(changes))
         if state.get("config_hash") != config_hash(self.cfg):
             log.warning("resuming from %s written with a different config (hash %s, now %s)", data.path,
                         state.get("config_hash"), config_hash(self.cfg))
@@ -285,6 +418,7 @@ class Checkpointer:
                  "config_hash": config_hash(self.cfg), "config": resume_config(self.cfg),
                  "history": t.history,
                  "world_size": t.info.world, "chunk_sizes": t.plan.sizes,
+                 "prompts_sha256": prompts_digest(t.prompts), "config_changes": self.config_changes,
                  "ema_updates": t.ema.updates if t.ema is not None else 0}
         (staging / "trainer_state.json").write_text(json.dumps(state, indent=1))
 
@@ -371,7 +505,12 @@ class Checkpointer:
             )
         # what `checkpoint.keep` held back during an outage can go now that it is in S3
         ckpt.prune(self.root, cfg.keep, self.mirror, cfg.mirror_backlog)
+        if self.lease is not None:  # every checkpoint is in S3: the prefix is free for another run
+            self.lease.release()
+            self.lease = None
 
     def close(self) -> None:
         if self.mirror is not None:
             self.mirror.close(timeout=0)  # an unfinished upload has no manifest in S3: never read as complete
+        if self.lease is not None:  # unfinished: the lease stays (a retry of this run takes it back) and
+            self.lease.stop()       # expires checkpoint.lease_expiry_s after its last heartbeat

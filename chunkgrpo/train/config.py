@@ -99,9 +99,20 @@ class CheckpointConfig(Config):
     allow_config_change: bool = option(False, "resume even though the checkpoint was trained with another "
                                        "base model, method, lr, optimizer, LoRA, sampling, rewards, seed or "
                                        "chunk sizes (refused otherwise)")
-    s3_wait_s: float = option(120.0, "resume: seconds to keep retrying (with backoff) an unreachable S3 "
-                              "before failing; training never starts from scratch while S3 may hold its "
-                              "checkpoints")
+    s3_wait_s: float = option(900.0, "resume: seconds to keep retrying (with backoff) an S3 that cannot be "
+                              "read (down, connection cut, timing out) before failing in one line; an "
+                              "unreachable checkpoint is never taken for a bad one, and training never "
+                              "starts from scratch while S3 may hold its checkpoints. 900 s outlasts an S3 "
+                              "restart or rolling upgrade; a pod failing sooner would only be retried into "
+                              "the same outage")
+    lease_expiry_s: float = option(300.0, "S3 mirror: the writer lease under s3_prefix (one training per "
+                                   "prefix) expires this long after its last heartbeat (renewed every "
+                                   "quarter of it); a stale lease is taken over, a live one of another run "
+                                   "refuses to start. 300 s: a retried pod reaches the lease after loading "
+                                   "the model, by then its dead predecessor's lease has expired")
+    writer_id: str = option("", "who this training is for the writer lease ('' = output_dir and seed); a "
+                            "pipeline sets its run id, so a retried pod with a fresh output_dir takes its "
+                            "run's lease back at once")
     mirror_timeout_s: float = option(120.0, "S3 mirror: read timeout of each upload request (one part, "
                                      "<= 64 MiB); a hung S3 server fails the attempt after this instead of "
                                      "stalling training, and the mirror retries with backoff")
@@ -111,8 +122,9 @@ class CheckpointConfig(Config):
         for name in ("every", "keep", "mirror_backlog", "mirror_wait_s", "s3_wait_s"):
             if getattr(self, name) < 0:
                 raise UserError(f"checkpoint.{name} must be >= 0, got {getattr(self, name)}")
-        if self.mirror_timeout_s <= 0:
-            raise UserError(f"checkpoint.mirror_timeout_s must be > 0, got {self.mirror_timeout_s}")
+        for name in ("mirror_timeout_s", "lease_expiry_s"):
+            if getattr(self, name) <= 0:
+                raise UserError(f"checkpoint.{name} must be > 0, got {getattr(self, name)}")
         if self.s3_prefix:
             if not self.s3_prefix.startswith("s3://"):
                 raise UserError(f"checkpoint.s3_prefix={self.s3_prefix!r} is not an S3 URI (expected s3://bucket/prefix)")

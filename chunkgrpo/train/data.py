@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
+import tempfile
 from pathlib import Path
 
 import torch
@@ -99,7 +101,8 @@ class EmbeddingCache:
 
     On disk: `cache_dir/<encoder identity>/<sha256(prompt)>.pt`, the identity from `encoder_identity`
     (another base model, encoder, tokenizer, max_sequence_length or dtype is another folder: never
-    reused). Each file is `magic, sha256(payload), payload` written atomically (tmp + rename); a read
+    reused). Each file is `magic, sha256(payload), payload` written atomically (own temp name, fsync, rename;
+    trainings sharing the folder never see each other's partial files); a read
     checks the checksum, the prompt stored inside, the shapes and finiteness — a file that fails any
     check (truncated, bit-flipped, planted) is re-encoded and replaced, with one warning."""
 
@@ -123,9 +126,19 @@ class EmbeddingCache:
                     "text_ids": one.text_ids.cpu()}, buf)
         payload = buf.getvalue()
         path = self._path(prompt)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_bytes(_MAGIC + hashlib.sha256(payload).hexdigest().encode() + b"\n" + payload)
-        tmp.replace(path)
+        # published atomically under concurrency (trainings sharing `embed_cache_dir`): a temp name of this
+        # writer's own in the same folder, fsynced, then os.replace — a reader sees a whole file or none,
+        # and two writers of one prompt never write into, or rename away, each other's temp file
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".tmp", dir=self.dir)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(_MAGIC + hashlib.sha256(payload).hexdigest().encode() + b"\n" + payload)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
 
     def _read(self, prompt: str) -> PromptEmbeds:
         """The verified embedding of `prompt` from disk; CorruptEmbeddingError if the file fails a check."""
