@@ -43,7 +43,8 @@ class TrainRequest:
 
     def train_args(self, prompts_path: str, output_dir: str = "") -> list[str]:
         """The trainer's overrides: the run's own, the preset's rewards pointed at `reward_weights`, the
-        inputs, the length, and where checkpoints (a retry resumes from them) and tracking go.
+        inputs, the length, and where checkpoints (a retry resumes from them, as the same writer of
+        their S3 prefix) and tracking go.
         `output_dir` for a run in the task; without one, progress=false (training pods log no progress).
         With `reward_url`, every reward without a url of its own is scored by that server, and a served
         reward gets no weight overrides (its server holds the weights)."""
@@ -64,6 +65,7 @@ class TrainRequest:
             *([f"max_iterations={self.max_iterations}"] if self.max_iterations != 0 else []),
             f"output_dir={output_dir}" if output_dir else "progress=false",
             f"checkpoint.s3_prefix={self.prefix}/checkpoints",
+            f"checkpoint.writer_id=kfp-run-{self.run_id}",  # a retried pod of this run takes its lease back
             f"tracking.experiment={self.experiment}",
             f"tracking.parent_run_id={self.parent_run_id}",
             f"tracking.run_name=train-{self.run_id[:8]}",

@@ -24,6 +24,9 @@ def test_both_trainers_send_the_same_overrides():
     assert in_task[0] == "lr=1e-5" and "rewards.0.options.weights=s3://bkt/models/MizzenAI/HPSv3" in in_task
     assert "max_iterations=5" in in_task and in_task[-1] == "tracking.run_name=train-run-1234"
     assert "checkpoint.s3_prefix=s3://bkt/runs/run-123456789/train/checkpoints" in in_task  # a retry resumes
+    # ... as the same writer of that prefix (its lease), in the task and in every job pod
+    writer = "checkpoint.writer_id=kfp-run-run-123456789"
+    assert writer in in_task and writer in pods
     assert spec.fetch == {"/tmp/inputs/prompts.txt": "s3://bkt/p.txt"}
     assert "max_iterations=0" not in TrainRequest(**{**vars(REQ), "max_iterations": 0}).train_args("p")
 
