@@ -10,7 +10,8 @@ from components.images import RUNTIME_IMAGE
 @dsl.component(base_image=RUNTIME_IMAGE, install_kfp_package=False)
 def preflight(model: str, prompts: str, preset: str, train_overrides: list, reward_weights: dict,
               scorer_weights: dict, eval_preset: str, eval_benchmarks: list, eval_overrides: list,
-              artifact_root: str, capacity: Output[Markdown], method: str = "chunk", pool: str = "") -> str:
+              artifact_root: str, capacity: Output[Markdown], method: str = "chunk", pool: str = "",
+              chunks: str = "") -> str:
     """Check the base model, prompts, reward/scorer weights, S3, MLflow, the WISE judge key and the capacity
     plan.
 
@@ -29,6 +30,7 @@ def preflight(model: str, prompts: str, preset: str, train_overrides: list, rewa
         method: training method (its own preset when `preset` is '').
         pool: GPU pool of the train step (h800 | h100: checked against its training runtime; else CPU,
             unchecked).
+        chunks: the plan step's chunk plan spec ('' = unchecked).
 
     Returns:
         "ok" (the step fails with one line listing every problem otherwise).
@@ -42,7 +44,7 @@ def preflight(model: str, prompts: str, preset: str, train_overrides: list, rewa
                 train_overrides=list(train_overrides), reward_weights=dict(reward_weights),
                 scorer_weights=dict(scorer_weights), eval_preset=eval_preset,
                 eval_benchmarks=list(eval_benchmarks), eval_overrides=list(eval_overrides),
-                artifact_root=artifact_root, pool=pool, capacity_out=capacity.path))
+                artifact_root=artifact_root, pool=pool, capacity_out=capacity.path, chunks=chunks))
     return "ok"
 
 
