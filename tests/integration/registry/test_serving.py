@@ -129,3 +129,65 @@ def test_mlflow_models_serve_answers_with_a_png(champion, tmp_path):
         assert again[0]["image"] != rows[0]["image"]  # params reach predict(): the base model alone differs
     finally:
         stop_process_group(proc)
+
+
+_IMPORTED = """
+import json, sys
+import mlflow, pandas as pd
+from importlib.metadata import packages_distributions
+model = mlflow.pyfunc.load_model(sys.argv[1])
+model.predict(pd.DataFrame({"prompt": ["a red apple"], "seed": [3]}))
+dists = packages_distributions()
+top = {name.split(".")[0] for name in list(sys.modules)}
+print(json.dumps(sorted({d for t in top for d in dists.get(t, [])})))
+"""
+
+
+def _deps(name: str, optional: bool = False) -> list[str]:
+    """The distributions `name` requires (markers evaluated here), or with `optional` those of its extras."""
+    from importlib.metadata import requires
+
+    try:
+        texts = requires(name) or []
+    except PackageNotFoundError:
+        return []
+    out = []
+    for text in texts:
+        r = Requirement(text)
+        is_extra = r.marker is not None and "extra" in str(r.marker)
+        if is_extra if optional else (r.marker is None or r.marker.evaluate({"extra": ""})):
+            out.append(r.name)
+    return out
+
+
+def _closure(names) -> set[str]:
+    """`names` and every distribution they require, transitively."""
+    from packaging.utils import canonicalize_name
+
+    seen, todo = set(), [canonicalize_name(n) for n in names]
+    while todo:
+        name = todo.pop()
+        if name not in seen:
+            seen.add(name)
+            todo.extend(canonicalize_name(d) for d in _deps(name))
+    return seen
+
+
+def test_the_requirements_cover_every_distribution_the_served_model_imports(champion, tmp_path):
+    import mlflow
+    from packaging.utils import canonicalize_name
+
+    folder = Path(mlflow.artifacts.download_artifacts(f"models:/{champion}@champion", dst_path=str(tmp_path)))
+    reqs = {Requirement(line).name for line in (folder / "requirements.txt").read_text().splitlines()
+            if line.strip() and not line.startswith("#")}
+    env = {**os.environ, "CHUNKGRPO_DEVICE": "cpu"}
+    # the scoring server loads the model folder `mlflow models serve` downloaded (so does this process)
+    out = subprocess.run([sys.executable, "-c", _IMPORTED, str(folder)], env=env,
+                         capture_output=True, text=True, timeout=600, check=True).stdout
+    imported = {canonicalize_name(d) for d in json.loads(out.strip().splitlines()[-1])} - {"chunkgrpo"}
+    assert {"torch", "diffusers", "peft"} <= imported  # the check saw the model load and generate
+    # MLflow's loader imports its artifact repositories' clients (boto3, google-cloud-storage) when they are
+    # installed, and runs without them: those are its extras, not the served model's requirements
+    optional = _closure(_deps("mlflow", optional=True) + _deps("mlflow-skinny", optional=True))
+    missing = imported - _closure(reqs) - optional
+    assert not missing, f"imported by the served model but not in requirements.txt: {sorted(missing)}"
