@@ -42,14 +42,44 @@ def _command_modules():
             yield mod
 
 
+DESCRIPTION = """\
+Fine-tune flow-matching text-to-image models (FLUX.1-dev) with Chunk-GRPO and its peers: profile the
+sampler's dynamics, plan the chunks, train, evaluate, register and promote the result, locally or as
+Kubeflow pipelines."""
+
+EPILOG = """\
+examples:
+  chunkgrpo tiny-model --out models/tiny-flux
+  chunkgrpo train --config tiny_cpu model=models/tiny-flux prompts=prompts.txt output_dir=out
+  chunkgrpo evaluate --config eval_tiny model=out/final output_dir=eval-tiny
+  chunkgrpo pipeline run --local             # both pipelines' steps on this machine
+  chunkgrpo COMMAND --help                   # a command's options and examples"""
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Descriptions and epilogs as written: their paragraphs, line breaks and indented example blocks."""
+
+
+def _all_parsers(parser: argparse.ArgumentParser):
+    """The parser and every sub(-sub)command parser below it."""
+    yield parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in dict.fromkeys(action.choices.values()):
+                yield from _all_parsers(child)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="chunkgrpo", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="chunkgrpo", description=DESCRIPTION, epilog=EPILOG,
+                                     formatter_class=HelpFormatter)
     parser.add_argument("--version", action="version", version=f"chunkgrpo {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for mod in _command_modules():
         p = sub.add_parser(mod.NAME, help=mod.HELP, description=(mod.__doc__ or mod.HELP).strip())
         mod.add_arguments(p)
         p.set_defaults(_run=mod.run)
+    for p in _all_parsers(parser):  # also the subcommands' own subparsers (models sync, pipeline run)
+        p.formatter_class = HelpFormatter
     return parser
 
 

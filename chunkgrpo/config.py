@@ -213,7 +213,11 @@ def resolve_preset(source: str | Path) -> Path:
     if candidate.exists():
         return candidate
     presets = sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
-    raise UserError(f"config {str(source)!r} is neither a file nor a preset (presets: {', '.join(presets)})")
+    close = difflib.get_close_matches(Path(str(source)).stem, presets, n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    raise UserError(
+        f"config {str(source)!r} is neither a file nor a preset ({hint}presets: {', '.join(presets)})"
+    )
 
 
 def load_yaml(source: str | Path) -> dict:
@@ -233,16 +237,29 @@ def load_yaml(source: str | Path) -> dict:
     return data
 
 
-def describe(cls: type[Config], prefix: str = "") -> str:
-    """Human-readable list of options with defaults and help (for --help-config)."""
+def describe(cls: type[Config], prefix: str = "", values: dict | None = None) -> str:
+    """Human-readable list of options with defaults and help (for --help-config). `values` (a preset's
+    mapping): each option shows the preset's value, and the default where the preset changes it."""
     lines = []
     hints = typing.get_type_hints(cls)
+    values = values if isinstance(values, dict) else {}
     for f in dataclasses.fields(cls):
         tp, _ = _unwrap_optional(hints[f.name])
         if dataclasses.is_dataclass(tp):
-            lines.append(describe(tp, prefix=f"{prefix}{f.name}."))
+            lines.append(describe(tp, prefix=f"{prefix}{f.name}.", values=values.get(f.name)))
             continue
         default = f.default if f.default is not dataclasses.MISSING else (
             f.default_factory() if f.default_factory is not dataclasses.MISSING else "<required>")
-        lines.append(f"  {prefix}{f.name} = {default!r}\n      {f.metadata.get('help', '')}")
+        shown = f"{default!r}"
+        if f.name in values and values[f.name] != default:
+            shown = f"{values[f.name]!r}   (default: {default!r})"
+        lines.append(f"  {prefix}{f.name} = {shown}\n      {f.metadata.get('help', '')}")
     return "\n".join(lines)
+
+
+def owning_class(data: dict, classes: typing.Sequence[type[Config]]) -> type[Config] | None:
+    """The first of `classes` that takes every top-level key of a config mapping as an option, or None."""
+    for cls in classes:
+        if set(data) <= {f.name for f in dataclasses.fields(cls) if f.init}:
+            return cls
+    return None

@@ -12,10 +12,10 @@ artifact `model/` holds the weights (or a checksum-pinned pointer to them in S3)
 `chunkgrpo_registration.json` with the base model and the sampling settings of the evaluation; that
 format, the signature and the predict() parameters' defaults are `chunkgrpo.registry.payload`'s.
 
-Environment of the serving process: `chunkgrpo` installed (the pyfunc's pip requirement), the base
-model reachable (a folder, an `s3://` folder artifact with S3 credentials, or the hub cache;
-`CHUNKGRPO_BASE_MODEL` overrides the registered reference, e.g. with a local copy),
-`CHUNKGRPO_DEVICE` (default: cuda if available, else cpu).
+Environment of the serving process: the version's pinned requirements (`payload.serving_requirements`;
+`chunkgrpo` itself comes with the version, `code/chunkgrpo`), the base model reachable (an `s3://` folder
+artifact with S3 credentials, a folder, or the hub cache; `CHUNKGRPO_BASE_MODEL` overrides the registered
+reference, e.g. with a local copy), `CHUNKGRPO_DEVICE` (default: cuda if available, else cpu).
 """
 
 from __future__ import annotations

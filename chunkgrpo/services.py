@@ -150,8 +150,9 @@ def _tail(path: Path, n: int = 8) -> str:
 class LocalServices:
     """Start, inspect and stop the local S3 (+ MLflow) servers recorded under `config.home`."""
 
-    def __init__(self, config: LocalServicesConfig | None = None):
+    def __init__(self, config: LocalServicesConfig | None = None, command: str = "chunkgrpo local up"):
         self.config = config or LocalServicesConfig()
+        self.command = command  # the command whose --s3-port / --mlflow-port a port collision names
         self.home = Path(self.config.home).resolve()
 
     # ------------------------------------------------------------------------------ files
@@ -327,7 +328,7 @@ class LocalServices:
                 raise UserError(
                     f"port {port} ({what}) on {HOST} is already in use by {port_owner(port)}; stop it or "
                     "choose another port "
-                    f"(chunkgrpo local up --{'mlflow' if 'MLflow' in what else 's3'}-port N)"
+                    f"({self.command} --{'mlflow' if 'MLflow' in what else 's3'}-port N)"
                 )
 
     def _spawn(self, name: str, cmd: list[str], env: dict[str, str], port: int, **extra: Any) -> dict:

@@ -128,7 +128,8 @@ def run_local(
     svc, started = None, False
     if services_env is None:
         svc = LocalServices(
-            LocalServicesConfig(home=str(home / "local"), s3_port=s3_port, mlflow_port=mlflow_port)
+            LocalServicesConfig(home=str(home / "local"), s3_port=s3_port, mlflow_port=mlflow_port),
+            command="chunkgrpo pipeline run --local",
         )
         started = any(s.state != "running" for s in svc.status().values())
         try:

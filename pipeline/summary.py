@@ -47,7 +47,7 @@ def summary_lines(r) -> list[str]:
         lines.append(f"  MLflow run       {run_id}  {r.mlflow_url}")
     cached = lambda task: "; cached: an earlier run's output" if t[task].get("cached") else ""  # noqa: E731
     if "profile" in t:
-        lines.append(f"  profile          {_rel(art('profile', 'profile_json')['uri'])}  (+ plot.png: "
+        lines.append(f"  profile          {_rel(art('profile', 'profile_json')['uri'])}  (+ plot, HTML: "
                      f"{_rel(art('profile', 'plot')['uri'])}{cached('profile')})")
     if "plan" in t:
         lines.append(f"  plan             {par('plan', 'Output')}  {_rel(art('plan', 'plan_json')['uri'])}  "

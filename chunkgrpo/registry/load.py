@@ -97,7 +97,9 @@ def load_pipeline(model_uri: str, dtype=None, device: str | None = None, base_mo
     dtype = dtype or torch.float32
     with tempfile.TemporaryDirectory(prefix="chunkgrpo-model-") as tmp:  # weights end up in memory
         m = load_registered_model(model_uri, tmp)
-        pipe = FluxPipeline.from_pretrained(base_model or m.base_model, dtype=dtype)
+        from chunkgrpo.flux import resolve_model_source  # the base model: s3://, folder or hub id
+
+        pipe = FluxPipeline.from_pretrained(resolve_model_source(base_model or m.base_model), dtype=dtype)
         if m.kind == "lora":
             pipe.load_lora_weights(str(m.weights_dir))
         else:

@@ -2,6 +2,7 @@
 whose artifact `model/` is the payload. Written at registration, read by the serving pyfunc.
 
     <MLflow model>/MLmodel, served_model_entry.py, requirements...   (`save_pyfunc`)
+    <MLflow model>/code/chunkgrpo/                                 (the package the served code imports)
     <MLflow model>/artifacts/model/                               (PAYLOAD)
         pytorch_lora_weights.safetensors | transformer/...        (inline weights), or nothing (external)
         chunkgrpo_registration.json                                (MODEL_INFO, `model_info`)
@@ -91,21 +92,49 @@ def model_info(
     }
 
 
+# The distributions the served code imports (chunkgrpo.served_model -> eval.hybrid, flux, store, registry):
+# a serving machine installs them from public indexes; chunkgrpo itself travels in the model (code_paths).
+SERVING_DISTRIBUTIONS = ("mlflow", "torch", "diffusers", "transformers", "accelerate", "peft", "safetensors",
+                         "sentencepiece", "protobuf", "huggingface-hub", "numpy", "pandas", "pillow",
+                         "pyyaml", "tqdm", "minio")
+
+
+def serving_requirements() -> list[str]:
+    """SERVING_DISTRIBUTIONS pinned to the versions installed here (`name==X.Y.Z`, without a local label
+    such as `+cpu` that only a vendor's index has), so the served model runs with what it was tested with."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from packaging.version import Version
+
+    out = []
+    for name in SERVING_DISTRIBUTIONS:
+        try:
+            out.append(f"{name}=={Version(version(name)).public}")
+        except PackageNotFoundError:  # optional here (e.g. protobuf): the resolver picks it for its users
+            continue
+    return out
+
+
+def served_code_path() -> str:
+    """The `chunkgrpo` package folder, copied into every registered version (`code/chunkgrpo`): the served
+    model imports it from there, with no chunkgrpo installation on the serving machine."""
+    return str(Path(__file__).resolve().parent.parent)
+
+
 def save_pyfunc(folder: Path, payload: Path) -> None:
     """An MLflow Model directory (python_function flavour, model from code) whose artifact `model`
-    is `payload` (weights + MODEL_INFO): mlflow.pyfunc.load_model works on the registered version."""
+    is `payload` (weights + MODEL_INFO): mlflow.pyfunc.load_model and `mlflow models serve` work on the
+    registered version with MLflow's own environment handling (its requirements resolve from PyPI)."""
     import warnings
 
     import mlflow
-
-    from chunkgrpo import __version__
 
     assert payload.name == Path(PAYLOAD).name, payload  # MLflow names the artifact dir after the source dir
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*input example.*")  # an example would load the model
         mlflow.pyfunc.save_model(
             path=str(folder), python_model=model_code_path(), artifacts={"model": str(payload)},
-            pip_requirements=[f"chunkgrpo[core,store]=={__version__}"], signature=signature())
+            code_paths=[served_code_path()], pip_requirements=serving_requirements(), signature=signature())
 
 
 def weights_from_payload(payload: Path, info: dict, store=None) -> Path:

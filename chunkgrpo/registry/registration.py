@@ -8,8 +8,11 @@ A registered version is an MLflow Model (`python_function`, model from code, no 
     model.predict(pd.DataFrame({"prompt": ["a red apple"], "seed": [7]}))
     # -> a DataFrame: prompt, seed, image (PNG base64)
 
-works in any environment with `chunkgrpo` installed. For large full checkpoints the weights can stay
-in S3 (`include_weights=False`): only a pointer is logged (checksum-verified on load).
+works in any environment with `chunkgrpo` installed, and `mlflow models serve -m models:/NAME@champion`
+installs what it needs from PyPI (the version carries its code and pinned requirements; the base model is
+an `s3://` or hub reference, never a path of the registering machine: `served_base_model`).
+For large full checkpoints the weights can stay in S3 (`include_weights=False`): only a pointer is logged
+(checksum-verified on load).
 
 `create_version` is the privileged half of registration: on a basic-auth MLflow only the promoter
 identity may create versions or move aliases (MLflow checks EDIT on the model for both), so with
@@ -164,6 +167,7 @@ def register_model(req: Registration, *, run_id: str | None = None, experiment: 
         ensure_registered_model(client, req.name)
         init_gate(client, req.name, req.gate_metric or None, req.gate_direction or None)
 
+    req = dataclasses.replace(req, base_model=served_base_model(req.base_model, store))
     manifest, manifest_sha = _manifest(req, store)
     if dedupe:
         existing = find_version(client, req.name, manifest.content_sha256, req.kind, req.base_model)
@@ -210,6 +214,35 @@ def register_model(req: Registration, *, run_id: str | None = None, experiment: 
     log.info("registered %s version %s (%s, base %s) from %s", req.name, mv.version, req.kind, req.base_model,
              mv.source)
     return RegisteredVersion(req.name, str(mv.version), mv.source, mv.run_id, dict(mv.tags or version_tags))
+
+
+def served_base_model(ref: str, store=None) -> str:
+    """The base model reference as a serving machine resolves it: an `s3://` URI or a hub id as given; a
+    local folder (a path no other machine has) is put into the S3 model cache (`model_cache.sync`, kept
+    when an identical copy is there) at `<root>/local/<folder name>-<content digest>`, the root being
+    $CHUNKGRPO_MODEL_ROOT, else the default model root when its bucket exists, else `models/` of the
+    artifact bucket."""
+    path = Path(ref).expanduser()
+    if ref.startswith("s3://") or not path.is_dir():
+        return ref
+    from chunkgrpo import model_cache
+    from chunkgrpo.store.client import ArtifactStore
+    from chunkgrpo.store.manifest import build_manifest
+
+    store = store or ArtifactStore()
+    root = os.environ.get(model_cache.MODEL_ROOT_ENV, "")
+    if not root:
+        root = model_cache.DEFAULT_MODEL_ROOT
+        try:
+            store.require_bucket(root)
+        except UserError:
+            root = store.uri("models")
+    digest = build_manifest(path).content_sha256
+    uri, uploaded = model_cache.sync(str(path), f"{root.rstrip('/')}/local/{path.name}-{digest[:12]}",
+                                     store=store)
+    log.info("base model %s %s %s (what a served version loads)", path, "put at" if uploaded else "is at",
+             uri)
+    return uri
 
 
 def _manifest(req: Registration, store) -> tuple[Manifest, str | None]:

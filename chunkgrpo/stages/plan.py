@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +36,23 @@ class Plan:
                 f"{d['trajectories'].upper()} profile)\n\n"
                 f"{rationale if isinstance(rationale, str) else json.dumps(rationale)}\n\n"
                 f"| chunk | steps | size |\n|---|---|---|\n{rows}\n")
+
+
+    def html(self, chunks: str) -> str:
+        """A page for the KFP UI's visualisation: the plot of both curves with the chunks, the spec, the
+        rationale and the chunks table."""
+        from chunkgrpo.stages.profile import html_page
+
+        d = self.data
+        rationale = d.get("rationale") or ""
+        rationale = rationale if isinstance(rationale, str) else json.dumps(rationale)
+        rows = "".join(f"<tr><td>{c['index']}</td><td>{c['steps'][0]}-{c['steps'][1]}</td>"
+                       f"<td>{c['size']}</td></tr>" for c in d["chunks"])
+        about = (f"chunks {chunks} -> sizes {self.sizes} ({d['trainable_steps']} trainable steps of "
+                 f"{d['num_steps']}, planned on the {str(d['trajectories']).upper()} profile)")
+        return html_page("Chunk plan", f"<p>{html.escape(about)}</p>", f"<p>{html.escape(rationale)}</p>",
+                         f"<table><tr><th>chunk</th><th>steps</th><th>size</th></tr>{rows}</table>",
+                         png=self.plot)
 
 
 def plan(profile: str | Path, chunks: str, out: str | Path, trajectories: str | None = None) -> Plan:

@@ -8,17 +8,24 @@ from pathlib import Path
 def preflight(*, model: str, prompts: str, preset: str, method: str, train_overrides: list,
               reward_weights: dict, scorer_weights: dict, eval_preset: str, eval_benchmarks: list,
               eval_overrides: list, artifact_root: str, pool: str, capacity_out: str | Path,
-              reward_url: str = "") -> str:
-    """Check the base model, prompts, the reward/scorer weights the presets use, the reward servers (each
-    reward's url, else `reward_url`), S3, MLflow, the judge key and the capacity plan on `pool`; the plan
-    (Markdown) is written to `capacity_out` first. Raises one UserError listing every problem; returns the
-    success line."""
+              reward_url: str = "", chunks: str = "") -> str:
+    """Check the `chunks` spec, the base model, prompts, the reward/scorer weights the presets use, the
+    reward servers (each reward's url, else `reward_url`), S3, MLflow, the judge key and the capacity plan
+    on `pool`; the plan (Markdown) is written to `capacity_out` first. Raises one UserError listing every
+    problem; returns the success line."""
     from chunkgrpo.errors import UserError
     from chunkgrpo.model_cache import used_reward_weights
     from chunkgrpo.preflight import PreflightSpec, capacity_check, evaluation_inputs, require
     from chunkgrpo.recipes import preset_for
     from chunkgrpo.stages.train import reward_servers, served_rewards
 
+    if chunks:  # the plan step's own parser: a bad spec fails here, before profiling
+        from chunkgrpo.chunks import parse_chunks
+
+        try:
+            parse_chunks(chunks)
+        except UserError as e:
+            raise UserError(f"preflight: chunks={chunks!r}: {e}") from None
     preset = preset_for(method, preset)
     benchmarks, scorers = evaluation_inputs(eval_preset, list(eval_benchmarks), list(eval_overrides),
                                             dict(scorer_weights))

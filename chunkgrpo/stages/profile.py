@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import base64
+import html
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,6 +16,36 @@ class Profile:
     data: dict             # the profile (chunkgrpo.dynamics: sigmas, l1rel, trajectories, ...)
     path: Path             # its JSON file
     plot: Path | None      # the PNG of the curves (None when not drawn)
+
+    def html(self, model: str = "") -> str:
+        """A page for the KFP UI's visualisation: the plot, the settings and the per-step L1rel values."""
+        d = self.data
+        kind = str(d.get("trajectories") or "ode")
+        curves = {k: d[f"l1rel_{k}"] for k in ("sde", "ode") if d.get(f"l1rel_{k}")} or {kind: d["l1rel"]}
+        head = "".join(f"<th>L1rel {k.upper()}{' (planned on)' if k == kind else ''}</th>" for k in curves)
+        rows = "".join(f"<tr><td>{i}</td>" + "".join(f"<td>{_num(c, i)}</td>" for c in curves.values())
+                       + "</tr>" for i in range(max(len(c) for c in curves.values())))
+        about = (f"{len(d['l1rel'])} sampling steps, {d.get('samples', '?')} trajectories each"
+                 + (f", model {model}" if model else "") + f"; the planner reads the {kind.upper()} curve")
+        return html_page("Dynamics profile", f"<p>{html.escape(about)}</p>",
+                         f"<table><tr><th>step</th>{head}</tr>{rows}</table>", png=self.plot)
+
+
+def _num(values: list, i: int) -> str:
+    return f"{float(values[i]):.4g}" if i < len(values) and isinstance(values[i], (int, float)) else ""
+
+
+def html_page(title: str, *parts: str, png: Path | None = None) -> str:
+    """A self-contained HTML page (the KFP UI renders an HTML artifact as is): the title, the PNG embedded
+    as a base64 `<img>` (no file beside it to fetch), then the HTML `parts`."""
+    img = ""
+    if png is not None and Path(png).exists():
+        data = base64.b64encode(Path(png).read_bytes()).decode("ascii")
+        img = f'<img src="data:image/png;base64,{data}" alt="{html.escape(title)}" style="max-width:100%">'
+    style = ("<style>body{font-family:sans-serif}table{border-collapse:collapse}"
+             "td,th{border:1px solid #ccc;padding:2px 8px;text-align:right}</style>")
+    return (f"<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>{style}"
+            f"</head><body><h1>{html.escape(title)}</h1>{img}{''.join(parts)}</body></html>\n")
 
 
 def training_config(*, model: str, prompts: str, preset: str, method: str, overrides: list,

@@ -1,15 +1,16 @@
-"""Chunk planning from a dynamics profile -> plan JSON + Markdown summary for the KFP UI. The step is
+"""Chunk planning from a dynamics profile -> plan JSON, a Markdown summary and an HTML page with the plot
+(both rendered by the KFP UI's visualisation panel). The step is
 `chunkgrpo.stages.plan.plan`."""
 
 from kfp import dsl
-from kfp.dsl import Artifact, Input, Markdown, Output
+from kfp.dsl import HTML, Artifact, Input, Markdown, Output
 
 from components.images import RUNTIME_IMAGE
 
 
 @dsl.component(base_image=RUNTIME_IMAGE, install_kfp_package=False)
 def plan(profile_json: Input[Artifact], chunks: str, plan_json: Output[Artifact], report: Output[Markdown],
-         plot: Output[Artifact]) -> str:
+         plot: Output[HTML]) -> str:
     """Segment the trainable steps into chunks.
 
     Args:
@@ -29,8 +30,7 @@ def plan(profile_json: Input[Artifact], chunks: str, plan_json: Output[Artifact]
     shutil.copyfile(profile_json.path, src / "profile.json")  # the plan records the profile's file name
     p = plan_stage(src / "profile.json", chunks, src / "plan.json")
     shutil.copyfile(p.path, plan_json.path)
-    if p.plot:
-        shutil.copyfile(p.plot, plot.path)
+    Path(plot.path).write_text(p.html(chunks))  # the plot embedded, with the rationale and the chunks
     plan_json.metadata.update({"chunks": chunks, "sizes": p.sizes, "trajectories": p.data["trajectories"]})
     Path(report.path).write_text(p.markdown(chunks))
     print(f"plan {chunks}: sizes {p.sizes}")

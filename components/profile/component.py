@@ -1,15 +1,16 @@
 """Dynamics profiling: SDE (training) and ODE trajectories of the base model -> per-step L1rel profile
-(JSON + PNG). The step is `chunkgrpo.stages.profile`."""
+(JSON, and an HTML page with the plot that the KFP UI's visualisation panel renders). The step is
+`chunkgrpo.stages.profile`."""
 
 from kfp import dsl
-from kfp.dsl import Artifact, Output
+from kfp.dsl import HTML, Artifact, Output
 
 from components.images import RUNTIME_IMAGE
 
 
 @dsl.component(base_image=RUNTIME_IMAGE, install_kfp_package=False)
 def profile(model: str, prompts: str, preset: str, overrides: list, num_prompts: int, seeds: int, device: str,
-            profile_json: Output[Artifact], plot: Output[Artifact], method: str = "chunk",
+            profile_json: Output[Artifact], plot: Output[HTML], method: str = "chunk",
             trajectories: str = "sde"):
     """Profile the base model's flow dynamics with the sampling settings of the training preset.
 
@@ -43,7 +44,6 @@ def profile(model: str, prompts: str, preset: str, overrides: list, num_prompts:
     shutil.copyfile(p.path, profile_json.path)
     steps = cfg.sampling.num_steps
     profile_json.metadata.update({"num_steps": steps, "model": model, "trajectories": trajectories})
-    if p.plot:
-        shutil.copyfile(p.plot, plot.path)
+    Path(plot.path).write_text(p.html(model))  # the plot embedded, with the per-step values
     print(f"profile: {steps} steps, {num_prompts or 'all'} prompts x {seeds} seeds, SDE + ODE "
           f"(planning on {trajectories}) -> {profile_json.uri}")

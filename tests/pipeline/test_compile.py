@@ -389,3 +389,13 @@ def test_pipeline_functions_are_written_out(name, trainer):
                   if line.startswith("    ") and not line.startswith("        ")]
     assert documented == params
     assert len(params) == len(spec.args) == len(spec.defaults)  # every parameter has a default
+
+
+def test_profile_and_plan_plots_are_html_the_kfp_ui_renders(tae):
+    # the KFP UI's visualisation panel renders system.HTML and system.Markdown artifacts, not a PNG Artifact
+    spec, _ = tae
+    outputs = {name: spec["components"][f"comp-{name}"]["outputDefinitions"]["artifacts"]
+               for name in ("profile", "plan")}
+    for name, arts in outputs.items():
+        assert arts["plot"]["artifactType"]["schemaTitle"] == "system.HTML", name
+    assert outputs["plan"]["report"]["artifactType"]["schemaTitle"] == "system.Markdown"
