@@ -69,7 +69,9 @@ class FakeK8s(BaseHTTPRequestHandler):
 
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        self.objects[f"{self.path}/{body['metadata']['name']}"] = body
+        path, _, query = self.path.partition("?")
+        assert "fieldValidation=Strict" in query, self.path  # a field the API server would drop is an error
+        self.objects[f"{path}/{body['metadata']['name']}"] = body
         FakeK8s.on_create(body)
         return self._send(201, body)
 
