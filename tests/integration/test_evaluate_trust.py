@@ -219,6 +219,10 @@ def test_wise_8_prompts_over_http_is_not_comparable(tiny_model_dir, trained_dir,
     lines = "\n".join(summary_lines(result))
     assert "wise: not comparable to published numbers: " in lines and "8 of 1000 WISE prompt ids" in lines
     html = (out / "report.html").read_text()
-    assert "8 of 1000 WISE prompt ids evaluated" in html and "refused: I can&#x27;t help with that." in html
+    import html as html_lib
+
+    assert "8 of 1000 WISE prompt ids evaluated" in html
+    # the judge's answer is shown, escaped (whatever entity the template engine writes for the quote)
+    assert "refused: I can't help with that." in html_lib.unescape(html) and "I can't help" not in html
     assert "Failed judgements" in html and "judge answer" in html and "class='num neutral'" in html
     assert "sk-local-test" not in html and "sk-local-test" not in (out / "metrics.json").read_text()
