@@ -12,7 +12,8 @@ so nothing listens beyond loopback. That holds in every form it is started with:
 127.0.0.1 (the given port, else a free one); a non-loopback `--master-addr`/`--rdzv-endpoint`, more than
 one node or another rendezvous backend is refused in one line (exit 2). Every other torchrun argument is
 passed through unchanged. SIGTERM/SIGINT to the launcher stops its workers and ends in one line
-(exit 128 + the signal).
+(exit 128 + the signal); a failed worker ends it in one line with the worker's exit status (the worker's
+own message above it), not torchrun's `ChildFailedError` traceback.
 """
 
 from __future__ import annotations
@@ -104,9 +105,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     _loopback_store()
     torchrun.parse_args = lambda _argv: args  # torchrun's main (error recording, run) on these arguments
     from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
     try:
         torchrun.main([])
+    except ChildFailedError as e:  # a worker failed: its own output (above) says why; no agent traceback
+        rank, failure = e.get_first_failure()
+        code = failure.exitcode
+        print(f"chunkgrpo.torchrun_local: rank {rank} of {e.name} exited with status {code} (its output "
+              "above says why)", file=sys.stderr, flush=True)
+        raise SystemExit(code if 0 < code < 256 else 128 - code if code < 0 else 1) from None
     except SignalException as e:  # SIGTERM/SIGINT to this agent: its workers are stopped by then
         signum = int(e.sigval)
         print(f"chunkgrpo.torchrun_local: stopped by signal {signum} ({signal.Signals(signum).name}); "

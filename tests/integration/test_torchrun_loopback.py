@@ -116,3 +116,17 @@ def test_sigterm_to_the_launcher_stops_its_workers_in_one_line(tmp_path):
     assert err.strip().splitlines()[-1] == (
         "chunkgrpo.torchrun_local: stopped by signal 15 (SIGTERM); its workers were stopped")
     assert not [p for p in ranks if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_a_failed_worker_ends_the_launch_in_one_line_with_its_status(tmp_path):
+    """A worker that fails (here: a file that is not there, exit 2) ends the launch with the worker's own
+    message and one line of the launcher's, with the worker's status, not torchrun's agent traceback."""
+    cmd = [sys.executable, "-m", "chunkgrpo.torchrun_local", "--nproc-per-node=1", "-m", "json.tool",
+           str(tmp_path / "not-there.json")]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "Traceback" not in r.stderr and "ChildFailedError" not in r.stderr, r.stderr[-2000:]
+    last = r.stderr.strip().splitlines()[-1]
+    assert last == ("chunkgrpo.torchrun_local: rank 0 of json.tool exited with status 2 (its output above "
+                    "says why)"), r.stderr[-2000:]
+    assert "not-there.json" in r.stderr  # the worker's own reason stays in the output
