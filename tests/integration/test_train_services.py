@@ -47,18 +47,19 @@ def test_s3_checkpoints_resume_and_mlflow_logging(services_env, tiny_model_dir, 
     run = runs[0]
     assert run.info.status == "FINISHED"
     assert run.data.params["method"] == "chunk"
-    hist = c.get_metric_history(run.info.run_id, "reward_mean")
+    hist = c.get_metric_history(run.info.run_id, "reward/mean")
     assert [m.step for m in hist] == [3, 4]
     for key in (
-        "loss",
-        "clip_frac",
-        "grad_norm",
-        "kl_k3",
-        "transformer_forward",
-        "ratio_mean",
-        "time_rollout",
+        "policy/loss",
+        "policy/clip_fraction",
+        "policy/grad_norm",
+        "policy/kl_k3",
+        "count/transformer_forward",
+        "policy/ratio_mean",
+        "time/rollout",
     ):
         assert key in run.data.metrics, key
+    assert all(k.startswith(("reward/", "policy/", "time/", "count/")) for k in run.data.metrics)
     arts = {a.path for a in c.list_artifacts(run.info.run_id)}
     assert {"chunk_plan.json", "samples", "train_summary.json"} <= arts
 
