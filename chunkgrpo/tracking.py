@@ -335,6 +335,48 @@ def find_pipeline_run(client, experiment: str, kfp_run_id: str) -> str | None:
     return _kfp_run(client, exp.experiment_id, kfp_run_id) if exp else None
 
 
+HEADLINE_SUFFIXES = (".trained", ".base", ".delta")  # an evaluation's per-label means and paired delta
+
+
+def _stage_runs(client, run) -> dict[str, Any]:
+    """The latest run of each stage (tag chunkgrpo.stage) nested under `run`."""
+    children = client.search_runs([run.info.experiment_id],
+                                  filter_string=f"tags.`mlflow.parentRunId` = '{run.info.run_id}'",
+                                  order_by=["attributes.start_time ASC"], max_results=1000)
+    return {c.data.tags.get("chunkgrpo.stage", c.info.run_name): c for c in children}
+
+
+def summarize_parent(client, run_id: str) -> dict[str, Any]:
+    """Copy the headline results of the stage runs under `run_id` onto it, so the pipeline's run page shows
+    them: the training's final `reward/mean` (at its last step), the evaluation's trained/base/delta means
+    as `eval/<benchmark>.<metric>.<label>`, and the registered model and version as tags
+    `chunkgrpo.registered_model` / `chunkgrpo.registered_version`. Returns what was copied."""
+    run = client.get_run(run_id)
+    stages = _stage_runs(client, run)
+    metrics: dict[str, tuple[float, int]] = {}
+    train = stages.get("train")
+    if train is not None:
+        hist = client.get_metric_history(train.info.run_id, "reward/mean")
+        if hist:
+            last = max(hist, key=lambda m: (m.step, m.timestamp))
+            metrics["reward/mean"] = (last.value, last.step)
+    evaluate = stages.get("evaluate")
+    if evaluate is not None:
+        for k, v in evaluate.data.metrics.items():
+            if k.endswith(HEADLINE_SUFFIXES):
+                metrics[f"eval/{k}"] = (v, 0)
+    tags: dict[str, str] = {}
+    for stage in stages.values():
+        for mv in client.search_model_versions(f"run_id = '{stage.info.run_id}'"):
+            tags = {"chunkgrpo.registered_model": mv.name, "chunkgrpo.registered_version": str(mv.version)}
+    for k, (v, step) in metrics.items():
+        if math.isfinite(v):
+            client.log_metric(run_id, k, v, step=step)
+    for k, v in tags.items():
+        client.set_tag(run_id, k, v)
+    return {"metrics": {k: v for k, (v, _) in metrics.items()}, "tags": tags}
+
+
 def open_pipeline_run(client, experiment: str, run_name: str, tags: Mapping[str, Any] | None = None,
                       kfp_run_id: str = "") -> tuple[MlflowTracker, bool]:
     """The parent run of one pipeline run (tag chunkgrpo.kind=pipeline; `kfp_run_id` as tag kfp.run_id),

@@ -48,7 +48,7 @@ def close_run(experiment: str, kfp_run_id: str, state: str, error_message: str =
         return
     from mlflow import MlflowClient
 
-    from chunkgrpo.tracking import find_pipeline_run
+    from chunkgrpo.tracking import find_pipeline_run, summarize_parent
 
     client = MlflowClient()
     run_id = find_pipeline_run(client, experiment, kfp_run_id)
@@ -56,6 +56,13 @@ def close_run(experiment: str, kfp_run_id: str, state: str, error_message: str =
         print(f"no MLflow parent run tagged kfp.run_id={kfp_run_id}")
         return
     status = KFP_TO_MLFLOW.get(str(state).upper(), "FINISHED")
+    try:  # the run's page shows its results; a failure here must not keep the run's state unrecorded
+        copied = summarize_parent(client, run_id)
+        print(f"MLflow parent run {run_id}: copied {len(copied['metrics'])} headline metrics"
+              + (f", model {copied['tags']['chunkgrpo.registered_model']} version "
+                 f"{copied['tags']['chunkgrpo.registered_version']}" if copied["tags"] else ""))
+    except Exception as e:
+        print(f"WARNING: could not copy the stage results onto MLflow parent run {run_id}: {e}", flush=True)
     client.set_tag(run_id, "kfp.state", str(state))
     if error_message:
         client.set_tag(run_id, "kfp.error", str(error_message)[:4000])
