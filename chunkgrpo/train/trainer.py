@@ -471,10 +471,19 @@ class Trainer:
     def _log_grid(self, tracker) -> None:
         from chunkgrpo.grids import image_grid
 
-        grid = image_grid(self._last_images[: self.cfg.group_size], cols=min(self.cfg.group_size, 6))
+        n = self.cfg.group_size
+        prompts = [str(p) for p in self._last_prompts[:n]]
+        grid = image_grid(self._last_images[:n], cols=min(n, 6), labels=prompts or None)
         path = self.out / "samples" / f"iter-{self.iteration_idx:05d}.png"
         path.parent.mkdir(parents=True, exist_ok=True)
         grid.save(path)
+        # the run page's image slider, by optimizer step; the prompts in full in samples/captions.json
+        tracker.log_image(grid, key="samples", step=self.opt_step)
+        if prompts:
+            k = len(prompts)
+            tracker.log_table({"step": [self.opt_step] * k, "iteration": [self.iteration_idx] * k,
+                               "image": [f"samples/{path.name}"] * k, "sample": list(range(k)),
+                               "prompt": prompts}, "samples/captions.json")
         tracker.log_artifact(path, "samples")
 
     # ------------------------------------------------------------------ export
