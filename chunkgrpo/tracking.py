@@ -376,8 +376,8 @@ def summarize_parent(client, run_id: str) -> dict[str, Any]:
             if k.endswith(HEADLINE_SUFFIXES):
                 metrics[f"eval/{k}"] = (v, 0)
     tags: dict[str, str] = {}
-    for stage in stages.values():
-        for mv in client.search_model_versions(f"run_id = '{stage.info.run_id}'"):
+    for rid in [run_id, *(st.info.run_id for st in stages.values())]:  # a register step may log into either
+        for mv in client.search_model_versions(f"run_id = '{rid}'"):
             tags = {"chunkgrpo.registered_model": mv.name, "chunkgrpo.registered_version": str(mv.version)}
     for k, (v, step) in metrics.items():
         if math.isfinite(v):
