@@ -13,6 +13,9 @@ Across processes (KFP components), pass `run.run_id` on and attach a stage to it
 `stage_run("evaluate", parent_run_id=...)`, or set `CHUNKGRPO_MLFLOW_PARENT_RUN_ID`.
 The MLflow client API is used with explicit run ids (no global "active run" state), so threads
 and nested stages cannot mix runs up.
+
+Size note: the three trackers (`NullTracker`, `MlflowTracker`, `BackgroundTracker`) share one interface
+and change together (a new logging call is added to all three), so they stay in one module.
 """
 
 from __future__ import annotations
@@ -92,51 +95,6 @@ def credentials_from_uri() -> None:
             mlflow.set_tracking_uri(os.environ["MLFLOW_TRACKING_URI"])
     except Exception:
         pass
-
-
-# The trainer's internal metric keys (training history, summary JSON and gate read these) and the name each
-# has in MLflow, where the prefix groups the charts: reward/, policy/ (the update), time/ (seconds), count/.
-TRAINING_METRIC_NAMES: dict[str, str] = {
-    "reward_mean": "reward/mean",
-    "reward_std": "reward/std",
-    "loss": "policy/loss",
-    "clip_frac": "policy/clip_fraction",
-    "ratio_mean": "policy/ratio_mean",
-    "ratio_min": "policy/ratio_min",
-    "ratio_max": "policy/ratio_max",
-    "kl_k3": "policy/kl_k3",
-    "grad_norm": "policy/grad_norm",
-    "adv_abs_mean": "policy/advantage_abs_mean",
-    "kl_ref": "policy/kl_ref",
-    "policy_on_s": "time/policy_on",
-    "policy_off_s": "time/policy_off",
-    "transformer_forward": "count/transformer_forward",
-    "transformer_forward_with_grad": "count/transformer_forward_with_grad",
-    "transformer_samples": "count/transformer_samples",
-    "rollout_samples": "count/rollout_samples",
-    "min_transformer_samples": "count/min_transformer_samples",
-    "unshared_transformer_samples": "count/unshared_transformer_samples",
-    "policy_on_samples": "count/policy_on_samples",
-    "policy_off_samples": "count/policy_off_samples",
-    "optimizer_step": "count/optimizer_step",
-}
-# keys the trainer already namespaces: one per reward model (reward/<name>), per timed phase (time/<phase>)
-TRAINING_METRIC_PREFIXES = ("reward/", "time/")
-UNMAPPED_PREFIX = "other/"
-
-
-def training_metric_name(key: str) -> str:
-    """The MLflow name of one internal training metric key; a key the table lacks goes under `other/`."""
-    if key in TRAINING_METRIC_NAMES:
-        return TRAINING_METRIC_NAMES[key]
-    if key.startswith(TRAINING_METRIC_PREFIXES):
-        return key
-    return UNMAPPED_PREFIX + key
-
-
-def training_metrics_for_mlflow(metrics: Mapping[str, float]) -> dict[str, float]:
-    """One training iteration's metrics under their MLflow names."""
-    return {training_metric_name(k): v for k, v in metrics.items()}
 
 
 def flatten(d: Mapping[str, Any], prefix: str = "", sep: str = ".") -> dict[str, Any]:
@@ -343,48 +301,6 @@ def find_pipeline_run(client, experiment: str, kfp_run_id: str) -> str | None:
     such experiment)."""
     exp = client.get_experiment_by_name(experiment)
     return _kfp_run(client, exp.experiment_id, kfp_run_id) if exp else None
-
-
-HEADLINE_SUFFIXES = (".trained", ".base", ".delta")  # an evaluation's per-label means and paired delta
-
-
-def _stage_runs(client, run) -> dict[str, Any]:
-    """The latest run of each stage (tag chunkgrpo.stage) nested under `run`."""
-    children = client.search_runs([run.info.experiment_id],
-                                  filter_string=f"tags.`mlflow.parentRunId` = '{run.info.run_id}'",
-                                  order_by=["attributes.start_time ASC"], max_results=1000)
-    return {c.data.tags.get("chunkgrpo.stage", c.info.run_name): c for c in children}
-
-
-def summarize_parent(client, run_id: str) -> dict[str, Any]:
-    """Copy the headline results of the stage runs under `run_id` onto it, so the pipeline's run page shows
-    them: the training's final `reward/mean` (at its last step), the evaluation's trained/base/delta means
-    as `eval/<benchmark>.<metric>.<label>`, and the registered model and version as tags
-    `chunkgrpo.registered_model` / `chunkgrpo.registered_version`. Returns what was copied."""
-    run = client.get_run(run_id)
-    stages = _stage_runs(client, run)
-    metrics: dict[str, tuple[float, int]] = {}
-    train = stages.get("train")
-    if train is not None:
-        hist = client.get_metric_history(train.info.run_id, "reward/mean")
-        if hist:
-            last = max(hist, key=lambda m: (m.step, m.timestamp))
-            metrics["reward/mean"] = (last.value, last.step)
-    evaluate = stages.get("evaluate")
-    if evaluate is not None:
-        for k, v in evaluate.data.metrics.items():
-            if k.endswith(HEADLINE_SUFFIXES):
-                metrics[f"eval/{k}"] = (v, 0)
-    tags: dict[str, str] = {}
-    for rid in [run_id, *(st.info.run_id for st in stages.values())]:  # a register step may log into either
-        for mv in client.search_model_versions(f"run_id = '{rid}'"):
-            tags = {"chunkgrpo.registered_model": mv.name, "chunkgrpo.registered_version": str(mv.version)}
-    for k, (v, step) in metrics.items():
-        if math.isfinite(v):
-            client.log_metric(run_id, k, v, step=step)
-    for k, v in tags.items():
-        client.set_tag(run_id, k, v)
-    return {"metrics": {k: v for k, (v, _) in metrics.items()}, "tags": tags}
 
 
 def open_pipeline_run(client, experiment: str, run_name: str, tags: Mapping[str, Any] | None = None,

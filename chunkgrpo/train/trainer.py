@@ -37,6 +37,7 @@ from chunkgrpo.train.checkpoint_policy import Checkpointer, config_hash
 from chunkgrpo.train.config import TrainConfig
 from chunkgrpo.train.context import IterationContext, NonFiniteLossError
 from chunkgrpo.train.methods import get_method
+from chunkgrpo.train.metric_names import training_metrics_for_mlflow
 
 __all__ = ["NonFiniteLossError", "Trainer", "run_training"]
 
@@ -392,7 +393,7 @@ class Trainer:
                 m["optimizer_step"] = self.opt_step
                 self.history.append({k: m[k] for k in ("optimizer_step", "reward_mean", "loss", "grad_norm")})
                 if info.is_main:
-                    tracker.log_metrics(tracking.training_metrics_for_mlflow(m), step=self.opt_step)
+                    tracker.log_metrics(training_metrics_for_mlflow(m), step=self.opt_step)
                     if cfg.tracking.image_every and (self.iteration_idx - 1) % cfg.tracking.image_every == 0:
                         self._log_grid(tracker)
                     bar.update(self._progress()[1] - bar.n)

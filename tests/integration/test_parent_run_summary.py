@@ -5,6 +5,7 @@ import pytest
 
 from chunkgrpo import tracking
 from chunkgrpo.stages.tracking import close_run
+from chunkgrpo.train.metric_names import training_metrics_for_mlflow
 
 pytestmark = pytest.mark.integration
 
@@ -18,7 +19,7 @@ def test_close_run_copies_the_headline_results_onto_the_parent(services_env, cap
     assert created
     with tracking.stage_run("train", parent_run_id=parent.run_id) as train:
         for step, r in ((1, 0.2), (2, 0.35), (3, 0.5)):
-            train.log_metrics(tracking.training_metrics_for_mlflow({"reward_mean": r, "loss": 0.1}),
+            train.log_metrics(training_metrics_for_mlflow({"reward_mean": r, "loss": 0.1}),
                               step=step)
     with tracking.stage_run("evaluate", parent_run_id=parent.run_id) as ev:
         ev.log_metrics({"hpdv2.pickscore.trained": 22.5, "hpdv2.pickscore.base": 22.0,

@@ -3,13 +3,13 @@ time/, count/); the internal keys the history and gate read stay as they are."""
 
 import pytest
 
-from chunkgrpo.tracking import (
+from chunkgrpo.train.config import TrainConfig
+from chunkgrpo.train.metric_names import (
     TRAINING_METRIC_NAMES,
     UNMAPPED_PREFIX,
     training_metric_name,
     training_metrics_for_mlflow,
 )
-from chunkgrpo.train.config import TrainConfig
 from chunkgrpo.train.trainer import Trainer
 
 NAMESPACES = ("reward/", "policy/", "time/", "count/")
