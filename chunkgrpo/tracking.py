@@ -13,6 +13,9 @@ Across processes (KFP components), pass `run.run_id` on and attach a stage to it
 `stage_run("evaluate", parent_run_id=...)`, or set `CHUNKGRPO_MLFLOW_PARENT_RUN_ID`.
 The MLflow client API is used with explicit run ids (no global "active run" state), so threads
 and nested stages cannot mix runs up.
+
+Size note: the three trackers (`NullTracker`, `MlflowTracker`, `BackgroundTracker`) share one interface
+and change together (a new logging call is added to all three), so they stay in one module.
 """
 
 from __future__ import annotations
@@ -125,6 +128,8 @@ class NullTracker:
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None: ...
     def log_artifacts(self, local_dir: str | Path, artifact_path: str | None = None) -> None: ...
     def log_dict(self, obj: Any, artifact_file: str) -> None: ...
+    def log_image(self, image: Any, key: str, step: int = 0) -> None: ...
+    def log_table(self, data: Mapping[str, list], artifact_file: str) -> None: ...
 
     @property
     def artifact_uri(self) -> str | None:
@@ -195,6 +200,14 @@ class MlflowTracker(NullTracker):
 
     def log_dict(self, obj: Any, artifact_file: str) -> None:
         self.client.log_dict(self.run_id, obj, artifact_file)
+
+    def log_image(self, image: Any, key: str, step: int = 0) -> None:
+        """A PIL image under `key` at `step` (the run page's image slider)."""
+        self.client.log_image(self.run_id, image, key=key, step=step)
+
+    def log_table(self, data: Mapping[str, list], artifact_file: str) -> None:
+        """Rows (columns of equal length) appended to the run's table `artifact_file` (a .json)."""
+        self.client.log_table(self.run_id, dict(data), artifact_file)
 
     @property
     def artifact_uri(self) -> str | None:
@@ -439,6 +452,14 @@ class BackgroundTracker(NullTracker):
 
         frozen = json.loads(json.dumps(obj, default=str))  # a snapshot: later changes are not logged
         self._submit("log_dict", lambda t: t.log_dict(frozen, artifact_file))
+
+    def log_image(self, image: Any, key: str, step: int = 0) -> None:
+        frozen = image.copy()  # a snapshot: later changes are not logged
+        self._submit("log_image", lambda t: t.log_image(frozen, key, step))
+
+    def log_table(self, data: Mapping[str, list], artifact_file: str) -> None:
+        frozen = {k: list(v) for k, v in data.items()}
+        self._submit("log_table", lambda t: t.log_table(frozen, artifact_file))
 
     @property
     def artifact_uri(self) -> str | None:

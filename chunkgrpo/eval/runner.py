@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from PIL import Image
 
 from chunkgrpo import tracking
 from chunkgrpo.errors import UserError
@@ -402,7 +403,8 @@ def _stage_run(cfg: EvalConfig, out: Path, base_model: str, trained=None):
                                          flush_timeout_s=cfg.tracking_flush_timeout_s)
 
 
-def _publish(cfg: EvalConfig, out: Path, base_model: str, metrics: dict, grids: list[Path], tracker) -> None:
+def _publish(cfg: EvalConfig, out: Path, base_model: str, metrics: dict, grids: list[Path], tracker,
+             captions: dict[str, list] | None = None) -> None:
     """Upload output_dir (when output_uri is set), then hand metrics and artifacts to MLflow."""
     if cfg.output_uri:  # the results are safe in S3 before MLflow is asked for anything more
         meta = {"kind": "eval", "model": cfg.model or base_model}
@@ -414,6 +416,22 @@ def _publish(cfg: EvalConfig, out: Path, base_model: str, metrics: dict, grids: 
     tracker.log_artifact(out / "report.html")
     for g in grids:
         tracker.log_artifact(g, "grids")
+        with Image.open(g) as im:  # the run page's image view, one key per benchmark and label
+            tracker.log_image(im.convert("RGB"), key=f"grids.{g.stem}", step=0)
+    if captions:  # each grid cell's item key and full prompt
+        tracker.log_table(captions, "grids/captions.json")
+
+
+def _grid_captions(jobs: list[Job], grids: list[Path], n: int = 16) -> dict[str, list]:
+    """Columns grid/key/prompt for the cells of `_grids`' images (a benchmark's first n items)."""
+    rows: dict[str, list] = {"grid": [], "key": [], "prompt": []}
+    for g in grids:
+        bench = g.stem.rsplit("_", 1)[0]
+        for j in [j for j in jobs if j.benchmark == bench][:n]:
+            rows["grid"].append(f"grids/{g.name}")
+            rows["key"].append(j.key)
+            rows["prompt"].append(j.prompt)
+    return rows
 
 
 def run_evaluation(cfg: EvalConfig, *, detector=None, color_fn: Callable | None = None, judge=None,
@@ -482,7 +500,7 @@ def run_evaluation(cfg: EvalConfig, *, detector=None, color_fn: Callable | None 
                      max_prompts=cfg.report_max_prompts, thumb=cfg.report_thumb_size)
         result["timing"]["total_s"] = round(time.perf_counter() - t_start, 3)
         (out / "metrics.json").write_text(json.dumps(result, indent=1, default=_json_default))
-        _publish(cfg, out, base_model, metrics, grids, tracker)
+        _publish(cfg, out, base_model, metrics, grids, tracker, _grid_captions(jobs, grids))
     return result
 
 

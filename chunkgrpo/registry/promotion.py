@@ -318,6 +318,21 @@ def _protect(client, name: str, cfg: RegistryConfig) -> None:
 # ------------------------------------------------------------------------------------ promotion
 
 
+def readable_decision(decision: str, reason: str, eff: GateConfig, champion: str | None,
+                      values: dict) -> dict[str, str]:
+    """The gate's decision on a version as plain tags, one value each (the registry's version page shows
+    them as they are): `gate.decision` (promoted / forced / rejected), `gate.reason`, the metric compared
+    with its direction and margin, and the trusted `gate.candidate` / `gate.champion` values ('' where
+    there was none) with `gate.champion_version`. `promotion.gate` keeps the same as one JSON value."""
+    def num(v) -> str:
+        return "" if v is None else repr(float(v))
+
+    return {"gate.decision": decision, "gate.reason": reason, "gate.metric": eff.metric or "",
+            "gate.direction": eff.direction or "", "gate.margin": num(eff.margin),
+            "gate.candidate": num(values.get("candidate")), "gate.champion": num(values.get("champion")),
+            "gate.champion_version": champion or ""}
+
+
 def _decide(client, name: str, version: str, champion: str | None, eff: GateConfig) -> GateResult:
     """The gate decision on trusted values (kept in `.values`); UserError when it cannot be made."""
     candidate = trusted_metric(client, name, version, eff.metric)
@@ -395,6 +410,7 @@ def promote(name: str, version: str | int, gate: GateConfig | None = None, *, fo
                      "champion_version": champ, **decision.values}
         if not decision.passed and not force:
             set_version_tags(client, name, version, {
+                **readable_decision("rejected", decision.reason, eff, champ, decision.values),
                 "promotion.status": "rejected", "promotion.reason": decision.reason, "promotion.by": user,
                 "promotion.at": at, "promotion.gate": gate_desc, "promotion.why": why})
             count_rejection(client, name)
@@ -426,6 +442,7 @@ def promote(name: str, version: str | int, gate: GateConfig | None = None, *, fo
                 "(moved by something outside the promotion lock); re-run promote"
             )
         set_version_tags(client, name, version, {
+            **readable_decision(action, reason, eff, champ, decision.values),
             "promotion.status": cfg.champion_alias, "promotion.reason": reason, "promotion.by": user,
             "promotion.identity": identity, "promotion.at": at,
             "promotion.forced": str(action == "forced").lower(),

@@ -48,6 +48,17 @@ from chunkgrpo.store.manifest import Manifest, build_manifest, weights_sha256
 
 log = logging.getLogger(__name__)
 
+# Paired statistics kept off the version's tags (in DETAILS_ARTIFACT with every metric): the version page
+# lists each metric's mean, base, delta and the delta's lower bound (what a CI gate compares), not every
+# bootstrap bound, win rate and pair count.
+DETAIL_SUFFIXES = (".delta_ci_high", ".win_rate", ".win_rate_ci_low", ".win_rate_ci_high", ".n_pairs")
+DETAILS_ARTIFACT = "registration/details.json"  # in the version's run: every metric and tag of the request
+
+
+def metric_tags(metrics: Mapping[str, float]) -> dict[str, str]:
+    """The version's `metric.*` tags: `metrics` without the `DETAIL_SUFFIXES` statistics."""
+    return {f"{gate.METRIC_TAG}{k}": repr(v) for k, v in metrics.items() if not k.endswith(DETAIL_SUFFIXES)}
+
 
 def git_sha(cwd: str | Path | None = None) -> str:
     """HEAD commit (with -dirty), $CHUNKGRPO_GIT_SHA (set in images), or 'unknown'."""
@@ -196,6 +207,12 @@ def register_model(req: Registration, *, run_id: str | None = None, experiment: 
         def log_and_create(run, artifact_path: str) -> Any:
             run.log_artifacts(folder, artifact_path)
             run.set_tags({"chunkgrpo.registered_model": req.name})
+            details = {"name": req.name, "metrics": flat, "eval_protocol": req.eval_protocol,
+                       "chunk_plan": req.plan, "version_tags": version_tags}
+            # beside the model folder, never inside it (its files are the version's digest)
+            run.log_dict(json.loads(json.dumps(details, default=str)),
+                         DETAILS_ARTIFACT.replace(".json", f"-{artifact_path}.json") if run_id
+                         else DETAILS_ARTIFACT)
             if flat:
                 run.log_metrics(flat)
             source = f"{run.artifact_uri}/{artifact_path}"
@@ -298,7 +315,7 @@ def _version_tags(req: Registration, info: dict, flat: Mapping[str, float]) -> d
             if req.plan is not None
             else {}
         ),
-        **{f"{gate.METRIC_TAG}{k}": repr(v) for k, v in flat.items()},
+        **metric_tags(flat),
         **(
             {
                 gate.PROTOCOL_TAG: json.dumps(req.eval_protocol, sort_keys=True, default=str),
@@ -361,7 +378,7 @@ def create_version(client, name: str, source: str, run_id: str, tags: Mapping[st
                                  clean[gate.WEIGHTS_TAG])
         run_metrics = gate.registry_metrics(run.data.metrics or {})
         gate.check_run_finite(eval_run_id, run_metrics)
-        clean.update({f"{gate.METRIC_TAG}{k}": repr(v) for k, v in run_metrics.items()})
+        clean.update(metric_tags(run_metrics))
         clean[gate.EVAL_RUN_TAG] = eval_run_id
     clean[gate.GATE_SNAPSHOT_TAG] = json.dumps(gate_snapshot(client, name), sort_keys=True)
     if key:

@@ -37,6 +37,7 @@ from chunkgrpo.train.checkpoint_policy import Checkpointer, config_hash
 from chunkgrpo.train.config import TrainConfig
 from chunkgrpo.train.context import IterationContext, NonFiniteLossError
 from chunkgrpo.train.methods import get_method
+from chunkgrpo.train.metric_names import training_metrics_for_mlflow
 
 __all__ = ["NonFiniteLossError", "Trainer", "run_training"]
 
@@ -392,7 +393,7 @@ class Trainer:
                 m["optimizer_step"] = self.opt_step
                 self.history.append({k: m[k] for k in ("optimizer_step", "reward_mean", "loss", "grad_norm")})
                 if info.is_main:
-                    tracker.log_metrics({k.replace("/", "_"): v for k, v in m.items()}, step=self.opt_step)
+                    tracker.log_metrics(training_metrics_for_mlflow(m), step=self.opt_step)
                     if cfg.tracking.image_every and (self.iteration_idx - 1) % cfg.tracking.image_every == 0:
                         self._log_grid(tracker)
                     bar.update(self._progress()[1] - bar.n)
@@ -471,10 +472,19 @@ class Trainer:
     def _log_grid(self, tracker) -> None:
         from chunkgrpo.grids import image_grid
 
-        grid = image_grid(self._last_images[: self.cfg.group_size], cols=min(self.cfg.group_size, 6))
+        n = self.cfg.group_size
+        prompts = [str(p) for p in self._last_prompts[:n]]
+        grid = image_grid(self._last_images[:n], cols=min(n, 6), labels=prompts or None)
         path = self.out / "samples" / f"iter-{self.iteration_idx:05d}.png"
         path.parent.mkdir(parents=True, exist_ok=True)
         grid.save(path)
+        # the run page's image slider, by optimizer step; the prompts in full in samples/captions.json
+        tracker.log_image(grid, key="samples", step=self.opt_step)
+        if prompts:
+            k = len(prompts)
+            tracker.log_table({"step": [self.opt_step] * k, "iteration": [self.iteration_idx] * k,
+                               "image": [f"samples/{path.name}"] * k, "sample": list(range(k)),
+                               "prompt": prompts}, "samples/captions.json")
         tracker.log_artifact(path, "samples")
 
     # ------------------------------------------------------------------ export

@@ -115,7 +115,7 @@ def test_mlflow_crash_mid_run_loses_no_metric(tiny_model_dir, prompts_file, tmp_
         assert summary["optimizer_steps"] == 5
         run = MlflowClient().get_run(summary["mlflow_run_id"])
         assert run.info.status == "FINISHED"
-        hist = MlflowClient().get_metric_history(run.info.run_id, "reward_mean")
+        hist = MlflowClient().get_metric_history(run.info.run_id, "reward/mean")
         assert sorted(m.step for m in hist) == [1, 2, 3, 4, 5]  # the ones logged during the outage arrived
         by_step = {m.step: m.value for m in hist}
         assert all(abs(by_step[h["optimizer_step"]] - h["reward_mean"]) < 1e-6 for h in summary["history"])
@@ -279,6 +279,6 @@ def test_a_crash_marks_the_run_failed_and_keeps_the_checkpoints(
     client = MlflowClient()
     (run,) = client.search_runs([client.get_experiment_by_name("crashed").experiment_id])
     assert run.info.status == "FAILED"
-    assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "reward_mean")) == [1, 2]
+    assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "reward/mean")) == [1, 2]
     assert [p.name for p in ckpt.complete_checkpoints(out / "checkpoints")] == ["step-000001", "step-000002"]
     assert not (out / "final").exists()

@@ -231,7 +231,15 @@ def test_mlflow_and_s3(services_env, tiny_model_dir, trained_dir, tmp_path):
     )
     assert "hpdv2.brightness.delta" in run.data.metrics
     arts = {a.path for a in client.list_artifacts(run.info.run_id)}
-    assert {"metrics.json", "report.html", "grids"} <= arts
+    assert {"metrics.json", "report.html", "grids", "images"} <= arts
+    images = [a.path for a in client.list_artifacts(run.info.run_id, "images") if a.path.endswith(".png")]
+    keys = sorted(p.split("/")[1].split("+")[0] for p in images)  # MLflow's file name: key+step+0+...
+    assert keys == ["grids.hpdv2_base", "grids.hpdv2_trained"]
+    with open(client.download_artifacts(run.info.run_id, "grids/captions.json", str(tmp_path))) as f:
+        table = json.load(f)
+    rows = [dict(zip(table["columns"], r, strict=True)) for r in table["data"]]
+    assert {r["grid"] for r in rows} == {"grids/hpdv2_base.png", "grids/hpdv2_trained.png"}
+    assert all(r["prompt"] for r in rows)
 
 
 def test_config_validation(tiny_model_dir, tmp_path):

@@ -1,6 +1,8 @@
 """The trainer against the real local S3 (SeaweedFS) and MLflow servers: checkpoints mirrored to
 S3 with a manifest, resume from S3 after the local folder is lost, metrics/images/plan in MLflow."""
 
+import json
+import re
 import shutil
 
 import pytest
@@ -47,20 +49,32 @@ def test_s3_checkpoints_resume_and_mlflow_logging(services_env, tiny_model_dir, 
     run = runs[0]
     assert run.info.status == "FINISHED"
     assert run.data.params["method"] == "chunk"
-    hist = c.get_metric_history(run.info.run_id, "reward_mean")
+    hist = c.get_metric_history(run.info.run_id, "reward/mean")
     assert [m.step for m in hist] == [3, 4]
     for key in (
-        "loss",
-        "clip_frac",
-        "grad_norm",
-        "kl_k3",
-        "transformer_forward",
-        "ratio_mean",
-        "time_rollout",
+        "policy/loss",
+        "policy/clip_fraction",
+        "policy/grad_norm",
+        "policy/kl_k3",
+        "count/transformer_forward",
+        "policy/ratio_mean",
+        "time/rollout",
     ):
         assert key in run.data.metrics, key
+    assert all(k.startswith(("reward/", "policy/", "time/", "count/")) for k in run.data.metrics)
     arts = {a.path for a in c.list_artifacts(run.info.run_id)}
-    assert {"chunk_plan.json", "samples", "train_summary.json"} <= arts
+    assert {"chunk_plan.json", "samples", "train_summary.json", "images"} <= arts
+    # sample grids under key "samples" at the optimizer step of the resumed run's iterations (3, 4)
+    images = [a.path for a in c.list_artifacts(run.info.run_id, "images") if a.path.endswith(".png")]
+    steps = [re.match(r"images/samples[+%]step[+%](\d+)[+%]", p) for p in images]  # MLflow's file names
+    assert all(steps) and sorted(int(m.group(1)) for m in steps) == [3, 4], images
+
+    (tmp_path / "dl").mkdir()
+    with open(c.download_artifacts(run.info.run_id, "samples/captions.json", str(tmp_path / "dl"))) as f:
+        table = json.load(f)
+    rows = [dict(zip(table["columns"], r, strict=True)) for r in table["data"]]
+    assert {r["step"] for r in rows} == {3, 4}
+    assert {r["prompt"] for r in rows} <= {"a cat on a chair", "a red car", "three apples"} and rows
 
 
 def test_base_model_loads_from_s3_through_the_cache(services_env, tiny_model_dir, tmp_path, monkeypatch):

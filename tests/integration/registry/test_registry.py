@@ -91,6 +91,11 @@ def test_register_promote_gate_rollback(services_env, tmp_path):
         and t2["promotion.forced"] == "false"
     )
     assert json.loads(t2["promotion.gate"])["champion"] == 0.30
+    # the decision as plain tags, readable on the version page
+    assert (t2["gate.decision"], t2["gate.metric"], t2["gate.champion_version"]) == (
+        "promoted", METRIC, v1.version)
+    assert float(t2["gate.candidate"]) == 0.35 and float(t2["gate.champion"]) == 0.30
+    assert t2["gate.reason"] == t2["promotion.reason"]
     assert _tags(name, v1.version)["promotion.status"] == "previous"
     # idempotent re-run
     assert promote(name, v2.version).action == "noop"
@@ -102,7 +107,10 @@ def test_register_promote_gate_rollback(services_env, tmp_path):
     for _ in range(2):
         r = promote(name, v3.version, who="tester")
         assert r.action == "rejected" and _aliases(name) == before
-    assert _tags(name, v3.version)["promotion.status"] == "rejected"
+    t3 = _tags(name, v3.version)
+    assert t3["promotion.status"] == "rejected" and t3["gate.decision"] == "rejected"
+    assert float(t3["gate.candidate"]) == 0.33 and float(t3["gate.champion"]) == 0.35
+    assert t3["gate.champion_version"] == v2.version and t3["gate.reason"] == t3["promotion.reason"] != ""
     # better but within the margin -> rejected
     v4 = _register(name, tmp_path, 4, 0.36)
     assert promote(name, v4.version, GateConfig(margin=0.05)).action == "rejected"
@@ -141,6 +149,7 @@ def test_register_promote_gate_rollback(services_env, tmp_path):
         and t3["promotion.by"] == "oncall"
         and t3["promotion.why"] == "hotfix"
     )
+    assert t3["gate.decision"] == "forced" and t3["gate.reason"].startswith("forced by oncall")
 
     # rollback restores the previous champion
     r = rollback(name, who="oncall", why="bad samples")
