@@ -18,6 +18,8 @@ from chunkgrpo.train.config import TrainConfig
 from chunkgrpo.train.lease import LEASE_NAME, LeaseLostError, WriterLease
 from chunkgrpo.train.trainer import Trainer, run_training
 
+pytestmark = pytest.mark.integration  # real SeaweedFS (the services fixture)
+
 
 @pytest.fixture
 def prefix(services_env, request):

@@ -18,6 +18,8 @@ from chunkgrpo.store.client import ArtifactStore
 from chunkgrpo.train.config import TrainConfig
 from chunkgrpo.train.trainer import Trainer, run_training
 
+pytestmark = pytest.mark.integration  # real SeaweedFS (the services fixture)
+
 
 class CuttingProxy:
     """127.0.0.1 → S3. The first response to a request naming `cut_on` is forwarded for `after` bytes, then

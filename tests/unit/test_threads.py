@@ -57,7 +57,10 @@ def test_the_module_entry_points_set_the_passive_wait_policy_before_torch_loads(
 TORCHRUN_PROBE = """
 import os, sys, types
 run = types.ModuleType("torch.distributed.run")  # torch stands in: what the launcher's environment holds
-run.main = lambda argv: print(os.environ.get("OMP_WAIT_POLICY"))
+def parse_args(argv):  # the launcher's first use of torch: print what the environment holds by then
+    print(os.environ.get("OMP_WAIT_POLICY"))
+    raise SystemExit(0)
+run.parse_args = parse_args
 dist = types.ModuleType("torch.distributed")
 dist.run = run
 torch = types.ModuleType("torch")
@@ -70,7 +73,7 @@ torchrun_local.main([])
 
 
 def test_the_torchrun_launcher_sets_the_policy_before_torch_loads():
-    """`python -m chunkgrpo.torchrun_local`: its forked ranks share the launcher's OpenMP runtime."""
+    """`python -m chunkgrpo.torchrun_local`: its ranks inherit the launcher's environment."""
     r = _py(TORCHRUN_PROBE)
     assert r.stdout.strip() == "PASSIVE", r.stderr
 

@@ -1,4 +1,4 @@
-# ruff: noqa: F811 - pytest fixtures imported from test_checkpoint_safety
+# ruff: noqa: F811 - pytest fixtures imported from test_checkpoint_format_safety
 """A resumed run is the same experiment: another prompts file (by content), objective (KL, clip) or EMA
 setting is refused at resume unless `checkpoint.allow_config_change=true`, which records the change in every
 later checkpoint's trainer_state.json; an EMA run's checkpoint without its ema.safetensors is a failing
@@ -13,9 +13,9 @@ import shutil
 import pytest
 
 from chunkgrpo.errors import UserError
-from chunkgrpo.train import checkpoint as ckpt
+from chunkgrpo.train import checkpoint_format as ckpt
 from chunkgrpo.train.trainer import run_training
-from tests.unit.train.test_checkpoint_safety import (  # noqa: F401 - fixtures
+from tests.unit.train.test_checkpoint_format_safety import (  # noqa: F401 - fixtures
     _cfg,
     prompts_file,
     stopped_run,
