@@ -206,7 +206,11 @@ class MlflowTracker(NullTracker):
         self.client.log_image(self.run_id, image, key=key, step=step)
 
     def log_table(self, data: Mapping[str, list], artifact_file: str) -> None:
-        """Rows (columns of equal length) appended to the run's table `artifact_file` (a .json)."""
+        """Rows (columns of equal length) appended to the run's table `artifact_file` (a .json). MLflow
+        downloads the table to append to it: its download bar stays out of a log (`quiet_mlflow_progress`)."""
+        from chunkgrpo.progress import quiet_mlflow_progress
+
+        quiet_mlflow_progress()
         self.client.log_table(self.run_id, dict(data), artifact_file)
 
     @property
