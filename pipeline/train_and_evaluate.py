@@ -37,6 +37,7 @@ from kfp import dsl
 from chunkgrpo.model_cache import BASE_MODEL, default_weights, model_uri
 from chunkgrpo.recipes import METHOD_NAMES
 from chunkgrpo.scoring.service import TOKEN_ENV
+from chunkgrpo.stages.models import DEFAULT_TRAIN_PROMPTS
 from components import (
     check_gate,
     close_run,
@@ -154,7 +155,7 @@ def _torchrun_pipeline(gpu_pool: Pool):
 
     def train_and_evaluate(
         model: str = DEFAULT_MODEL,
-        prompts: str = "s3://chunkgrpo-data/prompts/hpdv2_train.txt",
+        prompts: str = DEFAULT_TRAIN_PROMPTS,
         method: str = "chunk",
         preset: str = "",
         max_iterations: int = 0,
@@ -184,7 +185,8 @@ def _torchrun_pipeline(gpu_pool: Pool):
             model: Base model - an s3:// folder artifact of the model cache (`chunkgrpo models sync`), a
                 folder in the image or on the model PVC (/models/...), or a hub id present in the image's HF
                 cache; never downloaded during a run.
-            prompts: Training prompt file (.txt/.jsonl/.parquet), local to the image or an s3:// object.
+            prompts: Training prompt file (.txt/.jsonl/.tsv/.parquet), local to the image or an s3://
+                object; the default is the PartiPrompts set `chunkgrpo models sync --defaults` uploads.
             method: GRPO variant - chunk (Chunk-GRPO), chunk+ws (weighted chunk sampling), dance (step-level
                 DanceGRPO), tempflow, granular.
             preset: Training preset or a YAML path in the image; '' = the method's own published recipe
@@ -248,7 +250,7 @@ def _multinode_pipeline(gpu_pool: Pool, default_kind: str):
 
     def train_and_evaluate(
         model: str = DEFAULT_MODEL,
-        prompts: str = "s3://chunkgrpo-data/prompts/hpdv2_train.txt",
+        prompts: str = DEFAULT_TRAIN_PROMPTS,
         method: str = "chunk",
         preset: str = "",
         max_iterations: int = 0,
@@ -285,7 +287,8 @@ def _multinode_pipeline(gpu_pool: Pool, default_kind: str):
             model: Base model - an s3:// folder artifact of the model cache (`chunkgrpo models sync`), a
                 folder in the image or on the model PVC (/models/...), or a hub id present in the image's HF
                 cache; never downloaded during a run.
-            prompts: Training prompt file (.txt/.jsonl/.parquet), local to the image or an s3:// object.
+            prompts: Training prompt file (.txt/.jsonl/.tsv/.parquet), local to the image or an s3://
+                object; the default is the PartiPrompts set `chunkgrpo models sync --defaults` uploads.
             method: GRPO variant - chunk (Chunk-GRPO), chunk+ws (weighted chunk sampling), dance (step-level
                 DanceGRPO), tempflow, granular.
             preset: Training preset or a YAML path in the image; '' = the method's own published recipe

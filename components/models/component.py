@@ -11,17 +11,20 @@ def sync_models(hub_ids: list, root: str, revision: str) -> list:
     """Download each hub model (HF_TOKEN from Secret chunkgrpo-hf for gated ones) and put it into S3.
 
     Args:
-        hub_ids: hub ids (org/name) to cache; [] = the base model and the default reward/scorer weights.
+        hub_ids: hub ids (org/name) to cache; [] = the base model, the default reward/scorer weights and
+            the default training prompts (the shipped PartiPrompts, uploaded if not there).
         root: s3:// prefix of the model cache ('' = $CHUNKGRPO_MODEL_ROOT or s3://chunkgrpo-data/models).
         revision: hub revision for every model ('' = main).
 
     Returns:
-        The s3:// URIs, in the order of hub_ids.
+        The s3:// URIs, in the order of hub_ids (for [], the defaults' URIs, then the prompts URI).
     """
     from chunkgrpo.stages.task import stage_env
 
     stage_env("")
-    from chunkgrpo.stages.models import default_sources
+    from chunkgrpo.stages.models import default_sources, sync_prompts
     from chunkgrpo.stages.models import sync_models as sync
 
-    return sync(list(hub_ids) or default_sources(), root=root, download=True, revision=revision)
+    if hub_ids:
+        return sync(list(hub_ids), root=root, download=True, revision=revision)
+    return [*sync(default_sources(), root=root, download=True, revision=revision), sync_prompts()]

@@ -16,6 +16,7 @@ SHIPPED = {
     "hpdv2/hpdv2_test_prompts_400.txt": "hpdv2/LICENSE",
     "geneval/evaluation_metadata.jsonl": "geneval/LICENSE",
     "geneval/object_names.txt": "geneval/LICENSE",
+    "partiprompts/PartiPrompts.tsv": "partiprompts/LICENSE",
 }
 
 
