@@ -28,7 +28,9 @@ DEFAULT_MODEL_ROOT = "s3://chunkgrpo-data/models"
 BASE_MODEL = "black-forest-labs/FLUX.1-dev"
 # What the paper's recipe and evaluation need besides the base model (hub id -> role).
 REWARD_MODELS = {"hpsv3": "MizzenAI/HPSv3", "hpsv3.processor": "Qwen/Qwen2-VL-7B-Instruct",
-                 "imagereward": "THUDM/ImageReward"}
+                 "imagereward": "THUDM/ImageReward",
+                 # ImageReward's package loads its BERT tokenizer by the hub name bert-base-uncased
+                 "imagereward.processor": "google-bert/bert-base-uncased"}
 
 
 def model_root() -> str:

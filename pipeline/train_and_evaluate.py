@@ -60,7 +60,7 @@ REWARD_SECRET = "chunkgrpo-reward"
 
 NAME = "chunkgrpo-train-and-evaluate"
 DEFAULT_MODEL = model_uri(BASE_MODEL)                      # s3://chunkgrpo-data/models/black-forest-labs/FLUX.1-dev
-DEFAULT_SCORER_WEIGHTS = default_weights()                 # hpsv3 (+ its Qwen2-VL processor), imagereward
+DEFAULT_SCORER_WEIGHTS = default_weights()  # hpsv3 (+ Qwen2-VL processor), imagereward (+ BERT tokenizer)
 DEFAULT_REWARD_WEIGHTS = {k: v for k, v in DEFAULT_SCORER_WEIGHTS.items() if k.startswith("hpsv3")}
 DIRECTIONS = ("max", "min")
 TRAINERS = ("torchrun", "trainjob", "pytorchjob")

@@ -408,11 +408,19 @@ class ImageRewardBackend(Backend):
     name = "imagereward"
 
     def __init__(
-        self, name: str, checkpoint: str, *, med_config: str | None = None, device: str = "auto"
+        self, name: str, checkpoint: str, *, med_config: str | None = None, tokenizer: str | None = None,
+        device: str = "auto",
     ) -> None:
         offline()
         ckpt = _file(checkpoint, "imagereward: checkpoint")
         med = _file(med_config or ckpt.parent / "med_config.json", "imagereward: med_config.json")
+        if tokenizer:  # the package loads it by hub name: install the cached folder under that name
+            from chunkgrpo.scoring.hub_cache import install_snapshot
+
+            try:
+                install_snapshot("bert-base-uncased", tokenizer)
+            except ValueError as e:
+                raise SpecError(f"imagereward: tokenizer {e}") from None
         rm = import_package("imagereward")
         problem = bert_tokenizer_problem()
         if problem:
@@ -466,8 +474,8 @@ def bert_tokenizer_problem() -> str | None:
     return (
         "imagereward: the `bert-base-uncased` tokenizer (vocab.txt) is not in the Hugging Face cache "
         f"(HF_HOME={home}); ImageReward loads it by name at model build and downloads are disabled. Populate "
-        "the cache where there is network (`huggingface-cli download bert-base-uncased vocab.txt "
-        "tokenizer_config.json config.json`) and point HF_HOME at it"
+        "the model cache (`chunkgrpo models sync --defaults` puts google-bert/bert-base-uncased's tokenizer "
+        "there) and pass it as the scorer's `processor` (scorer_weights key 'imagereward.processor')"
     )
 
 
@@ -535,7 +543,8 @@ def load_backend(name: str, spec: dict) -> Backend:
     if name in ("hpsv2", "hpsv2.1"):
         return HPSv2Backend(name, spec["weights"], device=device, model_config=spec.get("model_config"))
     if name == "imagereward":
-        return ImageRewardBackend(name, spec["weights"], med_config=spec.get("med_config"), device=device)
+        return ImageRewardBackend(name, spec["weights"], med_config=spec.get("med_config"),
+                                  tokenizer=spec.get("tokenizer"), device=device)
     if name == "hpsv3":
         return HPSv3Backend(name, spec["weights"], base_model=spec.get("processor"), device=device,
                             config_dir=spec.get("config_dir"))

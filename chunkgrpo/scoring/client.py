@@ -41,7 +41,7 @@ VENV_VARS = {"hpsv2": "CHUNKGRPO_VENV_HPSV2", "hpsv2.1": "CHUNKGRPO_VENV_HPSV2",
              "pickscore": "CHUNKGRPO_VENV_PICKSCORE", "clip": "CHUNKGRPO_VENV_CLIP"}
 # the worker's modules, staged into the reward venvs (they import only stdlib, numpy, PIL, torch and the
 # reward packages)
-STAGED_MODULES = ("chunkgrpo.scoring.worker", "chunkgrpo.scoring.backends")
+STAGED_MODULES = ("chunkgrpo.scoring.worker", "chunkgrpo.scoring.backends", "chunkgrpo.scoring.hub_cache")
 # set by torchrun / torch.distributed: a worker must never join the trainer's process group
 _DIST_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
               "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT")

@@ -82,7 +82,8 @@ class ScorerConfig(Config):
         None,
         "pickscore/clip: folder (or s3:// prefix) with tokenizer + preprocessor_config.json when they are "
         "not in `weights` (PickScore_v1 uses laion/CLIP-ViT-H-14-laion2B-s32B-b79K's processor); "
-        "hpsv3: local Qwen2-VL-7B-Instruct folder (base model)",
+        "hpsv3: local Qwen2-VL-7B-Instruct folder (base model); imagereward: the bert-base-uncased tokenizer "
+        "folder (vocab.txt, tokenizer_config.json, config.json), installed into the HF cache under that name",
     )
     device: str = option("auto", "torch device: auto (cuda if available), cpu, cuda, cuda:1 ...")
     dtype: str = option("float32", "model dtype for pickscore/clip: float32, bfloat16, float16")
@@ -204,14 +205,16 @@ def require_package(module: str, scorer: str, pip_spec: str) -> Any:
 _CHECKED: set[tuple[str, str]] = set()
 
 
-def check_scorer_package(name: str, venv: str | None = None) -> None:
+def check_scorer_package(name: str, venv: str | None = None, *, processor: bool = False) -> None:
     """Preflight for a reward-package scorer, before any weights are read: its package imports (in its
-    venv when one is configured) and the files it expects besides weights are there. UserError otherwise."""
+    venv when one is configured) and the files it expects besides weights are there. UserError otherwise.
+    `processor`: a tokenizer folder is given (ImageReward's BERT tokenizer is then installed into the HF
+    cache at load, so its absence from the cache is not a problem)."""
     name = canonical_name(name)
     if name not in PACKAGE_SCORERS:
         return
     path = WC.venv_for(name, venv)
-    key = (name, str(path))
+    key = (name, str(path), processor)
     if key in _CHECKED:
         return
     if path is None:
@@ -233,6 +236,8 @@ def check_scorer_package(name: str, venv: str | None = None) -> None:
     else:
         problems, _ = WC.check(name, path)
         problems = [f"{p} [venv {path}]" for p in problems]
+    if processor and name == "imagereward":
+        problems = [p for p in problems if "bert-base-uncased" not in p]
     if problems:
         raise UserError("; ".join(problems))
     _CHECKED.add(key)
@@ -499,6 +504,10 @@ def scorer_spec(conf: ScorerConfig, *, fetch: Fetch | None = None) -> dict:
         spec["weights"] = _local(ckpt, n, "checkpoint (need ImageReward.pt and med_config.json)")
         spec["med_config"] = _local(ckpt.parent / "med_config.json", n,
                                     "med_config.json (need ImageReward.pt and med_config.json)")
+        if conf.processor:
+            tok = resolve_weights(conf.processor, what="imagereward tokenizer", cache_dir=conf.cache_dir,
+                                  fetch=fetch)
+            spec["tokenizer"] = str(tok.resolve())
     elif n == "hpsv3":
         spec["weights"] = _local(w / "HPSv3.safetensors" if w.is_dir() else w, n,
                                  "checkpoint (expected HPSv3.safetensors)")
@@ -526,7 +535,7 @@ def get_scorer(name: str, *, fetch: Fetch | None = None, **cfg: Any) -> Scorer:
     n = conf.name
     venv = WC.venv_for(n, conf.venv)
     if venv is None and n in PACKAGE_SCORERS:
-        check_scorer_package(n, conf.venv)
+        check_scorer_package(n, conf.venv, processor=bool(conf.processor))
     if conf.weights is None or str(conf.weights).strip() == "":
         raise UserError(f"{n}: no weights given; set `weights` to a local directory or an s3:// prefix")
     spec = scorer_spec(conf, fetch=fetch)

@@ -333,6 +333,25 @@ def test_imagereward_without_bert_tokenizer_is_a_clear_error(imagereward, monkey
         S.get_scorer("imagereward", weights=str(Path(tiny["weights"]).parent), venv=str(venv), device="cpu")
 
 
+def test_imagereward_tokenizer_from_the_model_cache_scores_with_an_empty_hf_home(imagereward, images,
+                                                                                 monkeypatch, tmp_path):
+    """In a pod HF_HOME is a fresh volume: the BERT tokenizer comes from the model cache as the scorer's
+    `processor` and is installed into the HF cache under the name the package loads it by."""
+    venv, tiny, scorer = imagereward
+    snap = sorted((Path(tiny["hf_home"]) / "hub" / "models--bert-base-uncased" / "snapshots").iterdir())[0]
+    folder = tmp_path / "bert-base-uncased"
+    shutil.copytree(snap, folder)
+    home = tmp_path / "fresh-hf-home"
+    monkeypatch.setenv("HF_HOME", str(home))
+    S._CHECKED.clear()
+    with S.get_scorer("imagereward", weights=str(Path(tiny["weights"]).parent), processor=str(folder),
+                      venv=str(venv), device="cpu", batch_size=5) as fresh:
+        got = fresh.score(images[:1], ["a photo of a cat"])
+    want = scorer.score(images[:1], ["a photo of a cat"])
+    assert torch.allclose(got, want, rtol=1e-6, atol=0)
+    assert (home / "hub" / "models--bert-base-uncased" / "refs" / "main").is_file()
+
+
 # ---- HPSv3 --------------------------------------------------------------------------------------
 
 
