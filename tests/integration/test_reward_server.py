@@ -272,23 +272,13 @@ def test_url_in_the_train_config(tiny_model_dir, tmp_path, servers, token_env):
 
 
 def test_throughput_eight_clients(servers, token_env, capsys):
+    """benchmarks/reward_server.py's measurement, against this test's server: every image scored once."""
+    from tests.benchmark_scripts import load
+
     s = servers("brightness", "--max-batch", "16")
-    images, prompts = _images(16, size=64), [f"p{i}" for i in range(16)]
-    rounds, done = 6, []
-
-    def client():
-        r = RemoteReward(s.url, "brightness", max_batch=16)
-        for _ in range(rounds):
-            done.append(len(r(images, prompts)))
-
-    t0 = time.perf_counter()
-    threads = [threading.Thread(target=client) for _ in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    dt = time.perf_counter() - t0
-    assert sum(done) == 8 * rounds * 16
+    result = load("reward_server").measure(s.url, "brightness", clients=8, rounds=6, batch=16, size=64)
+    assert result["images"] == 8 * 6 * 16 and result["images_per_s"] > 0
+    assert f'chunkgrpo_reward_images_total{{scorer="brightness"}} {8 * 6 * 16}' in s.metrics()
     with capsys.disabled():
-        print(f"\nreward-server throughput: {sum(done) / dt:.0f} images/s "
+        print(f"\nreward-server throughput: {result['images_per_s']:.0f} images/s "
               f"(8 clients, 64x64 PNG, batches of 16, brightness, CPU)")
