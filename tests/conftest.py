@@ -55,6 +55,8 @@ LONG_FILES_FIRST = (
     "tests/pipeline/test_local_run.py",  # 339 s: the clone demo and the nightly
     "tests/pipeline/test_local_branching.py",  # 167 s
     "tests/unit/scoring/test_reward_packages.py",  # 157 s
+    "tests/integration/test_custom_rewards.py",  # 2 kfp.local runs + 2 toy trainings; 740 s at a load of 17
+    "tests/integration/test_reward_server_training.py",  # 7 tiny trainings; 359 s at a load of 7
     "tests/integration/test_train_torchrun.py",  # 149 s
     "tests/integration/test_availability.py",  # 109 s
     "tests/pipeline/test_local_errors.py",  # 87 s

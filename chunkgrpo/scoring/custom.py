@@ -10,7 +10,8 @@ Either way the object found is a **factory** with the built-in rewards' contract
 `factory(**options) -> fn(images, prompts) -> float tensor (n,)`, where `images` is a list of n
 `PIL.Image.Image` (RGB, 8 bits per channel: `np.asarray(im, np.float32) / 255` gives HxWx3 in [0, 1]) and
 `prompts` a list of n `str` (the captions the images were generated for). Options arrive as keyword
-arguments (strings from a YAML/override are passed as YAML parsed them).
+arguments: strings from a training config (its `options` are `dict[str, str]`), values as YAML parses them
+from `chunkgrpo reward-server --option`; a factory converts them (`float(scale)`).
 
 `resolve` only imports the factory (config load and preflight call it: no model is loaded);
 `build` calls it and wraps the reward so that every answer is checked: n finite values, else one line

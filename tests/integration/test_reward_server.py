@@ -5,14 +5,11 @@ from __future__ import annotations
 import base64
 import io
 import json
-import os
-import subprocess
-import sys
+import re
 import threading
 import time
 import urllib.error
 import urllib.request
-from pathlib import Path
 
 import pytest
 import torch
@@ -22,14 +19,16 @@ from chunkgrpo.errors import UserError
 from chunkgrpo.scoring.remote import RemoteReward, RewardServiceError
 from chunkgrpo.scoring.rewards import get_reward
 from chunkgrpo.train.config import TrainConfig
+from tests.integration.reward_servers import TOKEN, Server
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[2]
-TOKEN = "test-token-4b1f"
 
-# A user reward the server can serve that answers wrongly on purpose (counts and NaNs are the client's check)
+# User rewards the server can serve that answer wrongly or slowly on purpose (counts and NaNs are the client's
+# check; a slow one outlasts the client's per-request timeout)
 BAD_REWARDS = '''
+import time
+
 import torch
 
 def short():
@@ -37,43 +36,13 @@ def short():
 
 def nan():
     return lambda images, prompts: torch.full((len(images),), float("nan"))
+
+def slow(seconds=5.0):
+    def fn(images, prompts):
+        time.sleep(float(seconds))
+        return torch.zeros(len(images))
+    return fn
 '''
-
-
-class Server:
-    def __init__(self, tmp_path: Path, scorer: str, *extra: str, token: str | None = TOKEN) -> None:
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(tmp_path)])}
-        env.pop("CHUNKGRPO_REWARD_TOKEN", None)
-        if token:
-            env["CHUNKGRPO_REWARD_TOKEN"] = token
-        self.log = open(tmp_path / f"server-{scorer.replace(':', '_')}.log", "w")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "chunkgrpo", "reward-server", "--scorer", scorer, "--port", "0", *extra],
-            env=env, stdout=subprocess.PIPE, stderr=self.log, text=True, cwd=tmp_path)
-        line = self.proc.stdout.readline()
-        assert line.startswith("listening on http://127.0.0.1:"), line
-        self.url = line.split()[-1]
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(f"{self.url}/readyz", timeout=5) as r:
-                    if r.status == 200:
-                        return
-            except urllib.error.HTTPError:
-                pass
-            time.sleep(0.1)
-        raise AssertionError("reward server not ready")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.proc.stdout.close()
-        self.log.close()
 
 
 @pytest.fixture
@@ -81,8 +50,8 @@ def servers(tmp_path):
     (tmp_path / "badrewards.py").write_text(BAD_REWARDS)
     started: list[Server] = []
 
-    def start(scorer: str, *extra: str, token: str | None = TOKEN) -> Server:
-        s = Server(tmp_path, scorer, *extra, token=token)
+    def start(scorer: str, *extra: str, token: str | None = TOKEN, port: int = 0) -> Server:
+        s = Server(tmp_path, scorer, *extra, token=token, port=port)
         started.append(s)
         return s
 
@@ -178,6 +147,64 @@ def test_killed_server_is_one_line_naming_the_url(servers, token_env):
     assert "gave up after" in msg and time.monotonic() - t0 < 10
 
 
+def test_killed_server_back_within_the_deadline_is_retried(servers, token_env):
+    """A crash and a restart at the same address (a pod rescheduled behind its Service): the call that
+    met the dead server retries, with backoff, until the new one answers; nothing is scored twice."""
+    s = servers("brightness")
+    reward = RemoteReward(s.url, "brightness", deadline_s=180, backoff_s=0.2)
+    images, prompts = _images(5), list("abcde")
+    before = reward(images, prompts)
+    s.kill()
+    back: list[Server] = []
+
+    def restart_later():
+        time.sleep(1.0)
+        back.append(servers("brightness", port=s.port))
+
+    restart = threading.Thread(target=restart_later)
+    restart.start()
+    try:
+        t0 = time.monotonic()
+        after = reward(images, prompts)  # refused until the new server listens
+        waited = time.monotonic() - t0
+    finally:
+        restart.join()
+    assert torch.equal(after, before) and waited >= 1.0
+    assert 'chunkgrpo_reward_requests_total{code="200",scorer="brightness"} 1' in back[0].metrics()
+
+
+def test_slow_server_past_the_deadline_is_one_line(servers, token_env):
+    """Every request outlasts the client's timeout: retried until the deadline, then one line; the call
+    ends within the deadline plus one request's timeout."""
+    s = servers("badrewards:slow", "--option", "seconds=3")
+    reward = RemoteReward(s.url, "badrewards:slow", deadline_s=2, timeout_s=0.5, backoff_s=0.1)
+    t0 = time.monotonic()
+    with pytest.raises(RewardServiceError) as e:
+        reward(_images(2), ["a", "b"])
+    took = time.monotonic() - t0
+    msg = str(e.value)
+    m = re.fullmatch(rf"reward 'badrewards:slow' at {s.url}/score: TimeoutError: timed out; "
+                     r"gave up after (\d+) attempts in 2 s", msg)
+    assert m, msg
+    assert 2 <= int(m.group(1)) <= 4 and took < 2 + 0.5 + 1.5, (msg, took)
+
+
+def test_refusals_are_one_request_each(servers, token_env, monkeypatch):
+    """401 and 413 cannot pass on a retry: one request each, then one line naming the URL and the cause."""
+    s = servers("brightness", "--max-batch", "2")
+    images, prompts = _images(3), ["a", "b", "c"]
+    with pytest.raises(RewardServiceError, match=rf"^reward 'brightness' at {s.url}/score: HTTP 413 "
+                                                 r"\(3 images in one request; at most 2\)$"):
+        RemoteReward(s.url, "brightness", max_batch=3, deadline_s=30)(images, prompts)
+    monkeypatch.setenv("CHUNKGRPO_REWARD_TOKEN", "wrong")
+    with pytest.raises(RewardServiceError, match=rf"^reward 'brightness' at {s.url}/score: HTTP 401 "):
+        RemoteReward(s.url, "brightness", max_batch=2, deadline_s=30)(images, prompts)
+    metrics = s.metrics()
+    for code in (401, 413):
+        assert f'chunkgrpo_reward_requests_total{{code="{code}",scorer="brightness"}} 1' in metrics, metrics
+    assert 'code="200"' not in metrics
+
+
 @pytest.mark.parametrize("scorer,match", [
     ("badrewards:short", r"HTTP 500 \(UserError: reward 'badrewards:short' \(badrewards:short\): "
                          r"returned shape \(2,\) for 3 images \(expected \(3,\)\)\)"),
@@ -185,7 +212,8 @@ def test_killed_server_is_one_line_naming_the_url(servers, token_env):
 def test_bad_served_reward_is_one_line(servers, token_env, scorer, match):
     s = servers(scorer)
     with pytest.raises(RewardServiceError, match=rf"^reward '{scorer}' at {s.url}/score: {match}$"):
-        RemoteReward(s.url, scorer)(_images(3), ["a", "b", "c"])
+        RemoteReward(s.url, scorer, deadline_s=30)(_images(3), ["a", "b", "c"])
+    assert f'chunkgrpo_reward_requests_total{{code="500",scorer="{scorer}"}} 1' in s.metrics()  # not retried
 
 
 @pytest.mark.parametrize("scores,match", [([0.5, 0.5], r"2 scores for 3 images"),
@@ -244,23 +272,13 @@ def test_url_in_the_train_config(tiny_model_dir, tmp_path, servers, token_env):
 
 
 def test_throughput_eight_clients(servers, token_env, capsys):
+    """benchmarks/reward_server.py's measurement, against this test's server: every image scored once."""
+    from tests.benchmark_scripts import load
+
     s = servers("brightness", "--max-batch", "16")
-    images, prompts = _images(16, size=64), [f"p{i}" for i in range(16)]
-    rounds, done = 6, []
-
-    def client():
-        r = RemoteReward(s.url, "brightness", max_batch=16)
-        for _ in range(rounds):
-            done.append(len(r(images, prompts)))
-
-    t0 = time.perf_counter()
-    threads = [threading.Thread(target=client) for _ in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    dt = time.perf_counter() - t0
-    assert sum(done) == 8 * rounds * 16
+    result = load("reward_server").measure(s.url, "brightness", clients=8, rounds=6, batch=16, size=64)
+    assert result["images"] == 8 * 6 * 16 and result["images_per_s"] > 0
+    assert f'chunkgrpo_reward_images_total{{scorer="brightness"}} {8 * 6 * 16}' in s.metrics()
     with capsys.disabled():
-        print(f"\nreward-server throughput: {sum(done) / dt:.0f} images/s "
+        print(f"\nreward-server throughput: {result['images_per_s']:.0f} images/s "
               f"(8 clients, 64x64 PNG, batches of 16, brightness, CPU)")

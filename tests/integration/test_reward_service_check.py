@@ -16,7 +16,8 @@ import pytest
 from chunkgrpo.errors import UserError
 from chunkgrpo.preflight import PreflightSpec, check
 from chunkgrpo.scoring.remote import check_service
-from tests.integration.test_reward_server import ROOT, TOKEN, Server, servers, token_env  # noqa: F401
+from tests.integration.reward_servers import ROOT, TOKEN, Server
+from tests.integration.test_reward_server import servers, token_env  # noqa: F401
 
 pytestmark = pytest.mark.integration
 

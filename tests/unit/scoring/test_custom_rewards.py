@@ -54,6 +54,12 @@ USER_REWARDS = textwrap.dedent('''
     def not_a_fn():
         return 42
 
+    RECEIVED = []
+
+    def recorded(**options):
+        RECEIVED.append(options)
+        return lambda images, prompts: torch.zeros(len(images))
+
     def broken(**_):
         raise RuntimeError("model file missing")
 
@@ -105,6 +111,21 @@ def test_import_path_reward_is_built_and_checked(user_module):
     assert out.dtype == torch.float32 and out.shape == (3,)
     expected = torch.tensor([2 * (1 - (10 * i + 20 * i + 30 * i) / 3 / 255) for i in range(3)])
     assert torch.allclose(out, expected, atol=1e-6)
+
+
+def test_options_reach_the_factory_as_docs_say(user_module):
+    """Training passes a config's options as strings; `reward-server --option` as YAML parses them."""
+    from chunkgrpo.config import parse_override
+
+    rewards = 'rewards=[{name: "myrewards:recorded", options: {scale: 2, flag: true}}]'
+    cfg = TrainConfig.load("tiny_cpu", [rewards])
+    spec = cfg.rewards[0]
+    get_reward(spec.name, spec.options)
+    served = dict(parse_override(t) for t in ("scale=2", "flag=true"))
+    get_reward("myrewards:recorded", served)
+    import myrewards
+
+    assert myrewards.RECEIVED == [{"scale": "2", "flag": "True"}, {"scale": 2, "flag": True}]
 
 
 def test_user_reward_trains_the_tiny_demo_in_process(user_module, tiny_model_dir, prompts_file, tmp_path,
