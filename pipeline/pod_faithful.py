@@ -33,8 +33,10 @@ run therefore maps each pod volume's mount path to a local folder (`Layout`):
 
 Limits: without root there is no private mount namespace, so the check is an audit, not an
 enforcement; writes from native code that bypass Python's `open`/`os` (e.g. safetensors' Rust
-writer) are seen only through the volume sizes, and sizes are measured when the task ends
-(a transient peak deleted before the end is not seen).
+writer) are seen only through the volume sizes. A volume's size is its largest of: its size when the
+task ends, and its size just before each Python `shutil.rmtree` in it or `os.remove` of a file of 1 MiB
+or more (`TemporaryDirectory` cleanup included), measured by the audit hook; so a model downloaded
+into a temporary folder and deleted before the end is seen. A peak removed by native code is not.
 """
 
 from __future__ import annotations
@@ -74,6 +76,8 @@ def _install():
     if not log:
         return
     allowed = os.environ.get("CHUNKGRPO_AUDIT_ALLOW", "").split(os.pathsep)
+    roots = [p.rstrip(os.sep) for p in os.environ.get("CHUNKGRPO_AUDIT_ROOTS", "").split(os.pathsep) if p]
+    peaks = os.environ.get("CHUNKGRPO_AUDIT_PEAKS", "")
     allow = tuple(p.rstrip(os.sep) + os.sep for p in allowed if p)
     seen = set()
     writing = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
@@ -91,8 +95,38 @@ def _install():
         with open(log, "a") as f:
             f.write(p + "\\n")
 
+    def measure(root):
+        total = 0
+        for top, _dirs, files in os.walk(root):
+            for f in files:
+                try:
+                    total += os.lstat(os.path.join(top, f)).st_size
+                except OSError:
+                    pass
+        return total
+
+    def before_delete(path):
+        # a folder's bytes just before something in it is deleted: the peak a pod's volume must hold
+        try:
+            p = os.path.abspath(os.fsdecode(path))
+        except Exception:
+            return
+        for root in roots:
+            if (p + os.sep).startswith(root + os.sep) and peaks:
+                with open(peaks, "a") as f:
+                    f.write(root + "\\t" + str(measure(root)) + "\\n")
+
     def hook(event, args):
-        if event == "open":
+        if event == "shutil.rmtree":
+            before_delete(args[0])
+        elif event == "os.remove" and not isinstance(args[0], int):
+            try:
+                big = os.lstat(args[0]).st_size >= 1 << 20
+            except OSError:
+                big = False
+            if big:
+                before_delete(args[0])
+        elif event == "open":
             path, mode, flags = (list(args) + [None, None, 0])[:3]
             by_mode = isinstance(mode, str) and any(c in mode for c in "wax+")
             if by_mode or (mode is None and (flags or 0) & writing):
@@ -221,8 +255,11 @@ class Layout:
         if hook_dir is not None and log is not None:
             env["PYTHONPATH"] = os.pathsep.join(p for p in (str(hook_dir), env.get("PYTHONPATH", "")) if p)
             allowed = [*map(str, dirs.values()), *self.allow, str(log), str(hook_dir), "/dev", "/proc"]
+            peaks = log.with_name("peaks.log")
             env["CHUNKGRPO_AUDIT_LOG"] = str(log)
-            env["CHUNKGRPO_AUDIT_ALLOW"] = os.pathsep.join(allowed)
+            env["CHUNKGRPO_AUDIT_ALLOW"] = os.pathsep.join([*allowed, str(peaks)])
+            env["CHUNKGRPO_AUDIT_ROOTS"] = os.pathsep.join(map(str, dirs.values()))
+            env["CHUNKGRPO_AUDIT_PEAKS"] = str(peaks)
         return env
 
     def audit(self, fn: str, dirs: dict[str, Path], log: Path | None) -> list[str]:
@@ -230,16 +267,20 @@ class Layout:
         over the scaled container layer, writes outside every allowed folder (path and bytes)."""
         problems: list[tuple[int, str]] = []
         limits = self.limits.get(fn, {})
-        used = {}
+        peaks = _peaks(log.with_name("peaks.log")) if log is not None else {}
+        used, peak = {}, {}
         for mount, d in dirs.items():
             n = dir_bytes(d)
             used[mount] = n
+            peak[mount] = max(n, peaks.get(str(d), 0))
             limit = limits.get(mount, 0)
             what = "/tmp and $HOME (the container layer)" if mount == TMP else f"volume {mount}"
-            if limit and n > limit:
-                problems.append((n, f"task {fn} wrote {n} bytes to {what} > {limit} bytes (its limit scaled "
-                                    f"to the local model, r={self.scale:.3g}); largest: {_largest(d)}"))
-        self.report.append({"task": fn, "used": used, "limits": dict(limits)})
+            if limit and peak[mount] > limit:
+                at = (f"largest: {_largest(d)}" if n >= peak[mount] else
+                      f"{peak[mount]} bytes just before a delete, {n} at the end")
+                problems.append((peak[mount], f"task {fn} wrote {peak[mount]} bytes to {what} > {limit} "
+                                 f"bytes (its limit scaled to the local model, r={self.scale:.3g}); {at}"))
+        self.report.append({"task": fn, "used": used, "peak": peak, "limits": dict(limits)})
         if log is not None and log.exists():
             for p in dict.fromkeys(log.read_text().splitlines()):
                 path = Path(p)
@@ -278,6 +319,17 @@ class Layout:
             print(line, flush=True)
             return rc or 3
         return rc
+
+
+def _peaks(path: Path) -> dict[str, int]:
+    """{folder: largest bytes it held just before a delete in it} from the audit hook's peak log."""
+    out: dict[str, int] = {}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            root, _, n = line.rpartition("\t")
+            if root and n.isdigit():
+                out[root] = max(out.get(root, 0), int(n))
+    return out
 
 
 def _largest(d: Path) -> str:
