@@ -21,7 +21,8 @@ run therefore maps each pod volume's mount path to a local folder (`Layout`):
 
   with r = bytes of the local model / bytes of FLUX.1-dev (`FLUX_DEV_BYTES`): the limits are those
   of the production pool (`SIZE_POOL`, h100) scaled to the model the demo runs, with a floor of
-  `MIN_LIMIT` for the model-independent bits (logs, MLflow, prompt files). A breach fails the task
+  `MIN_LIMIT` for the model-independent bits (logs, MLflow, prompt files) and, for register, the served
+  code it packages into the registered model. A breach fails the task
   with one line naming the path and its bytes (`chunkgrpo pod-faithful: error: ...`).
 
   kfp.local has no public hook around a task's process, and a pod-faithful task needs one: fresh folders
@@ -346,12 +347,27 @@ def _largest(d: Path) -> str:
     return f"{best} ({size} bytes)" if best else "(empty)"
 
 
+def served_code_bytes() -> int:
+    """Bytes of the code a registered version carries (the chunkgrpo package without bytecode, as MLflow
+    copies it into the model folder register builds in its /tmp): the same at any model size."""
+    from chunkgrpo.registry.payload import served_code_path
+
+    total = 0
+    for root, dirs, files in os.walk(served_code_path()):
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        total += sum(os.lstat(os.path.join(root, f)).st_size for f in files)
+    return total
+
+
 def scaled_limits(specs: dict[str, PodSpec], scale: float) -> dict[str, dict[str, int]]:
-    """Per task: every volume's sizeLimit and the container layer, times `scale` (at least MIN_LIMIT)."""
+    """Per task: every volume's sizeLimit and the container layer, times `scale` (at least MIN_LIMIT);
+    register's container layer also holds the served code it packages (`served_code_bytes`), which does
+    not scale with the model."""
     out = {}
     for fn, spec in specs.items():
         lim = {m: max(MIN_LIMIT, int(b * scale)) for m, b in spec.volumes.items() if b}
-        lim[TMP] = max(MIN_LIMIT, int(CONTAINER_LAYER * scale))
+        code = served_code_bytes() if fn == "register" else 0
+        lim[TMP] = max(MIN_LIMIT, int(CONTAINER_LAYER * scale)) + code
         out[fn] = lim
     return out
 

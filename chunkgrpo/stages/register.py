@@ -134,11 +134,14 @@ def register_folder(req: FolderRegistration):
     with tempfile.TemporaryDirectory(prefix="chunkgrpo-ckpt-") as tmp:
         model_dir = req.model_dir
         if model_dir.startswith("s3://"):
-            from chunkgrpo.store.client import ArtifactStore
-
-            ArtifactStore().get_folder(model_dir, tmp)
             checkpoint = checkpoint or model_dir
-            model_dir = tmp
+            if req.kind == "full" or req.external_weights:  # by reference to that folder: nothing downloaded
+                checkpoint, model_dir = req.model_dir, None
+            else:
+                from chunkgrpo.store.client import ArtifactStore
+
+                ArtifactStore().get_folder(req.model_dir, tmp)
+                model_dir = tmp
         elif not Path(model_dir).is_dir():
             raise FileNotFoundError(2, "no such directory", model_dir)
         reg = Registration(req.name, req.base_model, model_dir, kind=req.kind, checkpoint_uri=checkpoint,
