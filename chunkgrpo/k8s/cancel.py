@@ -33,6 +33,9 @@ from chunkgrpo.k8s.jobspec import Kind
 log = logging.getLogger(__name__)
 
 WORKFLOW = Kind("argoproj.io", "v1alpha1", "workflows")
+# The decision runs inside the SIGTERM handler, within the pod's grace period (30 s by default): a slow
+# API server makes the read fail (then the pod's condition decides), never outlast the grace period.
+READ_TIMEOUT_S = 10
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,6 +107,7 @@ def for_launcher(api, owner: dict | None, namespace: str,
     if owner and owner.get("kind") == "Workflow":
         def get_workflow() -> dict:
             return api.get_namespaced_custom_object(WORKFLOW.group, WORKFLOW.version, namespace,
-                                                    WORKFLOW.plural, owner["name"])
+                                                    WORKFLOW.plural, owner["name"],
+                                                    _request_timeout=READ_TIMEOUT_S)
 
     return lambda: decide(get_workflow, get_pod)

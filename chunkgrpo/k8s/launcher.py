@@ -527,4 +527,5 @@ def this_pod_getter(namespace: str) -> Callable[[], dict]:
     _load_config()
     core = client.CoreV1Api()
     name = os.environ.get("HOSTNAME", "")
-    return lambda: core.api_client.sanitize_for_serialization(core.read_namespaced_pod(name, namespace))
+    return lambda: core.api_client.sanitize_for_serialization(
+        core.read_namespaced_pod(name, namespace, _request_timeout=10))  # also read inside a SIGTERM handler

@@ -367,7 +367,7 @@ class FakeApi:
         self.objects[key] = copy.deepcopy(body)
         return copy.deepcopy(body)
 
-    def get_namespaced_custom_object(self, group, version, namespace, plural, name):
+    def get_namespaced_custom_object(self, group, version, namespace, plural, name, _request_timeout=None):
         self.calls.append(("get", name))
         if self.get_errors:
             raise ApiError(self.get_errors.pop(0), "flaky")

@@ -78,12 +78,13 @@ def test_for_launcher_reads_the_owner_workflow_in_the_namespace():
     calls = []
 
     class Api:
-        def get_namespaced_custom_object(self, group, version, ns, plural, name):
-            calls.append((group, version, ns, plural, name))
+        def get_namespaced_custom_object(self, group, version, ns, plural, name, _request_timeout=None):
+            calls.append((group, version, ns, plural, name, _request_timeout))
             return wf(activeDeadlineSeconds=0)
 
     owner = {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow", "name": "train-and-evaluate-x8k2q",
              "uid": "u"}
     assert cancel.for_launcher(Api(), owner, "team-a", None)().cancel
-    assert calls == [("argoproj.io", "v1alpha1", "team-a", "workflows", "train-and-evaluate-x8k2q")]
+    assert calls == [("argoproj.io", "v1alpha1", "team-a", "workflows", "train-and-evaluate-x8k2q",
+                      cancel.READ_TIMEOUT_S)]
     assert cancel.for_launcher(Api(), None, "team-a", None)().cancel and len(calls) == 1
