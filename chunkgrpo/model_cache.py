@@ -57,16 +57,13 @@ def pipeline_patterns(source: str, download: bool, revision: str | None) -> list
     import json
 
     from huggingface_hub import hf_hub_download
-    from huggingface_hub.utils import EntryNotFoundError
 
     try:
         index = json.loads(Path(hf_hub_download(source, "model_index.json", revision=revision,
                                                 local_files_only=not download,
                                                 token=os.environ.get("HF_TOKEN") or None)).read_text())
-    except EntryNotFoundError:  # no pipeline index: not a diffusers pipeline
-        return None
-    except Exception as e:  # offline and not cached, gated, unreachable: the snapshot call says why
-        log.info("%s: no model_index.json read (%s); syncing every file", source, type(e).__name__)
+    except Exception as e:  # no pipeline index (not a diffusers pipeline), or the repo cannot be read here
+        log.info("%s: no model_index.json (%s); syncing every file", source, type(e).__name__)
         return None
     parts = sorted(k for k, v in index.items()
                    if not k.startswith("_") and isinstance(v, list) and len(v) == 2 and v[0] is not None)
