@@ -97,13 +97,16 @@ def _install():
             f.write(p + "\\n")
 
     def measure(root):
-        total = 0
+        total, inodes = 0, set()
         for top, _dirs, files in os.walk(root):
             for f in files:
                 try:
-                    total += os.lstat(os.path.join(top, f)).st_size
+                    st = os.lstat(os.path.join(top, f))
                 except OSError:
-                    pass
+                    continue
+                if (st.st_dev, st.st_ino) not in inodes:  # a hard link takes no second copy of the bytes
+                    inodes.add((st.st_dev, st.st_ino))
+                    total += st.st_size
         return total
 
     def before_delete(path):
@@ -189,15 +192,19 @@ def function_of(full_command: list[str]) -> str:
 
 
 def dir_bytes(path: Path) -> int:
+    """Bytes of the files under `path`, each hard-linked file once (as the disk holds it)."""
     if path.is_file() or path.is_symlink():
         return path.lstat().st_size
-    total = 0
+    total, inodes = 0, set()
     for root, _dirs, files in os.walk(path):
         for f in files:
             try:
-                total += os.lstat(os.path.join(root, f)).st_size
+                st = os.lstat(os.path.join(root, f))
             except OSError:
-                pass
+                continue
+            if (st.st_dev, st.st_ino) not in inodes:
+                inodes.add((st.st_dev, st.st_ino))
+                total += st.st_size
     return total
 
 

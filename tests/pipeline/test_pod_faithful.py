@@ -69,7 +69,7 @@ def test_audit_flags_a_write_outside_the_volumes(tmp_path):
 def test_audit_sees_a_temporary_folder_deleted_before_the_task_ends(tmp_path):
     """A task that downloads into a TemporaryDirectory under /tmp and deletes it before it ends held those
     bytes in its container layer: the audit measures the folder just before the delete and fails the
-    task on that peak, though /tmp is empty at the end."""
+    task on that peak, though /tmp is empty at the end. A hard link counts once, as on disk."""
     import sys
 
     from pipeline.pod_faithful import Layout, PodSpec
@@ -78,7 +78,8 @@ def test_audit_sees_a_temporary_folder_deleted_before_the_task_ends(tmp_path):
                  limits={"work": {"/tmp": 2**20}})
     code = ("import os, tempfile\n"
             "with tempfile.TemporaryDirectory() as d:\n"
-            "    open(os.path.join(d, 'model.bin'), 'wb').write(b'0' * (3 * 2**20))\n")
+            "    open(os.path.join(d, 'model.bin'), 'wb').write(b'0' * (3 * 2**20))\n"
+            "    os.link(os.path.join(d, 'model.bin'), os.path.join(d, 'linked.bin'))\n")  # no second copy
     rc = lay.run(lambda **kw: pytest.fail("faithful mode must not use kfp's runner"),
                  [sys.executable, "-c", code, "--function_to_execute", "work"], {})
     assert rc != 0 and len(lay.failures) == 1, lay.failures
