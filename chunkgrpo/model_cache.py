@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -49,17 +50,42 @@ def default_weights(root: str | None = None) -> dict[str, str]:
     return {role: model_uri(hub, root) for role, hub in REWARD_MODELS.items()}
 
 
-def _local_source(source: str, download: bool, revision: str | None) -> Path:
+def pipeline_patterns(source: str, download: bool, revision: str | None) -> list[str] | None:
+    """What of hub repo `source` a pipeline loads: for a diffusers pipeline repo (one with a
+    `model_index.json`), that file and the folders of the components it names (FLUX.1-dev: scheduler,
+    text encoders, tokenizers, transformer, VAE; not the repo's single-file `flux1-dev.safetensors` and
+    `ae.safetensors`, 24 GB nothing loads); None (every file) for any other repo (reward weights, a
+    reward's base model), whose files its loader reads."""
+    import json
+
+    from huggingface_hub import hf_hub_download
+
+    try:
+        index = json.loads(Path(hf_hub_download(source, "model_index.json", revision=revision,
+                                                local_files_only=not download,
+                                                token=os.environ.get("HF_TOKEN") or None)).read_text())
+    except Exception as e:  # no pipeline index (not a diffusers pipeline), or the repo cannot be read here
+        log.info("%s: no model_index.json (%s); syncing every file", source, type(e).__name__)
+        return None
+    parts = sorted(k for k, v in index.items()
+                   if not k.startswith("_") and isinstance(v, list) and len(v) == 2 and v[0] is not None)
+    return ["model_index.json", *(f"{name}/*" for name in parts)]
+
+
+def _local_source(source: str, download: bool, revision: str | None) -> tuple[Path, list[str] | None]:
+    """The local folder of `source` and the patterns of what of it to sync (None = all)."""
     path = Path(source).expanduser()
     if path.is_dir():
-        return path
+        return path, None
     if source.count("/") != 1:
         raise UserError(f"{source!r} is neither a folder nor a hub id (org/name)")
     from huggingface_hub import snapshot_download
 
+    patterns = pipeline_patterns(source, download, revision)
     try:
         return Path(snapshot_download(source, revision=revision, local_files_only=not download,
-                                      token=os.environ.get("HF_TOKEN") or None))
+                                      allow_patterns=patterns, token=os.environ.get("HF_TOKEN") or None)), \
+            patterns
     except Exception as e:
         how = (
             "download failed"
@@ -82,20 +108,35 @@ def sync(source: str, dest: str | None = None, *, download: bool = False, revisi
         raise UserError(f"destination {dest!r} must be an s3:// URI")
     store = store or ArtifactStore()
     store.require_bucket(dest)  # before any download: a missing bucket is never "uploaded"
-    local = _local_source(source, download, revision)
-    _refuse_broken_links(local)
-    want = build_manifest(local)
-    if not want.files:
-        raise UserError(f"{local} is empty")
-    have = store.read_manifest(dest)
-    if have is not None and have.content_sha256 == want.content_sha256:
-        log.info("%s already holds %s (%d files)", dest, source, len(want.files))
-        return dest, False
-    recorded = _source_label(source)
-    _refuse_foreign_prefix(store, dest, have, {recorded, source}, set(want.files))
-    store.put_folder(local, dest,
-                     meta={"kind": "model-cache", "source": recorded, "revision": revision or ""})
+    local, patterns = _local_source(source, download, revision)
+    with tempfile.TemporaryDirectory(prefix="chunkgrpo-sync-") as view:
+        if patterns is not None:  # a hub cache may hold more of the repo than was asked for: only these
+            local = _selected(local, patterns, Path(view))
+        _refuse_broken_links(local)
+        want = build_manifest(local)
+        if not want.files:
+            raise UserError(f"{local} is empty")
+        have = store.read_manifest(dest)
+        if have is not None and have.content_sha256 == want.content_sha256:
+            log.info("%s already holds %s (%d files)", dest, source, len(want.files))
+            return dest, False
+        recorded = _source_label(source)
+        _refuse_foreign_prefix(store, dest, have, {recorded, source}, set(want.files))
+        store.put_folder(local, dest,
+                         meta={"kind": "model-cache", "source": recorded, "revision": revision or ""})
     return dest, True
+
+
+def _selected(folder: Path, patterns: list[str], view: Path) -> Path:
+    """`view` holding links to the files of `folder` that match `patterns` (fnmatch on the relative path)."""
+    import fnmatch
+
+    for p in sorted(folder.rglob("*")):
+        rel = p.relative_to(folder).as_posix()
+        if p.is_file() and any(fnmatch.fnmatch(rel, pat) for pat in patterns):
+            (view / rel).parent.mkdir(parents=True, exist_ok=True)
+            (view / rel).symlink_to(p.resolve())
+    return view
 
 
 def _source_label(source: str) -> str:

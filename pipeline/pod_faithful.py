@@ -21,7 +21,8 @@ run therefore maps each pod volume's mount path to a local folder (`Layout`):
 
   with r = bytes of the local model / bytes of FLUX.1-dev (`FLUX_DEV_BYTES`): the limits are those
   of the production pool (`SIZE_POOL`, h100) scaled to the model the demo runs, with a floor of
-  `MIN_LIMIT` for the model-independent bits (logs, MLflow, prompt files). A breach fails the task
+  `MIN_LIMIT` for the model-independent bits (logs, MLflow, prompt files) and, for register, the served
+  code it packages into the registered model. A breach fails the task
   with one line naming the path and its bytes (`chunkgrpo pod-faithful: error: ...`).
 
   kfp.local has no public hook around a task's process, and a pod-faithful task needs one: fresh folders
@@ -33,8 +34,10 @@ run therefore maps each pod volume's mount path to a local folder (`Layout`):
 
 Limits: without root there is no private mount namespace, so the check is an audit, not an
 enforcement; writes from native code that bypass Python's `open`/`os` (e.g. safetensors' Rust
-writer) are seen only through the volume sizes, and sizes are measured when the task ends
-(a transient peak deleted before the end is not seen).
+writer) are seen only through the volume sizes. A volume's size is its largest of: its size when the
+task ends, and its size just before each Python `shutil.rmtree` in it or `os.remove` of a file of 1 MiB
+or more (`TemporaryDirectory` cleanup included), measured by the audit hook; so a model downloaded
+into a temporary folder and deleted before the end is seen. A peak removed by native code is not.
 """
 
 from __future__ import annotations
@@ -74,6 +77,8 @@ def _install():
     if not log:
         return
     allowed = os.environ.get("CHUNKGRPO_AUDIT_ALLOW", "").split(os.pathsep)
+    roots = [p.rstrip(os.sep) for p in os.environ.get("CHUNKGRPO_AUDIT_ROOTS", "").split(os.pathsep) if p]
+    peaks = os.environ.get("CHUNKGRPO_AUDIT_PEAKS", "")
     allow = tuple(p.rstrip(os.sep) + os.sep for p in allowed if p)
     seen = set()
     writing = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
@@ -91,8 +96,41 @@ def _install():
         with open(log, "a") as f:
             f.write(p + "\\n")
 
+    def measure(root):
+        total, inodes = 0, set()
+        for top, _dirs, files in os.walk(root):
+            for f in files:
+                try:
+                    st = os.lstat(os.path.join(top, f))
+                except OSError:
+                    continue
+                if (st.st_dev, st.st_ino) not in inodes:  # a hard link takes no second copy of the bytes
+                    inodes.add((st.st_dev, st.st_ino))
+                    total += st.st_size
+        return total
+
+    def before_delete(path):
+        # a folder's bytes just before something in it is deleted: the peak a pod's volume must hold
+        try:
+            p = os.path.abspath(os.fsdecode(path))
+        except Exception:
+            return
+        for root in roots:
+            if (p + os.sep).startswith(root + os.sep) and peaks:
+                with open(peaks, "a") as f:
+                    f.write(root + "\\t" + str(measure(root)) + "\\n")
+
     def hook(event, args):
-        if event == "open":
+        if event == "shutil.rmtree":
+            before_delete(args[0])
+        elif event == "os.remove" and not isinstance(args[0], int):
+            try:
+                big = os.lstat(args[0]).st_size >= 1 << 20
+            except OSError:
+                big = False
+            if big:
+                before_delete(args[0])
+        elif event == "open":
             path, mode, flags = (list(args) + [None, None, 0])[:3]
             by_mode = isinstance(mode, str) and any(c in mode for c in "wax+")
             if by_mode or (mode is None and (flags or 0) & writing):
@@ -154,15 +192,19 @@ def function_of(full_command: list[str]) -> str:
 
 
 def dir_bytes(path: Path) -> int:
+    """Bytes of the files under `path`, each hard-linked file once (as the disk holds it)."""
     if path.is_file() or path.is_symlink():
         return path.lstat().st_size
-    total = 0
+    total, inodes = 0, set()
     for root, _dirs, files in os.walk(path):
         for f in files:
             try:
-                total += os.lstat(os.path.join(root, f)).st_size
+                st = os.lstat(os.path.join(root, f))
             except OSError:
-                pass
+                continue
+            if (st.st_dev, st.st_ino) not in inodes:
+                inodes.add((st.st_dev, st.st_ino))
+                total += st.st_size
     return total
 
 
@@ -221,8 +263,11 @@ class Layout:
         if hook_dir is not None and log is not None:
             env["PYTHONPATH"] = os.pathsep.join(p for p in (str(hook_dir), env.get("PYTHONPATH", "")) if p)
             allowed = [*map(str, dirs.values()), *self.allow, str(log), str(hook_dir), "/dev", "/proc"]
+            peaks = log.with_name("peaks.log")
             env["CHUNKGRPO_AUDIT_LOG"] = str(log)
-            env["CHUNKGRPO_AUDIT_ALLOW"] = os.pathsep.join(allowed)
+            env["CHUNKGRPO_AUDIT_ALLOW"] = os.pathsep.join([*allowed, str(peaks)])
+            env["CHUNKGRPO_AUDIT_ROOTS"] = os.pathsep.join(map(str, dirs.values()))
+            env["CHUNKGRPO_AUDIT_PEAKS"] = str(peaks)
         return env
 
     def audit(self, fn: str, dirs: dict[str, Path], log: Path | None) -> list[str]:
@@ -230,16 +275,20 @@ class Layout:
         over the scaled container layer, writes outside every allowed folder (path and bytes)."""
         problems: list[tuple[int, str]] = []
         limits = self.limits.get(fn, {})
-        used = {}
+        peaks = _peaks(log.with_name("peaks.log")) if log is not None else {}
+        used, peak = {}, {}
         for mount, d in dirs.items():
             n = dir_bytes(d)
             used[mount] = n
+            peak[mount] = max(n, peaks.get(str(d), 0))
             limit = limits.get(mount, 0)
             what = "/tmp and $HOME (the container layer)" if mount == TMP else f"volume {mount}"
-            if limit and n > limit:
-                problems.append((n, f"task {fn} wrote {n} bytes to {what} > {limit} bytes (its limit scaled "
-                                    f"to the local model, r={self.scale:.3g}); largest: {_largest(d)}"))
-        self.report.append({"task": fn, "used": used, "limits": dict(limits)})
+            if limit and peak[mount] > limit:
+                at = (f"largest: {_largest(d)}" if n >= peak[mount] else
+                      f"{peak[mount]} bytes just before a delete, {n} at the end")
+                problems.append((peak[mount], f"task {fn} wrote {peak[mount]} bytes to {what} > {limit} "
+                                 f"bytes (its limit scaled to the local model, r={self.scale:.3g}); {at}"))
+        self.report.append({"task": fn, "used": used, "peak": peak, "limits": dict(limits)})
         if log is not None and log.exists():
             for p in dict.fromkeys(log.read_text().splitlines()):
                 path = Path(p)
@@ -280,6 +329,17 @@ class Layout:
         return rc
 
 
+def _peaks(path: Path) -> dict[str, int]:
+    """{folder: largest bytes it held just before a delete in it} from the audit hook's peak log."""
+    out: dict[str, int] = {}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            root, _, n = line.rpartition("\t")
+            if root and n.isdigit():
+                out[root] = max(out.get(root, 0), int(n))
+    return out
+
+
 def _largest(d: Path) -> str:
     best, size = None, -1
     for root, _dirs, files in os.walk(d):
@@ -294,12 +354,27 @@ def _largest(d: Path) -> str:
     return f"{best} ({size} bytes)" if best else "(empty)"
 
 
+def served_code_bytes() -> int:
+    """Bytes of the code a registered version carries (the chunkgrpo package without bytecode, as MLflow
+    copies it into the model folder register builds in its /tmp): the same at any model size."""
+    from chunkgrpo.registry.payload import served_code_path
+
+    total = 0
+    for root, dirs, files in os.walk(served_code_path()):
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        total += sum(os.lstat(os.path.join(root, f)).st_size for f in files)
+    return total
+
+
 def scaled_limits(specs: dict[str, PodSpec], scale: float) -> dict[str, dict[str, int]]:
-    """Per task: every volume's sizeLimit and the container layer, times `scale` (at least MIN_LIMIT)."""
+    """Per task: every volume's sizeLimit and the container layer, times `scale` (at least MIN_LIMIT);
+    register's container layer also holds the served code it packages (`served_code_bytes`), which does
+    not scale with the model."""
     out = {}
     for fn, spec in specs.items():
         lim = {m: max(MIN_LIMIT, int(b * scale)) for m, b in spec.volumes.items() if b}
-        lim[TMP] = max(MIN_LIMIT, int(CONTAINER_LAYER * scale))
+        code = served_code_bytes() if fn == "register" else 0
+        lim[TMP] = max(MIN_LIMIT, int(CONTAINER_LAYER * scale)) + code
         out[fn] = lim
     return out
 

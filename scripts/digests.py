@@ -4,6 +4,8 @@ A release tool (not part of the runtime package), run from the repository root:
     python scripts/digests.py resolve            # docker buildx imagetools inspect every image in the lock
     python scripts/digests.py check              # no digest that the resolver did not record (placeholders)
     python scripts/digests.py check --strict     # ... and every image resolved (run before a prod deploy)
+    python scripts/digests.py check --build images/runtime/Dockerfile [--build-arg K=V ...]
+                                                 # build gate: every base image at its resolved digest
 
 `manifests/images.lock.yaml` lists every image the manifests and Dockerfiles use, by name and tag.
 Only `resolve` writes digests, each with the command that produced it and when; it then
@@ -12,6 +14,11 @@ so they pin exactly the recorded digests) and the `ARG <X>_IMAGE=` defaults of t
 names. Nothing else in the repository may carry a digest: a hand-written or made-up `@sha256:` that
 is not in the lock is what `check` reports. Until `resolve` has run (it needs Docker with buildx and
 registry access), images are referenced by tag and `check --strict` fails, loudly.
+
+`check --build` is the build gate: every image the Dockerfile builds from (`FROM`, with its `ARG`
+defaults and the given `--build-arg`s substituted) must be in the lock, resolved, and referenced at
+exactly the recorded digest; an unresolved base, a base built by tag alone, or a digest other than the
+recorded one fails the build before it starts.
 """
 
 from __future__ import annotations
@@ -93,18 +100,19 @@ def write_pinned_component(lock: dict, path: Path = PINNED) -> None:
 
 
 def write_dockerfile_args(lock: dict, repo: Path = REPO) -> None:
-    """`ARG <arg>=<name>:<tag>[@digest]` in each Dockerfile a lock entry names
-    (`dockerfiles: [{path, arg}]`)."""
+    """`ARG <arg>=<name>:<tag>[@digest]` in each Dockerfile a lock entry names (`dockerfiles: [{path,
+    arg}]`), or `<arg>=<name>:<tag>[@digest]` in a build-arg set (a `*.build-args` file)."""
     for img in lock["images"]:
         for ref in img.get("dockerfiles") or []:
             path = repo / ref["path"]
             text = path.read_text()
             value = f"{img['name']}:{img['tag']}" + (f"@{img['digest']}" if img.get("digest") else "")
+            prefix = "" if path.name.endswith(".build-args") else "ARG "
             new, n = re.subn(
-                rf"^ARG {re.escape(ref['arg'])}=\S+$", f"ARG {ref['arg']}={value}", text, flags=re.M
+                rf"^{prefix}{re.escape(ref['arg'])}=\S+$", f"{prefix}{ref['arg']}={value}", text, flags=re.M
             )
             if n != 1:
-                raise DigestError(f"{path}: expected one `ARG {ref['arg']}=` line, found {n}")
+                raise DigestError(f"{path}: expected one `{prefix}{ref['arg']}=` line, found {n}")
             path.write_text(new)
 
 
@@ -165,6 +173,72 @@ def check(
     return problems
 
 
+def base_images(dockerfile: str, build_args: dict[str, str] | None = None) -> list[str]:
+    """The images a Dockerfile's text builds from: every `FROM` (and `COPY/RUN --from=`/`--mount=from=`)
+    reference after substituting `build_args` and the `ARG` defaults, without its own stage names."""
+    args = dict(re.findall(r"^ARG\s+([A-Za-z_][A-Za-z0-9_]*)=(\S+)", dockerfile, re.M))
+    args.update(build_args or {})
+
+    def subst(ref: str) -> str:
+        return re.sub(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?", lambda m: args.get(m.group(1), m.group(0)), ref)
+
+    stages = set(re.findall(r"^FROM\s+\S+\s+AS\s+(\S+)", dockerfile, re.M | re.I))
+    refs = re.findall(r"^FROM\s+(?:--platform=\S+\s+)?(\S+)", dockerfile, re.M)
+    refs += re.findall(r"--(?:mount=)?from=([^,\s]+)", dockerfile)
+    out = []
+    for ref in map(subst, refs):
+        if ref not in stages and ref != "scratch" and ref not in out:
+            out.append(ref)
+    return out
+
+
+def _split_ref(ref: str) -> tuple[str, str, str]:
+    """(name, tag, digest) of `name[:tag][@sha256:...]` ('' for a missing part)."""
+    name, _, digest = ref.partition("@")
+    tag = ""
+    if ":" in name.rsplit("/", 1)[-1]:
+        name, tag = name.rsplit(":", 1)
+    return name, tag, digest
+
+
+def check_build(dockerfile: Path, build_args: dict[str, str] | None = None,
+                lock_path: Path | None = None) -> list[str]:
+    """Why building `dockerfile` (with `build_args`) would use a base image that is not the one the
+    resolver recorded ([] = every base is in the lock, resolved, and referenced at its digest)."""
+    lock = load_lock(lock_path or LOCK)
+    entries = {(i["name"], str(i["tag"])): i for i in lock["images"]}
+    problems = []
+    for ref in base_images(dockerfile.read_text(), build_args):
+        name, tag, digest = _split_ref(ref)
+        where = f"{dockerfile}: base image {ref}"
+        if "$" in ref:
+            problems.append(f"{where}: a build arg without a value")
+            continue
+        img = entries.get((name, tag))
+        if img is None:
+            problems.append(f"{where} is not in images.lock.yaml (add it, then `digests resolve`)")
+        elif not img.get("digest"):
+            problems.append(f"{where}: {name}:{tag} is not resolved to a digest (run `python "
+                            "scripts/digests.py resolve` where the registry is reachable)")
+        elif not digest:
+            problems.append(f"{where}: built by tag, not at the recorded digest {img['digest'][:19]}... "
+                            "(`digests resolve` rewrites the ARG defaults; pass the digest in --build-arg)")
+        elif digest != img["digest"]:
+            problems.append(f"{where}: digest {digest[:19]}... differs from the recorded "
+                            f"{img['digest'][:19]}... of {name}:{tag}")
+    return problems
+
+
+def _build_args(pairs: list[str]) -> dict[str, str]:
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise DigestError(f"--build-arg {pair!r}: expected NAME=VALUE")
+        out[key] = value
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python scripts/digests.py", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -173,6 +247,10 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument(
         "--strict", action="store_true", help="also fail while any image is unresolved (deploy gate)"
     )
+    c.add_argument("--build", metavar="DOCKERFILE",
+                   help="build gate: every base image of DOCKERFILE resolved and at its recorded digest")
+    c.add_argument("--build-arg", action="append", default=[], metavar="NAME=VALUE",
+                   help="a build arg of that build (as given to docker build)")
     args = ap.parse_args(argv)
     try:
         if args.cmd == "resolve":
@@ -180,6 +258,16 @@ def main(argv: list[str] | None = None) -> int:
             for img in lock["images"]:
                 print(f"{img['name']}:{img['tag']} -> {img['digest']}")
             return 0
+        if args.build:
+            dockerfile = Path(args.build)
+            if not dockerfile.is_file():
+                raise DigestError(f"--build {args.build}: no such Dockerfile")
+            problems = check_build(dockerfile, _build_args(args.build_arg))
+            for p in problems:
+                print(p)
+            if not problems:
+                print(f"digests: ok ({dockerfile}: every base image at its recorded digest)")
+            return 1 if problems else 0
         problems = check(strict=args.strict)
     except DigestError as e:
         print(f"digests: error: {e}", file=sys.stderr)

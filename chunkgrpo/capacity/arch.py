@@ -99,9 +99,8 @@ FLUX_DEV = {
 }
 FLUX_DEV_TRANSFORMER_PARAMS = 11_901_408_320  # the published count ("12 billion parameters")
 FLUX_DEV_STORED_BYTES = 2  # every component of the hub folder is stored in bf16
-# The hub snapshot also holds the single-file checkpoints flux1-dev.safetensors (transformer, bf16) and
-# ae.safetensors (VAE, fp32); `chunkgrpo models sync` copies the snapshot whole.
-FLUX_DEV_SINGLE_FILES = {"transformer": 2, "vae": 4}
+# The model cache holds the pipeline's folders only: `chunkgrpo models sync` leaves out the hub repo's
+# single-file copies (flux1-dev.safetensors, ae.safetensors), which nothing loads.
 
 
 # ------------------------------------------------------------------------------ meta-device tracing
@@ -207,7 +206,6 @@ class ModelArch:
     text_encoder_2: dict
     vae: dict
     source: str = "FLUX.1-dev (published configs)"
-    hub_snapshot: bool = True  # the cached folder is the hub snapshot (single-file copies included)
     folder_bytes: int | None = None  # the model folder's size when known (an S3 folder artifact's manifest)
 
     @classmethod
@@ -225,7 +223,7 @@ class ModelArch:
                 )
             d = json.loads(f.read_text())
             cfgs[name] = {k: v for k, v in d.items() if not k.startswith("_")}
-        return cls(**cfgs, source=str(root), hub_snapshot=False)
+        return cls(**cfgs, source=str(root))
 
     @classmethod
     def from_s3(cls, uri: str, store=None) -> "ModelArch":
@@ -247,8 +245,7 @@ class ModelArch:
             for n in ("transformer", "text_encoder", "text_encoder_2", "vae")
         }
         manifest = store.read_manifest(base)
-        return cls(**cfgs, source=uri, hub_snapshot=False,
-                   folder_bytes=manifest.total_bytes if manifest is not None else None)
+        return cls(**cfgs, source=uri, folder_bytes=manifest.total_bytes if manifest is not None else None)
 
     @classmethod
     def for_model(cls, model: str) -> "ModelArch":

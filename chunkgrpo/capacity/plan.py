@@ -30,7 +30,8 @@ in fp32 on the host).
 
 **Bytes per volume** (each path is placed on the pod volume whose mount is its longest prefix):
 model cache ($CHUNKGRPO_CACHE, else $HOME/.cache/chunkgrpo) = the model folder (every component stored in
-bf16 + for FLUX.1-dev the hub snapshot's single-file copies) + reward weights; `output_dir` = prompt
+bf16; the pipeline's folders only) + every file each local reward downloads (its weights and the base
+model it builds on: `reward_download_bytes`); `output_dir` = prompt
 embeddings (every rank: prompts × (T·D_text + D_pooled) × model dtype) + checkpoints × (keep + 1: the new
 one is complete before the oldest is deleted) + the final model. Checkpoint = weights 4·P + AdamW 8·P
 (+ EMA 4·P). Every volume must fit its `sizeLimit`; disk-backed emptyDirs together the pod's
@@ -49,7 +50,6 @@ from pathlib import Path
 import torch
 
 from chunkgrpo.capacity.arch import (
-    FLUX_DEV_SINGLE_FILES,
     FLUX_DEV_STORED_BYTES,
     GiB,
     ModelArch,
@@ -70,10 +70,19 @@ from chunkgrpo.recipes import BRANCHING_METHODS
 # scorer = OpenCLIP ViT-H-14 (fp32, the scorers' default dtype); ImageReward = BLIP ViT-L + BERT (fp32).
 REWARD_MODELS = {"hpsv3": (8_291_375_616, 2), "hpsv2.1": (986_109_697, 4), "hpsv2": (986_109_697, 4),
                  "pickscore": (986_109_697, 4), "clip": (986_109_697, 4), "imagereward": (447_000_000, 4)}
+# What a reward downloads into the model cache besides its own weights: the base model it builds on before
+# loading its checkpoint (HPSv3: Qwen2-VL-7B-Instruct, the `hpsv3.processor` weights, bf16, ~16.6 GB).
+REWARD_BASE_DOWNLOADS = {"hpsv3": REWARD_MODELS["hpsv3"][0] * 2}
 PROCESS_HOST_BYTES = 3 * GiB  # host memory of one rank's Python + torch + CUDA runtime, before the model
 # Seconds of one training iteration (rollout + decode + policy windows + optimizer steps) assumed when sizing
 # a reward server's throughput; the config has no such field, so the plan states it with the rate.
 ASSUMED_ITERATION_S = 120.0
+
+
+def reward_download_bytes(name: str) -> int:
+    """Bytes reward `name` puts into the model cache: its weights (published checkpoints in 16-bit) and the
+    base model it builds on (`REWARD_BASE_DOWNLOADS`)."""
+    return REWARD_MODELS.get(name, (0, 0))[0] * 2 + REWARD_BASE_DOWNLOADS.get(name, 0)
 
 
 # ------------------------------------------------------------------------------ the plan
@@ -266,13 +275,9 @@ def capacity_plan(cfg, pool: Pool, *, nodes: int = 1, output_dir: str = "", pres
     # ---- bytes per volume
     stored = FLUX_DEV_STORED_BYTES
     model_folder = (W + sum(counts.values())) * stored
-    if arch.hub_snapshot:
-        model_folder += (
-            W * FLUX_DEV_SINGLE_FILES["transformer"] + counts["vae"] * FLUX_DEV_SINGLE_FILES["vae"]
-        )
     if arch.folder_bytes is not None:
         model_folder = arch.folder_bytes
-    reward_files = sum(REWARD_MODELS.get(r.name, (0, 0))[0] * 2 for r in local_rewards)
+    reward_files = sum(reward_download_bytes(r.name) for r in local_rewards)
     checkpoint = 4 * P + 8 * P + (4 * P if cfg.ema.decay > 0 else 0)
     keep = cfg.checkpoint.keep
     total_steps = iterations * _steps_per_iteration(cfg)

@@ -17,7 +17,10 @@ with `ApiClient.sanitize_for_serialization`):
   `status.phase/reason/message` (kubelet eviction: reason `Evicted`), `status.conditions`
   (`PodScheduled=False`, reason `Unschedulable`), `status.{init,}containerStatuses[].state /
   lastState` (`waiting.reason` ErrImagePull / ImagePullBackOff / InvalidImageName /
-  CreateContainerConfigError; `terminated.reason` OOMKilled).
+  CreateContainerConfigError; `terminated.reason` OOMKilled), `restartCount` and `waiting.reason`
+  CrashLoopBackOff (a crash loop: the last exit code and the last line of the termination message,
+  which `terminationMessagePolicy: FallbackToLogsOnError` fills with the log's tail), and pods in
+  phase Failed (the crash loop of a job that creates new pods instead of restarting).
 * **Events** (core/v1 `Event`, streamed with `kubernetes.watch.Watch` by `EventWatch`) whose
   `involvedObject.name` is the job or one of its children (`<name>-...`): reason `FailedCreate`
   (the Job controller / Training Operator could not create a pod: PodSecurity admission, quota) and
@@ -96,6 +99,13 @@ FIX_PODSECURITY = ("label the namespace pod-security.kubernetes.io/enforce=privi
                    "component's IPC_LOCK; manifests/README.md, Security model) or drop components/rdma")
 FIX_QUOTA = "raise the namespace ResourceQuota (kubectl describe quota) or request fewer nodes/GPUs"
 FIX_CREATE = "fix what the message names (admission webhook, quota, service account)"
+FIX_CRASH = ("the training process itself fails at every start: fix what its last log lines say (they are "
+             "printed above), then run again")
+# Restarts of a training container after which it is taken for a crash loop (restartPolicy OnFailure
+# restarts in place; the Job's backoffLimit of 6 would otherwise take an hour of back-offs), and failed
+# pods of a job with restartPolicy Never that mean the same. A rendezvous that waits for a peer that is
+# not yet scheduled restarts every 10 min, so the Unschedulable grace ends such a job first.
+CRASH_RESTARTS = 2
 
 
 def _evicted_fix(msg: str) -> str:
@@ -133,6 +143,7 @@ def pod_findings(pod: dict, *, schedule_grace_s: float = 900.0, pull_grace_s: fl
         elif reason == "CreateContainerConfigError":
             out.append(Finding("ContainerConfig", f"{where}: {detail}", FIX_CONFIG, grace_s=pull_grace_s,
                                key=key))
+        oom = False
         for which in ("state", "lastState"):
             term = (cs.get(which) or {}).get("terminated") or {}
             if term.get("reason") == "OOMKilled":
@@ -140,8 +151,36 @@ def pod_findings(pod: dict, *, schedule_grace_s: float = 900.0, pull_grace_s: fl
                 limit = (containers[0].get("resources") or {}).get("limits", {}).get("memory", "?")
                 cause = f"{where} was OOMKilled (host memory limit {limit}, exit code {term.get('exitCode')})"
                 out.append(Finding("OOMKilled", cause, FIX_OOM, key=key))
+                oom = True
                 break
+        restarts = int(cs.get("restartCount") or 0)
+        if not oom and (reason == "CrashLoopBackOff" or restarts >= CRASH_RESTARTS):
+            out.append(Finding("CrashLoop", f"{where} is crash-looping ({restarts} restarts"
+                               + (", CrashLoopBackOff" if reason == "CrashLoopBackOff" else "")
+                               + f"): {_last_exit(cs)}", FIX_CRASH, key=key))
     return out
+
+
+def _last_exit(cs: dict) -> str:
+    """`exit code N (Reason): <last line of its termination message>` of a container's last run."""
+    term = ((cs.get("lastState") or {}).get("terminated") or (cs.get("state") or {}).get("terminated") or {})
+    lines = [ln for ln in str(term.get("message") or "").splitlines() if ln.strip()]
+    return (f"exit code {term.get('exitCode', '?')} ({term.get('reason') or 'no reason'})"
+            + (f": {_short(lines[-1], 200)}" if lines else ""))
+
+
+def failed_pods_finding(pods: list[dict]) -> Finding | None:
+    """A crash loop of a job whose pods are not restarted in place (restartPolicy Never): CRASH_RESTARTS
+    or more of its pods Failed (not evicted, which has its own finding)."""
+    failed = [p for p in pods if (p.get("status") or {}).get("phase") == "Failed"
+              and (p.get("status") or {}).get("reason") != "Evicted"]
+    if len(failed) < CRASH_RESTARTS:
+        return None
+    last = max(failed, key=lambda p: str((p.get("metadata") or {}).get("creationTimestamp") or ""))
+    statuses = (last.get("status") or {}).get("containerStatuses") or [{}]
+    return Finding("CrashLoop", f"{len(failed)} pods of the job failed, the last "
+                   f"{(last.get('metadata') or {}).get('name', '?')}: {_last_exit(statuses[0])}", FIX_CRASH,
+                   key="failed-pods")
 
 
 # ---------------------------------------------------------------------------------------- events
@@ -294,8 +333,12 @@ class JobProbe:
 
     def findings(self) -> list[Finding]:
         out = []
-        for pod in self.list_pods():
+        pods = list(self.list_pods())
+        for pod in pods:
             out += pod_findings(pod, schedule_grace_s=self.schedule_grace_s, pull_grace_s=self.pull_grace_s)
+        crashed = failed_pods_finding(pods)
+        if crashed is not None:
+            out.append(crashed)
         for ev in self.events():
             f = event_finding(ev)
             if f is not None:

@@ -290,20 +290,39 @@ def delete(api, obj: dict) -> bool:
 
 @contextlib.contextmanager
 def delete_on_cancel(
-    api, obj: dict, signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT)
+    api, obj: dict, signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT),
+    is_cancellation: Callable[[], Any] | None = None, emit: Callable[[str], None] | None = None,
 ) -> Iterator[None]:
-    """While active, SIGTERM/SIGINT delete the job, then exit with 128 + signal (JobCancelledError).
+    """While active, SIGTERM/SIGINT end this process with 128 + signal (JobCancelledError); the job is
+    deleted first when the signal cancels the run.
 
-    KFP cancels a run by stopping its pods with SIGTERM; without this the TrainJob would keep
-    its GPUs. Handlers can only be installed from the main thread; elsewhere this is a no-op.
+    KFP cancels a run by stopping its pods with SIGTERM; without the delete the TrainJob would keep its
+    GPUs. A drain or scale-down of the launcher's node sends the same SIGTERM: `is_cancellation()` (a
+    `cancel.Verdict`, see `chunkgrpo.k8s.cancel`) tells them apart; when it says the run goes on, the job
+    is left running and the step's retry re-attaches to it by name. SIGINT (a person at a terminal) and
+    a missing `is_cancellation` always delete. Handlers can only be installed from the main thread;
+    elsewhere this is a no-op.
     """
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     previous = {}
+    say = emit or (lambda line: log.warning("%s", line))
+    kind, name = obj["kind"], obj["metadata"]["name"]
 
     def handler(signum, frame):
-        log.warning("received signal %d: deleting %s %s", signum, obj["kind"], obj["metadata"]["name"])
+        verdict = None
+        if is_cancellation is not None and signum != signal.SIGINT:
+            try:
+                verdict = is_cancellation()
+            except Exception as e:  # undecidable: the job must not outlive a cancelled run
+                say(f"received signal {signum}; cannot tell a cancellation from a drain ({e})")
+        if verdict is not None and not verdict.cancel:
+            say(f"received signal {signum}: {verdict.why}; leaving {kind} {name} running (a retry of "
+                "this step re-attaches to it)")
+            raise JobCancelledError(128 + signum)
+        say(f"received signal {signum}" + (f": {verdict.why}" if verdict is not None else "")
+            + f"; deleting {kind} {name}")
         try:
             delete(api, obj)
         finally:
@@ -321,6 +340,7 @@ def delete_on_cancel(
 def launch(api, obj: dict, *, timeout_s: float, poll_s: float = 15.0, recreate_failed: bool = True,
            on_status: Callable[[str], None] | None = None, probe_factory: Callable[[dict], Any] | None = None,
            keep_failed: bool = False, logs: Callable[[dict], list[str]] | None = None,
+           is_cancellation: Callable[[], Any] | None = None,
            sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic) -> dict:
     """submit_or_attach + wait, with the job deleted if this process is cancelled. Returns the final object.
 
@@ -328,7 +348,9 @@ def launch(api, obj: dict, *, timeout_s: float, poll_s: float = 15.0, recreate_f
     finds a blocker the job is deleted (its pods would otherwise hold or wait for GPUs until the
     deadline) unless `keep_failed`, and JobBlockedError carries the one line. `logs(obj)` (e.g.
     `trainjob_log_tail`) is printed through `on_status` when the job fails or is blocked, before
-    anything is deleted; the error itself stays one line.
+    anything is deleted; the error itself stays one line. `is_cancellation` (`cancel.for_launcher`)
+    decides on SIGTERM whether the run is cancelled (delete the job) or only this launcher pod is
+    stopped (leave it running for the retry to re-attach to).
     """
     cur, attached = submit_or_attach(
         api, obj, recreate_failed=recreate_failed, poll_s=poll_s, sleep=sleep, clock=clock
@@ -344,11 +366,11 @@ def launch(api, obj: dict, *, timeout_s: float, poll_s: float = 15.0, recreate_f
             log.warning("cannot read the pods/events of %s (%s): blocked pods will not be detected early",
                         obj["metadata"]["name"], e)
     try:
-        with delete_on_cancel(api, obj):
+        with delete_on_cancel(api, obj, is_cancellation=is_cancellation, emit=on_status):
             try:
                 return wait(api, obj, timeout_s=timeout_s, poll_s=poll_s, on_status=on_status, probe=probe,
                             sleep=sleep, clock=clock)
-            except JobFailedError:
+            except JobFailedError:  # a blocked job too (crash loop: its last lines say why)
                 tail = logs(obj) if logs is not None else []
                 if tail:
                     emit(f"last {len(tail)} log lines of {obj['metadata']['name']} node 0:")
@@ -505,4 +527,5 @@ def this_pod_getter(namespace: str) -> Callable[[], dict]:
     _load_config()
     core = client.CoreV1Api()
     name = os.environ.get("HOSTNAME", "")
-    return lambda: core.api_client.sanitize_for_serialization(core.read_namespaced_pod(name, namespace))
+    return lambda: core.api_client.sanitize_for_serialization(
+        core.read_namespaced_pod(name, namespace, _request_timeout=10))  # also read inside a SIGTERM handler

@@ -196,8 +196,9 @@ def register_model(req: Registration, *, run_id: str | None = None, experiment: 
     with tempfile.TemporaryDirectory(prefix="chunkgrpo-register-") as tmp:
         src = Path(tmp) / "src" / "model"  # becomes the MLflow model's artifacts/model
         src.parent.mkdir()
-        if inline:
-            shutil.copytree(req.model_dir, src, ignore=shutil.ignore_patterns("MANIFEST.json"))
+        if inline:  # hard links where it can (no second copy on disk); save_pyfunc copies them once
+            shutil.copytree(req.model_dir, src, ignore=shutil.ignore_patterns("MANIFEST.json"),
+                            copy_function=_link_or_copy)
         else:
             src.mkdir()
         (src / payload.MODEL_INFO).write_text(json.dumps(info, indent=1, sort_keys=True, default=str) + "\n")
@@ -231,6 +232,13 @@ def register_model(req: Registration, *, run_id: str | None = None, experiment: 
     log.info("registered %s version %s (%s, base %s) from %s", req.name, mv.version, req.kind, req.base_model,
              mv.source)
     return RegisteredVersion(req.name, str(mv.version), mv.source, mv.run_id, dict(mv.tags or version_tags))
+
+
+def _link_or_copy(source: str, target: str) -> None:
+    try:
+        os.link(source, target)
+    except OSError:  # another filesystem, or links not allowed
+        shutil.copy2(source, target)
 
 
 def served_base_model(ref: str, store=None) -> str:

@@ -67,17 +67,21 @@ def job_spec(req: TrainRequest, job: JobOptions, namespace: str):
 def launch(req: TrainRequest, job: JobOptions) -> TrainedModel:
     """Run the job to its end (status lines printed; pods that cannot start end it in one line naming the
     cause), then read the model it uploaded."""
-    from chunkgrpo.k8s import launcher, trainjob
+    from chunkgrpo.k8s import cancel, launcher, trainjob
     from chunkgrpo.k8s.diagnose import JobProbe
     from chunkgrpo.store.client import ArtifactStore
 
     ns = job.namespace or launcher.current_namespace("kubeflow")
     spec = job_spec(req, job, ns)
     api = launcher.load_api()
+    get_pod = None
     try:  # ownerReference to the run's Argo Workflow: deleting the run deletes the job
-        spec.owner = launcher.owner_from_pod(launcher.this_pod_getter(ns))
+        get_pod = launcher.this_pod_getter(ns)
+        spec.owner = launcher.owner_from_pod(get_pod)
     except Exception as e:
         print(f"warning: no ownerReference for the job ({type(e).__name__}: {e})", flush=True)
+    # on SIGTERM: a cancelled run deletes the job, a drained launcher pod leaves it for the retry
+    is_cancellation = cancel.for_launcher(api, spec.owner, ns, get_pod)
     if job.kind == "PyTorchJob":
         template = launcher.read_template(api, ns)  # TemplateError (one line) if missing or forbidden
     elif trainjob.needs_runtime(spec):  # resource overrides / extra tolerations merge into the runtime's
@@ -92,6 +96,7 @@ def launch(req: TrainRequest, job: JobOptions) -> TrainedModel:
 
     launcher.launch(api, obj, timeout_s=job.timeout_hours * 3600, poll_s=20, probe_factory=probe,
                     keep_failed=job.keep_failed, logs=trainjob.trainjob_log_tail,  # node 0's log tail
+                    is_cancellation=is_cancellation,
                     on_status=lambda line: print(line, flush=True))
 
     prefix = req.prefix

@@ -31,12 +31,22 @@ def check_model_name(name: str) -> None:
         raise UserError(f"--name {name!r}: {e.message}") from None
 
 
+# Largest LoRA adapter copied into MLflow (the version is then self-contained); a larger folder, and every
+# full transformer, is registered by reference to its verified S3 checkpoint, so the register pod (a
+# small CPU pod with no volume) never holds the weights: its disk use does not grow with the model.
+INLINE_MAX_BYTES = 1 << 30
+
+
 def register_trained(*, model_name: str, experiment: str, run_id: str, pointer: str | dict, evaluation: dict,
                      plan: dict | None, gate_metric: str = "", gate_direction: str = "",
-                     eval_preset: str = "") -> dict:
-    """Register the model a pointer names (its folder downloaded and checked against the pointer's
-    manifest digest); the evaluation stage's run (`evaluation["mlflow_run_id"]`) becomes tag eval.run_id,
-    the only source promotion trusts. Returns name, version, uri, source, run_id, reused, checkpoint_uri."""
+                     eval_preset: str = "", inline_max_bytes: int = INLINE_MAX_BYTES) -> dict:
+    """Register the model a pointer names, after checking its S3 manifest against the pointer's digest;
+    the evaluation stage's run (`evaluation["mlflow_run_id"]`) becomes tag eval.run_id, the only source
+    promotion trusts. A LoRA adapter of at most `inline_max_bytes` is copied into the version; anything
+    else (a full fine-tune: 47.6 GB for FLUX.1-dev in fp32) is registered by reference: the version holds
+    the checkpoint's URI and manifest digest, and loading it (`registry.load`, the served pyfunc) downloads
+    the weights and checks them against that digest. Returns name, version, uri, source, run_id, reused,
+    checkpoint_uri, weights ('inline' | 'external')."""
     import tempfile
 
     from chunkgrpo.registry.gate import metrics_from_eval
@@ -46,22 +56,31 @@ def register_trained(*, model_name: str, experiment: str, run_id: str, pointer: 
 
     pointer = read_pointer(pointer)
     metrics, protocol, sampling = metrics_from_eval(evaluation, eval_preset)
+    store = ArtifactStore()
+    remote = store.read_manifest(pointer["uri"])
+    if remote is None:
+        raise RuntimeError(f"{pointer['uri']} holds no complete model (no manifest)")
+    if remote.sha256 != pointer["manifest_sha256"]:
+        raise RuntimeError(f"{pointer['uri']} changed after training (manifest digest mismatch)")
+    inline = pointer["kind"] == "lora" and remote.total_bytes <= inline_max_bytes
     with tempfile.TemporaryDirectory(prefix="chunkgrpo-register-") as tmp:
-        manifest = ArtifactStore().get_folder(pointer["uri"], tmp)
-        if manifest.sha256 != pointer["manifest_sha256"]:
-            raise RuntimeError(f"{pointer['uri']} changed after training (manifest digest mismatch)")
-        req = Registration(model_name, pointer["base_model"], tmp, kind=pointer["kind"],
-                           checkpoint_uri=pointer["uri"], metrics=metrics, plan=plan,
+        if inline:  # a small adapter: copied into the version
+            if store.get_folder(pointer["uri"], tmp).sha256 != pointer["manifest_sha256"]:
+                raise RuntimeError(f"{pointer['uri']} changed after training (manifest digest mismatch)")
+        req = Registration(model_name, pointer["base_model"], tmp if inline else None, kind=pointer["kind"],
+                           checkpoint_uri=pointer["uri"], include_weights=inline, metrics=metrics, plan=plan,
                            cfg_hash=pointer.get("config_hash", ""),
                            tags={"kfp.run_id": run_id, "method": pointer.get("method", "")},
                            gate_metric=gate_metric or None, gate_direction=gate_direction or None,
                            eval_protocol=protocol, sampling=sampling,
                            eval_run_id=evaluation.get("mlflow_run_id") or None)  # the gate's only source
-        rv = register_model(req, experiment=experiment)
+        rv = register_model(req, experiment=experiment, store=store)
     reused = " (existing version, same weights)" if rv.reused else ""
-    print(f"registered {rv.uri}{reused} from {pointer['uri']}")
+    how = "copied" if inline else f"by reference, {remote.total_bytes / 1e9:.1f} GB left in S3"
+    print(f"registered {rv.uri}{reused} from {pointer['uri']} ({how})")
     return {"name": rv.name, "version": rv.version, "uri": rv.uri, "source": rv.source,
-            "run_id": rv.run_id or "", "reused": rv.reused, "checkpoint_uri": pointer["uri"]}
+            "run_id": rv.run_id or "", "reused": rv.reused, "checkpoint_uri": pointer["uri"],
+            "weights": "inline" if inline else "external"}
 
 
 @dataclass(frozen=True)
@@ -115,11 +134,14 @@ def register_folder(req: FolderRegistration):
     with tempfile.TemporaryDirectory(prefix="chunkgrpo-ckpt-") as tmp:
         model_dir = req.model_dir
         if model_dir.startswith("s3://"):
-            from chunkgrpo.store.client import ArtifactStore
-
-            ArtifactStore().get_folder(model_dir, tmp)
             checkpoint = checkpoint or model_dir
-            model_dir = tmp
+            if req.kind == "full" or req.external_weights:  # by reference to that folder: nothing downloaded
+                checkpoint, model_dir = req.model_dir, None
+            else:
+                from chunkgrpo.store.client import ArtifactStore
+
+                ArtifactStore().get_folder(req.model_dir, tmp)
+                model_dir = tmp
         elif not Path(model_dir).is_dir():
             raise FileNotFoundError(2, "no such directory", model_dir)
         reg = Registration(req.name, req.base_model, model_dir, kind=req.kind, checkpoint_uri=checkpoint,

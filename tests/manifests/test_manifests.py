@@ -756,6 +756,8 @@ RUN_ACCOUNT_VERBS = [
     ("launch_trainjob: fail fast, the job's pods", "", "pods", "list", "*"),
     ("launch_trainjob: fail fast, FailedCreate events (list)", "", "events", "list", "*"),
     ("launch_trainjob: fail fast, FailedCreate events (watch)", "", "events", "watch", "*"),
+    ("launch_trainjob: SIGTERM, a run cancellation or a drain (the run's Workflow)", "argoproj.io",
+     "workflows", "get", "*"),
     ("Argo executor: task results", "argoproj.io", "workflowtaskresults", "create", "*"),
     ("Argo executor: task results", "argoproj.io", "workflowtaskresults", "patch", "*"),
     ("Argo executor: wait container", "", "pods", "patch", "*"),

@@ -66,6 +66,51 @@ def test_audit_flags_a_write_outside_the_volumes(tmp_path):
     assert cache.read_text() == "ok"  # CHUNKGRPO_CACHE was mapped into the task's /cache folder
 
 
+def test_audit_sees_a_temporary_folder_deleted_before_the_task_ends(tmp_path):
+    """A task that downloads into a TemporaryDirectory under /tmp and deletes it before it ends held those
+    bytes in its container layer: the audit measures the folder just before the delete and fails the
+    task on that peak, though /tmp is empty at the end. A hard link counts once, as on disk."""
+    import sys
+
+    from pipeline.pod_faithful import Layout, PodSpec
+
+    lay = Layout(tmp_path / "pods", {"work": PodSpec({}, {})}, faithful=True,
+                 limits={"work": {"/tmp": 2**20}})
+    code = ("import os, tempfile\n"
+            "with tempfile.TemporaryDirectory() as d:\n"
+            "    open(os.path.join(d, 'model.bin'), 'wb').write(b'0' * (3 * 2**20))\n"
+            "    os.link(os.path.join(d, 'model.bin'), os.path.join(d, 'linked.bin'))\n")  # no second copy
+    rc = lay.run(lambda **kw: pytest.fail("faithful mode must not use kfp's runner"),
+                 [sys.executable, "-c", code, "--function_to_execute", "work"], {})
+    assert rc != 0 and len(lay.failures) == 1, lay.failures
+    assert "task work wrote 3145728 bytes to /tmp and $HOME (the container layer) > 1048576 bytes" in \
+        lay.failures[0] and "just before a delete, 0 at the end" in lay.failures[0]
+    assert lay.report[-1]["used"]["/tmp"] == 0 and lay.report[-1]["peak"]["/tmp"] == 3 * 2**20
+    small = Layout(tmp_path / "pods2", {"work": PodSpec({}, {})}, faithful=True,
+                   limits={"work": {"/tmp": 4 * 2**20}})
+    assert small.run(None, [sys.executable, "-c", code, "--function_to_execute", "work"], {}) == 0
+    assert small.failures == []
+
+
+def test_registers_container_layer_allows_for_the_code_it_packages():
+    """A registered version carries the chunkgrpo package (MLflow copies it into the model folder register
+    builds under /tmp): megabytes at any model size, so register's scaled /tmp limit adds exactly that."""
+    from pipeline.pod_faithful import (
+        CONTAINER_LAYER,
+        MIN_LIMIT,
+        TMP,
+        PodSpec,
+        scaled_limits,
+        served_code_bytes,
+    )
+
+    code = served_code_bytes()
+    assert 1 * 2**20 < code < 64 * 2**20
+    lim = scaled_limits({"register": PodSpec({}, {}), "check_gate": PodSpec({}, {})}, 1e-4)
+    base = max(MIN_LIMIT, int(CONTAINER_LAYER * 1e-4))
+    assert lim["register"][TMP] == base + code and lim["check_gate"][TMP] == base
+
+
 def _env_pipeline():
     from kfp import dsl
 

@@ -367,7 +367,7 @@ class FakeApi:
         self.objects[key] = copy.deepcopy(body)
         return copy.deepcopy(body)
 
-    def get_namespaced_custom_object(self, group, version, namespace, plural, name):
+    def get_namespaced_custom_object(self, group, version, namespace, plural, name, _request_timeout=None):
         self.calls.append(("get", name))
         if self.get_errors:
             raise ApiError(self.get_errors.pop(0), "flaky")
@@ -591,6 +591,67 @@ def test_cancellation_sigterm_deletes_the_job():
     assert exc.value.code == 128 + signal.SIGTERM
     assert ("delete", obj["metadata"]["name"], "Background") in api.calls and not api.objects
     assert signal.getsignal(signal.SIGTERM) is before  # handler restored
+
+
+def _sigterm_on_poll(n: int):
+    polls = []
+
+    def sleep(_):
+        polls.append(1)
+        if len(polls) == n:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return sleep
+
+
+WORKFLOW = ("argoproj.io", "v1alpha1", "kubeflow", "workflows", "train-and-evaluate-x8k2q")
+
+
+def _with_workflow(api: FakeApi, **spec) -> None:
+    api.objects[WORKFLOW] = {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow",
+                             "metadata": {"name": WORKFLOW[-1], "namespace": "kubeflow"}, "spec": spec}
+
+
+def test_a_drain_of_the_launcher_leaves_the_job_and_the_retry_reattaches():
+    """A SIGTERM while the run's Workflow is not cancelled (a node drain or scale-down of the launcher's
+    node): the TrainJob keeps running; the step's retry (a new launcher with the same run) attaches to it
+    by its deterministic name and watches it to the end."""
+    from chunkgrpo.k8s import cancel
+
+    api = FakeApi(statuses=[RUNNING_V2] * 3 + [RUNNING_V2, cond("Complete")])
+    _with_workflow(api)
+    owner = {"kind": "Workflow", "name": WORKFLOW[-1]}
+    obj = job()
+    lines = []
+    with pytest.raises(jobspec.JobCancelledError) as exc:
+        launcher.launch(api, obj, timeout_s=3600, sleep=_sigterm_on_poll(2), on_status=lines.append,
+                        is_cancellation=cancel.for_launcher(api, owner, "kubeflow", None))
+    assert exc.value.code == 128 + signal.SIGTERM
+    assert not any(c[0] == "delete" for c in api.calls) and len(api.objects) == 2  # job + workflow
+    assert any("leaving TrainJob" in ln and "not cancelled" in ln for ln in lines), lines
+    retry = job()  # built again from the same run: same name, same spec hash
+    assert retry["metadata"]["name"] == obj["metadata"]["name"]
+    final = launcher.launch(api, retry, timeout_s=3600, on_status=lines.append, **NO_SLEEP)
+    assert launcher.job_state(final)[0] == "Succeeded"
+    assert f"attached to TrainJob kubeflow/{obj['metadata']['name']}" in lines
+    assert sum(c[0] == "create" for c in api.calls) == 2  # the second create was a 409: attached
+
+
+def test_a_cancelled_run_still_deletes_the_job():
+    """KFP's TerminateRun patches the Workflow's activeDeadlineSeconds to 0 before Argo stops the pods."""
+    from chunkgrpo.k8s import cancel
+
+    api = FakeApi(statuses=[RUNNING_V2] * 100)
+    _with_workflow(api, activeDeadlineSeconds=0)
+    obj = job()
+    lines = []
+    with pytest.raises(jobspec.JobCancelledError):
+        launcher.launch(api, obj, timeout_s=3600, sleep=_sigterm_on_poll(2), on_status=lines.append,
+                        is_cancellation=cancel.for_launcher(api, {"kind": "Workflow", "name": WORKFLOW[-1]},
+                                                            "kubeflow", None))
+    assert ("delete", obj["metadata"]["name"], "Background") in api.calls
+    assert list(api.objects) == [WORKFLOW]
+    assert any("activeDeadlineSeconds=0" in ln and "deleting TrainJob" in ln for ln in lines), lines
 
 
 def test_launch_success_leaves_the_job_and_restores_handlers():

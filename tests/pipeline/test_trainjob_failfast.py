@@ -466,3 +466,55 @@ def test_a_failed_job_prints_its_log_tail_before_the_one_line_error():
                   logs=lambda o: ["step 3", "Traceback: boom"], **NO_SLEEP)
     assert "\n" not in str(e.value)
     assert seen[-3:] == [f"last 2 log lines of {JOB} node 0:", "  | step 3", "  | Traceback: boom"]
+
+
+def test_a_crash_looping_container_is_one_line_with_its_last_exit():
+    (f,) = dg.pod_findings(pod("crashloop"))
+    assert f.kind == "CrashLoop" and f.grace_s == 0
+    assert "container node is crash-looping (3 restarts, CrashLoopBackOff)" in f.cause
+    assert "exit code 1 (Error): chunkgrpo.errors.UserError: scorer 'hpsv3' needs the hpsv3 package" \
+        in f.cause
+    assert "\n" not in f.line()
+    rising = pod("running")
+    rising["status"]["containerStatuses"][0]["restartCount"] = dg.CRASH_RESTARTS
+    rising["status"]["containerStatuses"][0]["lastState"] = {"terminated": {"exitCode": 1, "reason": "Error"}}
+    (r,) = dg.pod_findings(rising)  # running again, but restarted in place twice already
+    assert r.kind == "CrashLoop" and "exit code 1 (Error)" in r.cause
+    once = pod("running")
+    once["status"]["containerStatuses"][0]["restartCount"] = 1
+    assert dg.pod_findings(once) == []  # one restart (a transient failure) is not a loop
+    assert [x.kind for x in dg.pod_findings(pod("oom"))] == ["OOMKilled"]  # an OOM loop says OOM
+
+
+def test_failed_pods_of_a_job_that_never_restarts_in_place_are_a_crash_loop():
+    failed = []
+    for i in range(dg.CRASH_RESTARTS):
+        p = pod("crashloop")
+        p["metadata"]["name"] = f"{JOB}-node-0-0-{i}"
+        p["metadata"]["creationTimestamp"] = f"2026-11-25T13:0{i}:00Z"
+        p["status"] = {"phase": "Failed", "containerStatuses": [{
+            "name": "node", "restartCount": 0, "state": {"terminated": {
+                "exitCode": 2, "reason": "Error", "message": "chunkgrpo train: error: bad config"}}}]}
+        failed.append(p)
+    probe = dg.JobProbe(lambda: failed, list)
+    f = probe.check(0.0)
+    assert f is not None and f.kind == "CrashLoop" and f"the last {JOB}-node-0-0-1" in f.cause
+    assert "exit code 2 (Error): chunkgrpo train: error: bad config" in f.cause
+    assert dg.JobProbe(lambda: failed[:1], list).check(0.0) is None
+
+
+def test_a_crash_loop_ends_the_step_at_the_first_poll_with_the_log_tail_and_deletes_the_job():
+    """Minutes, not the Job's six back-offs: the first poll that sees the loop ends the step; the last log
+    lines of node 0 are printed before the one-line error, then the job is deleted."""
+    api = FakeApi(statuses=[RUNNING_V2] * 50)
+    lines = []
+    tail = ["Traceback (most recent call last):",
+            "chunkgrpo.errors.UserError: scorer 'hpsv3' needs the hpsv3 package"]
+    with pytest.raises(jobspec.JobBlockedError) as e:
+        launcher.launch(api, _job(), timeout_s=48 * 3600, poll_s=20, on_status=lines.append,
+                        probe_factory=lambda c: StaticProbe([pod("crashloop")]), logs=lambda obj: tail,
+                        **NO_SLEEP)
+    msg = str(e.value)
+    assert "crash-looping" in msg and msg.endswith("(job deleted)") and "\n" not in msg
+    assert lines[-3:] == [f"last 2 log lines of {JOB} node 0:", f"  | {tail[0]}", f"  | {tail[1]}"]
+    assert ("delete", JOB, "Background") in api.calls and sum(c[0] == "get" for c in api.calls) == 1

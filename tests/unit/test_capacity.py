@@ -328,3 +328,21 @@ def test_frozen_components_load_in_the_frozen_dtype(tiny_model_dir):
         assert next(getattr(m.pipe, name).parameters()).dtype == torch.bfloat16, name
     emb = m.encode_prompts(["a red cube"], max_sequence_length=16)
     assert emb.prompt_embeds.dtype == torch.float32 and torch.isfinite(emb.prompt_embeds).all()
+
+
+def test_model_cache_counts_every_downloaded_file_and_no_unloaded_copy():
+    """The model cache of chunk_grpo_flux (HPSv3 in-process): the FLUX folders the pipeline loads (bf16),
+    nothing for the hub's single-file copies `models sync` leaves out, and both downloads of HPSv3 (its
+    checkpoint and the Qwen2-VL-7B-Instruct base model it builds on, 16.6 GB each)."""
+    from chunkgrpo.capacity.plan import REWARD_MODELS, reward_download_bytes
+    from chunkgrpo.train.config import TrainConfig
+
+    plan = capacity_plan(TrainConfig.load("chunk_grpo_flux"), load_pool("h800"), preset="chunk_grpo_flux")
+    assert [r.name for r in TrainConfig.load("chunk_grpo_flux").rewards] == ["hpsv3"]
+    (cache,) = [v for i in plan.items for k, v in i.parts.items() if k.startswith("model cache")]
+    f = plan.facts
+    flux = 2 * (FLUX_DEV_TRANSFORMER_PARAMS + f["text_encoder_params"] + f["text_encoder_2_params"]
+                + f["vae_params"])
+    assert 33.0e9 < flux < 34.0e9  # the diffusers folders of FLUX.1-dev (pod_faithful.FLUX_DEV_BYTES)
+    assert reward_download_bytes("hpsv3") == 4 * REWARD_MODELS["hpsv3"][0] > 33e9
+    assert cache == flux + reward_download_bytes("hpsv3")

@@ -9,6 +9,7 @@ from chunkgrpo.capacity.plan import (
     capacity_plan,
     render_markdown,
     render_table,
+    reward_download_bytes,
 )
 from chunkgrpo.capacity.pool import load_pool
 from chunkgrpo.train.config import TrainConfig
@@ -43,7 +44,7 @@ def test_served_reward_leaves_the_ranks_and_sizes_the_server():
     cache_served = {i.resource: i for i in served.items if i.resource.startswith("volume")}
     for name, item in cache.items():
         key = next(k for k in item.parts if k.startswith("model cache"))
-        assert item.parts[key] - cache_served[name].parts[key] == REWARD_MODELS["hpsv3"][0] * 2
+        assert item.parts[key] - cache_served[name].parts[key] == reward_download_bytes("hpsv3")
 
     # the server: its GPU memory for the model, and the rate 8 ranks × 2 prompts × 12 images per iteration
     [row] = [i for i in served.items if i.resource == "reward server hpsv3"]

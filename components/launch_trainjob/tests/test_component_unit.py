@@ -141,3 +141,30 @@ def test_extra_tolerations_keep_the_runtimes(fake_cluster, artifact):
     tols = effective_trainer_pod(runtime, job)["spec"]["tolerations"]
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in tols
     assert tols[-1] == extra
+
+
+@pytest.mark.parametrize("workflow_spec,kept", [({}, True), ({"activeDeadlineSeconds": 0}, False)])
+def test_sigterm_keeps_the_job_on_a_drain_and_deletes_it_on_a_cancelled_run(fake_cluster, artifact,
+                                                                             workflow_spec, kept):
+    """The step's SIGTERM: with the run's Workflow (this pod's owner) not cancelled, a drain, the TrainJob
+    is left for the retry; with KFP's terminate patch on it, the TrainJob is deleted."""
+    import os
+    import signal
+    import threading
+
+    from tests.pipeline.test_trainjob import RUNNING_V2
+
+    fake_cluster.statuses = [RUNNING_V2] * 50
+    fake_cluster.objects[("argoproj.io", "v1alpha1", "kubeflow", "workflows", "wf")] = {
+        "kind": "Workflow", "metadata": {"name": "wf"}, "spec": workflow_spec}
+    timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM))
+    timer.start()
+    try:
+        with pytest.raises(jobspec.JobCancelledError) as exc:
+            launch_trainjob.python_func(trained_model=artifact("m.json"), metrics=artifact("x"), **_args())
+    finally:
+        timer.cancel()
+    assert exc.value.code == 128 + signal.SIGTERM
+    name = jobspec.job_name("run-9", "train")
+    assert any(k[-1] == name for k in fake_cluster.objects) is kept
+    assert any(c[:2] == ("delete", name) for c in fake_cluster.calls) is not kept

@@ -180,6 +180,9 @@ def test_cli_register_promote_and_external_weights(services_env, tmp_path, capsy
         "format": "chunkgrpo.eval-metrics/v1", "metrics": {"hpdv2.hpsv3.trained": 0.4},
         "mlflow_run_id": eval_run({"hpdv2.hpsv3.trained": 0.4}, weights=full)}))
     (tmp_path / "plan.json").write_text(json.dumps({"boundaries": [0, 10, 28]}))
+    downloads = []
+    monkey = pytest.MonkeyPatch()  # registering a full model by reference downloads none of it
+    monkey.setattr(ArtifactStore, "get_folder", lambda self, uri, dst, *a, **k: downloads.append(uri))
     assert (
         main(
             [
@@ -201,7 +204,8 @@ def test_cli_register_promote_and_external_weights(services_env, tmp_path, capsy
         )
         == 0
     )
-    assert f"{name} version 1" in capsys.readouterr().out
+    monkey.undo()
+    assert f"{name} version 1" in capsys.readouterr().out and downloads == []
     m = load_registered_model(f"models:/{name}/1", tmp_path / "dl")
     assert m.info["weights"] == "external" and m.kind == "full"
     assert not (m.path / "transformer").exists()
