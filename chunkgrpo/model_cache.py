@@ -32,6 +32,10 @@ REWARD_MODELS = {"hpsv3": "MizzenAI/HPSv3", "hpsv3.processor": "Qwen/Qwen2-VL-7B
                  "imagereward": "THUDM/ImageReward",
                  # ImageReward's package loads its BERT tokenizer by the hub name bert-base-uncased
                  "imagereward.processor": "google-bert/bert-base-uncased"}
+# Repos of which a stage loads only a few named files (the BERT repo also holds 2 GB of weights in five
+# formats that nothing loads).
+ONLY_FILES = {"google-bert/bert-base-uncased": ["vocab.txt", "tokenizer_config.json", "tokenizer.json",
+                                                "config.json"]}
 
 
 def model_root() -> str:
@@ -55,8 +59,12 @@ def pipeline_patterns(source: str, download: bool, revision: str | None) -> list
     `model_index.json`), that file and the folders of the components it names (FLUX.1-dev: scheduler,
     text encoders, tokenizers, transformer, VAE; not the repo's single-file `flux1-dev.safetensors` and
     `ae.safetensors`, 24 GB nothing loads); None (every file) for any other repo (reward weights, a
-    reward's base model), whose files its loader reads."""
+    reward's base model), whose files its loader reads; `ONLY_FILES` for a repo of which only a few
+    files are loaded."""
     import json
+
+    if source in ONLY_FILES:
+        return list(ONLY_FILES[source])
 
     from huggingface_hub import hf_hub_download
 

@@ -100,3 +100,15 @@ def test_a_local_folder_syncs_as_given(tmp_path):
     store = FakeStore()
     model_cache.sync(str(folder), "s3://models/local/m", store=store)
     assert store.uploaded["s3://models/local/m"] == ["flux1-dev.safetensors", "model_index.json"]
+
+
+def test_the_bert_tokenizer_repo_syncs_only_the_tokenizer_files(hub):
+    """ImageReward loads only bert-base-uncased's tokenizer; the repo's weights in five formats stay out."""
+    repo = model_cache.REWARD_MODELS["imagereward.processor"]
+    tokenizer = {"vocab.txt": b"[PAD]\n", "tokenizer_config.json": b"{}", "tokenizer.json": b"{}",
+                 "config.json": b"{}"}
+    _hub_repo(hub, repo, {**tokenizer, "model.safetensors": b"w", "pytorch_model.bin": b"w",
+                          "tf_model.h5": b"w", "flax_model.msgpack": b"w", "rust_model.ot": b"w"})
+    store = FakeStore()
+    uri, _ = model_cache.sync(repo, f"s3://models/{repo}", store=store)
+    assert store.uploaded[uri] == sorted(tokenizer)
