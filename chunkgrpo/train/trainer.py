@@ -133,7 +133,7 @@ class Trainer:
     # ------------------------------------------------------------------ setup
     def setup(self) -> None:
         cfg = self.cfg
-        self.info = D.setup(cfg.device)
+        self.info = D.setup(cfg.device, cfg.dist_timeout_s)
         if self.info.is_main:
             self._lock_output_dir()  # before any heavy work: a second run on this output_dir stops here
         if not self.model_path:
@@ -332,6 +332,8 @@ class Trainer:
             autocast=self._autocast,
             optimizer_step=self._optimizer_step,
             fsdp=self._is_fsdp(),
+            grad_sync=(self.model.transformer.set_requires_gradient_sync
+                       if self._is_fsdp() and self.cfg.fsdp_grad_sync == "window" else None),
         )
 
     def iteration(self) -> dict:
