@@ -31,9 +31,9 @@ import torch.distributed as dist
 log = logging.getLogger(__name__)
 
 # Timeout of every collective and deadline of a wait for another rank's I/O, by default: twice the longest
-# single-rank I/O phase the capacity plan estimates for FLUX.1-dev full fine-tuning (a 190 GB checkpoint
-# with AdamW and EMA written and hashed at `IO_BYTES_PER_S`: ≈ 950 s), rounded up to the hour
-# (`chunkgrpo.capacity.io`, whose test keeps the two consistent).
+# single-rank I/O phase the capacity plan estimates for chunk_grpo_flux (FLUX.1-dev full fine-tuning: its
+# 143 GB checkpoint written and hashed at `IO_BYTES_PER_S`, 1428 s), rounded up to the hour
+# (`chunkgrpo.capacity.io`; tests/unit/capacity/test_io.py keeps the two consistent).
 DEFAULT_TIMEOUT_S = 3600.0
 # Bandwidth the I/O estimates assume for one rank's transfer (S3 download, disk write + sha256): 200 MB/s.
 IO_BYTES_PER_S = 200e6
