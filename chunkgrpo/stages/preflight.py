@@ -11,8 +11,8 @@ def preflight(*, model: str, prompts: str, preset: str, method: str, train_overr
               reward_url: str = "", chunks: str = "", nodes: int = 1) -> str:
     """Check the `chunks` spec, the base model, prompts, the reward/scorer weights the presets use, the
     reward servers (each reward's url, else `reward_url`), S3, MLflow, the judge key and the capacity plan
-    on `nodes` pods of `pool`; the plan (Markdown) is written to `capacity_out` first. Raises one UserError listing every
-    problem; returns the success line."""
+    on `nodes` pods of `pool`; the plan (Markdown) is written to `capacity_out` first. Raises one
+    UserError listing every problem; returns the success line."""
     from chunkgrpo.errors import UserError
     from chunkgrpo.model_cache import used_reward_weights
     from chunkgrpo.preflight import PreflightSpec, capacity_check, evaluation_inputs, require
