@@ -149,13 +149,14 @@ def wait_all(phase: str, failed: bool, *, deadline_s: float, progress_s: float =
     phase's work calls it when done; the others call it at once and wait, saying every `progress_s` what
     they wait for ("waiting for rank 0: model fetch, 120 s of 3600 s"). Past `deadline_s` a PhaseTimeout
     names the phase and the ranks not done. `store`, `rank`, `world` default to the process group's."""
+    slot: tuple = (id(store), rank, phase)
     if store is None:
         if not dist.is_initialized():
             return [0] if failed else []
         store = dist.distributed_c10d._get_default_store()
         rank, world = dist.get_rank(), dist.get_world_size()
+        slot = ("process group", rank, phase)
     say = say or log.info
-    slot = (id(store), rank, phase)
     n = _phase_calls[slot] = _phase_calls.get(slot, 0) + 1
     prefix = f"chunkgrpo/phase/{phase}/{n}/"
 
