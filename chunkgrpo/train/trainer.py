@@ -212,9 +212,9 @@ class Trainer:
         """One download per node: local rank 0 fills the node's model cache (`$CHUNKGRPO_CACHE`, on the
         pod's /cache volume; `store.cached_folder` verifies every file) while the other ranks wait
         (`dist.wait_all`: up to `io_wait_s`, saying what they wait for); then they read the same files,
-        without touching S3. A failed download fails every
-        rank (the others with one line pointing at it). Nodes sharing one cache volume are serialised by
-        the cache entry's lock, so a shared cache is filled once too."""
+        without touching S3. A failed download fails every rank (the others with one line pointing at
+        it). Nodes sharing one cache volume are serialised by the cache entry's lock, so a shared cache is
+        filled once too."""
         from chunkgrpo.flux import resolve_model_source
         from chunkgrpo.store.cache import cached_folder_entry
 
