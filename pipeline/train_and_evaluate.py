@@ -110,7 +110,8 @@ def _before_training(p: dict, pool: Pool):
                     scorer_weights=p["scorer_weights"],
                     eval_preset=p["eval_preset"], eval_benchmarks=p["eval_benchmarks"],
                     eval_overrides=p["eval_overrides"], artifact_root=p["artifact_root"], method=p["method"],
-                    pool=pool.name, reward_url=p["reward_url"], chunks=p["chunks"])
+                    pool=pool.name, reward_url=p["reward_url"], chunks=p["chunks"],
+                    nodes=p.get("num_nodes", 1))
     with_reward_token(with_judge(configure(small(pre, "4G"), display_name="preflight", cache=False,
                                            retries=0)))
     opened = open_run(experiment=p["experiment"], run_name=dsl.PIPELINE_JOB_NAME_PLACEHOLDER,

@@ -22,7 +22,16 @@ compute on GPU, 4 for fp32; every term in bytes):
                + forward+backward of n_pol inputs (chunk/step methods: the policy window,
                `grpo.policy_layout`; branching methods: P anchors with grad while their P·G·|λ| children
                complete without grad) + FSDP unsharded block params and fp32 block gradients
-The largest phase must fit the GPU's memory less `reserve_bytes` (CUDA context, NCCL, allocator slack).
+               (`fsdp_grad_sync=window` with more than one backward per window: + the unsharded fp32
+               gradients of every FSDP unit, 4·P, kept between the window's backwards)
+  every phase  + NCCL buffers (GPU, more than one rank) + a CUDA context per reward scored in a worker
+               process on the rank's GPU (stated estimates: `capacity.io`)
+The largest phase must fit the GPU's memory less `reserve_bytes` (the rank's own CUDA context, allocator
+slack).
+
+**I/O time per phase** (`capacity.io`): model fetch, checkpoint save, resume download and export at a stated
+200 MB/s against the timeout each phase waits under (`io_wait_s` in the store, `dist_timeout_s` in a
+collective): longer is a problem, over half of it a warning.
 
 **Host memory per pod** = ranks × process baseline + max(load: every rank builds the pipeline on the host
 in the load dtype before moving it, concurrently; checkpoint: rank 0 gathers weights, AdamW state and EMA
@@ -58,6 +67,14 @@ from chunkgrpo.capacity.arch import (
     text_encode_peak,
     transformer_activation_peak,
     vae_decode_peak,
+)
+from chunkgrpo.capacity.io import (
+    NCCL_BUFFER_BYTES,
+    backwards_per_window,
+    io_phases,
+    io_problems,
+    io_warnings,
+    reward_worker_contexts,
 )
 from chunkgrpo.capacity.pool import Pool
 from chunkgrpo.chunks import training_plan
@@ -106,12 +123,17 @@ class CapacityPlan:
     world: int
     facts: dict
     items: list[Item]
+    io: list = dataclasses.field(default_factory=list)  # capacity.io.IoPhase per single-rank I/O phase
 
     def problems(self) -> list[str]:
-        """One sentence per resource that does not fit, naming it and by how much."""
+        """One sentence per resource that does not fit, naming it and by how much, and per I/O phase
+        longer than the timeout it waits under."""
         return [f"{i.resource} ({i.what}): needs {_gib(i.need)} of {_gib(i.have)} "
                 f"(+{_gib(i.need - i.have)} over)"
-                for i in self.items if not i.fits]
+                for i in self.items if not i.fits] + io_problems(self.io)
+
+    def warnings(self) -> list[str]:
+        return io_warnings(self.io)
 
     def to_dict(self) -> dict:
         pool = {k: v for k, v in dataclasses.asdict(self.pool).items() if k != "env"}
@@ -122,6 +144,8 @@ class CapacityPlan:
             "facts": self.facts,
             "fits": not self.problems(),
             "problems": self.problems(),
+            "warnings": self.warnings(),
+            "io": [{**dataclasses.asdict(p), "fits": p.fits} for p in self.io],
             "items": [{**dataclasses.asdict(i), "fits": i.fits} for i in self.items],
         }
 
@@ -234,6 +258,10 @@ def capacity_plan(cfg, pool: Pool, *, nodes: int = 1, output_dir: str = "", pres
     freed = sum(math.prod(REWARD_MODELS.get(r.name, (0, 0))) for r in cfg.rewards if r.url)
     # with every reward served, no phase has a reward part at all; otherwise the local ones' sum
     reward_part = {} if (freed and not rewards) else {"reward models": rewards}
+    # stated estimates (`capacity.io`): on the device in every phase, from process start
+    contexts = reward_worker_contexts(cfg.rewards, gpu)
+    reward_part.update({"reward worker CUDA contexts": contexts} if contexts else {})
+    reward_part.update({"NCCL buffers": NCCL_BUFFER_BYTES} if (gpu and world > 1) else {})
     weights = (4 * W // shard) if not lora else (b_base * W + 4 * P) // shard
     adam = 8 * P // shard
     ema = (4 * P // shard) if cfg.ema.decay > 0 else 0
@@ -257,6 +285,9 @@ def capacity_plan(cfg, pool: Pool, *, nodes: int = 1, output_dir: str = "", pres
     # gradients are resident while a window's forward runs: an accumulation window has several forwards
     policy = {**resident, "gradients": grads, "trajectory": traj, "policy forward+backward": policy_act,
               "FSDP unsharded blocks + block grads": (unsharded_fwd + 4 * block) if fsdp else 0}
+    backwards = backwards_per_window(cfg, sizes, fsdp, branching)
+    if fsdp and getattr(cfg, "fsdp_grad_sync", "window") == "window" and backwards > 1:
+        policy["FSDP no-sync gradients (every unit, fp32)"] = 4 * P
     phases = (("load", load), ("text encoding", encode_phase), ("rollout", rollout), ("decode", decoding),
               ("policy", policy))
     cap = (pool.gpu_memory - reserve_bytes) if (gpu and pool.gpu_memory) else None
@@ -349,7 +380,9 @@ def capacity_plan(cfg, pool: Pool, *, nodes: int = 1, output_dir: str = "", pres
         "reward_bytes_freed_per_rank": freed,
         "reward_services": services,
     }
-    return CapacityPlan(preset, pool, world, facts, items)
+    facts["backwards_per_window"] = backwards
+    io = io_phases(cfg, model_folder=model_folder, checkpoint=checkpoint, final=4 * P)
+    return CapacityPlan(preset, pool, world, facts, items, io)
 
 
 def _steps_per_iteration(cfg) -> int:
@@ -398,7 +431,9 @@ def render_table(plan: CapacityPlan) -> str:
     if f.get("reward_bytes_freed_per_rank"):
         lines.append(f"served rewards free {_gib(f['reward_bytes_freed_per_rank'])} of GPU memory per rank")
     lines += [_service_line(svc) for svc in f.get("reward_services", [])]
+    lines += ["I/O " + p.line() for p in plan.io]
     probs = plan.problems()
+    lines += [f"warning: {w}" for w in plan.warnings()]
     lines += ["", "FITS" if not probs else "DOES NOT FIT: " + "; ".join(probs)]
     return "\n".join(lines)
 
@@ -420,4 +455,7 @@ def render_markdown(plan: CapacityPlan) -> str:
             f"| resource | phase / limit | need | have | fits | parts |\n|---|---|---|---|---|---|\n{rows}\n"
             + (f"\nServed rewards free {_gib(f['reward_bytes_freed_per_rank'])} of GPU memory per rank.\n"
                if f.get("reward_bytes_freed_per_rank") else "")
-            + "".join(f"\n{_service_line(svc)}\n" for svc in f.get("reward_services", [])))
+            + "".join(f"\n{_service_line(svc)}\n" for svc in f.get("reward_services", []))
+            + ("\nSingle-rank I/O (estimated):\n\n" + "".join(f"- {p.line()}\n" for p in plan.io)
+               if plan.io else "")
+            + "".join(f"\n**warning**: {w}\n" for w in plan.warnings()))

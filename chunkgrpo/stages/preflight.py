@@ -8,11 +8,11 @@ from pathlib import Path
 def preflight(*, model: str, prompts: str, preset: str, method: str, train_overrides: list,
               reward_weights: dict, scorer_weights: dict, eval_preset: str, eval_benchmarks: list,
               eval_overrides: list, artifact_root: str, pool: str, capacity_out: str | Path,
-              reward_url: str = "", chunks: str = "") -> str:
+              reward_url: str = "", chunks: str = "", nodes: int = 1) -> str:
     """Check the `chunks` spec, the base model, prompts, the reward/scorer weights the presets use, the
     reward servers (each reward's url, else `reward_url`), S3, MLflow, the judge key and the capacity plan
-    on `pool`; the plan (Markdown) is written to `capacity_out` first. Raises one UserError listing every
-    problem; returns the success line."""
+    on `nodes` pods of `pool`; the plan (Markdown) is written to `capacity_out` first. Raises one
+    UserError listing every problem; returns the success line."""
     from chunkgrpo.errors import UserError
     from chunkgrpo.model_cache import used_reward_weights
     from chunkgrpo.preflight import PreflightSpec, capacity_check, evaluation_inputs, require
@@ -38,7 +38,7 @@ def preflight(*, model: str, prompts: str, preset: str, method: str, train_overr
                          artifact_root=artifact_root, reward_servers=servers)
     require(spec)
     overrides = [*train_overrides, *served_rewards(preset, list(train_overrides), reward_url)[1]]
-    report, problems = capacity_check(preset, overrides, model, pool, method)  # model is there
+    report, problems = capacity_check(preset, overrides, model, pool, method, nodes)  # model is there
     Path(capacity_out).write_text(report)
     if problems:
         raise UserError(f"preflight: {len(problems)} problem(s): " + "; ".join(problems))

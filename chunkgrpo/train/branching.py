@@ -252,6 +252,8 @@ def iteration(ctx: IterationContext) -> IterationResult:
             stats["kl_ref"].append(float(kl.detach()))
         if not torch.isfinite(loss):
             raise NonFiniteLossError(f"non-finite loss at iteration {it}, branching step {j}")
+        if ctx.grad_sync is not None:  # FSDP: one reduce-scatter per optimizer step
+            ctx.grad_sync(not per_iteration or j == max(steps))
         (loss / len(steps) if per_iteration else loss).backward()
         stats["loss"].append(float(loss.detach()))
         if not per_iteration:

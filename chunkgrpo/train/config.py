@@ -14,6 +14,7 @@ from chunkgrpo.config import Config, check_finite, option
 from chunkgrpo.errors import UserError
 from chunkgrpo.recipes import BRANCHING_METHODS, GRPO_METHODS, METHOD_NAMES
 from chunkgrpo.rollout import SamplingConfig
+from chunkgrpo.train.dist import DEFAULT_TIMEOUT_S
 
 # Samples one rank rolls out per iteration (prompts_per_rank × group_size): far above what any GPU holds,
 # below the sizes at which a rollout's tensor sizes overflow.
@@ -281,6 +282,26 @@ class TrainConfig(Config):
     distributed: Literal["ddp", "fsdp"] = option(
         "ddp", "ddp (replicated, all-reduced grads) or fsdp (full shard, block-wrapped)"
     )
+    fsdp_grad_sync: Literal["window", "backward"] = option(
+        "window",
+        "fsdp: gradient reduce-scatter once per optimizer step, at the last backward of a policy window "
+        "(between its backwards every rank keeps unsharded fp32 gradients: 4 bytes per trainable "
+        "parameter, in the capacity plan) or after every backward (sharded gradients only, one "
+        "reduce-scatter per backward)",
+    )
+    dist_timeout_s: float = option(
+        DEFAULT_TIMEOUT_S,
+        "seconds a collective may wait for the slowest rank before the run fails (the process group's "
+        "timeout; NCCL's watchdog). Default: twice the capacity plan's longest single-rank I/O phase for "
+        "FLUX.1-dev full fine-tuning at 200 MB/s, rounded up to the hour; the plan warns when a run's "
+        "estimate is longer",
+    )
+    io_wait_s: float = option(
+        DEFAULT_TIMEOUT_S,
+        "deadline of a wait for another rank's single-rank I/O (model fetch by each node's local rank 0, "
+        "writing the final model): waited for outside any collective, with a progress line every minute; "
+        "past it the run fails naming the phase",
+    )
     mixed_precision: Literal["auto", "fp32", "bf16"] = option(
         "auto", "auto = bf16 autocast on GPU, fp32 on CPU (master weights fp32)"
     )
@@ -357,6 +378,9 @@ class TrainConfig(Config):
         if self.method in GRPO_METHODS and self.samples_per_rank % self.grad_accum:
             raise UserError(f"grad_accum={self.grad_accum} must divide prompts_per_rank × group_size = "
                             f"{self.samples_per_rank} (optimizer steps happen within one rollout)")
+        for name in ("dist_timeout_s", "io_wait_s"):
+            if not getattr(self, name) > 0:
+                raise UserError(f"{name}={getattr(self, name)} must be > 0 seconds")
         if self.policy_batch < 1:
             raise UserError(
                 "policy_batch must be >= 1 (transformer inputs per training forward), "

@@ -39,6 +39,9 @@ class IterationContext:
     autocast: Callable[[], AbstractContextManager]  # bf16 autocast when mixed precision is on
     optimizer_step: Callable[[], dict]  # all-reduce (DDP), clip, step, zero; returns {"grad_norm": float}
     fsdp: bool = False  # FSDP-sharded: every rank must run the same number of forwards
+    # FSDP: called before each backward, true only for the last before an optimizer step (gradient
+    # reduce-scatter once per step: `set_requires_gradient_sync`); None = gradients reduced per step anyway
+    grad_sync: Callable[[bool], None] | None = None
 
 
 @dataclass

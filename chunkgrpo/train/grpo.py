@@ -226,7 +226,8 @@ class PolicyPhase:
         cfg = self.ctx.cfg
         out = policy_window.window_backward(
             units, self.forward, clip_low=cfg.clip_low, clip_high=cfg.clip_high, kl_coef=cfg.kl_coef,
-            params=self.params, key=self.traj.input_key, skip_clipped=not self.ctx.fsdp, **self.layout)
+            params=self.params, key=self.traj.input_key, skip_clipped=not self.ctx.fsdp,
+            grad_sync=self.ctx.grad_sync, **self.layout)
         losses = torch.stack([o["loss"] for o in out])
         if not torch.isfinite(losses).all():
             b, k = ids[int((~torch.isfinite(losses)).nonzero()[0])]

@@ -289,7 +289,8 @@ def schedule_window(units: Sequence[Unit], *, strategy: str = "auto", budget: in
 def window_backward(units: Sequence[Unit], forward: ForwardFn, *, clip_low: float, clip_high: float,
                     strategy: str = "auto", budget: int = 1, kl_coef: float = 0.0,
                     params: Sequence[torch.Tensor] | None = None, key: KeyFn | None = None,
-                    units_per_forward: int | None = None, skip_clipped: bool = True) -> list[dict]:
+                    units_per_forward: int | None = None, skip_clipped: bool = True,
+                    grad_sync: Callable[[bool], None] | None = None) -> list[dict]:
     """Accumulate into `.grad` the gradient of Σ_u scale_u·(ℓ_u + kl_coef·k3_u) over one policy window.
 
     `forward(samples, steps)` runs the policy on those (sample, step) pairs as one transformer call and
@@ -313,8 +314,11 @@ def window_backward(units: Sequence[Unit], forward: ForwardFn, *, clip_low: floa
       (``per_step`` when `params` is None, i.e. no side buffer may be spent).
 
     `units_per_forward` forces packs of exactly that many whole units (graph), so every rank makes the
-    same number of forwards and backwards (FSDP). Returns per unit {"loss", "ratio", "log_ratio",
-    "clipped"} (0-d tensors, no host sync).
+    same number of forwards and backwards (FSDP). `grad_sync(last)` is called before every backward, true
+    only for the window's last (FSDP's `set_requires_gradient_sync`: one reduce-scatter per window), and
+    with true once the window is done; it needs a backward count known before the first backward (no
+    side buffer, `skip_clipped` off). Returns per unit {"loss", "ratio", "log_ratio", "clipped"} (0-d
+    tensors, no host sync).
     """
     key = key or (lambda b, t: (b, t))
     if strategy == "accumulate" and params is None:
@@ -325,75 +329,94 @@ def window_backward(units: Sequence[Unit], forward: ForwardFn, *, clip_low: floa
                                units_per_forward=units_per_forward, side_buffer=params is not None)
     cl = dict(clip_low=clip_low, clip_high=clip_high, kl_coef=kl_coef)
     stats: list[dict | None] = [None] * len(units)
+    planned = None
+    if grad_sync is not None:
+        if schedule.accumulate or (schedule.per_step_units and skip_clipped):
+            raise ValueError("grad_sync needs the window's backward count up front: no side buffer "
+                             "(accumulate) and skip_clipped=False")
+        planned = (len(schedule.weighted) + len(schedule.graph)
+                   + len(_pair_batches(units, schedule.per_step_units, max(1, int(budget)), key)))
+    done = 0
 
-    def run(pairs: list[tuple[int, int]]) -> torch.Tensor:
-        return forward([units[i].sample for i, _ in pairs], [t for _, t in pairs])
+    def backward(y: torch.Tensor) -> None:
+        nonlocal done
+        done += 1
+        if grad_sync is not None:
+            grad_sync(done == planned)
+        y.backward()
 
-    def weighted(batches, coef: dict) -> None:
-        for pairs in batches:
-            lp = run(pairs)
-            w = torch.stack([coef[i] for i, _ in pairs]).to(lp.dtype)
-            (w * lp).sum().backward()
+    try:
 
-    # on-policy: coefficients known up front
-    known = {i for pairs in schedule.weighted for i, _ in pairs}
-    coef = {}
-    for i in known:
-        coef[i], stats[i] = unit_coefficient(units[i], None, **cl)
-    weighted(schedule.weighted, coef)
-    # graph packs
-    for pack in schedule.graph:
-        lp = run([(i, t) for i in pack for t in units[i].steps])
-        total, off = 0.0, 0
-        for i in pack:
-            c = len(units[i].steps)
-            loss, stats[i] = _unit_loss(units[i], lp[off:off + c], clip_low, clip_high, kl_coef)
-            total, off = total + loss, off + c
-        total.backward()
-    # per_step: ratio pass without grad, then weighted passes for the units that are not fully clipped
-    if schedule.per_step_units:
-        values: dict[tuple[int, int], torch.Tensor] = {}
-        with torch.no_grad():
-            for pairs in schedule.per_step:
+        def run(pairs: list[tuple[int, int]]) -> torch.Tensor:
+            return forward([units[i].sample for i, _ in pairs], [t for _, t in pairs])
+
+        def weighted(batches, coef: dict) -> None:
+            for pairs in batches:
                 lp = run(pairs)
-                values.update({p: lp[j] for j, p in enumerate(pairs)})
-        for i in schedule.per_step_units:
-            coef[i], stats[i] = unit_coefficient(
-                units[i], torch.stack([values[(i, t)] for t in units[i].steps]), **cl
-            )
-        live = schedule.per_step_units
-        if skip_clipped:
-            nonzero = (torch.stack([coef[i] for i in live]) != 0).tolist()  # one host sync per window
-            live = [i for i, nz in zip(live, nonzero) if nz]
-        weighted(_pair_batches(units, live, max(1, int(budget)), key), coef)
-    # accumulate: side buffer per unit; shared inputs evaluated once per cluster
-    side = SideGrad(params) if schedule.accumulate else None
-    for heads, schedule_units in schedule.accumulate:
-        values = {}
-        head_lp = []
-        for pairs in heads:
-            lp = run(pairs)
-            head_lp.append((pairs, lp))
-            values.update({p: lp[j].detach() for j, p in enumerate(pairs)})
-        for i, groups in schedule_units:
-            u = units[i]
-            last = None
-            for g, steps in enumerate(groups):
-                lp = run([(i, t) for t in steps])
-                values.update({(i, t): lp[j].detach() for j, t in enumerate(steps)})
-                if g < len(groups) - 1:
-                    side.backward(lp.sum())
-                else:
-                    last = lp
-            coef[i], stats[i] = unit_coefficient(u, torch.stack([values[(i, t)] for t in u.steps]), **cl)
-            if last is not None:
-                (coef[i] * last.sum()).backward()
-            side.apply(coef[i])
-        if head_lp:
-            sum(
-                torch.stack([coef[i] for i, _ in pairs]).to(lp.dtype).mul(lp).sum() for pairs, lp in head_lp
-            ).backward()
-    return stats
+                w = torch.stack([coef[i] for i, _ in pairs]).to(lp.dtype)
+                backward((w * lp).sum())
+
+        # on-policy: coefficients known up front
+        known = {i for pairs in schedule.weighted for i, _ in pairs}
+        coef = {}
+        for i in known:
+            coef[i], stats[i] = unit_coefficient(units[i], None, **cl)
+        weighted(schedule.weighted, coef)
+        # graph packs
+        for pack in schedule.graph:
+            lp = run([(i, t) for i in pack for t in units[i].steps])
+            total, off = 0.0, 0
+            for i in pack:
+                c = len(units[i].steps)
+                loss, stats[i] = _unit_loss(units[i], lp[off:off + c], clip_low, clip_high, kl_coef)
+                total, off = total + loss, off + c
+            backward(total)
+        # per_step: ratio pass without grad, then weighted passes for the units that are not fully clipped
+        if schedule.per_step_units:
+            values: dict[tuple[int, int], torch.Tensor] = {}
+            with torch.no_grad():
+                for pairs in schedule.per_step:
+                    lp = run(pairs)
+                    values.update({p: lp[j] for j, p in enumerate(pairs)})
+            for i in schedule.per_step_units:
+                coef[i], stats[i] = unit_coefficient(
+                    units[i], torch.stack([values[(i, t)] for t in units[i].steps]), **cl
+                )
+            live = schedule.per_step_units
+            if skip_clipped:
+                nonzero = (torch.stack([coef[i] for i in live]) != 0).tolist()  # one host sync per window
+                live = [i for i, nz in zip(live, nonzero) if nz]
+            weighted(_pair_batches(units, live, max(1, int(budget)), key), coef)
+        # accumulate: side buffer per unit; shared inputs evaluated once per cluster
+        side = SideGrad(params) if schedule.accumulate else None
+        for heads, schedule_units in schedule.accumulate:
+            values = {}
+            head_lp = []
+            for pairs in heads:
+                lp = run(pairs)
+                head_lp.append((pairs, lp))
+                values.update({p: lp[j].detach() for j, p in enumerate(pairs)})
+            for i, groups in schedule_units:
+                u = units[i]
+                last = None
+                for g, steps in enumerate(groups):
+                    lp = run([(i, t) for t in steps])
+                    values.update({(i, t): lp[j].detach() for j, t in enumerate(steps)})
+                    if g < len(groups) - 1:
+                        side.backward(lp.sum())
+                    else:
+                        last = lp
+                coef[i], stats[i] = unit_coefficient(u, torch.stack([values[(i, t)] for t in u.steps]), **cl)
+                if last is not None:
+                    backward(coef[i] * last.sum())
+                side.apply(coef[i])
+            if head_lp:
+                backward(sum(torch.stack([coef[i] for i, _ in pairs]).to(lp.dtype).mul(lp).sum()
+                             for pairs, lp in head_lp))
+        return stats
+    finally:
+        if grad_sync is not None:
+            grad_sync(True)  # the model's default again: sync on every backward outside windows
 
 
 def window_log_probs(units: Sequence[Unit], forward: ForwardFn, *, strategy: str = "auto", budget: int = 1,

@@ -133,7 +133,7 @@ class Trainer:
     # ------------------------------------------------------------------ setup
     def setup(self) -> None:
         cfg = self.cfg
-        self.info = D.setup(cfg.device)
+        self.info = D.setup(cfg.device, cfg.dist_timeout_s)
         if self.info.is_main:
             self._lock_output_dir()  # before any heavy work: a second run on this output_dir stops here
         if not self.model_path:
@@ -210,10 +210,11 @@ class Trainer:
 
     def _fetch_model(self) -> str:
         """One download per node: local rank 0 fills the node's model cache (`$CHUNKGRPO_CACHE`, on the
-        pod's /cache volume; `store.cached_folder` verifies every file) while the other ranks wait in a
-        collective; then they read the same files, without touching S3. A failed download fails every
-        rank (the others with one line pointing at it). Nodes sharing one cache volume are serialised by
-        the cache entry's lock, so a shared cache is filled once too."""
+        pod's /cache volume; `store.cached_folder` verifies every file) while the other ranks wait
+        (`dist.wait_all`: up to `io_wait_s`, saying what they wait for); then they read the same files,
+        without touching S3. A failed download fails every rank (the others with one line pointing at
+        it). Nodes sharing one cache volume are serialised by the cache entry's lock, so a shared cache is
+        filled once too."""
         from chunkgrpo.flux import resolve_model_source
         from chunkgrpo.store.cache import cached_folder_entry
 
@@ -224,7 +225,8 @@ class Trainer:
                 path = resolve_model_source(self.cfg.model)
             except Exception as e:
                 err = e
-        if D.any_rank(err is not None, self.info.device):  # a collective: the barrier of the other ranks
+        # waited for in the store, not a collective: a download longer than dist_timeout_s is no failure
+        if D.wait_all("model fetch", err is not None, deadline_s=self.cfg.io_wait_s):
             if err is not None:
                 raise err
             raise UserError(f"model {self.cfg.model} could not be fetched by local rank 0 of some node "
@@ -332,6 +334,8 @@ class Trainer:
             autocast=self._autocast,
             optimizer_step=self._optimizer_step,
             fsdp=self._is_fsdp(),
+            grad_sync=(self.model.transformer.set_requires_gradient_sync
+                       if self._is_fsdp() and self.cfg.fsdp_grad_sync == "window" else None),
         )
 
     def iteration(self) -> dict:
@@ -500,9 +504,20 @@ class Trainer:
         if D.any_rank(bool(bad), self.info.device):
             raise NonFiniteLossError(f"non-finite trainable parameters ({bad[0] if bad else 'on rank 0'}); "
                                      f"final model not written")
-        if not self.info.is_main:
-            D.barrier()
+        if not self.info.is_main:  # rank 0 writes; the others wait outside any collective (io_wait_s)
+            if D.wait_all("export", False, deadline_s=self.cfg.io_wait_s):
+                raise ckpt.CheckpointWriteError("rank 0 could not write the final model (see its log)")
             return out
+        try:
+            self._write_final(out, weights)
+        except BaseException:
+            D.wait_all("export", True, deadline_s=self.cfg.io_wait_s)
+            raise
+        D.wait_all("export", False, deadline_s=self.cfg.io_wait_s)
+        return out
+
+    def _write_final(self, out: Path, weights: dict) -> None:
+        """Rank 0: the final model folder, written beside `out` and renamed into place."""
         staging = out.with_name(out.name + ".partial")
         if staging.exists():
             import shutil
@@ -552,8 +567,6 @@ class Trainer:
 
             shutil.rmtree(out)
         staging.rename(out)
-        D.barrier()
-        return out
 
     def close(self) -> None:
         if self.checkpoints is not None:

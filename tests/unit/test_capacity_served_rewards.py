@@ -3,6 +3,7 @@ every training rank's phases and the model cache, and the plan sizes the reward 
 
 from __future__ import annotations
 
+from chunkgrpo.capacity.io import CUDA_CONTEXT_BYTES
 from chunkgrpo.capacity.plan import (
     ASSUMED_ITERATION_S,
     REWARD_MODELS,
@@ -35,11 +36,13 @@ def test_served_reward_leaves_the_ranks_and_sizes_the_server():
     assert local.facts["reward_services"] == [] and local.facts["reward_bytes_freed_per_rank"] == 0
     assert "reward server" not in render_table(local) and "reward server" not in render_markdown(local)
 
-    # served: no phase has a reward part, each is smaller by exactly the model, and so is the model cache
+    # served: no phase has a reward part, each is smaller by the model (and its worker's context), and so
+    # is the model cache
     assert served.facts["reward_bytes_freed_per_rank"] == hpsv3
     for phase, item in _gpu(served).items():
         assert "reward models" not in item.parts, phase
-        assert _gpu(local)[phase].need - item.need == hpsv3, phase
+        # the model, and the CUDA context of the worker process that scored with it
+        assert _gpu(local)[phase].need - item.need == hpsv3 + CUDA_CONTEXT_BYTES, phase
     cache = {i.resource: i for i in local.items if i.resource.startswith("volume")}
     cache_served = {i.resource: i for i in served.items if i.resource.startswith("volume")}
     for name, item in cache.items():

@@ -91,3 +91,17 @@ def test_capacity_plan_is_a_markdown_artifact_and_a_problem_when_it_does_not_fit
     msg = str(exc.value)
     assert "\n" not in msg and "capacity: GPU memory per rank (decode phase): needs" in msg and "over)" in msg
     assert "does not fit" in (tmp_path / "capacity.md").read_text()
+
+
+def test_capacity_plan_covers_every_node(tiny_model_dir, tmp_path, monkeypatch):
+    """`nodes` (the multi-node pipeline's num_nodes) is planned: 2 pods of the H800 pool = 16 ranks."""
+    from types import SimpleNamespace
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("a cat\n")
+    for nodes, ranks in ((1, 8), (2, 16)):
+        report = SimpleNamespace(path=str(tmp_path / f"capacity{nodes}.md"))
+        assert _run(model=str(tiny_model_dir), prompts=str(prompts), pool="h800", capacity=report,
+                    nodes=nodes) == "ok"
+        assert f"{ranks} rank(s) (8 per node" in (tmp_path / f"capacity{nodes}.md").read_text()

@@ -277,3 +277,49 @@ def test_side_buffer_keeps_grad_apart():
     side.backward(w.sum())  # Σ += 1
     side.apply(torch.tensor(0.5))
     assert torch.equal(w.grad, torch.tensor([3.0 + 1.5, 3.0 + 2.5]))
+
+
+def test_grad_sync_only_at_the_last_backward_of_a_window():
+    """grad_sync(False) before every backward but the window's last, grad_sync(True) before the last and
+    again when the window is done (FSDP: one reduce-scatter per optimizer step)."""
+    m = StandIn()
+    adv = torch.tensor([1.0, -0.5, 0.3, -1.2, 0.8, 0.1], dtype=torch.float64)
+    old = lambda b: torch.full((2,), -0.1, dtype=torch.float64)  # noqa: E731
+    units = [pw.Unit(b, [1, 2], adv[b], 0.1, None if b < 2 else old(b)) for b in range(6)]
+    seen, backwards = [], []
+    orig = torch.Tensor.backward
+
+    def counting(self, *a, **k):
+        backwards.append(len(seen))
+        return orig(self, *a, **k)
+
+    torch.Tensor.backward = counting
+    try:
+        pw.window_backward(units, m.forward, clip_low=0.2, clip_high=0.2, strategy="graph", budget=2,
+                           key=m.key, units_per_forward=2, skip_clipped=False, grad_sync=seen.append)
+    finally:
+        torch.Tensor.backward = orig
+    assert len(backwards) == 3  # 6 units, 2 per forward
+    assert seen == [False, False, True, True]  # the last backward syncs; the default is restored after
+    assert backwards == [1, 2, 3]  # each call came right before its backward
+    synced = [p.grad.clone() for p in m.params]
+    for p in m.params:
+        p.grad = None
+    pw.window_backward(units, m.forward, clip_low=0.2, clip_high=0.2, strategy="graph", budget=2,
+                       key=m.key, units_per_forward=2, skip_clipped=False)
+    for a, b in zip(synced, (p.grad for p in m.params)):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)  # the gradient itself is untouched
+
+
+def test_grad_sync_needs_a_known_backward_count():
+    m = StandIn()
+    units = [pw.Unit(b, [1, 2, 3], torch.tensor(1.0, dtype=torch.float64), 0.1,
+                     torch.zeros(3, dtype=torch.float64)) for b in range(2)]
+    for strategy, skip in (("accumulate", False), ("per_step", True)):
+        with pytest.raises(ValueError, match="backward count"):
+            pw.window_backward(units, m.forward, clip_low=0.2, clip_high=0.2, strategy=strategy, budget=1,
+                               params=m.params, key=m.key, skip_clipped=skip, grad_sync=lambda last: None)
+    seen = []  # per_step without skipping: counted up front (2 units × 3 steps, 1 input per forward)
+    pw.window_backward(units, m.forward, clip_low=0.2, clip_high=0.2, strategy="per_step", budget=1,
+                       key=m.key, skip_clipped=False, grad_sync=seen.append)
+    assert seen == [False] * 5 + [True, True]
