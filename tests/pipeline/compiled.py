@@ -14,6 +14,9 @@ import yaml
 
 from pipeline.compile import KFP_TARGETS, compile_pipeline
 
+# The compile-time options that add platform fields too (imagePullSecret, pvcMount): the packages
+# tests/pipeline/test_kfp_versions.py parses with every backend's protos.
+COMPILE_OPTIONS = {"CHUNKGRPO_IMAGE_PULL_SECRETS": "regcred", "CHUNKGRPO_MODEL_PVC": "flux-models"}
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml: the same documents, parsed ~10x faster
 
 

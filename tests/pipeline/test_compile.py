@@ -7,7 +7,7 @@ import argparse
 import pytest
 import yaml
 
-from tests.pipeline.compiled import compiled
+from tests.pipeline.compiled import COMPILE_OPTIONS, compiled
 
 GPU_STEPS = {"train", "profile", "evaluate"}
 
@@ -340,7 +340,6 @@ def test_ir_parses_with_the_oldest_supported_pipeline_spec(monkeypatch, name, tr
     from google.protobuf import json_format
 
     from pipeline.compile import OLDEST_KFP
-    from tests.pipeline.test_kfp_versions import COMPILE_OPTIONS
 
     for k, v in COMPILE_OPTIONS.items():  # the variants test_kfp_versions.py compiles (each compiled once)
         monkeypatch.setenv(k, v)

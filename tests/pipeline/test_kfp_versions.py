@@ -8,7 +8,7 @@ import pytest
 
 from pipeline.compile import KFP_TARGETS, LITERALS_SINCE, OLDEST_KFP, compile_pipeline
 from tests.kfp_protos import FIXTURES, parse_pipeline_spec, parse_platform_spec
-from tests.pipeline.compiled import compiled
+from tests.pipeline.compiled import COMPILE_OPTIONS, compiled
 
 # The proto release each supported backend line is checked against (its .0: the oldest of the line).
 BACKEND_PROTOS = {"2.15": "2.15.0", "2.16": "2.16.0", "2.17": "2.17.0"}
@@ -17,8 +17,6 @@ UNSUPPORTED = "2.14.6"  # the newest 2.14 patch release: still no SecretAsEnv/Co
 VARIANTS = [("train_and_evaluate", "torchrun"), ("train_and_evaluate", "trainjob"),
             ("train_and_evaluate", "pytorchjob"), ("nightly_benchmark", "torchrun"),
             ("models_sync", "torchrun")]
-# The compile-time options that add platform fields too (imagePullSecret, pvcMount).
-COMPILE_OPTIONS = {"CHUNKGRPO_IMAGE_PULL_SECRETS": "regcred", "CHUNKGRPO_MODEL_PVC": "flux-models"}
 
 
 def _v(text: str) -> tuple[int, ...]:
