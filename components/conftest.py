@@ -9,7 +9,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
-pytest_plugins = ["tests.fixtures_services", "tests.tiers"]
+pytest_plugins = ["tests.fixtures_services", "tests.tiers", "tests.kfp_frames"]
 
 
 @pytest.fixture(scope="session")

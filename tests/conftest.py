@@ -11,7 +11,7 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-pytest_plugins: list[str] = ["tests.fixtures_services", "tests.tiers"]
+pytest_plugins: list[str] = ["tests.fixtures_services", "tests.tiers", "tests.kfp_frames"]
 
 import pytest  # noqa: E402
 
@@ -54,7 +54,7 @@ def _mlflow_http_env_restored():
 LONG_FILES_FIRST = (
     "tests/pipeline/test_local_run.py",  # 339 s: the clone demo and the nightly
     "tests/pipeline/test_local_branching.py",  # 167 s
-    "tests/unit/scoring/test_reward_packages.py",  # 157 s
+    "tests/unit/scoring/test_scorers_packages.py",  # 157 s
     "tests/integration/test_custom_rewards.py",  # 2 kfp.local runs + 2 toy trainings; 740 s at a load of 17
     "tests/integration/test_reward_server_training.py",  # 7 tiny trainings; 359 s at a load of 7
     "tests/integration/test_train_torchrun.py",  # 149 s

@@ -9,7 +9,6 @@ ephemeral-storage request and an unrequested 800Gi emptyDir in the KFP train ste
 from __future__ import annotations
 
 import pytest
-import yaml
 
 from chunkgrpo.capacity import nodes
 from tests.manifests.test_manifests import COMPOSED, REPO, all_pods, quantity, render
@@ -74,13 +73,12 @@ def test_rendered_training_pods_fit_their_node_types(variant):
 
 
 @pytest.mark.parametrize("pool", ["h100", "h800"])
-def test_compiled_gpu_steps_fit_their_node_types_and_use_a_claimed_cache(tmp_path, monkeypatch, pool):
-    from pipeline.compile import compile_pipeline
+def test_compiled_gpu_steps_fit_their_node_types_and_use_a_claimed_cache(monkeypatch, pool):
+    from tests.pipeline.compiled import compiled
 
     monkeypatch.delenv("CHUNKGRPO_CACHE_VOLUME", raising=False)
     monkeypatch.setenv("CHUNKGRPO_CACHE_STORAGE_CLASS", "local-nvme")
-    spec, platform = yaml.safe_load_all(
-        compile_pipeline("train_and_evaluate", tmp_path / "p.yaml", pool=pool).read_text())
+    spec, platform = compiled("train_and_evaluate", pool=pool)
     res = spec["deploymentSpec"]["executors"]["exec-train"]["container"]["resources"]
     for name in nodes.POOL_NODE_TYPES[pool]:
         n = nodes.NODE_TYPES[name]
@@ -97,10 +95,10 @@ def test_compiled_gpu_steps_fit_their_node_types_and_use_a_claimed_cache(tmp_pat
 
 def test_the_emptydir_cache_stays_a_compile_option(tmp_path, monkeypatch):
     from pipeline.compile import compile_pipeline
+    from tests.pipeline.compiled import compiled
 
     monkeypatch.setenv("CHUNKGRPO_CACHE_VOLUME", "emptyDir")
-    _, platform = yaml.safe_load_all(
-        compile_pipeline("train_and_evaluate", tmp_path / "p.yaml", pool="h800").read_text())
+    _, platform = compiled("train_and_evaluate", pool="h800")
     train = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]["exec-train"]
     assert {"mountPath": "/cache", "sizeLimit": "800Gi", "volumeName": "cache"} in train["emptyDirMounts"]
     assert not train.get("genericEphemeralVolume")

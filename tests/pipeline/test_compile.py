@@ -7,13 +7,13 @@ import argparse
 import pytest
 import yaml
 
-from pipeline.compile import compile_pipeline
+from tests.pipeline.compiled import COMPILE_OPTIONS, compiled
 
 GPU_STEPS = {"train", "profile", "evaluate"}
 
 
-def load(path):
-    spec, platform = yaml.safe_load_all(path.read_text())
+def split(docs):
+    spec, platform = docs
     return spec, platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
 
 
@@ -26,15 +26,13 @@ def tasks(spec) -> dict:
 
 
 @pytest.fixture(scope="module")
-def tae(tmp_path_factory):
-    return load(
-        compile_pipeline("train_and_evaluate", tmp_path_factory.mktemp("c") / "tae.yaml", pool="h100")
-    )
+def tae():
+    return split(compiled("train_and_evaluate", pool="h100"))
 
 
 @pytest.fixture(scope="module")
-def nightly(tmp_path_factory):
-    return load(compile_pipeline("nightly_benchmark", tmp_path_factory.mktemp("c") / "nb.yaml", pool="h800"))
+def nightly():
+    return split(compiled("nightly_benchmark", pool="h800"))
 
 
 def test_train_step_gpu_placement(tae):
@@ -140,8 +138,8 @@ def test_nightly_has_no_cache_and_gpu_eval(nightly):
 
 
 @pytest.mark.parametrize("trainer,kind", [("trainjob", "TrainJob"), ("pytorchjob", "PyTorchJob")])
-def test_multinode_variant_uses_the_launcher(tmp_path, trainer, kind):
-    spec, ex = load(compile_pipeline("train_and_evaluate", tmp_path / "p.yaml", trainer=trainer))
+def test_multinode_variant_uses_the_launcher(trainer, kind):
+    spec, ex = split(compiled("train_and_evaluate", trainer=trainer))
     t = tasks(spec)
     assert "launch-trainjob" in t and "train" not in t
     assert spec["root"]["inputDefinitions"]["parameters"]["job_kind"]["defaultValue"] == kind
@@ -312,12 +310,10 @@ def test_preflight_first_defaults_from_the_model_cache_and_judge_secret(tae):
     )  # the registered model's, not a run parameter
 
 
-def test_compile_options_pull_secret_and_model_pvc(tmp_path, monkeypatch):
+def test_compile_options_pull_secret_and_model_pvc(monkeypatch):
     monkeypatch.setenv("CHUNKGRPO_IMAGE_PULL_SECRETS", "regcred")
     monkeypatch.setenv("CHUNKGRPO_MODEL_PVC", "flux-models")
-    spec, ex = load(
-        compile_pipeline("train_and_evaluate", tmp_path / "p.yaml", pool="gpu", trainer="trainjob")
-    )
+    spec, ex = split(compiled("train_and_evaluate", pool="gpu", trainer="trainjob"))
     for name, e in ex.items():
         assert e["imagePullSecret"] == [{"secretName": "regcred"}] or \
             [x.get("secretName") for x in e["imagePullSecret"]] == ["regcred"], name
@@ -340,16 +336,16 @@ def _parse_with_spec(ir: dict, spec_version: str) -> None:
 @pytest.mark.parametrize("name,trainer", [("train_and_evaluate", "torchrun"),
                                           ("train_and_evaluate", "trainjob"),
                                           ("nightly_benchmark", "torchrun"), ("models_sync", "torchrun")])
-def test_ir_parses_with_the_oldest_supported_pipeline_spec(tmp_path, name, trainer):
+def test_ir_parses_with_the_oldest_supported_pipeline_spec(monkeypatch, name, trainer):
     from google.protobuf import json_format
 
     from pipeline.compile import OLDEST_KFP
 
-    old = load(
-        compile_pipeline(name, tmp_path / "old.yaml", pool="h100", trainer=trainer, target_kfp=OLDEST_KFP)
-    )[0]
+    for k, v in COMPILE_OPTIONS.items():  # the variants test_kfp_versions.py compiles (each compiled once)
+        monkeypatch.setenv(k, v)
+    old = compiled(name, pool="h800", trainer=trainer, target_kfp=OLDEST_KFP)[0]
     _parse_with_spec(old, "2.15.0")
-    new = load(compile_pipeline(name, tmp_path / "new.yaml", pool="h100", trainer=trainer))[0]
+    new = compiled(name, pool="h800", trainer=trainer)[0]
     _parse_with_spec(new, "2.16.0")
     if name != "models_sync":  # it has no dropdowns
         with pytest.raises(json_format.ParseError, match="literals"):

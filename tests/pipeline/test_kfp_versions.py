@@ -5,10 +5,10 @@ platform spec, executor by executor -- with the protos of every KFP backend it c
 import itertools
 
 import pytest
-import yaml
 
 from pipeline.compile import KFP_TARGETS, LITERALS_SINCE, OLDEST_KFP, compile_pipeline
 from tests.kfp_protos import FIXTURES, parse_pipeline_spec, parse_platform_spec
+from tests.pipeline.compiled import COMPILE_OPTIONS, compiled
 
 # The proto release each supported backend line is checked against (its .0: the oldest of the line).
 BACKEND_PROTOS = {"2.15": "2.15.0", "2.16": "2.16.0", "2.17": "2.17.0"}
@@ -23,11 +23,8 @@ def _v(text: str) -> tuple[int, ...]:
     return tuple(int(x) for x in text.split("."))
 
 
-def _compile(tmp_path, name, trainer, target, **env):
-    path = compile_pipeline(name, tmp_path / f"{name}-{trainer}-{target}.yaml", pool="h800", trainer=trainer,
-                            target_kfp=target)
-    spec, platform = yaml.safe_load_all(path.read_text())
-    return spec, platform
+def _compile(name, trainer, target):
+    return compiled(name, pool="h800", trainer=trainer, target_kfp=target)
 
 
 def test_every_target_has_vendored_protos():
@@ -39,11 +36,10 @@ def test_every_target_has_vendored_protos():
 
 @pytest.mark.parametrize("name,trainer", VARIANTS)
 @pytest.mark.parametrize("target", KFP_TARGETS)
-def test_compiled_package_parses_on_every_backend_it_targets(tmp_path, monkeypatch, name, trainer, target):
-    # the compile-time options add platform fields too (imagePullSecret, pvcMount)
-    monkeypatch.setenv("CHUNKGRPO_IMAGE_PULL_SECRETS", "regcred")
-    monkeypatch.setenv("CHUNKGRPO_MODEL_PVC", "flux-models")
-    spec, platform = _compile(tmp_path, name, trainer, target)
+def test_compiled_package_parses_on_every_backend_it_targets(monkeypatch, name, trainer, target):
+    for k, v in COMPILE_OPTIONS.items():
+        monkeypatch.setenv(k, v)
+    spec, platform = _compile(name, trainer, target)
     executors = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
     assert executors and all(e.get("secretAsEnv") for e in executors.values())
     assert target in BACKEND_PROTOS, f"--target-kfp {target} has no vendored protos to prove it loads there"
@@ -54,10 +50,12 @@ def test_compiled_package_parses_on_every_backend_it_targets(tmp_path, monkeypat
         assert parse_platform_spec(platform, protos) == {}, (name, trainer, target, backend)
 
 
-def test_literals_only_for_backends_that_know_them(tmp_path):
+def test_literals_only_for_backends_that_know_them(monkeypatch):
     from google.protobuf import json_format
 
-    spec, _ = _compile(tmp_path, "train_and_evaluate", "torchrun", "2.17")
+    for k, v in COMPILE_OPTIONS.items():  # the package the backend test parses (compiled once)
+        monkeypatch.setenv(k, v)
+    spec, _ = _compile("train_and_evaluate", "torchrun", "2.17")
     assert any("literals" in p for p in spec["root"]["inputDefinitions"]["parameters"].values())
     older = [b for b in BACKEND_PROTOS if _v(b) < _v(LITERALS_SINCE)]
     assert older == ["2.15"]
@@ -68,7 +66,7 @@ def test_literals_only_for_backends_that_know_them(tmp_path):
 def test_kfp_2_14_rejects_the_platform_spec_so_it_is_not_a_target(tmp_path):
     """The reason 2.14 was dropped, kept as a test: the 2.14 protos fail on every executor (each one
     carries an optional Secret), on the `optional` field, while the pipeline spec alone would parse."""
-    spec, platform = _compile(tmp_path, "train_and_evaluate", "torchrun", OLDEST_KFP)
+    spec, platform = _compile("train_and_evaluate", "torchrun", OLDEST_KFP)
     parse_pipeline_spec(spec, UNSUPPORTED)  # the old test only looked at this half
     errors = parse_platform_spec(platform, UNSUPPORTED)
     executors = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]

@@ -1,6 +1,6 @@
 """`worker.load_state_strict` (issue 24 item 5): the scorer checkpoints load strictly, and a checkpoint
 that does not fit fails in one line naming the keys (the real ImageReward package test, with its own
-model class, is in test_reward_packages.py)."""
+model class, is in test_scorers_packages.py)."""
 
 from __future__ import annotations
 

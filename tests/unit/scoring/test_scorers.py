@@ -1,6 +1,6 @@
 """Scorers: tiny random-weight CLIP / PickScore through the real transformers code path; import guards of the
 reward-package scorers, checkpoint loading, config validation. The reward packages themselves run in
-test_reward_packages.py (in their venvs) and the worker boundary in test_worker.py."""
+test_scorers_packages.py (in their venvs) and the worker boundary in test_worker.py."""
 
 from __future__ import annotations
 
@@ -153,7 +153,7 @@ def test_s3_weights_through_fetch_hook_and_cache(tiny_clip, tmp_path, images):
 
 
 # ---- reward-package scorers without their venv
-# (the real packages run in tests/unit/eval/test_reward_packages.py)
+# (the real packages run in tests/unit/scoring/test_scorers_packages.py)
 
 
 @pytest.mark.parametrize("name,module", [("hpsv3", "hpsv3"), ("imagereward", "ImageReward"),

@@ -110,7 +110,7 @@ def test_clip_worker_via_environment_variable(monkeypatch, tiny_clip, images):
 def test_staged_worker_imports_only_stdlib_numpy_pil():
     """Only the worker's own file is staged on the path, and importing it loads nothing but the standard
     library, numpy and PIL (torch and the package load lazily). (That chunkgrpo is absent from the reward
-    venvs is checked in test_reward_packages; here the main venv's editable install could still serve
+    venvs is checked in test_scorers_packages; here the main venv's editable install could still serve
     submodules.)"""
     probe = textwrap.dedent("""
         import sys, json

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 EVAL = REPO / "images" / "eval"
 NAMES = ("hpsv2", "imagereward", "hpsv3")
 HEAVY = re.compile(r"^(torch|torchvision|triton|nvidia-.*|cuda-.*)$")

@@ -205,7 +205,7 @@ def test_hpsv2_preprocessing_record_is_what_the_package_does(hpsv2):
     assert out["shape"] == [3, 224, 224] and out["black_rows"] == list(range(37)) + list(range(186, 224))
     text = scorer.info["preprocessing"]
     assert "LONGEST side to 224" in text and "pad" in text and "crop" not in text.replace("no crop", "")
-    from tests.unit.eval.test_reward_locks import parse_lock
+    from tests.images.test_eval_locks import parse_lock
 
     pinned = parse_lock(REPO / "images" / "eval" / "requirements-torch.lock")["torchvision"][0]
     assert scorer.info["runtime"]["torchvision"].split("+")[0] == pinned  # 0.29.1+cu130: the CUDA wheel

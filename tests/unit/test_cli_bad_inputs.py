@@ -2,7 +2,7 @@
 one `chunkgrpo <cmd>: error: ...` line on stderr naming the problem, no traceback, and nothing
 half-written or lost. Each case is one bad input; pytest's count is the number tried / handled:
 
-    .venv/bin/python -m pytest -q tests/unit/test_bad_inputs.py
+    .venv/bin/python -m pytest -q tests/unit/test_cli_bad_inputs.py
 """
 
 from __future__ import annotations
