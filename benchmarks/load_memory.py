@@ -10,9 +10,10 @@ imports everything and joins the process group first, then measures only the tra
 
 * `anon_peak`: the peak of the process's anonymous resident memory above its value before (RssAnon,
   sampled every 0.5 ms by a thread) while the transformer is built, sharded and filled: the memory the
-  rank owns, whoever allocated it. On the CPU the rank's device is the host, so this is the shard plus
-  what is in transit: the plan's `device` + `host` terms of the load (`predicted`). (torch's profiler
-  would count the memory maps safetensors opens as allocations of the whole file.)
+  rank owns, whoever allocated it. On the CPU the rank's device is the host, so the plan's prediction
+  (`predicted`, the `cpu` total of `capacity.load.transformer_load`) is the shard plus one tensor's rows
+  in transit for the sharded load, and the one whole copy plus FSDP's shards for the whole load. (torch's
+  profiler would count the memory maps safetensors opens as allocations of the whole file.)
 * `hwm`: VmHWM above the RSS before (reset through /proc/self/clear_refs): anonymous memory plus the
   file pages of the safetensors files mapped while they are read (page cache; shared and reclaimable).
 
@@ -130,7 +131,7 @@ def predict(model: Path, world: int, sharded: bool) -> dict:
 
     tr = ModelArch.from_folder(model).build("transformer")
     return transformer_load(tensor_shapes(tr), world=world, sharded=sharded, load_bytes=4,
-                            stored_bytes=stored_bytes(model))
+                            stored_bytes=stored_bytes(model), fsdp=True)
 
 
 def run(model: Path, path: str, world: int, tmp: Path) -> dict:
@@ -148,7 +149,7 @@ def run(model: Path, path: str, world: int, tmp: Path) -> dict:
     pred = predict(model, world, path == "sharded")
     row = {"path": path, "world": world, **{k: max(x[k] for x in ranks) for k in
                                               ("anon_peak", "hwm", "local_param_bytes")},
-           "seconds": max(x["seconds"] for x in ranks), "predicted": pred["device"] + pred["host"],
+           "seconds": max(x["seconds"] for x in ranks), "predicted": pred["cpu"],
            "prediction": pred}
     row["anon_peak / predicted"] = round(row["anon_peak"] / row["predicted"], 4)
     return row

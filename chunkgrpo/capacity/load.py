@@ -9,7 +9,8 @@ With n ranks, W transformer parameters and `b` bytes per parameter as loaded (4 
   read from the memory-mapped file in the stored dtype (the largest ⌈d0/n⌉·(d1·…)·b_stored). The file
   pages read are page cache, shared by the node's ranks and reclaimable, and not counted.
 * **whole** (single process, DDP, LoRA): every rank reads the whole transformer in the load dtype on the
-  host, then moves it to its device: W·b on the host and W·b on the device (the same bytes on the CPU).
+  host, then moves it to its device: W·b on the host and W·b on the device (the same bytes on the CPU),
+  + under FSDP (LoRA) the shards `fully_shard` copies out of it, ≈ W·b/n.
 
 The frozen components (text encoders, VAE) are read in their own dtype on every path; transformers keeps
 T5's `wo` projections in fp32 while loading them (`frozen_host_bytes`), and `load_flux` casts them before
@@ -55,18 +56,24 @@ def tensor_shapes(tr: torch.nn.Module) -> list[torch.Size]:
 
 
 def transformer_load(shapes: list[torch.Size], *, world: int, sharded: bool, load_bytes: int,
-                     stored_bytes: int) -> dict:
-    """Per-rank bytes of the transformer while it loads, {"device", "host", "parts"}, from the shapes of
-    its tensors (`tensor_shapes`)."""
+                     stored_bytes: int, fsdp: bool = False) -> dict:
+    """Per-rank bytes of the transformer while it loads, from the shapes of its tensors (`tensor_shapes`):
+    {"device", "host", "parts" (the device's), "cpu"}. `cpu` is the rank's total when its device is the
+    host (a CPU run): the sharded load's shard and rows in transit; the whole load's one copy, which is
+    both. `fsdp` (whole load): the shards FSDP copies out of the whole transformer while it is still held
+    (an upper bound: each whole tensor is freed once its shard exists)."""
     W = sum(math.prod(s) for s in shapes)
     if sharded:
         device = sum(_rows(s, world) for s in shapes) * 4
         transit = max(_rows(s, world) for s in shapes) * stored_bytes
-        return {"device": device, "host": transit,
+        return {"device": device, "host": transit, "cpu": device + transit,
                 "parts": {"transformer shard (fp32, 1/n)": device, "one tensor's rows in transit": transit}}
     whole = W * load_bytes
-    return {"device": whole, "host": whole,
-            "parts": {"whole transformer in the load dtype": whole}}
+    parts = {"whole transformer in the load dtype": whole}
+    if fsdp and world > 1:
+        parts["FSDP shards copied from it"] = sum(_rows(s, world) for s in shapes) * load_bytes
+    device = sum(parts.values())
+    return {"device": device, "host": whole, "cpu": device, "parts": parts}
 
 
 def frozen_host_bytes(t5: torch.nn.Module, frozen_bytes: int) -> int:

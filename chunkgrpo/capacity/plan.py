@@ -245,7 +245,8 @@ def capacity_plan(cfg, pool: Pool, *, nodes: int = 1, output_dir: str = "", pres
     sharded = fsdp and not lora
     b_stored = (stored_bytes(arch.source, FLUX_DEV_STORED_BYTES) if Path(arch.source).is_dir()
                 else FLUX_DEV_STORED_BYTES)
-    tr_load = transformer_load(shapes, world=shard, sharded=sharded, load_bytes=b_base, stored_bytes=b_stored)
+    tr_load = transformer_load(shapes, world=shard, sharded=sharded, load_bytes=b_base, stored_bytes=b_stored,
+                               fsdp=fsdp)
     frozen_w = sum(counts.values()) * b_frozen
     load = {**tr_load["parts"], "text encoders + VAE": frozen_w, **reward_part}
     text_encoders = (counts["text_encoder"] + counts["text_encoder_2"]) * b_frozen

@@ -25,7 +25,10 @@ def test_shards_are_padded_like_fsdp_and_fall_as_one_over_world():
     assert four["device"] == (2 * 3 + 2 + 1) * 4
     assert four["host"] == 2 * 3 * 2  # the largest tensor's rows, in the stored dtype
     whole = transformer_load(shapes, world=4, sharded=False, load_bytes=4, stored_bytes=2)
-    assert whole["device"] == whole["host"] == 24 * 4  # every rank's own whole copy, on host and device
+    assert whole["device"] == whole["host"] == whole["cpu"] == 24 * 4  # each rank's own copy, host and device
+    fsdp = transformer_load(shapes, world=4, sharded=False, load_bytes=2, stored_bytes=2, fsdp=True)
+    assert fsdp["host"] == 24 * 2 and fsdp["device"] == 24 * 2 + 9 * 2  # + the shards FSDP copies out of it
+    assert four["cpu"] == four["device"] + four["host"]
 
 
 def test_flux_dev_shard_is_a_world_th_of_the_fp32_transformer():
