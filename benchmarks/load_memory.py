@@ -174,6 +174,7 @@ def main(argv=None) -> int:
     ap.add_argument("--stored", default="bf16", choices=["bf16", "fp32"],
                     help="dtype of the transformer's stored weights (FLUX.1-dev's are bf16)")
     ap.add_argument("--paths", nargs="+", default=["sharded", "whole"], choices=["sharded", "whole"])
+    ap.add_argument("--json", metavar="PATH", help="also write the result to PATH")
     ap.add_argument("--worker", nargs=3, metavar=("MODEL", "PATH", "OUT"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
@@ -199,6 +200,8 @@ def main(argv=None) -> int:
     if len(sharded) >= 2:
         result["sharded_fit"] = fit(sharded)
     print(json.dumps(result, indent=1))
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1))
     return 0
 
 
