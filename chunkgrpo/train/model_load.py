@@ -77,19 +77,19 @@ def local_index(tensor: torch.Tensor) -> tuple[slice, ...] | None:
     for mesh_dim, placement in enumerate(tensor.placements):
         if isinstance(placement, Replicate):
             continue
-        if not isinstance(placement, Shard) or placement.dim in sharded_dims:
+        d = placement.dim % tensor.ndim if isinstance(placement, Shard) else None
+        if d is None or d in sharded_dims:
             raise NotImplementedError(f"placement {tensor.placements} (one Shard per tensor dim supported)")
-        d = placement.dim % tensor.ndim
         sharded_dims.add(d)
         size, n = tensor.shape[d], tensor.device_mesh.size(mesh_dim)
         step = -(-size // n)
         start = min(size, coordinate[mesh_dim] * step)
-        stop = min(size, start + step)
-        if stop - start != local_shape[d]:
-            raise RuntimeError(f"local shard of dim {d} has {local_shape[d]} rows, expected {stop - start}")
-        if stop == start:
+        end = min(size, start + step)
+        if end - start != local_shape[d]:
+            raise RuntimeError(f"local shard of dim {d} has {local_shape[d]} rows, expected {end - start}")
+        if end == start:
             return None
-        index[d] = slice(start, stop)
+        index[d] = slice(start, end)
     return tuple(index)
 
 
