@@ -230,13 +230,21 @@ def load_flux(
     with_text_encoders: bool = True,
     with_vae: bool = True,
     frozen_dtype: torch.dtype | None = None,
+    transformer: torch.nn.Module | None = None,
 ) -> "FluxModel":
     """Load a FLUX pipeline folder (see `resolve_model_source`) into a `FluxModel`.
 
-    `frozen_dtype`: the dtype of the components that are never trained (CLIP, T5, VAE), cast before they
-    move to `device` (default: `dtype`). Full fine-tuning loads the transformer in fp32 (master weights)
-    but its frozen text encoders in bf16: T5-XXL in fp32 alone is 19 GB per GPU, the difference between
-    fitting an 80 GB GPU and not (`chunkgrpo capacity`, load phase). Their outputs are cast to `dtype`."""
+    `frozen_dtype`: the dtype of the components that are never trained (CLIP, T5, VAE), in which they are
+    read from the folder (never materialised in `dtype` first) and cast again before they move to `device`
+    (default: `dtype`). Full fine-tuning loads the transformer in fp32 (master weights) but its frozen text
+    encoders in bf16: T5-XXL in fp32 alone is 19 GB per GPU and per rank's host memory, the difference
+    between fitting an 80 GB GPU and not (`chunkgrpo capacity`, load phase). Their outputs are cast to
+    `dtype`. The second cast brings the modules transformers keeps in fp32 while loading (T5's `wo`) to
+    `frozen_dtype` too, so the weights are those of a load in `dtype` followed by a cast.
+
+    `transformer`: a transformer already built and loaded by the caller (the FSDP path builds it sharded,
+    `chunkgrpo.train.model_load`); it is used as given (device, dtype, grad flags untouched) and the folder's
+    transformer weights are not read here."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from diffusers import FluxPipeline
 
@@ -245,13 +253,21 @@ def load_flux(
     device = torch.device(device)
     if dtype is None:
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    frozen = frozen_dtype or dtype
     kwargs = {}
     if not with_text_encoders:
         kwargs.update(text_encoder=None, text_encoder_2=None)
     if not with_vae:
         kwargs["vae"] = None
     try:
-        pipe = FluxPipeline.from_pretrained(path, dtype=dtype, **kwargs)
+        if transformer is not None:
+            kwargs["transformer"] = transformer
+        elif frozen != dtype:  # the transformer in its own dtype, the pipeline around it in the frozen one
+            from diffusers import FluxTransformer2DModel
+
+            kwargs["transformer"] = FluxTransformer2DModel.from_pretrained(Path(path) / "transformer",
+                                                                           dtype=dtype)
+        pipe = FluxPipeline.from_pretrained(path, dtype=frozen, **kwargs)
     except Exception as e:
         if isinstance(e, (UserError, MemoryError)) or (isinstance(e, RuntimeError) and "CUDA" in str(e)):
             raise
@@ -261,6 +277,8 @@ def load_flux(
     pipe.set_progress_bar_config(disable=True)
     for name in ("transformer", "vae", "text_encoder", "text_encoder_2"):
         module = getattr(pipe, name, None)
+        if name == "transformer" and transformer is not None:
+            continue
         if module is not None:
             if frozen_dtype is not None and name != "transformer":
                 module.to(frozen_dtype)

@@ -10,9 +10,10 @@ compute on GPU, 4 for fp32; every term in bytes):
   resident   = transformer weights (FSDP full FT: 4·W/n fp32 master shards; DDP full FT: 4·W;
                LoRA: b_base·W + 4·P) + AdamW 8·P (/n under FSDP) + EMA 4·P (/n) + VAE + reward models
                + prompt-embedding cache (every prompt of the run, kept on the device, model dtype)
-  load       = every pipeline component at once (`load_flux` moves the whole pipeline to the device before
-               FSDP sharding): the transformer in the load dtype (fp32 for full fine-tuning), the frozen
-               text encoders and VAE in bf16 under bf16 mixed precision (`frozen_dtype`) + reward models
+  load       = the transformer as it loads (`capacity.load`; FSDP full fine-tuning: this rank's fp32 shards,
+               ≈ 4·W/n, + one tensor's rows in transit; otherwise the whole transformer in the load dtype)
+               + the frozen text encoders and VAE (bf16 under bf16 mixed precision, `frozen_dtype`)
+               + reward models (loaded after the transformer is sharded)
   text enc.  = resident transformer weights + text encoders + VAE + reward models + embeddings + T5 forward
   rollout    = resident + trajectory 4·B·(N+1)·L·C + no-grad transformer forward of B = P·G inputs
                + FSDP's unsharded block params (current + prefetched, b_c each)
@@ -33,9 +34,11 @@ slack).
 200 MB/s against the timeout each phase waits under (`io_wait_s` in the store, `dist_timeout_s` in a
 collective): longer is a problem, over half of it a warning.
 
-**Host memory per pod** = ranks × process baseline + max(load: every rank builds the pipeline on the host
-in the load dtype before moving it, concurrently; checkpoint: rank 0 gathers weights, AdamW state and EMA
-in fp32 on the host).
+**Host memory per pod** = ranks × process baseline + max(load: every rank reads, concurrently, the frozen
+components in their dtype (T5's `wo` in fp32) and, unless the load is sharded, the whole transformer in
+the load dtype, before moving them to its device; the sharded load holds no copy of the transformer on the
+host, only one tensor's rows, and its file pages are page cache: at most one stored copy per node,
+reclaimable, not counted; checkpoint: rank 0 gathers weights, AdamW state and EMA in fp32 on the host).
 
 **Bytes per volume** (each path is placed on the pod volume whose mount is its longest prefix):
 model cache ($CHUNKGRPO_CACHE, else $HOME/.cache/chunkgrpo) = the model folder (every component stored in
@@ -76,6 +79,7 @@ from chunkgrpo.capacity.io import (
     io_warnings,
     reward_worker_contexts,
 )
+from chunkgrpo.capacity.load import frozen_host_bytes, stored_bytes, tensor_shapes, transformer_load
 from chunkgrpo.capacity.pool import Pool
 from chunkgrpo.chunks import training_plan
 from chunkgrpo.errors import UserError
@@ -181,6 +185,7 @@ def capacity_plan(cfg, pool: Pool, *, nodes: int = 1, output_dir: str = "", pres
 
     tr = arch.build("transformer", compute_dtype)
     W = param_count(tr)
+    shapes = tensor_shapes(tr)  # the base transformer's tensors, before any adapter
     if lora:  # the adapter on the meta transformer: its activations are traced, only it gets gradients
         from peft import LoraConfig
 
@@ -273,7 +278,14 @@ def capacity_plan(cfg, pool: Pool, *, nodes: int = 1, output_dir: str = "", pres
     block = block_params(tr)
     unsharded_fwd = 2 * block * b_c if fsdp else 0
     grads = 4 * P // shard + (4 * P if (not fsdp and world > 1) else 0)
-    load = {"pipeline in load dtype": W * b_base + sum(counts.values()) * b_frozen, **reward_part}
+    # the transformer as `train.model_load` reads it: sharded (FSDP full fine-tuning) or whole
+    sharded = fsdp and not lora
+    b_stored = (stored_bytes(arch.source, FLUX_DEV_STORED_BYTES) if Path(arch.source).is_dir()
+                else FLUX_DEV_STORED_BYTES)
+    tr_load = transformer_load(shapes, world=shard, sharded=sharded, load_bytes=b_base, stored_bytes=b_stored,
+                               fsdp=fsdp)
+    frozen_w = sum(counts.values()) * b_frozen
+    load = {**tr_load["parts"], "text encoders + VAE": frozen_w, **reward_part}
     text_encoders = (counts["text_encoder"] + counts["text_encoder_2"]) * b_frozen
     encode_phase = {"transformer weights": weights, "text encoders": text_encoders, "VAE": vae_w,
                     **reward_part, "prompt embeddings": embeds, "T5 forward": encode}
@@ -295,7 +307,8 @@ def capacity_plan(cfg, pool: Pool, *, nodes: int = 1, output_dir: str = "", pres
              for phase, parts in phases]
 
     # ---- host memory per pod
-    load_host = W * b_base + sum(counts.values()) * b_frozen
+    frozen_host = frozen_w + frozen_host_bytes(t5, b_frozen)  # read on the host, then moved
+    load_host = max(tr_load["host"], frozen_host) if sharded else tr_load["host"] + frozen_host
     ckpt_host = 4 * P + 8 * P + (4 * P if cfg.ema.decay > 0 else 0)
     host = {"processes": ranks_per_node * PROCESS_HOST_BYTES,
             "peak of load / checkpoint": max(ranks_per_node * load_host, ckpt_host)}
@@ -372,6 +385,9 @@ def capacity_plan(cfg, pool: Pool, *, nodes: int = 1, output_dir: str = "", pres
         "lora": lora,
         "compute_dtype": "bf16" if bf16 else "fp32",
         "load_dtype": "bf16" if b_base == 2 else "fp32",
+        "load_path": "sharded" if sharded else "whole",
+        "transformer_load_device_bytes": tr_load["device"],
+        "transformer_load_host_bytes": tr_load["host"],
         "gradient_checkpointing": cfg.gradient_checkpointing,
         "activation_bytes_per_token_per_block": per_token_block,
         "checkpoint_bytes": checkpoint,

@@ -38,24 +38,11 @@ from chunkgrpo.train.config import TrainConfig
 from chunkgrpo.train.context import IterationContext, NonFiniteLossError
 from chunkgrpo.train.methods import get_method
 from chunkgrpo.train.metric_names import training_metrics_for_mlflow
+from chunkgrpo.train.model_load import load_policy_model, peft_lora_config, save_transformer_config
 
-__all__ = ["NonFiniteLossError", "Trainer", "run_training"]
+__all__ = ["NonFiniteLossError", "Trainer", "peft_lora_config", "run_training"]
 
 log = logging.getLogger(__name__)
-
-
-def peft_lora_config(lc):
-    """peft's LoraConfig for `lora` (LoraConfig of this package): rank, alpha, dropout, targets and the A
-    initialisation (`default`: peft's Kaiming-uniform; `gaussian`: N(0, (1/r)²), TempFlow-GRPO's)."""
-    from peft import LoraConfig
-
-    return LoraConfig(
-        r=lc.rank,
-        lora_alpha=lc.alpha,
-        lora_dropout=lc.dropout,
-        target_modules=list(lc.targets),
-        init_lora_weights=True if lc.init == "default" else "gaussian",
-    )
 
 
 def canonical_safetensors_header(path: Path) -> None:
@@ -139,44 +126,18 @@ class Trainer:
         if not self.model_path:
             self.model_path = self._fetch_model()
         dev = self.info.device
-        from chunkgrpo.flux import load_flux, use_training_attention
+        from chunkgrpo.flux import use_training_attention
 
         use_training_attention(dev)
         self.bf16 = cfg.mixed_precision == "bf16" or (cfg.mixed_precision == "auto" and dev.type == "cuda")
-        self.reward_fns = {r.name: get_reward(r.name, r.options, str(dev), r.url) for r in cfg.rewards}
-
-        base_dtype = torch.bfloat16 if (self.bf16 and cfg.lora.enabled) else torch.float32
-        # frozen parts (text encoders, VAE) in bf16 under bf16 mixed precision, also for full fine-tuning
-        self.model = load_flux(self.model_path, device=dev, dtype=base_dtype,
-                               frozen_dtype=torch.bfloat16 if self.bf16 else None)
+        # FSDP full fine-tuning builds the transformer sharded; otherwise whole, then LoRA / FSDP / broadcast
+        self.model = load_policy_model(cfg, self.info, self.model_path, self.bf16)
         self.model.source = cfg.model
         tr = self.model.transformer
-        torch.manual_seed(cfg.seed)  # identical LoRA init on every rank
-        if cfg.lora.enabled:
-            try:
-                tr.add_adapter(peft_lora_config(cfg.lora))
-            except ValueError as e:  # peft's NoMatchingPeftModuleError is a ValueError
-                raise UserError(f"lora.targets={list(cfg.lora.targets)} match no module of the transformer "
-                                f"({str(e).splitlines()[0][:200]})") from None
-            for n, p in tr.named_parameters():
-                p.requires_grad_("lora_" in n)
-        else:
-            tr.requires_grad_(True)
-        for p in tr.parameters():
-            if p.requires_grad and p.dtype != torch.float32:
-                p.data = p.data.float()  # fp32 master weights for everything trained
-        if not any(p.requires_grad for p in tr.parameters()):
-            raise UserError(
-                f"no trainable parameters: lora.targets {cfg.lora.targets} match no module of the transformer"
-            )
-        if cfg.gradient_checkpointing:
-            tr.enable_gradient_checkpointing()
-        if cfg.distributed == "fsdp" and self.info.enabled:
-            D.shard_fsdp(
-                tr, mixed_bf16=self.bf16
-            )  # chunk/step methods then train whole units (train/grpo.py)
-        else:
-            D.broadcast_params(tr)
+        # reward models after the transformer is sharded (never both whole on the device); their own
+        # seeding leaves the global random state as the model load left it
+        with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
+            self.reward_fns = {r.name: get_reward(r.name, r.options, str(dev), r.url) for r in cfg.rewards}
         self.trainable = [p for p in tr.parameters() if p.requires_grad]
         self.trainable_names = [n for n, p in tr.named_parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.trainable, lr=cfg.lr, betas=tuple(cfg.betas),
@@ -546,7 +507,7 @@ class Trainer:
             from safetensors.torch import save_file
 
             (staging / "transformer").mkdir()
-            self.model.transformer.save_config(staging / "transformer")
+            save_transformer_config(self.model.transformer, staging / "transformer")
             save_file(weights, str(staging / "transformer" / "diffusion_pytorch_model.safetensors"))
             kind = "full"
         meta = {

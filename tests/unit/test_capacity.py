@@ -291,7 +291,7 @@ def test_bad_pool_inputs_are_one_line_user_errors(tmp_path):
 
 def test_flux_full_finetune_plan_shards_weights_and_counts_checkpoints():
     """chunk_grpo_flux on the H800 pool: FSDP shards the fp32 master weights and AdamW over 8 ranks,
-    the load phase holds the whole fp32 pipeline, a checkpoint is weights + AdamW (16 bytes/param)."""
+    the load phase holds this rank's fp32 shards only (the sharded load), a checkpoint is weights + AdamW."""
     from chunkgrpo.train.config import TrainConfig
 
     plan = capacity_plan(TrainConfig.load("chunk_grpo_flux"), load_pool("h800"), preset="chunk_grpo_flux")
@@ -300,16 +300,22 @@ def test_flux_full_finetune_plan_shards_weights_and_counts_checkpoints():
     assert plan.world == 8 and plan.facts["fsdp"] and plan.facts["policy_inputs_per_forward"] == 7
     assert gpu["policy phase"].parts["transformer weights"] == 4 * W // 8
     assert gpu["policy phase"].parts["AdamW state"] == 8 * W // 8
-    assert gpu["load phase"].parts["pipeline in load dtype"] >= 4 * W
+    assert plan.facts["load_path"] == "sharded"
+    assert 4 * W / 8 <= gpu["load phase"].parts["transformer shard (fp32, 1/n)"] <= 1.001 * 4 * W / 8
+    assert "whole transformer in the load dtype" not in gpu["load phase"].parts
+    # the host holds one tensor's rows of the transformer, no copy: a pod's load is the frozen components
+    # (bf16, T5's `wo` in fp32 while it loads) on 8 ranks, below rank 0's checkpoint gather
+    assert plan.facts["transformer_load_host_bytes"] < 2**30
+    host = next(i for i in plan.items if i.resource == "host memory per pod")
+    assert host.parts["peak of load / checkpoint"] == 12 * W
     assert plan.facts["checkpoint_bytes"] == 12 * W
     # /cache is a generic ephemeral volume (a claim, not node disk): no disk-backed emptyDir is left to count
     eph = [i for i in plan.items if i.resource == "ephemeral storage per pod"]
     assert [i.need for i in eph] == [0]
     assert all(i.need > 0 for i in plan.items if i not in eph)
-    # the frozen text encoders and VAE load in bf16 (`load_flux(frozen_dtype=)`): with them in fp32 the load
-    # phase needed 78.3 GiB of the H800's 76.6 usable, so the default recipe did not fit
+    # the frozen text encoders and VAE load in bf16 (`load_flux(frozen_dtype=)`): T5-XXL, CLIP and the VAE
     load = gpu["load phase"]
-    assert load.parts["pipeline in load dtype"] < 4 * W + 2 * 5_000_000_000
+    assert load.parts["text encoders + VAE"] < 2 * 5_000_000_000
     assert load.need <= load.have, f"load phase {load.need / 2**30:.1f} GiB > {load.have / 2**30:.1f} GiB"
     assert all(i.need <= i.have for i in plan.items if i.have), [
         i.what for i in plan.items if i.need > (i.have or 1e30)
