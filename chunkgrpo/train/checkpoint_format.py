@@ -9,6 +9,10 @@ to S3 in the background through the artifact store (manifest last there too). La
     rng/rank{r}.pt          per-rank RNG states (torch, cuda, python, numpy) as tensors + plain types
     MANIFEST.json           sha256 + size of every file — written last
 
+That is the layout of a single-process or DDP run. Under FSDP the weights, optimizer state and EMA are
+each rank's shards instead (`dcp/`, torch.distributed.checkpoint; `chunkgrpo.train.checkpoint_sharded`),
+written, hashed and mirrored by every rank in parallel; either layout resumes on any world size.
+
 Nothing read back is trusted: a folder without a manifest is never resumed from; every file's size
 and sha256 are checked against the manifest before use; `.pt` files are read with
 `torch.load(weights_only=True)`, which refuses pickled code (a planted `__reduce__` payload is an
@@ -122,10 +126,21 @@ def complete_checkpoints(root: Path) -> list[Path]:
     return sorted(found, key=step_of)
 
 
-def write_manifest(path: Path, meta: dict) -> None:
-    from chunkgrpo.store.manifest import build_manifest
+def write_manifest(path: Path, meta: dict, files: dict | None = None) -> None:
+    """MANIFEST.json of `path`: every file hashed here, or `files` ({rel: {sha256, size}}) as the ranks that
+    wrote them hashed them (a sharded checkpoint; they must be exactly the folder's files)."""
+    from chunkgrpo.store.manifest import Manifest, _now, build_manifest, file_sizes
 
-    manifest = build_manifest(path, meta=meta)
+    if files is None:
+        manifest = build_manifest(path, meta=meta)
+    else:
+        sizes = file_sizes(path)
+        if {k: int(v["size"]) for k, v in files.items()} != sizes:
+            odd = sorted(set(sizes).symmetric_difference(files)) or sorted(
+                k for k in files if int(files[k]["size"]) != sizes[k])
+            raise OSError(f"{path.name}: the ranks' file lists disagree with the folder "
+                          f"({', '.join(odd[:3])})")
+        manifest = Manifest(files=dict(files), created=_now(), meta=dict(meta))
     tmp = path / (MANIFEST + ".tmp")
     tmp.write_bytes(manifest.to_json())
     tmp.replace(path / MANIFEST)
@@ -154,9 +169,10 @@ def set_aside(path: Path) -> Path:
 
 
 def finalize(staging: Path, root: Path, step: int, meta: dict, keep: int, mirror: "Mirror | None" = None,
-             backlog: int = 0) -> Path:
-    """Manifest last, then an atomic rename; prune older complete checkpoints (see `prune`)."""
-    write_manifest(staging, meta)
+             backlog: int = 0, files: dict | None = None) -> Path:
+    """Manifest last (`files`: see `write_manifest`), then an atomic rename; prune older complete
+    checkpoints (see `prune`)."""
+    write_manifest(staging, meta, files)
     final = step_dir(root, step)
     if final.exists():
         set_aside(final)  # a folder for this step already exists (e.g. an unverified leftover): keep it
@@ -211,7 +227,10 @@ def verify(path: Path) -> dict:
         manifest = Manifest.from_json(mpath.read_bytes(), where=str(mpath))
     except (OSError, StoreError) as e:
         raise CorruptCheckpointError(f"{path.name}/{MANIFEST}: {e}") from None
-    missing = [f for f in REQUIRED if f not in manifest.files]
+    from chunkgrpo.train import checkpoint_sharded as sharded
+
+    required = sharded.REQUIRED if sharded.is_sharded(manifest.files) else REQUIRED
+    missing = [f for f in required if f not in manifest.files]
     if missing:
         raise CorruptCheckpointError(f"{path.name}: manifest lacks {', '.join(missing)}")
     for rel, entry in sorted(manifest.files.items()):
@@ -247,23 +266,30 @@ class CheckpointData:
     scheduler: dict
     rng: dict | None
     ema: dict[str, torch.Tensor] | None = None  # the EMA of the trainable weights, when the run keeps one
+    sharded: bool = False  # weights, optimizer and EMA are in `dcp/`, read by each rank at apply time
+    shards: dict | None = None  # what `checkpoint_sharded.load` read for this rank
 
 
 def read(path: Path, rank: int = 0) -> CheckpointData:
     """Read a checkpoint (after `verify`); any unreadable or refused file is a CorruptCheckpointError."""
     from safetensors.torch import load_file
 
+    from chunkgrpo.train import checkpoint_sharded
+
     current = ""
+    sharded = (path / checkpoint_sharded.METADATA).is_file()
     try:
         current = "trainer_state.json"
         state = json.loads((path / current).read_text(encoding="utf-8"))
         for key in ("iteration", "optimizer_step"):
             if not isinstance(state.get(key), int):
                 raise ValueError(f"no integer {key!r}")
-        current = "trainable.safetensors"
-        weights = load_file(str(path / current))
-        current = "optimizer.pt"
-        optim = _load_pt(path / current)
+        weights, optim, ema = {}, {}, None
+        if not sharded:
+            current = "trainable.safetensors"
+            weights = load_file(str(path / current))
+            current = "optimizer.pt"
+            optim = _load_pt(path / current)
         current = "scheduler.pt"
         sched = _load_pt(path / current)
         for name, obj in (("optimizer.pt", optim), ("scheduler.pt", sched)):
@@ -271,14 +297,15 @@ def read(path: Path, rank: int = 0) -> CheckpointData:
                 current = name
                 raise ValueError(f"expected a state dict, got {type(obj).__name__}")
         current = "ema.safetensors"
-        ema = load_file(str(path / current)) if (path / current).exists() else None
+        if not sharded and (path / current).exists():
+            ema = load_file(str(path / current))
         current = f"rng/rank{rank}.pt"
         rng = _load_pt(path / current) if (path / current).exists() else None
         if rng is not None and not (isinstance(rng, dict) and isinstance(rng.get("numpy"), dict)):
             raise ValueError("not an RNG state of this version")
     except Exception as e:
         raise CorruptCheckpointError(f"{path.name}/{current}: {_short(e)}") from None
-    data = CheckpointData(path, state, weights, optim, sched, rng, ema)
+    data = CheckpointData(path, state, weights, optim, sched, rng, ema, sharded)
     check_contents(data)
     return data
 
@@ -288,7 +315,8 @@ def check_contents(data: CheckpointData) -> None:
     floating tensor finite (trainable weights, EMA, optimizer moments), and a trainer state that agrees
     with the files — `optimizer_step` = the N of the folder `step-N` = the LR scheduler's step count
     = the largest AdamW `step`; `iteration` ≥ 0 with one history entry per iteration. Raises
-    CorruptCheckpointError naming the first disagreement."""
+    CorruptCheckpointError naming the first disagreement. (A sharded checkpoint's tensors are checked the
+    same way by each rank on the shards it reads: `Checkpointer`.)"""
     name = data.path.name
     for label, tensors in (("trainable.safetensors", data.weights), ("ema.safetensors", data.ema or {}),
                            ("optimizer.pt", optimizer_tensors(data.optimizer))):
@@ -390,10 +418,13 @@ class Mirror:
 
     def __init__(
         self, s3_prefix: str, *, store_factory=None, backoff_s: float = 2.0, max_backoff_s: float = 60.0,
-        guard=None,
+        guard=None, keep: int = 0, parts_wait_s: float = 600.0,
     ):
         self.s3_prefix = s3_prefix
         self._guard = guard  # called before each upload; raises when this run may no longer write there
+        self.keep = keep  # S3 retention after each completed upload (0 = keep all); by the manifest writer
+        self.parts_wait_s = parts_wait_s  # a sharded checkpoint: how long rank 0 waits for the other parts
+        self._jobs: dict[Path, dict] = {}  # sharded checkpoints: this rank's files (+ the manifest on rank 0)
         self._store_factory = store_factory
         self._store = None
         self.backoff_s, self.max_backoff_s = backoff_s, max_backoff_s
@@ -408,11 +439,29 @@ class Mirror:
         self._thread = threading.Thread(target=self._loop, name="checkpoint-mirror", daemon=True)
         self._thread.start()
 
-    def submit(self, path: Path) -> None:
+    def submit(self, path: Path, part: dict | None = None) -> None:
+        """Queue a complete checkpoint folder; `part` (a sharded checkpoint) = {"files": this rank's
+        {rel: entry}, "rank", "world", "manifest": bytes on rank 0 else None}: only those files go up."""
         with self._cv:
+            if part is not None:
+                self._jobs[path] = part
             if path not in self._queue:
                 self._queue.append(path)
             self._cv.notify_all()
+
+    def pending_bytes(self) -> int:
+        """Bytes of the files still queued for upload (what the end-of-training wait is sized from)."""
+        from chunkgrpo.store.manifest import file_sizes
+
+        total = 0
+        for p in self.pending():
+            job = self._jobs.get(p)
+            try:
+                total += (sum(int(e["size"]) for e in job["files"].values()) if job is not None
+                          else sum(file_sizes(p).values()))
+            except OSError:
+                continue
+        return total
 
     def pending(self) -> list[Path]:
         with self._cv:
@@ -463,7 +512,27 @@ class Mirror:
             self._store = (self._store_factory or ArtifactStore)()
         if self._guard is not None:
             self._guard()
-        return upload(path, self.s3_prefix, self._store)
+        job = self._jobs.get(path)
+        if job is None:
+            uri = upload(path, self.s3_prefix, self._store)
+        else:
+            from chunkgrpo.train.checkpoint_sharded import upload_part
+
+            uri = upload_part(path, self.s3_prefix.rstrip("/") + "/" + path.name, self._store, job["files"],
+                              job["rank"], job["world"], job["manifest"], self.parts_wait_s)
+        if self.keep > 0 and (job is None or job["manifest"] is not None):
+            self._retain()
+        return uri
+
+    def _retain(self) -> None:
+        """S3 retention after an upload completed; a failure is one log line (the next upload retries)."""
+        from chunkgrpo.train.checkpoint_sharded import prune_remote
+
+        try:
+            prune_remote(self._store, self.s3_prefix, self.keep)
+        except Exception as e:
+            log.warning("S3 retention under %s failed (%s); retried after the next upload", self.s3_prefix,
+                        _short(e))
 
     def _loop(self) -> None:
         delay = self.backoff_s
@@ -497,6 +566,7 @@ class Mirror:
             with self._cv:
                 if self._queue and self._queue[0] == path:
                     self._queue.popleft()
+                    self._jobs.pop(path, None)
                 self.failing = False
                 self.uploaded.append(uri)
                 if uri != "(gone)":

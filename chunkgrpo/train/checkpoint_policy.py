@@ -1,6 +1,7 @@
 """The trainer's checkpoint policy: what a resumed run must share with its checkpoint, which checkpoint
 to resume (the newest that verifies, local or in S3), restoring the trainer's state from it, saving it
-(every rank collective, rank 0 writes, manifest last), and the S3 mirror's lifetime.
+(every rank collective; rank 0 writes, or under FSDP every rank its shards; manifest last), and the S3
+mirror's lifetime.
 
 `chunkgrpo.train.checkpoint_format` is what a checkpoint IS (the folder format, verification, pruning, the
 background S3 mirror); this module is how the trainer USES it. A `Checkpointer` is built by the trainer
@@ -22,6 +23,7 @@ import torch
 from chunkgrpo.errors import UserError
 from chunkgrpo.store import StoreError
 from chunkgrpo.train import checkpoint_format as ckpt
+from chunkgrpo.train import checkpoint_sharded as sharded
 from chunkgrpo.train import dist as D
 from chunkgrpo.train.config import TrainConfig
 from chunkgrpo.train.context import NonFiniteLossError
@@ -121,6 +123,12 @@ def mirror_store(cfg: TrainConfig):
     return bounded_store(cfg.checkpoint.mirror_timeout_s)
 
 
+def mirror_budget_s(pending_bytes: int, min_mb_s: float, slack_s: float) -> float:
+    """Seconds the end of training waits for the S3 mirror: the bytes still to upload at the slowest
+    acceptable rate, plus a fixed slack (connection set-up, the manifest, a retry)."""
+    return slack_s + pending_bytes / (min_mb_s * 1e6)
+
+
 class Checkpointer:
     """Checkpoints of one trainer (`chunkgrpo.train.trainer.Trainer`, after its model, optimizer and
     caches are set up): `resume()` once, `save()` at every checkpoint, `finish()` after the final
@@ -146,11 +154,13 @@ class Checkpointer:
         if D.any_rank(error is not None, info.device):
             raise error or UserError(f"rank 0 could not take the checkpoint writer lease of "
                                      f"{self.cfg.checkpoint.s3_prefix} (see its log)")
-        if self.cfg.checkpoint.s3_prefix and info.is_main:
-            lease = self.lease
-            self.mirror = ckpt.Mirror(self.cfg.checkpoint.s3_prefix,
-                                      store_factory=lambda: mirror_store(self.cfg),
-                                      guard=lease.ensure)
+        # under FSDP every rank mirrors its own shards; rank 0 (the lease holder) writes the manifest
+        self.sharded = trainer._is_fsdp()
+        if self.cfg.checkpoint.s3_prefix and (info.is_main or self.sharded):
+            c = self.cfg.checkpoint
+            self.mirror = ckpt.Mirror(c.s3_prefix, store_factory=lambda: mirror_store(self.cfg),
+                                      guard=self.lease.ensure if info.is_main else None, keep=c.keep,
+                                      parts_wait_s=max(c.mirror_timeout_s, c.mirror_wait_s))
 
     def take_lease(self):
         """The writer lease of `checkpoint.s3_prefix` (`chunkgrpo.train.lease`), kept alive by a heartbeat:
@@ -218,7 +228,7 @@ class Checkpointer:
             if not D.any_rank(bool(problem), info.device):
                 try:
                     data = ckpt.read(path, info.rank)
-                    if data.ema is None and _kept_ema(data.state):
+                    if not data.sharded and data.ema is None and _kept_ema(data.state):
                         raise ckpt.CorruptCheckpointError(
                             f"{path.name}/ema.safetensors: missing, but the run that wrote it kept an EMA")
                 except ckpt.CorruptCheckpointError as e:
@@ -226,6 +236,15 @@ class Checkpointer:
                 if D.any_rank(bool(problem), info.device):
                     data = None
                     problem = problem or "unreadable on another rank"
+                elif data.sharded:  # every rank reads its shards (collective), checked before any is applied
+                    try:
+                        data.shards = sharded.load(t, path, int(data.state["optimizer_step"]),
+                                                   _kept_ema(data.state) and t.ema is not None)
+                    except ckpt.CorruptCheckpointError as e:
+                        problem, own = str(e), True
+                    if D.any_rank(bool(problem), info.device):
+                        data = None
+                        problem = problem or "unreadable on another rank"
             else:
                 problem = problem or "failed verification on another node"
             if data is None:
@@ -345,12 +364,15 @@ class Checkpointer:
         if state.get("config_hash") != config_hash(self.cfg):
             log.warning("resuming from %s written with a different config (hash %s, now %s)", data.path,
                         state.get("config_hash"), config_hash(self.cfg))
-        missing = [n for n in t.trainable_names if n not in data.weights]
-        if missing:
-            raise UserError(f"checkpoint {data.path} lacks trainable parameters {missing[:3]} "
-                            "(LoRA/full mismatch?)")
-        self._load_trainable(data.weights)
-        self._load_optimizer(data.optimizer)
+        if data.sharded:
+            sharded.apply(t, data.shards, int(state.get("ema_updates", 0)))
+        else:
+            missing = [n for n in t.trainable_names if n not in data.weights]
+            if missing:
+                raise UserError(f"checkpoint {data.path} lacks trainable parameters {missing[:3]} "
+                                "(LoRA/full mismatch?)")
+            self._load_trainable(data.weights)
+            self._load_optimizer(data.optimizer)
         t.scheduler.load_state_dict(data.scheduler)
         if data.rng is not None:
             ckpt.set_rng_state(data.rng)
@@ -408,13 +430,17 @@ class Checkpointer:
         """Rank 0's files of a checkpoint, into its staging folder (the manifest comes later)."""
         from safetensors.torch import save_file
 
-        t = self.t
         save_file(weights, str(staging / "trainable.safetensors"))
         if ema_weights is not None:
             save_file(ema_weights, str(staging / "ema.safetensors"))
         torch.save(optim, staging / "optimizer.pt")
+        self._write_shared(staging)
+
+    def _write_shared(self, staging: Path, fmt: str = "full") -> None:
+        """Rank 0's scheduler and trainer state (both layouts)."""
+        t = self.t
         torch.save(t.scheduler.state_dict(), staging / "scheduler.pt")
-        state = {"iteration": t.iteration_idx, "optimizer_step": t.opt_step,
+        state = {"format": fmt, "iteration": t.iteration_idx, "optimizer_step": t.opt_step,
                  "config_hash": config_hash(self.cfg), "config": resume_config(self.cfg),
                  "history": t.history,
                  "world_size": t.info.world, "chunk_sizes": t.plan.sizes,
@@ -423,10 +449,13 @@ class Checkpointer:
         (staging / "trainer_state.json").write_text(json.dumps(state, indent=1))
 
     def save(self) -> Path | None:
-        """All ranks call this (FSDP gathers are collective); rank 0 writes; manifest last. Weights and
+        """All ranks call this (FSDP gathers are collective); rank 0 writes (under FSDP: `_save_sharded`);
+        manifest last. Weights and
         optimizer state must be finite: a NaN/inf is never committed (NonFiniteLossError instead, the
         previous checkpoint stays the latest). A full or read-only file system is one line
         (CheckpointWriteError), the staging folder removed."""
+        if self.sharded:
+            return sharded.save_checkpoint(self)
         t, info = self.t, self.t.info
         ema_weights = None
         if t.ema is not None:  # clone: without FSDP the state dict aliases the live parameters
@@ -487,22 +516,35 @@ class Checkpointer:
 
     # ------------------------------------------------------------------ end of training
     def finish(self) -> None:
-        """End of training: every checkpoint must reach S3 (bounded wait), else fail loudly — the local
-        checkpoints are intact and re-running the same command retries the upload. Once all are in S3,
-        the local ones beyond `checkpoint.keep` (held back while S3 was down) are deleted."""
-        if self.mirror is None:
-            return
+        """End of training (every rank): every checkpoint must reach S3 within a wait sized from the bytes
+        this rank still has to upload at `checkpoint.mirror_min_mb_s` plus `checkpoint.mirror_wait_s`,
+        else fail loudly — the local checkpoints are intact and re-running the same command retries the
+        upload. Once all are in S3, the local ones beyond `checkpoint.keep` (held back while S3 was down)
+        are deleted."""
         cfg = self.cfg.checkpoint
-        if not self.mirror.wait(cfg.mirror_wait_s):
+        if not cfg.s3_prefix:
+            return
+        drained, budget = True, 0.0
+        if self.mirror is not None:
+            budget = mirror_budget_s(self.mirror.pending_bytes(), cfg.mirror_min_mb_s, cfg.mirror_wait_s)
+            drained = self.mirror.wait(budget)
+        if D.any_rank(not drained, self.t.info.device):
             from chunkgrpo.store import StoreError
 
+            if drained:
+                raise StoreError(f"training finished but another rank's checkpoint shards did not reach "
+                                 f"{cfg.s3_prefix} (see its log); they are intact in {self.root} — re-run to "
+                                 "retry the upload")
             left = [p.name for p in self.mirror.pending()]
             raise StoreError(
                 f"training finished (final model in {self.t.out / 'final'}) but {', '.join(left)} "
-                f"did not reach {cfg.s3_prefix} within {cfg.mirror_wait_s:.0f}s "
-                f"({self.mirror.last_error}); they are intact in {self.root} — re-run to retry "
-                "the upload"
+                f"did not reach {cfg.s3_prefix} within {budget:.0f}s "
+                f"({self.mirror.last_error or 'too slow'}; "
+                f"checkpoint.mirror_min_mb_s={cfg.mirror_min_mb_s:g}); "
+                f"they are intact in {self.root} — re-run to retry the upload"
             )
+        if not self.t.info.is_main:
+            return
         # what `checkpoint.keep` held back during an outage can go now that it is in S3
         ckpt.prune(self.root, cfg.keep, self.mirror, cfg.mirror_backlog)
         if self.lease is not None:  # every checkpoint is in S3: the prefix is free for another run

@@ -94,7 +94,13 @@ class CheckpointConfig(Config):
         "one more stops training instead of deleting it",
     )
     mirror_wait_s: float = option(
-        600.0, "at the end of training, seconds to wait for the S3 mirror to catch up before failing"
+        120.0, "at the end of training, the S3 mirror's wait beyond what its bytes take at mirror_min_mb_s "
+        "(connections, the manifest, a retry) before failing"
+    )
+    mirror_min_mb_s: float = option(
+        50.0, "the slowest S3 upload rate (MB/s, per rank) a run accepts: the end-of-training wait is the "
+        "bytes still to upload at this rate plus mirror_wait_s (a full FLUX.1-dev checkpoint of ~143 GB "
+        "from one rank: ~48 min; sharded over 8 ranks: ~6 min)"
     )
     allow_config_change: bool = option(False, "resume even though the checkpoint was trained with another "
                                        "base model, method, lr, optimizer, LoRA, sampling, rewards, seed or "
@@ -122,7 +128,7 @@ class CheckpointConfig(Config):
         for name in ("every", "keep", "mirror_backlog", "mirror_wait_s", "s3_wait_s"):
             if getattr(self, name) < 0:
                 raise UserError(f"checkpoint.{name} must be >= 0, got {getattr(self, name)}")
-        for name in ("mirror_timeout_s", "lease_expiry_s"):
+        for name in ("mirror_timeout_s", "lease_expiry_s", "mirror_min_mb_s"):
             if getattr(self, name) <= 0:
                 raise UserError(f"checkpoint.{name} must be > 0, got {getattr(self, name)}")
         if self.s3_prefix:
