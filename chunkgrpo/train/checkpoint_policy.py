@@ -283,9 +283,20 @@ class Checkpointer:
         cfg = self.cfg.checkpoint
         store = download_store(cfg.s3_wait_s)
         t0, delay = time.monotonic(), 1.0
+        import os
+        import socket
+
+        who = f"{socket.gethostname()}-{os.getpid()}"
         while True:
-            try:
-                return ckpt.download(uri, self.root, step, store)
+            try:  # the marker keeps S3 retention (of any writer of this prefix) off it while it is read
+                marker = sharded.mark_reading(store, uri, who, sharded.READ_MARKER_S)
+                try:
+                    return ckpt.download(uri, self.root, step, store)
+                finally:
+                    try:
+                        store.delete(marker)
+                    except Exception as e:  # it expires by itself
+                        log.warning("could not remove the reading marker %s (%s)", marker, type(e).__name__)
             except Exception as e:
                 if not unreachable(e):
                     raise
@@ -416,7 +427,10 @@ class Checkpointer:
         return t.optimizer.state_dict()
 
     def _load_optimizer(self, state: dict) -> None:
+        """A full optimizer state, keyed by parameter index (a single process or DDP wrote it) or by name
+        (FSDP): converted to what this run's layout loads, so either resumes on any world size."""
         t = self.t
+        state = sharded.optimizer_keys(state, t.trainable_names, by_name=t._is_fsdp())
         if t._is_fsdp():
             from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 

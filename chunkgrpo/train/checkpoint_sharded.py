@@ -40,6 +40,7 @@ METADATA = f"{DCP_DIR}/.metadata"
 REQUIRED = (METADATA, "scheduler.pt", "trainer_state.json")
 PARTS = ".parts"
 READERS = ".readers"
+READ_MARKER_S = 6 * 3600.0  # a reader's marker protects its checkpoint this long (a crashed reader's lapses)
 
 
 def is_sharded(files) -> bool:
@@ -93,6 +94,17 @@ def tensors(obj, prefix: str = "") -> dict[str, torch.Tensor]:
         for i, v in enumerate(obj):
             out.update(tensors(v, f"{prefix}.{i}"))
     return out
+
+
+def optimizer_keys(osd: dict, names: list[str], by_name: bool) -> dict:
+    """An optimizer state dict keyed by parameter name (`by_name`) or by index into `names` (the
+    optimizer's parameter order), whichever it was keyed by before."""
+    index = {n: i for i, n in enumerate(names)}
+    conv = (lambda k: names[k] if isinstance(k, int) else k) if by_name else (
+        lambda k: index[k] if isinstance(k, str) else k)
+    return {**osd, "state": {conv(k): v for k, v in (osd.get("state") or {}).items()},
+            "param_groups": [{**g, "params": [conv(k) for k in g["params"]]}
+                             for g in osd.get("param_groups") or []]}
 
 
 def adam_steps(optim_sd: dict) -> list[int]:
