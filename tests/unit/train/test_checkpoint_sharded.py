@@ -38,15 +38,15 @@ class Toy:
     """What the Checkpointer reads of a trainer, with a deterministic step (the same batch on every rank,
     so the averaged gradient of any world size is the single-process one)."""
 
-    def __init__(self, out: Path, rank: int, world: int, ema: bool):
+    def __init__(self, out: Path, rank: int, world: int, ema: bool, checkpoint: dict | None = None):
         from chunkgrpo.train.config import TrainConfig
         from chunkgrpo.train.dist import DistInfo, shard_fsdp
         from chunkgrpo.train.ema import Ema
 
         self.cfg = TrainConfig.from_dict({"output_dir": str(out), "max_steps": 6, "distributed": "fsdp",
-                                          "checkpoint": {"keep": 10, "every": 2},
+                                          "checkpoint": {"keep": 10, "every": 2, **(checkpoint or {})},
                                           "ema": {"decay": 0.9 if ema else 0.0}})
-        self.out, self.info = out, DistInfo(rank, world)
+        self.out, self.info = out, DistInfo(rank, world, rank)
         torch.manual_seed(0)
         net = Net()
         if world > 1:
@@ -108,7 +108,8 @@ class Toy:
         return out
 
 
-def _worker(rank: int, world: int, port: int, out: str, steps: int, result: str, ema: bool) -> None:
+def _worker(rank: int, world: int, port: int, out: str, steps: int, result: str, ema: bool,
+            checkpoint: dict | None) -> None:
     import torch.distributed as dist
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
@@ -116,7 +117,7 @@ def _worker(rank: int, world: int, port: int, out: str, steps: int, result: str,
     if world > 1:
         dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        t = Toy(Path(out), rank, world, ema)
+        t = Toy(Path(out), rank, world, ema, checkpoint)
         t.checkpoints.resume()
         resumed_at = t.opt_step
         state_at_resume = t.full_state()
@@ -127,6 +128,7 @@ def _worker(rank: int, world: int, port: int, out: str, steps: int, result: str,
                 t.checkpoints.save()
                 states[t.opt_step] = t.full_state()
         final = t.full_state()
+        t.checkpoints.finish()
         t.checkpoints.close()
         if rank == 0:
             torch.save({"resumed_at": resumed_at, "at_resume": state_at_resume, "final": final,
@@ -136,12 +138,13 @@ def _worker(rank: int, world: int, port: int, out: str, steps: int, result: str,
             dist.destroy_process_group()
 
 
-def _run(world: int, out: Path, steps: int, tag: str, ema: bool = False) -> dict:
+def _run(world: int, out: Path, steps: int, tag: str, ema: bool = False,
+         checkpoint: dict | None = None) -> dict:
     from chunkgrpo.processes import free_port
 
     result = out.parent / f"{tag}.pt"
-    mp.start_processes(_worker, args=(world, free_port(), str(out), steps, str(result), ema), nprocs=world,
-                       join=True, start_method="spawn")
+    mp.start_processes(_worker, args=(world, free_port(), str(out), steps, str(result), ema, checkpoint),
+                       nprocs=world, join=True, start_method="spawn")
     return torch.load(result, weights_only=True)
 
 
@@ -202,3 +205,22 @@ def test_a_corrupt_shard_is_set_aside_and_the_older_checkpoint_resumes(tmp_path)
     again = _run(2, run, 4, "again")
     assert again["resumed_at"] == 2  # step 4 failed its checksum: set aside, step 2 used
     assert (run / "checkpoints" / "step-000004.bad-1").is_dir()
+
+
+def test_every_rank_mirrors_its_shards_and_s3_keeps_the_newest(services_env, tmp_path):
+    """2 FSDP ranks mirror to the real local S3 (each its own shards, rank 0 the manifest last) with
+    checkpoint.keep=2: S3 holds the two newest sharded checkpoints, each whole; a fresh single process
+    resumes from S3 with the 2-rank state."""
+    from chunkgrpo.store.client import ArtifactStore
+
+    prefix = f"s3://{services_env.store_config.bucket}/runs/sharded/ckpt"
+    over = {"s3_prefix": prefix, "keep": 2}
+    a = _run(2, tmp_path / "a", 6, "a", checkpoint=over)
+    st = ArtifactStore()
+    assert [u.rsplit("/", 1)[-1] for u in st.list_complete(prefix)] == ["step-000004", "step-000006"]
+    assert not st.list(prefix + "/step-000002/")  # pruned whole, not only its manifest
+    files = st.read_manifest(prefix + "/step-000006").files
+    assert {"dcp/__0_0.distcp", "dcp/__1_0.distcp", "dcp/.metadata", "rng/rank1.pt"} <= set(files)
+    b = _run(1, tmp_path / "b", 6, "b", checkpoint=over)  # an empty output_dir: from S3
+    assert b["resumed_at"] == 6
+    assert _same(b["at_resume"], a["final"])
