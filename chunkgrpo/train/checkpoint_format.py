@@ -429,6 +429,8 @@ class Mirror:
         self._store = None
         self.backoff_s, self.max_backoff_s = backoff_s, max_backoff_s
         self._queue: collections.deque[Path] = collections.deque()
+        self._deferred: list[Path] = []  # submitted while held: queued by `release` (the final model first)
+        self._held = False
         self._cv = threading.Condition()
         self._closing = False
         self.uploaded: list[str] = []
@@ -445,8 +447,25 @@ class Mirror:
         with self._cv:
             if part is not None:
                 self._jobs[path] = part
-            if path not in self._queue:
+            if self._held:
+                if path not in self._deferred:
+                    self._deferred.append(path)
+            elif path not in self._queue:
                 self._queue.append(path)
+            self._cv.notify_all()
+
+    def hold(self) -> None:
+        """Checkpoints submitted from now on wait (`release`); those already queued go on uploading."""
+        with self._cv:
+            self._held = True
+
+    def release(self) -> None:
+        with self._cv:
+            self._held = False
+            for p in self._deferred:
+                if p not in self._queue:
+                    self._queue.append(p)
+            self._deferred.clear()
             self._cv.notify_all()
 
     def pending_bytes(self) -> int:
@@ -465,16 +484,16 @@ class Mirror:
 
     def pending(self) -> list[Path]:
         with self._cv:
-            return list(self._queue)
+            return list(self._queue) + self._deferred
 
     def is_pending(self, path: Path) -> bool:
         with self._cv:
-            return path in self._queue
+            return path in self._queue or path in self._deferred
 
     def is_mirrored(self, path: Path) -> bool:
         """`path` was uploaded by this mirror (its manifest is in S3) and has not been queued again."""
         with self._cv:
-            return path in self._mirrored and path not in self._queue
+            return path in self._mirrored and path not in self._queue and path not in self._deferred
 
     def settle(self, path: Path) -> bool:
         """Wait while `path` is queued and the mirror is working (not failing); True if it is still
@@ -488,7 +507,7 @@ class Mirror:
         """Wait until everything submitted is in S3 (True) or `timeout` seconds pass (False)."""
         deadline = time.monotonic() + timeout
         with self._cv:
-            while self._queue:
+            while self._queue or self._deferred:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False

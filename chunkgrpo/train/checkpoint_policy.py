@@ -156,6 +156,12 @@ class Checkpointer:
                                      f"{self.cfg.checkpoint.s3_prefix} (see its log)")
         # under FSDP every rank mirrors its own shards; rank 0 (the lease holder) writes the manifest
         self.sharded = trainer._is_fsdp()
+        self.pending = None  # an asynchronous sharded save in flight (`checkpoint_sharded.Pending`)
+        self.async_group = None  # its collectives' own gloo group, beside training's
+        if self.sharded and self.cfg.checkpoint.async_save:
+            import torch.distributed as dist
+
+            self.async_group = dist.new_group(backend="gloo")
         if self.cfg.checkpoint.s3_prefix and (info.is_main or self.sharded):
             c = self.cfg.checkpoint
             self.mirror = ckpt.Mirror(c.s3_prefix, store_factory=lambda: mirror_store(self.cfg),
@@ -529,12 +535,37 @@ class Checkpointer:
         return final
 
     # ------------------------------------------------------------------ end of training
-    def finish(self) -> None:
+    def final_first(self) -> None:
+        """Before the last checkpoint (every rank): with `checkpoint.final_uri`, its upload waits until the
+        final model is in S3 (`finish`), so a job stopped during the long checkpoint uploads has its model."""
+        if self.mirror is not None and self.cfg.checkpoint.final_uri:
+            self.mirror.hold()
+
+    def _upload_final(self, final: Path | None) -> None:
+        """Rank 0 uploads the final model to `checkpoint.final_uri` (manifest last); every rank then lets
+        its mirror go on with the checkpoints held back by `final_first`."""
+        cfg, info = self.cfg.checkpoint, self.t.info
+        error = None
+        if cfg.final_uri and info.is_main and final is not None:
+            from chunkgrpo.store.client import ArtifactStore
+
+            try:
+                ArtifactStore().put_folder(final, cfg.final_uri, meta={"kind": "model"})
+            except StoreError as e:
+                error = e
+        if self.mirror is not None:
+            self.mirror.release()
+        if cfg.final_uri and D.any_rank(error is not None, info.device):
+            raise error or StoreError(f"rank 0 could not upload the final model to {cfg.final_uri}")
+
+    def finish(self, final: Path | None = None) -> None:
         """End of training (every rank): every checkpoint must reach S3 within a wait sized from the bytes
         this rank still has to upload at `checkpoint.mirror_min_mb_s` plus `checkpoint.mirror_wait_s`,
         else fail loudly — the local checkpoints are intact and re-running the same command retries the
         upload. Once all are in S3, the local ones beyond `checkpoint.keep` (held back while S3 was down)
         are deleted."""
+        sharded.complete_pending(self)  # the last asynchronous save is committed (and queued) first
+        self._upload_final(final)
         cfg = self.cfg.checkpoint
         if not cfg.s3_prefix:
             return
@@ -566,6 +597,8 @@ class Checkpointer:
             self.lease = None
 
     def close(self) -> None:
+        if self.pending is not None:  # a stop (SIGTERM, an error) lets the save in flight finish, bounded
+            self.pending.thread.join(timeout=self.cfg.checkpoint.mirror_timeout_s)
         if self.mirror is not None:
             self.mirror.close(timeout=0)  # an unfinished upload has no manifest in S3: never read as complete
         if self.lease is not None:  # unfinished: the lease stays (a retry of this run takes it back) and

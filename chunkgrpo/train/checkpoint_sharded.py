@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -312,11 +313,80 @@ def apply(t, state: dict, ema_updates: int) -> None:
                    optim_state_dict=state["optim"], options=StateDictOptions(strict=False))
 
 
+class _Collectives:
+    """any-rank / gather / broadcast on the default group (the training thread) or on the checkpoint's own
+    gloo group (the commit thread of an asynchronous save, beside training's collectives)."""
+
+    def __init__(self, device, group=None):
+        self.device, self.group = device, group
+
+    def any(self, flag: bool) -> bool:
+        import torch.distributed as dist
+
+        if self.group is None:
+            return D.any_rank(flag, self.device)
+        t = torch.tensor([1.0 if flag else 0.0])
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
+        return bool(t.item() > 0)
+
+    def gather(self, obj) -> list:
+        import torch.distributed as dist
+
+        if self.group is None:
+            return gather(obj)
+        out = [None] * dist.get_world_size(self.group)
+        dist.all_gather_object(out, obj, group=self.group)
+        return out
+
+
+class Pending:
+    """An asynchronous save: its shards are being written by torch.distributed.checkpoint's thread; this
+    rank's commit thread then hashes its files and commits the checkpoint with the other ranks (manifest,
+    rename, mirror) on the checkpoint's own process group, while training goes on."""
+
+    def __init__(self, cp, future, staging: Path, step: int):
+        self.error: BaseException | None = None
+        self.final: Path | None = None
+        self.step = step
+        self.thread = threading.Thread(target=self._run, args=(cp, future, staging, step), daemon=True,
+                                       name="checkpoint-commit")
+        self.thread.start()
+
+    def _run(self, cp, future, staging: Path, step: int) -> None:
+        try:
+            error = None
+            try:
+                future.result()
+            except BaseException as e:  # CheckpointException is a BaseException
+                error = ckpt.CheckpointWriteError(
+                    f"cannot write checkpoint {staging.name}: {_first_failure(e)}; the last complete "
+                    "checkpoint is intact")
+            self.final = commit(cp, staging, step, error, _Collectives(cp.t.info.device, cp.async_group))
+        except BaseException as e:
+            self.error = e
+
+
+def complete_pending(cp) -> Path | None:
+    """Wait for the asynchronous save in flight, if any (every rank calls it): its error, if it failed on
+    any rank, is raised here on every rank, as a synchronous save would have."""
+    pending, cp.pending = cp.pending, None
+    if pending is None:
+        return None
+    pending.thread.join()
+    if D.any_rank(pending.error is not None, cp.t.info.device):
+        raise pending.error or ckpt.CheckpointWriteError(
+            f"checkpoint step {pending.step} failed on another rank (see its log)")
+    return pending.final
+
+
 def save_checkpoint(cp) -> Path | None:
     """A checkpoint of the Checkpointer `cp`'s trainer under FSDP (all ranks call it): every rank writes
     its shards and RNG state and hashes its own files; rank 0 writes the scheduler and trainer state, then
     the manifest from every rank's entries, then renames. Each rank's mirror uploads its own files; rank
-    0's writes the S3 manifest last."""
+    0's writes the S3 manifest last. With `checkpoint.async_save` the shards are copied to host memory
+    and written in the background (`Pending`), and None is returned; the previous asynchronous save is
+    completed first, so at most one is in flight."""
+    complete_pending(cp)
     t, info = cp.t, cp.t.info
     state = state_dicts(t)
     bad = ckpt.non_finite(tensors(state))
@@ -333,43 +403,57 @@ def save_checkpoint(cp) -> Path | None:
         with ckpt.writing(staging) as failed:
             (staging / "rng").mkdir(parents=True, exist_ok=True)
             torch.save(ckpt.rng_state(), staging / "rng" / f"rank{info.rank}.pt")
+            if info.is_main:
+                cp._write_shared(staging, fmt="dcp")
         if not D.any_rank(failed.error is not None, info.device):
+            if cp.async_group is not None:
+                import torch.distributed.checkpoint as dcp
+
+                future = dcp.async_save(state, checkpoint_id=str(staging / DCP_DIR),
+                                        process_group=cp.async_group)
+                cp.pending = Pending(cp, future, staging, t.opt_step)
+                return None
             with ckpt.writing(staging) as failed:
                 save(state, staging)  # collective: raises on every rank if one fails
-                if info.is_main:
-                    cp._write_shared(staging, fmt="dcp")
+    return commit(cp, staging, t.opt_step, failed.error, _Collectives(info.device))
+
+
+def commit(cp, staging: Path, step: int, error: BaseException | None, coll: _Collectives) -> Path | None:
+    """After every rank wrote its files: each hashes its own, rank 0 writes the manifest from all the
+    entries and renames, every rank queues its files for the S3 mirror. Collective over `coll`."""
+    info = cp.t.info
     entries: dict = {}
-    if not D.any_rank(failed.error is not None, info.device):
+    if not coll.any(error is not None):
         with ckpt.writing(staging) as failed:
             entries = hash_files(staging, own_files(staging, info.rank))
-    if D.any_rank(failed.error is not None, info.device):
+        error = failed.error
+    if coll.any(error is not None):
         if info.is_main:
             shutil.rmtree(staging, ignore_errors=True)
-        raise failed.error or ckpt.CheckpointWriteError(
-            "checkpoint write failed on another rank (see its log)")
-    every = gather(entries)
-    final, error = None, None
+        raise error or ckpt.CheckpointWriteError("checkpoint write failed on another rank (see its log)")
+    every = coll.gather(entries)
+    final = None
     if info.is_main:
         files = {rel: e for part in every for rel, e in part.items()}
         try:
-            meta = {"kind": "checkpoint", "step": t.opt_step, "format": "dcp", "world_size": info.world}
-            final = ckpt.finalize(staging, cp.root, t.opt_step, meta, cp.cfg.checkpoint.keep,
+            meta = {"kind": "checkpoint", "step": step, "format": "dcp", "world_size": info.world}
+            final = ckpt.finalize(staging, cp.root, step, meta, cp.cfg.checkpoint.keep,
                                   mirror=cp.mirror, backlog=cp.cfg.checkpoint.mirror_backlog,
                                   files=files)
         except ckpt.MirrorBacklogError as e:
-            error, final = e, ckpt.step_dir(cp.root, t.opt_step)
+            error, final = e, ckpt.step_dir(cp.root, step)
         except OSError as e:
             shutil.rmtree(staging, ignore_errors=True)
             error = ckpt.CheckpointWriteError(
                 f"cannot write checkpoint {staging.name}: {ckpt._short(e)}; the last complete checkpoint "
                 f"in {cp.root} is intact")
-    committed = D.broadcast_object(final is not None)
+    committed = coll.gather(final is not None)[0]
     if committed and cp.mirror is not None:
-        path = ckpt.step_dir(cp.root, t.opt_step)
+        path = ckpt.step_dir(cp.root, step)
         manifest = (path / ckpt.MANIFEST).read_bytes() if info.is_main else None
         cp.mirror.submit(path, {"files": entries, "rank": info.rank, "world": info.world,
-                                  "manifest": manifest})
-    if D.any_rank(error is not None, info.device):
+                                "manifest": manifest})
+    if coll.any(error is not None):
         if error is not None:
             raise error
         raise ckpt.MirrorBacklogError("rank 0 stopped: checkpoints are not reaching S3 (see its log)")

@@ -97,6 +97,16 @@ class CheckpointConfig(Config):
         120.0, "at the end of training, the S3 mirror's wait beyond what its bytes take at mirror_min_mb_s "
         "(connections, the manifest, a retry) before failing"
     )
+    final_uri: str = option(
+        "", "s3://bucket/prefix/final: the trainer uploads its final model there before the last "
+        "checkpoint's upload starts ('' = the caller uploads it)"
+    )
+    async_save: bool = option(
+        True, "FSDP: each rank's shards are copied to host memory and written by a background thread "
+        "(torch.distributed.checkpoint.async_save) while training goes on; a commit thread then hashes them "
+        "and rank 0 writes the manifest. At most one save is in flight: the next checkpoint, and the end of "
+        "training, wait for it"
+    )
     mirror_min_mb_s: float = option(
         50.0, "the slowest S3 upload rate (MB/s, per rank) a run accepts: the end-of-training wait is the "
         "bytes still to upload at this rate plus mirror_wait_s (a full FLUX.1-dev checkpoint of ~143 GB "
@@ -131,6 +141,13 @@ class CheckpointConfig(Config):
         for name in ("mirror_timeout_s", "lease_expiry_s", "mirror_min_mb_s"):
             if getattr(self, name) <= 0:
                 raise UserError(f"checkpoint.{name} must be > 0, got {getattr(self, name)}")
+        if self.final_uri:
+            if not self.final_uri.startswith("s3://"):
+                raise UserError(f"checkpoint.final_uri={self.final_uri!r} is not an S3 URI (expected "
+                                "s3://bucket/prefix)")
+            from chunkgrpo.store import parse_s3_uri
+
+            parse_s3_uri(self.final_uri)
         if self.s3_prefix:
             if not self.s3_prefix.startswith("s3://"):
                 raise UserError(f"checkpoint.s3_prefix={self.s3_prefix!r} is not an S3 URI (expected s3://bucket/prefix)")

@@ -184,10 +184,12 @@ def test_two_ranks_one_rank_two_ranks_continue_the_same_training(tmp_path):
 
 
 def test_same_world_size_resumes_bit_identically_with_ema(tmp_path):
-    whole = _run(2, tmp_path / "whole", 4, "whole", ema=True)
+    """(The synchronous save; the other tests save asynchronously, the default.)"""
+    sync = {"async_save": False}
+    whole = _run(2, tmp_path / "whole", 4, "whole", ema=True, checkpoint=sync)
     run = tmp_path / "run"
-    _run(2, run, 2, "first", ema=True)
-    second = _run(2, run, 4, "second", ema=True)
+    _run(2, run, 2, "first", ema=True, checkpoint=sync)
+    second = _run(2, run, 4, "second", ema=True, checkpoint=sync)
     assert second["resumed_at"] == 2
     assert any(k.startswith("ema.") for k in whole["final"])
     assert _same(second["final"], whole["final"])
