@@ -44,6 +44,8 @@ import torch
 log = logging.getLogger(__name__)
 MANIFEST = "MANIFEST.json"
 REQUIRED = ("trainable.safetensors", "optimizer.pt", "scheduler.pt", "trainer_state.json")
+SHARDED_METADATA = "dcp/.metadata"  # the torch.distributed.checkpoint metadata of a sharded checkpoint
+SHARDED_REQUIRED = (SHARDED_METADATA, "scheduler.pt", "trainer_state.json")
 _STEP_RE = re.compile(r"^step-(\d+)$")
 
 
@@ -227,9 +229,7 @@ def verify(path: Path) -> dict:
         manifest = Manifest.from_json(mpath.read_bytes(), where=str(mpath))
     except (OSError, StoreError) as e:
         raise CorruptCheckpointError(f"{path.name}/{MANIFEST}: {e}") from None
-    from chunkgrpo.train import checkpoint_sharded as sharded
-
-    required = sharded.REQUIRED if sharded.is_sharded(manifest.files) else REQUIRED
+    required = SHARDED_REQUIRED if SHARDED_METADATA in manifest.files else REQUIRED
     missing = [f for f in required if f not in manifest.files]
     if missing:
         raise CorruptCheckpointError(f"{path.name}: manifest lacks {', '.join(missing)}")
@@ -274,10 +274,8 @@ def read(path: Path, rank: int = 0) -> CheckpointData:
     """Read a checkpoint (after `verify`); any unreadable or refused file is a CorruptCheckpointError."""
     from safetensors.torch import load_file
 
-    from chunkgrpo.train import checkpoint_sharded
-
     current = ""
-    sharded = (path / checkpoint_sharded.METADATA).is_file()
+    sharded = (path / SHARDED_METADATA).is_file()
     try:
         current = "trainer_state.json"
         state = json.loads((path / current).read_text(encoding="utf-8"))
@@ -410,6 +408,12 @@ def download(uri: str, root: Path, step: int, store=None) -> Path:
     return final
 
 
+def mirror_budget_s(pending_bytes: int, min_mb_s: float, slack_s: float) -> float:
+    """Seconds the end of training waits for the S3 mirror: the bytes still to upload at the slowest
+    acceptable rate, plus a fixed slack (connection set-up, the manifest, a retry)."""
+    return slack_s + pending_bytes / (min_mb_s * 1e6)
+
+
 class Mirror:
     """Uploads finished checkpoints to S3 from a background thread, in order, so training never waits
     on S3. While S3 is unreachable it keeps retrying (backoff doubling to `max_backoff_s`, one log
@@ -418,12 +422,13 @@ class Mirror:
 
     def __init__(
         self, s3_prefix: str, *, store_factory=None, backoff_s: float = 2.0, max_backoff_s: float = 60.0,
-        guard=None, keep: int = 0, parts_wait_s: float = 600.0,
+        guard=None, upload_part=None, retain=None,
     ):
         self.s3_prefix = s3_prefix
         self._guard = guard  # called before each upload; raises when this run may no longer write there
-        self.keep = keep  # S3 retention after each completed upload (0 = keep all); by the manifest writer
-        self.parts_wait_s = parts_wait_s  # a sharded checkpoint: how long rank 0 waits for the other parts
+        # a sharded checkpoint's part: upload_part(folder, uri, store, job) (`checkpoint_sharded`)
+        self._upload_part = upload_part
+        self._retain_fn = retain  # retain(store): S3 retention after each upload that wrote a manifest
         self._jobs: dict[Path, dict] = {}  # sharded checkpoints: this rank's files (+ the manifest on rank 0)
         self._store_factory = store_factory
         self._store = None
@@ -535,20 +540,15 @@ class Mirror:
         if job is None:
             uri = upload(path, self.s3_prefix, self._store)
         else:
-            from chunkgrpo.train.checkpoint_sharded import upload_part
-
-            uri = upload_part(path, self.s3_prefix.rstrip("/") + "/" + path.name, self._store, job["files"],
-                              job["rank"], job["world"], job["manifest"], self.parts_wait_s)
-        if self.keep > 0 and (job is None or job["manifest"] is not None):
+            uri = self._upload_part(path, self.s3_prefix.rstrip("/") + "/" + path.name, self._store, job)
+        if self._retain_fn is not None and (job is None or job["manifest"] is not None):
             self._retain()
         return uri
 
     def _retain(self) -> None:
         """S3 retention after an upload completed; a failure is one log line (the next upload retries)."""
-        from chunkgrpo.train.checkpoint_sharded import prune_remote
-
         try:
-            prune_remote(self._store, self.s3_prefix, self.keep)
+            self._retain_fn(self._store)
         except Exception as e:
             log.warning("S3 retention under %s failed (%s); retried after the next upload", self.s3_prefix,
                         _short(e))

@@ -123,12 +123,6 @@ def mirror_store(cfg: TrainConfig):
     return bounded_store(cfg.checkpoint.mirror_timeout_s)
 
 
-def mirror_budget_s(pending_bytes: int, min_mb_s: float, slack_s: float) -> float:
-    """Seconds the end of training waits for the S3 mirror: the bytes still to upload at the slowest
-    acceptable rate, plus a fixed slack (connection set-up, the manifest, a retry)."""
-    return slack_s + pending_bytes / (min_mb_s * 1e6)
-
-
 class Checkpointer:
     """Checkpoints of one trainer (`chunkgrpo.train.trainer.Trainer`, after its model, optimizer and
     caches are set up): `resume()` once, `save()` at every checkpoint, `finish()` after the final
@@ -164,9 +158,11 @@ class Checkpointer:
             self.async_group = dist.new_group(backend="gloo")
         if self.cfg.checkpoint.s3_prefix and (info.is_main or self.sharded):
             c = self.cfg.checkpoint
-            self.mirror = ckpt.Mirror(c.s3_prefix, store_factory=lambda: mirror_store(self.cfg),
-                                      guard=self.lease.ensure if info.is_main else None, keep=c.keep,
-                                      parts_wait_s=max(c.mirror_timeout_s, c.mirror_wait_s))
+            self.mirror = ckpt.Mirror(
+                c.s3_prefix, store_factory=lambda: mirror_store(self.cfg),
+                guard=self.lease.ensure if info.is_main else None,
+                upload_part=sharded.mirror_part(max(c.mirror_timeout_s, c.mirror_wait_s)),
+                retain=(lambda store: sharded.prune_remote(store, c.s3_prefix, c.keep)) if c.keep else None)
 
     def take_lease(self):
         """The writer lease of `checkpoint.s3_prefix` (`chunkgrpo.train.lease`), kept alive by a heartbeat:
@@ -289,20 +285,10 @@ class Checkpointer:
         cfg = self.cfg.checkpoint
         store = download_store(cfg.s3_wait_s)
         t0, delay = time.monotonic(), 1.0
-        import os
-        import socket
-
-        who = f"{socket.gethostname()}-{os.getpid()}"
         while True:
             try:  # the marker keeps S3 retention (of any writer of this prefix) off it while it is read
-                marker = sharded.mark_reading(store, uri, who, sharded.READ_MARKER_S)
-                try:
+                with sharded.reading(store, uri):
                     return ckpt.download(uri, self.root, step, store)
-                finally:
-                    try:
-                        store.delete(marker)
-                    except Exception as e:  # it expires by itself
-                        log.warning("could not remove the reading marker %s (%s)", marker, type(e).__name__)
             except Exception as e:
                 if not unreachable(e):
                     raise
@@ -571,7 +557,7 @@ class Checkpointer:
             return
         drained, budget = True, 0.0
         if self.mirror is not None:
-            budget = mirror_budget_s(self.mirror.pending_bytes(), cfg.mirror_min_mb_s, cfg.mirror_wait_s)
+            budget = ckpt.mirror_budget_s(self.mirror.pending_bytes(), cfg.mirror_min_mb_s, cfg.mirror_wait_s)
             drained = self.mirror.wait(budget)
         if D.any_rank(not drained, self.t.info.device):
             from chunkgrpo.store import StoreError

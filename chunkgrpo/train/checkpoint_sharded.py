@@ -21,9 +21,12 @@ checksums of the manifest, so a checkpoint is complete in S3 only when every sha
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
 import shutil
+import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -37,8 +40,8 @@ from chunkgrpo.train.context import NonFiniteLossError
 
 log = logging.getLogger(__name__)
 DCP_DIR = "dcp"
-METADATA = f"{DCP_DIR}/.metadata"
-REQUIRED = (METADATA, "scheduler.pt", "trainer_state.json")
+METADATA = ckpt.SHARDED_METADATA
+REQUIRED = ckpt.SHARDED_REQUIRED
 PARTS = ".parts"
 READERS = ".readers"
 READ_MARKER_S = 6 * 3600.0  # a reader's marker protects its checkpoint this long (a crashed reader's lapses)
@@ -129,6 +132,12 @@ def gather(obj) -> list:
 # ------------------------------------------------------------------------------------- S3
 
 
+def mirror_part(wait_s: float):
+    """`Mirror`'s upload of a sharded checkpoint's part (its job: files, rank, world, manifest)."""
+    return lambda folder, uri, store, job: upload_part(folder, uri, store, job["files"], job["rank"],
+                                                       job["world"], job["manifest"], wait_s)
+
+
 def upload_part(folder: Path, uri: str, store, files: dict[str, dict], rank: int, world: int,
                 manifest: bytes | None, wait_s: float, poll_s: float = 0.5) -> str:
     """This rank's files of a sharded checkpoint to `uri` (an object already there with the same sha256 and
@@ -187,6 +196,20 @@ def mark_reading(store, uri: str, who: str, expires_s: float) -> str:
     store.put_bytes(json.dumps({"time": time.time(), "expires_s": float(expires_s)}).encode(), key,
                     content_type="application/json")
     return key
+
+
+@contextlib.contextmanager
+def reading(store, uri: str):
+    """A reading marker under `uri` for the duration of the block (removed after; else it lapses)."""
+    marker = mark_reading(store, uri, f"{socket.gethostname()}-{os.getpid()}", READ_MARKER_S)
+    try:
+        yield
+    finally:
+        try:
+            store.delete(marker)
+        except Exception as e:
+            log.warning("could not remove the reading marker %s (%s); it lapses by itself", marker,
+                        type(e).__name__)
 
 
 def being_read(store, uri: str, now: float | None = None) -> bool:

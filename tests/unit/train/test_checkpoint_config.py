@@ -27,7 +27,7 @@ def test_defaults_wait_out_an_s3_restart():
 
 
 def test_the_end_of_training_wait_is_sized_from_the_bytes_left():
-    from chunkgrpo.train.checkpoint_policy import mirror_budget_s
+    from chunkgrpo.train.checkpoint_format import mirror_budget_s
 
     c = TrainConfig.load("tiny_cpu", []).checkpoint
     assert c.mirror_min_mb_s == 50 and c.mirror_wait_s == 120
