@@ -154,7 +154,9 @@ def _sharded_load(t, folder: Path) -> None:
     sharded.apply(t, sharded.load(t, folder, step, ema=False), 0)
 
 
-def _worker(rank: int, world: int, port: int, model_dir: str, work: str, result: str, repeat: int) -> None:
+def _worker(rank: int, world: int, port: int, model_dir: str, work: str, result: str, layout: str) -> None:
+    """One layout's save and resume in fresh processes (a heap grown by an earlier phase would hide the
+    next one's allocations from the resident-memory peak)."""
     import torch.distributed as dist
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -163,29 +165,28 @@ def _worker(rank: int, world: int, port: int, model_dir: str, work: str, result:
     GROUP.append(dist.new_group(backend="gloo"))
     out: dict = {}
     try:
-        for i, (layout, save, load) in enumerate([("gathered", _gathered_save, _gathered_load),
-                                                  ("sharded", _sharded_save, _sharded_load),
-                                                  ("sharded_async", _async_save, _sharded_load)] * repeat):
-            t = _model(Path(model_dir), world)
-            folder = Path(work) / layout if i < 3 else Path(work) / f"{layout}-{i}"
+        save, load = {"gathered": (_gathered_save, _gathered_load), "sharded": (_sharded_save, _sharded_load),
+                      "sharded_async": (_async_save, _sharded_load)}[layout]
+        t = _model(Path(model_dir), world)
+        folder = Path(work)
+        dist.barrier()
+        t0 = time.perf_counter()
+        with Peak() as ps:
+            save(t, folder, rank)
+        save_s = time.perf_counter() - t0
+        t2 = _model(Path(model_dir), world)  # a fresh run resuming
+        dist.barrier()
+        t0 = time.perf_counter()
+        with Peak() as pl:
+            load(t2, folder)
             dist.barrier()
-            t0 = time.perf_counter()
-            with Peak() as ps:
-                save(t, folder, rank)
-            save_s = time.perf_counter() - t0
-            t2 = _model(Path(model_dir), world)  # a fresh run resuming
-            dist.barrier()
-            t0 = time.perf_counter()
-            with Peak() as pl:
-                load(t2, folder)
-                dist.barrier()
-            load_s = time.perf_counter() - t0
-            same = all(torch.equal(a.to_local(), b.to_local()) for a, b in
-                       zip(t.model.transformer.parameters(), t2.model.transformer.parameters()))
-            out.setdefault(layout, []).append({
-                "save_s": save_s, "resume_s": load_s, "save_peak_mb": ps.mb, "resume_peak_mb": pl.mb,
-                "resumed_weights_equal": same, "blocking_s": getattr(t, "blocking_s", save_s)})
-            del t, t2
+        load_s = time.perf_counter() - t0
+        same = all(torch.equal(a.to_local(), b.to_local()) for a, b in
+                   zip(t.model.transformer.parameters(), t2.model.transformer.parameters()))
+        out.setdefault(layout, []).append({
+            "save_s": save_s, "resume_s": load_s, "save_peak_mb": ps.mb, "resume_peak_mb": pl.mb,
+            "resumed_weights_equal": same, "blocking_s": getattr(t, "blocking_s", save_s)})
+        del t, t2
         got = [None] * world
         dist.all_gather_object(got, out)
         if rank == 0:
@@ -208,10 +209,17 @@ def main() -> None:
         tmp = Path(tmp)
         build_tiny_flux(tmp / "model", size=args.size)
         result = tmp / "result.json"
-        mp.start_processes(_worker, nprocs=world, join=True, start_method="spawn",
-                           args=(world, free_port(), str(tmp / "model"), str(tmp / "ckpt"), str(result),
-                                 args.repeat))
-        ranks = json.loads(result.read_text())
+        runs: dict = {}
+        for i in range(args.repeat):
+            for layout in ("gathered", "sharded", "sharded_async"):
+                work = tmp / "ckpt" / (layout if i == 0 else f"{layout}-{i}")
+                mp.start_processes(_worker, nprocs=world, join=True, start_method="spawn",
+                                   args=(world, free_port(), str(tmp / "model"), str(work), str(result),
+                                         layout))
+                runs.setdefault(layout, []).append(json.loads(result.read_text()))
+        # ranks[r][layout] = that rank's list of runs
+        ranks = [{layout: [run[r][layout][0] for run in runs[layout]] for layout in runs}
+                 for r in range(world)]
         report = {"size": args.size, "world": world, "threads_per_rank": 1, "repeat": args.repeat,
                   "load_average": [round(x, 2) for x in os.getloadavg()], "layouts": {}}
 
