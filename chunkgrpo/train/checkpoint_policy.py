@@ -455,11 +455,11 @@ class Checkpointer:
         (staging / "trainer_state.json").write_text(json.dumps(state, indent=1))
 
     def save(self) -> Path | None:
-        """All ranks call this (FSDP gathers are collective); rank 0 writes (under FSDP: `_save_sharded`);
-        manifest last. Weights and
-        optimizer state must be finite: a NaN/inf is never committed (NonFiniteLossError instead, the
-        previous checkpoint stays the latest). A full or read-only file system is one line
-        (CheckpointWriteError), the staging folder removed."""
+        """All ranks call this; rank 0 writes (under FSDP every rank its shards:
+        `checkpoint_sharded.save_checkpoint`); manifest last. Weights and optimizer state must be finite:
+        a NaN/inf is never committed (NonFiniteLossError instead, the previous checkpoint stays the
+        latest). A full or read-only file system is one line (CheckpointWriteError), the staging folder
+        removed."""
         if self.sharded:
             return sharded.save_checkpoint(self)
         t, info = self.t, self.t.info
