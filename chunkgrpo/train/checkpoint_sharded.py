@@ -25,6 +25,7 @@ import contextlib
 import json
 import logging
 import os
+import pickle
 import shutil
 import socket
 import threading
@@ -283,20 +284,70 @@ def save(state: dict, folder: Path) -> None:
         raise OSError(f"writing shards: {_first_failure(e)}") from None
 
 
+class _MetadataUnpickler(pickle.Unpickler):
+    """torch.distributed.checkpoint's `.metadata` is a pickle: only its own record types, torch's sizes,
+    dtypes, layouts and memory formats and plain containers are built from it; anything else (a planted
+    `__reduce__` payload) is refused, never run."""
+
+    def find_class(self, module: str, name: str):
+        plain = (module == "builtins" and name in {"set", "frozenset", "tuple", "list", "dict", "slice"}) or (
+            module == "torch.serialization" and name == "_get_layout") or (  # a layout by its name
+            module == "pathlib" and name in {"PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath"})
+        if (module.startswith("torch.distributed.checkpoint.") and not name.startswith("_load")) or plain or (
+                module == "collections" and name == "OrderedDict") or (
+                module == "torch" and (name == "Size" or isinstance(getattr(torch, name, None),
+                                                                    (torch.dtype, torch.layout,
+                                                                     torch.memory_format)))):
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"{module}.{name} is not allowed in checkpoint metadata")
+
+
+def _reader(path: Path):
+    """A FileSystemReader whose metadata is read by `_MetadataUnpickler`."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import StorageMeta
+
+    class Reader(FileSystemReader):
+        def read_metadata(self, *args, **kwargs):
+            with open(Path(self.path) / ".metadata", "rb") as f:
+                metadata = _MetadataUnpickler(f).load()
+            if getattr(metadata, "storage_meta", None) is None:
+                metadata.storage_meta = StorageMeta()
+            metadata.storage_meta.load_id = self.load_id
+            return metadata
+
+    return Reader(str(path))
+
+
+def _planner():
+    """The default load planner, reading non-tensor items (optimizer param groups) as plain types only."""
+    from torch.distributed.checkpoint._traverse import set_element
+    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+
+    class Planner(DefaultLoadPlanner):
+        def load_bytes(self, read_item, value):
+            value = torch.load(value, weights_only=True)
+            if self.flatten_state_dict:
+                set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], value)
+            else:
+                self.state_dict[read_item.dest_index.fqn] = value
+
+    return Planner()
+
+
 def load(t, folder: Path, step: int, ema: bool) -> dict:
     """The shards this rank needs, read into copies of its state dicts (resharded when another world size
     wrote them); the live model and optimizer are untouched until `apply`. Raises CorruptCheckpointError
     (unreadable, a tensor not finite, an optimizer step count other than `step`, an EMA missing) or
     UserError (the checkpoint lacks trainable parameters: LoRA vs full). Collective: every rank calls it."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.api import CheckpointException
 
     from chunkgrpo.errors import UserError
     CorruptCheckpointError, non_finite = ckpt.CorruptCheckpointError, ckpt.non_finite
     name = folder.name
     try:
-        keys = FileSystemReader(str(folder / DCP_DIR)).read_metadata().state_dict_metadata
+        keys = _reader(folder / DCP_DIR).read_metadata().state_dict_metadata
     except Exception as e:
         raise CorruptCheckpointError(f"{name}/{METADATA}: {type(e).__name__}: {str(e)[:160]}") from None
     missing = [n for n in t.trainable_names if f"model.{n}" not in keys]
@@ -311,7 +362,7 @@ def load(t, folder: Path, step: int, ema: bool) -> dict:
     if not ema:
         state.pop("ema", None)
     try:
-        dcp.load(state, checkpoint_id=str(folder / DCP_DIR))
+        dcp.load(state, storage_reader=_reader(folder / DCP_DIR), planner=_planner())
     except CheckpointException as e:
         raise CorruptCheckpointError(f"{name}/{DCP_DIR}: {_first_failure(e)}") from None
     bad = non_finite(tensors(state))
