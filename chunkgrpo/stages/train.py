@@ -141,7 +141,9 @@ def train(req: TrainRequest, nproc_per_node: int) -> TrainedModel:
     preset = req.config
     prefix = req.prefix
     out = Path(tempfile.mkdtemp(prefix="chunkgrpo-train-")) / "out"
-    args = req.train_args(local_file(req.prompts), output_dir=str(out))
+    # the trainer uploads the final model itself, before its last checkpoint's upload starts
+    args = [*req.train_args(local_file(req.prompts), output_dir=str(out)),
+            f"checkpoint.final_uri={prefix}/final"]
     # torchrun on one node, rendezvous store on 127.0.0.1 only (--standalone listens on every interface)
     cmd = command(nproc_per_node, "-m", "chunkgrpo.train", "--config", preset, *args)
     print("+ torchrun " + shlex.join(cmd[3:]), flush=True)
@@ -153,7 +155,11 @@ def train(req: TrainRequest, nproc_per_node: int) -> TrainedModel:
     info = json.loads((out / "final" / "chunkgrpo_model.json").read_text())
     uri = f"{prefix}/final"
     store = ArtifactStore()
-    manifest = store.put_folder(out / "final", uri, meta={"kind": "model", "run_id": req.run_id})
+    from chunkgrpo.store.manifest import build_manifest
+
+    manifest = store.read_manifest(uri)
+    if manifest is None or manifest.content_sha256 != build_manifest(out / "final").content_sha256:
+        manifest = store.put_folder(out / "final", uri, meta={"kind": "model", "run_id": req.run_id})
     store.put_file(out / "train_summary.json", f"{prefix}/train_summary.json")
     pointer = model_pointer(req, uri, manifest.sha256, info, summary,
                             mlflow_run_id=summary.get("mlflow_run_id") or "", kfp_run_id=req.run_id)

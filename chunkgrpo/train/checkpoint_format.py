@@ -9,6 +9,10 @@ to S3 in the background through the artifact store (manifest last there too). La
     rng/rank{r}.pt          per-rank RNG states (torch, cuda, python, numpy) as tensors + plain types
     MANIFEST.json           sha256 + size of every file — written last
 
+That is the layout of a single-process or DDP run. Under FSDP the weights, optimizer state and EMA are
+each rank's shards instead (`dcp/`, torch.distributed.checkpoint; `chunkgrpo.train.checkpoint_sharded`),
+written, hashed and mirrored by every rank in parallel; either layout resumes on any world size.
+
 Nothing read back is trusted: a folder without a manifest is never resumed from; every file's size
 and sha256 are checked against the manifest before use; `.pt` files are read with
 `torch.load(weights_only=True)`, which refuses pickled code (a planted `__reduce__` payload is an
@@ -40,6 +44,8 @@ import torch
 log = logging.getLogger(__name__)
 MANIFEST = "MANIFEST.json"
 REQUIRED = ("trainable.safetensors", "optimizer.pt", "scheduler.pt", "trainer_state.json")
+SHARDED_METADATA = "dcp/.metadata"  # the torch.distributed.checkpoint metadata of a sharded checkpoint
+SHARDED_REQUIRED = (SHARDED_METADATA, "scheduler.pt", "trainer_state.json")
 _STEP_RE = re.compile(r"^step-(\d+)$")
 
 
@@ -122,10 +128,21 @@ def complete_checkpoints(root: Path) -> list[Path]:
     return sorted(found, key=step_of)
 
 
-def write_manifest(path: Path, meta: dict) -> None:
-    from chunkgrpo.store.manifest import build_manifest
+def write_manifest(path: Path, meta: dict, files: dict | None = None) -> None:
+    """MANIFEST.json of `path`: every file hashed here, or `files` ({rel: {sha256, size}}) as the ranks that
+    wrote them hashed them (a sharded checkpoint; they must be exactly the folder's files)."""
+    from chunkgrpo.store.manifest import Manifest, _now, build_manifest, file_sizes
 
-    manifest = build_manifest(path, meta=meta)
+    if files is None:
+        manifest = build_manifest(path, meta=meta)
+    else:
+        sizes = file_sizes(path)
+        if {k: int(v["size"]) for k, v in files.items()} != sizes:
+            odd = sorted(set(sizes).symmetric_difference(files)) or sorted(
+                k for k in files if int(files[k]["size"]) != sizes[k])
+            raise OSError(f"{path.name}: the ranks' file lists disagree with the folder "
+                          f"({', '.join(odd[:3])})")
+        manifest = Manifest(files=dict(files), created=_now(), meta=dict(meta))
     tmp = path / (MANIFEST + ".tmp")
     tmp.write_bytes(manifest.to_json())
     tmp.replace(path / MANIFEST)
@@ -154,9 +171,10 @@ def set_aside(path: Path) -> Path:
 
 
 def finalize(staging: Path, root: Path, step: int, meta: dict, keep: int, mirror: "Mirror | None" = None,
-             backlog: int = 0) -> Path:
-    """Manifest last, then an atomic rename; prune older complete checkpoints (see `prune`)."""
-    write_manifest(staging, meta)
+             backlog: int = 0, files: dict | None = None) -> Path:
+    """Manifest last (`files`: see `write_manifest`), then an atomic rename; prune older complete
+    checkpoints (see `prune`)."""
+    write_manifest(staging, meta, files)
     final = step_dir(root, step)
     if final.exists():
         set_aside(final)  # a folder for this step already exists (e.g. an unverified leftover): keep it
@@ -211,7 +229,8 @@ def verify(path: Path) -> dict:
         manifest = Manifest.from_json(mpath.read_bytes(), where=str(mpath))
     except (OSError, StoreError) as e:
         raise CorruptCheckpointError(f"{path.name}/{MANIFEST}: {e}") from None
-    missing = [f for f in REQUIRED if f not in manifest.files]
+    required = SHARDED_REQUIRED if SHARDED_METADATA in manifest.files else REQUIRED
+    missing = [f for f in required if f not in manifest.files]
     if missing:
         raise CorruptCheckpointError(f"{path.name}: manifest lacks {', '.join(missing)}")
     for rel, entry in sorted(manifest.files.items()):
@@ -247,6 +266,8 @@ class CheckpointData:
     scheduler: dict
     rng: dict | None
     ema: dict[str, torch.Tensor] | None = None  # the EMA of the trainable weights, when the run keeps one
+    sharded: bool = False  # weights, optimizer and EMA are in `dcp/`, read by each rank at apply time
+    shards: dict | None = None  # what `checkpoint_sharded.load` read for this rank
 
 
 def read(path: Path, rank: int = 0) -> CheckpointData:
@@ -254,16 +275,19 @@ def read(path: Path, rank: int = 0) -> CheckpointData:
     from safetensors.torch import load_file
 
     current = ""
+    sharded = (path / SHARDED_METADATA).is_file()
     try:
         current = "trainer_state.json"
         state = json.loads((path / current).read_text(encoding="utf-8"))
         for key in ("iteration", "optimizer_step"):
             if not isinstance(state.get(key), int):
                 raise ValueError(f"no integer {key!r}")
-        current = "trainable.safetensors"
-        weights = load_file(str(path / current))
-        current = "optimizer.pt"
-        optim = _load_pt(path / current)
+        weights, optim, ema = {}, {}, None
+        if not sharded:
+            current = "trainable.safetensors"
+            weights = load_file(str(path / current))
+            current = "optimizer.pt"
+            optim = _load_pt(path / current)
         current = "scheduler.pt"
         sched = _load_pt(path / current)
         for name, obj in (("optimizer.pt", optim), ("scheduler.pt", sched)):
@@ -271,14 +295,15 @@ def read(path: Path, rank: int = 0) -> CheckpointData:
                 current = name
                 raise ValueError(f"expected a state dict, got {type(obj).__name__}")
         current = "ema.safetensors"
-        ema = load_file(str(path / current)) if (path / current).exists() else None
+        if not sharded and (path / current).exists():
+            ema = load_file(str(path / current))
         current = f"rng/rank{rank}.pt"
         rng = _load_pt(path / current) if (path / current).exists() else None
         if rng is not None and not (isinstance(rng, dict) and isinstance(rng.get("numpy"), dict)):
             raise ValueError("not an RNG state of this version")
     except Exception as e:
         raise CorruptCheckpointError(f"{path.name}/{current}: {_short(e)}") from None
-    data = CheckpointData(path, state, weights, optim, sched, rng, ema)
+    data = CheckpointData(path, state, weights, optim, sched, rng, ema, sharded)
     check_contents(data)
     return data
 
@@ -288,7 +313,8 @@ def check_contents(data: CheckpointData) -> None:
     floating tensor finite (trainable weights, EMA, optimizer moments), and a trainer state that agrees
     with the files — `optimizer_step` = the N of the folder `step-N` = the LR scheduler's step count
     = the largest AdamW `step`; `iteration` ≥ 0 with one history entry per iteration. Raises
-    CorruptCheckpointError naming the first disagreement."""
+    CorruptCheckpointError naming the first disagreement. (A sharded checkpoint's tensors are checked the
+    same way by each rank on the shards it reads: `Checkpointer`.)"""
     name = data.path.name
     for label, tensors in (("trainable.safetensors", data.weights), ("ema.safetensors", data.ema or {}),
                            ("optimizer.pt", optimizer_tensors(data.optimizer))):
@@ -382,6 +408,12 @@ def download(uri: str, root: Path, step: int, store=None) -> Path:
     return final
 
 
+def mirror_budget_s(pending_bytes: int, min_mb_s: float, slack_s: float) -> float:
+    """Seconds the end of training waits for the S3 mirror: the bytes still to upload at the slowest
+    acceptable rate, plus a fixed slack (connection set-up, the manifest, a retry)."""
+    return slack_s + pending_bytes / (min_mb_s * 1e6)
+
+
 class Mirror:
     """Uploads finished checkpoints to S3 from a background thread, in order, so training never waits
     on S3. While S3 is unreachable it keeps retrying (backoff doubling to `max_backoff_s`, one log
@@ -390,14 +422,20 @@ class Mirror:
 
     def __init__(
         self, s3_prefix: str, *, store_factory=None, backoff_s: float = 2.0, max_backoff_s: float = 60.0,
-        guard=None,
+        guard=None, upload_part=None, retain=None,
     ):
         self.s3_prefix = s3_prefix
         self._guard = guard  # called before each upload; raises when this run may no longer write there
+        # a sharded checkpoint's part: upload_part(folder, uri, store, job) (`checkpoint_sharded`)
+        self._upload_part = upload_part
+        self._retain_fn = retain  # retain(store): S3 retention after each upload that wrote a manifest
+        self._jobs: dict[Path, dict] = {}  # sharded checkpoints: this rank's files (+ the manifest on rank 0)
         self._store_factory = store_factory
         self._store = None
         self.backoff_s, self.max_backoff_s = backoff_s, max_backoff_s
         self._queue: collections.deque[Path] = collections.deque()
+        self._deferred: list[Path] = []  # submitted while held: queued by `release` (the final model first)
+        self._held = False
         self._cv = threading.Condition()
         self._closing = False
         self.uploaded: list[str] = []
@@ -408,24 +446,59 @@ class Mirror:
         self._thread = threading.Thread(target=self._loop, name="checkpoint-mirror", daemon=True)
         self._thread.start()
 
-    def submit(self, path: Path) -> None:
+    def submit(self, path: Path, part: dict | None = None) -> None:
+        """Queue a complete checkpoint folder; `part` (a sharded checkpoint) = {"files": this rank's
+        {rel: entry}, "rank", "world", "manifest": bytes on rank 0 else None}: only those files go up."""
         with self._cv:
-            if path not in self._queue:
+            if part is not None:
+                self._jobs[path] = part
+            if self._held:
+                if path not in self._deferred:
+                    self._deferred.append(path)
+            elif path not in self._queue:
                 self._queue.append(path)
             self._cv.notify_all()
 
+    def hold(self) -> None:
+        """Checkpoints submitted from now on wait (`release`); those already queued go on uploading."""
+        with self._cv:
+            self._held = True
+
+    def release(self) -> None:
+        with self._cv:
+            self._held = False
+            for p in self._deferred:
+                if p not in self._queue:
+                    self._queue.append(p)
+            self._deferred.clear()
+            self._cv.notify_all()
+
+    def pending_bytes(self) -> int:
+        """Bytes of the files still queued for upload (what the end-of-training wait is sized from)."""
+        from chunkgrpo.store.manifest import file_sizes
+
+        total = 0
+        for p in self.pending():
+            job = self._jobs.get(p)
+            try:
+                total += (sum(int(e["size"]) for e in job["files"].values()) if job is not None
+                          else sum(file_sizes(p).values()))
+            except OSError:
+                continue
+        return total
+
     def pending(self) -> list[Path]:
         with self._cv:
-            return list(self._queue)
+            return list(self._queue) + self._deferred
 
     def is_pending(self, path: Path) -> bool:
         with self._cv:
-            return path in self._queue
+            return path in self._queue or path in self._deferred
 
     def is_mirrored(self, path: Path) -> bool:
         """`path` was uploaded by this mirror (its manifest is in S3) and has not been queued again."""
         with self._cv:
-            return path in self._mirrored and path not in self._queue
+            return path in self._mirrored and path not in self._queue and path not in self._deferred
 
     def settle(self, path: Path) -> bool:
         """Wait while `path` is queued and the mirror is working (not failing); True if it is still
@@ -439,7 +512,7 @@ class Mirror:
         """Wait until everything submitted is in S3 (True) or `timeout` seconds pass (False)."""
         deadline = time.monotonic() + timeout
         with self._cv:
-            while self._queue:
+            while self._queue or self._deferred:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
@@ -463,7 +536,22 @@ class Mirror:
             self._store = (self._store_factory or ArtifactStore)()
         if self._guard is not None:
             self._guard()
-        return upload(path, self.s3_prefix, self._store)
+        job = self._jobs.get(path)
+        if job is None:
+            uri = upload(path, self.s3_prefix, self._store)
+        else:
+            uri = self._upload_part(path, self.s3_prefix.rstrip("/") + "/" + path.name, self._store, job)
+        if self._retain_fn is not None and (job is None or job["manifest"] is not None):
+            self._retain()
+        return uri
+
+    def _retain(self) -> None:
+        """S3 retention after an upload completed; a failure is one log line (the next upload retries)."""
+        try:
+            self._retain_fn(self._store)
+        except Exception as e:
+            log.warning("S3 retention under %s failed (%s); retried after the next upload", self.s3_prefix,
+                        _short(e))
 
     def _loop(self) -> None:
         delay = self.backoff_s
@@ -497,6 +585,7 @@ class Mirror:
             with self._cv:
                 if self._queue and self._queue[0] == path:
                     self._queue.popleft()
+                    self._jobs.pop(path, None)
                 self.failing = False
                 self.uploaded.append(uri)
                 if uri != "(gone)":

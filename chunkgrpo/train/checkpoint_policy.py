@@ -1,6 +1,7 @@
 """The trainer's checkpoint policy: what a resumed run must share with its checkpoint, which checkpoint
 to resume (the newest that verifies, local or in S3), restoring the trainer's state from it, saving it
-(every rank collective, rank 0 writes, manifest last), and the S3 mirror's lifetime.
+(every rank collective; rank 0 writes, or under FSDP every rank its shards; manifest last), and the S3
+mirror's lifetime.
 
 `chunkgrpo.train.checkpoint_format` is what a checkpoint IS (the folder format, verification, pruning, the
 background S3 mirror); this module is how the trainer USES it. A `Checkpointer` is built by the trainer
@@ -22,6 +23,7 @@ import torch
 from chunkgrpo.errors import UserError
 from chunkgrpo.store import StoreError
 from chunkgrpo.train import checkpoint_format as ckpt
+from chunkgrpo.train import checkpoint_sharded as sharded
 from chunkgrpo.train import dist as D
 from chunkgrpo.train.config import TrainConfig
 from chunkgrpo.train.context import NonFiniteLossError
@@ -146,11 +148,21 @@ class Checkpointer:
         if D.any_rank(error is not None, info.device):
             raise error or UserError(f"rank 0 could not take the checkpoint writer lease of "
                                      f"{self.cfg.checkpoint.s3_prefix} (see its log)")
-        if self.cfg.checkpoint.s3_prefix and info.is_main:
-            lease = self.lease
-            self.mirror = ckpt.Mirror(self.cfg.checkpoint.s3_prefix,
-                                      store_factory=lambda: mirror_store(self.cfg),
-                                      guard=lease.ensure)
+        # under FSDP every rank mirrors its own shards; rank 0 (the lease holder) writes the manifest
+        self.sharded = trainer._is_fsdp()
+        self.pending = None  # an asynchronous sharded save in flight (`checkpoint_sharded.Pending`)
+        self.async_group = None  # its collectives' own gloo group, beside training's
+        if self.sharded and self.cfg.checkpoint.async_save:
+            import torch.distributed as dist
+
+            self.async_group = dist.new_group(backend="gloo")
+        if self.cfg.checkpoint.s3_prefix and (info.is_main or self.sharded):
+            c = self.cfg.checkpoint
+            self.mirror = ckpt.Mirror(
+                c.s3_prefix, store_factory=lambda: mirror_store(self.cfg),
+                guard=self.lease.ensure if info.is_main else None,
+                upload_part=sharded.mirror_part(max(c.mirror_timeout_s, c.mirror_wait_s)),
+                retain=(lambda store: sharded.prune_remote(store, c.s3_prefix, c.keep)) if c.keep else None)
 
     def take_lease(self):
         """The writer lease of `checkpoint.s3_prefix` (`chunkgrpo.train.lease`), kept alive by a heartbeat:
@@ -218,7 +230,7 @@ class Checkpointer:
             if not D.any_rank(bool(problem), info.device):
                 try:
                     data = ckpt.read(path, info.rank)
-                    if data.ema is None and _kept_ema(data.state):
+                    if not data.sharded and data.ema is None and _kept_ema(data.state):
                         raise ckpt.CorruptCheckpointError(
                             f"{path.name}/ema.safetensors: missing, but the run that wrote it kept an EMA")
                 except ckpt.CorruptCheckpointError as e:
@@ -226,6 +238,15 @@ class Checkpointer:
                 if D.any_rank(bool(problem), info.device):
                     data = None
                     problem = problem or "unreadable on another rank"
+                elif data.sharded:  # every rank reads its shards (collective), checked before any is applied
+                    try:
+                        data.shards = sharded.load(t, path, int(data.state["optimizer_step"]),
+                                                   _kept_ema(data.state) and t.ema is not None)
+                    except ckpt.CorruptCheckpointError as e:
+                        problem, own = str(e), True
+                    if D.any_rank(bool(problem), info.device):
+                        data = None
+                        problem = problem or "unreadable on another rank"
             else:
                 problem = problem or "failed verification on another node"
             if data is None:
@@ -265,8 +286,9 @@ class Checkpointer:
         store = download_store(cfg.s3_wait_s)
         t0, delay = time.monotonic(), 1.0
         while True:
-            try:
-                return ckpt.download(uri, self.root, step, store)
+            try:  # the marker keeps S3 retention (of any writer of this prefix) off it while it is read
+                with sharded.reading(store, uri):
+                    return ckpt.download(uri, self.root, step, store)
             except Exception as e:
                 if not unreachable(e):
                     raise
@@ -345,12 +367,15 @@ class Checkpointer:
         if state.get("config_hash") != config_hash(self.cfg):
             log.warning("resuming from %s written with a different config (hash %s, now %s)", data.path,
                         state.get("config_hash"), config_hash(self.cfg))
-        missing = [n for n in t.trainable_names if n not in data.weights]
-        if missing:
-            raise UserError(f"checkpoint {data.path} lacks trainable parameters {missing[:3]} "
-                            "(LoRA/full mismatch?)")
-        self._load_trainable(data.weights)
-        self._load_optimizer(data.optimizer)
+        if data.sharded:
+            sharded.apply(t, data.shards, int(state.get("ema_updates", 0)))
+        else:
+            missing = [n for n in t.trainable_names if n not in data.weights]
+            if missing:
+                raise UserError(f"checkpoint {data.path} lacks trainable parameters {missing[:3]} "
+                                "(LoRA/full mismatch?)")
+            self._load_trainable(data.weights)
+            self._load_optimizer(data.optimizer)
         t.scheduler.load_state_dict(data.scheduler)
         if data.rng is not None:
             ckpt.set_rng_state(data.rng)
@@ -394,7 +419,10 @@ class Checkpointer:
         return t.optimizer.state_dict()
 
     def _load_optimizer(self, state: dict) -> None:
+        """A full optimizer state, keyed by parameter index (a single process or DDP wrote it) or by name
+        (FSDP): converted to what this run's layout loads, so either resumes on any world size."""
         t = self.t
+        state = sharded.optimizer_keys(state, t.trainable_names, by_name=t._is_fsdp())
         if t._is_fsdp():
             from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
@@ -408,13 +436,17 @@ class Checkpointer:
         """Rank 0's files of a checkpoint, into its staging folder (the manifest comes later)."""
         from safetensors.torch import save_file
 
-        t = self.t
         save_file(weights, str(staging / "trainable.safetensors"))
         if ema_weights is not None:
             save_file(ema_weights, str(staging / "ema.safetensors"))
         torch.save(optim, staging / "optimizer.pt")
+        self._write_shared(staging)
+
+    def _write_shared(self, staging: Path, fmt: str = "full") -> None:
+        """Rank 0's scheduler and trainer state (both layouts)."""
+        t = self.t
         torch.save(t.scheduler.state_dict(), staging / "scheduler.pt")
-        state = {"iteration": t.iteration_idx, "optimizer_step": t.opt_step,
+        state = {"format": fmt, "iteration": t.iteration_idx, "optimizer_step": t.opt_step,
                  "config_hash": config_hash(self.cfg), "config": resume_config(self.cfg),
                  "history": t.history,
                  "world_size": t.info.world, "chunk_sizes": t.plan.sizes,
@@ -423,10 +455,13 @@ class Checkpointer:
         (staging / "trainer_state.json").write_text(json.dumps(state, indent=1))
 
     def save(self) -> Path | None:
-        """All ranks call this (FSDP gathers are collective); rank 0 writes; manifest last. Weights and
-        optimizer state must be finite: a NaN/inf is never committed (NonFiniteLossError instead, the
-        previous checkpoint stays the latest). A full or read-only file system is one line
-        (CheckpointWriteError), the staging folder removed."""
+        """All ranks call this; rank 0 writes (under FSDP every rank its shards:
+        `checkpoint_sharded.save_checkpoint`); manifest last. Weights and optimizer state must be finite:
+        a NaN/inf is never committed (NonFiniteLossError instead, the previous checkpoint stays the
+        latest). A full or read-only file system is one line (CheckpointWriteError), the staging folder
+        removed."""
+        if self.sharded:
+            return sharded.save_checkpoint(self)
         t, info = self.t, self.t.info
         ema_weights = None
         if t.ema is not None:  # clone: without FSDP the state dict aliases the live parameters
@@ -486,23 +521,61 @@ class Checkpointer:
         return final
 
     # ------------------------------------------------------------------ end of training
-    def finish(self) -> None:
-        """End of training: every checkpoint must reach S3 (bounded wait), else fail loudly — the local
-        checkpoints are intact and re-running the same command retries the upload. Once all are in S3,
-        the local ones beyond `checkpoint.keep` (held back while S3 was down) are deleted."""
-        if self.mirror is None:
-            return
+    def final_first(self) -> None:
+        """Before the last checkpoint (every rank): with `checkpoint.final_uri`, its upload waits until the
+        final model is in S3 (`finish`), so a job stopped during the long checkpoint uploads has its model."""
+        if self.mirror is not None and self.cfg.checkpoint.final_uri:
+            self.mirror.hold()
+
+    def _upload_final(self, final: Path | None) -> None:
+        """Rank 0 uploads the final model to `checkpoint.final_uri` (manifest last); every rank then lets
+        its mirror go on with the checkpoints held back by `final_first`."""
+        cfg, info = self.cfg.checkpoint, self.t.info
+        error = None
+        if cfg.final_uri and info.is_main and final is not None:
+            from chunkgrpo.store.client import ArtifactStore
+
+            try:
+                ArtifactStore().put_folder(final, cfg.final_uri, meta={"kind": "model"})
+            except StoreError as e:
+                error = e
+        if self.mirror is not None:
+            self.mirror.release()
+        if cfg.final_uri and D.any_rank(error is not None, info.device):
+            raise error or StoreError(f"rank 0 could not upload the final model to {cfg.final_uri}")
+
+    def finish(self, final: Path | None = None) -> None:
+        """End of training (every rank): every checkpoint must reach S3 within a wait sized from the bytes
+        this rank still has to upload at `checkpoint.mirror_min_mb_s` plus `checkpoint.mirror_wait_s`,
+        else fail loudly — the local checkpoints are intact and re-running the same command retries the
+        upload. Once all are in S3, the local ones beyond `checkpoint.keep` (held back while S3 was down)
+        are deleted."""
+        sharded.complete_pending(self)  # the last asynchronous save is committed (and queued) first
+        self._upload_final(final)
         cfg = self.cfg.checkpoint
-        if not self.mirror.wait(cfg.mirror_wait_s):
+        if not cfg.s3_prefix:
+            return
+        drained, budget = True, 0.0
+        if self.mirror is not None:
+            budget = ckpt.mirror_budget_s(self.mirror.pending_bytes(), cfg.mirror_min_mb_s, cfg.mirror_wait_s)
+            drained = self.mirror.wait(budget)
+        if D.any_rank(not drained, self.t.info.device):
             from chunkgrpo.store import StoreError
 
+            if drained:
+                raise StoreError(f"training finished but another rank's checkpoint shards did not reach "
+                                 f"{cfg.s3_prefix} (see its log); they are intact in {self.root} — re-run to "
+                                 "retry the upload")
             left = [p.name for p in self.mirror.pending()]
             raise StoreError(
                 f"training finished (final model in {self.t.out / 'final'}) but {', '.join(left)} "
-                f"did not reach {cfg.s3_prefix} within {cfg.mirror_wait_s:.0f}s "
-                f"({self.mirror.last_error}); they are intact in {self.root} — re-run to retry "
-                "the upload"
+                f"did not reach {cfg.s3_prefix} within {budget:.0f}s "
+                f"({self.mirror.last_error or 'too slow'}; "
+                f"checkpoint.mirror_min_mb_s={cfg.mirror_min_mb_s:g}); "
+                f"they are intact in {self.root} — re-run to retry the upload"
             )
+        if not self.t.info.is_main:
+            return
         # what `checkpoint.keep` held back during an outage can go now that it is in S3
         ckpt.prune(self.root, cfg.keep, self.mirror, cfg.mirror_backlog)
         if self.lease is not None:  # every checkpoint is in S3: the prefix is free for another run
@@ -510,6 +583,8 @@ class Checkpointer:
             self.lease = None
 
     def close(self) -> None:
+        if self.pending is not None:  # a stop (SIGTERM, an error) lets the save in flight finish, bounded
+            self.pending.thread.join(timeout=self.cfg.checkpoint.mirror_timeout_s)
         if self.mirror is not None:
             self.mirror.close(timeout=0)  # an unfinished upload has no manifest in S3: never read as complete
         if self.lease is not None:  # unfinished: the lease stays (a retry of this run takes it back) and

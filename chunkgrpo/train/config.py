@@ -95,7 +95,23 @@ class CheckpointConfig(Config):
         "one more stops training instead of deleting it",
     )
     mirror_wait_s: float = option(
-        600.0, "at the end of training, seconds to wait for the S3 mirror to catch up before failing"
+        120.0, "at the end of training, the S3 mirror's wait beyond what its bytes take at mirror_min_mb_s "
+        "(connections, the manifest, a retry) before failing"
+    )
+    final_uri: str = option(
+        "", "s3://bucket/prefix/final: the trainer uploads its final model there before the last "
+        "checkpoint's upload starts ('' = the caller uploads it)"
+    )
+    async_save: bool = option(
+        True, "FSDP: each rank's shards are copied to host memory and written by a background thread "
+        "(torch.distributed.checkpoint.async_save) while training goes on; a commit thread then hashes them "
+        "and rank 0 writes the manifest. At most one save is in flight: the next checkpoint, and the end of "
+        "training, wait for it"
+    )
+    mirror_min_mb_s: float = option(
+        50.0, "the slowest S3 upload rate (MB/s, per rank) a run accepts: the end-of-training wait is the "
+        "bytes still to upload at this rate plus mirror_wait_s (a full FLUX.1-dev checkpoint of ~143 GB "
+        "from one rank: ~48 min; sharded over 8 ranks: ~6 min)"
     )
     allow_config_change: bool = option(False, "resume even though the checkpoint was trained with another "
                                        "base model, method, lr, optimizer, LoRA, sampling, rewards, seed or "
@@ -123,9 +139,16 @@ class CheckpointConfig(Config):
         for name in ("every", "keep", "mirror_backlog", "mirror_wait_s", "s3_wait_s"):
             if getattr(self, name) < 0:
                 raise UserError(f"checkpoint.{name} must be >= 0, got {getattr(self, name)}")
-        for name in ("mirror_timeout_s", "lease_expiry_s"):
+        for name in ("mirror_timeout_s", "lease_expiry_s", "mirror_min_mb_s"):
             if getattr(self, name) <= 0:
                 raise UserError(f"checkpoint.{name} must be > 0, got {getattr(self, name)}")
+        if self.final_uri:
+            if not self.final_uri.startswith("s3://"):
+                raise UserError(f"checkpoint.final_uri={self.final_uri!r} is not an S3 URI (expected "
+                                "s3://bucket/prefix)")
+            from chunkgrpo.store import parse_s3_uri
+
+            parse_s3_uri(self.final_uri)
         if self.s3_prefix:
             if not self.s3_prefix.startswith("s3://"):
                 raise UserError(f"checkpoint.s3_prefix={self.s3_prefix!r} is not an S3 URI (expected s3://bucket/prefix)")

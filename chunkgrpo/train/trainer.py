@@ -368,11 +368,13 @@ class Trainer:
                     (self.opt_step - self.steps_per_iteration) // every
                 )
                 if crossed or self.done():
+                    if self.done():
+                        self.checkpoints.final_first()
                     self.save_checkpoint()
             bar.close()
             self._write_rank_state()
             final = self.export(self.out / "final")
-            self.checkpoints.finish()
+            self.checkpoints.finish(final)
             if info.is_main:
                 summary = {"optimizer_steps": self.opt_step, "iterations": self.iteration_idx,
                            "final_model": str(final), "history": self.history, "chunk_sizes": self.plan.sizes,

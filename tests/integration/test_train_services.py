@@ -104,3 +104,34 @@ def test_prompts_from_s3(services_env, tmp_path, monkeypatch):
     assert load_prompts(uri) == ["a bird"]
     with pytest.raises(UserError, match="does not exist"):
         load_prompts(f"s3://{services_env.store_config.bucket}/data/missing.txt")
+
+
+def test_the_final_model_reaches_s3_before_the_last_checkpoint(services_env, tiny_model_dir, tmp_path,
+                                                               monkeypatch):
+    """With checkpoint.final_uri the last checkpoint's upload waits until the final model is in S3."""
+    from chunkgrpo.train import checkpoint_format as ckpt
+
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a cat on a chair\na red car\n")
+    base = f"s3://{services_env.store_config.bucket}/runs/final-first"
+    order = []
+    real_upload, real_put = ckpt.upload, ArtifactStore.put_folder
+
+    def upload(path, prefix, store=None):
+        order.append(path.name)
+        return real_upload(path, prefix, store)
+
+    def put_folder(self, local_dir, prefix, **kw):
+        if str(prefix).endswith("/final"):
+            order.append("final")
+        return real_put(self, local_dir, prefix, **kw)
+
+    monkeypatch.setattr(ckpt, "upload", upload)
+    monkeypatch.setattr(ArtifactStore, "put_folder", put_folder)
+    run_training(TrainConfig.load("tiny_cpu", [
+        f"model={tiny_model_dir}", f"prompts={prompts}", f"output_dir={tmp_path / 'a'}", "progress=false",
+        "max_steps=2", "checkpoint.every=1", "checkpoint.keep=5", f"checkpoint.s3_prefix={base}/ckpt",
+        f"checkpoint.final_uri={base}/final", "tracking.image_every=0"]))
+    assert order.index("final") < order.index("step-000002")
+    st = ArtifactStore()
+    assert st.is_complete(f"{base}/final") and st.latest_complete(f"{base}/ckpt").endswith("/step-000002")

@@ -41,6 +41,9 @@ def test_torchrun_command_and_pointer(monkeypatch, artifact):
         def put_file(self, *a, **k):
             pass
 
+        def read_manifest(self, uri):  # the trainer's own upload of the final model did not happen here
+            return None
+
     monkeypatch.setattr(torchrun, "run_torchrun", fake_run)
     monkeypatch.setattr(store, "ArtifactStore", FakeStore)
     model, metrics = artifact("model.json"), artifact("metrics")
@@ -51,6 +54,7 @@ def test_torchrun_command_and_pointer(monkeypatch, artifact):
     assert "rewards.0.options.weights=s3://bkt/models/MizzenAI/HPSv3" in cmd
     assert "rewards.0.options.processor=s3://bkt/models/Qwen/Qwen2-VL-7B-Instruct" in cmd
     assert "checkpoint.s3_prefix=s3://bkt/runs/run-1/train/checkpoints" in cmd  # a retry resumes from here
+    assert "checkpoint.final_uri=s3://bkt/runs/run-1/train/final" in cmd  # before the last checkpoint
     pointer = json.loads(open(model.path).read())
     assert pointer["uri"] == "s3://bkt/runs/run-1/train/final" and pointer["chunk_sizes"] == [2, 3, 4, 7]
     assert metrics.metrics["reward_mean.last"] == 0.2

@@ -76,3 +76,24 @@ def test_without_a_mirror_keep_alone_bounds_the_local_copies(tmp_path):
         _write(root, step)
     assert [p.name for p in ckpt.prune(root, keep=2)] == ["step-000001", "step-000002"]
     assert [p.name for p in ckpt.complete_checkpoints(root)] == ["step-000003", "step-000004"]
+
+
+def test_held_checkpoints_wait_for_release_and_are_never_pruned_meanwhile(tmp_path, store):
+    """The last checkpoint waits while the final model goes up first (`Checkpointer.final_first`)."""
+    root = tmp_path / "checkpoints"
+    m = ckpt.Mirror("s3://b/ckpt", store_factory=lambda: store)
+    try:
+        _write(root, 1)
+        m.submit(ckpt.step_dir(root, 1))
+        assert m.wait(30)
+        m.hold()
+        _write(root, 2)
+        m.submit(ckpt.step_dir(root, 2))
+        assert not m.wait(0.5)  # held: not uploaded
+        assert "s3://b/ckpt/step-000002" not in store.objects and m.is_pending(ckpt.step_dir(root, 2))
+        assert m.pending_bytes() == 100  # its files (the manifest is small and sized apart)
+        assert ckpt.prune(root, keep=1, mirror=m) == [ckpt.step_dir(root, 1)]  # step 2 stays, not in S3
+        m.release()
+        assert m.wait(30) and "s3://b/ckpt/step-000002" in store.objects
+    finally:
+        m.close()
