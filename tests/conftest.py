@@ -58,6 +58,8 @@ LONG_FILES_FIRST = (
     "tests/integration/test_custom_rewards.py",  # 2 kfp.local runs + 2 toy trainings; 740 s at a load of 17
     "tests/integration/test_reward_server_training.py",  # 7 tiny trainings; 359 s at a load of 7
     "tests/integration/test_train_torchrun.py",  # 149 s
+    "tests/unit/train/test_checkpoint_sharded.py",  # 2->1->2 ranks, S3 mirror; 4-7 min under load
+    "tests/integration/test_sharded_load_torchrun.py",  # 3 sharded ranks, FSDP vs DDP
     "tests/integration/test_availability.py",  # 109 s
     "tests/pipeline/test_local_errors.py",  # 87 s
     "tests/integration/test_session_interrupt.py",  # 84 s
