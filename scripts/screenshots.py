@@ -7,14 +7,16 @@ plots and the plan's Markdown report), as small PNGs for the docs.
 --run runs the demo first (`chunkgrpo pipeline run --local --keep-services --home DIR`, the toy world);
 without it the latest run in DIR is used. The local MLflow server of DIR is started when it is not
 running (`chunkgrpo.services.LocalServices`) and left as it was found. Pages are taken with Debian's
-headless chromium (`apt-get install -y chromium`), which runs MLflow's single-page app for a few
-seconds of virtual time before the capture; each PNG is reduced to a 256-colour palette. Prints one JSON
+headless chromium (`apt-get install -y chromium`) over its DevTools protocol: each page gets a few
+seconds to fetch its data, scrolling panes are unfolded (MLflow's tag table shows four rows and scrolls
+the rest) and the whole page is captured; each PNG is reduced to a 256-colour palette. Prints one JSON
 line per image (path, size in bytes, what it shows).
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import html
 import json
 import os
@@ -37,20 +39,86 @@ def chromium() -> str:
     raise SystemExit("screenshots: no chromium on PATH (Debian: apt-get install -y chromium)")
 
 
-def shoot(url: str, out: Path, width: int = 1280, height: int = 900, wait_ms: int = 15000) -> Path:
-    """A PNG of `url` as headless chromium renders it after `wait_ms` of virtual time, palette-reduced."""
+# Run in the page before the capture: the assistant side panel is hidden and scrolling panes (MLflow's tag
+# table keeps its rows in one) drop their height limit; the viewport then grows to the tallest content.
+UNFOLD = """
+for (const el of document.querySelectorAll('span, div, h1, h2, h3')) {
+  if (el.childElementCount === 0 && el.textContent.trim() === 'MLflow Assistant') {
+    let panel = el;
+    while (panel.parentElement && panel.getBoundingClientRect().height < 0.8 * innerHeight) {
+      panel = panel.parentElement;
+    }
+    if (panel.getBoundingClientRect().width < 0.45 * innerWidth) panel.style.display = 'none';
+  }
+}
+for (const el of document.querySelectorAll('*')) {
+  const st = getComputedStyle(el);
+  if ((st.overflowY === 'auto' || st.overflowY === 'scroll') && el.scrollHeight > el.clientHeight + 4
+      && el !== document.scrollingElement && el.tagName !== 'BODY' && el.tagName !== 'HTML') {
+    el.style.maxHeight = 'none'; el.style.overflowY = 'visible';
+  }
+}
+"""
+TALLEST = "Math.max(...Array.from(document.querySelectorAll('*'), e => e.scrollHeight))"
+
+
+def _cdp(ws, method: str, **params) -> dict:
+    """One DevTools call on websocket `ws`: its result (events before it are skipped)."""
+    ident = _cdp.counter = getattr(_cdp, "counter", 0) + 1
+    ws.send(json.dumps({"id": ident, "method": method, "params": params}))
+    while True:
+        msg = json.loads(ws.recv())
+        if msg.get("id") == ident:
+            if "error" in msg:
+                raise RuntimeError(f"{method}: {msg['error']}")
+            return msg.get("result", {})
+
+
+def shoot(url: str, out: Path, width: int = 1280, height: int = 900, wait_s: float = 8.0,
+          max_height: int = 2000) -> Path:
+    """A PNG of `url` in headless chromium (DevTools protocol): loaded, given `wait_s` for the app to
+    fetch its data, scrolling panes unfolded (UNFOLD), the full page captured, palette-reduced."""
+    import time
+    import urllib.request
+
+    import websocket  # websocket-client, a dependency of the kubernetes client
     from PIL import Image
 
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="chromium-") as profile:
-        raw = Path(profile) / "shot.png"
         cmd = [chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
                "--no-first-run", "--disable-dev-shm-usage", f"--user-data-dir={profile}",
-               f"--window-size={width},{height}", f"--virtual-time-budget={wait_ms}",
-               f"--screenshot={raw}", url]
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
-        if not raw.exists():
-            raise SystemExit(f"screenshots: chromium made no image of {url}: {r.stderr.strip()[-500:]}")
+               "--remote-debugging-port=0", f"--window-size={width},{height}", "about:blank"]
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            port_file = Path(profile) / "DevToolsActivePort"
+            deadline = time.monotonic() + 60
+            while not port_file.exists() or not port_file.read_text().strip():
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise SystemExit("screenshots: chromium did not start its DevTools endpoint")
+                time.sleep(0.2)
+            port = port_file.read_text().split()[0]
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=30) as r:
+                page = next(t for t in json.load(r) if t["type"] == "page")
+            ws = websocket.create_connection(page["webSocketDebuggerUrl"], timeout=120, suppress_origin=True)
+            _cdp(ws, "Emulation.setDeviceMetricsOverride", width=width, height=height, deviceScaleFactor=1,
+                 mobile=False)
+            _cdp(ws, "Page.navigate", url=url)
+            time.sleep(wait_s)
+            _cdp(ws, "Runtime.evaluate", expression=UNFOLD)
+            time.sleep(1.0)
+            full = _cdp(ws, "Runtime.evaluate", expression=TALLEST, returnByValue=True)["result"].get("value")
+            full = min(int(max(height, (full or height) + 40)), max_height)  # an app shell is 100vh tall
+            _cdp(ws, "Emulation.setDeviceMetricsOverride", width=width, height=full, deviceScaleFactor=1,
+                 mobile=False)
+            time.sleep(1.0)
+            data = _cdp(ws, "Page.captureScreenshot", format="png")["data"]
+            ws.close()
+        finally:
+            proc.terminate()
+            proc.wait(30)
+        raw = Path(profile) / "shot.png"
+        raw.write_bytes(base64.b64decode(data))
         img = Image.open(raw).convert("RGB")
         img.quantize(colors=256, method=Image.Quantize.MEDIANCUT).save(out, optimize=True)
     return out
@@ -81,7 +149,7 @@ def mlflow_targets(tracking_uri: str) -> tuple[str, str]:
 
     client = MlflowClient(tracking_uri)
     runs = client.search_runs([e.experiment_id for e in client.search_experiments()],
-                              filter_string="tags.`kfp.pipeline` = 'train_and_evaluate'",
+                              filter_string="tags.`kfp.pipeline` = 'chunkgrpo-train-and-evaluate'",
                               order_by=["attributes.start_time DESC"], max_results=1)
     if not runs:
         raise SystemExit("screenshots: the local MLflow has no train_and_evaluate run (run with --run)")
@@ -118,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         env = svc.env()
         os.environ.update(env)
         run_url, version_url = mlflow_targets(env["MLFLOW_TRACKING_URI"])
-        shots.append((shoot(run_url, out / "mlflow-run.png", height=1100), "MLflow: the pipeline's run"))
+        shots.append((shoot(run_url, out / "mlflow-run.png", height=1300), "MLflow: the pipeline's run"))
         if version_url:
             shots.append((shoot(version_url, out / "mlflow-model-version.png"), "MLflow: the model version"))
         run_dir = latest_run_dir(home)
@@ -128,11 +196,11 @@ def main(argv: list[str] | None = None) -> int:
                 src = run_dir / task / output
                 page = Path(tmp) / f"{task}.html"
                 page.write_bytes(src.read_bytes())
-                shots.append((shoot(page.as_uri(), out / name, height=1000, wait_ms=2000),
+                shots.append((shoot(page.as_uri(), out / name, height=1000, wait_s=1.0),
                               f"KFP HTML artifact: {task} {output}"))
             md = Path(tmp) / "plan-report.html"
             md.write_text(markdown_page((run_dir / "plan" / "report").read_text(), "plan report"))
-            shots.append((shoot(md.as_uri(), out / "kfp-plan-report.png", height=700, wait_ms=2000),
+            shots.append((shoot(md.as_uri(), out / "kfp-plan-report.png", height=700, wait_s=1.0),
                           "KFP Markdown artifact: plan report"))
     finally:
         if not was_running:
