@@ -221,6 +221,7 @@ def version_details(client, mv) -> dict:
     if not source.startswith(root + "/"):
         return {}
     path = gate.details_artifact(source[len(root) + 1:])
+    quiet_mlflow_progress()  # a task log gets no carriage-return bar for the download
     with tempfile.TemporaryDirectory(prefix="chunkgrpo-details-") as tmp:
         try:
             local = client.download_artifacts(mv.run_id, path, tmp)
