@@ -23,8 +23,9 @@ at registration and the model files' digest (`model.tree_sha256`; `load.load_pyf
 whose files changed in the artifact store).
 
 A version carries a short set of tags (base model, kind, eval protocol digest, evaluation run, gate metric
-value, gate at registration, weights and model digests; after promotion the gate's decision, its reason,
-the version's status and one JSON promotion record). Everything else (every metric with its paired
+value, gate at registration, weights and model digests; through the promoter service the caller it
+authenticated, `registered_by`; after promotion the gate's decision, its reason, the version's status and
+one JSON promotion record). Everything else (every metric with its paired
 statistics, the eval protocol, the chunk plan, checkpoint, code and config versions, who registered it)
 is in DETAILS_ARTIFACT of the version's run (`version_details`; read back with `client.version_details`).
 """
