@@ -24,14 +24,16 @@ start the service reclaims promotion locks whose holders are gone (`promotion.re
 Creating a version also needs EDIT on the registered model in MLflow (and EDIT moves aliases), so
 registration's privileged half runs here too (`chunkgrpo.registry.registration.create_version`): the
 caller logs the MLflow model in its own run, the promoter creates the version and computes every tag
-promotion relies on (evaluation run link and metrics, gate at registration, model files' digest) itself.
+promotion relies on (evaluation run link, gate metric value, gate at registration, model files' digest)
+itself.
 
 The caller is authenticated by MLflow itself (its credentials must read the registered model), the
 gate runs here with the registry's rules (`chunkgrpo.registry.promotion.promote`: trusted metrics from the
 evaluation run, the gate recorded at registration, the promotion lock), and the caller is recorded as
-`promotion.by`. The service never forces and never rolls back: those are actions of a person holding
-the promoter credentials (`chunkgrpo promote --force/--rollback --why ...`). `chunkgrpo promote` sends
-its request here when $CHUNKGRPO_PROMOTER_URL is set (`chunkgrpo.registry.promoter_client`).
+`by` in the version's `promotion.record`. The service never forces and never rolls back: those are
+actions of a person holding the promoter credentials (`chunkgrpo promote --force/--rollback --why ...`).
+`chunkgrpo promote` sends its request here when $CHUNKGRPO_PROMOTER_URL is set
+(`chunkgrpo.registry.promoter_client`).
 """
 
 from __future__ import annotations

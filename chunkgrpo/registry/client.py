@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import datetime as _dt
 import getpass
+import json
 import os
+import tempfile
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 from chunkgrpo.errors import UserError
 from chunkgrpo.progress import quiet_mlflow_progress
@@ -200,3 +203,47 @@ def trusted_metric(client, name: str, version: str, metric: str) -> float:
     history = [m.value for m in client.get_metric_history(run_id, key)]
     return gate.trusted_value(run_id, version, key, history)
 
+
+
+def version_details(client, mv) -> dict:
+    """The version's details (`gate.DETAILS_ARTIFACT` in its run: every metric, the eval protocol, the
+    chunk plan, checkpoint, code and config versions, the request's tags); {} when it has none. They are
+    descriptive, written by the registering user: nothing the gate trusts is read from them."""
+    from mlflow.exceptions import MlflowException
+
+    if not mv.run_id:
+        return {}
+    try:
+        root = client.get_run(mv.run_id).info.artifact_uri.rstrip("/")
+    except MlflowException:
+        return {}
+    source = (mv.source or "").rstrip("/")
+    if not source.startswith(root + "/"):
+        return {}
+    path = gate.details_artifact(source[len(root) + 1:])
+    quiet_mlflow_progress()  # a task log gets no carriage-return bar for the download
+    with tempfile.TemporaryDirectory(prefix="chunkgrpo-details-") as tmp:
+        try:
+            local = client.download_artifacts(mv.run_id, path, tmp)
+            details = json.loads(Path(local).read_text())
+        except (MlflowException, OSError, ValueError):
+            return {}
+    return details if isinstance(details, dict) else {}
+
+
+def registered_metric(client, mv, metric: str) -> float | None:
+    """The value registry metric `metric` (`eval.<bench>.<metric>[.<stat>]`) had when version `mv` was
+    registered: its evaluation run's (tag eval.run_id), else its details' (a version registered without
+    an evaluation run); None when neither records it or it is not finite."""
+    from mlflow.exceptions import MlflowException
+
+    run_id = (mv.tags or {}).get(gate.EVAL_RUN_TAG)
+    if run_id:
+        try:
+            metrics = client.get_run(run_id).data.metrics or {}
+        except MlflowException:
+            metrics = {}
+        key = gate.run_metric_key(metric, metrics)
+        if key is not None:
+            return gate.number(metrics[key])
+    return gate.number((version_details(client, mv).get("metrics") or {}).get(metric))

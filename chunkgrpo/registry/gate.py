@@ -41,6 +41,11 @@ GATE_SNAPSHOT_TAG = "gate.at_registration"  # version tag: the model's gate when
 TREE_TAG = "model.tree_sha256"             # version tag: digest of every file of the MLflow model (code too)
 WEIGHTS_TAG = "weights.sha256"            # version tag: the registered weights' digest (store.manifest)
 KEY_TAG = "registration.key"               # version tag: the idempotency key of the request that created it
+STATUS_TAG = "promotion.status"            # version tag: champion / previous / rejected / rolled_back
+RECORD_TAG = "promotion.record"            # version tag: who, when, why and the gate's values, one JSON value
+# In the version's run: every metric, the eval protocol, the chunk plan, the request's tags and the
+# descriptive fields the version's tags leave out (`details_artifact`).
+DETAILS_ARTIFACT = "registration/details.json"
 PROMOTER_TAG = "promoter"                  # registered-model tag: the identity that owns promotion
 EVAL_EXPERIMENT_TAG = "gate.eval_experiment_id"  # registered-model tag: where trusted evaluations run
 LOCK_SUFFIX = ".promotion-lock"            # registered model created/deleted as the promotion mutex
@@ -561,6 +566,13 @@ def check_weights_bound(run_id: str, scored: str | None, registered: str | None,
     if scored != registered:
         raise UserError(f"evaluation run {run_id} scored other weights ({scored[:12]}...) than {what} "
                         f"({registered[:12]}...): its numbers are not {what}'s")
+
+
+def details_artifact(artifact_path: str) -> str:
+    """Where a version's details lie in its run, for the model logged at `artifact_path` of that run:
+    DETAILS_ARTIFACT for `model`, `registration/details-<artifact_path>.json` for a shared run's others."""
+    return DETAILS_ARTIFACT if artifact_path == "model" else DETAILS_ARTIFACT.replace(
+        ".json", f"-{artifact_path}.json")
 
 
 def check_why(why: str) -> None:

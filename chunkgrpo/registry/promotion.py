@@ -11,7 +11,8 @@ a caller may pick besides the model's is the confidence bound of that same metri
 trained − base delta (see `gate.gate_decision`). Metrics measured under different **eval protocols**
 (tag `eval.protocol.sha256`) are never compared, and an evaluation run counts only for the weights it
 scored (its tag chunkgrpo.weights_sha256 equals the version's `weights.sha256`). The old champion gets
-`previous`. Every decision is written as tags (who, why, metrics, time) on the version; promotions,
+`previous`. Every decision is written on the version (tags gate.decision, gate.reason, promotion.status
+and one JSON `promotion.record`: who, why, the gate's values, time); promotions,
 forced promotions, rollbacks and gate changes are appended to the registered model's audit log (one tag
 per entry, `promotion.log.<time>-<token>`, never rewritten), rejections are counted apart
 (`promotion.rejected_count`). Promoting the current champion again is a no-op; `force=True` skips the
@@ -318,19 +319,23 @@ def _protect(client, name: str, cfg: RegistryConfig) -> None:
 # ------------------------------------------------------------------------------------ promotion
 
 
-def readable_decision(decision: str, reason: str, eff: GateConfig, champion: str | None,
-                      values: dict) -> dict[str, str]:
-    """The gate's decision on a version as plain tags, one value each (the registry's version page shows
-    them as they are): `gate.decision` (promoted / forced / rejected), `gate.reason`, the metric compared
-    with its direction and margin, and the trusted `gate.candidate` / `gate.champion` values ('' where
-    there was none) with `gate.champion_version`. `promotion.gate` keeps the same as one JSON value."""
-    def num(v) -> str:
-        return "" if v is None else repr(float(v))
+def readable_decision(decision: str, reason: str) -> dict[str, str]:
+    """The gate's decision on a version as plain tags the registry's version page shows as they are:
+    `gate.decision` (promoted / forced / rejected) and `gate.reason` (the metric, both values, the
+    improvement and the margin, in words). The values themselves are in the version's promotion record."""
+    return {"gate.decision": decision, "gate.reason": reason}
 
-    return {"gate.decision": decision, "gate.reason": reason, "gate.metric": eff.metric or "",
-            "gate.direction": eff.direction or "", "gate.margin": num(eff.margin),
-            "gate.candidate": num(values.get("candidate")), "gate.champion": num(values.get("champion")),
-            "gate.champion_version": champion or ""}
+
+def record_tags(client, name: str, version: str, status: str, **fields) -> dict[str, str]:
+    """Tags `promotion.status` and `promotion.record` of a version: the record (who, identity, when, why,
+    the gate's metric, direction, margin and values, previous champion; later, who replaced or rolled it
+    back) is one JSON value, `fields` merged over the one the version holds. Called under the lock."""
+    try:
+        record = json.loads((get_version(client, name, version).tags or {}).get(rules.RECORD_TAG) or "{}")
+    except json.JSONDecodeError:
+        record = {}
+    record = {**(record if isinstance(record, dict) else {}), **fields}
+    return {rules.STATUS_TAG: status, rules.RECORD_TAG: json.dumps(record, sort_keys=True, default=str)}
 
 
 def _decide(client, name: str, version: str, champion: str | None, eff: GateConfig) -> GateResult:
@@ -410,9 +415,9 @@ def promote(name: str, version: str | int, gate: GateConfig | None = None, *, fo
                      "champion_version": champ, **decision.values}
         if not decision.passed and not force:
             set_version_tags(client, name, version, {
-                **readable_decision("rejected", decision.reason, eff, champ, decision.values),
-                "promotion.status": "rejected", "promotion.reason": decision.reason, "promotion.by": user,
-                "promotion.at": at, "promotion.gate": gate_desc, "promotion.why": why})
+                **readable_decision("rejected", decision.reason),
+                **record_tags(client, name, version, "rejected", reason=decision.reason, by=user, at=at,
+                              gate=gate_desc, why=why)})
             count_rejection(client, name)
             log.info("%s v%s rejected: %s", name, version, decision.reason)
             return PromotionResult("rejected", name, version, champ, decision.reason)
@@ -424,16 +429,8 @@ def promote(name: str, version: str | int, gate: GateConfig | None = None, *, fo
         # previous first, then champion: a crash in between leaves a state that a re-run completes.
         if champ:
             client.set_registered_model_alias(name, cfg.previous_alias, champ)
-            set_version_tags(
-                client,
-                name,
-                champ,
-                {
-                    "promotion.status": cfg.previous_alias,
-                    "promotion.replaced_by": version,
-                    "promotion.replaced_at": at,
-                },
-            )
+            set_version_tags(client, name, champ, record_tags(client, name, champ, cfg.previous_alias,
+                                                              replaced_by=version, replaced_at=at))
         client.set_registered_model_alias(name, cfg.champion_alias, version)
         after = aliases(client, name).get(cfg.champion_alias)  # compare-and-set: re-read what was set
         if after != version:
@@ -442,12 +439,10 @@ def promote(name: str, version: str | int, gate: GateConfig | None = None, *, fo
                 "(moved by something outside the promotion lock); re-run promote"
             )
         set_version_tags(client, name, version, {
-            **readable_decision(action, reason, eff, champ, decision.values),
-            "promotion.status": cfg.champion_alias, "promotion.reason": reason, "promotion.by": user,
-            "promotion.identity": identity, "promotion.at": at,
-            "promotion.forced": str(action == "forced").lower(),
-            "promotion.force_requested": str(force).lower(), "promotion.gate": gate_desc,
-            "promotion.previous_version": champ or "", "promotion.why": why})
+            **readable_decision(action, reason),
+            **record_tags(client, name, version, cfg.champion_alias, reason=reason, by=user,
+                          identity=identity, at=at, forced=action == "forced", force_requested=force,
+                          gate=gate_desc, previous_version=champ or "", why=why)})
         append_log(client, name, {"action": action, "version": version, "previous": champ, "by": user,
                                   "identity": identity, "at": at, "reason": reason, "why": why})
     log.info("%s v%s -> %s (%s)", name, version, cfg.champion_alias, reason)
@@ -478,20 +473,12 @@ def rollback(name: str, *, who: str | None = None, why: str = "", config: Regist
         client.delete_registered_model_alias(name, cfg.previous_alias)
         reason = f"rollback from v{champ} by {user}{f' ({identity})' if identity else ''}: {why}"
         if champ:
-            set_version_tags(
-                client,
-                name,
-                champ,
-                {
-                    "promotion.status": "rolled_back",
-                    "promotion.rolled_back_by": user,
-                    "promotion.rolled_back_at": at,
-                    "promotion.rollback_why": why,
-                },
-            )
-        set_version_tags(client, name, prev, {
-            "promotion.status": cfg.champion_alias, "promotion.reason": reason, "promotion.by": user,
-            "promotion.identity": identity, "promotion.at": at, "promotion.previous_version": champ or ""})
+            set_version_tags(client, name, champ, record_tags(client, name, champ, "rolled_back",
+                                                              rolled_back_by=user, rolled_back_at=at,
+                                                              rollback_why=why))
+        set_version_tags(client, name, prev, record_tags(
+            client, name, prev, cfg.champion_alias, reason=reason, by=user, identity=identity, at=at,
+            previous_version=champ or ""))
         append_log(client, name, {"action": "rollback", "version": prev, "previous": champ, "by": user,
                                   "identity": identity, "at": at, "why": why})
     log.info("%s: %s v%s -> v%s", name, cfg.champion_alias, champ, prev)

@@ -18,9 +18,16 @@ For large full checkpoints the weights can stay in S3 (`include_weights=False`):
 identity may create versions or move aliases (MLflow checks EDIT on the model for both), so with
 $CHUNKGRPO_PROMOTER_URL set the pipeline's user logs the MLflow model in its own run and asks the
 promoter service to create the version (`promoter_client.request_version`). The tags promotion relies
-on are computed by `create_version` itself: the evaluation run link and its metrics, the gate at
-registration and the model files' digest (`model.tree_sha256`; `load.load_pyfunc` refuses a version
+on are computed by `create_version` itself: the evaluation run link and the gate metric's value, the gate
+at registration and the model files' digest (`model.tree_sha256`; `load.load_pyfunc` refuses a version
 whose files changed in the artifact store).
+
+A version carries a short set of tags (base model, kind, eval protocol digest, evaluation run, gate metric
+value, gate at registration, weights and model digests; through the promoter service the caller it
+authenticated, `registered_by`; after promotion the gate's decision, its reason, the version's status and
+one JSON promotion record). Everything else (every metric with its paired
+statistics, the eval protocol, the chunk plan, checkpoint, code and config versions, who registered it)
+is in DETAILS_ARTIFACT of the version's run (`version_details`; read back with `client.version_details`).
 """
 
 from __future__ import annotations
@@ -48,16 +55,15 @@ from chunkgrpo.store.manifest import Manifest, build_manifest, weights_sha256
 
 log = logging.getLogger(__name__)
 
-# Paired statistics kept off the version's tags (in DETAILS_ARTIFACT with every metric): the version page
-# lists each metric's mean, base, delta and the delta's lower bound (what a CI gate compares), not every
-# bootstrap bound, win rate and pair count.
-DETAIL_SUFFIXES = (".delta_ci_high", ".win_rate", ".win_rate_ci_low", ".win_rate_ci_high", ".n_pairs")
-DETAILS_ARTIFACT = "registration/details.json"  # in the version's run: every metric and tag of the request
+DETAILS_ARTIFACT = gate.DETAILS_ARTIFACT  # in the version's run: every metric and field of the request
 
 
-def metric_tags(metrics: Mapping[str, float]) -> dict[str, str]:
-    """The version's `metric.*` tags: `metrics` without the `DETAIL_SUFFIXES` statistics."""
-    return {f"{gate.METRIC_TAG}{k}": repr(v) for k, v in metrics.items() if not k.endswith(DETAIL_SUFFIXES)}
+def headline_tags(metrics: Mapping[str, float], gate_metric: str | None) -> dict[str, str]:
+    """The version's one `metric.*` tag: the value of the gate metric (the number the gate compares);
+    every other metric and statistic is in the version's details (DETAILS_ARTIFACT) and its evaluation run."""
+    if gate_metric and gate_metric in metrics:
+        return {f"{gate.METRIC_TAG}{gate_metric}": repr(metrics[gate_metric])}
+    return {}
 
 
 def git_sha(cwd: str | Path | None = None) -> str:
@@ -181,7 +187,9 @@ def register_model(req: Registration, *, run_id: str | None = None, experiment: 
     req = dataclasses.replace(req, base_model=served_base_model(req.base_model, store))
     manifest, manifest_sha = _manifest(req, store)
     if dedupe:
-        existing = find_version(client, req.name, manifest.content_sha256, req.kind, req.base_model)
+        # the digest create_version records (tag weights.sha256): the payload's files, or the pinned list
+        digest = weights_sha256(req.model_dir) if inline else manifest.content_sha256
+        existing = find_version(client, req.name, digest, req.kind, req.base_model)
         if existing is not None:
             log.info("model %s version %s already holds this content (%s...); reusing it", req.name,
                      existing.version, manifest.content_sha256[:12])
@@ -192,7 +200,8 @@ def register_model(req: Registration, *, run_id: str | None = None, experiment: 
                               checkpoint_uri=req.checkpoint_uri, manifest_sha=manifest_sha, manifest=manifest,
                               metrics=flat, plan=req.plan, git=req.git or git_sha(), cfg_hash=req.cfg_hash,
                               created=now(), eval_protocol=req.eval_protocol, sampling=req.sampling)
-    version_tags = _version_tags(req, info, flat)
+    version_tags = _version_tags(req)
+    details = version_details(req, info, flat)
     with tempfile.TemporaryDirectory(prefix="chunkgrpo-register-") as tmp:
         src = Path(tmp) / "src" / "model"  # becomes the MLflow model's artifacts/model
         src.parent.mkdir()
@@ -208,12 +217,8 @@ def register_model(req: Registration, *, run_id: str | None = None, experiment: 
         def log_and_create(run, artifact_path: str) -> Any:
             run.log_artifacts(folder, artifact_path)
             run.set_tags({"chunkgrpo.registered_model": req.name})
-            details = {"name": req.name, "metrics": flat, "eval_protocol": req.eval_protocol,
-                       "chunk_plan": req.plan, "version_tags": version_tags}
             # beside the model folder, never inside it (its files are the version's digest)
-            run.log_dict(json.loads(json.dumps(details, default=str)),
-                         DETAILS_ARTIFACT.replace(".json", f"-{artifact_path}.json") if run_id
-                         else DETAILS_ARTIFACT)
+            run.log_dict(json.loads(json.dumps(details, default=str)), gate.details_artifact(artifact_path))
             if flat:
                 run.log_metrics(flat)
             source = f"{run.artifact_uri}/{artifact_path}"
@@ -302,39 +307,40 @@ def _manifest(req: Registration, store) -> tuple[Manifest, str | None]:
     return manifest, manifest_sha
 
 
-def _version_tags(req: Registration, info: dict, flat: Mapping[str, float]) -> dict[str, str]:
-    """The version's descriptive tags (create_version adds the trusted ones)."""
+def _version_tags(req: Registration) -> dict[str, str]:
+    """The version's descriptive tags, what a reader of the registry needs at a glance: the base model,
+    the kind of weights and the eval protocol's digest (promotion compares only equal ones);
+    create_version adds the trusted ones. Everything else is in `version_details`."""
+    tags = {"kind": req.kind, "base_model": req.base_model}
+    if req.eval_protocol:
+        tags[gate.PROTOCOL_HASH_TAG] = gate.protocol_hash(req.eval_protocol)
+    return {k: gate.tag_text(v) for k, v in tags.items()}
+
+
+def version_details(req: Registration, info: dict, flat: Mapping[str, float]) -> dict[str, Any]:
+    """The version's details (DETAILS_ARTIFACT in its run): every metric with its paired statistics, the
+    eval protocol, the chunk plan, the checkpoint, code and config versions, who registered it and when,
+    and the request's own tags."""
     plan_json = json.dumps(req.plan, sort_keys=True, default=str) if req.plan is not None else ""
-    tags = {
+    return {
+        "name": req.name,
         "kind": req.kind,
         "base_model": req.base_model,
         "checkpoint_uri": req.checkpoint_uri or "",
-        "git_sha": info["git_sha"],
-        "config_hash": req.cfg_hash or "",
         "content_sha256": info["content_sha256"],
         "weights": info["weights"],
+        "git_sha": info["git_sha"],
+        "config_hash": req.cfg_hash or "",
         "registered_by": actor(None),
         "registered_at": info["created"],
-        **(
-            {
-                "chunk_plan": plan_json,
-                "chunk_plan.sha256": hashlib.sha256(plan_json.encode()).hexdigest()[:16],
-            }
-            if req.plan is not None
-            else {}
-        ),
-        **metric_tags(flat),
-        **(
-            {
-                gate.PROTOCOL_TAG: json.dumps(req.eval_protocol, sort_keys=True, default=str),
-                gate.PROTOCOL_HASH_TAG: gate.protocol_hash(req.eval_protocol),
-            }
-            if req.eval_protocol
-            else {}
-        ),
-        **{str(k): v for k, v in (req.tags or {}).items()},
+        "metrics": dict(flat),
+        "eval_run_id": req.eval_run_id or "",
+        "eval_protocol": req.eval_protocol,
+        "eval_protocol_sha256": gate.protocol_hash(req.eval_protocol) if req.eval_protocol else "",
+        "chunk_plan": req.plan,
+        "chunk_plan_sha256": hashlib.sha256(plan_json.encode()).hexdigest()[:16] if plan_json else "",
+        "tags": {str(k): gate.tag_text(v) for k, v in (req.tags or {}).items()},
     }
-    return {k: gate.tag_text(v) for k, v in tags.items()}
 
 
 def create_version(client, name: str, source: str, run_id: str, tags: Mapping[str, str], *,
@@ -350,7 +356,8 @@ def create_version(client, name: str, source: str, run_id: str, tags: Mapping[st
     both from `local` (the caller's own copy, when the caller is this process) else from the downloaded
     source (the code, MLmodel and a LoRA of up to a few hundred MB; full FLUX transformers are registered
     with external weights, so only their checksum-pinned pointer is downloaded); the evaluation run link
-    and its metrics (`metric.*`), only from a run that scored these weights (`gate.check_weights_bound`);
+    and the gate metric's value (`metric.<gate metric>`), only from a run that scored these weights
+    (`gate.check_weights_bound`);
     the gate in force (`gate.at_registration`). The new version may get `challenger_alias`, never an alias
     the gate moves (`gate.check_alias`).
 
@@ -386,9 +393,11 @@ def create_version(client, name: str, source: str, run_id: str, tags: Mapping[st
                                  clean[gate.WEIGHTS_TAG])
         run_metrics = gate.registry_metrics(run.data.metrics or {})
         gate.check_run_finite(eval_run_id, run_metrics)
-        clean.update(metric_tags(run_metrics))
         clean[gate.EVAL_RUN_TAG] = eval_run_id
-    clean[gate.GATE_SNAPSHOT_TAG] = json.dumps(gate_snapshot(client, name), sort_keys=True)
+    snapshot = gate_snapshot(client, name)
+    if eval_run_id:
+        clean.update(headline_tags(run_metrics, snapshot.get("metric")))
+    clean[gate.GATE_SNAPSHOT_TAG] = json.dumps(snapshot, sort_keys=True)
     if key:
         clean[gate.KEY_TAG] = key
     mv = client.create_model_version(name, source=source, run_id=run_id,
@@ -459,8 +468,9 @@ def ensure_registered_model(client, name: str) -> None:
                 raise
 
 
-def find_version(client, name: str, content: str, kind: str, base_model: str):
-    """The oldest version of `name` holding the same weights content, kind and base model; None if none."""
+def find_version(client, name: str, weights: str, kind: str, base_model: str):
+    """The oldest version of `name` holding the same weights (tag weights.sha256, which the registry
+    computed), kind and base model; None if none."""
     from mlflow.exceptions import MlflowException
 
     try:
@@ -469,6 +479,6 @@ def find_version(client, name: str, content: str, kind: str, base_model: str):
         return None
     for mv in sorted(versions, key=lambda v: int(v.version)):
         t = mv.tags or {}
-        if t.get("content_sha256") == content and t.get("kind") == kind and t.get("base_model") == base_model:
+        if t.get(gate.WEIGHTS_TAG) == weights and t.get("kind") == kind and t.get("base_model") == base_model:
             return mv
     return None

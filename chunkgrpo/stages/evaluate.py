@@ -56,10 +56,14 @@ def resolve_registered(name: str, alias: str, base_model: str, work: Path) -> tu
         mv = MlflowClient().get_model_version_by_alias(name, alias or "champion")
     except Exception as e:
         raise UserError(f"cannot resolve {uri}: {e}") from None
+    from chunkgrpo.registry.client import version_details
+    from chunkgrpo.registry.gate import WEIGHTS_TAG
+
     tags = mv.tags or {}
-    ckpt = tags.get("checkpoint_uri", "")
+    ckpt = str(version_details(MlflowClient(), mv).get("checkpoint_uri") or "")
     manifest = ArtifactStore().read_manifest(ckpt) if ckpt else None
-    if manifest is not None and manifest.content_sha256 == tags.get("content_sha256"):
+    # the checkpoint counts only when it holds the weights the registry recorded (tag weights.sha256)
+    if manifest is not None and manifest.content_sha256 == tags.get(WEIGHTS_TAG):
         source = ckpt  # checksums are verified on download
     else:
         from chunkgrpo.registry.load import load_registered_model

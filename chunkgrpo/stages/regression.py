@@ -1,5 +1,5 @@
-"""The nightly regression check: tonight's score of a registry version vs the score it was registered with,
-in the registered model's direction."""
+"""The nightly regression check: tonight's score of a registry version vs the score it was registered with
+(the version's evaluation run, `registry.client.registered_metric`), in the registered model's direction."""
 
 from __future__ import annotations
 
@@ -19,13 +19,14 @@ def check_regression(*, results: dict, model_name: str, alias: str, metric: str,
     if os.environ.get("MLFLOW_TRACKING_URI"):
         from mlflow import MlflowClient
 
+        from chunkgrpo.registry.client import registered_metric
         from chunkgrpo.registry.promotion import metric_direction
 
         client = MlflowClient()
         mv = client.get_model_version_by_alias(model_name, alias)
         version = mv.version
-        raw = (mv.tags or {}).get(f"metric.eval.{metric}")
-        reference = float(raw) if raw not in (None, "") else None
+        reference = registered_metric(client, mv, f"eval.{metric}")  # its evaluation run's, else its details'
+
         direction = metric_direction(client, model_name, f"eval.{metric}", direction)  # never a flag's
     else:
         from chunkgrpo.registry.gate import known_direction

@@ -62,7 +62,7 @@ def check_regression(results: Input[Artifact], model_name: str, alias: str, metr
         results: metrics.json of the nightly `evaluate` step.
         model_name: registered model name.
         alias: alias that was evaluated (champion).
-        metric: benchmark metric without label, e.g. hpdv2.hpsv3 (registry tag metric.eval.<metric>), or a
+        metric: benchmark metric without label, e.g. hpdv2.hpsv3 (as its evaluation run logged it), or a
             paired-CI bound such as hpdv2.hpsv3.delta_ci_low (tonight's bound vs the registered one).
         direction: '' = the registered model's (its gate.direction when `metric` is its gate metric, else the
             metric's known direction); max/min only to assert it (a different one fails the check), or to name

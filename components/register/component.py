@@ -18,13 +18,13 @@ def register(model_name: str, experiment: str, run_id: str, parent_run_id: str, 
     Args:
         model_name: registered model name.
         experiment: MLflow experiment of the registration run.
-        run_id: KFP run id (version tag kfp.run_id).
+        run_id: KFP run id (kfp.run_id in the version's registration/details.json).
         parent_run_id: MLflow parent run id; the registration run nests under it.
         model: model pointer from train / launch_trainjob (weights in S3).
         eval_results: metrics.json from evaluate; its `mlflow_run_id` (the evaluate stage's run) becomes tag
-            eval.run_id, the only source promotion trusts; `<bench>.<metric>.trained` -> informational
-            version tag `metric.eval.<bench>.<metric>`.
-        plan_json: chunk plan (version tag chunk_plan).
+            eval.run_id, the only source promotion trusts; the gate metric -> informational version tag
+            `metric.eval.<bench>.<metric>`, every metric -> registration/details.json.
+        plan_json: chunk plan (in registration/details.json).
         gate_metric: promotion gate metric of a NEW registered model (an existing model keeps its own).
         gate_direction: max | min for gate_metric of a new registered model ('' = the metric's known
             direction).

@@ -52,10 +52,18 @@ class FakeMlflow:
 
         return types.SimpleNamespace(tags=dict(self.gate))
 
+    run_metrics = {"hpdv2.hpsv3.trained": 0.30}  # the champion's evaluation run
+
     def get_model_version_by_alias(self, name, alias):
         import types
 
-        return types.SimpleNamespace(version="3", tags={"metric.eval.hpdv2.hpsv3": "0.30"})
+        return types.SimpleNamespace(version="3", tags={"eval.run_id": "evalrun1"}, run_id="", source="")
+
+    def get_run(self, run_id):
+        import types
+
+        assert run_id == "evalrun1"
+        return types.SimpleNamespace(data=types.SimpleNamespace(metrics=dict(self.run_metrics)))
 
     def set_tag(self, *a):
         pass
@@ -109,13 +117,7 @@ def test_regression_direction_is_the_registered_models(monkeypatch, artifact):
     # a metric nothing records a direction for: the asserted one is used, none at all is refused
     res2 = artifact("res2.json", json.dumps({"metrics": {"custom.loss.trained": 0.2}}))
     args2 = {**args, "results": res2, "metric": "custom.loss"}
-    monkeypatch.setattr(
-        FakeMlflow,
-        "get_model_version_by_alias",
-        lambda self, n, a: __import__("types").SimpleNamespace(
-            version="3", tags={"metric.eval.custom.loss": "0.30"}
-        ),
-    )
+    monkeypatch.setattr(FakeMlflow, "run_metrics", {"custom.loss.trained": 0.30})
     assert (
         check_regression.python_func(direction="min", **args2) is False
     )  # 0.30 -> 0.20 is better when lower

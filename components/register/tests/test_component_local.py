@@ -8,6 +8,7 @@ import uuid
 import pytest
 from kfp import dsl
 
+from chunkgrpo.registry.client import version_details
 from components.register.component import register
 
 pytestmark = pytest.mark.integration
@@ -60,7 +61,7 @@ def test_register_locally(local_runner, text_artifact, tmp_path):
     mv = c.get_model_version(name, version)
     assert float(mv.tags["metric.eval.hpdv2.brightness"]) == 0.6 and mv.tags["eval.protocol.sha256"]
     assert mv.tags["eval.run_id"] == evaluation["mlflow_run_id"]  # promotion reads the metrics from that run
-    assert json.loads(mv.tags["eval.protocol"])["preset"] == "eval_tiny"
+    assert version_details(c, mv)["eval_protocol"]["preset"] == "eval_tiny"
     assert c.get_registered_model(name).tags["gate.direction"] == "max"
     assert [
         a.path for a in c.list_artifacts(mv.run_id, "model") if a.path.endswith("MLmodel")

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from chunkgrpo.registry.client import version_details
 from tests.registry_helpers import eval_run
 
 pytestmark = pytest.mark.integration
@@ -254,7 +255,11 @@ def test_pipeline_users_cannot_move_champion_but_the_promoter_service_gates_for_
         v_good, v_worse = versions
         tags = MlflowClient().get_model_version(name, v_worse).tags
         assert tags["eval.run_id"] == worse and float(tags["metric.eval.hpdv2.hpsv3"]) == 0.3
+        # the promoter adds the caller it authenticated to the short set
         assert tags["registered_by"] == pipe and len(tags["model.tree_sha256"]) == 64
+        assert len(tags) <= 10, sorted(tags)
+        details = version_details(MlflowClient(), MlflowClient().get_model_version(name, v_worse))
+        assert details["tags"]["eval.run_id"] == good  # a caller's tags stay descriptive, in the details
         assert MlflowClient().get_registered_model(name).tags["promoter"] == promoter
         with pytest.raises(Exception, match="(?i)permission|403"):  # no version creation around the promoter
             MlflowClient().create_model_version(
@@ -292,7 +297,9 @@ def test_pipeline_users_cannot_move_champion_but_the_promoter_service_gates_for_
             assert r.returncode == 2 and "promoter identity" in r.stderr, (args, r.stderr)
         mv = MlflowClient().get_model_version(name, v_good)
         assert MlflowClient().get_registered_model(name).aliases["champion"] == v_good
-        assert mv.tags["promotion.by"] == pipe and mv.tags["promotion.identity"] == promoter
+        record = json.loads(mv.tags["promotion.record"])
+        assert record["by"] == pipe and record["identity"] == promoter
+        assert len(mv.tags) <= 13, sorted(mv.tags)  # the short set, the caller's identity, the decision
     finally:
         os.killpg(service.pid, signal.SIGTERM)
         service.wait(timeout=30)

@@ -9,6 +9,7 @@ import pytest
 
 from chunkgrpo.cli import main
 from chunkgrpo.errors import UserError
+from chunkgrpo.registry.client import version_details
 from chunkgrpo.registry.gate import GateConfig
 from chunkgrpo.registry.load import load_registered_model
 from chunkgrpo.registry.payload import MODEL_INFO
@@ -62,10 +63,11 @@ def test_register_promote_gate_rollback(services_env, tmp_path):
 
     v1 = _register(name, tmp_path, 1, 0.30, checkpoint_uri=ckpt)
     t = _tags(name, v1.version)
-    assert t["git_sha"] == "abc123" and t["config_hash"] == "cfg0001" and t["kind"] == "lora"
-    assert t["base_model"] == "tiny-flux" and t["checkpoint_uri"] == ckpt
-    assert float(t[f"metric.{METRIC}"]) == 0.30 and float(t["metric.eval.clip"]) == 0.2
-    assert json.loads(t["chunk_plan"])["boundaries"] == [0, 4, 8, 16]
+    assert t["kind"] == "lora" and t["base_model"] == "tiny-flux" and float(t[f"metric.{METRIC}"]) == 0.30
+    # the rest is in the version's details (registration/details.json of its run)
+    d = version_details(_client(), _client().get_model_version(name, v1.version))
+    assert d["git_sha"] == "abc123" and d["config_hash"] == "cfg0001" and d["checkpoint_uri"] == ckpt
+    assert d["metrics"]["eval.clip"] == 0.2 and d["chunk_plan"]["boundaries"] == [0, 4, 8, 16]
     assert _aliases(name) == {"challenger": v1.version}
     # re-registering the same content is idempotent (a retried pipeline step)
     assert _register(name, tmp_path / "again", 1, 0.30, checkpoint_uri=ckpt).version == v1.version
@@ -85,18 +87,17 @@ def test_register_promote_gate_rollback(services_env, tmp_path):
     assert r.action == "promoted" and r.previous == v1.version
     assert _aliases(name) == {"champion": v2.version, "previous": v1.version, "challenger": v2.version}
     t2 = _tags(name, v2.version)
-    assert (
-        t2["promotion.by"] == "tester"
-        and t2["promotion.status"] == "champion"
-        and t2["promotion.forced"] == "false"
-    )
-    assert json.loads(t2["promotion.gate"])["champion"] == 0.30
+    rec = json.loads(t2["promotion.record"])
+    assert rec["by"] == "tester" and t2["promotion.status"] == "champion" and rec["forced"] is False
+    assert rec["gate"]["champion"] == 0.30 and rec["gate"]["candidate"] == 0.35
+    assert (rec["gate"]["metric"], rec["gate"]["champion_version"]) == (METRIC, v1.version)
     # the decision as plain tags, readable on the version page
-    assert (t2["gate.decision"], t2["gate.metric"], t2["gate.champion_version"]) == (
-        "promoted", METRIC, v1.version)
-    assert float(t2["gate.candidate"]) == 0.35 and float(t2["gate.champion"]) == 0.30
-    assert t2["gate.reason"] == t2["promotion.reason"]
-    assert _tags(name, v1.version)["promotion.status"] == "previous"
+    assert t2["gate.decision"] == "promoted" and t2["gate.reason"] == rec["reason"]
+    assert "candidate 0.35 vs champion 0.3" in t2["gate.reason"]
+    assert len(t2) <= 12, sorted(t2)  # a promoted champion: the short set, the rest in details/record
+    t1 = _tags(name, v1.version)
+    assert t1["promotion.status"] == "previous"
+    assert json.loads(t1["promotion.record"])["replaced_by"] == v2.version
     # idempotent re-run
     assert promote(name, v2.version).action == "noop"
     assert _aliases(name)["champion"] == v2.version
@@ -109,8 +110,9 @@ def test_register_promote_gate_rollback(services_env, tmp_path):
         assert r.action == "rejected" and _aliases(name) == before
     t3 = _tags(name, v3.version)
     assert t3["promotion.status"] == "rejected" and t3["gate.decision"] == "rejected"
-    assert float(t3["gate.candidate"]) == 0.33 and float(t3["gate.champion"]) == 0.35
-    assert t3["gate.champion_version"] == v2.version and t3["gate.reason"] == t3["promotion.reason"] != ""
+    rec = json.loads(t3["promotion.record"])
+    assert rec["gate"]["candidate"] == 0.33 and rec["gate"]["champion"] == 0.35
+    assert rec["gate"]["champion_version"] == v2.version and t3["gate.reason"] == rec["reason"] != ""
     # better but within the margin -> rejected
     v4 = _register(name, tmp_path, 4, 0.36)
     assert promote(name, v4.version, GateConfig(margin=0.05)).action == "rejected"
@@ -144,18 +146,17 @@ def test_register_promote_gate_rollback(services_env, tmp_path):
     assert r.action == "forced"
     assert _aliases(name)["champion"] == v3.version and _aliases(name)["previous"] == v2.version
     t3 = _tags(name, v3.version)
-    assert (
-        t3["promotion.forced"] == "true"
-        and t3["promotion.by"] == "oncall"
-        and t3["promotion.why"] == "hotfix"
-    )
+    rec = json.loads(t3["promotion.record"])
+    assert rec["forced"] is True and rec["by"] == "oncall" and rec["why"] == "hotfix"
     assert t3["gate.decision"] == "forced" and t3["gate.reason"].startswith("forced by oncall")
 
     # rollback restores the previous champion
     r = rollback(name, who="oncall", why="bad samples")
     assert r.action == "rolled_back" and r.version == v2.version
     assert _aliases(name)["champion"] == v2.version and "previous" not in _aliases(name)
-    assert _tags(name, v3.version)["promotion.status"] == "rolled_back"
+    t3 = _tags(name, v3.version)
+    assert t3["promotion.status"] == "rolled_back"
+    assert json.loads(t3["promotion.record"])["rollback_why"] == "bad samples"
     with pytest.raises(UserError, match="nothing to roll back"):
         rollback(name, why="again")
     log = promotion_history(name)  # one tag per entry; rejections are counted, not logged
