@@ -72,6 +72,7 @@ class LocalRun:
     mlflow_url: str = ""   # UI URL of the pipeline's MLflow parent run
     log_path: Path | None = None  # everything the tasks and kfp printed
     pod_report: list | None = None  # --pod-faithful: per task, bytes used per volume and its scaled limit
+    images: dict | None = None  # --image-faithful: task -> "chunkgrpo-<image>: <the python it ran with>"
     stages: dict = dataclasses.field(default_factory=dict)  # stage -> seconds (services, model, tasks, total)
 
     @property
@@ -252,6 +253,7 @@ def _run_pipeline(func, pipeline: str, full: dict, model_dir: Path, home: Path, 
     result = LocalRun(pipeline, run_dir, wall, tasks, dict(services_env), full, services_kept=True,
                       log_path=log_path, stages=stages)
     result.pod_report = layout.report if pod_faithful else None
+    result.images = dict(layout.ran_in) if image_faithful else None
     result.mlflow_url = mlflow_url(services_env.get("MLFLOW_TRACKING_URI", ""), result.mlflow_run_id)
     return result
 

@@ -192,6 +192,7 @@ class Layout:
     allow: tuple[str, ...] = ()      # further allowed roots (the KFP pipeline root)
     failures: list[str] = dataclasses.field(default_factory=list)
     images: dict = dataclasses.field(default_factory=dict)  # fn -> ImageEnv (--image-faithful)
+    ran_in: dict = dataclasses.field(default_factory=dict)  # fn -> "chunkgrpo-<image>: <its python>"
     report: list[dict] = dataclasses.field(default_factory=list)  # per task: used bytes per volume
     _n: int = 0
 
@@ -281,6 +282,8 @@ class Layout:
             sys.stdout.write(line)
             tail = [*tail[-199:], line]
         rc = proc.wait()
+        if image is not None:
+            self.ran_in[fn] = f"chunkgrpo-{image.image}: {image.python}"
         if rc and image is not None:
             from pipeline.image_faithful import missing_line, missing_package
 
@@ -392,5 +395,7 @@ def write_report(layout: Layout) -> Path | None:
     layout.root.mkdir(parents=True, exist_ok=True)
     path = layout.root / "pod-faithful.json"
     body = {"scale": layout.scale, "tasks": layout.report, "failures": layout.failures}
+    if layout.images:
+        body["images"] = layout.ran_in
     path.write_text(json.dumps(body, indent=1))
     return path

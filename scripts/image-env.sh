@@ -8,6 +8,7 @@
 # The reward venvs (runtime and eval) are built by scripts/reward-envs.sh in $CHUNKGRPO_REWARD_ENVS.
 #
 #   bash scripts/image-env.sh IMAGE [PREFIX]   # PREFIX: the venv; default <repo>/.image-envs/IMAGE
+#   bash scripts/image-env.sh all              # the three, at their default prefixes (CI)
 #
 # torch is not in the locks: it is installed by version, from $TORCH_INDEX_URL when set (the Dockerfile: the
 # CUDA wheel index), otherwise from pip's configured indexes, where a CPU build of the same version on local
@@ -21,9 +22,13 @@ cd "$(dirname "$0")/.."
 REPO=$PWD
 PY=${PYTHON:-python3}
 IMAGE=${1:-}
+if [ "$IMAGE" = all ] && [ $# -eq 1 ]; then
+  for image in runtime eval launcher; do bash "$REPO/scripts/image-env.sh" "$image"; done
+  exit 0
+fi
 case $IMAGE in
   runtime|eval|launcher) ;;
-  *) echo "image-env: unknown image '${IMAGE}' (choose from: runtime eval launcher)" >&2; exit 2 ;;
+  *) echo "image-env: unknown image '${IMAGE}' (choose from: runtime eval launcher all)" >&2; exit 2 ;;
 esac
 PREFIX=${2:-$REPO/.image-envs/$IMAGE}
 LOCK=${CHUNKGRPO_IMAGE_LOCKS:-$REPO/images}/$IMAGE/requirements.lock

@@ -95,8 +95,8 @@ def test_script_pins_the_torch_the_runtime_lock_was_resolved_with():
 
 
 @pytest.mark.parametrize("args, message", [
-    (["nope"], "image-env: unknown image 'nope' (choose from: runtime eval launcher)"),
-    ([], "image-env: unknown image '' (choose from: runtime eval launcher)"),
+    (["nope"], "image-env: unknown image 'nope' (choose from: runtime eval launcher all)"),
+    ([], "image-env: unknown image '' (choose from: runtime eval launcher all)"),
 ])
 def test_bad_image_fails_in_one_line(args, message):
     r = subprocess.run(["bash", str(REPO / "scripts" / "image-env.sh"), *args], capture_output=True,
