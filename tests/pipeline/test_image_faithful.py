@@ -112,19 +112,24 @@ def _built(image: str) -> IF.ImageEnv:
 
 @pytest.mark.integration
 @pytest.mark.reward_envs
-def test_tiny_demo_runs_image_faithfully_and_trains_on_hpsv3_in_the_runtime_image(services, tmp_path):
+def test_tiny_demo_runs_image_faithfully_and_trains_on_hpsv3_in_the_runtime_image(services, tmp_path,
+                                                                                    monkeypatch):
     """The tiny demo, every task in its image's environment: training (runtime image) scores the real
-    hpsv3 package with tiny weights, found through the image's CHUNKGRPO_VENV_HPSV3 alone (no venv
-    option), and evaluation runs in the eval image's environment."""
+    hpsv3 package with tiny weights fetched from S3 as on the cluster (`reward_weights`), in the venv the
+    image's CHUNKGRPO_VENV_HPSV3 names; evaluation runs in the eval image's environment."""
+    from pipeline.demos import model_to_s3
     from pipeline.local_run import run_local
     from tests.unit.scoring.test_reward_packages import build_tiny, reward_venv
 
     runtime, ev = _built("runtime"), _built("eval")
     tiny = build_tiny("hpsv3", reward_venv("hpsv3"), tmp_path / "tiny-hpsv3")
-    reward = (f"rewards=[{{name: hpsv3, weight: 1.0, options: {{weights: {Path(tiny['weights']).parent}, "
-              f"processor: {tiny['processor']}}}}}]")
+    for k, v in services.env.items():
+        monkeypatch.setenv(k, v)
+    weights = {"hpsv3": model_to_s3(Path(tiny["weights"]).parent, services.env),
+               "hpsv3.processor": model_to_s3(Path(tiny["processor"]), services.env)}
     r = run_local("train_and_evaluate", {**PARAMS, "model_name": f"if-{uuid.uuid4().hex[:6]}",
-                                         "train_overrides": [reward]},
+                                         "train_overrides": ["rewards=[{name: hpsv3, weight: 1.0}]"],
+                                         "reward_weights": weights},
                   home=tmp_path / "home", services_env=services.env, demo="tiny", image_faithful=True)
     assert r.images["train"] == f"chunkgrpo-runtime: {runtime.python}"
     assert r.images["evaluate"] == f"chunkgrpo-eval: {ev.python}"
