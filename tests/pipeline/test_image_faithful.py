@@ -112,6 +112,7 @@ def _built(image: str) -> IF.ImageEnv:
 
 @pytest.mark.integration
 @pytest.mark.reward_envs
+@pytest.mark.timeout(2400)  # builds tiny HPSv3 weights, then the whole demo
 def test_tiny_demo_runs_image_faithfully_and_trains_on_hpsv3_in_the_runtime_image(services, tmp_path,
                                                                                     monkeypatch):
     """The tiny demo, every task in its image's environment: training (runtime image) scores the real
@@ -140,6 +141,7 @@ def test_tiny_demo_runs_image_faithfully_and_trains_on_hpsv3_in_the_runtime_imag
 
 @pytest.mark.integration
 @pytest.mark.reward_envs
+@pytest.mark.timeout(2400)  # installs a whole eval environment, then the demo up to its evaluate task
 def test_eval_image_without_peft_fails_the_run_naming_peft(services, tmp_path):
     """The eval image's lock without peft (a temporary copy), installed by scripts/image-env.sh: the
     image-faithful run fails at the evaluate task in one line naming the task, the image and peft."""
