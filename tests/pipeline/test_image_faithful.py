@@ -136,7 +136,15 @@ def test_tiny_demo_runs_image_faithfully_and_trains_on_hpsv3_in_the_runtime_imag
     assert r.images["evaluate"] == f"chunkgrpo-eval: {ev.python}"
     assert all(v.startswith(("chunkgrpo-runtime", "chunkgrpo-eval")) for v in r.images.values())
     log = r.log_path.read_text()
-    assert "reward/hpsv3" in log, "training logged no HPSv3 reward"
+    assert "downloaded s3://chunkgrpo/models/local/tiny-hpsv3-" in log and "trained 2 optimizer steps" in log
+    from mlflow import MlflowClient
+
+    client = MlflowClient(services.env["MLFLOW_TRACKING_URI"])
+    parent = client.get_run(r.mlflow_run_id)
+    children = client.search_runs([parent.info.experiment_id],
+                                  filter_string=f"tags.mlflow.parentRunId = '{r.mlflow_run_id}'")
+    train = [c for c in children if "reward/hpsv3" in c.data.metrics]
+    assert train, [sorted(c.data.metrics) for c in children]  # the training run scored HPSv3
 
 
 @pytest.mark.integration
