@@ -104,8 +104,8 @@ if [ "$PROJECT" = editable ]; then
 fi
 "${pip[@]}" check >/dev/null || { "${pip[@]}" check >&2; echo "image-env: the $IMAGE env is inconsistent" >&2; exit 1; }
 case $IMAGE in
-  runtime) check="import torch, peft, pyarrow, diffusers, transformers, kfp, mlflow, minio" ;;
-  eval) check="import torch, peft, pyarrow, diffusers, transformers, kfp, mlflow, minio" ;;
+  runtime) check="import torch, pyarrow, diffusers, transformers, kfp, mlflow, minio" ;;
+  eval) check="import torch, pyarrow, diffusers, transformers, kfp, mlflow, minio" ;;
   launcher) check="import kfp, kubernetes, minio, kubeflow.trainer" ;;
 esac
 [ "$PROJECT" = none ] || check="$check, chunkgrpo"
