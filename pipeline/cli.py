@@ -242,6 +242,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "fail a task that writes outside them or beyond their sizeLimits scaled to the local model",
     )
     p.add_argument(
+        "--image-faithful",
+        action="store_true",
+        help="--local: --pod-faithful, and every task runs in the locally built environment of the image its "
+        "pod uses (`bash scripts/image-env.sh runtime|eval|launcher`)",
+    )
+    p.add_argument(
         "-v",
         "--verbose",
         action="store_true",
@@ -334,7 +340,8 @@ def _cmd_run(args) -> int:
             r = run_local(args.pipeline, params, home=args.home, keep_services=args.keep_services,
                           s3_port=args.s3_port, mlflow_port=args.mlflow_port, verbose=args.verbose,
                           demo=args.demo, pod_faithful=getattr(args, "pod_faithful", False),
-                          enable_caching=_caching(args))
+                          enable_caching=_caching(args),
+                          image_faithful=getattr(args, "image_faithful", False))
         except TaskFailed as e:  # one line: task, reason, log path; 2 = bad input, 1 = internal failure
             print(f"chunkgrpo pipeline: error: {e}", file=sys.stderr)
             return 2 if e.user_error else 1

@@ -16,7 +16,9 @@
    of retry back-off. The pod volumes the tasks' compiled env points at (`/cache`: TMPDIR, CHUNKGRPO_CACHE,
    ...) are mapped to folders under <home>/pod-volumes; `pod_faithful=True` (`--pod-faithful`) instead runs
    each task in fresh volume folders with its exact compiled env and audits its writes
-   (pipeline/pod_faithful.py); kfp.local's task cache is on (pipeline/kfp_tasks.py); a pod-faithful run
+   (pipeline/pod_faithful.py); `image_faithful=True` (`--image-faithful`) is a pod-faithful run whose
+   tasks each start in the locally built environment of the image their pod uses (pipeline/image_faithful.py);
+   kfp.local's task cache is on (pipeline/kfp_tasks.py); a pod-faithful run
    executes every task (no cache: each task's writes are audited);
 5. prints where every artifact is (local paths, s3:// URIs), the MLflow run and the registry outcome
    (pipeline/summary.py).
@@ -70,6 +72,7 @@ class LocalRun:
     mlflow_url: str = ""   # UI URL of the pipeline's MLflow parent run
     log_path: Path | None = None  # everything the tasks and kfp printed
     pod_report: list | None = None  # --pod-faithful: per task, bytes used per volume and its scaled limit
+    images: dict | None = None  # --image-faithful: task -> "chunkgrpo-<image>: <the python it ran with>"
     stages: dict = dataclasses.field(default_factory=dict)  # stage -> seconds (services, model, tasks, total)
 
     @property
@@ -96,6 +99,7 @@ def run_local(
     demo: str = "toy",
     pod_faithful: bool = False,
     enable_caching: bool | None = None,
+    image_faithful: bool = False,
 ) -> LocalRun:
     """Run a pipeline end to end with kfp.local. `services_env` = use already running services (tests).
     `demo`: toy (the pretrained toy-world model, default) or tiny (the random-weight tiny model: a
@@ -103,15 +107,23 @@ def run_local(
     folders standing for its volumes, and every write is audited against the volumes' sizeLimits
     scaled to the local model (pipeline/pod_faithful.py). `enable_caching`: None = each task's compiled
     caching setting, True/False = for every task (`--enable-caching`); a pod-faithful run caches nothing.
+    `image_faithful`: pod-faithful, and every task runs in the local environment of its pod's image
+    (scripts/image-env.sh; pipeline/image_faithful.py).
     Raises `TaskFailed` when a task fails (the reason is read from the run's log)."""
     from chunkgrpo.services import LocalServices, LocalServicesConfig
     from pipeline.compile import check_literal, pipeline_func
 
     if demo not in DEMOS:
         raise _user_error(f"--demo {demo!r} must be one of {', '.join(DEMOS)}")
+    pod_faithful = pod_faithful or image_faithful
     if pod_faithful and enable_caching:
         raise _user_error("--pod-faithful runs and audits every task: it cannot take --enable-caching true")
     func, literals = pipeline_func(pipeline, pool="cpu", trainer="torchrun")
+    if image_faithful:  # before any server starts: an image whose environment is not built fails at once
+        from pipeline.image_faithful import envs_for
+        from pipeline.pod_faithful import pod_specs
+
+        envs_for({fn: spec.image for fn, spec in pod_specs(func).items()})
     without_retries(func)
     set_caching(func, enable_caching)
     check_params(func, params or {})  # before any server starts: a bad -p fails at once, in one line
@@ -150,7 +162,7 @@ def run_local(
         for k, v in full.items():
             check_literal(k, v, literals)
         result = _run_pipeline(func, pipeline, full, model_dir, home, services_env, verbose=verbose,
-                               pod_faithful=pod_faithful, stages=stages)
+                               pod_faithful=pod_faithful, stages=stages, image_faithful=image_faithful)
         result.services_kept = svc is None or keep_services or not started
         stages["total"] = time.perf_counter() - t_start
         return result
@@ -184,7 +196,7 @@ def _parameters(pipeline: str, demo: str, home: Path, params: dict) -> tuple[dic
 
 
 def _run_pipeline(func, pipeline: str, full: dict, model_dir: Path, home: Path, services_env: dict, *,
-                  verbose: bool, pod_faithful: bool, stages: dict) -> LocalRun:
+                  verbose: bool, pod_faithful: bool, stages: dict, image_faithful: bool = False) -> LocalRun:
     """Run the pipeline function under kfp.local with the console/log capture; the run's outputs."""
     from kfp import local
 
@@ -198,7 +210,8 @@ def _run_pipeline(func, pipeline: str, full: dict, model_dir: Path, home: Path, 
         runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(root), raise_on_error=True,
         enable_caching=not pod_faithful, cache_root=str(cache_root),
     )
-    layout = layout_for(pipeline, func, home, faithful=pod_faithful, model_dir=model_dir, allow=[root])
+    layout = layout_for(pipeline, func, home, faithful=pod_faithful, model_dir=model_dir, allow=[root],
+                        image_faithful=image_faithful)
     if pod_faithful:
         if pipeline == "train_and_evaluate" and not str(full["model"]).startswith("s3://"):
             full["model"] = model_to_s3(model_dir, services_env)  # as on the cluster: pods download it
@@ -209,9 +222,10 @@ def _run_pipeline(func, pipeline: str, full: dict, model_dir: Path, home: Path, 
     log_dir = home / "logs"
     log_path = log_dir / f"{pipeline}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
     log_dir.mkdir(parents=True, exist_ok=True)
+    where = "their images' Python environments" if image_faithful else "this Python environment"
     print(
         "note: kfp.local ignores the Kubernetes settings (GPUs, node selector, tolerations, /dev/shm, "
-        "secret env); tasks run in this Python environment with the local services' env, without retries",
+        f"secret env); tasks run in {where} with the local services' env, without retries",
         flush=True,
     )
     print(f"{pipeline}: running with kfp.local; full log: {rel(str(log_path))}", flush=True)
@@ -239,6 +253,7 @@ def _run_pipeline(func, pipeline: str, full: dict, model_dir: Path, home: Path, 
     result = LocalRun(pipeline, run_dir, wall, tasks, dict(services_env), full, services_kept=True,
                       log_path=log_path, stages=stages)
     result.pod_report = layout.report if pod_faithful else None
+    result.images = dict(layout.ran_in) if image_faithful else None
     result.mlflow_url = mlflow_url(services_env.get("MLFLOW_TRACKING_URI", ""), result.mlflow_run_id)
     return result
 

@@ -162,6 +162,7 @@ class PodSpec:
 
     env: dict[str, str]
     volumes: dict[str, int]
+    image: str = ""  # the container image (pipeline/image_faithful.py runs the task in its environment)
 
 
 def pod_specs(func) -> dict[str, PodSpec]:
@@ -182,7 +183,8 @@ def pod_specs(func) -> dict[str, PodSpec]:
         # the /cache PVC (components/cache_volume.py)
         vols.update({m["mountPath"]: quantity(m.get("size") or "0")
                      for m in k8s.get(name, {}).get("genericEphemeralVolume", [])})
-        out.setdefault(fn, PodSpec({e["name"]: e.get("value", "") for e in c.get("env") or []}, vols))
+        out.setdefault(fn, PodSpec({e["name"]: e.get("value", "") for e in c.get("env") or []}, vols,
+                                   c.get("image", "")))
     return out
 
 
@@ -231,6 +233,8 @@ class Layout:
     scale: float = 1.0
     allow: tuple[str, ...] = ()      # further allowed roots (the KFP pipeline root)
     failures: list[str] = dataclasses.field(default_factory=list)
+    images: dict = dataclasses.field(default_factory=dict)  # fn -> ImageEnv (--image-faithful)
+    ran_in: dict = dataclasses.field(default_factory=dict)  # fn -> "chunkgrpo-<image>: <its python>"
     report: list[dict] = dataclasses.field(default_factory=list)  # per task: used bytes per volume
     _n: int = 0
 
@@ -313,12 +317,30 @@ class Layout:
         (hook_dir / "sitecustomize.py").write_text(HOOK)
         log = base / "audit.log"
         env = self.env(fn, dirs, hook_dir, log)
+        image = self.images.get(fn)
+        if image is not None:  # the interpreter and variables of the image the task's pod uses
+            from pipeline.image_faithful import command_in
+
+            full_command = command_in(image, full_command, sys.executable)
+            env.update(image.variables(env))
         proc = subprocess.Popen(full_command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True, errors="replace")
         assert proc.stdout is not None
+        tail: list[str] = []
         for line in proc.stdout:
             sys.stdout.write(line)
+            tail = [*tail[-199:], line]
         rc = proc.wait()
+        if image is not None:
+            self.ran_in[fn] = f"chunkgrpo-{image.image}: {image.python}"
+        if rc and image is not None:
+            from pipeline.image_faithful import missing_line, missing_package
+
+            if package := missing_package(tail):
+                line = missing_line(fn, image, package)
+                self.failures.append(line)
+                print(line, flush=True)
+                return rc
         problems = self.audit(fn, dirs, log)
         if problems:
             more = f" (+{len(problems) - 1} more, see {base})" if len(problems) > 1 else ""
@@ -380,9 +402,10 @@ def scaled_limits(specs: dict[str, PodSpec], scale: float) -> dict[str, dict[str
 
 
 def layout_for(pipeline: str, func, home: Path, *, faithful: bool, model_dir: Path | None,
-               allow=()) -> Layout:
+               allow=(), image_faithful: bool = False) -> Layout:
     """The Layout of a local run. Faithful: sizes from the `SIZE_POOL` compile of the same pipeline,
-    scaled by r = bytes(model_dir) / FLUX_DEV_BYTES."""
+    scaled by r = bytes(model_dir) / FLUX_DEV_BYTES. `image_faithful` (implies faithful): every task in
+    the local environment of its pod's image (pipeline/image_faithful.py)."""
     specs = pod_specs(func)
     if not faithful:
         return Layout(home / "pod-volumes", specs)
@@ -396,8 +419,13 @@ def layout_for(pipeline: str, func, home: Path, *, faithful: bool, model_dir: Pa
     scale = dir_bytes(model_dir) / FLUX_DEV_BYTES if model_dir is not None and model_dir.exists() else 1e-4
     pods = home / "pods"
     runs = pods / f"run-{os.getpid()}-{len(list(pods.glob('run-*'))) if pods.exists() else 0}"
+    images = {}
+    if image_faithful:
+        from pipeline.image_faithful import envs_for
+
+        images = envs_for({fn: spec.image for fn, spec in specs.items()})
     return Layout(runs, specs, faithful=True, limits=scaled_limits(specs, scale), scale=scale,
-                  allow=tuple(str(a) for a in allow))
+                  allow=tuple(str(a) for a in allow), images=images)
 
 
 def map_volumes(func, layout: Layout) -> int:
@@ -442,5 +470,7 @@ def write_report(layout: Layout) -> Path | None:
     layout.root.mkdir(parents=True, exist_ok=True)
     path = layout.root / "pod-faithful.json"
     body = {"scale": layout.scale, "tasks": layout.report, "failures": layout.failures}
+    if layout.images:
+        body["images"] = layout.ran_in
     path.write_text(json.dumps(body, indent=1))
     return path

@@ -52,6 +52,7 @@ def _mlflow_http_env_restored():
 # --no-loadscope-reorder`): starting these first keeps one worker from running a 5-minute file alone at the
 # end. (xdist's default order, most tests first, put them last: they have few tests each.)
 LONG_FILES_FIRST = (
+    "tests/pipeline/test_image_faithful.py",  # installs an eval environment, runs the tiny demo twice
     "tests/pipeline/test_local_run.py",  # 339 s: the clone demo and the nightly
     "tests/pipeline/test_local_branching.py",  # 167 s
     "tests/unit/scoring/test_scorers_packages.py",  # 157 s
