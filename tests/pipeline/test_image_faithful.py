@@ -120,7 +120,7 @@ def test_tiny_demo_runs_image_faithfully_and_trains_on_hpsv3_in_the_runtime_imag
     image's CHUNKGRPO_VENV_HPSV3 names; evaluation runs in the eval image's environment."""
     from pipeline.demos import model_to_s3
     from pipeline.local_run import run_local
-    from tests.unit.scoring.test_reward_packages import build_tiny, reward_venv
+    from tests.unit.scoring.test_scorers_packages import build_tiny, reward_venv
 
     runtime, ev = _built("runtime"), _built("eval")
     tiny = build_tiny("hpsv3", reward_venv("hpsv3"), tmp_path / "tiny-hpsv3")

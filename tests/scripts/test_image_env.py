@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.eval.test_reward_locks import HEAVY, _norm, parse_lock
+from tests.images.test_eval_locks import HEAVY, _norm, parse_lock
 
 REPO = Path(__file__).resolve().parents[2]
 IMAGES = REPO / "images"
