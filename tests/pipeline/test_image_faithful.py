@@ -117,7 +117,9 @@ def test_tiny_demo_runs_image_faithfully_and_trains_on_hpsv3_in_the_runtime_imag
                                                                                     monkeypatch):
     """The tiny demo, every task in its image's environment: training (runtime image) scores the real
     hpsv3 package with tiny weights fetched from S3 as on the cluster (`reward_weights`), in the venv the
-    image's CHUNKGRPO_VENV_HPSV3 names; evaluation runs in the eval image's environment."""
+    image's CHUNKGRPO_VENV_HPSV3 names, beside a user's own reward from a module on the tasks' PYTHONPATH
+    (as an image built FROM the runtime image with the user's package would hold it); evaluation runs in
+    the eval image's environment."""
     from pipeline.demos import model_to_s3
     from pipeline.local_run import run_local
     from tests.unit.scoring.test_scorers_packages import build_tiny, reward_venv
@@ -126,10 +128,20 @@ def test_tiny_demo_runs_image_faithfully_and_trains_on_hpsv3_in_the_runtime_imag
     tiny = build_tiny("hpsv3", reward_venv("hpsv3"), tmp_path / "tiny-hpsv3")
     for k, v in services.env.items():
         monkeypatch.setenv(k, v)
+    user = tmp_path / "user"
+    user.mkdir()
+    (user / "myrewards_if.py").write_text(
+        "import numpy as np\nimport torch\n\n\ndef darkness(scale: float = 1.0):\n"
+        "    def fn(images, prompts):\n"
+        "        px = np.stack([np.asarray(im, dtype=np.float32) / 255.0 for im in images])\n"
+        "        return torch.from_numpy(float(scale) * (1.0 - px.reshape(len(images), -1).mean(1)))\n"
+        "    return fn\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(user), os.environ.get("PYTHONPATH")])))
     weights = {"hpsv3": model_to_s3(Path(tiny["weights"]).parent, services.env),
                "hpsv3.processor": model_to_s3(Path(tiny["processor"]), services.env)}
     r = run_local("train_and_evaluate", {**PARAMS, "model_name": f"if-{uuid.uuid4().hex[:6]}",
-                                         "train_overrides": ["rewards=[{name: hpsv3, weight: 1.0}]"],
+                                         "train_overrides": ["rewards=[{name: hpsv3, weight: 1.0}, "
+                                                             "{name: 'myrewards_if:darkness', weight: 0.5}]"],
                                          "reward_weights": weights},
                   home=tmp_path / "home", services_env=services.env, demo="tiny", image_faithful=True)
     assert r.images["train"] == f"chunkgrpo-runtime: {runtime.python}"
@@ -145,6 +157,8 @@ def test_tiny_demo_runs_image_faithfully_and_trains_on_hpsv3_in_the_runtime_imag
                                   filter_string=f"tags.mlflow.parentRunId = '{r.mlflow_run_id}'")
     train = [c for c in children if "reward/hpsv3" in c.data.metrics]
     assert train, [sorted(c.data.metrics) for c in children]  # the training run scored HPSv3
+    user_metrics = [k for k in train[0].data.metrics if "darkness" in k]
+    assert user_metrics, sorted(train[0].data.metrics)  # ... and the user's reward, in the runtime image
 
 
 @pytest.mark.integration
