@@ -57,11 +57,16 @@ def offline() -> None:
 
 
 def resolve_device(device: str = "auto") -> str:
-    import torch
+    """`device` resolved to cuda/cuda:N/cpu. A GPU that was asked for (`cuda...`, or `auto` in a task given
+    GPUs) and that this environment's torch cannot use is a SpecError naming the driver and torch's CUDA
+    (`chunkgrpo.gpu`), never a silent run on the CPU; a reward venv's torch may need a newer driver than
+    the main environment's."""
+    from chunkgrpo import gpu
 
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return device
+    problem = gpu.problem(device)
+    if problem:
+        raise SpecError(f"{problem} [torch of {sys.prefix}]")
+    return gpu.require(device)
 
 
 def torch_dtype(name: str):

@@ -7,14 +7,14 @@
     proc.close()
 
 Which venv: `$CHUNKGRPO_VENV_<NAME>` (HPSV2 for hpsv2 and hpsv2.1, IMAGEREWARD, HPSV3, and optionally
-PICKSCORE / CLIP), or an explicit path. chunkgrpo is not installed in those venvs: the worker's two files
-(`scoring/worker.py`, `scoring/backends.py`, which import only the standard library, numpy, PIL, torch and
-the reward package) are copied into a private folder that becomes the worker's only PYTHONPATH entry, so
-the worker always speaks the parent's protocol version. `run_module` stages one more such one-file module
-when it runs it (e.g. the random-weight model builders `chunkgrpo.testing.tiny_scorers`). The worker's
-stderr (everything the packages print) goes to a log file whose tail is
-quoted in errors. Timeouts are enforced on every read and write; a worker that dies is reported with its
-exit status instead of hanging the caller.
+PICKSCORE / CLIP), or an explicit path. chunkgrpo is not installed in those venvs: the worker's files
+(`STAGED_MODULES`: `scoring/worker.py`, `scoring/backends.py` and the small modules they use, which import
+only the standard library, numpy, PIL, torch and the reward package) are copied into a private folder
+that becomes the worker's only PYTHONPATH entry, so the worker always speaks the parent's protocol
+version. `run_module` stages one more such one-file module when it runs it (e.g. the random-weight model
+builders `chunkgrpo.testing.tiny_scorers`). The worker's stderr (everything the packages print) goes to a
+log file whose tail is quoted in errors. Timeouts are enforced on every read and write; a worker that
+dies is reported with its exit status instead of hanging the caller.
 """
 
 from __future__ import annotations
@@ -41,7 +41,8 @@ VENV_VARS = {"hpsv2": "CHUNKGRPO_VENV_HPSV2", "hpsv2.1": "CHUNKGRPO_VENV_HPSV2",
              "pickscore": "CHUNKGRPO_VENV_PICKSCORE", "clip": "CHUNKGRPO_VENV_CLIP"}
 # the worker's modules, staged into the reward venvs (they import only stdlib, numpy, PIL, torch and the
 # reward packages)
-STAGED_MODULES = ("chunkgrpo.scoring.worker", "chunkgrpo.scoring.backends", "chunkgrpo.scoring.hub_cache")
+STAGED_MODULES = ("chunkgrpo.scoring.worker", "chunkgrpo.scoring.backends", "chunkgrpo.scoring.hub_cache",
+                  "chunkgrpo.gpu", "chunkgrpo.errors")
 # set by torchrun / torch.distributed: a worker must never join the trainer's process group
 _DIST_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
               "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT")

@@ -46,3 +46,41 @@ def test_extra_weights_and_shapes_are_refused():
         load_state_strict(_Head(), bad, "ckpt")
     with pytest.raises(SpecError, match="not a state dict"):
         load_state_strict(_Head(), [1, 2], "ckpt")
+
+
+def test_a_gpu_asked_for_but_unusable_is_one_line_never_the_cpu(monkeypatch):
+    """The scorers' device: `cuda`, or `auto` in a task given GPUs, with a torch that sees none (here: the
+    CPU build) is a SpecError naming torch and the environment; `auto` without a grant is the CPU."""
+    import torch
+
+    from chunkgrpo.scoring.backends import SpecError, resolve_device
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a usable GPU")
+    monkeypatch.delenv("NVIDIA_VISIBLE_DEVICES", raising=False)
+    assert resolve_device("auto") == "cpu" and resolve_device("cpu") == "cpu"
+    with pytest.raises(SpecError, match=r"device=cuda but torch .* \[torch of "):
+        resolve_device("cuda")
+    monkeypatch.setenv("NVIDIA_VISIBLE_DEVICES", "GPU-0a1b")
+    with pytest.raises(SpecError, match=r"device=auto in a task that was given GPUs"):
+        resolve_device("auto")
+
+
+def test_the_worker_stages_every_module_its_imports_need(tmp_path):
+    """The staged folder alone provides chunkgrpo to the reward venvs: each staged module imports from it,
+    and so do the modules they import (chunkgrpo.gpu, chunkgrpo.errors); nothing comes from elsewhere."""
+    import subprocess
+    import sys
+
+    from chunkgrpo.scoring.client import STAGED_MODULES, stage_modules
+
+    root = stage_modules()
+    code = ("import importlib, sys\n"
+            + "".join(f"importlib.import_module({m!r})\n" for m in STAGED_MODULES)
+            + "import chunkgrpo.scoring.backends as b\nb.resolve_device('cpu')\n"
+            + "print('\\n'.join(m.__file__ for n, m in sys.modules.items() if n.startswith('chunkgrpo')))\n")
+    env = {"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin", "PYTHONSAFEPATH": "1", "PYTHONNOUSERSITE": "1"}
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    files = [f for f in r.stdout.splitlines() if f]
+    assert files and all(f.startswith(str(root)) for f in files), files
