@@ -79,8 +79,9 @@ def test_built_venv_is_exactly_its_lock(name):
     probe = ("import importlib.metadata as m, json; d = {}\n"
              "for x in m.distributions(): d.setdefault(x.metadata['Name'], x.version)\nprint(json.dumps(d))")
     res = subprocess.run(
-        [str(venv / "bin" / "python"), "-c", probe], capture_output=True, text=True, check=True, cwd="/"
-    )  # not the repo root, whose chunkgrpo.egg-info would show up
+        [str(venv / "bin" / "python"), "-c", probe], capture_output=True, text=True, check=True, cwd="/",
+        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+    )  # not the repo root nor a PYTHONPATH entry, whose chunkgrpo.egg-info would show up
     import json
 
     visible = {_norm(k): v for k, v in json.loads(res.stdout).items()}

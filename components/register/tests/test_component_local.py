@@ -114,8 +114,10 @@ def test_register_of_a_full_model_fits_the_register_pod(local_runner, text_artif
     assert layout.failures == []
     (task,) = [t for t in layout.report if t["task"] == "register"]
     assert 0 < task["peak"][TMP] <= cap and manifest.total_bytes >= 10 * cap, task
-    mv = MlflowClient().get_model_version(name, version)
-    assert mv.tags["weights"] == "external" and mv.tags["checkpoint_uri"] == uri
+    client = MlflowClient()
+    mv = client.get_model_version(name, version)
+    details = version_details(client, mv)
+    assert details["weights"] == "external" and details["checkpoint_uri"] == uri  # registered by reference
     loaded = load_registered_model(f"models:/{name}/{version}", tmp_path / "loaded")
     assert loaded.kind == "full" and build_manifest(loaded.weights_dir).content_sha256 == \
         manifest.content_sha256
