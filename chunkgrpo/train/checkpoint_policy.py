@@ -148,8 +148,13 @@ class Checkpointer:
         if D.any_rank(error is not None, info.device):
             raise error or UserError(f"rank 0 could not take the checkpoint writer lease of "
                                      f"{self.cfg.checkpoint.s3_prefix} (see its log)")
-        # under FSDP every rank mirrors its own shards; rank 0 (the lease holder) writes the manifest
-        self.sharded = trainer._is_fsdp()
+        # under FSDP every rank mirrors its own shards; rank 0 (the lease holder) writes the manifest. A
+        # sharded checkpoint folder holds every rank's files, so it needs one filesystem for all ranks: on
+        # several nodes (each with its own /cache) the state is gathered to rank 0 as without FSDP.
+        self.sharded = trainer._is_fsdp() and info.one_node
+        if trainer._is_fsdp() and not self.sharded and info.is_main:
+            log.info("checkpoints: %d ranks on several nodes, so the state is gathered to rank 0 "
+                     "(sharded checkpoints need all ranks on one node)", info.world)
         self.pending = None  # an asynchronous sharded save in flight (`checkpoint_sharded.Pending`)
         self.async_group = None  # its collectives' own gloo group, beside training's
         if self.sharded and self.cfg.checkpoint.async_save:
@@ -487,8 +492,18 @@ class Checkpointer:
             if info.is_main:
                 shutil.rmtree(staging, ignore_errors=True)
             raise failed.error or ckpt.CheckpointWriteError("rank 0 could not create the staging folder")
-        with ckpt.writing(staging) as failed:
-            torch.save(ckpt.rng_state(), staging / "rng" / f"rank{info.rank}.pt")
+        if info.one_node:
+            with ckpt.writing(staging) as failed:
+                torch.save(ckpt.rng_state(), staging / "rng" / f"rank{info.rank}.pt")
+        else:  # each node has its own disk: rank 0 writes every rank's RNG file into its folder
+            import torch.distributed as dist
+
+            states: list = [None] * info.world
+            dist.all_gather_object(states, ckpt.rng_state())
+            with ckpt.writing(staging) as failed:
+                if info.is_main:
+                    for r, state in enumerate(states):
+                        torch.save(state, staging / "rng" / f"rank{r}.pt")
         if info.is_main and failed.error is None:
             with ckpt.writing(staging) as failed:
                 self._write_files(staging, weights, ema_weights, optim)

@@ -60,6 +60,11 @@ class DistInfo:
     def enabled(self) -> bool:
         return self.world > 1
 
+    @property
+    def one_node(self) -> bool:
+        """Every rank runs on this node (torchrun's LOCAL_WORLD_SIZE is the whole world)."""
+        return int(os.environ.get("LOCAL_WORLD_SIZE", str(self.world))) == self.world
+
 
 def setup(device: str = "auto", timeout_s: float = DEFAULT_TIMEOUT_S) -> DistInfo:
     """Init the process group from torchrun's env (gloo on CPU, nccl on GPU), every collective timing out
