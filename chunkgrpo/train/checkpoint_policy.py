@@ -6,6 +6,10 @@ mirror's lifetime.
 `chunkgrpo.train.checkpoint_format` is what a checkpoint IS (the folder format, verification, pruning, the
 background S3 mirror); this module is how the trainer USES it. A `Checkpointer` is built by the trainer
 in `setup()` and reads and writes the trainer's state (model, optimizer, scheduler, EMA, counters).
+
+Size note: ~610 lines on purpose: choosing, restoring and saving a checkpoint are one flow over the
+trainer's state for both layouts (gathered and sharded); the sharded layout's own I/O is
+`checkpoint_sharded`.
 """
 
 from __future__ import annotations
