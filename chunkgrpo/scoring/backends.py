@@ -62,11 +62,12 @@ def resolve_device(device: str = "auto") -> str:
     (`chunkgrpo.gpu`), never a silent run on the CPU; a reward venv's torch may need a newer driver than
     the main environment's."""
     from chunkgrpo import gpu
+    from chunkgrpo.errors import UserError
 
-    problem = gpu.problem(device)
-    if problem:
-        raise SpecError(f"{problem} [torch of {sys.prefix}]")
-    return gpu.require(device)
+    try:
+        return gpu.require(device)
+    except UserError as e:
+        raise SpecError(f"{e} [torch of {sys.prefix}]") from None
 
 
 def torch_dtype(name: str):

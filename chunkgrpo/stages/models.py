@@ -3,6 +3,7 @@ training prompt file the pipelines default to."""
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 # The pipelines' default `prompts`: PartiPrompts (Apache-2.0, shipped in chunkgrpo/data), put there by
@@ -62,7 +63,10 @@ def sync_prompts(source: str | Path | None = None, *, to: str | None = None, sto
     store = store or ArtifactStore()
     store.require_bucket(dest)
     data = path.read_bytes()
-    if store.exists(dest) and store.get_bytes(dest) == data:
+    st = store.stat(dest)  # an identical object (the sha256 put_bytes records, else its bytes) is kept
+    same = st is not None and st["size"] == len(data) and (
+        st["sha256"] == hashlib.sha256(data).hexdigest() if st["sha256"] else store.get_bytes(dest) == data)
+    if same:
         print(f"{path.name} ({n} prompts) -> {dest} (already there)", flush=True)
         return dest
     store.put_bytes(data, dest, content_type="text/plain; charset=utf-8")
