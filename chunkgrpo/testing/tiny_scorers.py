@@ -24,9 +24,9 @@ Prints one JSON line describing what it wrote.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
-import shutil
 import sys
 from pathlib import Path
 
@@ -101,17 +101,18 @@ def _bert_vocab() -> list[str]:
 
 def write_bert_cache(hf_home: Path) -> Path:
     """A Hugging Face hub cache entry for `bert-base-uncased` (refs/main -> snapshot) with a small WordPiece
-    vocabulary, laid out as `huggingface_hub` stores downloads (`chunkgrpo.scoring.hub_cache`)."""
-    from chunkgrpo.scoring.hub_cache import install_snapshot
-
+    vocabulary, laid out as `huggingface_hub` stores downloads."""
     vocab = _bert_vocab()
-    src = hf_home / "bert-base-uncased-files"
-    src.mkdir(parents=True, exist_ok=True)
-    (src / "vocab.txt").write_text("\n".join(vocab) + "\n")
-    _save_json(src / "tokenizer_config.json", {"do_lower_case": True, "model_max_length": 512,
-                                               "tokenizer_class": "BertTokenizer"})
+    text = "\n".join(vocab) + "\n"
+    rev = hashlib.sha1(text.encode()).hexdigest()
+    repo = hf_home / "hub" / "models--bert-base-uncased"
+    snap = repo / "snapshots" / rev
+    snap.mkdir(parents=True, exist_ok=True)
+    (snap / "vocab.txt").write_text(text)
+    _save_json(snap / "tokenizer_config.json", {"do_lower_case": True, "model_max_length": 512,
+                                                "tokenizer_class": "BertTokenizer"})
     _save_json(
-        src / "config.json",
+        snap / "config.json",
         {
             "model_type": "bert",
             "vocab_size": len(vocab),
@@ -121,8 +122,8 @@ def write_bert_cache(hf_home: Path) -> Path:
             "intermediate_size": 256,
         },
     )
-    snap = install_snapshot("bert-base-uncased", src, hf_home / "hub")
-    shutil.rmtree(src)
+    (repo / "refs").mkdir(exist_ok=True)
+    (repo / "refs" / "main").write_text(rev)
     return snap
 
 
