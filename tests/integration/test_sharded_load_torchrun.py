@@ -1,6 +1,7 @@
-"""FSDP full fine-tuning under real torchrun processes (gloo, CPU) with the sharded load
-(chunkgrpo/train/model_load.py): each rank reads only its rows, and together they hold exactly the stored
-transformer (3 ranks: FSDP's uneven split); 2 FSDP ranks train like 2 DDP replicas."""
+"""FSDP under real torchrun processes (gloo, CPU) with the sharded load (chunkgrpo/train/model_load.py):
+each rank reads only its rows, and together they hold exactly the stored transformer (3 ranks: FSDP's
+uneven split); 2 FSDP ranks train like 2 DDP replicas; LoRA under FSDP trains exactly as after the whole
+load it replaces."""
 
 import os
 import subprocess
@@ -17,13 +18,34 @@ TORCHRUN = str(Path(sys.executable).parent / "torchrun")
 WEIGHTS = "diffusion_pytorch_model.safetensors"
 
 
-def _train(nproc, model, prompts, out, port, *over):
+ROOT = Path(__file__).resolve().parents[2]
+# `python -m chunkgrpo.train` with the whole load under FSDP: every rank reads the whole transformer, adds
+# the adapters, then shards it (the load path LoRA under FSDP took before it was sharded)
+WHOLE_LOAD = """
+import runpy, sys
+from chunkgrpo import threads
+threads.set_env_policy()
+import chunkgrpo.train.model_load as model_load
+assert "sharded_load" in model_load.load_policy_model.__code__.co_names  # the switch this replaces
+model_load.sharded_load = lambda cfg, world: False
+sys.argv[0] = "chunkgrpo.train"
+runpy.run_module("chunkgrpo.train", run_name="__main__", alter_sys=True)
+"""
+
+
+def _run(nproc, model, prompts, out, port, *over, script=None):
+    entry = [str(script)] if script else ["-m", "chunkgrpo.train"]
     cmd = [TORCHRUN, f"--nproc_per_node={nproc}", "--master_addr=127.0.0.1", f"--master_port={port}",
-           "-m", "chunkgrpo.train", "--config", "tiny_cpu", f"model={model}", f"prompts={prompts}",
-           f"output_dir={out}", "progress=false", "lora.enabled=false", "max_steps=2", *over]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TRANSFORMERS_VERBOSITY": "error"}
+           *entry, "--config", "tiny_cpu", f"model={model}", f"prompts={prompts}",
+           f"output_dir={out}", "progress=false", "max_steps=2", *over]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TRANSFORMERS_VERBOSITY": "error",
+           "PYTHONPATH": str(ROOT)}
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
+
+
+def _train(nproc, model, prompts, out, port, *over):
+    _run(nproc, model, prompts, out, port, "lora.enabled=false", *over)
     return load_file(str(out / "final" / "transformer" / WEIGHTS))
 
 
@@ -60,3 +82,28 @@ def test_fsdp_full_finetuning_trains_like_ddp(tiny_model_dir, prompts, tmp_path)
     assert fsdp.keys() == ddp.keys() == base.keys()
     assert max(float((fsdp[k] - ddp[k]).abs().max()) for k in base) < 4e-5
     assert max(float((fsdp[k] - base[k]).abs().max()) for k in base) > 1e-4
+
+
+def test_lora_under_fsdp_trains_exactly_as_after_the_whole_load(tiny_model_dir, prompts, tmp_path):
+    """bf16 base (as on a GPU) + fp32 adapters on 2 FSDP ranks, 2 optimizer steps at the same seed: the
+    sharded load (meta build, adapters initialised on the host, each rank's rows read) and the whole load
+    give bit-identical losses, rewards, gradient norms and exported adapters; the adapters moved; the
+    export is the adapter alone (a diffusers LoRA file), as before."""
+    import json
+
+    over = ("distributed=fsdp", "lora.enabled=true", "mixed_precision=bf16", "seed=5", "lr=1e-3")
+    whole_load = tmp_path / "whole_load.py"
+    whole_load.write_text(WHOLE_LOAD)
+    _run(2, tiny_model_dir, prompts, tmp_path / "sharded", 29564, *over)
+    _run(2, tiny_model_dir, prompts, tmp_path / "whole", 29565, *over, script=whole_load)
+    lora = "final/pytorch_lora_weights.safetensors"
+    sharded, whole = (load_file(str(tmp_path / k / lora)) for k in ("sharded", "whole"))
+    assert sharded.keys() == whole.keys() and any("lora_A" in k for k in whole)
+    assert [k for k in whole if not torch.equal(sharded[k], whole[k])] == []
+    assert any(v.abs().max() > 0 for k, v in whole.items() if "lora_B" in k)  # B starts at zero: it trained
+    assert sorted(p.name for p in (tmp_path / "sharded" / "final").iterdir()) == sorted(
+        p.name for p in (tmp_path / "whole" / "final").iterdir())
+    assert not (tmp_path / "sharded" / "final" / "transformer").exists()  # the adapter only
+    hist = [json.loads((tmp_path / k / "train_summary.json").read_text())["history"]
+            for k in ("sharded", "whole")]
+    assert len(hist[0]) >= 2 and hist[0] == hist[1]
