@@ -1,16 +1,19 @@
 """The load phase of the capacity plan: what one rank holds while the transformer is loaded, on its device
 and on the host, for the two load paths of `chunkgrpo.train.model_load`.
 
-With n ranks, W transformer parameters and `b` bytes per parameter as loaded (4 for fp32 master weights):
+With n ranks, W transformer parameters, `b` bytes per parameter as loaded (4 for fp32 master weights; 2
+for a LoRA base under bf16) and P LoRA adapter parameters (0 for full fine-tuning):
 
-* **sharded** (FSDP full fine-tuning, n > 1): the device holds this rank's fp32 shards only,
-  Σ_tensors 4·⌈d0/n⌉·(d1·…) bytes (FSDP splits dim 0 as `torch.chunk` and pads every rank's shard to
-  ⌈d0/n⌉ rows), ≈ 4·W/n. The host holds no copy of the transformer: only one tensor's rows in transit,
-  read from the memory-mapped file in the stored dtype (the largest ⌈d0/n⌉·(d1·…)·b_stored). The file
-  pages read are page cache, shared by the node's ranks and reclaimable, and not counted.
-* **whole** (single process, DDP, LoRA): every rank reads the whole transformer in the load dtype on the
-  host, then moves it to its device: W·b on the host and W·b on the device (the same bytes on the CPU),
-  + under FSDP (LoRA) the shards `fully_shard` copies out of it, ≈ W·b/n.
+* **sharded** (FSDP on more than one rank, LoRA or full fine-tuning): the device holds this rank's shards
+  only, Σ_tensors b·⌈d0/n⌉·(d1·…) bytes (FSDP splits dim 0 as `torch.chunk` and pads every rank's shard
+  to ⌈d0/n⌉ rows), ≈ b·W/n, + the adapter's fp32 shards ≈ 4·P/n. The host holds no copy of the
+  transformer: only one tensor's rows in transit, read from the memory-mapped file in the stored dtype
+  (the largest ⌈d0/n⌉·(d1·…)·b_stored), and, with LoRA, the adapter's whole initial values in the base's
+  dtype (b·P), drawn on the host and kept until this rank's shards of them are filled. The file pages read
+  are page cache, shared by the node's ranks and reclaimable, and not counted.
+* **whole** (single process, DDP): every rank reads the whole transformer in the load dtype on the host,
+  then moves it to its device: W·b on the host and W·b on the device (the same bytes on the CPU),
+  + under FSDP (the path the sharded load replaced) the shards `fully_shard` copies out of it, ≈ W·b/n.
 
 The frozen components (text encoders, VAE) are read in their own dtype on every path; transformers keeps
 T5's `wo` projections in fp32 while loading them (`frozen_host_bytes`), and `load_flux` casts them before
@@ -55,25 +58,43 @@ def tensor_shapes(tr: torch.nn.Module) -> list[torch.Size]:
     return [t.shape for t in tr.state_dict().values()]
 
 
+def adapter_shapes(tr: torch.nn.Module) -> list[torch.Size]:
+    """The shapes of the LoRA adapter's tensors of an adapted (meta) transformer; [] without adapters."""
+    return [t.shape for n, t in tr.state_dict().items() if "lora_" in n]
+
+
 def transformer_load(shapes: list[torch.Size], *, world: int, sharded: bool, load_bytes: int,
-                     stored_bytes: int, fsdp: bool = False) -> dict:
-    """Per-rank bytes of the transformer while it loads, from the shapes of its tensors (`tensor_shapes`):
-    {"device", "host", "parts" (the device's), "cpu"}. `cpu` is the rank's total when its device is the
-    host (a CPU run): the sharded load's shard and rows in transit; the whole load's one copy, which is
+                     stored_bytes: int, fsdp: bool = False, adapters: list[torch.Size] = ()) -> dict:
+    """Per-rank bytes of the transformer while it loads, from the shapes of its base tensors
+    (`tensor_shapes`) and of its LoRA adapter's (`adapter_shapes`; fp32): {"device", "host", "parts" (the
+    device's), "host_parts", "cpu"}. `cpu` is the rank's total when its device is the host (a CPU run): the
+    sharded load's shards, rows in transit and adapter initial values; the whole load's one copy, which is
     both. `fsdp` (whole load): the shards FSDP copies out of the whole transformer while it is still held
     (an upper bound: each whole tensor is freed once its shard exists)."""
     W = sum(math.prod(s) for s in shapes)
+    P = sum(math.prod(s) for s in adapters)
+    name = {4: "fp32", 2: "bf16"}.get(load_bytes, f"{load_bytes} bytes")
     if sharded:
-        device = sum(_rows(s, world) for s in shapes) * 4
-        transit = max(_rows(s, world) for s in shapes) * stored_bytes
-        return {"device": device, "host": transit, "cpu": device + transit,
-                "parts": {"transformer shard (fp32, 1/n)": device, "one tensor's rows in transit": transit}}
+        base = sum(_rows(s, world) for s in shapes) * load_bytes
+        parts = {f"transformer shard ({name}, 1/n)": base}
+        if adapters:
+            parts["LoRA adapter shard (fp32, 1/n)"] = sum(_rows(s, world) for s in adapters) * 4
+        host_parts = {"one tensor's rows in transit": max(_rows(s, world) for s in shapes) * stored_bytes}
+        if adapters:
+            host_parts[f"LoRA initial values (whole, {name})"] = P * load_bytes
+        device, host = sum(parts.values()), sum(host_parts.values())
+        return {"device": device, "host": host, "cpu": device + host, "parts": parts,
+                "host_parts": host_parts}
     whole = W * load_bytes
     parts = {"whole transformer in the load dtype": whole}
+    if adapters:  # added once the transformer is on its device
+        parts["LoRA adapter (fp32)"] = P * 4
     if fsdp and world > 1:
-        parts["FSDP shards copied from it"] = sum(_rows(s, world) for s in shapes) * load_bytes
+        parts["FSDP shards copied from it"] = (sum(_rows(s, world) for s in shapes) * load_bytes
+                                               + sum(_rows(s, world) for s in adapters) * 4)
     device = sum(parts.values())
-    return {"device": device, "host": whole, "cpu": device, "parts": parts}
+    return {"device": device, "host": whole, "cpu": device, "parts": parts,
+            "host_parts": {"whole transformer in the load dtype": whole}}
 
 
 def frozen_host_bytes(t5: torch.nn.Module, frozen_bytes: int) -> int:

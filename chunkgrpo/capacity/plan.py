@@ -10,8 +10,9 @@ compute on GPU, 4 for fp32; every term in bytes):
   resident   = transformer weights (FSDP full FT: 4·W/n fp32 master shards; DDP full FT: 4·W;
                LoRA: b_base·W + 4·P) + AdamW 8·P (/n under FSDP) + EMA 4·P (/n) + VAE + reward models
                + prompt-embedding cache (every prompt of the run, kept on the device, model dtype)
-  load       = the transformer as it loads (`capacity.load`; FSDP full fine-tuning: this rank's fp32 shards,
-               ≈ 4·W/n, + one tensor's rows in transit; otherwise the whole transformer in the load dtype)
+  load       = the transformer as it loads (`capacity.load`; FSDP, LoRA or full: this rank's shards in the
+               load dtype, ≈ b_base·W/n (+ the adapter's fp32 shards, 4·P/n); DDP: the whole transformer
+               in the load dtype)
                + the frozen text encoders and VAE (bf16 under bf16 mixed precision, `frozen_dtype`)
                + reward models (loaded after the transformer is sharded)
   text enc.  = resident transformer weights + text encoders + VAE + reward models + embeddings + T5 forward
@@ -37,8 +38,9 @@ collective): longer is a problem, over half of it a warning.
 **Host memory per pod** = ranks × process baseline + max(load: every rank reads, concurrently, the frozen
 components in their dtype (T5's `wo` in fp32) and, unless the load is sharded, the whole transformer in
 the load dtype, before moving them to its device; the sharded load holds no copy of the transformer on the
-host, only one tensor's rows, and its file pages are page cache: at most one stored copy per node,
-reclaimable, not counted; checkpoint: rank 0 gathers weights, AdamW state and EMA in fp32 on the host).
+host, only one tensor's rows (and a LoRA adapter's whole initial values, b_base·P), and its file pages are
+page cache: at most one stored copy per node, reclaimable, not counted; checkpoint: rank 0 gathers
+weights, AdamW state and EMA in fp32 on the host).
 
 **Bytes per volume** (each path is placed on the pod volume whose mount is its longest prefix):
 model cache ($CHUNKGRPO_CACHE, else $HOME/.cache/chunkgrpo) = the model folder (every component stored in
@@ -79,7 +81,13 @@ from chunkgrpo.capacity.io import (
     io_warnings,
     reward_worker_contexts,
 )
-from chunkgrpo.capacity.load import frozen_host_bytes, stored_bytes, tensor_shapes, transformer_load
+from chunkgrpo.capacity.load import (
+    adapter_shapes,
+    frozen_host_bytes,
+    stored_bytes,
+    tensor_shapes,
+    transformer_load,
+)
 from chunkgrpo.capacity.pool import Pool
 from chunkgrpo.chunks import training_plan
 from chunkgrpo.errors import UserError
@@ -186,6 +194,7 @@ def capacity_plan(cfg, pool: Pool, *, nodes: int = 1, output_dir: str = "", pres
     tr = arch.build("transformer", compute_dtype)
     W = param_count(tr)
     shapes = tensor_shapes(tr)  # the base transformer's tensors, before any adapter
+    adapters: list[torch.Size] = []
     if lora:  # the adapter on the meta transformer: its activations are traced, only it gets gradients
         from peft import LoraConfig
 
@@ -199,6 +208,7 @@ def capacity_plan(cfg, pool: Pool, *, nodes: int = 1, output_dir: str = "", pres
                     init_lora_weights=True,
                 )
             )
+        adapters = adapter_shapes(tr)
         tr.to(compute_dtype)
         for n, p in tr.named_parameters():
             p.requires_grad_("lora_" in n)
@@ -278,12 +288,12 @@ def capacity_plan(cfg, pool: Pool, *, nodes: int = 1, output_dir: str = "", pres
     block = block_params(tr)
     unsharded_fwd = 2 * block * b_c if fsdp else 0
     grads = 4 * P // shard + (4 * P if (not fsdp and world > 1) else 0)
-    # the transformer as `train.model_load` reads it: sharded (FSDP full fine-tuning) or whole
-    sharded = fsdp and not lora
+    # the transformer as `train.model_load` reads it: sharded (FSDP, LoRA or full fine-tuning) or whole
+    sharded = fsdp
     b_stored = (stored_bytes(arch.source, FLUX_DEV_STORED_BYTES) if Path(arch.source).is_dir()
                 else FLUX_DEV_STORED_BYTES)
     tr_load = transformer_load(shapes, world=shard, sharded=sharded, load_bytes=b_base, stored_bytes=b_stored,
-                               fsdp=fsdp)
+                               fsdp=fsdp, adapters=adapters)
     frozen_w = sum(counts.values()) * b_frozen
     load = {**tr_load["parts"], "text encoders + VAE": frozen_w, **reward_part}
     text_encoders = (counts["text_encoder"] + counts["text_encoder_2"]) * b_frozen
