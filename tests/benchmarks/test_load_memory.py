@@ -1,6 +1,7 @@
 """benchmarks/load_memory.py on 1 and 2 torchrun ranks (gloo, the mid tiny-FLUX, stored in bf16 as
 FLUX.1-dev is): the per-rank memory of the sharded load falls as 1/world, and the capacity plan's load
-term (`chunkgrpo.capacity.load`) predicts it, both within 10 % + SLACK."""
+term (`chunkgrpo.capacity.load`) predicts it, both within 10 % + SLACK; for full fine-tuning and, with
+`--lora`, for a LoRA policy's bf16 base."""
 
 import json
 
@@ -30,3 +31,26 @@ def test_sharded_load_memory_falls_as_one_over_world_and_matches_the_plan(tmp_pa
     for row in (one, two):
         assert abs(row["anon_peak"] - row["predicted"]) <= 0.1 * row["predicted"] + SLACK, row
         assert row["predicted"] == row["prediction"]["device"] + row["prediction"]["host"]
+
+
+def test_lora_sharded_load_memory_falls_with_world_and_matches_the_plan(tmp_path, capsys):
+    """`--lora` (bf16 base, fp32 rank-32 adapters): the base's share of a rank's load memory halves from 1
+    to 2 ranks; what stays is the adapter's whole initial values (bf16, on the host until filled); the plan
+    predicts both rows."""
+    bench = benchmark_scripts.load("load_memory")
+    out = tmp_path / "load.json"
+    assert bench.main(["--size", "mid", "--worlds", "1", "2", "--paths", "sharded", "--lora",
+                       "--json", str(out)]) == 0
+    r = json.loads(out.read_text())
+    assert json.loads(capsys.readouterr().out) == r and r["mode"] == "lora"
+    rows = {(x["path"], x["world"]): x for x in r["rows"]}
+    one, two = rows["lora-sharded", 1], rows["lora-sharded", 2]
+    base, adapter_init = r["base_bf16_bytes"], 2 * r["adapter_params"]
+    assert two["local_param_bytes"] == pytest.approx((base + 4 * r["adapter_params"]) / 2, rel=0.01)
+    assert one["anon_peak"] >= 0.9 * base  # one rank holds the whole bf16 base: the measure sees it
+    # halving: (peak - the adapter's whole initial values) falls as 1/world
+    assert abs((two["anon_peak"] - adapter_init) - (one["anon_peak"] - adapter_init) / 2) <= (
+        0.1 * one["anon_peak"] / 2 + SLACK), (one, two)
+    for row in (one, two):
+        assert abs(row["anon_peak"] - row["predicted"]) <= 0.1 * row["predicted"] + SLACK, row
+        assert row["prediction"]["host_parts"]["LoRA initial values (whole, bf16)"] == adapter_init
