@@ -130,7 +130,7 @@ class Trainer:
 
         use_training_attention(dev)
         self.bf16 = cfg.mixed_precision == "bf16" or (cfg.mixed_precision == "auto" and dev.type == "cuda")
-        # FSDP full fine-tuning builds the transformer sharded; otherwise whole, then LoRA / FSDP / broadcast
+        # FSDP (LoRA or full fine-tuning) builds the transformer sharded; otherwise whole, then broadcast
         self.model = load_policy_model(cfg, self.info, self.model_path, self.bf16)
         self.model.source = cfg.model
         tr = self.model.transformer
