@@ -1,22 +1,42 @@
 #!/usr/bin/env bash
-# Create .venv and install chunkgrpo with every extra, torch==2.13.0 (CPU) first so pip never
-# resolves a multi-GB CUDA build. Idempotent: a second run only checks what is installed.
+# Create .venv from the runtime image's lock: torch==2.13.0 first (the CPU build where pip finds one, or
+# from $TORCH_INDEX_URL), then every package of images/runtime/requirements.lock (what the training image
+# runs) and of requirements-dev.lock (the test tools) at its hash-locked version, then this checkout
+# (editable). So the tests and the local pipeline run on the packages the image ships.
+# Idempotent: a second run only checks what is installed (stamp + package metadata, ~0.3 s). Never deletes
+# .venv; packages a user added to it stay.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+TORCH_VERSION=2.13.0   # the version images/runtime/requirements.lock was resolved with (scripts/image-env.sh)
+LOCKS=(images/runtime/requirements.lock requirements-dev.lock)
 if [ ! -x .venv/bin/python ]; then
+  "$PY" -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else 1)' 2>/dev/null || {
+    echo "setup: the locks are for CPython 3.11; $PY is $("$PY" -V 2>&1). Set PYTHON=/path/to/python3.11" >&2
+    exit 2
+  }
   "$PY" -m venv .venv
 fi
 . .venv/bin/activate
 stamp=.venv/.chunkgrpo-setup
-want="$(sha256sum pyproject.toml | cut -c1-16)"
-# complete = the stamp of this pyproject.toml + every requirement of chunkgrpo[all,dev] installed at an accepted
-# version (package metadata only, ~0.2 s; importing torch, diffusers, kfp and mlflow to check took 8-9 s)
+want="$(cat pyproject.toml "${LOCKS[@]}" | sha256sum | cut -c1-16)"
+# complete = the stamp of these files + every locked package at its pinned version and every requirement of
+# chunkgrpo[all,dev] accepted (package metadata only: scripts/env_check.py)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && python scripts/env_check.py 2>/dev/null; then
   echo "setup: .venv up to date"
   exit 0
 fi
-pip install --quiet --disable-pip-version-check "torch==2.13.0"
-pip install --quiet --disable-pip-version-check "torch==2.13.0" -e ".[all,dev]"
+pip=(python -m pip --quiet --disable-pip-version-check)
+quiet() { "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2); }
+if [ -n "${TORCH_INDEX_URL:-}" ]; then
+  quiet "${pip[@]}" install --index-url "$TORCH_INDEX_URL" "torch==$TORCH_VERSION"
+else
+  quiet "${pip[@]}" install "torch==$TORCH_VERSION"
+fi
+quiet "${pip[@]}" install --no-deps --require-hashes "${LOCKS[@]/#/--requirement=}"
+quiet "${pip[@]}" install --no-deps -e .
+python -m pip check --disable-pip-version-check >/dev/null || {
+  python -m pip check --disable-pip-version-check >&2; echo "setup: .venv is inconsistent" >&2; exit 1; }
+python scripts/env_check.py || { echo "setup: .venv does not match the locks" >&2; exit 1; }
 echo "$want" > "$stamp"
 echo "setup: .venv ready ($(python -c 'import torch; print("torch", torch.__version__)'))"

@@ -76,7 +76,9 @@ def overlay_venv(clone: Path) -> Path:
         timeout=600,
     )
     assert r.returncode == 0, r.stderr[-3000:]
+    stamped = [clone / "pyproject.toml", clone / "images" / "runtime" / "requirements.lock",
+               clone / "requirements-dev.lock"]  # what scripts/setup.sh's stamp hashes, in its order
     (venv / ".chunkgrpo-setup").write_text(
-        hashlib.sha256((clone / "pyproject.toml").read_bytes()).hexdigest()[:16] + "\n"
+        hashlib.sha256(b"".join(p.read_bytes() for p in stamped)).hexdigest()[:16] + "\n"
     )
     return venv

@@ -69,3 +69,28 @@ def test_this_environment_passes_and_a_broken_one_exits_1(tmp_path):
                         str(tmp_path), script], capture_output=True, text=True)
     assert r.returncode == 1 and r.stderr.strip().startswith("env_check: "), r.stderr
     assert "not installed" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_locked_packages_must_be_at_their_pinned_versions():
+    get = _world(peft=_Dist("0.21.2"), torch=_Dist("2.13.0+cpu"), ruff=_Dist("0.17.5"))
+    want = {"peft": "0.21.2", "torch": "2.13.0", "ruff": "0.17.6", "pytest": "9.2.0"}
+    assert env_check.unpinned(want, get=get) == [
+        "pytest==9.2.0: not installed", "ruff==0.17.6: installed 0.17.5"]
+    assert env_check.unpinned({"peft": "0.21.2", "torch": "2.13.0"}, get=get) == []  # +cpu: same release
+
+
+def test_the_dev_lock_adds_test_tools_to_the_runtime_lock_without_repeating_it():
+    runtime = env_check.pins(env_check.LOCKS[:1])
+    dev = env_check.pins(env_check.LOCKS[1:])
+    assert {"diffusers", "transformers", "peft", "kfp", "mlflow", "minio"} <= set(runtime)
+    assert {"pytest", "pytest-xdist", "pytest-timeout", "ruff", "kubernetes-validate"} <= set(dev)
+    assert not set(runtime) & set(dev)
+    # setup.sh installs exactly these two locks and hashes them into its stamp
+    setup = (REPO / "scripts" / "setup.sh").read_text()
+    assert "LOCKS=(images/runtime/requirements.lock requirements-dev.lock)" in setup
+    assert 'cat pyproject.toml "${LOCKS[@]}" | sha256sum' in setup
+
+
+def test_this_environment_is_the_locked_one():
+    """The .venv the tests run in holds the runtime image's packages at their locked versions."""
+    assert env_check.unpinned(env_check.pins()) == []
