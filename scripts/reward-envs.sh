@@ -19,8 +19,8 @@
 #
 # Location: $CHUNKGRPO_REWARD_ENVS, default <repo>/.reward-envs (git-ignored). Idempotent: a venv whose stamp
 # matches its lock file, the torch build (version + index) and the build recipe, and whose packages are at their
-# pinned versions, is left alone; a half-built one is rebuilt. Needs CPython 3.11 (PYTHON=...), ~7.5 GB of disk
-# (~3 GB with the CPU torch), network access to PyPI.
+# pinned versions, is left alone; a half-built one is rebuilt. Needs CPython 3.11 (PYTHON=...), ~7 GB of disk,
+# network access to PyPI (or TORCH_INDEX_URL's index for torch).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$PWD
