@@ -3,7 +3,8 @@
 # machine (CI, `chunkgrpo pipeline run --local --image-faithful`):
 #   runtime   torch 2.13.0 + images/runtime/requirements.lock (chunkgrpo[all]) + the reward venvs
 #   eval      images/eval/requirements.lock (chunkgrpo[train,store] + kfp) on the reward venvs' shared torch
-#             (zz-shared-torch.pth -> venv-torch) + the reward venvs
+#             (zz-shared-torch.pth -> venv-torch: the same torch version, from the same TORCH_INDEX_URL, that
+#             scripts/reward-envs.sh installs) + the reward venvs
 #   launcher  images/launcher/requirements.lock (no torch)
 # The reward venvs (runtime and eval) are built by scripts/reward-envs.sh in $CHUNKGRPO_REWARD_ENVS.
 #
@@ -15,8 +16,9 @@
 # disk (find-links) wins. chunkgrpo itself: editable from this checkout (CHUNKGRPO_PROJECT=editable, the
 # default), or not at all (CHUNKGRPO_PROJECT=none: the Dockerfile installs its code in a later layer).
 # CHUNKGRPO_IMAGE_LOCKS: the folder holding <image>/requirements.lock (default <repo>/images).
-# Idempotent: a venv whose stamp matches its lock, torch and recipe, and whose packages are at their pinned
-# versions, is left alone (~0.2 s); anything else is rebuilt from scratch. Needs CPython 3.11 (PYTHON=...).
+# Idempotent: a venv whose stamp matches its lock, torch (eval: the shared venv-torch's own stamp) and recipe,
+# and whose packages (and torch) are at their pinned versions, is left alone (~0.2 s); anything else is rebuilt
+# from scratch. Needs CPython 3.11 (PYTHON=...).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$PWD
@@ -36,7 +38,7 @@ LOCK=${CHUNKGRPO_IMAGE_LOCKS:-$REPO/images}/$IMAGE/requirements.lock
 LOCK=$(cd "$(dirname "$LOCK")" && pwd)/requirements.lock
 PROJECT=${CHUNKGRPO_PROJECT:-editable}
 case $PROJECT in editable|none) ;; *) echo "image-env: CHUNKGRPO_PROJECT=$PROJECT (editable or none)" >&2; exit 2 ;; esac
-TORCH_VERSION=2.13.0   # runtime; the locks were resolved against it (scripts/lock-image-envs.sh)
+TORCH_VERSION=2.13.0   # runtime and reward venvs (scripts/reward-envs.sh); the locks were resolved against it
 REWARDS=${CHUNKGRPO_REWARD_ENVS:-$REPO/.reward-envs}
 SITE=lib/python3.11/site-packages
 RECIPE=1  # bump when the build steps below change (the lock's hash covers its content)
@@ -51,7 +53,7 @@ case $IMAGE in
 esac
 case $IMAGE in
   runtime) torch="torch==$TORCH_VERSION ${TORCH_INDEX_URL:-}" ;;
-  eval) torch="shared $REWARDS/venv-torch" ;;
+  eval) torch="shared $REWARDS/venv-torch $(cat "$REWARDS/venv-torch/.chunkgrpo-stamp")" ;;  # rebuilt with it
   launcher) torch="none" ;;
 esac
 want="$(sha256sum "$LOCK" | cut -c1-16)-recipe$RECIPE-$PROJECT-$(echo "$torch" | sha256sum | cut -c1-8)"
@@ -64,7 +66,7 @@ import re, sys
 from importlib import metadata
 lock, image, torch = sys.argv[1:]
 want = dict(re.findall(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;\\]+)", open(lock).read(), re.M))
-if image == "runtime":
+if image in ("runtime", "eval"):  # eval: the shared venv-torch's, through zz-shared-torch.pth
     want["torch"] = torch
 bad = []
 for name, version in want.items():

@@ -2,7 +2,7 @@
 # Regenerate the main-environment lock of each image, images/<image>/requirements.lock, from its intent:
 #   runtime   chunkgrpo[all]                                   (pyproject.toml), with torch==2.13.0
 #   eval      chunkgrpo[train,store] + images/eval/requirements.txt (kfp), with the shared reward torch
-#             (images/eval/constraints-torch.txt: torch 2.14.1, torchvision 0.29.1)
+#             (images/eval/constraints-torch.txt: torch 2.13.0, torchvision 0.28.0)
 #   launcher  images/launcher/requirements.txt                  (no torch)
 #   dev       requirements-dev.lock: chunkgrpo[dev] (the test tools) resolved together with the runtime lock's
 #             pins, minus the packages that lock already has; scripts/setup.sh installs both into .venv, so
@@ -10,7 +10,9 @@
 # Every package is pinned with its sha256 hashes (pip install --no-deps --require-hashes), for CPython 3.11 on
 # x86_64 manylinux. torch, torchvision, triton, nvidia-* and cuda-* are left out: the Dockerfiles install torch
 # by version from the CUDA wheel index (scripts/image-env.sh), a plain machine installs the CPU build of the
-# same version. Needs network access to PyPI; uv (pinned below) is installed into a throwaway venv.
+# same version. A package pinned in the current lock keeps its version (and so its hashes) unless the intent
+# rules it out (uv prefers the pins of an existing output file). Needs network access to PyPI; uv (pinned
+# below) is installed into a throwaway venv.
 # Run after changing pyproject.toml's dependencies or an images/<image>/requirements.txt, then
 # `bash scripts/image-env.sh IMAGE` and the image-environment tests.
 #
@@ -35,6 +37,7 @@ compile() {  # compile IMAGE INPUT... [uv options]
     out=requirements-dev.lock
     what="The test tools beside images/runtime/requirements.lock; scripts/setup.sh installs both into .venv."
   fi
+  if [ -f "$out" ]; then cp "$out" "$out.tmp"; fi  # its pins are the resolver's preferences
   "$tools/venv/bin/uv" pip compile --quiet --python-version 3.11 --python-platform x86_64-manylinux_2_28 \
     --generate-hashes --no-header --no-annotate "$@" -o "$out.tmp"
   # the CUDA runtime packages come with torch from its wheel index (or not at all: the CPU build)

@@ -1,6 +1,11 @@
 #!/usr/bin/env bash
-# Build the reward-model venvs the evaluation image builds (images/eval/Dockerfile runs this same script):
-#   venv-torch        torch + torchvision (CUDA build; runs on CPU too), from requirements-torch.lock
+# Build the reward-model venvs the runtime and evaluation images build (their Dockerfiles run this same script):
+#   venv-torch        torch 2.13.0 + torchvision 0.28.0, by version: the runtime image's torch, same version and
+#                     CUDA build (from $TORCH_INDEX_URL when set: the images' CUDA wheel index, default cu126),
+#                     + the rest of their dependencies from requirements-torch.lock. Without TORCH_INDEX_URL
+#                     (a plain machine): PyPI's build of both (CUDA 13; runs on the CPU too), never a CPU torch
+#                     from local find-links: PyPI's torchvision is compiled against PyPI's torch and does not
+#                     import on the CPU build ("operator torchvision::nms does not exist").
 #   venv-hpsv2        hpsv2        (+ open_clip's BPE vocabulary, which the hpsv2 wheel lacks)
 #   venv-imagereward  image-reward (+ the pins that make it importable)
 #   venv-hpsv3        hpsv3        (+ its undeclared matplotlib / tensorboard)
@@ -13,8 +18,9 @@
 #   eval "$(bash scripts/reward-envs.sh --print-env)"           # export CHUNKGRPO_VENV_* for this shell
 #
 # Location: $CHUNKGRPO_REWARD_ENVS, default <repo>/.reward-envs (git-ignored). Idempotent: a venv whose stamp
-# matches its lock file and build recipe, and whose packages are at their pinned versions, is left alone; a half-built one is
-# rebuilt. Needs CPython 3.11 (PYTHON=...), ~7.5 GB of disk, network access to PyPI.
+# matches its lock file, the torch build (version + index) and the build recipe, and whose packages are at their
+# pinned versions, is left alone; a half-built one is rebuilt. Needs CPython 3.11 (PYTHON=...), ~7 GB of disk,
+# network access to PyPI (or TORCH_INDEX_URL's index for torch).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$PWD
@@ -41,30 +47,50 @@ done
 }
 mkdir -p "$ROOT"
 ROOT=$(cd "$ROOT" && pwd)
-RECIPE=1  # bump when the build steps below change (the lock files' hashes cover their content)
-
-pip_install() {  # pip_install VENV LOCK (drops pip's notes about this machine's local find-links folders)
-  "$1/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps --require-hashes -r "$2" \
-    2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
+RECIPE=2  # bump when the build steps below change (the lock files' hashes cover their content)
+# The runtime image's torch (TORCH_VERSION in scripts/image-env.sh) and its torchvision; the locks were resolved
+# against them (images/eval/constraints-torch.txt, scripts/lock-reward-envs.sh).
+TORCH_VERSION=2.13.0
+TORCHVISION_VERSION=0.28.0
+stamp_of() {  # stamp_of LOCK: what a venv built from LOCK on this torch build (version + index) is stamped with
+  local build
+  build=$(echo "torch==$TORCH_VERSION torchvision==$TORCHVISION_VERSION ${TORCH_INDEX_URL:-pypi}" | sha256sum)
+  echo "$(sha256sum "$1" | cut -c1-16)-recipe$RECIPE-torch$(echo "$build" | cut -c1-8)"
 }
 
-# pinned VENV LOCK: every package of LOCK is installed in VENV at its pinned version (package metadata only:
+quiet() { "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2); }  # pip's local-folder notes
+pip_install() {  # pip_install VENV LOCK
+  quiet "$1/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps --require-hashes -r "$2"
+}
+
+install_torch() {  # install_torch VENV: torch + torchvision by version, of one build
+  local pip=("$1/bin/python" -m pip install --quiet --disable-pip-version-check)
+  if [ -n "${TORCH_INDEX_URL:-}" ]; then  # that index's build only (2.13.0+cu126 with 0.28.0+cu126)
+    quiet "${pip[@]}" --index-url "$TORCH_INDEX_URL" "torch==$TORCH_VERSION" "torchvision==$TORCHVISION_VERSION"
+  else  # === : the public build itself, not a local-label build (2.13.0+cpu) of the same version
+    quiet "${pip[@]}" "torch===$TORCH_VERSION" "torchvision===$TORCHVISION_VERSION"
+  fi
+}
+
+# pinned VENV LOCK [NAME==VERSION...]: every package of LOCK is installed in VENV at its pinned version, and each
+# NAME at VERSION with any local label (2.13.0+cpu, +cu126: the build is in the stamp). Package metadata only:
 # ~0.1 s, where importing torch and the reward package took ~8 s per venv; the import CHECK below ran once,
-# when the stamp was written)
+# when the stamp was written.
 pinned() {
-  "$1/bin/python" -I - "$2" <<'PY'
+  "$1/bin/python" -I - "$2" "${@:3}" <<'PY'
 import re, sys
 from importlib import metadata
+pins = [(m.group(1), m.group(2), False) for m in
+        (re.match(r"([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;\\]+)", line) for line in open(sys.argv[1])) if m]
+pins += [(*arg.split("=="), True) for arg in sys.argv[2:]]
 bad = []
-for line in open(sys.argv[1]):
-    m = re.match(r"([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;\\]+)", line)
-    if m:
-        try:
-            have = metadata.version(m.group(1))
-        except metadata.PackageNotFoundError:
-            have = "not installed"
-        if have != m.group(2):
-            bad.append(f"{m.group(1)}=={m.group(2)}: {have}")
+for name, version, any_local in pins:
+    try:
+        have = metadata.version(name)
+    except metadata.PackageNotFoundError:
+        have = "not installed"
+    if (have.split("+")[0] if any_local else have) != version:
+        bad.append(f"{name}=={version}: {have}")
 for b in bad:
     print(f"reward-envs: {b}", file=sys.stderr)
 sys.exit(1 if bad else 0)
@@ -75,17 +101,21 @@ PY
 build() {
   local name=$1 lock=$2 check=$3 post=${4:-}
   local venv=$ROOT/venv-$name
-  local want
-  want="$(sha256sum "$lock" | cut -c1-16)-recipe$RECIPE"
+  local want extra=()
+  # every venv runs on (and was resolved against) the shared torch: a change of its build rebuilds them all
+  want=$(stamp_of "$lock")
+  if [ "$name" = torch ]; then extra=("torch==$TORCH_VERSION" "torchvision==$TORCHVISION_VERSION"); fi
   if [ -f "$venv/.chunkgrpo-stamp" ] && [ "$(cat "$venv/.chunkgrpo-stamp")" = "$want" ] \
-     && pinned "$venv" "$lock" && { [ "$name" != hpsv2 ] || hpsv2_vocab_present "$venv"; }; then
+     && pinned "$venv" "$lock" "${extra[@]}" && { [ "$name" != hpsv2 ] || hpsv2_vocab_present "$venv"; }; then
     echo "reward-envs: venv-$name up to date"
     return 0
   fi
   local t0=$SECONDS
   rm -rf "$venv"
   "$PY" -m venv "$venv"
-  if [ "$name" != torch ]; then
+  if [ "$name" = torch ]; then
+    install_torch "$venv"  # first: the lock's pins then replace whatever versions its dependencies got
+  else
     echo "$ROOT/venv-torch/$SITE" > "$venv/$SITE/zz-shared-torch.pth"
   fi
   pip_install "$venv" "$lock"
