@@ -9,7 +9,8 @@ device: no downloads, no files. The predictions come from `chunkgrpo.capacity.pl
 `chunk_grpo_flux` (full fine-tuning, FSDP, bf16) on the h800 pool (its rendered runtime; without kubectl,
 8 × H800 as `capacity.pool.GPU_MEMORY` states them), computed when the script runs, never copied in.
 `--size tiny` runs every stage at the tiny FLUX folder's widths (`chunkgrpo.testing.tiny`), 64², a 32-token
-prompt and a 30 MB state dict, against the plan of the same configuration.
+prompt, a 30 MB state dict and a reward stand-in of 1/1000 of the plan's (the load stage's
+ratio is then left out), against the plan of the same configuration: a check of the wiring, not a measurement.
 
 Stages (`--stages`, in this order; each prints one JSON line `{"stage", "measured", "predicted", ...}` as
 soon as it finishes, so a run cut short keeps what it finished; `--budget-s` skips a stage whose stated
