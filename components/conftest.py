@@ -9,7 +9,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
-pytest_plugins = ["tests.fixtures_services", "tests.tiers", "tests.kfp_frames"]
+pytest_plugins = ["tests.fixtures_services", "tests.tiers", "tests.kfp_frames", "tests.session_tmpdir"]
 
 
 @pytest.fixture(scope="session")
@@ -29,6 +29,7 @@ def local_runner(tmp_path, services_env):
     local.init(
         runner=local.SubprocessRunner(use_venv=False),
         pipeline_root=str(tmp_path / "kfp"),
+        workspace_root=str(tmp_path / "kfp-workspace"),  # else kfp.local makes one in $TMPDIR and keeps it
         raise_on_error=True,
     )
     with warnings.catch_warnings():

@@ -13,8 +13,9 @@
    secrets are ignored by kfp.local with a warning), pipeline root <home>/kfp.
    Task retries are switched off locally (the cluster keeps them): against
    local services a failure is a real one, and a bad parameter must fail at once, not after minutes
-   of retry back-off. The pod volumes the tasks' compiled env points at (`/cache`: TMPDIR, CHUNKGRPO_CACHE,
-   ...) are mapped to folders under <home>/pod-volumes; `pod_faithful=True` (`--pod-faithful`) instead runs
+   of retry back-off. The pod volumes the tasks' compiled env points at (`/cache`: CHUNKGRPO_CACHE,
+   ...) are mapped to folders under <home>/pod-volumes, and TMPDIR to the run's own temp folder there,
+   removed when the run ends (`run_tmpdir`); `pod_faithful=True` (`--pod-faithful`) instead runs
    each task in fresh volume folders with its exact compiled env and audits its writes
    (pipeline/pod_faithful.py); `image_faithful=True` (`--image-faithful`) is a pod-faithful run whose
    tasks each start in the locally built environment of the image their pod uses (pipeline/image_faithful.py);
@@ -161,8 +162,10 @@ def run_local(
         stages["model"] = time.perf_counter() - t_start - sum(stages.values())
         for k, v in full.items():
             check_literal(k, v, literals)
-        result = _run_pipeline(func, pipeline, full, model_dir, home, services_env, verbose=verbose,
-                               pod_faithful=pod_faithful, stages=stages, image_faithful=image_faithful)
+        with run_tmpdir(home) as tmp:
+            result = _run_pipeline(func, pipeline, full, model_dir, home, services_env, verbose=verbose,
+                                   pod_faithful=pod_faithful, stages=stages, image_faithful=image_faithful,
+                                   tmp=tmp)
         result.services_kept = svc is None or keep_services or not started
         stages["total"] = time.perf_counter() - t_start
         return result
@@ -196,8 +199,11 @@ def _parameters(pipeline: str, demo: str, home: Path, params: dict) -> tuple[dic
 
 
 def _run_pipeline(func, pipeline: str, full: dict, model_dir: Path, home: Path, services_env: dict, *,
-                  verbose: bool, pod_faithful: bool, stages: dict, image_faithful: bool = False) -> LocalRun:
-    """Run the pipeline function under kfp.local with the console/log capture; the run's outputs."""
+                  verbose: bool, pod_faithful: bool, stages: dict, image_faithful: bool = False,
+                  tmp: Path | None = None) -> LocalRun:
+    """Run the pipeline function under kfp.local with the console/log capture; the run's outputs.
+    `tmp`: the run's temp folder (`run_tmpdir`): kfp.local's workspace and, in a plain run, every task's
+    TMPDIR (None: kfp.local makes a workspace in $TMPDIR and keeps it)."""
     from kfp import local
 
     from pipeline.pod_faithful import layout_for, map_volumes, tasks_as_pods
@@ -209,6 +215,7 @@ def _run_pipeline(func, pipeline: str, full: dict, model_dir: Path, home: Path, 
     local.init(
         runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(root), raise_on_error=True,
         enable_caching=not pod_faithful, cache_root=str(cache_root),
+        workspace_root=str(tmp) if tmp else None,  # no task uses kfp's workspace
     )
     layout = layout_for(pipeline, func, home, faithful=pod_faithful, model_dir=model_dir, allow=[root],
                         image_faithful=image_faithful)
@@ -218,6 +225,8 @@ def _run_pipeline(func, pipeline: str, full: dict, model_dir: Path, home: Path, 
         run_tasks = tasks_as_pods(layout)
     else:
         map_volumes(func, layout)
+        if tmp is not None:
+            point_tmpdir(func, tmp)
         run_tasks = contextlib.nullcontext()
     log_dir = home / "logs"
     log_path = log_dir / f"{pipeline}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
@@ -256,6 +265,45 @@ def _run_pipeline(func, pipeline: str, full: dict, model_dir: Path, home: Path, 
     result.images = dict(layout.ran_in) if image_faithful else None
     result.mlflow_url = mlflow_url(services_env.get("MLFLOW_TRACKING_URI", ""), result.mlflow_run_id)
     return result
+
+
+@contextlib.contextmanager
+def run_tmpdir(home: Path):
+    """The run's temp folder, `<home>/pod-volumes/tmp-*` (beside the shared /cache folder: one file
+    system, as TMPDIR and the cache share the pod's volume), this process's TMPDIR while the run lasts;
+    removed with what the tasks left there (kfp's `tmp.*` folders of each task's program, torchrun's
+    folders, a failed step's scratch) when the run ends, on failure too."""
+    import shutil
+    import tempfile
+
+    parent = home / "pod-volumes"
+    parent.mkdir(parents=True, exist_ok=True)
+    path = Path(tempfile.mkdtemp(prefix="tmp-", dir=parent))
+    before = os.environ.get("TMPDIR"), tempfile.tempdir
+    os.environ["TMPDIR"], tempfile.tempdir = str(path), str(path)
+    try:
+        yield path
+    finally:
+        if before[0] is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = before[0]
+        tempfile.tempdir = before[1]
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def point_tmpdir(func, tmp: Path) -> int:
+    """Every task's compiled TMPDIR (a pod's /cache volume, mapped to the shared cache folder by
+    `map_volumes`) pointed at `tmp`, in place; returns how many changed. Tasks without one inherit it."""
+    changed = 0
+    executors = func.pipeline_spec.deployment_spec["executors"]
+    for label in executors.keys():
+        container = executors[label]["container"]
+        for item in container["env"] if "env" in container else []:
+            if item["name"] == "TMPDIR":
+                item["value"] = str(tmp)
+                changed += 1
+    return changed
 
 
 def _run_env(home: Path, environ) -> dict:
