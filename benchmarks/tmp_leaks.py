@@ -3,9 +3,12 @@ TMPDIR pointed at a fresh empty folder, then counts every entry left in it, grou
 
     python benchmarks/tmp_leaks.py tests/pipeline/test_local_run.py [--pytest-args "-n 0"] [--out F.json]
 
-Counted: the folder's own top-level entries (pytest's basetemp folder `pytest-of-<user>` aside), and the
-entries the test suite's conftest reports as left behind in its per-session TMPDIR (each
-`<basetemp>/tmp` folder, see tests/conftest.py). Prints one JSON object; the fresh folder is removed
+Counted: the folder's own top-level entries (pytest's basetemp folder `pytest-of-<user>` aside), the
+entries left behind in the test session's own TMPDIR (each `<basetemp>/tmp` folder,
+tests/session_tmpdir.py), and, for the local runs the tests made (any `.chunkgrpo` home under the
+folder), the entries of the folders standing for the tasks' pod volumes (`pod-volumes/*`, kept between
+plain runs, and a pod-faithful run's `pods/run-*/<task>/*`) other than the caches (`chunkgrpo`,
+`inductor`, `xdg`, `huggingface`, torch's per-user inductor cache, dotfiles). Prints one JSON object; the fresh folder is removed
 afterwards unless `--keep`.
 """
 
@@ -19,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from getpass import getuser
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,6 +34,8 @@ def kind(name: str) -> str:
     `tmpab12cd34` -> `tmp`."""
     if name.startswith("tmp") and _TAIL.fullmatch(name[3:]):  # tempfile's default prefix
         return "tmp"
+    if re.fullmatch(r"tmp\.[A-Za-z0-9]{10}", name):  # `mktemp -d`: kfp's folder of a task's program
+        return "tmp.*"
     parts = re.split(r"([-_.])", name)
     for i in range(0, len(parts), 2):
         rest = "".join(parts[i:])
@@ -45,7 +51,12 @@ def leftovers(folder: Path) -> dict:
     top = sorted(p.name for p in folder.iterdir() if not p.name.startswith("pytest-of-"))
     session = sorted(p.name for base in folder.glob("pytest-of-*/pytest-*") for tmp in [base / "tmp",
                      *base.glob("popen-gw*/tmp")] if tmp.is_dir() for p in tmp.iterdir())
-    return {"top": top, "session": session}
+    caches = {"chunkgrpo", "inductor", "xdg", "huggingface", "torch", "triton", "torchinductor_" + getuser(),
+              "sitecustomize.py"}  # the last: a pod-faithful run's audit hook
+    vols = [*folder.glob("**/.chunkgrpo/pod-volumes/*"), *folder.glob("**/.chunkgrpo/pods/run-*/*/*")]
+    volumes = sorted(str(p.relative_to(folder)) for v in vols if v.is_dir() for p in v.iterdir()
+                     if p.name not in caches and not p.name.startswith("."))
+    return {"top": top, "session": session, "volumes": volumes}
 
 
 def main(argv=None) -> int:
@@ -65,6 +76,8 @@ def main(argv=None) -> int:
         result = {"tests": args.tests, "pytest_exit": r.returncode, "wall_s": round(time.perf_counter() - t0),
                   "entries_top": len(found["top"]), "entries_session": len(found["session"]),
                   "by_kind": dict(collections.Counter(map(kind, found["top"] + found["session"]))),
+                  "entries_volumes": len(found["volumes"]),
+                  "volumes_by_kind": dict(collections.Counter(kind(Path(v).name) for v in found["volumes"])),
                   "names": found}
         print(json.dumps(result, indent=1))
         if args.out:
