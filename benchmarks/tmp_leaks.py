@@ -8,8 +8,8 @@ entries left behind in the test session's own TMPDIR (each `<basetemp>/tmp` fold
 tests/session_tmpdir.py), and, for the local runs the tests made (any `.chunkgrpo` home under the
 folder), the entries of the folders standing for the tasks' pod volumes (`pod-volumes/*`, kept between
 plain runs, and a pod-faithful run's `pods/run-*/<task>/*`) other than the caches (`chunkgrpo`,
-`inductor`, `xdg`, `huggingface`, torch's per-user inductor cache, dotfiles). Prints one JSON object; the fresh folder is removed
-afterwards unless `--keep`.
+`inductor`, `xdg`, `huggingface`, torch's per-user inductor cache, dotfiles). Prints one JSON object;
+the fresh folder is removed afterwards unless `--keep`.
 """
 
 import argparse
