@@ -49,8 +49,9 @@ def leftovers(folder: Path) -> dict:
     """{"top": [names], "session": [names]}: top-level entries besides pytest's basetemp folder, and the
     entries of every per-session TMPDIR (`<basetemp>/tmp`) under it."""
     top = sorted(p.name for p in folder.iterdir() if not p.name.startswith("pytest-of-"))
-    session = sorted(p.name for base in folder.glob("pytest-of-*/pytest-*") for tmp in [base / "tmp",
-                     *base.glob("popen-gw*/tmp")] if tmp.is_dir() for p in tmp.iterdir())
+    bases = [b for b in folder.glob("pytest-of-*/pytest-*") if not b.is_symlink()]  # not pytest-current
+    session = sorted(p.name for base in bases for tmp in [base / "tmp", *base.glob("popen-gw*/tmp")]
+                     if tmp.is_dir() for p in tmp.iterdir())
     caches = {"chunkgrpo", "inductor", "xdg", "huggingface", "torch", "triton", "torchinductor_" + getuser(),
               "sitecustomize.py"}  # the last: a pod-faithful run's audit hook
     vols = [*folder.glob("**/.chunkgrpo/pod-volumes/*"), *folder.glob("**/.chunkgrpo/pods/run-*/*/*")]
