@@ -13,13 +13,13 @@
    secrets are ignored by kfp.local with a warning), pipeline root <home>/kfp.
    Task retries are switched off locally (the cluster keeps them): against
    local services a failure is a real one, and a bad parameter must fail at once, not after minutes
-   of retry back-off. The pod volumes the tasks' compiled env points at (`/cache`: CHUNKGRPO_CACHE,
-   ...) are mapped to folders under <home>/pod-volumes, and TMPDIR to the run's own temp folder there,
-   removed when the run ends (`run_tmpdir`); `pod_faithful=True` (`--pod-faithful`) instead runs
-   each task in fresh volume folders with its exact compiled env and audits its writes
-   (pipeline/pod_faithful.py); `image_faithful=True` (`--image-faithful`) is a pod-faithful run whose
-   tasks each start in the locally built environment of the image their pod uses (pipeline/image_faithful.py);
-   kfp.local's task cache is on (pipeline/kfp_tasks.py); a pod-faithful run
+   of retry back-off. The pod volumes the tasks' compiled env points at (`/cache`: TMPDIR, CHUNKGRPO_CACHE,
+   ...) are mapped to folders under <home>/pod-volumes; the tasks without a volume inherit the run's
+   own temp folder there as TMPDIR, removed when the run ends (`run_tmpdir`); `pod_faithful=True`
+   (`--pod-faithful`) instead runs each task in fresh volume folders with its exact compiled env and audits
+   its writes (pipeline/pod_faithful.py); `image_faithful=True` (`--image-faithful`) is a pod-faithful run
+   whose tasks each start in the locally built environment of the image their pod uses
+   (pipeline/image_faithful.py); kfp.local's task cache is on (pipeline/kfp_tasks.py); a pod-faithful run
    executes every task (no cache: each task's writes are audited);
 5. prints where every artifact is (local paths, s3:// URIs), the MLflow run and the registry outcome
    (pipeline/summary.py).
@@ -202,8 +202,8 @@ def _run_pipeline(func, pipeline: str, full: dict, model_dir: Path, home: Path, 
                   verbose: bool, pod_faithful: bool, stages: dict, image_faithful: bool = False,
                   tmp: Path | None = None) -> LocalRun:
     """Run the pipeline function under kfp.local with the console/log capture; the run's outputs.
-    `tmp`: the run's temp folder (`run_tmpdir`): kfp.local's workspace and, in a plain run, every task's
-    TMPDIR (None: kfp.local makes a workspace in $TMPDIR and keeps it)."""
+    `tmp`: the run's temp folder (`run_tmpdir`), for kfp.local's workspace (None: kfp.local makes one in
+    $TMPDIR and keeps it)."""
     from kfp import local
 
     from pipeline.pod_faithful import layout_for, map_volumes, tasks_as_pods
@@ -225,8 +225,6 @@ def _run_pipeline(func, pipeline: str, full: dict, model_dir: Path, home: Path, 
         run_tasks = tasks_as_pods(layout)
     else:
         map_volumes(func, layout)
-        if tmp is not None:
-            point_tmpdir(func, tmp)
         run_tasks = contextlib.nullcontext()
     log_dir = home / "logs"
     log_path = log_dir / f"{pipeline}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
@@ -269,10 +267,12 @@ def _run_pipeline(func, pipeline: str, full: dict, model_dir: Path, home: Path, 
 
 @contextlib.contextmanager
 def run_tmpdir(home: Path):
-    """The run's temp folder, `<home>/pod-volumes/tmp-*` (beside the shared /cache folder: one file
-    system, as TMPDIR and the cache share the pod's volume), this process's TMPDIR while the run lasts;
-    removed with what the tasks left there (kfp's `tmp.*` folders of each task's program, torchrun's
-    folders, a failed step's scratch) when the run ends, on failure too."""
+    """The run's temp folder, `<home>/pod-volumes/tmp-*`, this process's TMPDIR while the run lasts: the
+    TMPDIR of every task whose pod has no /cache volume (kfp.local starts them with this environment),
+    removed with what they left there (kfp's `tmp.*` folder of each task's program, a failed step's
+    scratch) when the run ends, on failure too. A task with a /cache volume keeps its compiled TMPDIR, the
+    shared cache folder: the task's env is part of kfp.local's cache key, so it must not change between
+    runs; its step removes its own scratch."""
     import shutil
     import tempfile
 
@@ -290,20 +290,6 @@ def run_tmpdir(home: Path):
             os.environ["TMPDIR"] = before[0]
         tempfile.tempdir = before[1]
         shutil.rmtree(path, ignore_errors=True)
-
-
-def point_tmpdir(func, tmp: Path) -> int:
-    """Every task's compiled TMPDIR (a pod's /cache volume, mapped to the shared cache folder by
-    `map_volumes`) pointed at `tmp`, in place; returns how many changed. Tasks without one inherit it."""
-    changed = 0
-    executors = func.pipeline_spec.deployment_spec["executors"]
-    for label in executors.keys():
-        container = executors[label]["container"]
-        for item in container["env"] if "env" in container else []:
-            if item["name"] == "TMPDIR":
-                item["value"] = str(tmp)
-                changed += 1
-    return changed
 
 
 def _run_env(home: Path, environ) -> dict:
