@@ -20,11 +20,15 @@ def tiny_model_dir(tmp_path_factory):
 
 
 @pytest.fixture
-def local_runner(tmp_path, services_env):
-    """kfp.local with tasks run in this venv (no pip), outputs under tmp_path, the services' env set."""
+def local_runner(tmp_path, services_env, monkeypatch):
+    """kfp.local with tasks run in this venv (no pip), outputs under tmp_path, the services' env set; the
+    tasks' TMPDIR is under tmp_path too (kfp leaves a `tmp.*` folder of each task's program there)."""
     import warnings
 
     from kfp import local
+
+    (tmp_path / "tmpdir").mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmpdir"))
 
     local.init(
         runner=local.SubprocessRunner(use_venv=False),
