@@ -49,8 +49,10 @@ def free_port_pair(offset: int = 10000) -> tuple[int, int]:
 
 def weed_command(data: Path, s3_config: Path, s3_port: int, internal: dict[str, int]) -> list[str]:
     """`weed mini` with its data in `data`, the S3 identities of `s3_config`, S3 on 127.0.0.1:`s3_port`
-    and every sub-server on its port of `internal` (flag -> port); telemetry, admin UI and WebDAV off."""
-    return [weed_binary(), "mini", f"-dir={data}", f"-ip={HOST}", f"-ip.bind={HOST}",
+    and every sub-server on its port of `internal` (flag -> port); telemetry, admin UI and WebDAV off.
+    `-logtostderr`: weed's own log goes to its output (the services' weed.log), not to files it would
+    leave in $TMPDIR at every start."""
+    return [weed_binary(), "-logtostderr", "mini", f"-dir={data}", f"-ip={HOST}", f"-ip.bind={HOST}",
             "-master.telemetry=false", f"-s3.config={s3_config}", f"-s3.port={s3_port}",
             "-admin.ui=false", "-webdav=false", "-s3.port.iceberg=0", "-s3.port.lance=0",
             # relative to weed's working directory (the home): a Unix socket path is limited to 107
@@ -74,13 +76,15 @@ def taken_internal_port(rec: dict) -> int | None:
 
 
 def remove_weed_sockets(rec: dict) -> None:
-    """weed leaves /tmp/seaweedfs-<kind>-grpc-<port>.sock behind; remove those of this (dead) instance.
+    """weed leaves $TMPDIR/seaweedfs-<kind>-grpc-<port>.sock behind; remove those of this (dead) instance.
     A socket that still accepts a connection belongs to a live program (another SeaweedFS that took the
     same port since, in another home, or anything else) and is left alone: only a socket nobody listens
-    on is removed."""
+    on is removed. The sockets are in the temp folder weed was started with (`tmpdir` of its record, else
+    this process's)."""
     for flag, port in (rec.get("internal_ports") or {}).items():
         if flag.endswith(".grpc"):
-            sock = Path(tempfile.gettempdir()) / f"seaweedfs-{flag.split('.')[0]}-grpc-{port}.sock"
+            folder = rec.get("tmpdir") or tempfile.gettempdir()
+            sock = Path(folder) / f"seaweedfs-{flag.split('.')[0]}-grpc-{port}.sock"
             with contextlib.suppress(OSError):
                 if sock.is_socket() and not socket_listened_on(sock):
                     sock.unlink()

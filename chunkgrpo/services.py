@@ -361,7 +361,9 @@ class LocalServices:
         data = self.home / "seaweedfs"
         data.mkdir(parents=True, exist_ok=True)
         cmd = weed_command(data, s3cfg, c.s3_port, internal)
-        return self._spawn("s3", cmd, dict(os.environ), c.s3_port, internal_ports=internal)
+        env = dict(os.environ)  # weed's sockets go to its TMPDIR (Go: $TMPDIR, else /tmp)
+        return self._spawn("s3", cmd, env, c.s3_port, internal_ports=internal,
+                           tmpdir=env.get("TMPDIR") or "/tmp")
 
     def _start_mlflow(self, s3_port: int) -> dict:
         c = self.config

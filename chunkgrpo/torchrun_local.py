@@ -103,6 +103,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"chunkgrpo.torchrun_local: error: {e}", file=sys.stderr, flush=True)
         raise SystemExit(2) from None
     _loopback_store()
+    scratch = _own_log_dir(args)
     torchrun.parse_args = lambda _argv: args  # torchrun's main (error recording, run) on these arguments
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -120,6 +121,24 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"chunkgrpo.torchrun_local: stopped by signal {signum} ({signal.Signals(signum).name}); "
               "its workers were stopped", file=sys.stderr, flush=True)
         raise SystemExit(128 + signum) from None
+    finally:
+        if scratch:
+            import shutil
+
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _own_log_dir(args) -> str:
+    """Without `--log-dir`, torchrun makes a `torchelastic_*` folder in $TMPDIR for the workers' error
+    files and never removes it. When nothing is redirected to log files there (no `--redirects`/`--tee`:
+    the folder then holds only those error files, read by the agent when a worker fails), the launch gets
+    a folder of its own instead, removed when it ends; returns it ('' = torchrun's own choice stands)."""
+    if args.log_dir or str(args.redirects) != "0" or str(args.tee) != "0":
+        return ""
+    import tempfile
+
+    args.log_dir = tempfile.mkdtemp(prefix="torchelastic_")
+    return args.log_dir
 
 
 if __name__ == "__main__":

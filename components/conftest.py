@@ -9,7 +9,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
-pytest_plugins = ["tests.fixtures_services", "tests.tiers", "tests.kfp_frames"]
+pytest_plugins = ["tests.fixtures_services", "tests.tiers", "tests.kfp_frames", "tests.session_tmpdir"]
 
 
 @pytest.fixture(scope="session")
@@ -20,15 +20,20 @@ def tiny_model_dir(tmp_path_factory):
 
 
 @pytest.fixture
-def local_runner(tmp_path, services_env):
-    """kfp.local with tasks run in this venv (no pip), outputs under tmp_path, the services' env set."""
+def local_runner(tmp_path, services_env, monkeypatch):
+    """kfp.local with tasks run in this venv (no pip), outputs under tmp_path, the services' env set; the
+    tasks' TMPDIR is under tmp_path too (kfp leaves a `tmp.*` folder of each task's program there)."""
     import warnings
 
     from kfp import local
 
+    (tmp_path / "tmpdir").mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmpdir"))
+
     local.init(
         runner=local.SubprocessRunner(use_venv=False),
         pipeline_root=str(tmp_path / "kfp"),
+        workspace_root=str(tmp_path / "kfp-workspace"),  # else kfp.local makes one in $TMPDIR and keeps it
         raise_on_error=True,
     )
     with warnings.catch_warnings():

@@ -14,11 +14,12 @@
    Task retries are switched off locally (the cluster keeps them): against
    local services a failure is a real one, and a bad parameter must fail at once, not after minutes
    of retry back-off. The pod volumes the tasks' compiled env points at (`/cache`: TMPDIR, CHUNKGRPO_CACHE,
-   ...) are mapped to folders under <home>/pod-volumes; `pod_faithful=True` (`--pod-faithful`) instead runs
-   each task in fresh volume folders with its exact compiled env and audits its writes
-   (pipeline/pod_faithful.py); `image_faithful=True` (`--image-faithful`) is a pod-faithful run whose
-   tasks each start in the locally built environment of the image their pod uses (pipeline/image_faithful.py);
-   kfp.local's task cache is on (pipeline/kfp_tasks.py); a pod-faithful run
+   ...) are mapped to folders under <home>/pod-volumes; the tasks without a volume inherit the run's
+   own temp folder there as TMPDIR, removed when the run ends (`run_tmpdir`); `pod_faithful=True`
+   (`--pod-faithful`) instead runs each task in fresh volume folders with its exact compiled env and audits
+   its writes (pipeline/pod_faithful.py); `image_faithful=True` (`--image-faithful`) is a pod-faithful run
+   whose tasks each start in the locally built environment of the image their pod uses
+   (pipeline/image_faithful.py); kfp.local's task cache is on (pipeline/kfp_tasks.py); a pod-faithful run
    executes every task (no cache: each task's writes are audited);
 5. prints where every artifact is (local paths, s3:// URIs), the MLflow run and the registry outcome
    (pipeline/summary.py).
@@ -161,8 +162,10 @@ def run_local(
         stages["model"] = time.perf_counter() - t_start - sum(stages.values())
         for k, v in full.items():
             check_literal(k, v, literals)
-        result = _run_pipeline(func, pipeline, full, model_dir, home, services_env, verbose=verbose,
-                               pod_faithful=pod_faithful, stages=stages, image_faithful=image_faithful)
+        with run_tmpdir(home) as tmp:
+            result = _run_pipeline(func, pipeline, full, model_dir, home, services_env, verbose=verbose,
+                                   pod_faithful=pod_faithful, stages=stages, image_faithful=image_faithful,
+                                   tmp=tmp)
         result.services_kept = svc is None or keep_services or not started
         stages["total"] = time.perf_counter() - t_start
         return result
@@ -196,8 +199,11 @@ def _parameters(pipeline: str, demo: str, home: Path, params: dict) -> tuple[dic
 
 
 def _run_pipeline(func, pipeline: str, full: dict, model_dir: Path, home: Path, services_env: dict, *,
-                  verbose: bool, pod_faithful: bool, stages: dict, image_faithful: bool = False) -> LocalRun:
-    """Run the pipeline function under kfp.local with the console/log capture; the run's outputs."""
+                  verbose: bool, pod_faithful: bool, stages: dict, image_faithful: bool = False,
+                  tmp: Path | None = None) -> LocalRun:
+    """Run the pipeline function under kfp.local with the console/log capture; the run's outputs.
+    `tmp`: the run's temp folder (`run_tmpdir`), for kfp.local's workspace (None: kfp.local makes one in
+    $TMPDIR and keeps it)."""
     from kfp import local
 
     from pipeline.pod_faithful import layout_for, map_volumes, tasks_as_pods
@@ -209,6 +215,7 @@ def _run_pipeline(func, pipeline: str, full: dict, model_dir: Path, home: Path, 
     local.init(
         runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(root), raise_on_error=True,
         enable_caching=not pod_faithful, cache_root=str(cache_root),
+        workspace_root=str(tmp) if tmp else None,  # no task uses kfp's workspace
     )
     layout = layout_for(pipeline, func, home, faithful=pod_faithful, model_dir=model_dir, allow=[root],
                         image_faithful=image_faithful)
@@ -256,6 +263,33 @@ def _run_pipeline(func, pipeline: str, full: dict, model_dir: Path, home: Path, 
     result.images = dict(layout.ran_in) if image_faithful else None
     result.mlflow_url = mlflow_url(services_env.get("MLFLOW_TRACKING_URI", ""), result.mlflow_run_id)
     return result
+
+
+@contextlib.contextmanager
+def run_tmpdir(home: Path):
+    """The run's temp folder, `<home>/pod-volumes/tmp-*`, this process's TMPDIR while the run lasts: the
+    TMPDIR of every task whose pod has no /cache volume (kfp.local starts them with this environment),
+    removed with what they left there (kfp's `tmp.*` folder of each task's program, a failed step's
+    scratch) when the run ends, on failure too. A task with a /cache volume keeps its compiled TMPDIR, the
+    shared cache folder: the task's env is part of kfp.local's cache key, so it must not change between
+    runs; its step removes its own scratch."""
+    import shutil
+    import tempfile
+
+    parent = home / "pod-volumes"
+    parent.mkdir(parents=True, exist_ok=True)
+    path = Path(tempfile.mkdtemp(prefix="tmp-", dir=parent))
+    before = os.environ.get("TMPDIR"), tempfile.tempdir
+    os.environ["TMPDIR"], tempfile.tempdir = str(path), str(path)
+    try:
+        yield path
+    finally:
+        if before[0] is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = before[0]
+        tempfile.tempdir = before[1]
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _run_env(home: Path, environ) -> dict:

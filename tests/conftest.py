@@ -11,7 +11,8 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-pytest_plugins: list[str] = ["tests.fixtures_services", "tests.tiers", "tests.kfp_frames"]
+pytest_plugins: list[str] = ["tests.fixtures_services", "tests.tiers", "tests.kfp_frames",
+                              "tests.session_tmpdir"]
 
 import pytest  # noqa: E402
 

@@ -4,8 +4,10 @@ version's `model.tree_sha256`), the payload with its weights (`load_registered_m
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import shutil
 import tempfile
 from pathlib import Path
 from urllib.parse import unquote
@@ -51,7 +53,8 @@ def load_pyfunc(model_uri: str, dst: str | Path | None = None):
     code `served_model_entry.py`, `MLmodel`, environment files and weights) is byte for byte what was
     registered (version tag model.tree_sha256, written at registration). A file replaced in the
     artifact store is refused in one line before any of it runs. Plain `mlflow.pyfunc.load_model`
-    executes whatever code the artifact store holds: serve and evaluate the champion with this."""
+    executes whatever code the artifact store holds: serve and evaluate the champion with this.
+    Without `dst` the files go to a new temp folder the caller owns (removed here on failure)."""
     import mlflow
 
     client = connect()
@@ -60,33 +63,49 @@ def load_pyfunc(model_uri: str, dst: str | Path | None = None):
     if not expected:
         raise UserError(f"{mv.name} v{mv.version} records no {TREE_TAG} (registered before code pinning): "
                         "re-register it to load it verified")
-    dst = Path(dst or tempfile.mkdtemp(prefix="chunkgrpo-pyfunc-"))
-    # the version's own source: exactly the files registered (a `models:/` download adds MLflow's
-    # registered_model_meta, which tree_sha256 leaves out too)
-    local = Path(mlflow.artifacts.download_artifacts(artifact_uri=mv.source, dst_path=str(dst)))
-    actual = tree_sha256(local)
-    if actual != expected:
-        raise UserError(f"{mv.name} v{mv.version}: the model's files in the artifact store changed since "
-                        f"registration ({TREE_TAG} {actual[:12]} != {expected[:12]}); refusing to load it")
-    return mlflow.pyfunc.load_model(str(local))
+    with _own_on_failure(dst, "chunkgrpo-pyfunc-") as dst:
+        # the version's own source: exactly the files registered (a `models:/` download adds MLflow's
+        # registered_model_meta, which tree_sha256 leaves out too)
+        local = Path(mlflow.artifacts.download_artifacts(artifact_uri=mv.source, dst_path=str(dst)))
+        actual = tree_sha256(local)
+        if actual != expected:
+            raise UserError(f"{mv.name} v{mv.version}: the model's files in the artifact store changed "
+                            f"since registration ({TREE_TAG} {actual[:12]} != {expected[:12]}); refusing to "
+                            "load it")
+        return mlflow.pyfunc.load_model(str(local))
+
+
+@contextlib.contextmanager
+def _own_on_failure(dst: str | Path | None, prefix: str):
+    """`dst`, or a new temp folder that is removed if the block fails (on success the caller owns it)."""
+    if dst:
+        yield Path(dst)
+        return
+    made = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield made
+    except BaseException:
+        shutil.rmtree(made, ignore_errors=True)
+        raise
 
 
 def load_registered_model(model_uri: str, dst: str | Path | None = None, store=None) -> LoadedModel:
-    """Download `models:/name@alias` (or `models:/name/version`) and its external weights, verified."""
+    """Download `models:/name@alias` (or `models:/name/version`) and its external weights, verified.
+    Without `dst` the files go to a new temp folder the caller owns (removed here on failure)."""
     import mlflow
 
     connect()  # clear error without a tracking URI
-    dst = Path(dst or tempfile.mkdtemp(prefix="chunkgrpo-model-"))
-    dst.mkdir(parents=True, exist_ok=True)
-    path = Path(mlflow.artifacts.download_artifacts(artifact_uri=model_uri, dst_path=str(dst)))
-    if (path / "MLmodel").exists() and (path / PAYLOAD / MODEL_INFO).exists():
-        path = path / PAYLOAD  # pyfunc layout: the weights + registration are the model's artifact
-    info_file = path / MODEL_INFO
-    if not info_file.exists():
-        raise UserError(f"{model_uri} was not registered by chunkgrpo (no {MODEL_INFO})")
-    info = json.loads(info_file.read_text())
-    weights = weights_from_payload(path, info, store)
-    return LoadedModel(path, weights, info)
+    with _own_on_failure(dst, "chunkgrpo-model-") as dst:
+        dst.mkdir(parents=True, exist_ok=True)
+        path = Path(mlflow.artifacts.download_artifacts(artifact_uri=model_uri, dst_path=str(dst)))
+        if (path / "MLmodel").exists() and (path / PAYLOAD / MODEL_INFO).exists():
+            path = path / PAYLOAD  # pyfunc layout: the weights + registration are the model's artifact
+        info_file = path / MODEL_INFO
+        if not info_file.exists():
+            raise UserError(f"{model_uri} was not registered by chunkgrpo (no {MODEL_INFO})")
+        info = json.loads(info_file.read_text())
+        weights = weights_from_payload(path, info, store)
+        return LoadedModel(path, weights, info)
 
 
 def load_pipeline(model_uri: str, dtype=None, device: str | None = None, base_model: str | None = None):

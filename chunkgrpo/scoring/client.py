@@ -108,18 +108,17 @@ _PACKAGE_ROOT = Path(__file__).resolve().parent.parent
 
 
 def stage_modules(extra: tuple[str, ...] = ()) -> Path:
-    """A folder holding the `STAGED_MODULES` and the one-file modules `extra` (dotted names) at their package
-    paths (`chunkgrpo/scoring/worker.py`, ...; each package `__init__` empty), keyed by content. A folder
-    of that name is reused only when it is ours, not writable by others, and holds exactly these bytes (it
-    sits in the shared temp dir); otherwise a fresh private one is made."""
+    """A private folder (this process's, in $TMPDIR, removed when it exits) holding the `STAGED_MODULES` and
+    the one-file modules `extra` (dotted names) at their package paths (`chunkgrpo/scoring/worker.py`, ...;
+    each package `__init__` empty); made once per process and content, and made again if it was altered."""
     modules = tuple(dict.fromkeys(STAGED_MODULES + tuple(extra)))
     blobs = {"/".join(m.split(".")) + ".py": _module_file(m).read_bytes() for m in modules}
     digest = hashlib.sha256(b"".join(rel.encode() + b"\0" + blob for rel, blob in blobs.items()))
     digest = digest.hexdigest()[:16]
-    root = Path(tempfile.gettempdir()) / f"chunkgrpo-worker-{os.getuid()}-{digest}"
-    if _staged_ok(root, blobs):
-        return root
-    tmp = Path(tempfile.mkdtemp(prefix=root.name + ".", dir=root.parent))
+    made = _STAGED.get(digest)
+    if made is not None and made[0] == os.getpid() and _staged_ok(made[1], blobs):
+        return made[1]
+    tmp = Path(tempfile.mkdtemp(prefix=f"chunkgrpo-worker-{digest}."))
     for rel, blob in blobs.items():
         path = tmp / rel
         for pkg in _package_dirs(rel):
@@ -130,14 +129,19 @@ def stage_modules(extra: tuple[str, ...] = ()) -> Path:
                                 if pkg == "chunkgrpo" else "")
         path.write_bytes(blob)
     (tmp / ".complete").write_text(digest + "\n")
-    if root.exists() or os.path.lexists(root):
-        return tmp  # a foreign or broken folder holds the name: use the private one
-    try:
-        tmp.rename(root)
-    except OSError:  # another process staged the same content first
-        shutil.rmtree(tmp, ignore_errors=True)
-        return root if _staged_ok(root, blobs) else stage_modules(extra)
-    return root
+    _STAGED[digest] = (os.getpid(), tmp)
+    return tmp
+
+
+_STAGED: dict[str, tuple[int, Path]] = {}  # content digest -> (the process that made it, its folder)
+
+
+def _remove_staged() -> None:
+    """The folders this process staged (at exit, once its workers are stopped)."""
+    for digest, (pid, path) in list(_STAGED.items()):
+        if pid == os.getpid():
+            shutil.rmtree(path, ignore_errors=True)
+            del _STAGED[digest]
 
 
 def _package_dirs(rel: str) -> list[str]:
@@ -200,6 +204,7 @@ _LIVE: "weakref.WeakSet[WorkerProcess]" = weakref.WeakSet()
 def _close_all() -> None:
     for proc in list(_LIVE):
         proc.close(timeout=2.0)
+    _remove_staged()
 
 
 class WorkerProcess:

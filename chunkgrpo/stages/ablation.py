@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from chunkgrpo.config import option
-from chunkgrpo.stages.task import run_prefix
+from chunkgrpo.stages.task import OwnsScratch, run_prefix
 
 
 @dataclass(frozen=True)
@@ -34,10 +34,13 @@ class AblationRequest:
 
 
 @dataclass(frozen=True)
-class Ablation:
+class Ablation(OwnsScratch):
+    """Tonight's results; `out` is a scratch folder, removed by `cleanup()` / a `with` block."""
+
     out: Path               # tonight's results folder (ablation.json, ablation.md, curves)
     metrics: dict           # flat finite metrics (per arm, paired differences, the primary pair's CI)
     metadata: dict          # output_uri, series_uri, methods, seeds, seeds_added, steps
+    scratch: Path | None = None  # = out (uploaded to output_uri)
 
     @property
     def curves(self) -> Path | None:
@@ -71,15 +74,25 @@ def flat_metrics(result: dict) -> dict:
 
 def ablation(req: AblationRequest) -> Ablation:
     """Add `seeds` seeds of every method to the series, report all seeds so far (nested MLflow run
-    "ablation"), and upload tonight's results folder."""
+    "ablation"), and upload tonight's results folder (a scratch folder the result owns:
+    `with ablation(req) as ab:`; removed here on failure)."""
+    import shutil
     import tempfile
 
+    out = Path(tempfile.mkdtemp(prefix="chunkgrpo-ablation-"))
+    try:
+        return _ablation(req, out)
+    except BaseException:
+        shutil.rmtree(out, ignore_errors=True)
+        raise
+
+
+def _ablation(req: AblationRequest, out: Path) -> Ablation:
     from chunkgrpo import tracking
     from chunkgrpo.flux import resolve_model_source
     from chunkgrpo.store.client import ArtifactStore
     from chunkgrpo.toy.ablation import AblationConfig, run_series
 
-    out = Path(tempfile.mkdtemp(prefix="chunkgrpo-ablation-"))
     cfg = AblationConfig(model=resolve_model_source(req.model), out=str(out), methods=list(req.methods),
                          seeds=req.seeds, steps=req.steps, eval_per_category=req.eval_per_category,
                          eval_samples=req.eval_samples, eval_points=req.eval_points, plan=req.plan,
@@ -100,4 +113,4 @@ def ablation(req: AblationRequest) -> Ablation:
     meta = {"output_uri": uri, "series_uri": series["uri"], "methods": json.dumps(list(req.methods)),
             "seeds": len(series["seeds"]), "seeds_added": len(series["seeds_added"]), "steps": req.steps}
     print((out / "ablation.md").read_text())
-    return Ablation(out, flat, meta)
+    return Ablation(out, flat, meta, scratch=out)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from chunkgrpo.config import option
-from chunkgrpo.stages.task import run_prefix
+from chunkgrpo.stages.task import OwnsScratch, run_prefix
 
 
 @dataclass(frozen=True)
@@ -31,12 +31,13 @@ class EvalRequest:
 
 
 @dataclass(frozen=True)
-class Evaluation:
-    """A finished evaluation."""
+class Evaluation(OwnsScratch):
+    """A finished evaluation; `report` is in its scratch folder, removed by `cleanup()` / a `with` block."""
 
     result: dict          # what chunkgrpo.eval.runner.run_evaluation returned (metrics, base_model, ...)
     report: Path          # the self-contained report.html
     metadata: dict        # output_uri, mlflow_run_id, model, base_model (artifact metadata)
+    scratch: Path | None = None  # the images, report and downloads (uploaded to output_uri)
 
     @property
     def metrics(self) -> dict:
@@ -82,16 +83,26 @@ def run(cfg) -> dict:
 
 def evaluate(req: EvalRequest) -> Evaluation:
     """Generate and score the benchmark images of the model and its base model; base images are shared
-    between runs (`base_cache`); outputs uploaded to `<artifact_root>/<run_id>/<stage>`."""
+    between runs (`base_cache`); outputs uploaded to `<artifact_root>/<run_id>/<stage>`. The local files
+    are in a scratch folder the result owns (`with evaluate(req) as ev:`); removed here on failure."""
+    import shutil
     import tempfile
 
+    work = Path(tempfile.mkdtemp(prefix="chunkgrpo-eval-"))
+    try:
+        return _evaluate(req, work)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+
+
+def _evaluate(req: EvalRequest, work: Path) -> Evaluation:
     from chunkgrpo.errors import UserError
     from chunkgrpo.eval.base_cache import default_prefix
     from chunkgrpo.eval.config import EvalConfig
     from chunkgrpo.eval.runner import summary_lines
     from chunkgrpo.model_cache import scorer_weight_overrides
 
-    work = Path(tempfile.mkdtemp(prefix="chunkgrpo-eval-"))
     source, base_model, label = "", req.base_model, ""
     if req.model_pointer and Path(req.model_pointer).exists():
         source = str(work / "pointer.json")  # load_trained verifies the manifest digest
@@ -119,4 +130,4 @@ def evaluate(req: EvalRequest) -> Evaluation:
         print(line)
     meta = {"output_uri": cfg.output_uri, "mlflow_run_id": result.get("mlflow_run_id") or "",
             "model": label or source or "(base only)", "base_model": result["base_model"]}
-    return Evaluation(result, Path(cfg.output_dir) / "report.html", meta)
+    return Evaluation(result, Path(cfg.output_dir) / "report.html", meta, scratch=work)

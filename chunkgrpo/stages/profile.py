@@ -49,10 +49,12 @@ def html_page(title: str, *parts: str, png: Path | None = None) -> str:
 
 
 def training_config(*, model: str, prompts: str, preset: str, method: str, overrides: list,
-                    num_prompts: int, seeds: int, device: str, trajectories: str, out: str | Path):
+                    num_prompts: int, seeds: int, device: str, trajectories: str, out: str | Path,
+                    scratch: str | Path = ""):
     """The ProfileConfig that profiles a training preset's sampling (its `sampling` section with the
     `sampling.*` overrides); device `auto` is resolved by `run_profile` (chunkgrpo.gpu.require: a
-    GPU the pod was granted but CUDA cannot use is an error, never a silent CPU profile)."""
+    GPU the pod was granted but CUDA cannot use is an error, never a silent CPU profile). An s3:// prompt
+    file is downloaded into the caller's `scratch` folder ('' = a new temp folder)."""
     from chunkgrpo.dynamics import ProfileConfig
     from chunkgrpo.recipes import preset_for
     from chunkgrpo.stages.task import local_file
@@ -60,7 +62,7 @@ def training_config(*, model: str, prompts: str, preset: str, method: str, overr
 
     preset = preset_for(method, preset)
     sampling = TrainConfig.load(preset, [o for o in overrides if o.startswith("sampling.")]).sampling
-    return ProfileConfig.from_dict({"model": model, "prompts": local_file(prompts), "out": str(out),
+    return ProfileConfig.from_dict({"model": model, "prompts": local_file(prompts, scratch), "out": str(out),
                                     "num_prompts": num_prompts, "seeds": seeds, "device": device,
                                     "trajectories": trajectories, "sampling": sampling.to_dict()})
 

@@ -1,6 +1,10 @@
-"""What every pipeline task shares: process setup, where a step's large outputs go, input files."""
+"""What every pipeline task shares: process setup, where a step's large outputs go, input files, scratch
+folders."""
 
 from __future__ import annotations
+
+import contextlib
+from pathlib import Path
 
 
 def stage_env(parent_run_id: str = "") -> None:
@@ -29,8 +33,9 @@ def run_prefix(artifact_root: str, run_id: str, stage: str) -> str:
     return f"{artifact_root.rstrip('/')}/{run_id}/{stage}"
 
 
-def local_file(path: str) -> str:
-    """A local path for `path`; an `s3://` object is downloaded (checksum-verified) to a temp dir."""
+def local_file(path: str, into: str | Path = "") -> str:
+    """A local path for `path`; an `s3://` object is downloaded (checksum-verified) into the folder `into`
+    (a scratch folder of the caller, removed with it), else into a new temp dir the caller owns."""
     if not path.startswith("s3://"):
         return path
     import os
@@ -38,6 +43,41 @@ def local_file(path: str) -> str:
 
     from chunkgrpo.store.client import ArtifactStore
 
-    dst = os.path.join(tempfile.mkdtemp(prefix="chunkgrpo-input-"), path.rstrip("/").rsplit("/", 1)[-1])
+    folder = str(into) if into else tempfile.mkdtemp(prefix="chunkgrpo-input-")
+    dst = os.path.join(folder, path.rstrip("/").rsplit("/", 1)[-1])
     ArtifactStore().get_file(path, dst)
     return dst
+
+
+@contextlib.contextmanager
+def scratch(prefix: str):
+    """A new private temp folder (under $TMPDIR: the pod's /cache volume, components/k8s.py), removed with
+    everything in it when the block ends, on failure too. A step's outputs leave it before the block ends
+    (uploaded to S3, copied to the step's output artifacts)."""
+    import shutil
+    import tempfile
+
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+class OwnsScratch:
+    """A step's result whose files (`scratch`, a folder the step made) stay until `cleanup()`, or the end of
+    a `with` block: `with step(req) as result: <copy the files out>`."""
+
+    scratch: Path | None
+
+    def cleanup(self) -> None:
+        import shutil
+
+        if self.scratch is not None:
+            shutil.rmtree(self.scratch, ignore_errors=True)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.cleanup()

@@ -131,36 +131,39 @@ def model_pointer(req: TrainRequest, uri: str, manifest_sha256: str, info: dict,
 
 def train(req: TrainRequest, nproc_per_node: int) -> TrainedModel:
     """Train on this node with torchrun (rendezvous store on 127.0.0.1 only), upload the final model and
-    the summary to `<prefix>/final`, and return its pointer."""
+    the summary to `<prefix>/final`, and return its pointer. The run's local output folder (checkpoints,
+    the final model) is a scratch folder, removed once the model is uploaded (and on failure: the
+    checkpoints a retry resumes from are in S3)."""
     import shlex
-    import tempfile
 
+    from chunkgrpo.stages.task import scratch
     from chunkgrpo.store.client import ArtifactStore
     from chunkgrpo.torchrun_local import command
 
     preset = req.config
     prefix = req.prefix
-    out = Path(tempfile.mkdtemp(prefix="chunkgrpo-train-")) / "out"
-    # the trainer uploads the final model itself, before its last checkpoint's upload starts
-    args = [*req.train_args(local_file(req.prompts), output_dir=str(out)),
-            f"checkpoint.final_uri={prefix}/final"]
-    # torchrun on one node, rendezvous store on 127.0.0.1 only (--standalone listens on every interface)
-    cmd = command(nproc_per_node, "-m", "chunkgrpo.train", "--config", preset, *args)
-    print("+ torchrun " + shlex.join(cmd[3:]), flush=True)
-    from chunkgrpo.torchrun import run_torchrun
+    with scratch("chunkgrpo-train-") as tmp:
+        out = tmp / "out"
+        # the trainer uploads the final model itself, before its last checkpoint's upload starts
+        args = [*req.train_args(local_file(req.prompts, tmp), output_dir=str(out)),
+                f"checkpoint.final_uri={prefix}/final"]
+        # torchrun on one node, rendezvous store on 127.0.0.1 only (--standalone listens on every interface)
+        cmd = command(nproc_per_node, "-m", "chunkgrpo.train", "--config", preset, *args)
+        print("+ torchrun " + shlex.join(cmd[3:]), flush=True)
+        from chunkgrpo.torchrun import run_torchrun
 
-    run_torchrun(cmd)  # ranks' output streamed into the task log; a rank's user error becomes this one
+        run_torchrun(cmd)  # ranks' output streamed into the task log; a rank's user error becomes this one
 
-    summary = json.loads((out / "train_summary.json").read_text())
-    info = json.loads((out / "final" / "chunkgrpo_model.json").read_text())
-    uri = f"{prefix}/final"
-    store = ArtifactStore()
-    from chunkgrpo.store.manifest import build_manifest
+        summary = json.loads((out / "train_summary.json").read_text())
+        info = json.loads((out / "final" / "chunkgrpo_model.json").read_text())
+        uri = f"{prefix}/final"
+        store = ArtifactStore()
+        from chunkgrpo.store.manifest import build_manifest
 
-    manifest = store.read_manifest(uri)
-    if manifest is None or manifest.content_sha256 != build_manifest(out / "final").content_sha256:
-        manifest = store.put_folder(out / "final", uri, meta={"kind": "model", "run_id": req.run_id})
-    store.put_file(out / "train_summary.json", f"{prefix}/train_summary.json")
+        manifest = store.read_manifest(uri)
+        if manifest is None or manifest.content_sha256 != build_manifest(out / "final").content_sha256:
+            manifest = store.put_folder(out / "final", uri, meta={"kind": "model", "run_id": req.run_id})
+        store.put_file(out / "train_summary.json", f"{prefix}/train_summary.json")
     pointer = model_pointer(req, uri, manifest.sha256, info, summary,
                             mlflow_run_id=summary.get("mlflow_run_id") or "", kfp_run_id=req.run_id)
     hist = summary["history"]

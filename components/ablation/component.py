@@ -43,11 +43,11 @@ def toy_ablation(model: str, methods: list, seeds: int, steps: int, artifact_roo
 
     req = AblationRequest(model, list(methods), seeds, steps, artifact_root, run_id, parent_run_id,
                           series_root, plan, eval_per_category, eval_samples, eval_points)
-    ab = ablation_stage(req)
+    with ablation_stage(req) as ab:  # its results folder is removed at the block's end
+        shutil.copyfile(ab.out / "ablation.json", results.path)
+        shutil.copyfile(ab.out / "ablation.md", table.path)
+        if ab.curves:
+            shutil.copyfile(ab.curves, curves.path)
     for name, value in ab.metrics.items():
         metrics.log_metric(name, float(value))
-    shutil.copyfile(ab.out / "ablation.json", results.path)
-    shutil.copyfile(ab.out / "ablation.md", table.path)
-    if ab.curves:
-        shutil.copyfile(ab.curves, curves.path)
     results.metadata.update(ab.metadata)

@@ -41,12 +41,12 @@ def evaluate(preset: str, overrides: list, benchmarks: list, num_prompts: int, b
     from chunkgrpo.stages.evaluate import EvalRequest
     from chunkgrpo.stages.evaluate import evaluate as evaluate_stage
 
-    ev = evaluate_stage(EvalRequest(preset, list(overrides), list(benchmarks), num_prompts, base_model,
+    with evaluate_stage(EvalRequest(preset, list(overrides), list(benchmarks), num_prompts, base_model,
                                     model.path if model is not None else "", registered_model, alias,
-                                    artifact_root, run_id, stage, experiment, dict(scorer_weights)))
+                                    artifact_root, run_id, stage, experiment, dict(scorer_weights))) as ev:
+        shutil.copyfile(ev.report, report.path)  # the stage's scratch folder goes at the block's end
     for name, value in ev.metrics.items():
         metrics.log_metric(name, value)
-    shutil.copyfile(ev.report, report.path)
     Path(results.path).write_text(json.dumps(ev.result, indent=1, default=str))
     results.metadata.update(ev.metadata)
     report.metadata.update(ev.metadata)

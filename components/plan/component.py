@@ -21,16 +21,16 @@ def plan(profile_json: Input[Artifact], chunks: str, plan_json: Output[Artifact]
         The plan as a `sizes:a,b,...` chunks spec for the trainer (its `chunks`).
     """
     import shutil
-    import tempfile
     from pathlib import Path
 
     from chunkgrpo.stages.plan import plan as plan_stage
+    from chunkgrpo.stages.task import scratch
 
-    src = Path(tempfile.mkdtemp(prefix="chunkgrpo-plan-"))
-    shutil.copyfile(profile_json.path, src / "profile.json")  # the plan records the profile's file name
-    p = plan_stage(src / "profile.json", chunks, src / "plan.json")
-    shutil.copyfile(p.path, plan_json.path)
-    Path(plot.path).write_text(p.html(chunks))  # the plot embedded, with the rationale and the chunks
+    with scratch("chunkgrpo-plan-") as src:  # removed once the plan is copied out
+        shutil.copyfile(profile_json.path, src / "profile.json")  # the plan records the profile's file name
+        p = plan_stage(src / "profile.json", chunks, src / "plan.json")
+        shutil.copyfile(p.path, plan_json.path)
+        Path(plot.path).write_text(p.html(chunks))  # the plot embedded, with the rationale and the chunks
     plan_json.metadata.update({"chunks": chunks, "sizes": p.sizes, "trajectories": p.data["trajectories"]})
     Path(report.path).write_text(p.markdown(chunks))
     print(f"plan {chunks}: sizes {p.sizes}")

@@ -27,23 +27,22 @@ def profile(model: str, prompts: str, preset: str, overrides: list, num_prompts:
         trajectories: the curve the planner reads: sde (training trajectories) or ode; both are recorded.
     """
     import shutil
-    import tempfile
     from pathlib import Path
 
-    from chunkgrpo.stages.task import stage_env
+    from chunkgrpo.stages.task import scratch, stage_env
 
     stage_env("")
     from chunkgrpo.stages.profile import profile as profile_stage
     from chunkgrpo.stages.profile import training_config
 
-    out = Path(tempfile.mkdtemp(prefix="chunkgrpo-profile-")) / "profile.json"
-    cfg = training_config(model=model, prompts=prompts, preset=preset, method=method,
-                          overrides=list(overrides), num_prompts=num_prompts, seeds=seeds, device=device,
-                          trajectories=trajectories, out=out)
-    p = profile_stage(cfg, progress=False)
-    shutil.copyfile(p.path, profile_json.path)
+    with scratch("chunkgrpo-profile-") as tmp:  # removed once the outputs are copied out
+        cfg = training_config(model=model, prompts=prompts, preset=preset, method=method,
+                              overrides=list(overrides), num_prompts=num_prompts, seeds=seeds, device=device,
+                              trajectories=trajectories, out=tmp / "profile.json", scratch=tmp)
+        p = profile_stage(cfg, progress=False)
+        shutil.copyfile(p.path, profile_json.path)
+        Path(plot.path).write_text(p.html(model))  # the plot embedded, with the per-step values
     steps = cfg.sampling.num_steps
     profile_json.metadata.update({"num_steps": steps, "model": model, "trajectories": trajectories})
-    Path(plot.path).write_text(p.html(model))  # the plot embedded, with the per-step values
     print(f"profile: {steps} steps, {num_prompts or 'all'} prompts x {seeds} seeds, SDE + ODE "
           f"(planning on {trajectories}) -> {profile_json.uri}")

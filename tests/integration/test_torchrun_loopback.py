@@ -130,3 +130,18 @@ def test_a_failed_worker_ends_the_launch_in_one_line_with_its_status(tmp_path):
     assert last == ("chunkgrpo.torchrun_local: rank 0 of json.tool exited with status 2 (its output above "
                     "says why)"), r.stderr[-2000:]
     assert "not-there.json" in r.stderr  # the worker's own reason stays in the output
+
+
+@pytest.mark.parametrize("status", [0, 3], ids=["success", "failure"])
+def test_the_launch_removes_its_log_folder(status, tmp_path):
+    """torchrun alone leaves a `torchelastic_*` folder (the workers' error files) in $TMPDIR at every
+    launch; this launch removes the one it made, when its workers succeed and when one fails."""
+    (tmp_path / "w.py").write_text(f"import torch.distributed as dist\ndist.init_process_group('gloo')\n"
+                                   f"dist.destroy_process_group()\nraise SystemExit({status})\n")
+    folder = tmp_path / "tmpdir"
+    folder.mkdir()
+    env = {**os.environ, "TMPDIR": str(folder), "OMP_NUM_THREADS": "1"}
+    r = subprocess.run([*command(2), str(tmp_path / "w.py")], env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == status, r.stderr[-2000:]
+    assert [p.name for p in folder.iterdir() if not p.name.startswith("torchinductor_")] == []

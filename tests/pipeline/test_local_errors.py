@@ -138,6 +138,7 @@ def test_torchrun_user_error_is_printed_once_by_rank_0(tiny_model_dir, tmp_path)
         [
             torchrun,
             "--nproc_per_node=2",
+            f"--log-dir={tmp_path / 'torchrun'}",  # else torchrun leaves a torchelastic_* folder in $TMPDIR
             "--master_addr=127.0.0.1",
             f"--master_port={free_port()}",
             "-m",
@@ -173,6 +174,7 @@ def test_torchrun_failure_in_a_task_becomes_the_tasks_user_error(tiny_model_dir,
         "-m",
         "torch.distributed.run",
         "--nproc_per_node=2",
+        f"--log-dir={tmp_path / 'torchrun'}",  # else torchrun leaves a torchelastic_* folder in $TMPDIR
         "--master_addr=127.0.0.1",
         f"--master_port={free_port()}",
         "-m",

@@ -41,11 +41,12 @@ def readme_command(heading: str) -> str:
     return re.search(r"```bash\n(.+?)\n```", block, re.S).group(1).strip()
 
 
-def _clean_env() -> dict:
-    """The environment of a user's shell: none of this test session's service or data settings."""
+def _clean_env(tmpdir: Path) -> dict:
+    """The environment of a user's shell: none of this test session's service or data settings; TMPDIR
+    `tmpdir` (a folder of the clone's own: what the commands leave in it is checked)."""
     drop = ("CHUNKGRPO_", "MLFLOW_", "AWS_", "PYTHONPATH", "VIRTUAL_ENV", "KFP_")
     env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
-    return {**env, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}
+    return {**env, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error", "TMPDIR": str(tmpdir)}
 
 
 @pytest.fixture(scope="module")
@@ -53,6 +54,7 @@ def clone_run(tmp_path_factory):
     from chunkgrpo.processes import free_ports
 
     clone = export_repo(tmp_path_factory.mktemp("user"))
+    tmpdir = tmp_path_factory.mktemp("user-tmp")
     assert not (clone.parent / "shared").exists() and not (clone / "data").exists()
     overlay_venv(clone)
     main_job = readme_command("**Set up and run the main job**")
@@ -67,10 +69,10 @@ def clone_run(tmp_path_factory):
         r = run_command(
             f"{main_job} {ports} --keep-services --pod-faithful",
             cwd=clone,
-            env=_clean_env(),
+            env=_clean_env(tmpdir),
             timeout=MAIN_JOB_TIMEOUT_S,
         )
-        yield {"clone": clone, "result": r, "ports": ports, "services": svc}
+        yield {"clone": clone, "result": r, "ports": ports, "services": svc, "tmpdir": tmpdir}
 
 
 def _run_dir(clone: Path, stdout: str) -> Path:
@@ -103,9 +105,11 @@ def test_main_job_from_a_clone_succeeds_and_promotes(clone_run):
     # components/k8s.py; tests/pipeline/test_pod_faithful.py shows the layout before it failing the audit)
     used = {row["task"]: row for row in audit["tasks"]}
     for task in ("train", "evaluate"):
-        assert 0 < used[task]["used"]["/cache"] <= used[task]["limits"]["/cache"], used[task]
-        assert used[task]["used"]["/tmp"] <= used[task]["limits"]["/tmp"], used[task]
-    assert used["train"]["used"]["/cache"] > used["train"]["used"]["/tmp"], used["train"]
+        assert 0 < used[task]["peak"]["/cache"] <= used[task]["limits"]["/cache"], used[task]
+        assert used[task]["peak"]["/tmp"] <= used[task]["limits"]["/tmp"], used[task]
+        # the step removed its scratch (outputs, checkpoints) once uploaded: less is left than it held
+        assert used[task]["used"]["/cache"] < used[task]["peak"]["/cache"], used[task]
+    assert used["train"]["peak"]["/cache"] > used["train"]["peak"]["/tmp"], used["train"]
     env = clone_run["services"].env()
     client = MlflowClient(env["MLFLOW_TRACKING_URI"])
     # a promoted model: the registered version carries the champion alias
@@ -238,7 +242,7 @@ def test_nightly_benchmark_on_the_champion(clone_run):
     r = run_command(
         f".venv/bin/chunkgrpo pipeline run --local --pipeline nightly_benchmark {clone_run['ports']}",
         cwd=clone,
-        env=_clean_env(),
+        env=_clean_env(clone_run["tmpdir"]),
         timeout=NIGHTLY_TIMEOUT_S,
     )
     assert r.returncode == 0, (r.stdout[-4000:], r.stderr[-4000:])
@@ -266,3 +270,25 @@ def test_nightly_benchmark_on_the_champion(clone_run):
     )
     assert "| comparison |" in Path(t["toy-ablation"]["artifacts"]["table"]["uri"]).read_text()
     assert "ablation.chunk_dynamics.overall" in t["toy-ablation"]["artifacts"]["metrics"]["metadata"]
+
+
+def test_the_runs_leave_no_scratch_behind(clone_run):
+    """What the main job (pod-faithful) and the nightly (a plain run: the tasks' volumes are shared folders
+    kept between runs) leave: in their TMPDIR only the sockets of the SeaweedFS they keep running
+    (`--keep-services`; removed by `chunkgrpo local down`) and torch's per-user inductor cache; in the
+    tasks' volume folders no step's scratch (outputs, checkpoints, torchrun's folders)."""
+    import getpass
+
+    clone = clone_run["clone"]
+    if clone_run["result"].returncode != 0:
+        pytest.skip("the main job failed (reported by test_main_job_from_a_clone_succeeds_and_promotes)")
+    left = sorted(p.name for p in clone_run["tmpdir"].iterdir())
+    kept = re.compile(rf"seaweedfs-\w+-grpc-\d+\.sock|torchinductor_{re.escape(getpass.getuser())}")
+    assert [n for n in left if not kept.fullmatch(n)] == [], left
+    home = clone / ".chunkgrpo"
+    volumes = [*home.glob("pod-volumes/*"), *home.glob("pods/run-*/*/*")]
+    assert any(v.name == "cache" for v in volumes), volumes
+    scratch = re.compile(r"(chunkgrpo-|torchelastic_|kfp-workspace-|tmp-).*")
+    found = [str(p.relative_to(home)) for v in volumes if v.is_dir() for p in v.iterdir()
+             if scratch.fullmatch(p.name)]
+    assert found == [], found

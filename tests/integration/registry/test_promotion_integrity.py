@@ -186,8 +186,11 @@ def test_concurrent_promoters_end_with_the_best_champion(services_env, tmp_path)
         assert results[better.version] == "promoted"
 
 
-def test_replaced_model_code_is_refused_at_load(services_env, tmp_path):
-    """served_model_entry.py replaced in the artifact store -> load_pyfunc refuses, the code never runs."""
+def test_replaced_model_code_is_refused_at_load(services_env, tmp_path, monkeypatch):
+    """served_model_entry.py replaced in the artifact store -> load_pyfunc refuses, the code never runs
+    (and the temp folder it downloaded into, without a `dst`, is removed)."""
+    import tempfile
+
     import mlflow
     from mlflow import MlflowClient
 
@@ -207,6 +210,12 @@ def test_replaced_model_code_is_refused_at_load(services_env, tmp_path):
     with pytest.raises(UserError, match="changed since registration"):
         load_pyfunc(f"models:/{name}@champion", tmp_path / "load")
     assert not sentinel.exists()
+    fresh = tmp_path / "tmpdir"
+    fresh.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(fresh))
+    with pytest.raises(UserError, match="changed since registration"):
+        load_pyfunc(f"models:/{name}@champion")
+    assert not sentinel.exists() and not list(fresh.glob("chunkgrpo-pyfunc-*"))
 
 
 def test_mlflow_down_or_closed_port_answers_in_one_line_within_seconds(services_env, tmp_path):
