@@ -2,7 +2,7 @@
 LOCAL_WORLD_SIZE=1 of WORLD_SIZE=2, local rank 0) with its own output folder, driving the real
 `Checkpointer` with the real local S3. Each node's folder holds only its rank's shards; the checkpoint is
 complete in S3 only with every node's part; it resumes on 2 nodes and on 1, continuing exactly as an
-uninterrupted run."""
+uninterrupted run. The part's own rules (layout, retention, completing a part) are checked without servers."""
 
 from __future__ import annotations
 
@@ -17,8 +17,6 @@ import torch.multiprocessing as mp
 from chunkgrpo.train import checkpoint_format as ckpt
 from chunkgrpo.train import checkpoint_nodes as nodes
 from tests.unit.train.test_checkpoint_sharded import Toy, _run, _same
-
-pytestmark = pytest.mark.integration
 
 
 def _worker(rank: int, world: int, port: int, outs: list[str], steps: int, result: str,
@@ -73,6 +71,7 @@ def _files(folder: Path) -> set[str]:
     return {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()}
 
 
+@pytest.mark.integration
 def test_two_nodes_write_their_own_shards_and_resume_on_two_nodes_and_on_one(services_env, tmp_path):
     from chunkgrpo.store.client import ArtifactStore
 
@@ -115,6 +114,7 @@ def test_two_nodes_write_their_own_shards_and_resume_on_two_nodes_and_on_one(ser
     assert _same(fresh[0]["at_resume"], ref["final"])
 
 
+@pytest.mark.integration
 def test_a_checkpoint_missing_one_nodes_part_is_not_complete(services_env, tmp_path):
     from chunkgrpo.processes import free_port
     from chunkgrpo.store.client import ArtifactStore
@@ -133,3 +133,102 @@ def test_a_checkpoint_missing_one_nodes_part_is_not_complete(services_env, tmp_p
     # node 0's part alone is no checkpoint: a resume on one node starts from scratch
     b = _nodes(outs[:1], 2, "b", {"s3_prefix": prefix})
     assert b[0]["resumed_at"] == 0 and not b[0]["error"]
+
+
+# ------------------------------------------------------------------------- without servers
+
+
+def test_the_layout_is_sharded_across_nodes_only_where_s3_joins_the_parts():
+    assert nodes.layout(True, False, True)[0] == "node-sharded"
+    assert nodes.layout(True, True, False)[0] == nodes.layout(True, True, True)[0] == "sharded"
+    kind, why = nodes.layout(True, False, False)
+    assert kind == "gathered" and "checkpoint.s3_prefix" in why
+    assert nodes.layout(False, False, True)[0] == "gathered"
+
+
+WHOLE = {"dcp/__0_0.distcp": b"zero" * 100, "dcp/__1_0.distcp": b"one" * 100, "dcp/.metadata": b"m",
+         "scheduler.pt": b"s", "trainer_state.json": b"{}", "rng/rank0.pt": b"r0", "rng/rank1.pt": b"r1"}
+
+
+def _manifest():
+    import hashlib
+
+    from chunkgrpo.store.manifest import Manifest
+
+    files = {k: {"sha256": hashlib.sha256(v).hexdigest(), "size": len(v)} for k, v in WHOLE.items()}
+    return Manifest(files=files, created="now", meta={})
+
+
+def _part(root: Path, step: int, files: dict[str, bytes]) -> Path:
+    """Node 1's part of step `step` holding `files` (their entries as its rank hashed them)."""
+    import hashlib
+
+    staging = ckpt.stage_dir(root, step)
+    for rel, data in files.items():
+        (staging / rel).parent.mkdir(parents=True, exist_ok=True)
+        (staging / rel).write_bytes(data)
+    mine = {k: {"sha256": hashlib.sha256(v).hexdigest(), "size": len(v)} for k, v in files.items()}
+    return nodes.finalize_part(staging, root, step, _manifest().to_json(), mine)
+
+
+class _Store:
+    """An S3 stand-in holding the complete checkpoint WHOLE: `read_manifest`, `get_file` (which can fail)."""
+
+    def __init__(self, fail: bool = False):
+        self.fail, self.fetched = fail, []
+
+    def read_manifest(self, uri):
+        return _manifest()
+
+    def get_file(self, key, path, sha256=None, size=None):
+        from chunkgrpo.store import StoreError
+
+        if self.fail:
+            raise StoreError("connection reset")
+        rel = key.split("/step-000002/", 1)[1]
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_bytes(WHOLE[rel])
+        self.fetched.append(rel)
+
+
+def test_a_part_is_completed_from_s3_keeping_the_files_it_holds(tmp_path):
+    part = _part(tmp_path, 2, {"dcp/__1_0.distcp": WHOLE["dcp/__1_0.distcp"], "rng/rank1.pt": b"r1"})
+    assert nodes.is_part(part) and nodes.parts(tmp_path) == [part] and not ckpt.complete_checkpoints(tmp_path)
+    (part / "rng" / "rank1.pt").write_bytes(b"rX")  # changed since: fetched again
+    store = _Store()
+    assert nodes.fill_part("s3://b/ckpt/step-000002", tmp_path, 2, store) == part
+    assert ckpt.is_complete(part) and not (part / nodes.PART).exists()
+    assert "dcp/__1_0.distcp" not in store.fetched and "rng/rank1.pt" in store.fetched
+    assert sorted(store.fetched) == sorted(set(WHOLE) - {"dcp/__1_0.distcp"})
+    ckpt.verify(part)
+
+
+def test_a_failed_fill_puts_the_part_back(tmp_path):
+    from chunkgrpo.store import StoreError
+
+    part = _part(tmp_path, 2, {"dcp/__1_0.distcp": WHOLE["dcp/__1_0.distcp"], "rng/rank1.pt": b"r1"})
+    with pytest.raises(StoreError):
+        nodes.fill_part("s3://b/ckpt/step-000002", tmp_path, 2, _Store(fail=True))
+    assert nodes.is_part(part) and (part / "dcp" / "__1_0.distcp").read_bytes() == WHOLE["dcp/__1_0.distcp"]
+    assert not (tmp_path / ".download-step-000002").exists()
+
+
+def test_a_part_whose_files_disagree_with_its_ranks_entries_is_not_written(tmp_path):
+    staging = ckpt.stage_dir(tmp_path, 2)
+    (staging / "stray.bin").write_bytes(b"x")
+    with pytest.raises(OSError, match="stray.bin"):
+        nodes.finalize_part(staging, tmp_path, 2, b"{}", {})
+    assert not ckpt.step_dir(tmp_path, 2).exists()
+
+
+def test_each_node_keeps_its_newest_part_and_those_not_yet_in_s3(tmp_path):
+    for step in (2, 4, 6, 8):
+        _part(tmp_path, step, {"rng/rank1.pt": b"r1"})
+    deleted = nodes.prune_parts(tmp_path, keep=2, pending={4}, failing=False, backlog=0)
+    assert [ckpt.step_of(p) for p in deleted] == [2, 6]
+    assert [ckpt.step_of(p) for p in nodes.parts(tmp_path)] == [4, 8]
+    _part(tmp_path, 10, {"rng/rank1.pt": b"r1"})
+    with pytest.raises(ckpt.MirrorBacklogError, match="step-000004"):  # S3 failing: stop, delete nothing
+        nodes.prune_parts(tmp_path, keep=1, pending={4, 8}, failing=True, backlog=0)
+    assert [ckpt.step_of(p) for p in nodes.parts(tmp_path)] == [4, 8, 10]
+    assert nodes.prune_parts(tmp_path, keep=0, pending=set(), failing=False, backlog=0) == []
