@@ -87,8 +87,9 @@ def finalize_part(staging: Path, root: Path, step: int, manifest: bytes, files: 
 def prune_parts(root: Path, keep: int, pending: set[int], failing: bool, backlog: int) -> list[Path]:
     """This node's retention of its parts: the newest is kept, and each one some rank's mirror has not
     yet uploaded (a part already in S3 is downloaded again when needed; one that never reached it is
-    no checkpoint). More than `backlog` parts beyond `keep` still waiting while the mirror is failing is
-    MirrorBacklogError (nothing is deleted). `keep` = 0 keeps all."""
+    no checkpoint); a complete copy a resume fetched is kept until a newer part is written. More than
+    `backlog` parts beyond `keep` still waiting while the mirror is failing is MirrorBacklogError
+    (nothing is deleted). `keep` = 0 keeps all."""
     if keep <= 0:
         return []
     found = parts(root)
@@ -98,7 +99,9 @@ def prune_parts(root: Path, keep: int, pending: set[int], failing: bool, backlog
             f"checkpoint.keep={keep}: this node's parts {', '.join(p.name for p in held)} have not reached "
             f"S3 (checkpoint.mirror_backlog={backlog}); stopping instead of losing them — they are intact "
             f"in {root}")
-    doomed = [p for p in found[:-1] if ckpt.step_of(p) not in pending]
+    newest = ckpt.step_of(found[-1]) if found else -1
+    fetched = [p for p in ckpt.complete_checkpoints(root) if ckpt.step_of(p) < newest]
+    doomed = [p for p in found[:-1] + fetched if ckpt.step_of(p) not in pending]
     for p in doomed:
         shutil.rmtree(p, ignore_errors=True)
     return doomed

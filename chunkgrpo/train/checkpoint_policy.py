@@ -1,13 +1,13 @@
 """The trainer's checkpoint policy: what a resumed run must share with its checkpoint, which checkpoint
 to resume (the newest that verifies, local or in S3), restoring the trainer's state from it, saving it
-(every rank collective; rank 0 writes, or under FSDP every rank its shards; manifest last), and the S3
-mirror's lifetime.
+(every rank collective; rank 0 writes, or under FSDP every rank its shards, on several nodes into its
+own node's folder: `checkpoint_nodes`; manifest last), and the S3 mirror's lifetime.
 
 `chunkgrpo.train.checkpoint_format` is what a checkpoint IS (the folder format, verification, pruning, the
 background S3 mirror); this module is how the trainer USES it. A `Checkpointer` is built by the trainer
 in `setup()` and reads and writes the trainer's state (model, optimizer, scheduler, EMA, counters).
 
-Size note: ~610 lines on purpose: choosing, restoring and saving a checkpoint are one flow over the
+Size note: ~615 lines on purpose: choosing, restoring and saving a checkpoint are one flow over the
 trainer's state for both layouts (gathered and sharded); the sharded layout's own I/O is
 `checkpoint_sharded`.
 """

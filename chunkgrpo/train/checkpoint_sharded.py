@@ -17,6 +17,9 @@ M ranks each read the byte ranges of their own shards; a single process reads wh
 In S3 (`upload_part`) every rank uploads its own files, then `.parts/rank{r}.json` (its manifest
 entries); rank 0 writes `MANIFEST.json` only once every rank's part lists exactly the files and
 checksums of the manifest, so a checkpoint is complete in S3 only when every shard is there.
+
+On several nodes with their own disks each node's folder holds its ranks' files and is a part, complete
+only in S3 (`checkpoint_nodes`).
 """
 
 from __future__ import annotations

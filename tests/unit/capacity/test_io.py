@@ -88,14 +88,12 @@ def test_default_timeout_covers_twice_the_flux_full_finetune_estimate():
 
 
 def test_an_fsdp_checkpoint_is_written_in_shares_on_every_node(arch):
-    """Two nodes of 8: each rank writes 1/16 of the checkpoint, and a pod's host holds its 8 ranks'
-    asynchronous copies (half the checkpoint), not rank 0's gather of the whole."""
+    """Two nodes of 8: each rank writes and hashes 1/16 of the checkpoint (none gathers it); without FSDP
+    rank 0 writes the whole."""
     plan = _plan(arch, nodes=2)
     ckpt = plan.facts["checkpoint_bytes"]
     by = {p.phase: p for p in plan.io}
     assert plan.world == 16 and by["checkpoint save"].nbytes == -(-ckpt // 16)
-    host = next(i for i in plan.items if i.resource == "host memory per pod")
-    assert host.parts["peak of load / checkpoint"] >= 8 * -(-ckpt // 16)
     ddp = _plan(arch, ["distributed=ddp", "lora.enabled=true"], nodes=2)
     assert {p.phase: p for p in ddp.io}["checkpoint save"].nbytes == ddp.facts["checkpoint_bytes"]
 

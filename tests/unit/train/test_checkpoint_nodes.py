@@ -95,13 +95,16 @@ def test_two_nodes_write_their_own_shards_and_resume_on_two_nodes_and_on_one(ser
     assert st.read_manifest(prefix + "/step-000002").files == whole  # complete in S3: every node's part
 
     inode = (part1 / "dcp" / "__1_0.distcp").stat().st_ino
-    b = _nodes(outs, 4, "b", over)  # 2 nodes again: each completes its part from S3, then resumes
+    b = _nodes(outs, 2, "b", over)  # 2 nodes again: each completes its part from S3 (nothing to train)
+    assert [r["resumed_at"] for r in b] == [2, 2] and _same(b[0]["at_resume"], ref["states"][2])
+    assert ckpt.is_complete(part1) and (part1 / "dcp" / "__1_0.distcp").stat().st_ino == inode  # kept
+    ckpt.verify(part1)
+    b = _nodes(outs, 4, "b", over)  # and continue from the completed copies
     assert [r["resumed_at"] for r in b] == [2, 2]
     assert _same(b[0]["at_resume"], ref["states"][2])
     assert _same(b[0]["final"], ref["states"][4])
-    assert ckpt.is_complete(part1) and (part1 / "dcp" / "__1_0.distcp").stat().st_ino == inode  # kept
-    ckpt.verify(part1)
     assert nodes.is_part(ckpt.step_dir(outs[1] / "checkpoints", 4))
+    assert not part0.exists() and not part1.exists()  # each node keeps its newest part only (step 2 in S3)
 
     c = _nodes(outs[:1], 6, "c", over)  # one node: node 0's part of step 4 completed from S3
     assert c[0]["resumed_at"] == 4
@@ -224,8 +227,11 @@ def test_a_part_whose_files_disagree_with_its_ranks_entries_is_not_written(tmp_p
 def test_each_node_keeps_its_newest_part_and_those_not_yet_in_s3(tmp_path):
     for step in (2, 4, 6, 8):
         _part(tmp_path, step, {"rng/rank1.pt": b"r1"})
+    fetched = ckpt.step_dir(tmp_path, 3)  # a complete copy an earlier resume fetched from S3
+    fetched.mkdir()
+    ckpt.write_manifest(fetched, {})
     deleted = nodes.prune_parts(tmp_path, keep=2, pending={4}, failing=False, backlog=0)
-    assert [ckpt.step_of(p) for p in deleted] == [2, 6]
+    assert sorted(ckpt.step_of(p) for p in deleted) == [2, 3, 6] and not fetched.exists()
     assert [ckpt.step_of(p) for p in nodes.parts(tmp_path)] == [4, 8]
     _part(tmp_path, 10, {"rng/rank1.pt": b"r1"})
     with pytest.raises(ckpt.MirrorBacklogError, match="step-000004"):  # S3 failing: stop, delete nothing
