@@ -546,9 +546,7 @@ def commit(cp, staging: Path, step: int, error: BaseException | None, coll: _Col
         try:
             if cp.node_local:
                 mine = {rel: e for n, part in every if n == node for rel, e in part.items()}
-                final = nodes.finalize_part(staging, cp.root, step, manifest, mine)
-                # complete copies a resume downloaded here
-                ckpt.prune(cp.root, cp.cfg.checkpoint.keep, cp.mirror, cp.cfg.checkpoint.mirror_backlog)
+                final = nodes.finalize_part(staging, cp.root, step, manifest, mine)  # retention: prune_node
             else:
                 final = ckpt.finalize(staging, cp.root, step, meta, cp.cfg.checkpoint.keep,
                                       mirror=cp.mirror, backlog=cp.cfg.checkpoint.mirror_backlog,

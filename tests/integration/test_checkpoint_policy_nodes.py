@@ -91,7 +91,9 @@ def test_two_nodes_with_s3_shard_to_their_own_disks_and_resume_exactly(
 
     errs = _two_nodes(tiny_model_dir, prompts_file, outs, 29550, "max_steps=4", s3)
     assert "resumed from" in errs[0] and "step-000002" in errs[0]
-    assert (part1 / "MANIFEST.json").is_file()  # node 1's part completed from S3
+    # each node completed its part of step 2 from S3 to resume, and keeps only its newest part (step 4)
+    assert not part0.exists() and not part1.exists()
+    assert (outs[1] / "checkpoints" / "step-000004" / "PART.json").is_file()
     a, b = _final_weights(ref[0]), _final_weights(outs[0])
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     h_ref = json.loads((ref[0] / "train_summary.json").read_text())["history"]
