@@ -7,7 +7,14 @@ object: per layout the save time (and how long training is blocked), the resume 
 file, the bytes written, and each rank's peak host memory above its level before the phase; times are
 the fastest of `--repeat` runs (the cores may be shared).
 
+With `--nodes` the 2 ranks are 2 nodes of 1 rank with their own folders (LOCAL_WORLD_SIZE=1): the
+gathered layout (everything through rank 0, which writes, hashes and then uploads it all) against the
+node-local sharded one (`chunkgrpo.train.checkpoint_nodes`: each rank writes and hashes its shards in its
+node's folder; the entries meet through the process group). Reported: the save time, each rank's peak
+host memory, and the bytes each node writes (and then uploads).
+
   python benchmarks/checkpoint_dcp.py --size mid
+  python benchmarks/checkpoint_dcp.py --size mid --nodes
 """
 
 from __future__ import annotations
@@ -147,6 +154,27 @@ def _async_save(t, folder: Path, rank: int) -> None:
 GROUP: list = []  # the asynchronous saves' own gloo group, as the trainer makes one
 
 
+def _node_sharded_save(t, folder: Path, rank: int) -> None:
+    """Several nodes with their own disks: rank r's node folder is `folder/node{r}`; each rank writes and
+    hashes its shards there, the entries meet through the process group, every node writes its part."""
+    from chunkgrpo.store.manifest import Manifest, _now
+    from chunkgrpo.train import checkpoint_format as ckpt
+    from chunkgrpo.train import checkpoint_nodes as nodes
+    from chunkgrpo.train import checkpoint_sharded as sharded
+
+    root = folder / f"node{rank}"
+    staging = ckpt.stage_dir(root, 1)
+    sharded.save(sharded.state_dicts(t), staging)
+    entries = sharded.hash_files(staging, sharded.own_files(staging, rank))
+    every = sharded.gather(entries)
+    files = {k: v for part in every for k, v in part.items()}
+    manifest = sharded.gather(Manifest(files=files, created=_now(), meta={}).to_json() if rank == 0
+                              else None)[0]
+    (staging / "rng").rmdir()
+    nodes.finalize_part(staging, root, 1, manifest, entries)
+    torch.distributed.barrier()
+
+
 def _sharded_load(t, folder: Path) -> None:
     from chunkgrpo.train import checkpoint_sharded as sharded
 
@@ -166,7 +194,8 @@ def _worker(rank: int, world: int, port: int, model_dir: str, work: str, result:
     out: dict = {}
     try:
         save, load = {"gathered": (_gathered_save, _gathered_load), "sharded": (_sharded_save, _sharded_load),
-                      "sharded_async": (_async_save, _sharded_load)}[layout]
+                      "sharded_async": (_async_save, _sharded_load),
+                      "node_sharded": (_node_sharded_save, None)}[layout]
         t = _model(Path(model_dir), world)
         folder = Path(work)
         dist.barrier()
@@ -178,11 +207,12 @@ def _worker(rank: int, world: int, port: int, model_dir: str, work: str, result:
         dist.barrier()
         t0 = time.perf_counter()
         with Peak() as pl:
-            load(t2, folder)
+            if load is not None:  # (node-local parts are completed from S3 first: not measured here)
+                load(t2, folder)
             dist.barrier()
         load_s = time.perf_counter() - t0
-        same = all(torch.equal(a.to_local(), b.to_local()) for a, b in
-                   zip(t.model.transformer.parameters(), t2.model.transformer.parameters()))
+        pairs = zip(t.model.transformer.parameters(), t2.model.transformer.parameters())
+        same = load is not None and all(torch.equal(a.to_local(), b.to_local()) for a, b in pairs)
         out.setdefault(layout, []).append({
             "save_s": save_s, "resume_s": load_s, "save_peak_mb": ps.mb, "resume_peak_mb": pl.mb,
             "resumed_weights_equal": same, "blocking_s": getattr(t, "blocking_s", save_s)})
@@ -199,7 +229,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size", default="mid", choices=["tiny", "mid"])
     ap.add_argument("--repeat", type=int, default=3, help="runs of each layout (times: the fastest)")
+    ap.add_argument("--nodes", action="store_true",
+                    help="2 nodes × 1 rank with their own folders: gathered vs node-local sharded saves")
     args = ap.parse_args()
+    layouts = ("gathered", "node_sharded") if args.nodes else ("gathered", "sharded", "sharded_async")
+    if args.nodes:
+        os.environ["LOCAL_WORLD_SIZE"] = "1"  # each rank a node of its own (inherited by the workers)
     from chunkgrpo.processes import free_port
     from chunkgrpo.store.manifest import file_sizes
     from chunkgrpo.testing.tiny import build_tiny_flux
@@ -211,7 +246,7 @@ def main() -> None:
         result = tmp / "result.json"
         runs: dict = {}
         for i in range(args.repeat):
-            for layout in ("gathered", "sharded", "sharded_async"):
+            for layout in layouts:
                 work = tmp / "ckpt" / (layout if i == 0 else f"{layout}-{i}")
                 mp.start_processes(_worker, nprocs=world, join=True, start_method="spawn",
                                    args=(world, free_port(), str(tmp / "model"), str(work), str(result),
@@ -220,16 +255,23 @@ def main() -> None:
         # ranks[r][layout] = that rank's list of runs
         ranks = [{layout: [run[r][layout][0] for run in runs[layout]] for layout in runs}
                  for r in range(world)]
-        report = {"size": args.size, "world": world, "threads_per_rank": 1, "repeat": args.repeat,
+        report = {"size": args.size, "world": world, "nodes": world if args.nodes else 1,
+                  "threads_per_rank": 1, "repeat": args.repeat,
                   "load_average": [round(x, 2) for x in os.getloadavg()], "layouts": {}}
 
         def fastest(layout, key):  # per run the slowest rank, then the fastest run
             return round(min(max(r[layout][i][key] for r in ranks) for i in range(args.repeat)), 3)
 
-        for layout in ("gathered", "sharded", "sharded_async"):
+        for layout in layouts:
             sizes = file_sizes(tmp / "ckpt" / layout)
-            state = sum(v for k, v in sizes.items() if k != "MANIFEST.json")
+            state = sum(v for k, v in sizes.items() if k not in ("MANIFEST.json", "PART.json")
+                        and not k.endswith("/PART.json"))
+            per_node = [sum(v for k, v in sizes.items() if k.startswith(f"node{r}/") and
+                            not k.endswith("PART.json")) for r in range(world)]
             report["layouts"][layout] = {
+                "bytes_written_mb_per_node": ([round(b / 1e6, 2) for b in per_node]
+                                              if layout == "node_sharded"
+                                              else [round(state / 1e6, 2)] + [0.0] * (world - 1)),
                 "save_s": fastest(layout, "save_s"),
                 "training_blocked_s": fastest(layout, "blocking_s"),
                 "resume_s": fastest(layout, "resume_s"),
@@ -241,6 +283,9 @@ def main() -> None:
                 "largest_file": max(sizes, key=sizes.get),
                 "resumed_weights_equal": all(x["resumed_weights_equal"] for r in ranks for x in r[layout]),
             }
+            if layout == "node_sharded":  # its resume is a DCP read as `sharded`, after a fill from S3
+                for key in ("resume_s", "resume_peak_mb_per_rank", "resumed_weights_equal"):
+                    report["layouts"][layout].pop(key)
     print(json.dumps(report, indent=1))
 
 

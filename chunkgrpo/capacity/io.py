@@ -5,10 +5,13 @@ bytes / `IO_BYTES_PER_S` (200 MB/s, `chunkgrpo.train.dist.IO_BYTES_PER_S`: an S3
 or a disk write); every phase makes two passes, the transfer and the sha256 verification of what it moved:
 
   model fetch      the model folder, by each node's local rank 0      others wait in the store (`io_wait_s`)
-  checkpoint save  the checkpoint, written and hashed by rank 0       others wait in a collective
-                                                                      (`dist_timeout_s`)
+  checkpoint save  the checkpoint, written and hashed by rank 0;      others wait in a collective
+                   under FSDP each rank its 1/world share (sharded    (`dist_timeout_s`)
+                   on one node, and across nodes with
+                   `checkpoint.s3_prefix`, which the pipeline sets)
   resume download  the newest checkpoint, downloaded and verified     others wait in a collective
-                                                                      (`dist_timeout_s`)
+                   by each node's local rank 0 (a node's own part     (`dist_timeout_s`)
+                   of a sharded one is kept: at most the whole)
   export           the final model, written and hashed by rank 0      others wait in the store (`io_wait_s`)
 
 A phase longer than the timeout it waits under is a problem (the run would fail there); one longer than
@@ -72,13 +75,14 @@ class IoPhase:
                 f"{self.timeout_field}={self.timeout_s:.0f} s")
 
 
-def io_phases(cfg, *, model_folder: int, checkpoint: int, final: int,
+def io_phases(cfg, *, model_folder: int, checkpoint: int, final: int, writers: int = 1,
               bytes_per_s: float = IO_BYTES_PER_S) -> list[IoPhase]:
-    """The run's single-rank I/O phases with their estimated seconds and the timeout each waits under."""
+    """The run's single-rank I/O phases with their estimated seconds and the timeout each waits under;
+    `writers` ranks write a checkpoint, each its share (FSDP: every rank)."""
     sizes = {"model folder": model_folder, "checkpoint": checkpoint, "final model": final}
     out = []
     for phase, (what, wait, field) in PHASES.items():
-        nbytes = sizes[what]
+        nbytes = sizes[what] if phase != "checkpoint save" else -(-checkpoint // max(1, writers))
         out.append(IoPhase(phase, nbytes, PASSES * nbytes / bytes_per_s, wait, field,
                            float(getattr(cfg, field))))
     return out

@@ -40,7 +40,8 @@ components in their dtype (T5's `wo` in fp32) and, unless the load is sharded, t
 the load dtype, before moving them to its device; the sharded load holds no copy of the transformer on the
 host, only one tensor's rows (and a LoRA adapter's whole initial values, b_base·P), and its file pages are
 page cache: at most one stored copy per node, reclaimable, not counted; checkpoint: rank 0 gathers
-weights, AdamW state and EMA in fp32 on the host).
+weights, AdamW state and EMA in fp32 on the host, under FSDP each rank's asynchronous save copies its
+1/world share instead).
 
 **Bytes per volume** (each path is placed on the pod volume whose mount is its longest prefix):
 model cache ($CHUNKGRPO_CACHE, else $HOME/.cache/chunkgrpo) = the model folder (every component stored in
@@ -320,6 +321,8 @@ def capacity_plan(cfg, pool: Pool, *, nodes: int = 1, output_dir: str = "", pres
     frozen_host = frozen_w + frozen_host_bytes(t5, b_frozen)  # read on the host, then moved
     load_host = max(tr_load["host"], frozen_host) if sharded else tr_load["host"] + frozen_host
     ckpt_host = 4 * P + 8 * P + (4 * P if cfg.ema.decay > 0 else 0)
+    if fsdp:  # sharded: each rank's asynchronous save copies its own share to host memory, nothing gathers
+        ckpt_host = ranks_per_node * -(-ckpt_host // world)
     host = {"processes": ranks_per_node * PROCESS_HOST_BYTES,
             "peak of load / checkpoint": max(ranks_per_node * load_host, ckpt_host)}
     items.append(
@@ -407,7 +410,8 @@ def capacity_plan(cfg, pool: Pool, *, nodes: int = 1, output_dir: str = "", pres
         "reward_services": services,
     }
     facts["backwards_per_window"] = backwards
-    io = io_phases(cfg, model_folder=model_folder, checkpoint=checkpoint, final=4 * P)
+    io = io_phases(cfg, model_folder=model_folder, checkpoint=checkpoint, final=4 * P,
+                   writers=world if fsdp else 1)
     return CapacityPlan(preset, pool, world, facts, items, io)
 
 

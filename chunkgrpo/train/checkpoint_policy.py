@@ -1,13 +1,13 @@
 """The trainer's checkpoint policy: what a resumed run must share with its checkpoint, which checkpoint
 to resume (the newest that verifies, local or in S3), restoring the trainer's state from it, saving it
-(every rank collective; rank 0 writes, or under FSDP every rank its shards; manifest last), and the S3
-mirror's lifetime.
+(every rank collective; rank 0 writes, or under FSDP every rank its shards, on several nodes into its
+own node's folder: `checkpoint_nodes`; manifest last), and the S3 mirror's lifetime.
 
 `chunkgrpo.train.checkpoint_format` is what a checkpoint IS (the folder format, verification, pruning, the
 background S3 mirror); this module is how the trainer USES it. A `Checkpointer` is built by the trainer
 in `setup()` and reads and writes the trainer's state (model, optimizer, scheduler, EMA, counters).
 
-Size note: ~610 lines on purpose: choosing, restoring and saving a checkpoint are one flow over the
+Size note: ~615 lines on purpose: choosing, restoring and saving a checkpoint are one flow over the
 trainer's state for both layouts (gathered and sharded); the sharded layout's own I/O is
 `checkpoint_sharded`.
 """
@@ -138,7 +138,7 @@ class Checkpointer:
         self.root: Path = trainer.out / "checkpoints"
         self.mirror: ckpt.Mirror | None = None
         info = trainer.info
-        if info.is_main:
+        if info.local_rank == 0:  # every node's own disk
             self.root.mkdir(parents=True, exist_ok=True)
         D.barrier()
         self.lease = None
@@ -152,13 +152,13 @@ class Checkpointer:
         if D.any_rank(error is not None, info.device):
             raise error or UserError(f"rank 0 could not take the checkpoint writer lease of "
                                      f"{self.cfg.checkpoint.s3_prefix} (see its log)")
-        # under FSDP every rank mirrors its own shards; rank 0 (the lease holder) writes the manifest. A
-        # sharded checkpoint folder holds every rank's files, so it needs one filesystem for all ranks: on
-        # several nodes (each with its own /cache) the state is gathered to rank 0 as without FSDP.
-        self.sharded = trainer._is_fsdp() and info.one_node
-        if trainer._is_fsdp() and not self.sharded and info.is_main:
-            log.info("checkpoints: %d ranks on several nodes, so the state is gathered to rank 0 "
-                     "(sharded checkpoints need all ranks on one node)", info.world)
+        # under FSDP every rank mirrors its own shards; rank 0 (the lease holder) writes the manifest; on
+        # several nodes each node's folder holds its ranks' shards (`checkpoint_nodes`)
+        self.layout, why = sharded.nodes.layout(trainer._is_fsdp(), info.one_node,
+                                                bool(self.cfg.checkpoint.s3_prefix))
+        self.sharded, self.node_local = self.layout != "gathered", self.layout == "node-sharded"
+        if info.is_main:
+            log.info("%s (%d ranks)", why, info.world)
         self.pending = None  # an asynchronous sharded save in flight (`checkpoint_sharded.Pending`)
         self.async_group = None  # its collectives' own gloo group, beside training's
         if self.sharded and self.cfg.checkpoint.async_save:
@@ -297,6 +297,8 @@ class Checkpointer:
         while True:
             try:  # the marker keeps S3 retention (of any writer of this prefix) off it while it is read
                 with sharded.reading(store, uri):
+                    if sharded.nodes.is_part(ckpt.step_dir(self.root, step)):  # this node's part: the rest
+                        return sharded.nodes.fill_part(uri, self.root, step, store)
                     return ckpt.download(uri, self.root, step, store)
             except Exception as e:
                 if not unreachable(e):
@@ -593,10 +595,14 @@ class Checkpointer:
                 f"checkpoint.mirror_min_mb_s={cfg.mirror_min_mb_s:g}); "
                 f"they are intact in {self.root} — re-run to retry the upload"
             )
-        if not self.t.info.is_main:
+        if self.node_local and sharded.lead(self):  # every part is in S3: each node keeps its newest
+            sharded.nodes.prune_parts(self.root, cfg.keep, set(), False, cfg.mirror_backlog)
+        if not sharded.lead(self):
             return
         # what `checkpoint.keep` held back during an outage can go now that it is in S3
         ckpt.prune(self.root, cfg.keep, self.mirror, cfg.mirror_backlog)
+        if not self.t.info.is_main:
+            return
         if self.lease is not None:  # every checkpoint is in S3: the prefix is free for another run
             self.lease.release()
             self.lease = None

@@ -17,6 +17,9 @@ M ranks each read the byte ranges of their own shards; a single process reads wh
 In S3 (`upload_part`) every rank uploads its own files, then `.parts/rank{r}.json` (its manifest
 entries); rank 0 writes `MANIFEST.json` only once every rank's part lists exactly the files and
 checksums of the manifest, so a checkpoint is complete in S3 only when every shard is there.
+
+On several nodes with their own disks each node's folder holds its ranks' files and is a part, complete
+only in S3 (`checkpoint_nodes`).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from pathlib import Path
 import torch
 
 from chunkgrpo.train import checkpoint_format as ckpt
+from chunkgrpo.train import checkpoint_nodes as nodes
 from chunkgrpo.train import dist as D
 from chunkgrpo.train.context import NonFiniteLossError
 
@@ -471,7 +475,7 @@ def save_checkpoint(cp) -> Path | None:
             f"written — the last complete one in {cp.root} is intact")
     staging = ckpt.staging_path(cp.root, t.opt_step)
     with ckpt.writing(staging) as failed:
-        if info.is_main:
+        if lead(cp):
             ckpt.stage_dir(cp.root, t.opt_step)
     if not D.any_rank(failed.error is not None, info.device):
         with ckpt.writing(staging) as failed:
@@ -492,6 +496,28 @@ def save_checkpoint(cp) -> Path | None:
     return commit(cp, staging, t.opt_step, failed.error, _Collectives(info.device))
 
 
+def lead(cp) -> bool:
+    """This rank writes its folder's shared parts: rank 0, and under `node_local` each node's local rank 0."""
+    info = cp.t.info
+    return info.is_main or (cp.node_local and info.local_rank == 0)
+
+
+def prune_node(cp, coll: _Collectives) -> BaseException | None:
+    """Every node's retention of its parts (collective: the steps any rank's mirror still has to upload)."""
+    pending = [ckpt.step_of(p) for p in cp.mirror.pending()] if cp.mirror is not None else []
+    failing = cp.mirror is not None and cp.mirror.failing
+    every = coll.gather((pending, failing))
+    if not lead(cp):
+        return None
+    c = cp.cfg.checkpoint
+    try:
+        nodes.prune_parts(cp.root, c.keep, {s for p, _ in every for s in p}, any(f for _, f in every),
+                          c.mirror_backlog)
+    except ckpt.MirrorBacklogError as e:
+        return e
+    return None
+
+
 def commit(cp, staging: Path, step: int, error: BaseException | None, coll: _Collectives) -> Path | None:
     """After every rank wrote its files: each hashes its own, rank 0 writes the manifest from all the
     entries and renames, every rank queues its files for the S3 mirror. Collective over `coll`."""
@@ -502,18 +528,29 @@ def commit(cp, staging: Path, step: int, error: BaseException | None, coll: _Col
             entries = hash_files(staging, own_files(staging, info.rank))
         error = failed.error
     if coll.any(error is not None):
-        if info.is_main:
+        if lead(cp):
             shutil.rmtree(staging, ignore_errors=True)
         raise error or ckpt.CheckpointWriteError("checkpoint write failed on another rank (see its log)")
-    every = coll.gather(entries)
+    node = nodes.node_of(info.rank, info.local_rank)
+    every = coll.gather((node, entries))  # the entries meet on every rank through the process group
+    files = {rel: e for _, part in every for rel, e in part.items()}
+    meta = {"kind": "checkpoint", "step": step, "format": "dcp", "world_size": info.world}
+    manifest = None
+    if cp.node_local:  # rank 0's manifest (its creation time) is every node's record of the checkpoint
+        from chunkgrpo.store.manifest import Manifest, _now
+
+        manifest = coll.gather(Manifest(files=dict(files), created=_now(), meta=meta).to_json()
+                               if info.is_main else None)[0]
     final = None
-    if info.is_main:
-        files = {rel: e for part in every for rel, e in part.items()}
+    if lead(cp):
         try:
-            meta = {"kind": "checkpoint", "step": step, "format": "dcp", "world_size": info.world}
-            final = ckpt.finalize(staging, cp.root, step, meta, cp.cfg.checkpoint.keep,
-                                  mirror=cp.mirror, backlog=cp.cfg.checkpoint.mirror_backlog,
-                                  files=files)
+            if cp.node_local:
+                mine = {rel: e for n, part in every if n == node for rel, e in part.items()}
+                final = nodes.finalize_part(staging, cp.root, step, manifest, mine)  # retention: prune_node
+            else:
+                final = ckpt.finalize(staging, cp.root, step, meta, cp.cfg.checkpoint.keep,
+                                      mirror=cp.mirror, backlog=cp.cfg.checkpoint.mirror_backlog,
+                                      files=files)
         except ckpt.MirrorBacklogError as e:
             error, final = e, ckpt.step_dir(cp.root, step)
         except OSError as e:
@@ -521,12 +558,16 @@ def commit(cp, staging: Path, step: int, error: BaseException | None, coll: _Col
             error = ckpt.CheckpointWriteError(
                 f"cannot write checkpoint {staging.name}: {ckpt._short(e)}; the last complete checkpoint "
                 f"in {cp.root} is intact")
-    committed = coll.gather(final is not None)[0]
+    committed = all(coll.gather(final is not None or not lead(cp)))
     if committed and cp.mirror is not None:
         path = ckpt.step_dir(cp.root, step)
-        manifest = (path / ckpt.MANIFEST).read_bytes() if info.is_main else None
+        if info.is_main and manifest is None:
+            manifest = (path / ckpt.MANIFEST).read_bytes()
         cp.mirror.submit(path, {"files": entries, "rank": info.rank, "world": info.world,
-                                "manifest": manifest})
+                                "manifest": manifest if info.is_main else None})
+    if cp.node_local:
+        pruned = prune_node(cp, coll)
+        error = error or pruned
     if coll.any(error is not None):
         if error is not None:
             raise error

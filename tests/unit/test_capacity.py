@@ -304,7 +304,7 @@ def test_flux_full_finetune_plan_shards_weights_and_counts_checkpoints():
     assert 4 * W / 8 <= gpu["load phase"].parts["transformer shard (fp32, 1/n)"] <= 1.001 * 4 * W / 8
     assert "whole transformer in the load dtype" not in gpu["load phase"].parts
     # the host holds one tensor's rows of the transformer, no copy: a pod's load is the frozen components
-    # (bf16, T5's `wo` in fp32 while it loads) on 8 ranks, below rank 0's checkpoint gather
+    # (bf16, T5's `wo` in fp32 while it loads) on 8 ranks, below the 8 ranks' checkpoint shares
     assert plan.facts["transformer_load_host_bytes"] < 2**30
     host = next(i for i in plan.items if i.resource == "host memory per pod")
     assert host.parts["peak of load / checkpoint"] == 12 * W

@@ -38,8 +38,10 @@ def test_io_phases_are_bytes_over_bandwidth_against_their_timeouts(arch):
     by = {p.phase: p for p in plan.io}
     assert list(by) == ["model fetch", "checkpoint save", "resume download", "export"]
     ckpt = plan.facts["checkpoint_bytes"]
-    assert by["checkpoint save"].nbytes == by["resume download"].nbytes == ckpt
-    assert by["checkpoint save"].seconds == pytest.approx(2 * ckpt / IO_BYTES_PER_S)
+    # FSDP: each of the 8 ranks writes and hashes its share; a node downloads at most the whole
+    assert plan.world == 8 and by["checkpoint save"].nbytes == -(-ckpt // 8)
+    assert by["resume download"].nbytes == ckpt
+    assert by["checkpoint save"].seconds == pytest.approx(2 * -(-ckpt // 8) / IO_BYTES_PER_S)
     assert by["export"].nbytes == 4 * plan.facts["trainable_params"]
     assert (by["model fetch"].wait, by["model fetch"].timeout_field) == ("store", "io_wait_s")
     save = by["checkpoint save"]
@@ -83,6 +85,17 @@ def test_default_timeout_covers_twice_the_flux_full_finetune_estimate():
     assert longest == pytest.approx(1428, abs=1)  # the checkpoint save (and resume download)
     assert DEFAULT_TIMEOUT_S == 3600 * -(-2 * longest // 3600)
     assert io.io_warnings(phases) == [] and io.io_problems(phases) == []
+
+
+def test_an_fsdp_checkpoint_is_written_in_shares_on_every_node(arch):
+    """Two nodes of 8: each rank writes and hashes 1/16 of the checkpoint (none gathers it); without FSDP
+    rank 0 writes the whole."""
+    plan = _plan(arch, nodes=2)
+    ckpt = plan.facts["checkpoint_bytes"]
+    by = {p.phase: p for p in plan.io}
+    assert plan.world == 16 and by["checkpoint save"].nbytes == -(-ckpt // 16)
+    ddp = _plan(arch, ["distributed=ddp", "lora.enabled=true"], nodes=2)
+    assert {p.phase: p for p in ddp.io}["checkpoint save"].nbytes == ddp.facts["checkpoint_bytes"]
 
 
 def test_nccl_buffers_only_with_more_than_one_gpu_rank(arch):

@@ -38,7 +38,8 @@ class Toy:
     """What the Checkpointer reads of a trainer, with a deterministic step (the same batch on every rank,
     so the averaged gradient of any world size is the single-process one)."""
 
-    def __init__(self, out: Path, rank: int, world: int, ema: bool, checkpoint: dict | None = None):
+    def __init__(self, out: Path, rank: int, world: int, ema: bool, checkpoint: dict | None = None,
+                 local_rank: int | None = None):
         from chunkgrpo.train.config import TrainConfig
         from chunkgrpo.train.dist import DistInfo, shard_fsdp
         from chunkgrpo.train.ema import Ema
@@ -46,7 +47,7 @@ class Toy:
         self.cfg = TrainConfig.from_dict({"output_dir": str(out), "max_steps": 6, "distributed": "fsdp",
                                           "checkpoint": {"keep": 10, "every": 2, **(checkpoint or {})},
                                           "ema": {"decay": 0.9 if ema else 0.0}})
-        self.out, self.info = out, DistInfo(rank, world, rank)
+        self.out, self.info = out, DistInfo(rank, world, rank if local_rank is None else local_rank)
         torch.manual_seed(0)
         net = Net()
         if world > 1:
