@@ -16,7 +16,7 @@ def preflight(*, model: str, prompts: str, preset: str, method: str, train_overr
     UserError listing every problem; returns the success line."""
     from chunkgrpo.errors import UserError
     from chunkgrpo.model_cache import used_reward_weights
-    from chunkgrpo.preflight import PreflightSpec, capacity_check, check, evaluation_inputs
+    from chunkgrpo.preflight import PreflightSpec, capacity_check, evaluation_inputs, require
     from chunkgrpo.preflight_image import training_problems
     from chunkgrpo.recipes import preset_for
     from chunkgrpo.stages.train import reward_servers, served_rewards
@@ -36,13 +36,11 @@ def preflight(*, model: str, prompts: str, preset: str, method: str, train_overr
     rewards = used_reward_weights(preset, list(train_overrides), dict(reward_weights))
     weights = {**{f"reward {k}": v for k, v in rewards.items() if k.split(".processor")[0] not in served},
                **scorers}
-    spec = PreflightSpec(model=model, prompts=prompts, weights=weights, benchmarks=benchmarks,
-                         artifact_root=artifact_root, reward_servers=servers)
     # the runtime image (this task's) builds every reward not on a server: packages, venvs, cached files
-    problems = check(spec) + training_problems(preset, list(train_overrides), dict(reward_weights),
-                                               served=served)
-    if problems:
-        raise UserError(f"preflight: {len(problems)} problem(s): " + "; ".join(problems))
+    in_image = training_problems(preset, list(train_overrides), dict(reward_weights), served=served)
+    spec = PreflightSpec(model=model, prompts=prompts, weights=weights, benchmarks=benchmarks,
+                         artifact_root=artifact_root, reward_servers=servers, image_problems=in_image)
+    require(spec)
     overrides = [*train_overrides, *served_rewards(preset, list(train_overrides), reward_url)[1]]
     report, problems = capacity_check(preset, overrides, model, pool, method, nodes)  # model is there
     Path(capacity_out).write_text(report)
