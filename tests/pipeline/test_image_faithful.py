@@ -206,5 +206,6 @@ def test_eval_image_without_peft_fails_the_run_at_its_preflight_naming_peft(serv
     assert reason.startswith("eval-image preflight: 1 problem(s): chunkgrpo-eval: the trained model "
                              "(a LoRA adapter) needs the `peft` package"), reason
     assert f"({envs / 'eval' / 'bin' / 'python'})" in reason and "images/eval/requirements.lock" in reason
-    started = re.findall(r"Executing task '([^']+)'", e.value.log_path.read_text())
+    log = re.sub(r"\x1b\[[0-9;]*m", "", e.value.log_path.read_text())  # kfp.local colours task names
+    started = re.findall(r"Executing task '([^']+)'", log)
     assert "eval-preflight" in started and not {"profile", "train", "evaluate"} & set(started), started
