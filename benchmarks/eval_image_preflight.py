@@ -2,7 +2,7 @@
 the tiny demo of train_and_evaluate with every task in its image's environment, the eval environment
 installed from the eval lock without `peft` (as tests/pipeline/test_image_faithful.py does).
 
-    .venv/bin/python benchmarks/eval_image_preflight.py --envs /tmp/no-peft-envs
+    .venv/bin/python benchmarks/eval_image_preflight.py --envs "$(mktemp -d)"
 
 Prints one JSON line: the seconds to install the eval environment (0 when `--envs` already holds it), the
 seconds from the run's start to its failure, the failed task and its reason, the tasks that started, and

@@ -174,18 +174,10 @@ def test_eval_image_without_peft_fails_the_run_at_its_preflight_naming_peft(serv
 
     runtime = _built("runtime")
     _built("eval")
-    locks = tmp_path / "locks" / "eval"
-    locks.mkdir(parents=True)
-    kept, skip = [], False
-    for line in (REPO / "images" / "eval" / "requirements.lock").read_text().splitlines():
-        if line.startswith("peft=="):
-            skip = True
-            continue
-        if skip and line.startswith("    "):
-            continue
-        skip = False
-        kept.append(line)
-    (locks / "requirements.lock").write_text("\n".join(kept) + "\n")
+    from tests.benchmark_scripts import load
+
+    load("eval_image_preflight").lock_without("peft", REPO / "images" / "eval" / "requirements.lock",
+                                              tmp_path / "locks" / "eval" / "requirements.lock")
     envs = tmp_path / "envs"
     envs.mkdir()
     (envs / "runtime").symlink_to(runtime.prefix)
