@@ -58,6 +58,7 @@ class Need:
     dist: str
     venv: Path | None = None
     origin: str = ""
+    var: str = ""  # the variable naming a venv for it ("" = it runs in the image's environment only)
 
 
 def find_modules(modules: list[str], python: str | None = None, timeout: float = 60.0
@@ -113,14 +114,15 @@ def _package_fix(need: Need, image: str) -> str:
     if need.venv is not None:
         return (f"rebuild that venv (`bash scripts/reward-envs.sh`; images/{name}/Dockerfile builds "
                 "/opt/venv-*)")
-    return (f"add `{need.dist}` to images/{name}/requirements.lock (installed by scripts/image-env.sh) "
-            "or point the scorer's venv at one that has it")
+    venv = f" or set ${need.var} to a venv that has it" if need.var else ""
+    return f"add `{need.dist}` to images/{name}/requirements.lock (installed by scripts/image-env.sh){venv}"
 
 
 def _scorer_needs(name: str, options: dict, weights: dict, who: str, image: str
                   ) -> tuple[list[Need], list[str], list[tuple[str, str]]]:
     """(packages, problems so far, files to check after the package resolves) of scorer `name`."""
     from chunkgrpo.scoring.backends import PACKAGES
+    from chunkgrpo.scoring.client import venv_var
     from chunkgrpo.scoring.table import canonical_name
 
     canon = canonical_name(name)
@@ -141,11 +143,13 @@ def _scorer_needs(name: str, options: dict, weights: dict, who: str, image: str
             files.append(("hub", QWEN))
     if canon.startswith("hpsv2"):
         files.append(("vocab", module))
-    return [Need(who, module, dist, venv, origin)], [], files
+    return [Need(who, module, dist, venv, origin, venv_var(canon))], [], files
 
 
-def _resolve(needs: list[Need], files: dict[Need, list[tuple[str, str]]], image: str) -> list[str]:
-    """One problem per package not found and per file missing, resolving each venv in one subprocess."""
+def _resolve(needs: list[Need], files: dict[Need, list[tuple[str, str]]], image: str, param: str
+             ) -> list[str]:
+    """One problem per package not found and per file missing, resolving each venv in one subprocess;
+    `param`: the run parameter that names the weights and processors (reward_weights | scorer_weights)."""
     problems: list[str] = []
     by_venv: dict[Path | None, list[Need]] = {}
     for n in needs:
@@ -170,8 +174,8 @@ def _resolve(needs: list[Need], files: dict[Need, list[tuple[str, str]]], image:
                     key = "imagereward.processor" if what == BERT else "hpsv3.processor"
                     problems.append(f"{image}: {n.who} loads `{what}` by name from the Hugging Face cache "
                                     f"({_hub_dir()}), which lacks it and is never downloaded at run time: "
-                                    f"give its folder as `{key}` (`chunkgrpo models sync --defaults` fills "
-                                    "the model cache)")
+                                    f"give its folder as `{key}` in {param} (`chunkgrpo models sync "
+                                    "--defaults` fills the model cache)")
                 if kind == "vocab" and not any((Path(p) / HPSV2_VOCAB).is_file() for p in locations):
                     problems.append(f"{image}: {n.who}: the `hpsv2` package in {_where(n)} lacks open_clip's "
                                     f"BPE vocabulary ({HPSV2_VOCAB}): rebuild it with "
@@ -227,7 +231,7 @@ def _check(items: list[tuple[str, dict, str]], weights: dict, kind: str, image: 
         for n in got:
             needs.append(n)
             files.setdefault(n, []).extend(want)
-    return problems + _resolve(needs, files, image)
+    return problems + _resolve(needs, files, image, f"{kind}_weights")
 
 
 def training_problems(preset: str, overrides: list[str], weights: dict, *, served: set[str] = frozenset(),

@@ -54,8 +54,8 @@ def test_in_process_the_missing_package_names_its_distribution_and_the_image_loc
                                 {"imagereward.processor": "s3://b/bert"}, lora=False)
     assert p == (f"chunkgrpo-eval: scorer image_reward needs the `ImageReward` package (`image-reward`), "
                  f"which this environment ({sys.executable}) cannot import: add `image-reward` to "
-                 "images/eval/requirements.lock (installed by scripts/image-env.sh) or point the scorer's "
-                 "venv at one that has it")
+                 "images/eval/requirements.lock (installed by scripts/image-env.sh) or set "
+                 "$CHUNKGRPO_VENV_IMAGEREWARD to a venv that has it")
 
 
 def test_a_lora_model_needs_peft_in_the_eval_image(monkeypatch):
@@ -65,7 +65,7 @@ def test_a_lora_model_needs_peft_in_the_eval_image(monkeypatch):
     assert problems == [
         f"chunkgrpo-eval: the trained model (a LoRA adapter) needs the `peft` package, which this "
         f"environment ({sys.executable}) cannot import: add `peft` to images/eval/requirements.lock "
-        "(installed by scripts/image-env.sh) or point the scorer's venv at one that has it"]
+        "(installed by scripts/image-env.sh)"]
     assert P.evaluation_problems("eval_tiny", [], [], {}, lora=False) == []
 
 
@@ -86,7 +86,8 @@ def test_files_loaded_by_name_are_checked_in_the_hub_cache_unless_a_processor_is
     assert problems == [
         f"chunkgrpo-eval: scorer imagereward loads `bert-base-uncased` by name from the Hugging Face cache "
         f"({hub}), which lacks it and is never downloaded at run time: give its folder as "
-        "`imagereward.processor` (`chunkgrpo models sync --defaults` fills the model cache)"]
+        "`imagereward.processor` in scorer_weights (`chunkgrpo models sync --defaults` fills the model "
+        "cache)"]
     tok = tmp_path / "bert"
     tok.mkdir()
     (tok / "vocab.txt").write_text("[PAD]\n")
