@@ -14,7 +14,8 @@ runs with basic auth); every reward server the run scores with (reachable, loade
 reward, accepting $CHUNKGRPO_REWARD_TOKEN: `scoring.remote.check_service`); with `device` set, that
 CUDA can use the GPU it asks for (`chunkgrpo.gpu`); for a benchmark of a registry version
 (`registered="name@alias"`, the nightly pipeline) that the alias exists, and the base model it was
-registered with.
+registered with; and what the image lacks to build the step's rewards (`image_problems`, found by
+`chunkgrpo.preflight_image`).
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ class PreflightSpec:
     timeout_s: float = 10.0
     device: str = ""  # the stage's device when preflight runs where the stage will ("" = not checked)
     reward_servers: list[tuple[str, str]] = dataclasses.field(default_factory=list)  # (name, url) served
+    # what this image lacks for the step's rewards/scorers (`chunkgrpo.preflight_image`), found beforehand
+    image_problems: list[str] = dataclasses.field(default_factory=list)
 
 
 def _store():
@@ -257,7 +260,7 @@ def check(spec: PreflightSpec) -> list[str]:
         for name, url in spec.reward_servers:
             if p := check_service(url, name, spec.timeout_s):
                 problems.append(p)
-    return problems
+    return problems + list(spec.image_problems)
 
 
 def require(spec: PreflightSpec) -> None:

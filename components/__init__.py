@@ -14,6 +14,7 @@ artifacts are small pointers, `Metrics`, `HTML` and `Markdown` (rendered by the 
 """
 
 from components.ablation.component import toy_ablation
+from components.eval_preflight.component import eval_preflight
 from components.evaluate.component import check_regression, evaluate
 from components.launch_trainjob.component import launch_trainjob
 from components.models.component import sync_models
@@ -28,6 +29,7 @@ from components.train.component import train
 __all__ = [
     "preflight",
     "benchmark_preflight",
+    "eval_preflight",
     "open_run",
     "close_run",
     "profile",

@@ -8,14 +8,15 @@ far and the minimum detectable effect at that count. Scheduled by `chunkgrpo pip
 
 Caching is off on every step (a benchmark that is served from cache measures nothing). The first step,
 `benchmark_preflight`, checks in seconds that the alias exists and that its base model, the scorer
-weights, S3, MLflow and (for WISE) the judge key are there, before the GPU evaluation is scheduled.
+weights, S3, MLflow and (for WISE) the judge key are there, and `eval_preflight`, on the evaluation image,
+that the image builds every scorer and loads a LoRA adapter, before the GPU evaluation is scheduled.
 The regression check compares in the registered model's direction (`regression_direction` may only
 assert it).
 """
 
 from kfp import dsl
 
-from components import benchmark_preflight, check_regression, evaluate, open_run, toy_ablation
+from components import benchmark_preflight, check_regression, eval_preflight, evaluate, open_run, toy_ablation
 from components.k8s import POOLS, configure, on_pool, small, with_judge
 from pipeline.train_and_evaluate import DEFAULT_SCORER_WEIGHTS, DIRECTIONS, _exit_handler
 
@@ -88,10 +89,13 @@ def make_nightly_benchmark(pool: str = "cpu"):
                                       eval_overrides=eval_overrides, scorer_weights=scorer_weights,
                                       artifact_root=artifact_root)
             with_judge(configure(small(pre, "2G"), display_name="preflight", cache=False, retries=0))
+            ev_pre = eval_preflight(eval_preset=eval_preset, eval_benchmarks=eval_benchmarks,
+                                    eval_overrides=eval_overrides, scorer_weights=scorer_weights)
+            configure(small(ev_pre, "2G"), display_name="preflight (eval image)", cache=False, retries=0)
             opened = open_run(experiment=experiment, run_name=dsl.PIPELINE_JOB_NAME_PLACEHOLDER,
                               kfp_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, pipeline=NAME)
             configure(small(opened), display_name="mlflow run", cache=False, retries=3, backoff="10s")
-            opened.after(pre)
+            opened.after(pre, ev_pre)
             ev = evaluate(preset=eval_preset, overrides=eval_overrides, benchmarks=eval_benchmarks,
                           num_prompts=eval_num_prompts, base_model=base_model, registered_model=model_name,
                           alias=alias, artifact_root=artifact_root, run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
@@ -105,7 +109,7 @@ def make_nightly_benchmark(pool: str = "cpu"):
                     retries=1,
                 )
             )
-            ev.after(pre)
+            ev.after(pre, ev_pre)
             reg = check_regression(
                 results=ev.outputs["results"],
                 model_name=model_name,

@@ -15,8 +15,9 @@ Compile-time choices (the IR differs, so they are not run parameters):
   them would need `dsl.OneOf` to merge the model artifact, which kfp.local 2.17 cannot execute.
 
 Caching and retries (set on every task; `enable_caching` at submission time overrides them):
-  preflight    no cache, 0 retries  seconds: model, prompts, weights, S3, MLflow, judge key; one line
-                                    on failure
+  preflight    no cache, 0 retries  seconds: model, prompts, weights, S3, MLflow, judge key, the training
+                                    rewards in the runtime image; one line on failure
+  eval_preflight no cache, 0 retries  seconds, on the eval image: its scorers' packages and files, peft
   open_run     no cache, 3 retries  idempotent (finds its run by the kfp.run_id tag)
   profile      CACHE,    2 retries  deterministic in its inputs, expensive on FLUX.1-dev
   plan         CACHE,    2 retries  pure function of profile + chunks
@@ -41,6 +42,7 @@ from chunkgrpo.stages.models import DEFAULT_TRAIN_PROMPTS
 from components import (
     check_gate,
     close_run,
+    eval_preflight,
     evaluate,
     launch_trainjob,
     open_run,
@@ -104,7 +106,7 @@ def _after_training(p: dict, pool: Pool, opened, planned, trained) -> None:
 
 
 def _before_training(p: dict, pool: Pool):
-    """preflight, open_run + profile -> plan; returns (opened, planned)."""
+    """preflight and eval_preflight, then open_run + profile -> plan; returns (opened, planned)."""
     pre = preflight(model=p["model"], prompts=p["prompts"], preset=p["preset"],
                     train_overrides=p["train_overrides"], reward_weights=p["reward_weights"],
                     scorer_weights=p["scorer_weights"],
@@ -114,15 +116,20 @@ def _before_training(p: dict, pool: Pool):
                     nodes=p.get("num_nodes", 1))
     with_reward_token(with_judge(configure(small(pre, "4G"), display_name="preflight", cache=False,
                                            retries=0)))
+    # the evaluation image builds the scorers and loads the trained model: known before training starts
+    ev_pre = eval_preflight(eval_preset=p["eval_preset"], eval_benchmarks=p["eval_benchmarks"],
+                            eval_overrides=p["eval_overrides"], scorer_weights=p["scorer_weights"],
+                            preset=p["preset"], method=p["method"], train_overrides=p["train_overrides"])
+    configure(small(ev_pre, "2G"), display_name="preflight (eval image)", cache=False, retries=0)
     opened = open_run(experiment=p["experiment"], run_name=dsl.PIPELINE_JOB_NAME_PLACEHOLDER,
                       kfp_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, pipeline=NAME)
     configure(small(opened), display_name="mlflow run", cache=False, retries=3, backoff="10s")
-    opened.after(pre)
+    opened.after(pre, ev_pre)
     prof = profile(model=p["model"], prompts=p["prompts"], preset=p["preset"], overrides=p["train_overrides"],
                    num_prompts=p["profile_prompts"], seeds=p["profile_seeds"], device=p["device"],
                    method=p["method"])
     configure(on_pool(prof, pool, 1), display_name="profile dynamics", cache=True, retries=2)
-    prof.after(pre)
+    prof.after(pre, ev_pre)
     planned = plan(profile_json=prof.outputs["profile_json"], chunks=p["chunks"])
     configure(small(planned), display_name="plan chunks", cache=True, retries=2)
     return opened, planned

@@ -52,7 +52,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("k8s", "registry", "served_model", "served_model_entry", "promoter", "toy", "capacity", "model_cache",
      "services", "seaweedfs", "processes", "torchrun", "torchrun_local"),
     # L6 checks that span stages
-    ("preflight",),
+    ("preflight", "preflight_image"),
     # L7 the pipeline's steps as plain functions (components and commands call them)
     ("stages",),
     # L8 the command line

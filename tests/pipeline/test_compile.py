@@ -310,6 +310,32 @@ def test_preflight_first_defaults_from_the_model_cache_and_judge_secret(tae):
     )  # the registered model's, not a run parameter
 
 
+@pytest.mark.parametrize("name,trainer", [("train_and_evaluate", "torchrun"),
+                                          ("train_and_evaluate", "trainjob"),
+                                          ("nightly_benchmark", "torchrun")])
+def test_eval_image_preflight_runs_on_the_eval_image_before_any_gpu_step(name, trainer):
+    """The evaluation image's own preflight: on chunkgrpo-eval, a small CPU request, no cache, no retry;
+    profiling (hence training) and the MLflow run wait for it, or the benchmark's evaluate does."""
+    spec, ex = split(compiled(name, pool="h800", trainer=trainer))
+    t = tasks(spec)
+    task = t["eval-preflight"]
+    assert task.get("retryPolicy") is None and not task.get("cachingOptions", {}).get("enableCache")
+    container = spec["deploymentSpec"]["executors"]["exec-eval-preflight"]["container"]
+    assert "/chunkgrpo-eval:" in container["image"]
+    res = container["resources"]
+    assert res["resourceCpuRequest"] == "500m" and "accelerator" not in res
+    assert ex["exec-eval-preflight"]["secretAsEnv"]  # the same credentials as every step
+    train = name == "train_and_evaluate"
+    other = "preflight" if train else "benchmark-preflight"
+    for step in ("profile", "open-run") if train else ("evaluate", "open-run"):
+        assert {"eval-preflight", other} <= set(t[step]["dependentTasks"]), step
+    params = task["inputs"]["parameters"]
+    if train:  # the training preset says whether the model is a LoRA adapter
+        assert {"preset", "method", "train_overrides", "eval_preset", "scorer_weights"} <= set(params)
+    else:  # a registry version, LoRA or not
+        assert not {"preset", "method", "train_overrides"} & set(params)
+
+
 def test_compile_options_pull_secret_and_model_pvc(monkeypatch):
     monkeypatch.setenv("CHUNKGRPO_IMAGE_PULL_SECRETS", "regcred")
     monkeypatch.setenv("CHUNKGRPO_MODEL_PVC", "flux-models")

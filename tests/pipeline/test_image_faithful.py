@@ -8,6 +8,7 @@ venvs; without them they skip, except under CI=true, where a missing one fails.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -163,27 +164,20 @@ def test_tiny_demo_runs_image_faithfully_and_trains_on_hpsv3_in_the_runtime_imag
 
 @pytest.mark.integration
 @pytest.mark.reward_envs
-@pytest.mark.timeout(2400)  # installs a whole eval environment, then the demo up to its evaluate task
-def test_eval_image_without_peft_fails_the_run_naming_peft(services, tmp_path):
+@pytest.mark.timeout(2400)  # installs a whole eval environment (from pip's cache once built), then preflight
+def test_eval_image_without_peft_fails_the_run_at_its_preflight_naming_peft(services, tmp_path):
     """The eval image's lock without peft (a temporary copy), installed by scripts/image-env.sh: the
-    image-faithful run fails at the evaluate task in one line naming the task, the image and peft."""
+    image-faithful run fails at the eval-image preflight (its task runs in the eval image's environment),
+    in one line naming the task, the image and peft, before any profiling or training starts."""
     from pipeline.local_run import run_local
     from pipeline.task_log import TaskFailed
 
     runtime = _built("runtime")
     _built("eval")
-    locks = tmp_path / "locks" / "eval"
-    locks.mkdir(parents=True)
-    kept, skip = [], False
-    for line in (REPO / "images" / "eval" / "requirements.lock").read_text().splitlines():
-        if line.startswith("peft=="):
-            skip = True
-            continue
-        if skip and line.startswith("    "):
-            continue
-        skip = False
-        kept.append(line)
-    (locks / "requirements.lock").write_text("\n".join(kept) + "\n")
+    from tests.benchmark_scripts import load
+
+    load("eval_image_preflight").lock_without("peft", REPO / "images" / "eval" / "requirements.lock",
+                                              tmp_path / "locks" / "eval" / "requirements.lock")
     envs = tmp_path / "envs"
     envs.mkdir()
     (envs / "runtime").symlink_to(runtime.prefix)
@@ -199,6 +193,11 @@ def test_eval_image_without_peft_fails_the_run_naming_peft(services, tmp_path):
     finally:
         del os.environ[IF.ENVS_VAR]
         shutil.rmtree(envs / "eval", ignore_errors=True)
-    assert e.value.task == "evaluate" and e.value.user_error, e.value
+    assert e.value.task == "eval-preflight" and e.value.user_error, e.value
     reason = e.value.reason
-    assert reason.startswith("task evaluate: image chunkgrpo-eval has no package 'peft'"), reason
+    assert reason.startswith("eval-image preflight: 1 problem(s): chunkgrpo-eval: the trained model "
+                             "(a LoRA adapter) needs the `peft` package"), reason
+    assert f"({envs / 'eval' / 'bin' / 'python'})" in reason and "images/eval/requirements.lock" in reason
+    log = re.sub(r"\x1b\[[0-9;]*m", "", e.value.log_path.read_text())  # kfp.local colours task names
+    started = re.findall(r"Executing task '([^']+)'", log)
+    assert "eval-preflight" in started and not {"profile", "train", "evaluate"} & set(started), started

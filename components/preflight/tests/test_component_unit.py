@@ -48,6 +48,20 @@ def test_every_problem_in_one_line(tmp_path, monkeypatch):
     assert "no-model" in msg and "no.txt" in msg and "OPENAI_API_KEY" in msg
 
 
+def test_a_training_reward_the_image_cannot_build_is_named(tiny_model_dir, tmp_path, monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setenv("CHUNKGRPO_VENV_IMAGEREWARD", str(tmp_path / "no-venv"))
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("a cat\n")
+    with pytest.raises(UserError) as exc:
+        _run(model=str(tiny_model_dir), prompts=str(prompts),
+             train_overrides=["rewards=[{name: imagereward}]"])
+    msg = str(exc.value)
+    assert "\n" not in msg
+    assert msg.startswith("preflight: 1 problem(s): chunkgrpo-runtime: reward imagereward: ")
+    assert f"CHUNKGRPO_VENV_IMAGEREWARD={tmp_path / 'no-venv'} does not exist" in msg
+
+
 def test_benchmark_preflight_names_everything_in_one_line(tmp_path, monkeypatch):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
