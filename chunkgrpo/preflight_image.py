@@ -15,7 +15,8 @@ What is resolved, in THIS process's environment (the preflight task runs on the 
   HPSv3's Qwen2-VL base model in the cache (unless `hpsv3.processor` is given or the local weights folder
   holds it), hpsv2's BPE vocabulary inside its package;
 - a programmatic reward's module, a user's `module:attr` module or entry point;
-- a LoRA model (`lora.enabled` of the training preset, or any registry version): `peft`.
+- a LoRA model (`lora.enabled` of the training preset, or any registry version): `peft`;
+- GenEval with the official detector (`geneval_detector: mmdet`): mmdet and mmcv in the evaluation process.
 
 Each problem is one sentence naming the image, the reward or scorer, the package or file, and the fix.
 Weight URIs themselves are `chunkgrpo.preflight`'s.
@@ -273,7 +274,24 @@ def evaluation_problems(eval_preset: str, benchmarks: list[str], overrides: list
         items = [(str(s), dict(options.get(s) or {}), f"scorer {s}") for s in data.get("scorers") or []]
     scorer_weights = {**dict(weights), **(data.get("scorer_weights") or {})}
     extra = [Need("the trained model (a LoRA adapter)", "peft", "peft")] if lora else []
-    return _check(items, scorer_weights, "scorer", image, extra)
+    return _geneval_problems(data, image) + _check(items, scorer_weights, "scorer", image, extra)
+
+
+def _geneval_problems(data: dict, image: str) -> list[str]:
+    """GenEval with the official detector (`geneval_detector: mmdet`) imports mmdet 2.x and mmcv's compiled
+    ops in the evaluation process itself; they need torch 2.1, so an environment on today's torch lacks
+    them (the eval image keeps them apart, in /opt/venv-geneval, which the evaluation does not run in)."""
+    if "geneval" not in (data.get("benchmarks") or []) or data.get("generate_only"):
+        return []
+    if str(data.get("geneval_detector", "mmdet")) != "mmdet":
+        return []
+    missing = [m for m, where in find_modules(["mmdet", "mmcv"]).items() if where is None]
+    if not missing:
+        return []
+    return [f"{image}: benchmark geneval's detector (geneval_detector=mmdet) imports {' and '.join(missing)} "
+            f"in the evaluation process, which this environment ({sys.executable}) lacks: set "
+            "geneval_detector=transformers with its weights (not comparable with published numbers), or "
+            "generate_only=true and score the images with the official GenEval scripts"]
 
 
 def require(problems: list[str], what: str) -> None:

@@ -69,6 +69,25 @@ def test_a_lora_model_needs_peft_in_the_eval_image(monkeypatch):
     assert P.evaluation_problems("eval_tiny", [], [], {}, lora=False) == []
 
 
+def test_geneval_with_the_official_detector_needs_mmdet_where_the_evaluation_runs(tmp_path, monkeypatch):
+    """geneval_detector=mmdet imports mmdet and mmcv in the evaluation process: without them the eval
+    preflight names both and the ways out; other detectors, generate_only, or both packages present pass."""
+    geneval = ["benchmarks=[geneval]", "scorers=[]"]
+    [p] = P.evaluation_problems("eval_tiny", [], [*geneval, "geneval_detector=mmdet"], {}, lora=False)
+    assert p.startswith("chunkgrpo-eval: benchmark geneval's detector (geneval_detector=mmdet) imports mmdet "
+                        "and mmcv in the evaluation process"), p
+    assert "geneval_detector=transformers" in p and "generate_only=true" in p
+    assert P.evaluation_problems("eval_tiny", [], [*geneval, "geneval_detector=transformers"], {},
+                                 lora=False) == []
+    assert P.evaluation_problems("eval_tiny", [], [*geneval, "geneval_detector=mmdet", "generate_only=true"],
+                                 {}, lora=False) == []
+    for pkg in ("mmdet", "mmcv"):  # the official stack importable here: nothing to report
+        (tmp_path / pkg).mkdir()
+        (tmp_path / pkg / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert P.evaluation_problems("eval_tiny", [], [*geneval, "geneval_detector=mmdet"], {}, lora=False) == []
+
+
 def test_lora_follows_the_training_preset():
     assert P.is_lora("tiny_cpu", []) and P.is_lora("chunk_grpo_flux", ["lora.enabled=true"])
     assert not P.is_lora("tiny_cpu", ["lora.enabled=false"])
