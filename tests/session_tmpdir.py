@@ -28,9 +28,20 @@ def pytest_configure(config):
         return  # a worker: TMPDIR is the controller's, inherited
     folder = config._tmp_path_factory.getbasetemp() / NAME
     folder.mkdir(exist_ok=True)
+    # torch.compile's kernel cache stays where torch keeps it for this user (the machine's temp folder, keyed
+    # by content): a cold cache costs the compiling tests tens of seconds on every run
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", inductor_cache_dir())
     os.environ["TMPDIR"] = str(folder)
     tempfile.tempdir = str(folder)
     atexit.register(report, folder)
+
+
+def inductor_cache_dir() -> str:
+    """Where torch's inductor keeps its cache when TMPDIR is the machine's (its `default_cache_dir`)."""
+    import getpass
+
+    user = "".join(c if c.isalnum() or c in "-_" else "_" for c in getpass.getuser())
+    return os.path.join(tempfile.gettempdir(), f"torchinductor_{user}")
 
 
 def expected() -> set[str]:
