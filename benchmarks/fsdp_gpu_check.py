@@ -196,30 +196,8 @@ class Peak:
 
 
 def build_on(arch, name: str, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
-    """Component `name` of `arch` constructed on `device` in `dtype` (random init there)."""
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        with torch.device(device):
-            if name == "transformer":
-                from diffusers import FluxTransformer2DModel
-
-                m = FluxTransformer2DModel.from_config(arch.transformer)
-            elif name == "vae":
-                from diffusers import AutoencoderKL
-
-                m = AutoencoderKL.from_config(arch.vae)
-            elif name == "text_encoder":
-                from transformers import CLIPTextConfig, CLIPTextModel
-
-                m = CLIPTextModel(CLIPTextConfig(**arch.text_encoder))
-            else:
-                from transformers import T5Config, T5EncoderModel
-
-                m = T5EncoderModel(T5Config(**arch.text_encoder_2))
-    finally:
-        torch.set_default_dtype(old)
-    return m.to(dtype).requires_grad_(False).eval()
+    """Component `name` of `arch` constructed on `device` in `dtype` (random init there), frozen."""
+    return arch.build(name, dtype, device).requires_grad_(False).eval()
 
 
 def tensor_bytes(m: torch.nn.Module) -> int:

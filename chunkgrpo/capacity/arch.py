@@ -267,29 +267,36 @@ class ModelArch:
                                               f"{type(e).__name__})")
         return cls(**FLUX_DEV)
 
-    def build(self, name: str, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
-        """Component `name` on the meta device (no memory), in `dtype`."""
+    def build(self, name: str, dtype: torch.dtype = torch.float32, device: str | torch.device = "meta"
+              ) -> torch.nn.Module:
+        """Component `name` constructed in `dtype` on `device`: the meta device by default (no memory);
+        another device gets random initial values there, made in `dtype` (no fp32 copy first)."""
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         _quiet()
-        with torch.device("meta"):
-            if name == "transformer":
-                from diffusers import FluxTransformer2DModel
+        old = torch.get_default_dtype()
+        torch.set_default_dtype(dtype)
+        try:
+            with torch.device(device):
+                if name == "transformer":
+                    from diffusers import FluxTransformer2DModel
 
-                m = FluxTransformer2DModel.from_config(self.transformer)
-            elif name == "vae":
-                from diffusers import AutoencoderKL
+                    m = FluxTransformer2DModel.from_config(self.transformer)
+                elif name == "vae":
+                    from diffusers import AutoencoderKL
 
-                m = AutoencoderKL.from_config(self.vae)
-            elif name == "text_encoder":
-                from transformers import CLIPTextConfig, CLIPTextModel
+                    m = AutoencoderKL.from_config(self.vae)
+                elif name == "text_encoder":
+                    from transformers import CLIPTextConfig, CLIPTextModel
 
-                m = CLIPTextModel(CLIPTextConfig(**self.text_encoder))
-            elif name == "text_encoder_2":
-                from transformers import T5Config, T5EncoderModel
+                    m = CLIPTextModel(CLIPTextConfig(**self.text_encoder))
+                elif name == "text_encoder_2":
+                    from transformers import T5Config, T5EncoderModel
 
-                m = T5EncoderModel(T5Config(**self.text_encoder_2))
-            else:
-                raise ValueError(name)
+                    m = T5EncoderModel(T5Config(**self.text_encoder_2))
+                else:
+                    raise ValueError(name)
+        finally:
+            torch.set_default_dtype(old)
         return m.to(dtype)
 
 
