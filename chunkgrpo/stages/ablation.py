@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from chunkgrpo.config import option
-from chunkgrpo.stages.task import OwnsScratch, run_prefix
+from chunkgrpo.stages.task import OwnsScratch, in_scratch, run_prefix
 
 
 @dataclass(frozen=True)
@@ -76,15 +76,7 @@ def ablation(req: AblationRequest) -> Ablation:
     """Add `seeds` seeds of every method to the series, report all seeds so far (nested MLflow run
     "ablation"), and upload tonight's results folder (a scratch folder the result owns:
     `with ablation(req) as ab:`; removed here on failure)."""
-    import shutil
-    import tempfile
-
-    out = Path(tempfile.mkdtemp(prefix="chunkgrpo-ablation-"))
-    try:
-        return _ablation(req, out)
-    except BaseException:
-        shutil.rmtree(out, ignore_errors=True)
-        raise
+    return in_scratch("chunkgrpo-ablation-", _ablation, req)
 
 
 def _ablation(req: AblationRequest, out: Path) -> Ablation:

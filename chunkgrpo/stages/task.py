@@ -64,6 +64,20 @@ def scratch(prefix: str):
         shutil.rmtree(path, ignore_errors=True)
 
 
+def in_scratch(prefix: str, step, *args):
+    """`step(*args, folder)` with a new private temp folder that its result owns (an `OwnsScratch`, which
+    removes it); removed here when the step fails."""
+    import shutil
+    import tempfile
+
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        return step(*args, path)
+    except BaseException:
+        shutil.rmtree(path, ignore_errors=True)
+        raise
+
+
 class OwnsScratch:
     """A step's result whose files (`scratch`, a folder the step made) stay until `cleanup()`, or the end of
     a `with` block: `with step(req) as result: <copy the files out>`."""
