@@ -4,7 +4,7 @@ TMPDIR (inherited by every subprocess the tests start: kfp.local tasks, torchrun
 `tempfile.tempdir` point at `<basetemp>/tmp`, so whatever the code under test leaves in its temp folder
 lands inside pytest's basetemp (pytest keeps the last three) instead of the machine's /tmp. At the end the
 session prints one warning line naming what was left there: the producers are expected to remove their
-scratch (`chunkgrpo.stages.task.scratch`); the line is a report, not a failure. It is printed when the
+scratch (`chunkgrpo.tempdirs`); the line is a report, not a failure. It is printed when the
 process exits, after the exit handlers registered later (those that stop scorer workers and remove their
 staged folders). xdist workers inherit the controller's folder, which reports for all of them.
 """

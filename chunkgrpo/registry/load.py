@@ -4,10 +4,8 @@ version's `model.tree_sha256`), the payload with its weights (`load_registered_m
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
-import shutil
 import tempfile
 from pathlib import Path
 from urllib.parse import unquote
@@ -16,6 +14,7 @@ from chunkgrpo.errors import UserError
 from chunkgrpo.registry.client import aliases, connect, get_version
 from chunkgrpo.registry.gate import TREE_TAG
 from chunkgrpo.registry.payload import MODEL_INFO, PAYLOAD, tree_sha256, weights_from_payload
+from chunkgrpo.tempdirs import owned_on_failure
 
 
 @dataclasses.dataclass
@@ -63,7 +62,7 @@ def load_pyfunc(model_uri: str, dst: str | Path | None = None):
     if not expected:
         raise UserError(f"{mv.name} v{mv.version} records no {TREE_TAG} (registered before code pinning): "
                         "re-register it to load it verified")
-    with _own_on_failure(dst, "chunkgrpo-pyfunc-") as dst:
+    with owned_on_failure("chunkgrpo-pyfunc-", dst) as dst:
         # the version's own source: exactly the files registered (a `models:/` download adds MLflow's
         # registered_model_meta, which tree_sha256 leaves out too)
         local = Path(mlflow.artifacts.download_artifacts(artifact_uri=mv.source, dst_path=str(dst)))
@@ -75,27 +74,13 @@ def load_pyfunc(model_uri: str, dst: str | Path | None = None):
         return mlflow.pyfunc.load_model(str(local))
 
 
-@contextlib.contextmanager
-def _own_on_failure(dst: str | Path | None, prefix: str):
-    """`dst`, or a new temp folder that is removed if the block fails (on success the caller owns it)."""
-    if dst:
-        yield Path(dst)
-        return
-    made = Path(tempfile.mkdtemp(prefix=prefix))
-    try:
-        yield made
-    except BaseException:
-        shutil.rmtree(made, ignore_errors=True)
-        raise
-
-
 def load_registered_model(model_uri: str, dst: str | Path | None = None, store=None) -> LoadedModel:
     """Download `models:/name@alias` (or `models:/name/version`) and its external weights, verified.
     Without `dst` the files go to a new temp folder the caller owns (removed here on failure)."""
     import mlflow
 
     connect()  # clear error without a tracking URI
-    with _own_on_failure(dst, "chunkgrpo-model-") as dst:
+    with owned_on_failure("chunkgrpo-model-", dst) as dst:
         dst.mkdir(parents=True, exist_ok=True)
         path = Path(mlflow.artifacts.download_artifacts(artifact_uri=model_uri, dst_path=str(dst)))
         if (path / "MLmodel").exists() and (path / PAYLOAD / MODEL_INFO).exists():

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from chunkgrpo.config import option
-from chunkgrpo.stages.task import OwnsScratch, in_scratch, run_prefix
+from chunkgrpo.stages.task import OwnsScratch, run_prefix
 
 
 @dataclass(frozen=True)
@@ -76,7 +76,10 @@ def ablation(req: AblationRequest) -> Ablation:
     """Add `seeds` seeds of every method to the series, report all seeds so far (nested MLflow run
     "ablation"), and upload tonight's results folder (a scratch folder the result owns:
     `with ablation(req) as ab:`; removed here on failure)."""
-    return in_scratch("chunkgrpo-ablation-", _ablation, req)
+    from chunkgrpo.tempdirs import owned_on_failure
+
+    with owned_on_failure("chunkgrpo-ablation-") as out:
+        return _ablation(req, out)
 
 
 def _ablation(req: AblationRequest, out: Path) -> Ablation:

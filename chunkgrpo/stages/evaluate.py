@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from chunkgrpo.config import option
-from chunkgrpo.stages.task import OwnsScratch, in_scratch, run_prefix
+from chunkgrpo.stages.task import OwnsScratch, run_prefix
 
 
 @dataclass(frozen=True)
@@ -85,7 +85,10 @@ def evaluate(req: EvalRequest) -> Evaluation:
     """Generate and score the benchmark images of the model and its base model; base images are shared
     between runs (`base_cache`); outputs uploaded to `<artifact_root>/<run_id>/<stage>`. The local files
     are in a scratch folder the result owns (`with evaluate(req) as ev:`); removed here on failure."""
-    return in_scratch("chunkgrpo-eval-", _evaluate, req)
+    from chunkgrpo.tempdirs import owned_on_failure
+
+    with owned_on_failure("chunkgrpo-eval-") as work:
+        return _evaluate(req, work)
 
 
 def _evaluate(req: EvalRequest, work: Path) -> Evaluation:

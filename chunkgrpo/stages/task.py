@@ -1,9 +1,8 @@
-"""What every pipeline task shares: process setup, where a step's large outputs go, input files, scratch
-folders."""
+"""What every pipeline task shares: process setup, where a step's large outputs go, input files, results
+that own a scratch folder (`chunkgrpo.tempdirs`)."""
 
 from __future__ import annotations
 
-import contextlib
 from pathlib import Path
 
 
@@ -47,35 +46,6 @@ def local_file(path: str, into: str | Path = "") -> str:
     dst = os.path.join(folder, path.rstrip("/").rsplit("/", 1)[-1])
     ArtifactStore().get_file(path, dst)
     return dst
-
-
-@contextlib.contextmanager
-def scratch(prefix: str):
-    """A new private temp folder (under $TMPDIR: the pod's /cache volume, components/k8s.py), removed with
-    everything in it when the block ends, on failure too. A step's outputs leave it before the block ends
-    (uploaded to S3, copied to the step's output artifacts)."""
-    import shutil
-    import tempfile
-
-    path = Path(tempfile.mkdtemp(prefix=prefix))
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
-
-
-def in_scratch(prefix: str, step, *args):
-    """`step(*args, folder)` with a new private temp folder that its result owns (an `OwnsScratch`, which
-    removes it); removed here when the step fails."""
-    import shutil
-    import tempfile
-
-    path = Path(tempfile.mkdtemp(prefix=prefix))
-    try:
-        return step(*args, path)
-    except BaseException:
-        shutil.rmtree(path, ignore_errors=True)
-        raise
 
 
 class OwnsScratch:

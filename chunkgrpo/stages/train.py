@@ -136,8 +136,8 @@ def train(req: TrainRequest, nproc_per_node: int) -> TrainedModel:
     checkpoints a retry resumes from are in S3)."""
     import shlex
 
-    from chunkgrpo.stages.task import scratch
     from chunkgrpo.store.client import ArtifactStore
+    from chunkgrpo.tempdirs import scratch
     from chunkgrpo.torchrun_local import command
 
     preset = req.config

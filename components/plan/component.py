@@ -24,7 +24,7 @@ def plan(profile_json: Input[Artifact], chunks: str, plan_json: Output[Artifact]
     from pathlib import Path
 
     from chunkgrpo.stages.plan import plan as plan_stage
-    from chunkgrpo.stages.task import scratch
+    from chunkgrpo.tempdirs import scratch
 
     with scratch("chunkgrpo-plan-") as src:  # removed once the plan is copied out
         shutil.copyfile(profile_json.path, src / "profile.json")  # the plan records the profile's file name

@@ -29,7 +29,8 @@ def profile(model: str, prompts: str, preset: str, overrides: list, num_prompts:
     import shutil
     from pathlib import Path
 
-    from chunkgrpo.stages.task import scratch, stage_env
+    from chunkgrpo.stages.task import stage_env
+    from chunkgrpo.tempdirs import scratch
 
     stage_env("")
     from chunkgrpo.stages.profile import profile as profile_stage

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from chunkgrpo.errors import UserError
-from chunkgrpo.stages.task import local_file, scratch
+from chunkgrpo.stages.task import local_file
+from chunkgrpo.tempdirs import scratch
 from components.conftest import FakeArtifact, tiny_profile
 
 THEIRS = "someone-elses.txt"
