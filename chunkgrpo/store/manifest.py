@@ -99,6 +99,16 @@ def file_sizes(local_dir: str | Path) -> dict[str, int]:
     return {rel: p.stat().st_size for rel, p in _iter_files(Path(local_dir))}
 
 
+def require_files(local_dir: str | Path, files: dict, what: str) -> None:
+    """`local_dir` holds exactly `files` ({rel: {sha256, size}}, e.g. as the processes that wrote them
+    hashed them) at their sizes, else OSError `<folder name>: <what> (<first differing files>)`."""
+    sizes = file_sizes(local_dir)
+    if {k: int(v["size"]) for k, v in files.items()} != sizes:
+        odd = sorted(set(sizes).symmetric_difference(files)) or sorted(
+            k for k in files if int(files[k]["size"]) != sizes[k])
+        raise OSError(f"{Path(local_dir).name}: {what} ({', '.join(odd[:3])})")
+
+
 def build_manifest(local_dir: str | Path, meta: dict | None = None) -> Manifest:
     """Hash every file under `local_dir` (symlinks followed, MANIFEST.json itself skipped)."""
     local_dir = Path(local_dir)

@@ -131,17 +131,12 @@ def complete_checkpoints(root: Path) -> list[Path]:
 def write_manifest(path: Path, meta: dict, files: dict | None = None) -> None:
     """MANIFEST.json of `path`: every file hashed here, or `files` ({rel: {sha256, size}}) as the ranks that
     wrote them hashed them (a sharded checkpoint; they must be exactly the folder's files)."""
-    from chunkgrpo.store.manifest import Manifest, _now, build_manifest, file_sizes
+    from chunkgrpo.store.manifest import Manifest, _now, build_manifest, require_files
 
     if files is None:
         manifest = build_manifest(path, meta=meta)
     else:
-        sizes = file_sizes(path)
-        if {k: int(v["size"]) for k, v in files.items()} != sizes:
-            odd = sorted(set(sizes).symmetric_difference(files)) or sorted(
-                k for k in files if int(files[k]["size"]) != sizes[k])
-            raise OSError(f"{path.name}: the ranks' file lists disagree with the folder "
-                          f"({', '.join(odd[:3])})")
+        require_files(path, files, "the ranks' file lists disagree with the folder")
         manifest = Manifest(files=dict(files), created=_now(), meta=dict(meta))
     tmp = path / (MANIFEST + ".tmp")
     tmp.write_bytes(manifest.to_json())

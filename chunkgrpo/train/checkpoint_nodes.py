@@ -66,14 +66,9 @@ def parts(root: Path) -> list[Path]:
 def finalize_part(staging: Path, root: Path, step: int, manifest: bytes, files: dict[str, dict]) -> Path:
     """A node's part: its files must be exactly `files` ({rel: {sha256, size}} of its ranks), then
     `PART.json` (the whole checkpoint's manifest) and an atomic rename to `step-N`."""
-    from chunkgrpo.store.manifest import file_sizes
+    from chunkgrpo.store.manifest import require_files
 
-    sizes = file_sizes(staging)
-    if {k: int(v["size"]) for k, v in files.items()} != sizes:
-        odd = sorted(set(sizes).symmetric_difference(files)) or sorted(
-            k for k in files if int(files[k]["size"]) != sizes[k])
-        raise OSError(f"{staging.name}: this node's ranks' file lists disagree with its folder "
-                      f"({', '.join(odd[:3])})")
+    require_files(staging, files, "this node's ranks' file lists disagree with its folder")
     tmp = staging / (PART + ".tmp")
     tmp.write_bytes(manifest)
     tmp.replace(staging / PART)

@@ -33,12 +33,7 @@ def _worker(rank: int, world: int, port: int, outs: list[str], steps: int, resul
         if resume:
             t.checkpoints.resume()
         resumed_at, at_resume = t.opt_step, t.full_state()
-        states = {}
-        while t.opt_step < steps:
-            t.step()
-            if t.opt_step % 2 == 0:
-                t.checkpoints.save()
-                states[t.opt_step] = t.full_state()
+        states = t.train_to(steps)
         final = t.full_state()
         error = ""
         try:

@@ -90,6 +90,16 @@ class Toy:
             self.ema.after_iteration(self.iteration_idx)
         self.history.append({"optimizer_step": self.opt_step, "loss": float(loss.detach())})
 
+    def train_to(self, steps: int) -> dict:
+        """Optimizer steps up to `steps`, a checkpoint every second one; {step: full state when saved}."""
+        states = {}
+        while self.opt_step < steps:
+            self.step()
+            if self.opt_step % 2 == 0:
+                self.checkpoints.save()
+                states[self.opt_step] = self.full_state()
+        return states
+
     def full_state(self) -> dict:
         """Weights, Adam moments and EMA as whole tensors by name (gathered), for comparisons."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
@@ -122,12 +132,7 @@ def _worker(rank: int, world: int, port: int, out: str, steps: int, result: str,
         t.checkpoints.resume()
         resumed_at = t.opt_step
         state_at_resume = t.full_state()
-        states = {}
-        while t.opt_step < steps:
-            t.step()
-            if t.opt_step % 2 == 0:
-                t.checkpoints.save()
-                states[t.opt_step] = t.full_state()
+        states = t.train_to(steps)
         final = t.full_state()
         t.checkpoints.finish()
         t.checkpoints.close()
