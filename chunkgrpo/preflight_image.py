@@ -96,14 +96,11 @@ def _venv(name: str, explicit: str | None) -> tuple[Path | None, str]:
 
 def _hub_file(repo_id: str, filename: str) -> bool:
     """Is `filename` of `repo_id`'s `main` snapshot in the Hugging Face hub cache (as the worker sees it)?"""
+    from huggingface_hub import try_to_load_from_cache
+
     from chunkgrpo.scoring.hub_cache import hub_cache_dir
 
-    repo = hub_cache_dir() / ("models--" + repo_id.replace("/", "--"))
-    try:
-        rev = (repo / "refs" / "main").read_text().strip()
-    except OSError:
-        return False
-    return (repo / "snapshots" / rev / filename).is_file()
+    return isinstance(try_to_load_from_cache(repo_id, filename, cache_dir=hub_cache_dir()), str)
 
 
 def _where(need: Need) -> str:
