@@ -47,6 +47,13 @@ def free_port_pair(offset: int = 10000) -> tuple[int, int]:
     raise UserError("could not find two free ports for the SeaweedFS admin server")
 
 
+# Seconds an internal connection (S3 gateway/filer -> volume server) may stay idle. On SIGTERM the volume
+# server's graceful stop waits for the connections a read left open until they time out: with weed's
+# default (30 s) every stop after a download took 30 s, with 5 s it takes 5 s. A connection is cut only
+# after this long without a byte in either direction (the S3 port keeps its own 120 s).
+IDLE_TIMEOUT_S = 5
+
+
 def weed_command(data: Path, s3_config: Path, s3_port: int, internal: dict[str, int]) -> list[str]:
     """`weed mini` with its data in `data`, the S3 identities of `s3_config`, S3 on 127.0.0.1:`s3_port`
     and every sub-server on its port of `internal` (flag -> port); telemetry, admin UI and WebDAV off.
@@ -55,6 +62,7 @@ def weed_command(data: Path, s3_config: Path, s3_port: int, internal: dict[str, 
     return [weed_binary(), "-logtostderr", "mini", f"-dir={data}", f"-ip={HOST}", f"-ip.bind={HOST}",
             "-master.telemetry=false", f"-s3.config={s3_config}", f"-s3.port={s3_port}",
             "-admin.ui=false", "-webdav=false", "-s3.port.iceberg=0", "-s3.port.lance=0",
+            f"-idleTimeout={IDLE_TIMEOUT_S}",
             # relative to weed's working directory (the home): a Unix socket path is limited to 107
             # bytes, which a deep --home exceeds (weed then dies with "bind: invalid argument")
             "-s3.localSocket=s3.sock", "-filer.localSocket=filer.sock",

@@ -113,7 +113,7 @@ def _before_training(p: dict, pool: Pool):
                     eval_preset=p["eval_preset"], eval_benchmarks=p["eval_benchmarks"],
                     eval_overrides=p["eval_overrides"], artifact_root=p["artifact_root"], method=p["method"],
                     pool=pool.name, reward_url=p["reward_url"], chunks=p["chunks"],
-                    nodes=p.get("num_nodes", 1))
+                    nodes=p.get("num_nodes", 1), max_iterations=p["max_iterations"])
     with_reward_token(with_judge(configure(small(pre, "4G"), display_name="preflight", cache=False,
                                            retries=0)))
     # the evaluation image builds the scorers and loads the trained model: known before training starts

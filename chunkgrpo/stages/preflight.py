@@ -8,8 +8,9 @@ from pathlib import Path
 def preflight(*, model: str, prompts: str, preset: str, method: str, train_overrides: list,
               reward_weights: dict, scorer_weights: dict, eval_preset: str, eval_benchmarks: list,
               eval_overrides: list, artifact_root: str, pool: str, capacity_out: str | Path,
-              reward_url: str = "", chunks: str = "", nodes: int = 1) -> str:
-    """Check the `chunks` spec, the base model, prompts, the reward/scorer weights the presets use, the
+              reward_url: str = "", chunks: str = "", nodes: int = 1, max_iterations: int = 0) -> str:
+    """Check the `chunks` spec, the training config (preset + overrides + `max_iterations`, as the train
+    step will load it), the base model, prompts, the reward/scorer weights the presets use, the
     reward servers (each reward's url, else `reward_url`), that this (the training) image builds every
     other training reward (`chunkgrpo.preflight_image`), S3, MLflow, the judge key and the capacity plan
     on `nodes` pods of `pool`; the plan (Markdown) is written to `capacity_out` first. Raises one
@@ -41,7 +42,8 @@ def preflight(*, model: str, prompts: str, preset: str, method: str, train_overr
     spec = PreflightSpec(model=model, prompts=prompts, weights=weights, benchmarks=benchmarks,
                          artifact_root=artifact_root, reward_servers=servers, image_problems=in_image)
     require(spec)
-    overrides = [*train_overrides, *served_rewards(preset, list(train_overrides), reward_url)[1]]
+    overrides = [*train_overrides, *served_rewards(preset, list(train_overrides), reward_url)[1],
+                 *([f"max_iterations={max_iterations}"] if max_iterations != 0 else [])]
     report, problems = capacity_check(preset, overrides, model, pool, method, nodes)  # model is there
     Path(capacity_out).write_text(report)
     if problems:

@@ -11,9 +11,9 @@ from components.images import RUNTIME_IMAGE
 def preflight(model: str, prompts: str, preset: str, train_overrides: list, reward_weights: dict,
               scorer_weights: dict, eval_preset: str, eval_benchmarks: list, eval_overrides: list,
               artifact_root: str, capacity: Output[Markdown], method: str = "chunk", pool: str = "",
-              reward_url: str = "", chunks: str = "", nodes: int = 1) -> str:
-    """Check the base model, prompts, reward/scorer weights, S3, MLflow, the WISE judge key and the capacity
-    plan.
+              reward_url: str = "", chunks: str = "", nodes: int = 1, max_iterations: int = 0) -> str:
+    """Check the base model, prompts, the training config, reward/scorer weights, S3, MLflow, the WISE judge
+    key and the capacity plan.
 
     Args:
         model: base model (s3:// folder artifact, folder in the image/PVC, or hub id in the image's cache).
@@ -33,6 +33,7 @@ def preflight(model: str, prompts: str, preset: str, train_overrides: list, rewa
         reward_url: a reward server for every training reward without a url of its own ('' = none).
         chunks: the plan step's chunk plan spec ('' = unchecked).
         nodes: training nodes (pods of `pool`) the capacity plan is made for.
+        max_iterations: the train step's length in rollouts (0 = the preset's), validated with the preset.
 
     Returns:
         "ok" (the step fails with one line listing every problem otherwise).
@@ -47,7 +48,7 @@ def preflight(model: str, prompts: str, preset: str, train_overrides: list, rewa
                 scorer_weights=dict(scorer_weights), eval_preset=eval_preset,
                 eval_benchmarks=list(eval_benchmarks), eval_overrides=list(eval_overrides),
                 artifact_root=artifact_root, pool=pool, capacity_out=capacity.path,
-                reward_url=reward_url, chunks=chunks, nodes=nodes))
+                reward_url=reward_url, chunks=chunks, nodes=nodes, max_iterations=max_iterations))
     return "ok"
 
 

@@ -1,7 +1,7 @@
-"""A user's own reward trains the toy model from the command line and trains in the real pipeline under
-kfp.local: a module in a folder of its own on PYTHONPATH (`module:attr`), and an entry point of an
-installed package (a dist-info on the path, as pip leaves it). docs/rewards.md's toy example is run as
-written."""
+"""A user's own reward trains the toy model from the command line, and one that does not import stops the
+real pipeline under kfp.local at its preflight: a module in a folder of its own on PYTHONPATH
+(`module:attr`), and an entry point of an installed package (a dist-info on the path, as pip leaves it).
+docs/rewards.md's toy example is run as written."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ import re
 import subprocess
 import sys
 import textwrap
-import uuid
 from pathlib import Path
 
 import pytest
@@ -129,25 +128,8 @@ def user_reward_path(tmp_path, monkeypatch) -> Path:
     return folder
 
 
-def test_the_pipeline_trains_with_a_user_reward(services, tmp_path, user_reward_path):
-    """The tiny demo of train_and_evaluate under kfp.local: the reward reaches the train step through the
-    `train_overrides` run parameter; both torchrun ranks score with it."""
-    from chunkgrpo.store.manifest import read_pointer
-    from pipeline.local_run import run_local
-
-    params = {"max_iterations": 2, "profile_prompts": 2, "eval_num_prompts": 2,
-              "model_name": f"user-reward-{uuid.uuid4().hex[:6]}",
-              "train_overrides": ["rewards=[{name: userrewards:lightness, options: {scale: 2}}]"]}
-    r = run_local("train_and_evaluate", params, home=tmp_path / "home", services_env=services.env,
-                  demo="tiny")
-    t = r.tasks
-    assert {"preflight", "profile", "plan", "train", "evaluate", "register"} <= set(t)
-    pointer = read_pointer(open(t["train"]["artifacts"]["trained_model"]["uri"]).read())
-    assert pointer["optimizer_steps"] == 2
-    calls = [json.loads(line) for line in (user_reward_path / "calls.jsonl").read_text().splitlines()]
-    # 2 ranks x 2 rollouts of one group of 8 (tiny_cpu), each scored by the rank that sampled it
-    assert len({c["pid"] for c in calls}) == 2 and len(calls) == 4, calls
-    assert all(c["n"] == c["np"] == 8 for c in calls)
+# a kfp.local run that trains with a user's reward (both ranks scoring with it, reached through the
+# `train_overrides` run parameter): tests/pipeline/test_image_faithful.py, in the runtime image's environment
 
 
 def test_a_user_reward_that_does_not_import_stops_the_pipeline_at_preflight(services, tmp_path,

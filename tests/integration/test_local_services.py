@@ -81,6 +81,33 @@ def test_up_health_down_leaves_no_process(tmp_path, capsys):
     print(f"\nlocal up {up_s:.1f}s (S3 + MLflow), down {down_s:.1f}s, {len(pids)} processes")
 
 
+def test_down_after_a_download_does_not_wait_for_weeds_idle_connections(tmp_path):
+    """A download leaves weed's internal connections (S3 gateway -> volume server) open; its graceful stop
+    waits for them to time out: 30 s with weed's default, `seaweedfs.IDLE_TIMEOUT_S` (5 s) here."""
+    from chunkgrpo.seaweedfs import IDLE_TIMEOUT_S
+    from chunkgrpo.store.client import ArtifactStore
+
+    s3_port, mlflow_port = free_ports(2)
+    svc = LocalServices(LocalServicesConfig(home=str(tmp_path / "home"), s3_port=s3_port,
+                                            mlflow_port=mlflow_port))
+    svc.up()
+    try:
+        src = tmp_path / "src"
+        src.mkdir()
+        for i in range(3):
+            (src / f"part{i}.bin").write_bytes(os.urandom(56 * 2**20))
+        store = ArtifactStore(svc.store_config())
+        store.put_folder(src, "idle/model")
+        store.get_folder("idle/model", tmp_path / "dst")
+        assert (tmp_path / "dst" / "part2.bin").read_bytes() == (src / "part2.bin").read_bytes()
+    finally:
+        t0 = time.perf_counter()
+        svc.down()
+        down_s = time.perf_counter() - t0
+    print(f"\ndown after a download: {down_s:.1f} s (weed's idle timeout {IDLE_TIMEOUT_S} s)")
+    assert down_s < IDLE_TIMEOUT_S + 15 < 30, down_s
+
+
 def test_crashed_service_is_reported_and_restarted(tmp_path, caplog):
     (s3_port,) = free_ports(1)
     svc = LocalServices(LocalServicesConfig(home=str(tmp_path), s3_port=s3_port, mlflow=False))

@@ -132,8 +132,10 @@ def test_tiny_demo_runs_image_faithfully_and_trains_on_hpsv3_in_the_runtime_imag
     user = tmp_path / "user"
     user.mkdir()
     (user / "myrewards_if.py").write_text(
-        "import numpy as np\nimport torch\n\n\ndef darkness(scale: float = 1.0):\n"
+        "import os\n\nimport numpy as np\nimport torch\n\n\ndef darkness(scale: float = 1.0):\n"
         "    def fn(images, prompts):\n"
+        "        print(f'myrewards_if.darkness: pid {os.getpid()} scored {len(images)} of {len(prompts)}',"
+        " flush=True)\n"
         "        px = np.stack([np.asarray(im, dtype=np.float32) / 255.0 for im in images])\n"
         "        return torch.from_numpy(float(scale) * (1.0 - px.reshape(len(images), -1).mean(1)))\n"
         "    return fn\n")
@@ -160,31 +162,37 @@ def test_tiny_demo_runs_image_faithfully_and_trains_on_hpsv3_in_the_runtime_imag
     assert train, [sorted(c.data.metrics) for c in children]  # the training run scored HPSv3
     user_metrics = [k for k in train[0].data.metrics if "darkness" in k]
     assert user_metrics, sorted(train[0].data.metrics)  # ... and the user's reward, in the runtime image
+    # both torchrun ranks scored with it: 2 ranks x 2 rollouts of one group of 8 (tiny_cpu), each scored by
+    # the rank that sampled it (the task's log holds every rank's output)
+    calls = re.findall(r"myrewards_if\.darkness: pid (\d+) scored (\d+) of (\d+)", log)
+    assert len({pid for pid, _, _ in calls}) == 2 and len(calls) == 4, calls
+    assert all(n == n_prompts == "8" for _, n, n_prompts in calls), calls
 
 
 @pytest.mark.integration
 @pytest.mark.reward_envs
-@pytest.mark.timeout(2400)  # installs a whole eval environment (from pip's cache once built), then preflight
+@pytest.mark.timeout(1200)
 def test_eval_image_without_peft_fails_the_run_at_its_preflight_naming_peft(services, tmp_path):
-    """The eval image's lock without peft (a temporary copy), installed by scripts/image-env.sh: the
-    image-faithful run fails at the eval-image preflight (its task runs in the eval image's environment),
-    in one line naming the task, the image and peft, before any profiling or training starts."""
+    """The eval image's environment without peft (a hard-linked copy of the built one, `pip uninstall
+    peft` in it; the installed eval env is untouched): the image-faithful run fails at the eval-image
+    preflight (its task runs in the eval image's environment), in one line naming the task, the image and
+    peft, before any profiling or training starts."""
     from pipeline.local_run import run_local
     from pipeline.task_log import TaskFailed
 
-    runtime = _built("runtime")
-    _built("eval")
-    from tests.benchmark_scripts import load
-
-    load("eval_image_preflight").lock_without("peft", REPO / "images" / "eval" / "requirements.lock",
-                                              tmp_path / "locks" / "eval" / "requirements.lock")
+    runtime, ev = _built("runtime"), _built("eval")
     envs = tmp_path / "envs"
     envs.mkdir()
     (envs / "runtime").symlink_to(runtime.prefix)
-    r = subprocess.run(["bash", str(REPO / "scripts" / "image-env.sh"), "eval", str(envs / "eval")],
-                       env={**os.environ, "CHUNKGRPO_IMAGE_LOCKS": str(tmp_path / "locks")},
-                       capture_output=True, text=True, timeout=1800)
+    # hard links where the two folders share a file system (seconds for ~1 GB), else a plain copy
+    copy = subprocess.run(["cp", "-al", str(ev.prefix), str(envs / "eval")], capture_output=True)
+    if copy.returncode != 0:
+        shutil.rmtree(envs / "eval", ignore_errors=True)
+        shutil.copytree(ev.prefix, envs / "eval", symlinks=True)
+    r = subprocess.run([str(envs / "eval" / "bin" / "python"), "-m", "pip", "uninstall", "-y", "-q", "peft"],
+                       capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
+    assert (ev.prefix / "lib" / "python3.11" / "site-packages" / "peft").is_dir()  # the original keeps it
     os.environ[IF.ENVS_VAR] = str(envs)
     try:
         with pytest.raises(TaskFailed) as e:

@@ -6,11 +6,10 @@ from chunkgrpo.errors import UserError
 from components.preflight.component import benchmark_preflight, preflight
 
 
-def _run(**kw):
-    import tempfile
+def _run(tmp_path, **kw):
     from types import SimpleNamespace
 
-    report = SimpleNamespace(path=tempfile.mkstemp(suffix=".md")[1])
+    report = SimpleNamespace(path=str(tmp_path / "capacity.md"))
     base = dict(
         model="",
         prompts="",
@@ -33,7 +32,8 @@ def test_ok_with_local_model_and_prompts(tiny_model_dir, tmp_path, monkeypatch):
     prompts.write_text("a cat\n")
     weights = {"hpsv3": str(tmp_path / "absent")}  # not used by tiny_cpu / eval_tiny: not checked
     assert (
-        _run(model=str(tiny_model_dir), prompts=str(prompts), reward_weights=weights, scorer_weights=weights)
+        _run(tmp_path, model=str(tiny_model_dir), prompts=str(prompts), reward_weights=weights,
+             scorer_weights=weights)
         == "ok"
     )
 
@@ -42,7 +42,8 @@ def test_every_problem_in_one_line(tmp_path, monkeypatch):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     with pytest.raises(UserError) as exc:
-        _run(model=str(tmp_path / "no-model"), prompts=str(tmp_path / "no.txt"), eval_benchmarks=["wise"])
+        _run(tmp_path, model=str(tmp_path / "no-model"), prompts=str(tmp_path / "no.txt"),
+             eval_benchmarks=["wise"])
     msg = str(exc.value)
     assert "\n" not in msg and "3 problem(s)" in msg
     assert "no-model" in msg and "no.txt" in msg and "OPENAI_API_KEY" in msg
@@ -54,7 +55,7 @@ def test_a_training_reward_the_image_cannot_build_is_named(tiny_model_dir, tmp_p
     prompts = tmp_path / "p.txt"
     prompts.write_text("a cat\n")
     with pytest.raises(UserError) as exc:
-        _run(model=str(tiny_model_dir), prompts=str(prompts),
+        _run(tmp_path, model=str(tiny_model_dir), prompts=str(prompts),
              train_overrides=["rewards=[{name: imagereward}]"])
     msg = str(exc.value)
     assert "\n" not in msg
@@ -91,11 +92,13 @@ def test_capacity_plan_is_a_markdown_artifact_and_a_problem_when_it_does_not_fit
     prompts = tmp_path / "p.txt"
     prompts.write_text("a cat\n")
     report = SimpleNamespace(path=str(tmp_path / "capacity.md"))
-    assert _run(model=str(tiny_model_dir), prompts=str(prompts), pool="h800", capacity=report) == "ok"
+    assert _run(tmp_path, model=str(tiny_model_dir), prompts=str(prompts), pool="h800",
+                capacity=report) == "ok"
     assert "# Capacity plan: tiny_cpu on h800" in (tmp_path / "capacity.md").read_text()
     huge = ["sampling.height=8192", "sampling.width=8192", "group_size=64", "grad_accum=64"]
     with pytest.raises(UserError) as exc:
         _run(
+            tmp_path,
             model=str(tiny_model_dir),
             prompts=str(prompts),
             pool="h800",
@@ -116,6 +119,17 @@ def test_capacity_plan_covers_every_node(tiny_model_dir, tmp_path, monkeypatch):
     prompts.write_text("a cat\n")
     for nodes, ranks in ((1, 8), (2, 16)):
         report = SimpleNamespace(path=str(tmp_path / f"capacity{nodes}.md"))
-        assert _run(model=str(tiny_model_dir), prompts=str(prompts), pool="h800", capacity=report,
+        assert _run(tmp_path, model=str(tiny_model_dir), prompts=str(prompts), pool="h800", capacity=report,
                     nodes=nodes) == "ok"
         assert f"{ranks} rank(s) (8 per node" in (tmp_path / f"capacity{nodes}.md").read_text()
+
+
+def test_the_training_config_is_checked_as_the_train_step_loads_it(tiny_model_dir, tmp_path, monkeypatch):
+    """`max_iterations` (a pipeline parameter, not an override) is validated with the preset: a bad value
+    fails here in one line naming it; a good one passes."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("a cat\n")
+    assert _run(tmp_path, model=str(tiny_model_dir), prompts=str(prompts), max_iterations=3) == "ok"
+    with pytest.raises(UserError, match=r"^max_iterations must be >= 0 .*got max_iterations=-1$"):
+        _run(tmp_path, model=str(tiny_model_dir), prompts=str(prompts), max_iterations=-1)
