@@ -377,15 +377,11 @@ def _largest(d: Path) -> str:
 
 
 def served_code_bytes() -> int:
-    """Bytes of the code a registered version carries (the chunkgrpo package without bytecode, as MLflow
-    copies it into the model folder register builds in its /tmp): the same at any model size."""
-    from chunkgrpo.registry.payload import served_code_path
+    """Bytes of the code a registered version carries (`served_code_files`, as MLflow copies them into the
+    model folder register builds in its /tmp): the same at any model size."""
+    from chunkgrpo.registry.payload import served_code_files
 
-    total = 0
-    for root, dirs, files in os.walk(served_code_path()):
-        dirs[:] = [d for d in dirs if d != "__pycache__"]
-        total += sum(os.lstat(os.path.join(root, f)).st_size for f in files)
-    return total
+    return sum(f.stat().st_size for f in served_code_files().values())
 
 
 def scaled_limits(specs: dict[str, PodSpec], scale: float) -> dict[str, dict[str, int]]:

@@ -31,6 +31,7 @@ PROCESS_WORDS: dict[str, re.Pattern] = {
     "work-step number": re.compile(r"\bstops?" + r" \d+\b(?!\.\d)(?!\s*" + _COUNTED + r")|\bstop" + r"-\d+\b"
                                    r"|\b(?:this|an earlier|a later) stop" + r"\b", re.I),
     "issue number": re.compile(r"\bissues?" + r" #\d+|#\d+(?:'s)? items?\b|\(#\d+\)", re.I),
+    "issue item": re.compile(r"(?<![\w&])#" + r"\d+\.\d+"),
     "issue owner": re.compile(r"\bissue(?:'s)?" + r" owners?\b|\bdecision for the (?:issue )?owner", re.I),
     "the issue": re.compile(r"\bthe" + r" issue(?:'s)?\b", re.I),
     "work session": re.compile(r"\b(?:work|agent|helper)" + r" sessions?\b|\bthis session" + r"'s shared"
@@ -121,6 +122,8 @@ def test_no_tracked_file_speaks_of_the_development_process():
     "Targets (issue" + " #26): at most 2x",
     "a bad input (#24" + " item 7)",
     "the change (#" + "41)",
+    '"""#' + '27.5: two promoters at once',
+    "refused (#" + "24.6 / #24.11)",
     "a decision for the issue" + " owner",
     "The issue" + "'s target, 12 min of pytest, is not met.",
     "written in a work" + " session",
@@ -144,6 +147,7 @@ def test_the_checker_accepts_a_clean_file():
         "A session fixture's setup; this session's servers stop at its end (pytest's session).",
         "Both are stopped together (each stop waits for its process); processes that stop early.",
         "Colours #000 and #ff0000; see [the section](#faults-and-bad-input); tissue #3 is not an issue.",
+        "Version 2.17.1, value 3.5; row 4 of 7; the &#8212; entity.",
         "Paths: benchmarks/results/ablation-toy-v2/n10/plan.json, ./work/out, s3://bucket/work/x, ~/work/x.",
         "Docker caches under /" + "root/.cache/uv; a session-scoped pytest fixture; a pod's owner reference.",
         "Issues are tracked upstream; report a bug with its log.",

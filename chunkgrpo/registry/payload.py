@@ -2,7 +2,7 @@
 whose artifact `model/` is the payload. Written at registration, read by the serving pyfunc.
 
     <MLflow model>/MLmodel, served_model_entry.py, requirements...   (`save_pyfunc`)
-    <MLflow model>/code/chunkgrpo/                                 (the package the served code imports)
+    <MLflow model>/code/chunkgrpo/                   (the modules the served code imports: served_code_files)
     <MLflow model>/artifacts/model/                               (PAYLOAD)
         pytorch_lora_weights.safetensors | transformer/...        (inline weights), or nothing (external)
         chunkgrpo_registration.json                                (MODEL_INFO, `model_info`)
@@ -115,26 +115,74 @@ def serving_requirements() -> list[str]:
     return out
 
 
-def served_code_path() -> str:
-    """The `chunkgrpo` package folder, copied into every registered version (`code/chunkgrpo`): the served
-    model imports it from there, with no chunkgrpo installation on the serving machine."""
-    return str(Path(__file__).resolve().parent.parent)
+SERVED_MODULE = "chunkgrpo.served_model"
+SERVED_DATA = ("presets",)  # package data a served module reads (chunkgrpo.config's PRESET_DIR)
+
+
+def served_code_files() -> dict[str, Path]:
+    """The files of the `chunkgrpo` package a registered version carries (`code/chunkgrpo`), by their path
+    relative to the package's parent: SERVED_MODULE and every chunkgrpo module its code imports anywhere
+    (function bodies included, transitively), their packages' `__init__.py`, and SERVED_DATA. The served model
+    imports its code from there, with no chunkgrpo installation on the serving machine; the rest of the
+    package (training, CLI, the shipped toy model) stays out of every version."""
+    import ast
+
+    root = Path(__file__).resolve().parent.parent.parent
+
+    def source(module: str) -> Path | None:
+        p = root.joinpath(*module.split("."))
+        return next((f for f in (p / "__init__.py", p.with_suffix(".py")) if f.is_file()), None)
+
+    seen: dict[str, Path] = {}
+    todo = [SERVED_MODULE]
+    while todo:
+        module = todo.pop()
+        f = source(module)
+        if module in seen or f is None:  # a name imported from a module, not a module itself
+            continue
+        seen[module] = f
+        parts = module.split(".")
+        todo += [".".join(parts[:i]) for i in range(1, len(parts))]  # the packages it lives in
+        package = parts if f.name == "__init__.py" else parts[:-1]
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.Import):
+                todo += [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = ".".join([*package[:len(package) - node.level + 1], node.module or ""] if node.level
+                                else [node.module or ""]).strip(".")
+                todo += [base, *(f"{base}.{a.name}" for a in node.names)]
+    data = [f for d in SERVED_DATA for f in sorted((root / "chunkgrpo" / d).rglob("*")) if f.is_file()]
+    return {f.relative_to(root).as_posix(): f for f in sorted([*seen.values(), *data])
+            if f.relative_to(root).parts[0] == "chunkgrpo"}
+
+
+def served_code(dest: Path) -> Path:
+    """`served_code_files` under `dest` (hard links where it can), returns `dest/chunkgrpo`."""
+    for rel, src in served_code_files().items():
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        try:
+            (dest / rel).hardlink_to(src)
+        except OSError:
+            (dest / rel).write_bytes(src.read_bytes())
+    return dest / "chunkgrpo"
 
 
 def save_pyfunc(folder: Path, payload: Path) -> None:
     """An MLflow Model directory (python_function flavour, model from code) whose artifact `model`
     is `payload` (weights + MODEL_INFO): mlflow.pyfunc.load_model and `mlflow models serve` work on the
     registered version with MLflow's own environment handling (its requirements resolve from PyPI)."""
+    import tempfile
     import warnings
 
     import mlflow
 
     assert payload.name == Path(PAYLOAD).name, payload  # MLflow names the artifact dir after the source dir
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), tempfile.TemporaryDirectory(prefix="chunkgrpo-code-") as code:
         warnings.filterwarnings("ignore", message=".*input example.*")  # an example would load the model
         mlflow.pyfunc.save_model(
             path=str(folder), python_model=model_code_path(), artifacts={"model": str(payload)},
-            code_paths=[served_code_path()], pip_requirements=serving_requirements(), signature=signature())
+            code_paths=[str(served_code(Path(code)))], pip_requirements=serving_requirements(),
+            signature=signature())
 
 
 def weights_from_payload(payload: Path, info: dict, store=None) -> Path:

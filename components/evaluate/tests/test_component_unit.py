@@ -101,7 +101,7 @@ def test_regression_rule(monkeypatch, artifact, today, regressed):
 
 
 def test_regression_direction_is_the_registered_models(monkeypatch, artifact):
-    """#16.8 for the nightly check: a flag cannot turn a drop of a higher-is-better metric into a gain."""
+    """For the nightly check: a flag cannot turn a drop of a higher-is-better metric into a gain."""
     import mlflow
 
     from chunkgrpo.errors import UserError

@@ -184,7 +184,7 @@ def test_alias_moves_need_credentials_and_permission(auth_server, monkeypatch, t
 
 def test_pipeline_users_cannot_move_champion_but_the_promoter_service_gates_for_them(auth_server, monkeypatch,
                                                                                      tmp_path):
-    """#24.1: a pipeline user's direct `set_registered_model_alias` is refused by the server (403), while
+    """A pipeline user's direct `set_registered_model_alias` is refused by the server (403), while
     `chunkgrpo promote` through the promoter service promotes a better version and rejects a worse one;
     --force and --set-gate stay the promoter identity's."""
     from mlflow import MlflowClient

@@ -57,7 +57,7 @@ def cli(*args, env=None, timeout=120):
 
 
 def test_metrics_come_from_the_eval_run_not_from_files_or_tags(services_env, tmp_path):
-    """#27.2 and #27.4: a hand-made metrics file (0.99) or an edited metric tag does not crown a worse
+    """A hand-made metrics file (0.99) or an edited metric tag does not crown a worse
     model."""
     from mlflow import MlflowClient
 
@@ -83,7 +83,7 @@ def test_metrics_come_from_the_eval_run_not_from_files_or_tags(services_env, tmp
 
 
 def test_non_finite_and_malformed_metrics_are_refused_at_registration(services_env, tmp_path):
-    """#27.3 and #24.12/13: NaN, Infinity, non-numeric, a JSON list -> exit 2, one line, nothing
+    """NaN, Infinity, non-numeric, a JSON list -> exit 2, one line, nothing
     registered."""
     from mlflow import MlflowClient
 
@@ -110,7 +110,7 @@ def test_non_finite_and_malformed_metrics_are_refused_at_registration(services_e
 
 
 def test_gate_change_is_promoter_only_audited_and_not_retroactive(services_env, tmp_path, monkeypatch):
-    """#27.1: changing the gate needs the promoter identity and a reason; a pending version keeps its gate."""
+    """Changing the gate needs the promoter identity and a reason; a pending version keeps its gate."""
     from mlflow import MlflowClient
 
     from chunkgrpo.registry.promotion import promotion_history, set_gate
@@ -138,7 +138,7 @@ def test_gate_change_is_promoter_only_audited_and_not_retroactive(services_env, 
 
 
 def test_force_and_rollback_are_promoter_only_and_audited(services_env, tmp_path, monkeypatch):
-    """#27.7: --force/--rollback need the promoter identity and --why; the audit log shows
+    """--force/--rollback need the promoter identity and --why; the audit log shows
     who/why/previous."""
     name = f"integ-{uuid.uuid4().hex[:6]}"
     monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "promoter-bot")
@@ -167,7 +167,7 @@ def test_force_and_rollback_are_promoter_only_and_audited(services_env, tmp_path
 
 
 def test_concurrent_promoters_end_with_the_best_champion(services_env, tmp_path):
-    """#27.5: two promoters at once (0.40 and 0.35 against 0.30): the better one is champion, every trial."""
+    """Two promoters at once (0.40 and 0.35 against 0.30): the better one is champion, every trial."""
     for trial in range(3):
         name = f"integ-{uuid.uuid4().hex[:6]}"
         v1 = reg(name, tmp_path / str(trial), 1, 0.30)
@@ -219,7 +219,7 @@ def test_replaced_model_code_is_refused_at_load(services_env, tmp_path, monkeypa
 
 
 def test_mlflow_down_or_closed_port_answers_in_one_line_within_seconds(services_env, tmp_path):
-    """#24.6 / #24.11: promote and register against a closed port: one line naming it, no 250 s of retries."""
+    """Promote and register against a closed port: one line naming it, no 250 s of retries."""
     from chunkgrpo.processes import free_port
 
     url = f"http://127.0.0.1:{free_port()}"

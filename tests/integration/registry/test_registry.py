@@ -117,7 +117,7 @@ def test_register_promote_gate_rollback(services_env, tmp_path):
     v4 = _register(name, tmp_path, 4, 0.36)
     assert promote(name, v4.version, GateConfig(margin=0.05)).action == "rejected"
     assert _aliases(name)["champion"] == v2.version
-    # #16.8: the caller cannot flip the direction or switch the metric (a worse v3 was crowned this way)
+    # the caller cannot flip the direction or switch the metric (a worse v3 was crowned this way)
     with pytest.raises(UserError, match="higher-is-better"):
         promote(name, v3.version, GateConfig(direction="min"))
     with pytest.raises(UserError, match="gated on eval.hpdv2.hpsv3"):
