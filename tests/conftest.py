@@ -48,29 +48,29 @@ def _mlflow_http_env_restored():
     os.environ.update(before)
 
 
-# The longest files (seconds of one xdist worker on 2 idle cores, `benchmarks/test_suite_time.py`),
+# The longest files (seconds of one xdist worker, `-n 2` on 2 cores, `benchmarks/test_suite_time.py`),
 # longest first. README's command runs files on 2 workers in collection order (`--dist loadfile
 # --no-loadscope-reorder`): starting these first keeps one worker from running a 5-minute file alone at the
 # end. (xdist's default order, most tests first, put them last: they have few tests each.)
-LONG_FILES_FIRST = (
-    "tests/pipeline/test_image_faithful.py",  # installs an eval environment, runs the tiny demo twice
-    "tests/pipeline/test_local_run.py",  # 339 s: the clone demo and the nightly
-    "tests/pipeline/test_local_branching.py",  # 167 s
-    "tests/unit/scoring/test_scorers_packages.py",  # 157 s
-    "tests/integration/test_custom_rewards.py",  # 2 kfp.local runs + 2 toy trainings; 740 s at a load of 17
-    "tests/integration/test_reward_server_training.py",  # 7 tiny trainings; 359 s at a load of 7
-    "tests/integration/test_train_torchrun.py",  # 149 s
-    "tests/unit/train/test_checkpoint_sharded.py",  # 2->1->2 ranks, S3 mirror; 4-7 min under load
-    "tests/integration/test_sharded_load_torchrun.py",  # 3 sharded ranks, FSDP vs DDP
-    "tests/integration/test_availability.py",  # 109 s
-    "tests/pipeline/test_local_errors.py",  # 87 s
-    "tests/integration/test_session_interrupt.py",  # 84 s
-    "tests/pipeline/test_kfp_versions.py",  # 74 s
-    "tests/unit/scoring/test_worker.py",  # 66 s
-    "tests/integration/test_evaluate_tracking_outage.py",  # 66 s
-    "tests/pipeline/test_local_interrupt.py",  # 65 s
-    "tests/integration/registry/test_promotion_integrity.py",  # 62 s
-    "tests/unit/train/test_grpo.py",  # 57 s
+LONG_FILES_FIRST = (  # setup + call + teardown of the file's tests
+    "tests/pipeline/test_local_run.py",  # 238 s: the clone's main job, the nightly
+    "tests/pipeline/test_local_branching.py",  # 161 s
+    "tests/unit/scoring/test_scorers_packages.py",  # 155 s
+    "tests/integration/registry/test_promoter_probe.py",  # 154 s
+    "tests/pipeline/test_image_faithful.py",  # 115 s
+    "tests/integration/test_train_torchrun.py",  # 112 s
+    "tests/integration/test_availability.py",  # 98 s
+    "tests/integration/registry/test_promotion_integrity.py",  # 93 s
+    "tests/unit/train/test_checkpoint_sharded.py",  # 88 s
+    "tests/integration/registry/test_registry.py",  # 83 s
+    "tests/integration/test_reward_server_training.py",  # 69 s
+    "tests/integration/test_checkpoint_policy_nodes.py",  # 68 s
+    "tests/integration/test_resume_faults.py",  # 67 s
+    "tests/integration/test_sharded_load_torchrun.py",  # 65 s
+    "tests/pipeline/test_local_interrupt.py",  # 63 s
+    "tests/integration/test_session_interrupt.py",  # 60 s
+    "tests/unit/test_capacity.py",  # 58 s
+    "tests/integration/registry/test_serving.py",  # 57 s
 )
 
 
