@@ -11,6 +11,7 @@ lives in dated files under `benchmarks/results/`.
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -88,6 +89,12 @@ def scan(root: Path = ROOT) -> list[str]:
     found = []
     for rel in _tracked_files(root):
         if rel.startswith(VENDORED) or rel == "tests/test_repo_hygiene.py":
+            continue
+        if (root / rel).is_symlink():  # a tracked link is its target's path (e.g. a checkout's venv)
+            target = os.readlink(root / rel)
+            resolved = (root / rel).parent.joinpath(target).resolve()
+            inside = not os.path.isabs(target) and resolved.is_relative_to(root.resolve())
+            found += [] if inside else [f"{rel}:1: link out of the repository: -> {target}"]
             continue
         text = _text(root / rel)
         if text is not None:
@@ -170,9 +177,11 @@ def test_the_scan_reads_tracked_files_and_skips_binary_and_vendored(tmp_path):
     (tmp_path / "chunkgrpo" / "data" / "geneval").mkdir(parents=True)
     (tmp_path / "chunkgrpo" / "data" / "geneval" / "prompts.txt").write_text("see issue" + " #3\n")
     (tmp_path / "untracked.md").write_text("at stop" + " 38\n")
-    git("add", "docs", "chunkgrpo")
+    (tmp_path / ".venv-link").symlink_to(tmp_path / "docs")           # a link to a folder of this machine
+    (tmp_path / "docs" / "same.md").symlink_to("clean.md")             # a link inside the repository
+    git("add", "docs", "chunkgrpo", ".venv-link")
     found = scan(tmp_path)
-    assert [h.split(":")[0] for h in found] == ["docs/dirty.md"], found
+    assert [h.split(":")[0] for h in found] == [".venv-link", "docs/dirty.md"], found
 
 
 if __name__ == "__main__":
