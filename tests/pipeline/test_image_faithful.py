@@ -7,6 +7,8 @@ venvs; without them they skip, except under CI=true, where a missing one fails.
 
 from __future__ import annotations
 
+import collections
+import json
 import os
 import re
 import shutil
@@ -116,11 +118,13 @@ def _built(image: str) -> IF.ImageEnv:
 @pytest.mark.timeout(2400)  # builds tiny HPSv3 weights, then the whole demo
 def test_tiny_demo_runs_image_faithfully_and_trains_on_hpsv3_in_the_runtime_image(services, tmp_path,
                                                                                     monkeypatch):
-    """The tiny demo, every task in its image's environment: training (runtime image) scores the real
-    hpsv3 package with tiny weights fetched from S3 as on the cluster (`reward_weights`), in the venv the
-    image's CHUNKGRPO_VENV_HPSV3 names, beside a user's own reward from a module on the tasks' PYTHONPATH
-    (as an image built FROM the runtime image with the user's package would hold it); evaluation runs in
-    the eval image's environment."""
+    """The tiny demo with TempFlow-GRPO, every task in its image's environment: training (runtime image)
+    scores the real hpsv3 package with tiny weights fetched from S3 as on the cluster (`reward_weights`),
+    in the venv the image's CHUNKGRPO_VENV_HPSV3 names, beside a user's own reward from a module on the
+    tasks' PYTHONPATH (as an image built FROM the runtime image with the user's package would hold it),
+    which reaches the train step through `train_overrides` and is scored by both torchrun ranks;
+    evaluation runs in the eval image's environment. The method switch reaches profile, plan and train
+    (test_local_branching.py runs Granular-GRPO)."""
     from pipeline.demos import model_to_s3
     from pipeline.local_run import run_local
     from tests.unit.scoring.test_scorers_packages import build_tiny, reward_venv
@@ -143,6 +147,7 @@ def test_tiny_demo_runs_image_faithfully_and_trains_on_hpsv3_in_the_runtime_imag
     weights = {"hpsv3": model_to_s3(Path(tiny["weights"]).parent, services.env),
                "hpsv3.processor": model_to_s3(Path(tiny["processor"]), services.env)}
     r = run_local("train_and_evaluate", {**PARAMS, "model_name": f"if-{uuid.uuid4().hex[:6]}",
+                                         "method": "tempflow", "preset": "tempflow_grpo_tiny_cpu",
                                          "train_overrides": ["rewards=[{name: hpsv3, weight: 1.0}, "
                                                              "{name: 'myrewards_if:darkness', weight: 0.5}]"],
                                          "reward_weights": weights},
@@ -162,11 +167,23 @@ def test_tiny_demo_runs_image_faithfully_and_trains_on_hpsv3_in_the_runtime_imag
     assert train, [sorted(c.data.metrics) for c in children]  # the training run scored HPSv3
     user_metrics = [k for k in train[0].data.metrics if "darkness" in k]
     assert user_metrics, sorted(train[0].data.metrics)  # ... and the user's reward, in the runtime image
-    # both torchrun ranks scored with it: 2 ranks x 2 rollouts of one group of 8 (tiny_cpu), each scored by
-    # the rank that sampled it (the task's log holds every rank's output)
+    # both torchrun ranks scored with it, each the images it sampled (the task's log holds every rank's
+    # output): tempflow_grpo_tiny_cpu branches each of the 7 trainable steps of 8 into its group of 4, so
+    # each rank scores 7 batches of 4 per rollout, 2 rollouts
     calls = re.findall(r"myrewards_if\.darkness: pid (\d+) scored (\d+) of (\d+)", log)
-    assert len({pid for pid, _, _ in calls}) == 2 and len(calls) == 4, calls
-    assert all(n == n_prompts == "8" for _, n, n_prompts in calls), calls
+    per_rank = collections.Counter(pid for pid, _, _ in calls)
+    assert len(per_rank) == 2 and set(per_rank.values()) == {2 * 7}, calls
+    assert all(n == n_prompts == "4" for _, n, n_prompts in calls), calls
+    # TempFlow-GRPO through every step: the profile holds both trajectory kinds, the plan says which it used,
+    # the trained model is tempflow's (one optimizer step per rollout)
+    t = r.tasks
+    prof = json.loads(Path(t["profile"]["artifacts"]["profile_json"]["uri"]).read_text())
+    assert {"l1rel_sde", "l1rel_ode"} <= set(prof) and prof["trajectories"] == "sde"
+    assert t["plan"]["artifacts"]["plan_json"]["metadata"]["trajectories"] == "sde"
+    from chunkgrpo.store.manifest import read_pointer
+
+    pointer = read_pointer(Path(t["train"]["artifacts"]["trained_model"]["uri"]).read_text())
+    assert pointer["method"] == "tempflow" and pointer["optimizer_steps"] == 2
 
 
 @pytest.mark.integration

@@ -1,6 +1,7 @@
-"""kfp.local runs of the real train_and_evaluate pipeline with the method switch set to each branching
-method, on the tiny model (2 torchrun processes), against the real local SeaweedFS + MLflow; then one of
-them again, its profile and plan from kfp.local's task cache."""
+"""A kfp.local run of the real train_and_evaluate pipeline with the method switch set to Granular-GRPO, on
+the tiny model (2 torchrun processes), against the real local SeaweedFS + MLflow; then the same run again,
+its profile and plan from kfp.local's task cache. (TempFlow-GRPO's run through the pipeline is the
+image-faithful demo's, tests/pipeline/test_image_faithful.py.)"""
 
 import json
 import uuid
@@ -28,8 +29,8 @@ def runs() -> dict:
     return {}
 
 
-@pytest.mark.parametrize("method", ["tempflow", "granular"])
-def test_pipeline_trains_each_branching_method(services, tmp_path, method, runs):
+@pytest.mark.parametrize("method", ["granular"])
+def test_pipeline_trains_a_branching_method(services, tmp_path, method, runs):
     from chunkgrpo.store.client import ArtifactStore
     from chunkgrpo.store.manifest import read_pointer
     from pipeline.local_run import run_local
@@ -45,7 +46,7 @@ def test_pipeline_trains_each_branching_method(services, tmp_path, method, runs)
     assert t["plan"]["artifacts"]["plan_json"]["metadata"]["trajectories"] == "sde"
     pointer = read_pointer(open(t["train"]["artifacts"]["trained_model"]["uri"]).read())
     assert pointer["method"] == method
-    per_rollout = 1 if method == "tempflow" else 4  # per_iteration vs one step per branching step 0..3
+    per_rollout = 4  # one optimizer step per branching step 0..3
     assert pointer["optimizer_steps"] == 2 * per_rollout
     info = json.loads(
         ArtifactStore(services.store_config).get_bytes(pointer["uri"] + "/chunkgrpo_model.json")
@@ -60,11 +61,11 @@ def test_a_second_run_takes_profile_and_plan_from_the_cache(services, tmp_path, 
     from pipeline.local_run import run_local
     from pipeline.summary import summary_lines
 
-    if "tempflow" not in runs:  # the first run's test was deselected: make the first run here
-        params = _params("tempflow")
-        runs["tempflow"] = (tmp_path, params, run_local("train_and_evaluate", params, home=tmp_path,
+    if "granular" not in runs:  # the first run's test was deselected: make the first run here
+        params = _params("granular")
+        runs["granular"] = (tmp_path, params, run_local("train_and_evaluate", params, home=tmp_path,
                                                         services_env=services.env, demo="tiny"))
-    home, params, first = runs["tempflow"]
+    home, params, first = runs["granular"]
     assert not any(t.get("cached") for t in first.tasks.values())
     second = run_local("train_and_evaluate", params, home=home, services_env=services.env, demo="tiny")
 
