@@ -119,15 +119,16 @@ SERVED_MODULE = "chunkgrpo.served_model"
 SERVED_DATA = ("presets",)  # package data a served module reads (chunkgrpo.config's PRESET_DIR)
 
 
-def served_code_files() -> dict[str, Path]:
+def served_code_files(root: Path | None = None) -> dict[str, Path]:
     """The files of the `chunkgrpo` package a registered version carries (`code/chunkgrpo`), by their path
     relative to the package's parent: SERVED_MODULE and every chunkgrpo module its code imports anywhere
     (function bodies included, transitively), their packages' `__init__.py`, and SERVED_DATA. The served model
     imports its code from there, with no chunkgrpo installation on the serving machine; the rest of the
-    package (training, CLI, the shipped toy model) stays out of every version."""
+    package (training, CLI, the shipped toy model) stays out of every version. `root`: the folder holding
+    the package (default: this one's; in an image, site-packages, whose other packages are never read)."""
     import ast
 
-    root = Path(__file__).resolve().parent.parent.parent
+    root = root or Path(__file__).resolve().parent.parent.parent
 
     def source(module: str) -> Path | None:
         p = root.joinpath(*module.split("."))
@@ -137,8 +138,10 @@ def served_code_files() -> dict[str, Path]:
     todo = [SERVED_MODULE]
     while todo:
         module = todo.pop()
+        if module in seen or module.split(".")[0] != "chunkgrpo":
+            continue
         f = source(module)
-        if module in seen or f is None:  # a name imported from a module, not a module itself
+        if f is None:  # a name imported from a module, not a module itself
             continue
         seen[module] = f
         parts = module.split(".")
@@ -152,8 +155,7 @@ def served_code_files() -> dict[str, Path]:
                                 else [node.module or ""]).strip(".")
                 todo += [base, *(f"{base}.{a.name}" for a in node.names)]
     data = [f for d in SERVED_DATA for f in sorted((root / "chunkgrpo" / d).rglob("*")) if f.is_file()]
-    return {f.relative_to(root).as_posix(): f for f in sorted([*seen.values(), *data])
-            if f.relative_to(root).parts[0] == "chunkgrpo"}
+    return {f.relative_to(root).as_posix(): f for f in sorted([*seen.values(), *data])}
 
 
 def served_code(dest: Path) -> Path:

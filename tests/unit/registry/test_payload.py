@@ -21,6 +21,25 @@ def test_the_served_code_is_the_served_models_imports_and_nothing_of_training():
     assert all(f.is_file() and f.as_posix().endswith(rel) for rel, f in files.items())
 
 
+def test_only_chunkgrpo_modules_are_read_when_the_package_sits_among_others(tmp_path):
+    """Installed in an image, the package's folder is site-packages: the modules it imports from other
+    packages there are not carried, and their sources are never read (a syntax error in one would raise)."""
+    (tmp_path / "chunkgrpo" / "registry").mkdir(parents=True)
+    (tmp_path / "chunkgrpo" / "__init__.py").write_text("")
+    (tmp_path / "chunkgrpo" / "served_model.py").write_text(
+        "import numpy\nfrom chunkgrpo.registry import payload\n\n\ndef f():\n    from torch import nn\n")
+    (tmp_path / "chunkgrpo" / "registry" / "__init__.py").write_text("")
+    (tmp_path / "chunkgrpo" / "registry" / "payload.py").write_text("from . import __name__ as _n\n")
+    (tmp_path / "chunkgrpo" / "presets").mkdir()
+    (tmp_path / "chunkgrpo" / "presets" / "a.yaml").write_text("x: 1\n")
+    for other in ("numpy", "torch"):
+        (tmp_path / other).mkdir()
+        (tmp_path / other / "__init__.py").write_text("this is not python (\n")
+    assert sorted(served_code_files(tmp_path)) == [
+        "chunkgrpo/__init__.py", "chunkgrpo/presets/a.yaml", "chunkgrpo/registry/__init__.py",
+        "chunkgrpo/registry/payload.py", "chunkgrpo/served_model.py"]
+
+
 def test_every_carried_module_imports_from_the_carried_folder_alone(tmp_path):
     """In a fresh interpreter whose path starts at the copied folder (as MLflow puts a version's `code/`
     first), every carried module imports, and from there, not from this checkout."""
