@@ -37,9 +37,6 @@ PARENT_ENV = "CHUNKGRPO_MLFLOW_PARENT_RUN_ID"
 _MAX_PARAM_LEN = 6000  # MLflow 3 param value limit
 _MAX_TAG_LEN = 5000
 _BATCH = 100  # MLflow accepts at most 100 params / 1000 metrics per log_batch
-# files uploaded at once by `log_artifacts`: MLflow's client sends one request per file, one after another (a
-# registered version's ~200 files of served code took 3.6 s, most of it waiting on each answer)
-_UPLOADS = 8
 
 
 def tracking_enabled() -> bool:
@@ -199,21 +196,7 @@ class MlflowTracker(NullTracker):
         self.client.log_artifact(self.run_id, str(path), artifact_path)
 
     def log_artifacts(self, local_dir: str | Path, artifact_path: str | None = None) -> None:
-        """Every file under `local_dir` to `artifact_path`, as MLflow's `log_artifacts` lays them out,
-        `_UPLOADS` requests at a time (through the run's artifact repository: the same requests)."""
-        from concurrent.futures import ThreadPoolExecutor
-
-        from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
-
-        root = Path(local_dir)
-        repo = get_artifact_repository(self.artifact_uri)
-
-        def one(f: Path) -> None:
-            rel = f.parent.relative_to(root).as_posix()
-            repo.log_artifact(str(f), "/".join(x for x in (artifact_path, rel) if x and x != ".") or None)
-
-        with ThreadPoolExecutor(_UPLOADS) as pool:
-            list(pool.map(one, sorted(f for f in root.rglob("*") if f.is_file())))
+        self.client.log_artifacts(self.run_id, str(local_dir), artifact_path)
 
     def log_dict(self, obj: Any, artifact_file: str) -> None:
         self.client.log_dict(self.run_id, obj, artifact_file)

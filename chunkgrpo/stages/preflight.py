@@ -20,7 +20,7 @@ def preflight(*, model: str, prompts: str, preset: str, method: str, train_overr
     from chunkgrpo.preflight import PreflightSpec, capacity_check, evaluation_inputs, require
     from chunkgrpo.preflight_image import training_problems
     from chunkgrpo.recipes import preset_for
-    from chunkgrpo.stages.train import reward_servers, served_rewards
+    from chunkgrpo.stages.train import length_overrides, reward_servers, served_rewards
 
     if chunks:  # the plan step's own parser: a bad spec fails here, before profiling
         from chunkgrpo.chunks import parse_chunks
@@ -43,7 +43,7 @@ def preflight(*, model: str, prompts: str, preset: str, method: str, train_overr
                          artifact_root=artifact_root, reward_servers=servers, image_problems=in_image)
     require(spec)
     overrides = [*train_overrides, *served_rewards(preset, list(train_overrides), reward_url)[1],
-                 *([f"max_iterations={max_iterations}"] if max_iterations != 0 else [])]
+                 *length_overrides(max_iterations)]
     report, problems = capacity_check(preset, overrides, model, pool, method, nodes)  # model is there
     Path(capacity_out).write_text(report)
     if problems:

@@ -62,7 +62,7 @@ class TrainRequest:
             f"prompts={prompts_path}",
             f"method={self.method}",
             f"chunks={self.chunks}",
-            *([f"max_iterations={self.max_iterations}"] if self.max_iterations != 0 else []),
+            *length_overrides(self.max_iterations),
             f"output_dir={output_dir}" if output_dir else "progress=false",
             f"checkpoint.s3_prefix={self.prefix}/checkpoints",
             f"checkpoint.writer_id=kfp-run-{self.run_id}",  # a retried pod of this run takes its lease back
@@ -70,6 +70,11 @@ class TrainRequest:
             f"tracking.parent_run_id={self.parent_run_id}",
             f"tracking.run_name=train-{self.run_id[:8]}",
         ]
+
+
+def length_overrides(max_iterations: int) -> list[str]:
+    """The training-length override of a run's `max_iterations` (none for 0: the preset's length)."""
+    return [f"max_iterations={max_iterations}"] if max_iterations != 0 else []
 
 
 def _rewards(preset: str, overrides: list[str]) -> list:
