@@ -16,13 +16,15 @@ import is still a dependency; hiding a circle in a function does not remove it).
   (``chunkgrpo.toy``): only the CLI commands, the toy world itself and tests do;
 * nothing under ``chunkgrpo/`` imports kfp (the library runs without the pipeline SDK);
 * a module of any of the three packages over :data:`MAX_LINES` lines says why in its docstring (a paragraph
-  starting "Size note:").
+  starting "Size note:"); no Python file of the repository (tests, benchmarks and scripts too) is over
+  :data:`HARD_MAX_LINES` lines.
 
 The checker is tested on synthetic packages too, so a broken checker cannot pass silently.
 """
 from __future__ import annotations
 
 import ast
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +36,7 @@ PACKAGE = "chunkgrpo"
 # Bottom to top: a package imports itself and the ones below it.
 PACKAGES: tuple[str, ...] = (PACKAGE, "components", "pipeline")
 MAX_LINES = 600
+HARD_MAX_LINES = 650
 
 # Bottom to top. A name is a top-level module or subpackage of chunkgrpo ("" is the package root).
 LAYERS: list[tuple[str, ...]] = [
@@ -232,6 +235,33 @@ def test_layers_point_down_without_circles(project):
 
 def test_large_modules_state_why(project):
     assert oversized(project) == []
+
+
+def python_files_over(root: Path, limit: int = HARD_MAX_LINES) -> list[str]:
+    """Python files under `root` (hidden folders and installed environments left out) over `limit` lines."""
+    out = []
+    for folder, dirs, files in os.walk(root):
+        skip = ("node_modules", "__pycache__")
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in skip)
+        for name in sorted(f for f in files if f.endswith(".py")):
+            path = Path(folder) / name
+            lines = path.read_text(encoding="utf-8").count("\n")
+            if lines > limit:
+                out.append(f"{path.relative_to(root)}: {lines} lines")
+    return out
+
+
+def test_no_python_file_of_the_repository_is_over_the_hard_limit():
+    assert python_files_over(ROOT) == []
+
+
+def test_the_hard_limit_finds_a_long_test_file_and_skips_hidden_folders(tmp_path):
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_long.py").write_text("x = 1\n" * 651)
+    (tmp_path / "tests" / "test_ok.py").write_text("x = 1\n" * 650)
+    (tmp_path / ".venv").mkdir()
+    (tmp_path / ".venv" / "big.py").write_text("x = 1\n" * 5000)
+    assert python_files_over(tmp_path) == ["tests/test_long.py: 651 lines"]
 
 
 def test_the_graph_holds_the_three_packages_without_their_tests(project):

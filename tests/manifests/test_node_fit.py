@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from chunkgrpo.capacity import nodes
-from tests.manifests.test_manifests import COMPOSED, REPO, all_pods, quantity, render
+from tests.manifests.render import COMPOSED, REPO, all_pods, quantity, render
 
 POOL_OF = {"prod-h100": "h100", "prod-h800": "h800", COMPOSED: "h100"}
 GiB = 2**30

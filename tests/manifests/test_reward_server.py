@@ -14,13 +14,13 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from tests.manifests.test_manifests import (
+from tests.manifests.render import (
     K8S_VERSION,
     KUBECTL,
     MANIFESTS,
     SERVICES_NS,
-    _require,
     find,
+    need_tool,
     pod_templates,
     policy_violations,
     restricted_violations,
@@ -54,7 +54,7 @@ def docs() -> list[dict]:
     platform = (MANIFESTS / "overlays" / "dev" / "platform.yaml").read_text()
     (overlay / "platform.yaml").write_text(platform.replace("pipelineNamespace: kubeflow",
                                                             "pipelineNamespace: team-a"))
-    out = subprocess.run([str(_require(KUBECTL)), "kustomize", str(overlay)], capture_output=True, text=True,
+    out = subprocess.run([str(need_tool(KUBECTL)), "kustomize", str(overlay)], capture_output=True, text=True,
                          timeout=60)
     assert out.returncode == 0, out.stderr
     return [d for d in yaml.safe_load_all(out.stdout) if d]

@@ -10,7 +10,7 @@ import posixpath
 
 import pytest
 
-from tests.manifests.test_manifests import COMPOSED, VARIANTS, all_pods, quantity, render
+from tests.manifests.render import COMPOSED, VARIANTS, all_pods, quantity, render
 
 GiB = 2**30
 # FLUX.1-dev (diffusers layout, bf16) and the chunk_grpo_flux recipe (full FT, fp32 master weights, AdamW);

@@ -17,7 +17,7 @@ import yaml
 
 from chunkgrpo.k8s import diagnose as dg
 from chunkgrpo.k8s import jobspec, launcher, trainjob
-from tests.pipeline.test_trainjob import (
+from tests.pipeline.trainjob_fakes import (
     MERGE_KEYS,
     RUNNING_V2,
     FakeApi,

@@ -7,8 +7,8 @@ import pytest
 
 from chunkgrpo.k8s import jobspec, launcher, pytorchjob, trainjob
 from components.launch_trainjob.component import launch_trainjob
-from tests.pipeline.test_trainjob import FakeApi, cond, effective_trainer_pod, prod_runtime, prod_template
 from tests.pipeline.test_trainjob_failfast import FakeCore, event, pod
+from tests.pipeline.trainjob_fakes import FakeApi, cond, effective_trainer_pod, prod_runtime, prod_template
 
 POD = {"metadata": {"name": "launcher", "ownerReferences": [
     {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow", "name": "wf", "uid": "u-1"}]}}
@@ -152,7 +152,7 @@ def test_sigterm_keeps_the_job_on_a_drain_and_deletes_it_on_a_cancelled_run(fake
     import signal
     import threading
 
-    from tests.pipeline.test_trainjob import RUNNING_V2
+    from tests.pipeline.trainjob_fakes import RUNNING_V2
 
     fake_cluster.statuses = [RUNNING_V2] * 50
     fake_cluster.objects[("argoproj.io", "v1alpha1", "kubeflow", "workflows", "wf")] = {

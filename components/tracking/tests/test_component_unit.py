@@ -13,7 +13,7 @@ def test_open_run_is_a_noop_without_tracking(monkeypatch):
 def test_close_run_deletes_the_runs_active_jobs(monkeypatch):
     """The exit handler after the launcher step was killed: the still-running TrainJob goes."""
     from chunkgrpo.k8s import launcher
-    from tests.pipeline.test_trainjob import FakeApi, job
+    from tests.pipeline.trainjob_fakes import FakeApi, job
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     api = FakeApi()
@@ -21,7 +21,7 @@ def test_close_run_deletes_the_runs_active_jobs(monkeypatch):
     launcher.submit_or_attach(api, orphan)
     monkeypatch.setattr(launcher, "load_api", lambda: api)
     status = types.SimpleNamespace(state="FAILED", error_message="pod evicted")
-    from tests.pipeline.test_trainjob import RUN_ID
+    from tests.pipeline.trainjob_fakes import RUN_ID
 
     close_run.python_func(
         experiment="e", kfp_run_id=RUN_ID, status=status, cleanup_jobs=True, job_namespace="kubeflow"
