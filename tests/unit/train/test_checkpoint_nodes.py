@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from chunkgrpo.train import checkpoint_format as ckpt
 from chunkgrpo.train import checkpoint_nodes as nodes
+from tests.ranks import run_ranks
 from tests.unit.train.test_checkpoint_sharded import Toy, _run, _same
 
 
@@ -56,9 +56,8 @@ def _nodes(outs: list[Path], steps: int, tag: str, checkpoint: dict, envs: list[
 
     world = len(outs)
     result = outs[0].parent / tag
-    mp.start_processes(_worker, args=(world, free_port(), [str(o) for o in outs], steps, str(result),
-                                      checkpoint, envs or [{}] * world, resume),
-                       nprocs=world, join=True, start_method="spawn")
+    run_ranks(_worker, (world, free_port(), [str(o) for o in outs], steps, str(result), checkpoint,
+                        envs or [{}] * world, resume), world)
     return [torch.load(f"{result}.rank{r}", weights_only=True) for r in range(world)]
 
 

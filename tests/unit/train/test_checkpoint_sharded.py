@@ -12,10 +12,10 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from chunkgrpo.train import checkpoint_format as ckpt
 from chunkgrpo.train import checkpoint_sharded as sharded
+from tests.ranks import run_ranks
 
 pytestmark = pytest.mark.integration
 
@@ -149,8 +149,7 @@ def _run(world: int, out: Path, steps: int, tag: str, ema: bool = False,
     from chunkgrpo.processes import free_port
 
     result = out.parent / f"{tag}.pt"
-    mp.start_processes(_worker, args=(world, free_port(), str(out), steps, str(result), ema, checkpoint),
-                       nprocs=world, join=True, start_method="spawn")
+    run_ranks(_worker, (world, free_port(), str(out), steps, str(result), ema, checkpoint), world)
     return torch.load(result, weights_only=True)
 
 
