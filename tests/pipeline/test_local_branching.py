@@ -56,8 +56,10 @@ def test_pipeline_trains_a_branching_method(services, tmp_path, method, runs):
 
 
 def test_a_second_run_takes_profile_and_plan_from_the_cache(services, tmp_path, runs):
-    """kfp.local's task cache in `run_local` (pipeline/local_run.py): the same parameters in the same home
-    again take profile and plan (compiled with caching on) from the first run; every other task runs."""
+    """kfp.local's task cache in `run_local` (pipeline/local_run.py): a second run in the same home with the
+    same profile and plan inputs takes profile and plan (compiled with caching on) from the first run, also
+    when the training and evaluation settings changed (shorter here); every other task runs."""
+    from chunkgrpo.store.manifest import read_pointer
     from pipeline.local_run import run_local
     from pipeline.summary import summary_lines
 
@@ -67,7 +69,8 @@ def test_a_second_run_takes_profile_and_plan_from_the_cache(services, tmp_path, 
                                                         services_env=services.env, demo="tiny"))
     home, params, first = runs["granular"]
     assert not any(t.get("cached") for t in first.tasks.values())
-    second = run_local("train_and_evaluate", params, home=home, services_env=services.env, demo="tiny")
+    shorter = {**params, "max_iterations": 1, "eval_num_prompts": 1}  # not inputs of profile or plan
+    second = run_local("train_and_evaluate", shorter, home=home, services_env=services.env, demo="tiny")
 
     assert {n for n, t in second.tasks.items() if t.get("cached")} == {"profile", "plan"}
     for task, name in (("profile", "profile_json"), ("plan", "plan_json")):
@@ -75,5 +78,7 @@ def test_a_second_run_takes_profile_and_plan_from_the_cache(services, tmp_path, 
     assert second.tasks["plan"]["parameters"] == first.tasks["plan"]["parameters"]
     # the tasks after them ran again, on the cached plan
     assert second.tasks["train"]["artifacts"]["trained_model"]["uri"].startswith(str(second.run_dir))
+    pointer = read_pointer(open(second.tasks["train"]["artifacts"]["trained_model"]["uri"]).read())
+    assert pointer["optimizer_steps"] == 4  # the second run's own length: one rollout of 4 branching steps
     assert second.stages["task profile"] == 0.0
     assert "cached: an earlier run's output" in "\n".join(summary_lines(second))
