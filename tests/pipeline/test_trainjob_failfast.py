@@ -4,42 +4,37 @@ the way Trainer merges them.
 No cluster exists here. The pods and events are API-shaped objects (tests/fixtures/k8s/failfast.yaml,
 field names checked by a round trip through the kubernetes client's models, messages in the
 upstream formats); the event stream is the real `kubernetes.watch.Watch` reading a fake HTTP
-response; the TrainJob API is the FakeApi of test_trainjob.py.
+response; the TrainJob API is the FakeApi of tests/pipeline/trainjob_fakes.py.
 """
 
-import copy
 import datetime
 import json
-from pathlib import Path
 
 import pytest
-import yaml
 
 from chunkgrpo.k8s import diagnose as dg
 from chunkgrpo.k8s import jobspec, launcher, trainjob
 from tests.pipeline.trainjob_fakes import (
+    FIX,
     MERGE_KEYS,
     RUNNING_V2,
     FakeApi,
+    FakeCore,
+    FakeWatchResponse,
     cond,
     effective_trainer_pod,
+    event,
+    pod,
     prod_runtime,
     spec,
     strategic_merge,
 )
 
-FIX = yaml.safe_load((Path(__file__).resolve().parents[1] / "fixtures" / "k8s" / "failfast.yaml").read_text())
 JOB = "cg-0123456789-train"
 NS = "team-a"
 NO_SLEEP = dict(sleep=lambda s: None)
 
 
-def pod(name):
-    return copy.deepcopy(FIX["pods"][name])
-
-
-def event(name):
-    return copy.deepcopy(FIX["events"][name])
 
 
 def _model_round_trip(obj: dict, klass: str) -> dict:
@@ -126,51 +121,6 @@ def test_probe_applies_grace_periods_from_first_sight_and_resets_when_cleared():
 # ----------------------------------------------------------------------------------------- events
 
 
-class FakeWatchResponse:
-    """What `CoreV1Api.list_namespaced_event(..., watch=True, _preload_content=False)` returns."""
-
-    def __init__(self, events):
-        self.lines = [json.dumps({"type": "ADDED", "object": e}).encode() + b"\n" for e in events]
-        self.closed = False
-
-    def stream(self, amt=None, decode_content=False):
-        yield from self.lines
-
-    def close(self):
-        self.closed = True
-
-    def release_conn(self):
-        pass
-
-
-class FakeCore:
-    """The CoreV1Api methods the probe uses; pods are returned as client model objects."""
-
-    def __init__(self, pods=(), events=()):
-        from kubernetes.client import ApiClient
-
-        self.api_client = ApiClient()
-        self.pods, self.events, self.calls = list(pods), list(events), []
-
-    def list_namespaced_pod(self, namespace, label_selector=""):
-        self.calls.append(("pods", namespace, label_selector))
-
-        class Resp:
-            data = json.dumps({"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": self.pods})
-
-        return self.api_client.deserialize(Resp(), "V1PodList")
-
-    def list_namespaced_event(self, namespace, **kwargs):
-        """:return: CoreV1EventList"""  # kubernetes.watch reads the model name from here
-        self.calls.append(("events", namespace, kwargs.get("watch"), kwargs.get("resource_version")))
-        if kwargs.get("watch"):
-            return FakeWatchResponse(self.events)
-
-        class Resp:
-            data = json.dumps({"apiVersion": "v1", "kind": "EventList",
-                               "metadata": {"resourceVersion": "918400"}, "items": self.events})
-
-        return self.api_client.deserialize(Resp(), "CoreV1EventList")
 
 
 def test_event_watch_keeps_this_jobs_warnings_since_its_creation():

@@ -1,12 +1,17 @@
 """What the TrainJob tests share: objects rendered from the manifests and validated against the vendored
 upstream API schemas (tests/k8s_schemas.py), a JobSpec with test defaults, the strategic merge a Trainer
 applies to its runtime's pod, and a FAKE Kubernetes API (`FakeApi`: the CustomObjectsApi methods the
-launcher uses, with 404/409 errors carrying `.status` like kubernetes.client.ApiException). No cluster
+launcher uses, with 404/409 errors carrying `.status` like kubernetes.client.ApiException), the pods and
+events of tests/fixtures/k8s/failfast.yaml and a fake CoreV1Api (`FakeCore`) whose event stream the real
+`kubernetes.watch.Watch` reads (`FakeWatchResponse`). No cluster
 exists here: tests on the fake prove the launcher's logic against that boundary, not a real Trainer's
 behaviour."""
 
 import copy
+import json
 from pathlib import Path
+
+import yaml
 
 from chunkgrpo.k8s import jobspec, trainjob
 from tests import k8s_schemas
@@ -200,3 +205,63 @@ NO_SLEEP = dict(sleep=lambda s: None)
 def job(**kw) -> dict:
     """A TrainJob that keeps the runtime's resources (what the pipeline's launcher builds)."""
     return trainjob.build_trainjob(spec(**{"gpus_per_node": 0, "cpu": "", "memory": "", **kw}))
+
+
+# ----------------------------------------------------------------------------- pods and events
+
+FIX = yaml.safe_load((Path(__file__).resolve().parents[1] / "fixtures" / "k8s" / "failfast.yaml").read_text())
+
+
+def pod(name):
+    return copy.deepcopy(FIX["pods"][name])
+
+
+def event(name):
+    return copy.deepcopy(FIX["events"][name])
+
+
+class FakeWatchResponse:
+    """What `CoreV1Api.list_namespaced_event(..., watch=True, _preload_content=False)` returns."""
+
+    def __init__(self, events):
+        self.lines = [json.dumps({"type": "ADDED", "object": e}).encode() + b"\n" for e in events]
+        self.closed = False
+
+    def stream(self, amt=None, decode_content=False):
+        yield from self.lines
+
+    def close(self):
+        self.closed = True
+
+    def release_conn(self):
+        pass
+
+
+class FakeCore:
+    """The CoreV1Api methods the probe uses; pods are returned as client model objects."""
+
+    def __init__(self, pods=(), events=()):
+        from kubernetes.client import ApiClient
+
+        self.api_client = ApiClient()
+        self.pods, self.events, self.calls = list(pods), list(events), []
+
+    def list_namespaced_pod(self, namespace, label_selector=""):
+        self.calls.append(("pods", namespace, label_selector))
+
+        class Resp:
+            data = json.dumps({"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": self.pods})
+
+        return self.api_client.deserialize(Resp(), "V1PodList")
+
+    def list_namespaced_event(self, namespace, **kwargs):
+        """:return: CoreV1EventList"""  # kubernetes.watch reads the model name from here
+        self.calls.append(("events", namespace, kwargs.get("watch"), kwargs.get("resource_version")))
+        if kwargs.get("watch"):
+            return FakeWatchResponse(self.events)
+
+        class Resp:
+            data = json.dumps({"apiVersion": "v1", "kind": "EventList",
+                               "metadata": {"resourceVersion": "918400"}, "items": self.events})
+
+        return self.api_client.deserialize(Resp(), "CoreV1EventList")

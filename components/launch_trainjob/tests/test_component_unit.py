@@ -7,8 +7,16 @@ import pytest
 
 from chunkgrpo.k8s import jobspec, launcher, pytorchjob, trainjob
 from components.launch_trainjob.component import launch_trainjob
-from tests.pipeline.test_trainjob_failfast import FakeCore, event, pod
-from tests.pipeline.trainjob_fakes import FakeApi, cond, effective_trainer_pod, prod_runtime, prod_template
+from tests.pipeline.trainjob_fakes import (
+    FakeApi,
+    FakeCore,
+    cond,
+    effective_trainer_pod,
+    event,
+    pod,
+    prod_runtime,
+    prod_template,
+)
 
 POD = {"metadata": {"name": "launcher", "ownerReferences": [
     {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow", "name": "wf", "uid": "u-1"}]}}
