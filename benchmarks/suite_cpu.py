@@ -19,7 +19,6 @@ import bisect
 import collections
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import threading
@@ -28,7 +27,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from benchmarks.test_suite_time import README_OPTIONS, load, summarize  # noqa: E402
+from benchmarks.test_suite_time import README_OPTIONS, run  # noqa: E402
 
 LOG_ENV = "CHUNKGRPO_SUITE_CPU_LOG"
 KINDS = (  # (substring of the command line, kind), first match wins
@@ -112,7 +111,6 @@ def attribute(procs: dict, log_lines: list[str], root_pid: int):
             yield pid
             pid = parent.get(pid)
 
-    by_kind, by_test = collections.Counter(), collections.Counter()
     by_test_kind: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     for key, d in procs.items():
         chain = list(ancestors(int(key.split(":")[0])))
@@ -124,14 +122,14 @@ def attribute(procs: dict, log_lines: list[str], root_pid: int):
             delta, last = cpu - last, cpu
             if delta <= 0:
                 continue
-            by_kind[k] += delta
             test = "(pytest controller)"
             if worker is not None:
                 ws = windows[worker]
                 i = bisect.bisect_right(ws, (t, float("inf"), "")) - 1
                 test = ws[i][2] if i >= 0 and ws[i][0] <= t <= ws[i][1] + 1.5 else "(between tests)"
-            by_test[test] += delta
             by_test_kind[test][k] += delta
+    by_kind = sum(by_test_kind.values(), collections.Counter())
+    by_test = collections.Counter({test: sum(c.values()) for test, c in by_test_kind.items()})
     return by_kind, by_test, by_test_kind
 
 
@@ -151,39 +149,38 @@ def main(argv: list[str]) -> int:
         while not stop.wait(1.0):
             sample(procs)
 
+    thread = threading.Thread(target=sampler, daemon=True)
     with tempfile.TemporaryDirectory() as tmp:
-        log, xml = Path(tmp) / "tests.log", Path(tmp) / "junit.xml"
-        env = {**os.environ, LOG_ENV: str(log), "PYTHONPATH": os.pathsep.join(
-            [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
-        before, t0 = load(), time.perf_counter()
-        cmd = [sys.executable, "-m", "pytest", "-p", "benchmarks.suite_cpu", *README_OPTIONS,
-               f"--junitxml={xml}", "-o", "junit_duration_report=total", *argv]
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env)
-        thread = threading.Thread(target=sampler, daemon=True)
+        log = Path(tmp) / "tests.log"
+        # pytest, its workers and everything they start inherit these (the plugin is found on ROOT)
+        os.environ[LOG_ENV] = str(log)
+        os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
         thread.start()
-        rc = proc.wait()
+        r = run(("-p", "benchmarks.suite_cpu", *README_OPTIONS), argv)
         stop.set()
         thread.join()
-        wall = time.perf_counter() - t0
         lines = log.read_text().splitlines() if log.exists() else []
-        cases = summarize(xml) if xml.exists() else []
-    by_kind, by_test, by_test_kind = attribute(procs, lines, proc.pid)
+    me = os.getpid()  # the root of pytest's tree; its own CPU (the sampling) is left out
+    by_kind, by_test, by_test_kind = attribute(
+        {k: d for k, d in procs.items() if int(k.split(":")[0]) != me}, lines, me)
     total = sum(by_kind.values())
-    print(f"\n== {wall / 60:.1f} min wall, pytest exit {rc}; load before {before}, after {load()}")
-    print(f"== CPU of pytest and every process under it: {total:.0f} s ({total / wall:.2f} cores busy)")
+    print(f"\n== {r.wall / 60:.1f} min wall, pytest exit {r.rc}; load before {r.load_before}, "
+          f"after {r.load_after}")
+    print(f"== CPU of pytest and every process under it: {total:.0f} s attributed "
+          f"({total / r.wall:.2f} cores busy); {r.cpu:.0f} s counted by the OS for what pytest waited for")
     for k, v in by_kind.most_common():
         print(f"   {v:8.1f} s  {k}")
     print("== the 30 tests that used the most CPU (with their processes' kinds)")
     for test, v in by_test.most_common(30):
         top = ", ".join(f"{k} {c:.0f}" for k, c in by_test_kind[test].most_common(3))
         print(f"   {v:8.1f} s  {test}  [{top}]")
-    walls = {nodeid(cls, name): t for t, cls, name, _ in cases}
+    walls = {nodeid(cls, name): t for t, cls, name, _ in r.cases}
     waiting = sorted(((w - by_test.get(t, 0.0), w, t) for t, w in walls.items()), reverse=True)[:20]
     print("== the 20 tests that wait the most (wall − CPU of the test and its processes)")
     for idle, w, t in waiting:
         print(f"   {idle:8.1f} s of {w:6.1f} s  {t}")
-    print(json.dumps({"wall_s": round(wall, 1), "cpu_s": round(total, 1), "rc": rc}))
-    return rc
+    print(json.dumps({"wall_s": round(r.wall, 1), "cpu_s": round(total, 1), "rc": r.rc}))
+    return r.rc
 
 
 if __name__ == "__main__":
