@@ -2,6 +2,7 @@
 
     python benchmarks/suite_cpu.py                   # the whole suite, as .ci/run runs it (2 workers)
     python benchmarks/suite_cpu.py tests/integration # any pytest arguments
+    python benchmarks/suite_cpu.py --json cpu.json   # also every test's wall, CPU and CPU by kind
 
 Runs README's pytest command once. Meanwhile a thread of this script reads every process's CPU time from
 /proc once a second, and a pytest plugin of this file (`-p benchmarks.suite_cpu`) records when each test
@@ -142,6 +143,9 @@ def nodeid(classname: str, name: str) -> str:
 
 
 def main(argv: list[str]) -> int:
+    out = None
+    if argv[:1] == ["--json"]:
+        out, argv = Path(argv[1]), argv[2:]
     procs: dict = {}
     stop = threading.Event()
 
@@ -180,6 +184,13 @@ def main(argv: list[str]) -> int:
     for idle, w, t in waiting:
         print(f"   {idle:8.1f} s of {w:6.1f} s  {t}")
     print(json.dumps({"wall_s": round(r.wall, 1), "cpu_s": round(total, 1), "rc": r.rc}))
+    if out is not None:
+        tests = {t: {"wall_s": round(walls.get(t, 0.0), 2), "cpu_s": round(by_test.get(t, 0.0), 2),
+                     "by_kind": {k: round(c, 2) for k, c in by_test_kind[t].most_common()}}
+                 for t in sorted(set(walls) | set(by_test))}
+        out.write_text(json.dumps({"wall_s": round(r.wall, 1), "cpu_s": round(total, 1),
+                                   "by_kind": {k: round(v, 1) for k, v in by_kind.most_common()},
+                                   "tests": tests}, indent=1) + "\n")
     return r.rc
 
 

@@ -380,12 +380,12 @@ class FluxModel:
             out = model(**inputs, return_dict=False)[0]
         return out.float()
 
-    def compiled(self):
-        """The transformer under `torch.compile`, built once and passed as `transformer=`. It shares the
-        parameters (LoRA and optimizer updates are seen). Compiled with a dynamic batch size: one compile
-        per grad mode (rollout, training) serves every batch the engine makes."""
+    def compiled(self, backend: str = "inductor"):
+        """The transformer under `torch.compile(backend=backend)`, built once and passed as `transformer=`.
+        It shares the parameters (LoRA and optimizer updates are seen). Compiled with a dynamic batch size:
+        one compile per grad mode (rollout, training) serves every batch the engine makes."""
         if self._compiled is None:
-            self._compiled = torch.compile(self.transformer, dynamic=True)
+            self._compiled = torch.compile(self.transformer, dynamic=True, backend=backend)
         return self._compiled
 
     # ---------------------------------------------------------------- decoding

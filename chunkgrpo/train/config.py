@@ -255,6 +255,12 @@ class TrainConfig(Config):
         "torch.compile the transformer (chunk/step methods): for the rollout, or for rollout and training "
         "(the first iteration compiles)",
     )
+    compile_backend: Literal["inductor", "aot_eager_decomp_partition", "aot_eager", "eager"] = option(
+        "inductor",
+        "torch.compile backend when compile is on: inductor (generated kernels: Triton on GPUs, C++ on CPU); "
+        "aot_eager_decomp_partition / aot_eager / eager run the captured graphs without generated kernels "
+        "(to tell a compiler problem from a capture problem; no kernel compilation)",
+    )
     debug_checks: bool = option(
         False,
         "also check values that live on the accelerator (σ order, std > 0) on every "

@@ -96,9 +96,10 @@ def rollout(ctx: IterationContext) -> Trajectory:
     """P·G samples in one batch under the current policy, without grad (docs/method.md §2–3)."""
     cfg, model = ctx.cfg, ctx.model
     model.transformer.eval()
+    compiled = model.compiled(cfg.compile_backend) if cfg.compile != "off" else None
     with torch.no_grad(), ctx.autocast():
         traj = rollout_group(model, ctx.cond, cfg.group_size, cfg.sampling, ctx.generator,
-                             transformer=model.compiled() if cfg.compile != "off" else None)
+                             transformer=compiled)
     if not torch.isfinite(traj.log_probs[:, : cfg.trainable_steps]).all():
         raise NonFiniteLossError(f"non-finite rollout log-probs at iteration {ctx.iteration}")
     return traj
@@ -185,7 +186,7 @@ class PolicyPhase:
         cfg, model = ctx.cfg, ctx.model
         cond_rep = ctx.cond.repeat_interleave(cfg.group_size)
         model.transformer.train()
-        transformer = model.compiled() if cfg.compile == "all" else None
+        transformer = model.compiled(cfg.compile_backend) if cfg.compile == "all" else None
         layout = policy_layout(cfg, ctx.plan.sizes, ctx.fsdp)
         side_buffer = layout.pop("side_buffer")
         params = [p for p in model.transformer.parameters() if p.requires_grad] if side_buffer else None
