@@ -8,6 +8,8 @@ Secrets mounted as env vars in the cluster):
     CHUNKGRPO_S3_BUCKET     default bucket (default "chunkgrpo")
     AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_DEFAULT_REGION (or AWS_REGION)
     AWS_CA_BUNDLE / SSL_CERT_FILE   CA bundle for a private TLS endpoint
+    CHUNKGRPO_S3_RETRIES    attempts per operation on transient errors (default 6: ~15 s of backoff;
+                            more rides out a longer S3 restart, fewer fails sooner)
 
 Folder artifacts are atomic for readers: every file is uploaded first and `MANIFEST.json` (relative
 path -> sha256 + size) is written LAST. Readers (`get_folder`, `is_complete`, `latest_complete`) only

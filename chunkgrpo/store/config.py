@@ -14,6 +14,8 @@ from chunkgrpo.store import (
     _check_bucket_name,
 )
 
+DEFAULT_RETRIES = 6  # backoff 0.5, 1, 2, 4, 8 s: an S3 restart of ~15 s costs an operation nothing
+
 
 @dataclasses.dataclass
 class StoreConfig(Config):
@@ -42,7 +44,8 @@ class StoreConfig(Config):
     parallel_parts: int = option(2, "parts uploaded in parallel per file")
     workers: int = option(4, "files transferred in parallel by put_folder/get_folder")
     retries: int = option(
-        6, "attempts per operation on transient errors (connection refused/reset, 5xx, SlowDown)"
+        0, "attempts per operation on transient errors (connection refused/reset, 5xx, SlowDown); "
+        f"0 = $CHUNKGRPO_S3_RETRIES or {DEFAULT_RETRIES} (~15 s of backoff)"
     )
     backoff_s: float = option(0.5, "first retry delay in seconds; doubles per attempt (with jitter)")
     max_backoff_s: float = option(8.0, "cap on a single retry delay in seconds")
@@ -57,6 +60,8 @@ class StoreConfig(Config):
         self.ca_bundle = self.ca_bundle or env.get("AWS_CA_BUNDLE", "") or env.get("SSL_CERT_FILE", "")
         self.access_key = self.access_key or env.get("AWS_ACCESS_KEY_ID", "")
         self.secret_key = self.secret_key or env.get("AWS_SECRET_ACCESS_KEY", "")
+        if not self.retries:
+            self.retries = _env_int("CHUNKGRPO_S3_RETRIES", DEFAULT_RETRIES)
         _check_bucket_name(self.bucket)
         if self.endpoint:
             _ = self.host  # validates the endpoint form
@@ -103,3 +108,16 @@ class StoreConfig(Config):
         d = super().to_dict()
         d.pop("secret_key", None)
         return d
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return default
+    try:
+        n = int(value)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise UserError(f"{name}={value!r} is not a whole number >= 1")
+    return n

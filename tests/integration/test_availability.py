@@ -172,11 +172,12 @@ def test_s3_outage_mid_run_keeps_training_and_mirrors_everything(tiny_model_dir,
     with local_services(tmp_path / "svc", mlflow=False) as svc:
         env({k: v for k, v in svc.env().items() if not k.startswith("MLFLOW")})
         monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+        monkeypatch.setenv("CHUNKGRPO_S3_RETRIES", "3")  # the store's own retries: ~1.5 s of backoff
         prefix = f"s3://{svc.config.bucket}/runs/outage/ckpt"
         restarted = []
         _on_iteration(monkeypatch, {
-            1: svc.down,  # S3 gone for ~20 s, longer than the store's own retries (~16 s)
-            2: lambda: restarted.append(_later(20.0, svc.up)),
+            1: svc.down,  # S3 gone for 6 s and more, longer than the store's own retries
+            2: lambda: restarted.append(_later(6.0, svc.up)),
         })
         out = tmp_path / "run"
         summary = run_training(_cfg(tiny_model_dir, prompts_file, out, "max_steps=5", "checkpoint.keep=1",

@@ -61,6 +61,17 @@ def test_store_config_from_env_and_secret_hidden(monkeypatch):
     assert StoreConfig.from_dict(c.to_dict()).secret_key == SECRET
 
 
+def test_retries_from_the_environment_unless_set(monkeypatch):
+    monkeypatch.delenv("CHUNKGRPO_S3_RETRIES", raising=False)
+    assert StoreConfig().retries == 6
+    monkeypatch.setenv("CHUNKGRPO_S3_RETRIES", "3")
+    assert StoreConfig().retries == 3 and StoreConfig(retries=9).retries == 9
+    for bad in ("three", "0", "-2"):
+        monkeypatch.setenv("CHUNKGRPO_S3_RETRIES", bad)
+        with pytest.raises(UserError, match=f"^CHUNKGRPO_S3_RETRIES='{bad}' is not a whole number >= 1$"):
+            StoreConfig()
+
+
 def test_store_config_tls_inference():
     assert StoreConfig(endpoint="https://minio.minio.svc:9000").use_tls
     assert StoreConfig(endpoint="s3.amazonaws.com").use_tls
