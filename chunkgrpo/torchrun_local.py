@@ -90,9 +90,10 @@ def single_node_loopback(args):
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    from chunkgrpo import threads
+    from chunkgrpo import startup, threads
 
     threads.set_env_policy()  # an entry point: the OpenMP environment before torch loads
+    startup.fewer_full_collections()
     from torch.distributed import run as torchrun
 
     from chunkgrpo.errors import UserError

@@ -83,8 +83,11 @@ USER_THREADS = os.environ.get("CHUNKGRPO_THREADS")  # set by whoever ran pytest 
 
 
 def pytest_configure(config):
-    """Session-wide (tests/ and components/ both load this plugin): the thread policy and SIGTERM."""
-    from chunkgrpo import threads
+    """Session-wide (tests/ and components/ both load this plugin): the thread and collector policies of
+    the entry points (`chunkgrpo.threads`, `chunkgrpo.startup`) and SIGTERM."""
+    from chunkgrpo import startup, threads
+
+    startup.fewer_full_collections()
 
     global _config
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)

@@ -189,8 +189,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parent = os.environ.get(PARENT_ENV)
     if parent and parent.isdigit():
         threading.Thread(target=_watch_parent, args=(int(parent),), daemon=True).start()
-    # as chunkgrpo.shutdown.fast_exit (this file runs without the package): at exit, one collection, then
-    # freeze, so the teardown's repeated collections skip the reward stack's objects (the parent waits)
+    # as chunkgrpo.startup and chunkgrpo.shutdown.fast_exit (this file runs without the package): full
+    # collections 100× rarer while the reward stack loads; at exit one collection, then freeze, so the
+    # teardown's repeated collections skip the reward stack's objects (the parent waits)
+    if os.environ.get("CHUNKGRPO_GC", "").strip() != "default":
+        gc.set_threshold(*gc.get_threshold()[:2], 1000)
     atexit.register(lambda: (gc.collect(), gc.freeze()))
     return serve(args[0], sys.stdin.buffer, out)
 

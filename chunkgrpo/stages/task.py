@@ -7,8 +7,9 @@ from pathlib import Path
 
 
 def stage_env(parent_run_id: str = "") -> None:
-    """Logging to stdout (the KFP UI shows it), telemetry off, thread caps, and the MLflow parent run
-    the library's stage runs nest under. Call it first in a task: it must run before torch loads."""
+    """Logging to stdout (the KFP UI shows it), telemetry off, thread caps, the collector's start policy
+    (`chunkgrpo.startup`) and the MLflow parent run the library's stage runs nest under. Call it first in
+    a task: it must run before torch loads."""
     import logging
     import os
 
@@ -17,8 +18,9 @@ def stage_env(parent_run_id: str = "") -> None:
     )
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
-    from chunkgrpo import shutdown, threads
+    from chunkgrpo import shutdown, startup, threads
 
+    startup.fewer_full_collections()  # before the stage imports torch, diffusers or mlflow
     threads.configure()  # torch threads capped at the task's cores; its children wait passively
     shutdown.fast_exit()  # the task's process exits without the interpreter's repeated final collections
     if parent_run_id:
