@@ -536,4 +536,7 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    from chunkgrpo import startup
+
+    startup.fewer_full_collections()  # as the entry points: fewer full collections while it loads
     sys.exit(main())

@@ -22,7 +22,12 @@ stamp=.venv/.chunkgrpo-setup
 want="$(cat pyproject.toml "${LOCKS[@]}" | sha256sum | cut -c1-16)"
 # complete = the stamp of these files + every locked package at its pinned version and every requirement of
 # chunkgrpo[all,dev] accepted (package metadata only: scripts/env_check.py)
+# the project's bytecode, as `pip install` writes it for an installed package: an editable install does not,
+# and where PYTHONDONTWRITEBYTECODE is set nothing else would, so every process (each torchrun rank, kfp task
+# and CLI call) would compile the modules it imports again (~0.1 CPU-s each). Up-to-date files are skipped.
+compile_project() { python -m compileall -q chunkgrpo components pipeline >/dev/null; }
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && python scripts/env_check.py 2>/dev/null; then
+  compile_project
   echo "setup: .venv up to date"
   exit 0
 fi
@@ -38,5 +43,6 @@ quiet "${pip[@]}" install --no-deps -e .
 python -m pip check --disable-pip-version-check >/dev/null || {
   python -m pip check --disable-pip-version-check >&2; echo "setup: .venv is inconsistent" >&2; exit 1; }
 python scripts/env_check.py || { echo "setup: .venv does not match the locks" >&2; exit 1; }
+compile_project
 echo "$want" > "$stamp"
 echo "setup: .venv ready ($(python -c 'import torch; print("torch", torch.__version__)'))"

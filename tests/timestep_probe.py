@@ -52,6 +52,9 @@ def probe(overrides: list[str]) -> dict:
 
 
 if __name__ == "__main__":
+    from chunkgrpo import startup
+
+    startup.fewer_full_collections()  # as the entry points: fewer full collections while it loads
     result = probe(sys.argv[2:])
     with open(f"{sys.argv[1]}.rank{result['rank']}", "w") as f:
         json.dump(result, f)
