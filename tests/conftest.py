@@ -52,25 +52,25 @@ def _mlflow_http_env_restored():
 # longest first. README's command runs files on 2 workers in collection order (`--dist loadfile
 # --no-loadscope-reorder`): starting these first keeps one worker from running a 5-minute file alone at the
 # end. (xdist's default order, most tests first, put them last: they have few tests each.)
-LONG_FILES_FIRST = (  # setup + call + teardown of the file's tests
-    "tests/pipeline/test_local_run.py",  # 238 s: the clone's main job, the nightly
-    "tests/pipeline/test_local_branching.py",  # 161 s
-    "tests/unit/scoring/test_scorers_packages.py",  # 155 s
-    "tests/integration/registry/test_promoter_probe.py",  # 154 s
-    "tests/pipeline/test_image_faithful.py",  # 115 s
-    "tests/integration/test_train_torchrun.py",  # 112 s
-    "tests/integration/test_availability.py",  # 98 s
-    "tests/integration/registry/test_promotion_integrity.py",  # 93 s
-    "tests/unit/train/test_checkpoint_sharded.py",  # 88 s
-    "tests/integration/registry/test_registry.py",  # 83 s
-    "tests/integration/test_reward_server_training.py",  # 69 s
-    "tests/integration/test_checkpoint_policy_nodes.py",  # 68 s
-    "tests/integration/test_resume_faults.py",  # 67 s
-    "tests/integration/test_sharded_load_torchrun.py",  # 65 s
-    "tests/pipeline/test_local_interrupt.py",  # 63 s
-    "tests/integration/test_session_interrupt.py",  # 60 s
-    "tests/unit/test_capacity.py",  # 58 s
-    "tests/integration/registry/test_serving.py",  # 57 s
+LONG_FILES_FIRST = (  # setup + call + teardown of the file's tests, 2 workers, 2026-11-29
+    "tests/pipeline/test_local_run.py",  # 186 s: the clone's main job, the nightly
+    "tests/unit/scoring/test_scorers_packages.py",  # 127 s
+    "tests/pipeline/test_local_branching.py",  # 87 s
+    "tests/integration/test_train_torchrun.py",  # 80 s
+    "tests/pipeline/test_image_faithful.py",  # 78 s
+    "tests/integration/test_availability.py",  # 70 s
+    "tests/integration/test_reward_server_training.py",  # 60 s
+    "tests/pipeline/test_local_interrupt.py",  # 59 s
+    "tests/integration/test_session_interrupt.py",  # 59 s
+    "tests/integration/registry/test_promoter_probe.py",  # 57 s
+    "tests/integration/registry/test_promotion_integrity.py",  # 57 s
+    "tests/unit/test_capacity.py",  # 56 s
+    "tests/integration/test_sharded_load_torchrun.py",  # 56 s
+    "tests/integration/test_torchrun_loopback.py",  # 49 s
+    "tests/integration/test_checkpoint_policy_nodes.py",  # 48 s
+    "tests/integration/test_evaluate_tracking_outage.py",  # 47 s
+    "tests/integration/test_resume_s3_faults.py",  # 43 s
+    "tests/integration/test_local_services.py",  # 41 s
 )
 
 

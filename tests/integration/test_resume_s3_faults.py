@@ -91,7 +91,7 @@ def test_hung_s3_hits_a_timeout_then_falls_back_to_local_checkpoints(
     # resume only (setup): a further step's mirror could not finish against a frozen S3
     from chunkgrpo.train.trainer import Trainer
 
-    t = Trainer(_cfg(tiny_model_dir, tmp_path / "p.txt", out, "checkpoint.s3_wait_s=6"))
+    t = Trainer(_cfg(tiny_model_dir, tmp_path / "p.txt", out, "checkpoint.s3_wait_s=3"))
     try:
         t.setup()
     finally:
@@ -106,7 +106,7 @@ def test_hung_s3_without_local_checkpoints_fails_in_one_line(own_s3, tiny_model_
     os.killpg(own_s3._load_state()["services"]["s3"]["pgid"], signal.SIGSTOP)
     t0 = time.monotonic()
     with pytest.raises(StoreError, match="refusing to start from scratch"):
-        run_training(_cfg(tiny_model_dir, tmp_path / "p.txt", tmp_path / "run", "checkpoint.s3_wait_s=4"))
+        run_training(_cfg(tiny_model_dir, tmp_path / "p.txt", tmp_path / "run", "checkpoint.s3_wait_s=2"))
     assert time.monotonic() - t0 < 60
 
 
