@@ -18,14 +18,14 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 . .venv/bin/activate
-stamp=.venv/.chunkgrpo-setup
-want="$(cat pyproject.toml "${LOCKS[@]}" | sha256sum | cut -c1-16)"
-# complete = the stamp of these files + every locked package at its pinned version and every requirement of
-# chunkgrpo[all,dev] accepted (package metadata only: scripts/env_check.py)
 # the project's bytecode, as `pip install` writes it for an installed package: an editable install does not,
 # and where PYTHONDONTWRITEBYTECODE is set nothing else would, so every process (each torchrun rank, kfp task
 # and CLI call) would compile the modules it imports again (~0.1 CPU-s each). Up-to-date files are skipped.
 compile_project() { python -m compileall -q chunkgrpo components pipeline >/dev/null; }
+stamp=.venv/.chunkgrpo-setup
+want="$(cat pyproject.toml "${LOCKS[@]}" | sha256sum | cut -c1-16)"
+# complete = the stamp of these files + every locked package at its pinned version and every requirement of
+# chunkgrpo[all,dev] accepted (package metadata only: scripts/env_check.py)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && python scripts/env_check.py 2>/dev/null; then
   compile_project
   echo "setup: .venv up to date"
