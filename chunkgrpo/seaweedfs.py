@@ -62,6 +62,9 @@ def weed_command(data: Path, s3_config: Path, s3_port: int, internal: dict[str, 
     return [weed_binary(), "-logtostderr", "mini", f"-dir={data}", f"-ip={HOST}", f"-ip.bind={HOST}",
             "-master.telemetry=false", f"-s3.config={s3_config}", f"-s3.port={s3_port}",
             "-admin.ui=false", "-webdav=false", "-s3.port.iceberg=0", "-s3.port.lance=0",
+            # no pause between the volume server's last heartbeat and its stop: with one volume server no
+            # client has another to move to, and every `down` would wait it out (1 s in `weed mini`)
+            "-volume.preStopSeconds=0",
             f"-idleTimeout={IDLE_TIMEOUT_S}",
             # relative to weed's working directory (the home): a Unix socket path is limited to 107
             # bytes, which a deep --home exceeds (weed then dies with "bind: invalid argument")

@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from chunkgrpo.backoff import retry_wait
 from chunkgrpo.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -361,15 +362,18 @@ class BackgroundTracker(NullTracker):
     with backoff (1 s doubling to 30 s) while the server is down, unavailable (5xx) or slow (each
     request has a `timeout_s` limit and no MLflow-internal retries); a call the server rejects (4xx)
     is dropped with a warning. `close(status)` queues the run's end (FINISHED / FAILED / KILLED)
-    and waits at most `flush_timeout_s` for the queue to drain; what is left is reported in one
-    line and dropped — the trainer keeps its own metrics history on disk.
+    and waits at most `flush_timeout_s` for the queue to drain, retrying at least every
+    `drain_retry_s` meanwhile (a server back within the wait is used, not slept through at a long
+    backoff); what is left is reported in one line and dropped — the trainer keeps its own metrics
+    history on disk.
     """
 
     enabled = True
 
     def __init__(self, open_run: Callable[[Any], tuple[str, str]], *, timeout_s: int = 10,
                  flush_timeout_s: float = 60.0, max_pending: int = 100_000, backoff_s: float = 1.0,
-                 max_backoff_s: float = 30.0, kept_in: str = "the run's train_summary.json"):
+                 max_backoff_s: float = 30.0, drain_retry_s: float = 1.0,
+                 kept_in: str = "the run's train_summary.json"):
         import threading
 
         self._open_run = open_run
@@ -378,10 +382,12 @@ class BackgroundTracker(NullTracker):
         self.kept_in = kept_in  # where the undelivered values are kept (named in the one-line warning)
         self.max_pending = max_pending
         self.backoff_s, self.max_backoff_s = backoff_s, max_backoff_s
+        self.drain_retry_s = drain_retry_s
         self._ops: collections.deque = collections.deque()
         self._cv = threading.Condition()
         self._inner: MlflowTracker | None = None
         self._closing = False
+        self._draining = False  # close() is waiting for the queue: retry at least every drain_retry_s
         self._busy = False
         self.dropped = 0
         self.failures = 0
@@ -485,6 +491,9 @@ class BackgroundTracker(NullTracker):
     def close(self, status: str = "FINISHED", timeout: float | None = None) -> bool:
         """Queue the run's end with `status`, wait up to `timeout` (default flush_timeout_s), stop."""
         self._submit("set_terminated", lambda t: t.client.set_terminated(t.run_id, status=status))
+        with self._cv:
+            self._draining = True
+            self._cv.notify_all()
         done = self.flush(self.flush_timeout_s if timeout is None else timeout)
         with self._cv:
             left = len(self._ops) + (1 if self._busy else 0)
@@ -556,7 +565,8 @@ class BackgroundTracker(NullTracker):
                     self._cv.notify_all()
                     continue
                 self._cv.notify_all()
-                if self._cv.wait_for(lambda: self._closing, timeout=delay):
+                if retry_wait(self._cv, lambda: self._closing, lambda: self._draining, delay,
+                              self.drain_retry_s):
                     return
                 delay = min(self.max_backoff_s, delay * 2)
 

@@ -41,8 +41,8 @@ HARD_MAX_LINES = 650
 # Bottom to top. A name is a top-level module or subpackage of chunkgrpo ("" is the package root).
 LAYERS: list[tuple[str, ...]] = [
     # L0 foundation: no I/O beyond files, no models
-    ("", "errors", "tempdirs", "gpu", "checks", "threads", "startup", "shutdown", "progress", "inputs",
-     "config", "locks", "schedules", "sde", "advantages", "recipes", "grids"),
+    ("", "errors", "backoff", "tempdirs", "gpu", "checks", "threads", "startup", "shutdown", "progress",
+     "inputs", "config", "locks", "schedules", "sde", "advantages", "recipes", "grids"),
     # L1 storage, tracking and the FLUX engine pieces
     ("store", "tracking", "prompts", "flux", "rollout", "objectives", "chunks", "dynamics"),
     # L2 synthetic models, tokenizers and scorers (tests and the wiring demo only)

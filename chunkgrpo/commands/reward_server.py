@@ -35,10 +35,11 @@ def run(args: argparse.Namespace) -> int:
     import logging
     import os
     import signal
+    import sys
     import threading
 
     from chunkgrpo.config import parse_override
-    from chunkgrpo.errors import UserError
+    from chunkgrpo.errors import Terminated, UserError
     from chunkgrpo.scoring.custom import check_name
     from chunkgrpo.scoring.service import TOKEN_ENV, RewardService, serve
 
@@ -63,14 +64,27 @@ def run(args: argparse.Namespace) -> int:
     server = serve(service, args.host, args.port)
     host, port = server.server_address[:2]
     print(f"listening on http://{host}:{port}", flush=True)
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    stop, loading = threading.Event(), threading.Event()
+
+    def on_sigterm(signum, _frame):
+        """Serving: end the wait below. Loading (a download or a load that hangs): stop it where it is,
+        so a pod being deleted goes at once, not after its grace period."""
+        stop.set()
+        if loading.is_set():
+            raise Terminated(signum)
+
+    loading.set()
+    signal.signal(signal.SIGTERM, on_sigterm)
     try:
         service.load()
+        loading.clear()
         print(f"ready: {args.scorer}", flush=True)
         stop.wait()
     except KeyboardInterrupt:
         pass
+    except Terminated as e:
+        print(f"chunkgrpo {NAME}: {e} while loading {args.scorer!r}; stopped", file=sys.stderr, flush=True)
+        return 128 + e.signum
     finally:
         server.shutdown()
         close = getattr(service.fn, "close", None)

@@ -41,6 +41,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from chunkgrpo.backoff import retry_wait
+
 log = logging.getLogger(__name__)
 MANIFEST = "MANIFEST.json"
 REQUIRED = ("trainable.safetensors", "optimizer.pt", "scheduler.pt", "trainer_state.json")
@@ -413,11 +415,11 @@ class Mirror:
     """Uploads finished checkpoints to S3 from a background thread, in order, so training never waits
     on S3. While S3 is unreachable it keeps retrying (backoff doubling to `max_backoff_s`, one log
     line per failure) and training goes on writing local checkpoints; `pending()` tells the pruning
-    which local folders must not be deleted yet."""
+    which local folders must not be deleted yet; while somebody `wait`s, it retries every `drain_retry_s`."""
 
     def __init__(
         self, s3_prefix: str, *, store_factory=None, backoff_s: float = 2.0, max_backoff_s: float = 60.0,
-        guard=None, upload_part=None, retain=None,
+        drain_retry_s: float = 2.0, guard=None, upload_part=None, retain=None,
     ):
         self.s3_prefix = s3_prefix
         self._guard = guard  # called before each upload; raises when this run may no longer write there
@@ -428,6 +430,8 @@ class Mirror:
         self._store_factory = store_factory
         self._store = None
         self.backoff_s, self.max_backoff_s = backoff_s, max_backoff_s
+        self.drain_retry_s = drain_retry_s
+        self._waiters = 0  # threads in `wait`: the loop retries at least every drain_retry_s
         self._queue: collections.deque[Path] = collections.deque()
         self._deferred: list[Path] = []  # submitted while held: queued by `release` (the final model first)
         self._held = False
@@ -507,11 +511,16 @@ class Mirror:
         """Wait until everything submitted is in S3 (True) or `timeout` seconds pass (False)."""
         deadline = time.monotonic() + timeout
         with self._cv:
-            while self._queue or self._deferred:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._cv.wait(min(left, 1.0))
+            self._waiters += 1
+            self._cv.notify_all()
+            try:
+                while self._queue or self._deferred:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return False
+                    self._cv.wait(min(left, 1.0))
+            finally:
+                self._waiters -= 1
         return True
 
     def close(self, timeout: float = 0.0) -> bool:
@@ -572,7 +581,8 @@ class Mirror:
                 log.warning("S3 mirror of %s failed (%s); retrying in %.0fs — training continues on local "
                             "checkpoints", path.name, self.last_error, delay)
                 with self._cv:
-                    if self._cv.wait_for(lambda: self._closing, timeout=delay):
+                    if retry_wait(self._cv, lambda: self._closing, lambda: self._waiters > 0, delay,
+                                  self.drain_retry_s):
                         return
                 delay = min(self.max_backoff_s, delay * 2)
                 continue

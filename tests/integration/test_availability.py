@@ -107,7 +107,7 @@ def test_mlflow_crash_mid_run_loses_no_metric(tiny_model_dir, prompts_file, tmp_
         restarted = []
         _on_iteration(monkeypatch, {
             1: lambda: kill_service(svc, "mlflow"),  # down for iterations 1..3 at least
-            2: lambda: restarted.append(_later(3.0, svc.up)),  # back while training goes on
+            2: lambda: restarted.append(_later(1.0, svc.up)),  # back (~6 s to start) while training goes on
         })
         summary = run_training(_cfg(tiny_model_dir, prompts_file, tmp_path / "run", "max_steps=5",
                                     "tracking.experiment=outage", "tracking.flush_timeout_s=180"))
@@ -176,8 +176,8 @@ def test_s3_outage_mid_run_keeps_training_and_mirrors_everything(tiny_model_dir,
         prefix = f"s3://{svc.config.bucket}/runs/outage/ckpt"
         restarted = []
         _on_iteration(monkeypatch, {
-            1: svc.down,  # S3 gone for 6 s and more, longer than the store's own retries
-            2: lambda: restarted.append(_later(6.0, svc.up)),
+            1: svc.down,  # S3 gone for 3 s and more, twice the store's own retries
+            2: lambda: restarted.append(_later(3.0, svc.up)),
         })
         out = tmp_path / "run"
         summary = run_training(_cfg(tiny_model_dir, prompts_file, out, "max_steps=5", "checkpoint.keep=1",

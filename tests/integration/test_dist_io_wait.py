@@ -1,6 +1,6 @@
 """Single-rank I/O waited for outside any collective (`dist.wait_all`): two gloo ranks whose process
 group times out collectives after 2 s (`dist.setup(timeout_s=)`, `TrainConfig.dist_timeout_s`). Rank 0
-sleeps 5 s in a simulated download; rank 1 waits in the store and both ranks' collectives afterwards
+sleeps 4 s in a simulated download; rank 1 waits in the store and both ranks' collectives afterwards
 succeed. The same sleep before a barrier fails it: the collective timeout is real."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 pytestmark = pytest.mark.integration
 
 COLLECTIVE_TIMEOUT_S = 2.0
-DOWNLOAD_S = 5.0
+DOWNLOAD_S = 4.0  # twice the collective timeout
 
 
 def _free_port() -> int:

@@ -121,12 +121,12 @@ def test_mlflow_killed_mid_generation_and_back_gets_everything(trained_dir, tmp_
         uri = store.uri("tests/eval-outage/killed")
         restarter: list[threading.Thread] = []
 
-        def restart_in_3_s() -> None:
-            t = threading.Thread(target=lambda: (time.sleep(3.0), svc.up()), daemon=True)
+        def restart_in_1_s() -> None:
+            t = threading.Thread(target=lambda: (time.sleep(1.0), svc.up()), daemon=True)
             t.start()
             restarter.append(t)
 
-        _kill_mlflow_when_generation_starts(monkeypatch, svc, then=restart_in_3_s)
+        _kill_mlflow_when_generation_starts(monkeypatch, svc, then=restart_in_1_s)
         t0 = time.monotonic()
         result = run_evaluation(_cfg(trained_dir, tmp_path / "eval", uri, "tracking_flush_timeout_s=120"))
         elapsed = time.monotonic() - t0

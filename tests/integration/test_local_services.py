@@ -78,6 +78,8 @@ def test_up_health_down_leaves_no_process(tmp_path, capsys):
     assert not (home / "state.json").exists()
     assert main(["local", "status", *args]) == 1
     assert "stopped" in capsys.readouterr().out
+    # weed's volume server stopped without its pre-stop pause (one volume server: nowhere to move to)
+    assert "stop send heartbeat and wait 0 seconds" in (home / "logs" / "weed.log").read_text()
     print(f"\nlocal up {up_s:.1f}s (S3 + MLflow), down {down_s:.1f}s, {len(pids)} processes")
 
 

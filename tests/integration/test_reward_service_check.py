@@ -90,6 +90,11 @@ def test_a_loading_server_is_not_ready(tmp_path, token_env):  # noqa: F811
         url = s.proc.stdout.readline().split()[-1]
         assert check(_spec(tmp_path, "slowreward:slow", url)) == [
             f"reward 'slowreward:slow' at {url}/readyz: not ready (HTTP 503: the reward is still loading)"]
+        # a pod deleted while its reward still loads goes at once, not after its grace period
+        s.proc.terminate()
+        assert s.proc.wait(timeout=30) == 128 + 15
+        assert ("chunkgrpo reward-server: terminated by signal 15 while loading 'slowreward:slow'; stopped"
+                in (tmp_path / "server-slow.log").read_text())
     finally:
         s.stop()
 

@@ -70,7 +70,7 @@ def test_sigterm_to_an_xdist_session_stops_every_workers_servers(tmp_path, to):
     for name in ("test_a.py", "test_b.py"):  # loadfile: one file per worker
         (session / name).write_text(HOLD)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "CHUNKGRPO_TEST_MARKS": str(marks),
-           "CHUNKGRPO_TEST_TEARDOWN_S": str(NodeManager.EXIT_TIMEOUT + 5)}
+           "CHUNKGRPO_TEST_TEARDOWN_S": str(NodeManager.EXIT_TIMEOUT + 2)}  # outlasts xdist's own wait
     proc = subprocess.Popen(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2", "--dist", "loadfile",
          f"--basetemp={tmp_path / 'base'}", "."],
