@@ -6,8 +6,8 @@
     state.json         PIDs (+ process start times, so a reused PID is never killed), ports, commands
     credentials.json   S3 access key + secret (mode 0600; the dir is 0700)
     s3.json            SeaweedFS identity config holding the same credentials (mode 0600)
-    seaweedfs/         object data            mlflow/mlflow.db   tracking + registry (sqlite)
-    logs/weed.log, logs/mlflow.log
+    seaweedfs/         object data            mlflow/mlflow.db   tracking + registry (sqlite; a fresh
+    logs/weed.log, logs/mlflow.log                                   one starts migrated: `mlflow_db`)
 
 Both servers bind 127.0.0.1 only, with telemetry off (`-master.telemetry=false`,
 `MLFLOW_DISABLE_TELEMETRY=true`) and the MLflow job runner off (`MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false`,
@@ -45,6 +45,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from chunkgrpo import mlflow_db
 from chunkgrpo.config import Config, option
 from chunkgrpo.errors import UserError
 from chunkgrpo.locks import FileLock
@@ -307,6 +308,8 @@ class LocalServices:
                 self._save_state(state)  # PIDs are on disk before we wait, so `down` can always stop them
             try:
                 self._wait_healthy(name, svc[name])
+                if svc[name].get("migrates"):  # its fresh database is migrated and still empty: keep a copy
+                    mlflow_db.keep_template(self.home / "mlflow" / "mlflow.db")
                 return
             except BaseException as e:
                 rec = svc.pop(name)
@@ -371,6 +374,7 @@ class LocalServices:
         ak, sk = self.credentials()
         db = self.home / "mlflow" / "mlflow.db"
         db.parent.mkdir(parents=True, exist_ok=True)
+        migrates = not db.exists() and not mlflow_db.seed(db)  # a fresh home: the empty copy, if kept
         env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
         env.update({
             "MLFLOW_S3_ENDPOINT_URL": f"http://{HOST}:{s3_port}", "AWS_ACCESS_KEY_ID": ak,
@@ -380,7 +384,7 @@ class LocalServices:
                "--workers", "1", "--backend-store-uri", f"sqlite:///{db}",
                "--artifacts-destination", f"s3://{c.mlflow_bucket}/", "--serve-artifacts",
                "--allowed-hosts", f"{HOST}:*,localhost:*"]
-        return self._spawn("mlflow", cmd, env, c.mlflow_port)
+        return self._spawn("mlflow", cmd, env, c.mlflow_port, migrates=migrates)
 
     def _wait_healthy(self, name: str, rec: dict) -> None:
         deadline = time.monotonic() + self.config.start_timeout_s

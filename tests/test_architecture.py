@@ -53,7 +53,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("train", "eval"),
     # L5 platform integration and the toy world
     ("k8s", "registry", "served_model", "served_model_entry", "promoter", "toy", "capacity", "model_cache",
-     "services", "seaweedfs", "processes", "torchrun", "torchrun_local"),
+     "services", "mlflow_db", "seaweedfs", "processes", "torchrun", "torchrun_local"),
     # L6 checks that span stages
     ("preflight", "preflight_image"),
     # L7 the pipeline's steps as plain functions (components and commands call them)

@@ -36,7 +36,10 @@ def _tree(pid: int) -> list[int]:
     return [pid] + [c.pid for c in p.children(recursive=True)]
 
 
-def test_up_health_down_leaves_no_process(tmp_path, capsys):
+def test_up_health_down_leaves_no_process(tmp_path, capsys, monkeypatch):
+    from chunkgrpo import mlflow_db
+
+    monkeypatch.setenv("CHUNKGRPO_CACHE", str(tmp_path / "cache"))  # no empty MLflow database kept yet
     s3_port, mlflow_port = free_ports(2)
     home = tmp_path / "home"
     args = ["--home", str(home), "--s3-port", str(s3_port), "--mlflow-port", str(mlflow_port)]
@@ -59,6 +62,8 @@ def test_up_health_down_leaves_no_process(tmp_path, capsys):
             for c in psutil.Process(pid).net_connections(kind="inet"):
                 if c.status == psutil.CONN_LISTEN:
                     assert c.laddr.ip == "127.0.0.1", (pid, c.laddr)
+        # the server migrated its fresh database; an empty copy is kept for the next fresh home
+        assert mlflow_db.is_migrated(mlflow_db.template_path())
         # a second `up` reuses the running services
         t1 = time.perf_counter()
         assert main(["local", "up", *args]) == 0
@@ -152,9 +157,30 @@ def test_port_in_use_gives_a_clear_message(tmp_path):
     assert not (tmp_path / "state.json").exists()
 
 
-def test_a_deep_home_folder_works(tmp_path):
+def test_a_deep_home_folder_works(tmp_path, monkeypatch):
     """weed's Unix sockets live in the home; their path is relative to it, since an absolute one longer than
-    107 bytes cannot be bound (a deep --home, a pytest base folder)."""
+    107 bytes cannot be bound (a deep --home, a pytest base folder). The fresh home's MLflow database starts
+    from the kept empty copy (`chunkgrpo.mlflow_db`), made here by MLflow's own migrations, and the server
+    runs on it."""
+    import sqlite3
+
+    from mlflow import MlflowClient
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    from chunkgrpo import mlflow_db
+
+    monkeypatch.setenv("CHUNKGRPO_CACHE", str(tmp_path / "cache"))
+    template = mlflow_db.template_path()
+    template.parent.mkdir(parents=True)
+    SqlAlchemyStore(f"sqlite:///{template}", "mlflow-artifacts:/").engine.dispose()
+
+    def default_created(db):
+        con = sqlite3.connect(db)
+        try:
+            return con.execute("SELECT creation_time FROM experiments WHERE name = 'Default'").fetchone()
+        finally:
+            con.close()
+
     home = tmp_path / ("d" * 60) / ("e" * 60) / "home"
     assert len(str(home / "filer.sock")) > 108
     s3_port, mlflow_port = free_ports(2)
@@ -164,6 +190,10 @@ def test_a_deep_home_folder_works(tmp_path):
         with socket.create_connection(("127.0.0.1", s3_port), timeout=5):
             pass
         assert (home / "filer.sock").is_socket()
+        assert default_created(home / "mlflow" / "mlflow.db") == default_created(template)  # the copy
+        client = MlflowClient(f"http://127.0.0.1:{mlflow_port}")
+        assert client.get_experiment(client.create_experiment("seeded")).name == "seeded"
+        assert mlflow_db.is_migrated(template)  # the copy itself is untouched
     finally:
         svc.down()
 
