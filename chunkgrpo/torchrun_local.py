@@ -93,7 +93,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     from chunkgrpo import startup, threads
 
     threads.set_env_policy()  # an entry point: the OpenMP environment before torch loads
-    startup.fewer_full_collections()
+    try:
+        startup.fewer_full_collections()
+    except ValueError as e:  # a bad $CHUNKGRPO_GC: one line, as the CLI says it
+        print(f"chunkgrpo.torchrun_local: error: {e}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
     from torch.distributed import run as torchrun
 
     from chunkgrpo.errors import UserError

@@ -71,6 +71,25 @@ def test_a_bad_setting_stops_the_cli_in_one_line_with_exit_2():
         "thresholds"]
 
 
+def _launch(script, gc_setting: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "chunkgrpo.torchrun_local", "--nproc-per-node", "1", str(script)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT,
+                          env={**os.environ, startup.ENV: gc_setting})
+
+
+@pytest.mark.integration  # the valid setting's launch is a real torchrun
+def test_a_bad_setting_stops_the_local_torchrun_launcher_in_one_line_with_exit_2(tmp_path):
+    script = tmp_path / "exits_7.py"
+    script.write_text("raise SystemExit(7)\n")
+    r = _launch(script, "never")
+    assert r.returncode == 2 and r.stdout == "", r
+    assert r.stderr.strip().splitlines() == [
+        "chunkgrpo.torchrun_local: error: CHUNKGRPO_GC='never': leave it unset, or 'default' for CPython's "
+        "collector thresholds"]
+    r = _launch(script, "default")
+    assert r.returncode == 7, r  # a valid setting launches: the script's own status comes back
+
+
 def test_every_task_applies_it():
     r = _py("import gc\nfrom chunkgrpo.stages.task import stage_env\n"
             "stage_env('')\nprint(gc.get_threshold()[2])")
