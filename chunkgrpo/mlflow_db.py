@@ -13,6 +13,7 @@ a copy that cannot be read or written is one log line, and the server migrates a
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -38,10 +39,9 @@ def template_path() -> Path | None:
 def is_migrated(db: Path) -> bool:
     """`db` is an sqlite database MLflow has migrated (it records its schema version) and holds no run."""
     try:
-        with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as con:
+        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as con:
             (version,) = con.execute("SELECT version_num FROM alembic_version").fetchone()
             (runs,) = con.execute("SELECT count(*) FROM runs").fetchone()
-        con.close()
     except (sqlite3.Error, TypeError, ValueError):
         return False
     return bool(version) and runs == 0
@@ -75,10 +75,9 @@ def keep_template(db: Path) -> None:
         fd, tmp = tempfile.mkstemp(prefix=template.name + ".", dir=template.parent)
         os.close(fd)
         try:
-            with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as src, sqlite3.connect(tmp) as dst:
+            with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as src, \
+                    contextlib.closing(sqlite3.connect(tmp)) as dst:
                 src.backup(dst)
-            src.close()
-            dst.close()
             os.replace(tmp, template)
         finally:
             Path(tmp).unlink(missing_ok=True)
