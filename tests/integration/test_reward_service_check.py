@@ -99,6 +99,18 @@ def test_a_loading_server_is_not_ready(tmp_path, token_env):  # noqa: F811
         s.stop()
 
 
+def test_a_ready_server_stops_on_sigterm_with_exit_0(tmp_path):
+    """The legitimate side of the loading case above: once the reward is loaded, SIGTERM ends the serving
+    wait and the server exits 0, without the loading line."""
+    s = Server(tmp_path, "contrast")
+    try:
+        s.proc.terminate()
+        assert s.proc.wait(timeout=30) == 0
+        assert "while loading" not in s.log_path.read_text()
+    finally:
+        s.stop()
+
+
 def test_the_trainer_refuses_before_loading_any_model(servers, token_env, tmp_path):  # noqa: F811
     from chunkgrpo.train.config import TrainConfig
     from chunkgrpo.train.trainer import Trainer
