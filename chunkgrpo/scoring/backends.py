@@ -377,10 +377,14 @@ _HPSV2_VOCAB_HINT = (
 )
 
 
-def load_state_strict(model, state: Any, what: str) -> None:
+def load_state_strict(model, state: Any, what: str, *, assign: bool = False) -> None:
     """`model.load_state_dict(state, strict=True)`, failing in one line that names what does not fit: the
     weights the checkpoint lacks (a truncated or different checkpoint would otherwise leave them at their
-    random initialisation and still score), those it has in excess, or a shape that differs."""
+    random initialisation and still score), those it has in excess, or a shape that differs.
+
+    `assign=True` is for a model whose parameters were built empty (meta): they take the checkpoint's
+    tensors (`load_state_dict(assign=True)`), each cast to the dtype the model declared, so the model
+    computes in the dtype it would have after a copying load."""
     if not isinstance(state, dict):
         raise SpecError(f"{what} is not a state dict (got {type(state).__name__})")
     expected = set(model.state_dict())
@@ -397,8 +401,14 @@ def load_state_strict(model, state: Any, what: str) -> None:
         if unexpected:
             parts.append(f"has {len(unexpected)} weights the model does not ({some(unexpected)})")
         raise SpecError(f"{what} does not fit the model: it {' and '.join(parts)}")
+    if assign:
+        import torch
+
+        declared = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+        state = {k: v.to(declared[k].dtype) if torch.is_tensor(v) and v.is_floating_point() else v
+                 for k, v in state.items()}
     try:
-        model.load_state_dict(state, strict=True)
+        model.load_state_dict(state, strict=True, assign=assign)
     except RuntimeError as e:  # shapes
         msg = " ".join(ln.strip() for ln in str(e).splitlines()[1:3] if ln.strip()) or str(e).splitlines()[0]
         raise SpecError(f"{what} does not fit the model: {msg[:400]}") from None
@@ -433,8 +443,13 @@ class ImageRewardBackend(Backend):
             raise SpecError(problem)
         self.device = resolve_device(device)
         state = safe_torch_load(ckpt, "imagereward: checkpoint")
-        model = rm.ImageReward(device=self.device, med_config=str(med))
-        load_state_strict(model, state, f"imagereward: checkpoint {str(ckpt)!r}")
+        from accelerate import init_empty_weights  # a dependency of image-reward
+
+        # the parameters are built empty (meta) and then take the checkpoint's tensors: a random
+        # initialisation of ViT-L + BERT that the strict load would overwrite costs seconds of CPU
+        with init_empty_weights(include_buffers=False):
+            model = rm.ImageReward(device=self.device, med_config=str(med))
+        load_state_strict(model, state, f"imagereward: checkpoint {str(ckpt)!r}", assign=True)
         self.model = model.to(self.device).eval()
 
     def _score(self, images, prompts):

@@ -15,7 +15,8 @@ in the layout the package's loader reads:
 - imagereward: `ImageReward.pt` (state_dict of `ImageReward.ImageReward`: BLIP ViT-L - the package hard-codes
           'large' - and a 2-layer BERT from a reduced `med_config.json`), and `hf_home/` = a Hugging Face
           cache holding a locally built `bert-base-uncased` WordPiece tokenizer, which the package loads by
-          name (set HF_HOME to it).
+          name (set HF_HOME to it); `reference.png` and, in the result line, the score the package's
+          own model gives it with the saved weights.
 - hpsv3 : `Qwen2-VL-tiny/` (a 2-layer `Qwen2VLForConditionalGeneration` + a byte-level BPE tokenizer with the
           Qwen2-VL special tokens, `Qwen2VLImageProcessor` and a chat template) and `HPSv3.safetensors` = the
           state_dict of `Qwen2VLRewardModelBT` made by hpsv3's own `create_model_and_processor`.
@@ -167,9 +168,29 @@ def build_imagereward(out: Path, seed: int = 0) -> dict:
             torch.nn.init.normal_(layer.weight, std=layer.in_features ** -0.5)
     ckpt = out / "ImageReward.pt"
     # float16 halves the file (ViT-L alone is 300 M parameters); load_state_dict casts back to float32
-    torch.save({k: (v.half() if v.is_floating_point() else v) for k, v in model.state_dict().items()}, ckpt)
+    state = {k: (v.half() if v.is_floating_point() else v) for k, v in model.state_dict().items()}
+    torch.save(state, ckpt)
+    # the package's own scores of the saved weights (its load: this model, load_state_dict copying into
+    # float32), for a loader to be compared with (one image: a ViT-L forward is a second of CPU)
+    model.load_state_dict(state)
+    model.eval()
+    prompt, image = "a photo of a cat", out / "reference.png"
+    _gradient_image(80, 48).save(image)
+    with torch.no_grad():
+        score = float(model.score(prompt, str(image)))
     return {"weights": str(ckpt), "med_config": str(med), "hf_home": str(hf_home),
-            "model_class": type(model).__module__ + "." + type(model).__qualname__}
+            "model_class": type(model).__module__ + "." + type(model).__qualname__,
+            "reference": {"prompt": prompt, "image": str(image), "score": score}}
+
+
+def _gradient_image(w: int, h: int):
+    import numpy as np
+    from PIL import Image
+
+    y, x = np.mgrid[0:h, 0:w]
+    rng = np.random.default_rng(0)
+    arr = np.stack([x * 255 // (w - 1), y * 255 // (h - 1), rng.integers(0, 255, (h, w))], -1)
+    return Image.fromarray(arr.astype(np.uint8))
 
 
 # ---- hpsv3 -------------------------------------------------------------------------------------

@@ -322,6 +322,12 @@ def test_imagereward_real_package_scores_images(imagereward, images):
         scorer, images[:3], ["a photo of a cat", "a red dog", "a photo of a cat"], 1e-4
     )
     assert "standardised" in scorer.info["scale"] and s.abs().max() < 1e3
+    # the worker builds the model empty and assigns the (float16) checkpoint cast to float32: it scores
+    # as the package's own model holding the same weights
+    ref = tiny["reference"]
+    ours = scorer.score([Image.open(ref["image"])], [ref["prompt"]])
+    torch.testing.assert_close(ours.double(), torch.tensor([ref["score"]], dtype=torch.float64),
+                               rtol=1e-5, atol=1e-5)
 
 
 def test_imagereward_without_bert_tokenizer_is_a_clear_error(imagereward, monkeypatch, tmp_path):
