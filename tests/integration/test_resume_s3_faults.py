@@ -148,7 +148,6 @@ def test_hung_s3_during_training_fails_the_mirror_attempt_within_its_timeout(own
         os.killpg(pgid, signal.SIGCONT)
         mirror.close()
     assert still_pending and mirror.failing, (still_pending, mirror.failing, mirror.last_error)
-    assert 2.5 <= took < 60, (
-        took
-    )  # it waited on the frozen server for the 3 s timeout, not 300 s × 6 attempts
+    # it waited on the frozen server for one 3 s timeout: not 300 s × 6 attempts, nor a second read
+    assert 2.5 <= took < 5.5, took
     assert folder.exists()  # nothing deleted

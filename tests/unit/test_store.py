@@ -216,6 +216,28 @@ def test_retry_gives_up_and_auth_is_not_retried():
     assert "127.0.0.1:1" in str(e.value) and "AKID" in str(e.value) and SECRET not in str(e.value)
 
 
+@pytest.mark.parametrize("retries,timeout,lo,hi", [(1, 1.0, 0.9, 1.7), (2, 0.5, 1.8, 3.5)])
+def test_a_hung_server_costs_one_read_timeout_per_request_with_one_attempt(retries, timeout, lo, hi):
+    """A server that accepts connections and never answers (the kernel's backlog): with retries=1 (the
+    callers with their own loop and time budget: the mirror, the resume listing, the lease) the call
+    gives up after one read timeout; with more attempts the client's quick low-level retry doubles each
+    attempt (2 attempts × 2 reads × 0.5 s)."""
+    import time
+
+    with socket.socket() as srv:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(8)
+        store = ArtifactStore(
+            StoreConfig(endpoint=f"http://127.0.0.1:{srv.getsockname()[1]}", access_key="AKID",
+                        secret_key=SECRET, retries=retries, backoff_s=0.0, read_timeout_s=timeout,
+                        connect_timeout_s=timeout))
+        t0 = time.monotonic()
+        with pytest.raises(StoreError, match=f"after {retries} attempts"):
+            store.list("s3://chunkgrpo/x/")
+        took = time.monotonic() - t0
+    assert lo <= took < hi, took
+
+
 def test_part_size_grows_for_huge_files():
     store = _store(part_size_mb=8)
     assert store._part_size(100) == 8 * 2**20
