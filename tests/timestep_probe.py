@@ -3,8 +3,11 @@ tests/unit/test_flux_time.py): set up the trainer exactly as training does (DDP 
 full), then record the value the transformer's time and guidance embeddings receive for every timestep of
 the schedule.
 
-    torchrun --nproc_per_node=2 tests/timestep_probe.py OUT.json key=value ...   (TrainConfig overrides)
-"""
+    torchrun --nproc_per_node=2 tests/timestep_probe.py OUT key=value ... [-- key=value ...] ...
+
+Each `--`-separated group of TrainConfig overrides is one trainer, set up and probed in turn by the same
+ranks (their process group kept between trainers, torn down after the last); group i's result goes to
+`OUT.i.rank<r>`."""
 
 import json
 import sys
@@ -51,10 +54,24 @@ def probe(overrides: list[str]) -> dict:
     return out
 
 
+def groups(args: list[str]) -> list[list[str]]:
+    out: list[list[str]] = [[]]
+    for a in args:
+        if a == "--":
+            out.append([])
+        else:
+            out[-1].append(a)
+    return out
+
+
 if __name__ == "__main__":
     from chunkgrpo import startup
+    from chunkgrpo.train import dist as D
 
     startup.fewer_full_collections()  # as the entry points: fewer full collections while it loads
-    result = probe(sys.argv[2:])
-    with open(f"{sys.argv[1]}.rank{result['rank']}", "w") as f:
-        json.dump(result, f)
+    teardown, runs = D.teardown, groups(sys.argv[2:])
+    for i, overrides in enumerate(runs):
+        D.teardown = teardown if i == len(runs) - 1 else (lambda: None)  # one process group for all
+        result = probe(overrides)
+        with open(f"{sys.argv[1]}.{i}.rank{result['rank']}", "w") as f:
+            json.dump(result, f)
