@@ -4,7 +4,9 @@ server behind: the controller passes the signal on to its workers and waits whil
 own, xdist gives a worker `NodeManager.EXIT_TIMEOUT` (10 s) and then kills it, and a worker whose running
 test first stops a pipeline command (up to a minute: its tasks, then its servers) would be killed with its
 session's servers still running. The held test below stands for that: its teardown takes longer than xdist
-waits."""
+waits. The session lowers that wait to XDIST_WAIT_S (its conftest sets `NodeManager.EXIT_TIMEOUT`), so the
+hold outlasting it costs seconds; what is tested (the controller waits for its workers, whatever xdist's
+own wait) does not depend on the value."""
 
 from __future__ import annotations
 
@@ -21,6 +23,8 @@ import pytest
 from tests.repo_copy import ROOT
 
 pytestmark = pytest.mark.integration
+
+XDIST_WAIT_S = 2  # xdist's own wait for a stopping worker in the held session (10 s by default)
 
 HOLD = '''
 import json, os, pathlib, time
@@ -57,8 +61,6 @@ def _alive_with(needle: str) -> list[str]:
 def test_sigterm_to_an_xdist_session_stops_every_workers_servers(tmp_path, to):
     """`controller`: a CI timeout signals the pytest process; `group`: `kill -- -PGID` signals it and its
     workers at once, so each worker also gets the controller's SIGTERM while it unwinds."""
-    from xdist.workermanage import NodeManager
-
     from chunkgrpo.processes import port_in_use
 
     session = tmp_path / "session"
@@ -66,11 +68,13 @@ def test_sigterm_to_an_xdist_session_stops_every_workers_servers(tmp_path, to):
     session.mkdir()
     marks.mkdir()
     (session / "pytest.ini").write_text("[pytest]\n")
-    (session / "conftest.py").write_text('pytest_plugins = ["tests.fixtures_services"]\n')
+    (session / "conftest.py").write_text(
+        'pytest_plugins = ["tests.fixtures_services"]\n'
+        f"from xdist.workermanage import NodeManager\nNodeManager.EXIT_TIMEOUT = {XDIST_WAIT_S}\n")
     for name in ("test_a.py", "test_b.py"):  # loadfile: one file per worker
         (session / name).write_text(HOLD)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "CHUNKGRPO_TEST_MARKS": str(marks),
-           "CHUNKGRPO_TEST_TEARDOWN_S": str(NodeManager.EXIT_TIMEOUT + 2)}  # outlasts xdist's own wait
+           "CHUNKGRPO_TEST_TEARDOWN_S": str(XDIST_WAIT_S + 2)}  # outlasts xdist's own wait
     proc = subprocess.Popen(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2", "--dist", "loadfile",
          f"--basetemp={tmp_path / 'base'}", "."],
