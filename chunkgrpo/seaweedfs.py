@@ -54,6 +54,56 @@ def free_port_pair(offset: int = 10000) -> tuple[int, int]:
 IDLE_TIMEOUT_S = 5
 
 
+# `weed mini`'s admin server runs a maintenance script (fs.log.purge, volume.deleteEmpty,
+# volume.fix.replication, s3.clean.uploads) about 66 s after start and every 17 min, holding the cluster's
+# shell lock for ~15 s; a SIGTERM meanwhile makes weed's stop wait out its 10 s limit for the admin server
+# (every `local down` and every `pipeline run --local` that lived past a minute paid it). One local
+# volume server has nothing to replicate, purge or clean that a run needs: the job type is switched off.
+ADMIN_SCRIPT_CONFIG = Path("admin", "plugin", "job_types", "admin_script", "config.pb")
+
+
+def _pb_varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        low, n = n & 0x7F, n >> 7
+        out.append(low | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def _pb_field(number: int, value: int | bytes) -> bytes:
+    """One protobuf field: an int as a varint (wire type 0), bytes length-delimited (wire type 2)."""
+    if isinstance(value, int):
+        return _pb_varint(number << 3) + _pb_varint(value)
+    return _pb_varint(number << 3 | 2) + _pb_varint(len(value)) + value
+
+
+def admin_script_disabled() -> bytes:
+    """The stored config weed reads for the `admin_script` job type (the protobuf message weed itself
+    writes there): job_type (1), descriptor_version (2), admin_runtime (5) with `enabled` (its field 1)
+    absent, i.e. false, and the other runtime fields at weed's own values, updated_by (7)."""
+    runtime = b"".join(_pb_field(n, v) for n, v in (
+        (2, 17),  # detection_interval_minutes
+        (3, 300),  # detection_timeout_seconds
+        (4, 1), (5, 1), (6, 1),  # max jobs per detection, global and per-worker concurrency
+        (8, 30),  # retry_backoff_seconds
+        (9, 1800), (10, 1800),  # job type max runtime, execution timeout
+    ))
+    return (_pb_field(1, b"admin_script") + _pb_field(2, 1) + _pb_field(5, runtime)
+            + _pb_field(7, b"chunkgrpo"))
+
+
+def disable_admin_script(data: Path) -> Path:
+    """Write `ADMIN_SCRIPT_CONFIG` under weed's data folder `data` before weed starts (weed keeps a job
+    type's stored config; a home from before holds weed's enabled default, which this replaces)."""
+    path = data / ADMIN_SCRIPT_CONFIG
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(admin_script_disabled())
+    tmp.replace(path)
+    return path
+
+
 def weed_command(data: Path, s3_config: Path, s3_port: int, internal: dict[str, int]) -> list[str]:
     """`weed mini` with its data in `data`, the S3 identities of `s3_config`, S3 on 127.0.0.1:`s3_port`
     and every sub-server on its port of `internal` (flag -> port); telemetry, admin UI and WebDAV off.

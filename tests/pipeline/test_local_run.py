@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -292,3 +293,26 @@ def test_the_runs_leave_no_scratch_behind(clone_run):
     found = [str(p.relative_to(home)) for v in volumes if v.is_dir() for p in v.iterdir()
              if scratch.fullmatch(p.name)]
     assert found == [], found
+
+
+def test_the_local_s3_ran_no_maintenance_script(clone_run):
+    """The module's local S3 has been up for minutes (the main job, then the nightly, kept it): weed mini's
+    admin server would have run its maintenance script about 66 s after start and held the shell lock for
+    ~15 s, and a stop meanwhile waited 10 s for it. The job type is stored switched off before weed starts
+    (`chunkgrpo.seaweedfs.disable_admin_script`): weed kept that config, ran no script, and stops in
+    seconds."""
+    import datetime as dt
+
+    from chunkgrpo.seaweedfs import ADMIN_SCRIPT_CONFIG, admin_script_disabled
+
+    home = clone_run["clone"] / ".chunkgrpo" / "local"
+    log = (home / "logs" / "weed.log").read_text(errors="replace")
+    started = re.findall(r"^---- (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) starting:", log, re.M)
+    assert started, log[:2000]
+    up_s = (dt.datetime.now() - dt.datetime.strptime(started[-1], "%Y-%m-%d %H:%M:%S")).total_seconds()
+    assert up_s > 90, up_s  # past the script's first run
+    assert ".adminShell" not in log
+    assert (home / "seaweedfs" / ADMIN_SCRIPT_CONFIG).read_bytes() == admin_script_disabled()
+    t0 = time.perf_counter()
+    clone_run["services"].down()
+    assert time.perf_counter() - t0 < 8
