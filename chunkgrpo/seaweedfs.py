@@ -54,12 +54,24 @@ def free_port_pair(offset: int = 10000) -> tuple[int, int]:
 IDLE_TIMEOUT_S = 5
 
 
-# `weed mini`'s admin server runs a maintenance script (fs.log.purge, volume.deleteEmpty,
-# volume.fix.replication, s3.clean.uploads) about 66 s after start and every 17 min, holding the cluster's
-# shell lock for ~15 s; a SIGTERM meanwhile makes weed's stop wait out its 10 s limit for the admin server
-# (every `local down` and every `pipeline run --local` that lived past a minute paid it). One local
-# volume server has nothing to replicate, purge or clean that a run needs: the job type is switched off.
-ADMIN_SCRIPT_CONFIG = Path("admin", "plugin", "job_types", "admin_script", "config.pb")
+# `weed mini`'s admin server runs maintenance from about 66 s after start: a detection per job type in
+# turn (EC balance, erasure coding, vacuum, volume balance: ~2 s each, then every 17-30 min) and a shell
+# script (fs.log.purge, volume.deleteEmpty, volume.fix.replication, s3.clean.uploads) that holds the
+# cluster's shell lock for ~15 s, every 17 min. A SIGTERM while one runs makes weed's stop wait out its
+# 10 s limit for the admin server: every `pipeline run --local` ending a minute or so after its servers
+# started (the demo's length) ended 10 s late. One local volume server has nothing to balance, encode,
+# replicate or purge that a run needs: these job types are stored switched off before weed starts. Vacuum
+# goes with them (weed's master leaves vacuum to the admin once its worker connects): the space of
+# deleted objects (pruned checkpoints) is reclaimed by no one while the local S3 runs.
+PLUGIN_JOB_TYPES = {  # job type -> its detection interval (minutes), as weed stores it
+    "admin_script": 17, "ec_balance": 30, "erasure_coding": 17, "s3_lifecycle": 1440, "vacuum": 17,
+    "volume_balance": 30,
+}
+
+
+def job_type_config(job_type: str) -> Path:
+    """Where weed keeps a plugin job type's config, relative to its data folder."""
+    return Path("admin", "plugin", "job_types", job_type, "config.pb")
 
 
 def _pb_varint(n: int) -> bytes:
@@ -78,30 +90,28 @@ def _pb_field(number: int, value: int | bytes) -> bytes:
     return _pb_varint(number << 3 | 2) + _pb_varint(len(value)) + value
 
 
-def admin_script_disabled() -> bytes:
-    """The stored config weed reads for the `admin_script` job type (the protobuf message weed itself
-    writes there): job_type (1), descriptor_version (2), admin_runtime (5) with `enabled` (its field 1)
-    absent, i.e. false, and the other runtime fields at weed's own values, updated_by (7)."""
-    runtime = b"".join(_pb_field(n, v) for n, v in (
-        (2, 17),  # detection_interval_minutes
-        (3, 300),  # detection_timeout_seconds
-        (4, 1), (5, 1), (6, 1),  # max jobs per detection, global and per-worker concurrency
-        (8, 30),  # retry_backoff_seconds
-        (9, 1800), (10, 1800),  # job type max runtime, execution timeout
-    ))
-    return (_pb_field(1, b"admin_script") + _pb_field(2, 1) + _pb_field(5, runtime)
+def job_type_disabled(job_type: str) -> bytes:
+    """The stored config weed reads for a plugin job type (the protobuf message weed itself writes there):
+    job_type (1), descriptor_version (2), admin_runtime (5) with `enabled` (its field 1) absent, i.e.
+    false, and its detection interval (2) and timeout (3), updated_by (7)."""
+    runtime = _pb_field(2, PLUGIN_JOB_TYPES[job_type]) + _pb_field(3, 300)
+    return (_pb_field(1, job_type.encode()) + _pb_field(2, 1) + _pb_field(5, runtime)
             + _pb_field(7, b"chunkgrpo"))
 
 
-def disable_admin_script(data: Path) -> Path:
-    """Write `ADMIN_SCRIPT_CONFIG` under weed's data folder `data` before weed starts (weed keeps a job
-    type's stored config; a home from before holds weed's enabled default, which this replaces)."""
-    path = data / ADMIN_SCRIPT_CONFIG
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(admin_script_disabled())
-    tmp.replace(path)
-    return path
+def disable_maintenance(data: Path) -> list[Path]:
+    """Store every job type of `PLUGIN_JOB_TYPES` switched off under weed's data folder `data`, before
+    weed starts (weed keeps a job type's stored config; a home from before holds weed's enabled defaults,
+    which this replaces). Returns the files written."""
+    written = []
+    for job_type in PLUGIN_JOB_TYPES:
+        path = data / job_type_config(job_type)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_bytes(job_type_disabled(job_type))
+        tmp.replace(path)
+        written.append(path)
+    return written
 
 
 def weed_command(data: Path, s3_config: Path, s3_port: int, internal: dict[str, int]) -> list[str]:

@@ -65,7 +65,7 @@ from chunkgrpo.processes import (
 from chunkgrpo.seaweedfs import (
     WEED_PORT_FLAGS,
     WEED_START_ATTEMPTS,
-    disable_admin_script,
+    disable_maintenance,
     free_port_pair,
     remove_weed_sockets,
     taken_internal_port,
@@ -364,7 +364,7 @@ class LocalServices:
             "actions": ["Admin", "Read", "List", "Tagging", "Write"]}]}) + "\n")
         data = self.home / "seaweedfs"
         data.mkdir(parents=True, exist_ok=True)
-        disable_admin_script(data)
+        disable_maintenance(data)
         cmd = weed_command(data, s3cfg, c.s3_port, internal)
         env = dict(os.environ)  # weed's sockets go to its TMPDIR (Go: $TMPDIR, else /tmp)
         return self._spawn("s3", cmd, env, c.s3_port, internal_ports=internal,

@@ -295,24 +295,27 @@ def test_the_runs_leave_no_scratch_behind(clone_run):
     assert found == [], found
 
 
-def test_the_local_s3_ran_no_maintenance_script(clone_run):
+def test_the_local_s3_ran_no_maintenance(clone_run):
     """The module's local S3 has been up for minutes (the main job, then the nightly, kept it): weed mini's
-    admin server would have run its maintenance script about 66 s after start and held the shell lock for
-    ~15 s, and a stop meanwhile waited 10 s for it. The job type is stored switched off before weed starts
-    (`chunkgrpo.seaweedfs.disable_admin_script`): weed kept that config, ran no script, and stops in
-    seconds."""
+    admin server would have run its maintenance from about 66 s after start (a detection per job type, a
+    shell script holding the shell lock ~15 s), and a stop meanwhile waited 10 s for it. The job types are
+    stored switched off before weed starts (`chunkgrpo.seaweedfs.disable_maintenance`): weed kept those
+    configs, ran no detection and no script, and stops in seconds."""
     import datetime as dt
 
-    from chunkgrpo.seaweedfs import ADMIN_SCRIPT_CONFIG, admin_script_disabled
+    from chunkgrpo.seaweedfs import PLUGIN_JOB_TYPES, job_type_config, job_type_disabled
 
     home = clone_run["clone"] / ".chunkgrpo" / "local"
     log = (home / "logs" / "weed.log").read_text(errors="replace")
     started = re.findall(r"^---- (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) starting:", log, re.M)
     assert started, log[:2000]
     up_s = (dt.datetime.now() - dt.datetime.strptime(started[-1], "%Y-%m-%d %H:%M:%S")).total_seconds()
-    assert up_s > 90, up_s  # past the script's first run
+    assert up_s > 120, up_s  # past the first round of maintenance
     assert ".adminShell" not in log
-    assert (home / "seaweedfs" / ADMIN_SCRIPT_CONFIG).read_bytes() == admin_script_disabled()
+    for job_type in PLUGIN_JOB_TYPES:
+        assert (home / "seaweedfs" / job_type_config(job_type)).read_bytes() == job_type_disabled(job_type)
+    activities = home / "seaweedfs" / "admin" / "plugin" / "activities" / "activities.json"
+    assert not activities.exists() or "scheduled detection" not in activities.read_text()
     t0 = time.perf_counter()
     clone_run["services"].down()
     assert time.perf_counter() - t0 < 8

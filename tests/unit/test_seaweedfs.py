@@ -79,21 +79,24 @@ def _decode(buf: bytes) -> dict[int, list]:
     return fields
 
 
-def test_the_admin_script_job_type_is_stored_switched_off(tmp_path):
-    """weed's stored job-type config: admin_script, its admin runtime without `enabled` (field 1, proto3
-    false), the detection interval weed writes itself (17 min); written over weed's own enabled default.
-    That weed keeps it and runs no script is tested against the real server in
-    tests/pipeline/test_local_run.py (`test_the_local_s3_ran_no_maintenance_script`)."""
-    from chunkgrpo.seaweedfs import ADMIN_SCRIPT_CONFIG, admin_script_disabled, disable_admin_script
+def test_every_maintenance_job_type_is_stored_switched_off(tmp_path):
+    """weed's stored job-type configs: each job type named, its admin runtime without `enabled` (field 1,
+    proto3 false) and with the detection interval weed writes itself; written over weed's own enabled
+    defaults. That weed keeps them and runs no maintenance is tested against the real server in
+    tests/pipeline/test_local_run.py (`test_the_local_s3_ran_no_maintenance`)."""
+    from chunkgrpo.seaweedfs import PLUGIN_JOB_TYPES, disable_maintenance, job_type_config, job_type_disabled
 
-    top = _decode(admin_script_disabled())
-    assert top[1] == [b"admin_script"] and top[2] == [1] and top[7] == [b"chunkgrpo"]
-    runtime = _decode(top[5][0])
-    assert 1 not in runtime and runtime[2] == [17] and runtime[10] == [1800]
+    for job_type, interval in PLUGIN_JOB_TYPES.items():
+        top = _decode(job_type_disabled(job_type))
+        assert top[1] == [job_type.encode()] and top[2] == [1] and top[7] == [b"chunkgrpo"]
+        runtime = _decode(top[5][0])
+        assert 1 not in runtime and runtime[2] == [interval], (job_type, runtime)
     data = tmp_path / "seaweedfs"
-    path = data / ADMIN_SCRIPT_CONFIG
-    path.parent.mkdir(parents=True)
-    path.write_bytes(bytes.fromhex("0a0c61646d696e5f736372697074") + b"\x2a\x02\x08\x01")  # enabled = 1
-    assert disable_admin_script(data) == path
-    assert path.read_bytes() == admin_script_disabled()
-    assert sorted(p.name for p in path.parent.iterdir()) == ["config.pb"]  # no temp file left
+    vacuum = data / job_type_config("vacuum")
+    vacuum.parent.mkdir(parents=True)
+    vacuum.write_bytes(b"\x0a\x06vacuum" + b"\x2a\x02\x08\x01")  # weed's default: enabled
+    written = disable_maintenance(data)
+    assert sorted(p.parent.name for p in written) == sorted(PLUGIN_JOB_TYPES)
+    for path in written:
+        assert path.read_bytes() == job_type_disabled(path.parent.name)
+        assert [p.name for p in path.parent.iterdir()] == ["config.pb"]  # no temp file left
