@@ -1,5 +1,5 @@
-"""chunkgrpo.seaweedfs: what `local down` removes of a stopped SeaweedFS is only what is provably dead; the
-admin maintenance script is stored switched off."""
+"""chunkgrpo.seaweedfs: what `local down` removes of a stopped SeaweedFS is only what is provably dead; weed's
+maintenance job types are stored switched off."""
 
 import socket
 import tempfile
@@ -51,31 +51,17 @@ def test_a_plain_file_of_that_name_is_not_touched(grpc_port):
 
 
 def _decode(buf: bytes) -> dict[int, list]:
-    """A protobuf message's fields (number -> values): varints as ints, length-delimited as bytes."""
+    """A protobuf message's fields (number -> values), read by protobuf's own parser without a schema:
+    varints as ints, length-delimited fields as bytes."""
+    from google.protobuf import empty_pb2
+    from google.protobuf.unknown_fields import UnknownFieldSet
+
+    message = empty_pb2.Empty()
+    message.ParseFromString(buf)
     fields: dict[int, list] = {}
-    i = 0
-
-    def varint() -> int:
-        nonlocal i
-        value = shift = 0
-        while True:
-            byte = buf[i]
-            i += 1
-            value |= (byte & 0x7F) << shift
-            shift += 7
-            if not byte & 0x80:
-                return value
-
-    while i < len(buf):
-        key = varint()
-        number, wire = key >> 3, key & 7
-        if wire == 0:
-            fields.setdefault(number, []).append(varint())
-        else:
-            assert wire == 2, wire
-            n = varint()
-            fields.setdefault(number, []).append(buf[i:i + n])
-            i += n
+    for field in UnknownFieldSet(message):
+        assert field.wire_type in (0, 2), field.wire_type
+        fields.setdefault(field.field_number, []).append(field.data)
     return fields
 
 
