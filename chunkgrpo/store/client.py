@@ -32,7 +32,7 @@ from chunkgrpo.store import (
 )
 from chunkgrpo.store.config import StoreConfig
 from chunkgrpo.store.manifest import CHUNK, MANIFEST_NAME, Manifest, MiB, build_manifest, file_sha256
-from chunkgrpo.store.retries import classify_error
+from chunkgrpo.store.retries import classify_error, request_retry
 
 log = logging.getLogger(__name__)
 
@@ -107,17 +107,12 @@ class ArtifactStore:
         from minio import Minio
 
         c = self.config
-        # One quick low-level retry per request (covers a reset on a single part); the operation-level
-        # loop in `_retry` does the long exponential backoff. retries=1 is one request, bounded by the
-        # timeouts: its caller owns the retry loop and the time budget.
-        low = 0 if c.retries == 1 else 1
         http = urllib3.PoolManager(
             timeout=urllib3.Timeout(connect=c.connect_timeout_s, read=c.read_timeout_s),
             maxsize=max(10, c.workers * c.parallel_parts + 2),
             cert_reqs="CERT_REQUIRED" if c.verify_tls else "CERT_NONE",
             ca_certs=c.ca_bundle or certifi.where(),
-            retries=urllib3.Retry(total=low, connect=low, read=low, status=0, backoff_factor=0.2,
-                                  allowed_methods=None, raise_on_status=False),
+            retries=request_retry(c.retries),  # beneath `_retry`'s operation-level backoff
         )
         return Minio(c.host, access_key=c.access_key, secret_key=c.secret_key, secure=c.use_tls,
                      region=c.region, http_client=http, cert_check=c.verify_tls)

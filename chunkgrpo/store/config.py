@@ -45,8 +45,9 @@ class StoreConfig(Config):
     workers: int = option(4, "files transferred in parallel by put_folder/get_folder")
     retries: int = option(
         0, "attempts per operation on transient errors (connection refused/reset, 5xx, SlowDown); "
-        f"0 = $CHUNKGRPO_S3_RETRIES or {DEFAULT_RETRIES} (~15 s of backoff); 1 = one request, without "
-        "the client's quick low-level retry either (a hung server costs one read timeout)"
+        f"0 = $CHUNKGRPO_S3_RETRIES or {DEFAULT_RETRIES} (~15 s of backoff); 1 = one attempt: a "
+        "timed-out read is not repeated by the client's quick low-level retry either (a hung server costs "
+        "one read timeout), a reset still is"
     )
     backoff_s: float = option(0.5, "first retry delay in seconds; doubles per attempt (with jitter)")
     max_backoff_s: float = option(8.0, "cap on a single retry delay in seconds")

@@ -1,7 +1,10 @@
 """Which failures of the S3 client are retried: `classify_error` sorts a minio exception into
-authentication (never retried), transient (retried with backoff), missing and other."""
+authentication (never retried), transient (retried with backoff), missing and other; `request_retry` is
+the quick retry of each HTTP request beneath that."""
 
 from __future__ import annotations
+
+import functools
 
 AUTH_ERROR_CODES = frozenset({
     "InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "InvalidToken",
@@ -38,3 +41,35 @@ def classify_error(exc: BaseException) -> str:
     if isinstance(exc, (Urllib3Error, ConnectionError, TimeoutError)):
         return "transient"
     return "other"
+
+
+def request_retry(attempts: int):
+    """urllib3's retry policy for each HTTP request of a client making `attempts` attempts per operation:
+    one quick retry (0.2 s: a reset or refused connection on a single part), beneath the operation-level
+    backoff of `ArtifactStore._retry`. With one attempt (callers that own their retry loop and time budget:
+    the checkpoint mirror, the resume listing, the writer lease) a request whose response timed out is not
+    sent again, so a hung server costs their timeout once, not twice; a reset is still retried, so a
+    multi-GB checkpoint upload does not start over for it."""
+    import urllib3
+
+    kind = _timeout_not_repeated() if attempts == 1 else urllib3.Retry
+    return kind(total=1, connect=1, read=1, status=0, backoff_factor=0.2, allowed_methods=None,
+                raise_on_status=False)
+
+
+@functools.cache
+def _timeout_not_repeated() -> type:
+    """The class below, made on first use (urllib3 loads only with a client)."""
+    import urllib3
+    from urllib3.exceptions import ReadTimeoutError
+
+    class TimeoutNotRepeated(urllib3.Retry):
+        """urllib3.Retry that gives up on a read timeout at once (MaxRetryError, as when exhausted)."""
+
+        def increment(self, method=None, url=None, response=None, error=None, _pool=None, _stacktrace=None):
+            if isinstance(error, ReadTimeoutError):
+                exhausted = self.new(total=0)  # urllib3's own increment: MaxRetryError from the timeout
+                return urllib3.Retry.increment(exhausted, method, url, response, error, _pool, _stacktrace)
+            return super().increment(method, url, response, error, _pool, _stacktrace)
+
+    return TimeoutNotRepeated

@@ -238,6 +238,42 @@ def test_a_hung_server_costs_one_read_timeout_per_request_with_one_attempt(retri
     assert lo <= took < hi, took
 
 
+def test_a_reset_still_gets_the_quick_retry_with_one_attempt():
+    """The legitimate side of the one-timeout bound above: a connection the server resets (a single
+    part's upload cut) is sent again once by the client's quick retry also with retries=1, so a multi-GB
+    upload of the checkpoint mirror does not start over for it."""
+    import struct
+    import threading
+
+    seen: list[int] = []
+    with socket.socket() as srv:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(8)
+        srv.settimeout(5)
+
+        def reset_each():
+            for _ in range(3):
+                try:
+                    conn, _ = srv.accept()
+                except OSError:
+                    return
+                seen.append(1)
+                conn.recv(65536)
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                conn.close()  # RST
+
+        t = threading.Thread(target=reset_each, daemon=True)
+        t.start()
+        store = ArtifactStore(
+            StoreConfig(endpoint=f"http://127.0.0.1:{srv.getsockname()[1]}", access_key="AKID",
+                        secret_key=SECRET, retries=1, backoff_s=0.0, read_timeout_s=5, connect_timeout_s=5))
+        with pytest.raises(StoreError, match="after 1 attempts"):
+            store.list("s3://chunkgrpo/x/")
+        srv.close()
+        t.join(timeout=10)
+    assert len(seen) == 2, seen
+
+
 def test_part_size_grows_for_huge_files():
     store = _store(part_size_mb=8)
     assert store._part_size(100) == 8 * 2**20
